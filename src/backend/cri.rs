@@ -1,0 +1,271 @@
+//! A CRI client for one node: `unix:///path` or `tcp://host:port`, every call bounded by a timeout, and
+//! errors that name the endpoint, the RPC and the cause.
+//!
+//! Replies are decoded up to 64 MiB: busy nodes overflow gRPC's default 4 MiB on ListImages.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint};
+
+use super::proto::cri::{
+    AuthConfig, Image, ImageFsInfoRequest, ImageFsInfoResponse, ImageSpec, ImageStatusRequest, PullImageRequest,
+    RemoveImageRequest, VersionRequest, VersionResponse, image_service_client::ImageServiceClient,
+    runtime_service_client::RuntimeServiceClient,
+};
+
+pub const MAX_DECODE_BYTES: usize = 64 << 20;
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Never print registry secrets: prost's derived Debug would.
+impl fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redact = |s: &str| if s.is_empty() { "" } else { "<redacted>" };
+        f.debug_struct("AuthConfig")
+            .field("username", &self.username)
+            .field("password", &redact(&self.password))
+            .field("auth", &redact(&self.auth))
+            .field("server_address", &self.server_address)
+            .field("identity_token", &redact(&self.identity_token))
+            .field("registry_token", &redact(&self.registry_token))
+            .finish()
+    }
+}
+
+/// Where a node's CRI socket is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CriEndpoint {
+    Unix(PathBuf),
+    /// `host:port`
+    Tcp(String),
+}
+
+impl CriEndpoint {
+    /// Whether pinboard shares the node's filesystem (and can measure free space with statvfs).
+    pub fn is_local(&self) -> bool {
+        matches!(self, CriEndpoint::Unix(_))
+    }
+}
+
+impl FromStr for CriEndpoint {
+    type Err = String;
+
+    /// `unix:///run/containerd/containerd.sock`, a bare absolute path (as crictl accepts), or `tcp://host:port`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Some(path) = text.strip_prefix("unix://") {
+            if path.starts_with('/') {
+                return Ok(CriEndpoint::Unix(PathBuf::from(path)));
+            }
+        } else if let Some(addr) = text.strip_prefix("tcp://") {
+            if let Some((host, port)) = addr.rsplit_once(':')
+                && !host.is_empty()
+                && port.parse::<u16>().is_ok()
+            {
+                return Ok(CriEndpoint::Tcp(addr.to_string()));
+            }
+        } else if text.starts_with('/') {
+            return Ok(CriEndpoint::Unix(PathBuf::from(text)));
+        }
+        Err(format!(
+            "CRI endpoint {text:?} is not unix:///path/to/socket or tcp://host:port \
+             (e.g. unix:///run/containerd/containerd.sock)"
+        ))
+    }
+}
+
+impl fmt::Display for CriEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CriEndpoint::Unix(path) => write!(f, "unix://{}", path.display()),
+            CriEndpoint::Tcp(addr) => write!(f, "tcp://{addr}"),
+        }
+    }
+}
+
+/// What went wrong, and whether it means the node could not be reached at all.
+#[derive(Debug, thiserror::Error)]
+#[error("CRI endpoint {endpoint}: {rpc}: {cause}")]
+pub struct CriError {
+    pub endpoint: String,
+    pub rpc: &'static str,
+    pub cause: String,
+    pub unreachable: bool,
+}
+
+/// A connected CRI client. Cheap to clone: clones share one HTTP/2 connection.
+#[derive(Clone)]
+pub struct CriClient {
+    endpoint: CriEndpoint,
+    channel: Channel,
+    timeout: Duration,
+}
+
+impl CriClient {
+    /// Connects, failing within `timeout` when nothing answers.
+    pub async fn connect(endpoint: &CriEndpoint, timeout: Duration) -> Result<CriClient, CriError> {
+        let unreachable = |cause: String| CriError {
+            endpoint: endpoint.to_string(),
+            rpc: "connect",
+            cause,
+            unreachable: true,
+        };
+        let connecting = async {
+            match endpoint {
+                CriEndpoint::Unix(path) => {
+                    let path = path.clone();
+                    // The URI is required by tonic but unused: the connector dials the socket.
+                    Endpoint::from_static("http://localhost")
+                        .connect_with_connector(tower::service_fn(move |_| {
+                            let path = path.clone();
+                            async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+                        }))
+                        .await
+                }
+                CriEndpoint::Tcp(addr) => {
+                    Endpoint::from_shared(format!("http://{addr}"))
+                        .map_err(|e| unreachable(e.to_string()))?
+                        .connect()
+                        .await
+                }
+            }
+            .map_err(|e| unreachable(error_chain(&e)))
+        };
+        let channel = tokio::time::timeout(timeout, connecting)
+            .await
+            .map_err(|_| unreachable(format!("no answer within {timeout:?}")))??;
+        Ok(CriClient { endpoint: endpoint.clone(), channel, timeout })
+    }
+
+    pub fn endpoint(&self) -> &CriEndpoint {
+        &self.endpoint
+    }
+
+    /// The connection, for containerd's own services on the same socket.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    fn images(&self) -> ImageServiceClient<Channel> {
+        ImageServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_DECODE_BYTES)
+    }
+
+    fn runtime(&self) -> RuntimeServiceClient<Channel> {
+        RuntimeServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_DECODE_BYTES)
+    }
+
+    /// Runs one RPC under `timeout`, turning failures into a [`CriError`] naming the call.
+    async fn call<T>(
+        &self,
+        rpc: &'static str,
+        timeout: Duration,
+        request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, CriError> {
+        let error = |cause: String, unreachable: bool| CriError { endpoint: self.endpoint.to_string(), rpc, cause, unreachable };
+        match tokio::time::timeout(timeout, request).await {
+            Err(_) => Err(error(format!("no answer within {timeout:?}"), false)),
+            Ok(Err(status)) => {
+                let unreachable = status.code() == tonic::Code::Unavailable;
+                let cause = if status.message().is_empty() { error_chain(&status) } else { status.message().to_string() };
+                Err(error(format!("{} ({:?})", cause, status.code()), unreachable))
+            }
+            Ok(Ok(response)) => Ok(response.into_inner()),
+        }
+    }
+
+    pub async fn version(&self) -> Result<VersionResponse, CriError> {
+        let request = VersionRequest { version: "v1".into() };
+        self.call("Version", self.timeout, self.runtime().version(request)).await
+    }
+
+    /// The image's record, or None when the runtime does not have it.
+    pub async fn image_status(&self, image: &str) -> Result<Option<Image>, CriError> {
+        let request = ImageStatusRequest { image: Some(spec(image)), verbose: false };
+        Ok(self.call("ImageStatus", self.timeout, self.images().image_status(request)).await?.image)
+    }
+
+    pub async fn list_images(&self) -> Result<Vec<Image>, CriError> {
+        let request = super::proto::cri::ListImagesRequest { filter: None };
+        Ok(self.call("ListImages", self.timeout, self.images().list_images(request)).await?.images)
+    }
+
+    pub async fn image_fs_info(&self) -> Result<ImageFsInfoResponse, CriError> {
+        self.call("ImageFsInfo", self.timeout, self.images().image_fs_info(ImageFsInfoRequest {})).await
+    }
+
+    /// Pulls an image; returns the runtime's image reference. Pulls take long: `timeout` is the caller's.
+    pub async fn pull_image(&self, image: &str, auth: Option<AuthConfig>, timeout: Duration) -> Result<String, CriError> {
+        let request = PullImageRequest { image: Some(spec(image)), auth };
+        Ok(self.call("PullImage", timeout, self.images().pull_image(request)).await?.image_ref)
+    }
+
+    pub async fn remove_image(&self, image: &str) -> Result<(), CriError> {
+        let request = RemoveImageRequest { image: Some(spec(image)) };
+        self.call("RemoveImage", self.timeout, self.images().remove_image(request)).await.map(drop)
+    }
+}
+
+fn spec(image: &str) -> ImageSpec {
+    ImageSpec { image: image.to_string(), ..ImageSpec::default() }
+}
+
+/// An error and its sources, one line: tonic's top-level "transport error" alone says nothing.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_like_crictl() {
+        assert_eq!("unix:///run/crio/crio.sock".parse(), Ok(CriEndpoint::Unix("/run/crio/crio.sock".into())));
+        assert_eq!("/run/crio/crio.sock".parse(), Ok(CriEndpoint::Unix("/run/crio/crio.sock".into())));
+        assert_eq!("tcp://10.0.0.5:10010".parse(), Ok(CriEndpoint::Tcp("10.0.0.5:10010".into())));
+        for bad in ["unix://relative.sock", "tcp://host", "tcp://:80", "http://x:1", "crio.sock"] {
+            let err = bad.parse::<CriEndpoint>().unwrap_err();
+            assert!(err.contains("unix:///path/to/socket or tcp://host:port"), "{bad}: {err}");
+        }
+        assert_eq!(CriEndpoint::Tcp("h:1".into()).to_string(), "tcp://h:1");
+    }
+
+    #[test]
+    fn auth_config_debug_never_shows_secrets() {
+        let auth = AuthConfig {
+            username: "admin".into(),
+            password: "hunter2".into(),
+            auth: "YWRtaW46aHVudGVyMg==".into(),
+            identity_token: "tok-123".into(),
+            registry_token: "reg-456".into(),
+            server_address: "quay.io".into(),
+        };
+        let text = format!("{auth:?} {:?}", PullImageRequest { image: None, auth: Some(auth.clone()) });
+        for secret in ["hunter2", "YWRtaW46aHVudGVyMg==", "tok-123", "reg-456"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+        assert!(text.contains("admin") && text.contains("<redacted>"));
+    }
+
+    #[tokio::test]
+    async fn unreachable_socket_names_endpoint_and_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let endpoint = CriEndpoint::Unix(dir.path().join("nothing.sock"));
+        let err = CriClient::connect(&endpoint, Duration::from_secs(2)).await.err().unwrap();
+        assert!(err.unreachable);
+        let text = err.to_string();
+        assert!(text.starts_with(&format!("CRI endpoint unix://{}/nothing.sock: connect:", dir.path().display())), "{text}");
+        assert!(text.contains("No such file or directory"), "{text}");
+    }
+}

@@ -1,0 +1,89 @@
+//! What a node reached directly over its CRI socket says about itself: runtime, image filesystem space,
+//! and which of a set's images it already has. Feeds [`crate::model::plan`].
+//!
+//! Free space: CRI's ImageFsInfo gives the image filesystem's mountpoint and used bytes, but no capacity.
+//! On a local unix socket pinboard shares the node's filesystem and measures the mountpoint with statvfs;
+//! over tcp it cannot, and says so instead of guessing.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+
+use super::cri::{CriClient, CriEndpoint, CriError};
+use crate::model::plan::{NodeFacts, Presence};
+
+/// How many ImageStatus calls run at once against one node.
+const STATUS_CONCURRENCY: usize = 16;
+
+/// A node named on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectNode {
+    pub name: String,
+    pub endpoint: CriEndpoint,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct NodeObservation {
+    pub facts: NodeFacts,
+    /// By reference, as given.
+    pub presence: HashMap<String, Presence>,
+}
+
+/// Observes one node. Never fails: an unreachable node comes back with `facts.unreachable` set.
+pub async fn observe(node: &DirectNode, references: &[String], timeout: Duration) -> NodeObservation {
+    match observe_reachable(node, references, timeout).await {
+        Ok(observation) => observation,
+        Err(err) => NodeObservation {
+            facts: NodeFacts { name: node.name.clone(), unreachable: Some(err.to_string()), ..NodeFacts::default() },
+            presence: references.iter().map(|r| (r.clone(), None)).collect(),
+        },
+    }
+}
+
+async fn observe_reachable(
+    node: &DirectNode,
+    references: &[String],
+    timeout: Duration,
+) -> Result<NodeObservation, CriError> {
+    let client = CriClient::connect(&node.endpoint, timeout).await?;
+    let version = client.version().await?;
+    let fs = client.image_fs_info().await?;
+    let mut facts = NodeFacts {
+        name: node.name.clone(),
+        runtime: Some(format!("{} {}", version.runtime_name, version.runtime_version)),
+        ..NodeFacts::default()
+    };
+    let mountpoint = fs.image_filesystems.first().and_then(|f| f.fs_id.as_ref()).map(|id| id.mountpoint.clone());
+    match (&node.endpoint, mountpoint) {
+        (CriEndpoint::Tcp(_), _) => {
+            facts.space_unknown_reason =
+                Some("tcp endpoint: the image filesystem is not local, so its free space cannot be measured".into());
+        }
+        (_, None) => facts.space_unknown_reason = Some("the runtime reported no image filesystem".into()),
+        (_, Some(mountpoint)) => match nix::sys::statvfs::statvfs(mountpoint.as_str()) {
+            Ok(stat) => {
+                let block = stat.fragment_size();
+                facts.capacity_bytes = Some(stat.blocks() * block);
+                facts.available_bytes = Some(stat.blocks_available() * block);
+                facts.used_bytes = Some((stat.blocks() - stat.blocks_free()) * block);
+            }
+            Err(err) => {
+                facts.space_unknown_reason = Some(format!("cannot measure image filesystem {mountpoint}: {err}"));
+            }
+        },
+    }
+    let statuses: Vec<(String, Result<bool, CriError>)> = stream::iter(references)
+        .map(|reference| {
+            let client = client.clone();
+            async move { (reference.clone(), client.image_status(reference).await.map(|image| image.is_some())) }
+        })
+        .buffer_unordered(STATUS_CONCURRENCY)
+        .collect()
+        .await;
+    let mut presence = HashMap::with_capacity(statuses.len());
+    for (reference, status) in statuses {
+        presence.insert(reference, Some(status?));
+    }
+    Ok(NodeObservation { facts, presence })
+}

@@ -1,0 +1,18 @@
+//! pinboard: pin and pre-load container images on cluster nodes, and watch those rollouts.
+//!
+//! - [`model`]: pure domain logic, no I/O: image references and PinnedImageSet rules, image facts,
+//!   disk-impact planning.
+//! - [`backend`]: the outside world: CRI and containerd sockets, registries and their credentials.
+//! - [`cli`]: the headless commands.
+
+pub mod backend;
+pub mod cli;
+pub mod error;
+pub mod model;
+
+/// Installs rustls' ring provider as the process default. kube and oci-client each enable rustls; without
+/// one explicit provider, the first TLS connection panics. Call first thing in `main` and in tests.
+pub fn install_crypto_provider() {
+    // Err only means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,7 @@
+//! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
+
+pub mod image;
+pub mod plan;
+pub mod reference;
+pub mod set;
+pub mod units;

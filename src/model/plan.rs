@@ -1,0 +1,396 @@
+//! Disk-impact planning: what pre-loading a set of images costs each node, and whether it fits.
+//!
+//! This is the one function behind every figure `pinboard plan` prints and the TUI shows. It is pure: the
+//! backends gather [`NodeFacts`] and [`ImageFacts`], and [`plan_node`] turns them into a [`NodePlan`].
+//!
+//! - `fetchBytes`: unique compressed bytes (layers and configs) not yet on the node. A blob belonging to an
+//!   image already present is on the node; a blob shared by several missing images is counted once, for the
+//!   first image in set order that needs it (so per-image figures add up to the node's).
+//! - `estimatedDiskBytes`: for those same layers, the uncompressed size where an annotation gives it, else
+//!   twice the compressed size (the OpenShift daemon's rule); configs count as stored. `estimateBasis` says
+//!   which rule was used.
+//! - `verdict`: against the space left afterwards: `no-space` below the free-space floor (`--min-free`, the
+//!   daemon's 16 GiB), `tight` above the kubelet's image GC high threshold (GC would start removing unpinned
+//!   images), `fits` otherwise, `unknown` when a figure it needs is unknown. pinboard never guesses one.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::image::{ImageFacts, LazyFormat};
+use super::units::{human, human_signed};
+
+/// What is known about a node before planning. `None` means unknown, never zero.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    pub name: String,
+    /// `containerd 1.6.20`; None when the node could not be reached.
+    pub runtime: Option<String>,
+    pub capacity_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub available_bytes: Option<u64>,
+    /// Why free space is unknown, when it is (e.g. a tcp endpoint: no local filesystem to measure).
+    pub space_unknown_reason: Option<String>,
+    /// Set when the node could not be reached: the whole plan for it is unknown.
+    pub unreachable: Option<String>,
+}
+
+/// Whether an image is on a node: known present, known absent, or unknown (e.g. a truncated image list).
+pub type Presence = Option<bool>;
+
+/// One image of the plan, as resolved for this node's platform.
+#[derive(Clone, Debug)]
+pub struct PlannedImage<'a> {
+    pub reference: &'a str,
+    pub facts: &'a ImageFacts,
+    pub present: Presence,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Kubelet image GC high threshold, percent of the image filesystem (default 85).
+    pub gc_high_percent: u8,
+    /// Free bytes that must remain after pre-loading (default 16 GiB, as the OpenShift daemon).
+    pub min_free_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { gc_high_percent: 85, min_free_bytes: 16 << 30 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    Fits,
+    Tight,
+    NoSpace,
+    Unknown,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Fits => "fits",
+            Verdict::Tight => "tight",
+            Verdict::NoSpace => "no-space",
+            Verdict::Unknown => "unknown",
+        }
+    }
+}
+
+/// How `estimatedDiskBytes` was reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EstimateBasis {
+    /// Every layer to fetch states its uncompressed size.
+    Uncompressed,
+    /// No layer does: twice the compressed size.
+    #[serde(rename = "2x-compressed")]
+    TwiceCompressed,
+    /// Some do, some do not.
+    Mixed,
+    /// Nothing to fetch.
+    Nothing,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImagePlan {
+    #[serde(rename = "ref")]
+    pub reference: String,
+    pub present: Presence,
+    pub fetch_bytes: u64,
+    pub estimated_disk_bytes: u64,
+    pub lazy_format: LazyFormat,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePlan {
+    pub node: String,
+    pub runtime: Option<String>,
+    pub capacity_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub available_bytes: Option<u64>,
+    pub fetch_bytes: u64,
+    pub estimated_disk_bytes: u64,
+    pub estimate_basis: EstimateBasis,
+    pub available_after_bytes: Option<i64>,
+    pub verdict: Verdict,
+    pub reasons: Vec<String>,
+    pub images: Vec<ImagePlan>,
+}
+
+/// Plans one node. `images` is the union of every set that targets the node, each reference once.
+pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits) -> NodePlan {
+    // Blobs of images already present are on the node.
+    let mut counted: HashSet<&str> = images
+        .iter()
+        .filter(|i| i.present == Some(true))
+        .flat_map(|i| blob_digests(i.facts))
+        .collect();
+    let (mut with_size, mut without_size) = (0usize, 0usize);
+    let mut unknown_presence = 0usize;
+    let image_plans: Vec<ImagePlan> = images
+        .iter()
+        .map(|image| {
+            let (mut fetch, mut disk) = (0u64, 0u64);
+            if image.present != Some(true) {
+                unknown_presence += usize::from(image.present.is_none());
+                if counted.insert(&image.facts.config_digest) {
+                    fetch += image.facts.config_size;
+                    disk += image.facts.config_size;
+                }
+                for layer in &image.facts.layers {
+                    if !counted.insert(&layer.digest) {
+                        continue;
+                    }
+                    fetch += layer.size;
+                    disk += match layer.uncompressed_size() {
+                        Some(size) => {
+                            with_size += 1;
+                            size
+                        }
+                        None => {
+                            without_size += 1;
+                            layer.size.saturating_mul(2)
+                        }
+                    };
+                }
+            }
+            ImagePlan {
+                reference: image.reference.to_string(),
+                present: image.present,
+                fetch_bytes: fetch,
+                estimated_disk_bytes: disk,
+                lazy_format: image.facts.lazy_format(),
+            }
+        })
+        .collect();
+    let fetch_bytes = image_plans.iter().map(|i| i.fetch_bytes).sum();
+    let estimated_disk_bytes: u64 = image_plans.iter().map(|i| i.estimated_disk_bytes).sum();
+    let estimate_basis = match (with_size, without_size) {
+        (0, 0) => EstimateBasis::Nothing,
+        (_, 0) => EstimateBasis::Uncompressed,
+        (0, _) => EstimateBasis::TwiceCompressed,
+        _ => EstimateBasis::Mixed,
+    };
+    let mut reasons = Vec::new();
+    if unknown_presence > 0 {
+        reasons.push(format!("{unknown_presence} image(s) may already be on the node (unknown): counted as absent"));
+    }
+    let available_after_bytes = node.available_bytes.map(|a| a as i64 - estimated_disk_bytes as i64);
+    let verdict = if let Some(why) = &node.unreachable {
+        reasons.push(format!("unreachable: {why}"));
+        Verdict::Unknown
+    } else {
+        match (node.capacity_bytes, available_after_bytes) {
+            (Some(capacity), Some(after)) if capacity > 0 => judge(capacity, after, limits, &mut reasons),
+            _ => {
+                let why = node.space_unknown_reason.as_deref().unwrap_or("the runtime did not report it");
+                reasons.push(format!("free space unknown: {why}"));
+                Verdict::Unknown
+            }
+        }
+    };
+    NodePlan {
+        node: node.name.clone(),
+        runtime: node.runtime.clone(),
+        capacity_bytes: node.capacity_bytes,
+        used_bytes: node.used_bytes,
+        available_bytes: node.available_bytes,
+        fetch_bytes,
+        estimated_disk_bytes,
+        estimate_basis,
+        available_after_bytes,
+        verdict,
+        reasons,
+        images: image_plans,
+    }
+}
+
+fn judge(capacity: u64, after: i64, limits: &Limits, reasons: &mut Vec<String>) -> Verdict {
+    if after < limits.min_free_bytes as i64 {
+        reasons.push(if after < 0 {
+            format!("needs {} more than the image filesystem has free", human(after.unsigned_abs()))
+        } else {
+            format!(
+                "would leave {} free, below the {} floor (--min-free)",
+                human_signed(after),
+                human(limits.min_free_bytes)
+            )
+        });
+        return Verdict::NoSpace;
+    }
+    let used_after = capacity.saturating_sub(after as u64) as f64;
+    let percent = used_after * 100.0 / capacity as f64;
+    if percent > f64::from(limits.gc_high_percent) {
+        reasons.push(format!(
+            "would fill the image filesystem to {percent:.0}%, above the image GC high threshold of {}% \
+             (--gc-high-percent): the kubelet would start removing unpinned images",
+            limits.gc_high_percent
+        ));
+        return Verdict::Tight;
+    }
+    Verdict::Fits
+}
+
+fn blob_digests(facts: &ImageFacts) -> impl Iterator<Item = &str> {
+    std::iter::once(facts.config_digest.as_str()).chain(facts.layers.iter().map(|l| l.digest.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::model::image::{ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, Layer};
+
+    const MI: u64 = 1 << 20;
+
+    fn layer(digest: &str, size: u64, uncompressed: Option<u64>) -> Layer {
+        let mut annotations = BTreeMap::new();
+        if let Some(u) = uncompressed {
+            annotations.insert(ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE.to_string(), u.to_string());
+        }
+        Layer { digest: digest.into(), media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(), size, annotations }
+    }
+
+    fn image(config: &str, layers: Vec<Layer>) -> ImageFacts {
+        ImageFacts {
+            manifest_digest: format!("m-{config}"),
+            manifest_size: 500,
+            index_digest: None,
+            platform: None,
+            config_digest: config.into(),
+            config_size: 1000,
+            layers,
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    fn node(capacity: u64, available: u64) -> NodeFacts {
+        NodeFacts {
+            name: "n1".into(),
+            runtime: Some("containerd 1.6.20".into()),
+            capacity_bytes: Some(capacity),
+            used_bytes: Some(capacity - available),
+            available_bytes: Some(available),
+            ..NodeFacts::default()
+        }
+    }
+
+    fn limits(min_free: u64) -> Limits {
+        Limits { gc_high_percent: 85, min_free_bytes: min_free }
+    }
+
+    #[test]
+    fn shared_layers_count_once_and_present_images_contribute_nothing() {
+        let base = layer("base", 10 * MI, None);
+        let a = image("ca", vec![base.clone(), layer("a1", 4 * MI, None)]);
+        let b = image("cb", vec![base.clone(), layer("b1", 2 * MI, None)]);
+        let c = image("cc", vec![layer("c1", MI, None)]);
+        let images = [
+            PlannedImage { reference: "a", facts: &a, present: Some(false) },
+            PlannedImage { reference: "b", facts: &b, present: Some(false) },
+            PlannedImage { reference: "c", facts: &c, present: Some(true) },
+        ];
+        let plan = plan_node(&node(1000 * MI, 900 * MI), &images, &limits(MI));
+        assert_eq!(plan.images[0].fetch_bytes, 14 * MI + 1000);
+        assert_eq!(plan.images[1].fetch_bytes, 2 * MI + 1000, "base layer counted once, for the first image");
+        assert_eq!(plan.images[2].fetch_bytes, 0);
+        assert_eq!(plan.fetch_bytes, 16 * MI + 2000);
+        assert_eq!(plan.estimated_disk_bytes, 32 * MI + 2000);
+        assert_eq!(plan.estimate_basis, EstimateBasis::TwiceCompressed);
+        assert_eq!(plan.verdict, Verdict::Fits);
+        assert_eq!(plan.available_after_bytes, Some((900 * MI - 32 * MI - 2000) as i64));
+    }
+
+    #[test]
+    fn layers_of_present_images_are_already_on_the_node() {
+        let base = layer("base", 10 * MI, None);
+        let present = image("cp", vec![base.clone()]);
+        let missing = image("cm", vec![base, layer("m1", MI, Some(3 * MI))]);
+        let images = [
+            PlannedImage { reference: "missing", facts: &missing, present: Some(false) },
+            PlannedImage { reference: "present", facts: &present, present: Some(true) },
+        ];
+        let plan = plan_node(&node(1000 * MI, 900 * MI), &images, &limits(MI));
+        assert_eq!(plan.fetch_bytes, MI + 1000);
+        assert_eq!(plan.estimated_disk_bytes, 3 * MI + 1000, "annotated uncompressed size wins over 2x");
+        assert_eq!(plan.estimate_basis, EstimateBasis::Uncompressed);
+    }
+
+    #[test]
+    fn verdicts_follow_the_floor_and_the_gc_threshold() {
+        let big = image("c", vec![layer("l", 50 * MI, None)]); // 100 MiB + 1000 B on disk
+        let images = [PlannedImage { reference: "big", facts: &big, present: Some(false) }];
+        let plan = |capacity, available, min_free| plan_node(&node(capacity, available), &images, &limits(min_free));
+
+        assert_eq!(plan(1000 * MI, 900 * MI, 16 * MI).verdict, Verdict::Fits);
+
+        let tight = plan(1000 * MI, 200 * MI, 16 * MI);
+        assert_eq!(tight.verdict, Verdict::Tight);
+        assert!(tight.reasons[0].contains("to 90%, above the image GC high threshold of 85%"), "{:?}", tight.reasons);
+
+        let floor = plan(1000 * MI, 110 * MI, 16 * MI);
+        assert_eq!(floor.verdict, Verdict::NoSpace);
+        assert!(floor.reasons[0].contains("below the 16 MiB floor (--min-free)"), "{:?}", floor.reasons);
+
+        let short = plan(1000 * MI, 60 * MI, 16 * MI);
+        assert_eq!(short.verdict, Verdict::NoSpace);
+        assert_eq!(short.available_after_bytes, Some(60 * MI as i64 - 100 * MI as i64 - 1000));
+        assert!(short.reasons[0].starts_with("needs 40.00 MiB more"), "{:?}", short.reasons);
+    }
+
+    #[test]
+    fn unknown_figures_give_unknown_never_a_guess() {
+        let img = image("c", vec![layer("l", MI, None)]);
+        let images = [PlannedImage { reference: "i", facts: &img, present: None }];
+        let remote = NodeFacts {
+            name: "remote".into(),
+            runtime: Some("cri-o 1.31".into()),
+            space_unknown_reason: Some("tcp endpoint: no local filesystem to measure".into()),
+            ..NodeFacts::default()
+        };
+        let plan = plan_node(&remote, &images, &Limits::default());
+        assert_eq!(plan.verdict, Verdict::Unknown);
+        assert_eq!(plan.available_after_bytes, None);
+        assert_eq!(plan.fetch_bytes, MI + 1000, "unknown presence is counted as absent");
+        assert!(plan.reasons.iter().any(|r| r.contains("tcp endpoint")), "{:?}", plan.reasons);
+        assert!(plan.reasons.iter().any(|r| r.contains("1 image(s) may already be on the node")));
+
+        let down = NodeFacts { name: "down".into(), unreachable: Some("connection refused".into()), ..node(MI, MI) };
+        let plan = plan_node(&down, &images, &Limits::default());
+        assert_eq!(plan.verdict, Verdict::Unknown);
+        assert!(plan.reasons.contains(&"unreachable: connection refused".to_string()));
+    }
+
+    #[test]
+    fn json_uses_the_documented_field_names() {
+        let img = image("c", vec![layer("l", MI, None)]);
+        let images = [PlannedImage { reference: "r", facts: &img, present: Some(false) }];
+        let json = serde_json::to_value(plan_node(&node(100 * MI, 90 * MI), &images, &limits(MI))).unwrap();
+        for key in [
+            "node",
+            "runtime",
+            "capacityBytes",
+            "availableBytes",
+            "fetchBytes",
+            "estimatedDiskBytes",
+            "availableAfterBytes",
+            "verdict",
+            "reasons",
+            "images",
+        ] {
+            assert!(json.get(key).is_some(), "missing {key} in {json}");
+        }
+        assert_eq!(json["verdict"], "fits");
+        assert_eq!(json["images"][0]["ref"], "r");
+        assert_eq!(json["images"][0]["present"], false);
+        assert_eq!(json["images"][0]["lazyFormat"], "none");
+        assert_eq!(json["estimateBasis"], "2x-compressed");
+    }
+}

@@ -1,0 +1,365 @@
+//! Image sets: read from PinnedImageSet YAML, plain list files and `--image` flags, and checked against the
+//! rules OpenShift's CRD enforces (1..=500 unique digest references, each as in [`check_pinned`]).
+//!
+//! Parsing takes text, not paths: reading files is the caller's job, so this stays free of I/O. Every
+//! problem names where it is (file and line where there is one), the entry, the rule and the fix.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde_saphyr::Spanned;
+
+use super::reference::check_pinned;
+
+pub const MAX_ENTRIES: usize = 500;
+pub const API_GROUP: &str = "machineconfiguration.openshift.io";
+pub const KIND: &str = "PinnedImageSet";
+
+/// Where something was written, for messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    File { path: String, line: Option<usize> },
+    /// The n-th `--image` flag, counting from 1.
+    Flag { index: usize },
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { path, line: Some(line) } => write!(f, "{path}:{line}"),
+            Origin::File { path, line: None } => write!(f, "{path}"),
+            Origin::Flag { index } => write!(f, "--image #{index}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub reference: String,
+    pub origin: Origin,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageSet {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub entries: Vec<Entry>,
+    pub origin: Origin,
+}
+
+/// One thing wrong with the input: where, what, and how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub origin: Origin,
+    pub entry: Option<String>,
+    pub message: String,
+    pub fix: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.origin)?;
+        if let Some(entry) = &self.entry {
+            write!(f, "{entry}: ")?;
+        }
+        write!(f, "{}", self.message)?;
+        if !self.fix.is_empty() {
+            write!(f, "; {}", self.fix)?;
+        }
+        Ok(())
+    }
+}
+
+impl ImageSet {
+    pub fn references(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|e| e.reference.as_str())
+    }
+
+    /// Every rule the set breaks, in entry order. Empty means the API server would accept it.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if self.entries.is_empty() {
+            problems.push(Problem {
+                origin: self.origin.clone(),
+                entry: None,
+                message: format!("set {:?} has no images (a PinnedImageSet needs 1 to {MAX_ENTRIES})", self.name),
+                fix: "add at least one image reference".into(),
+            });
+        }
+        if self.entries.len() > MAX_ENTRIES {
+            problems.push(Problem {
+                origin: self.origin.clone(),
+                entry: None,
+                message: format!(
+                    "set {:?} has {} images, over the PinnedImageSet limit of {MAX_ENTRIES}",
+                    self.name,
+                    self.entries.len()
+                ),
+                fix: "split it into several sets".into(),
+            });
+        }
+        let mut first_seen: HashMap<&str, &Origin> = HashMap::new();
+        for entry in &self.entries {
+            if let Err(violation) = check_pinned(&entry.reference) {
+                problems.push(Problem {
+                    origin: entry.origin.clone(),
+                    entry: Some(entry.reference.clone()),
+                    message: violation.to_string(),
+                    fix: violation.fix(&entry.reference),
+                });
+            } else if let Some(first) = first_seen.get(entry.reference.as_str()) {
+                problems.push(Problem {
+                    origin: entry.origin.clone(),
+                    entry: Some(entry.reference.clone()),
+                    message: format!("duplicate of the entry at {first} (entries must be unique)"),
+                    fix: "remove one of them".into(),
+                });
+            } else {
+                first_seen.insert(&entry.reference, &entry.origin);
+            }
+        }
+        problems
+    }
+}
+
+/// A set from `--image` flags, in the order given.
+pub fn from_flags(name: &str, references: &[String]) -> ImageSet {
+    ImageSet {
+        name: name.to_string(),
+        labels: BTreeMap::new(),
+        entries: references
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Entry { reference: r.trim().to_string(), origin: Origin::Flag { index: i + 1 } })
+            .collect(),
+        origin: Origin::Flag { index: 1 },
+    }
+}
+
+/// A set from a list file: one reference per line; `#` starts a comment; blank lines are skipped.
+pub fn parse_list(text: &str, path: &str, name: &str) -> ImageSet {
+    let entries = text
+        .lines()
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let reference = line.split('#').next().unwrap_or("").trim();
+            (!reference.is_empty()).then(|| Entry {
+                reference: reference.to_string(),
+                origin: Origin::File { path: path.to_string(), line: Some(i + 1) },
+            })
+        })
+        .collect();
+    ImageSet { name: name.to_string(), labels: BTreeMap::new(), entries, origin: file_origin(path, None) }
+}
+
+fn file_origin(path: &str, line: Option<usize>) -> Origin {
+    Origin::File { path: path.to_string(), line }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Document {
+    api_version: Option<String>,
+    kind: Option<String>,
+    metadata: Option<Metadata>,
+    spec: Option<Spec>,
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    name: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    #[serde(default)]
+    pinned_images: Vec<Spanned<YamlEntry>>,
+}
+
+/// `- name: REF` (v1, later v1alpha1) or `- REF` (early v1alpha1).
+struct YamlEntry(String);
+
+impl<'de> Deserialize<'de> for YamlEntry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = YamlEntry;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`name: <reference>` or a reference string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<YamlEntry, E> {
+                Ok(YamlEntry(v.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<YamlEntry, A::Error> {
+                let mut name = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "name" {
+                        name = Some(map.next_value::<String>()?);
+                    } else {
+                        map.next_value::<de::IgnoredAny>()?;
+                    }
+                }
+                name.map(YamlEntry).ok_or_else(|| de::Error::missing_field("name"))
+            }
+        }
+        deserializer.deserialize_any(EntryVisitor)
+    }
+}
+
+/// Every PinnedImageSet in a (multi-document) YAML file. Empty documents are skipped; any other kind, a
+/// missing name or a YAML error is a problem. Entry rules are not checked here: see [`ImageSet::validate`].
+pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>> {
+    let documents: Vec<Option<Spanned<Document>>> = serde_saphyr::from_multiple(text).map_err(|err| {
+        let line = err.location().map(|l| l.line() as usize);
+        let message = err.without_snippet().to_string();
+        let message = message.lines().next().unwrap_or("").to_string();
+        vec![Problem {
+            origin: file_origin(path, line),
+            entry: None,
+            message: format!("not a valid PinnedImageSet YAML: {message}"),
+            fix: "fix the YAML (each image is `- name: HOST/NAME@sha256:<digest>` under spec.pinnedImages)".into(),
+        }]
+    })?;
+    let mut sets = Vec::new();
+    let mut problems = Vec::new();
+    for document in documents.into_iter().flatten() {
+        let line = Some(document.defined.line() as usize);
+        let doc = document.value;
+        let here = file_origin(path, line);
+        let kind_ok = doc.kind.as_deref() == Some(KIND)
+            && doc.api_version.as_deref().is_some_and(|v| v.split('/').next() == Some(API_GROUP));
+        if !kind_ok {
+            problems.push(Problem {
+                origin: here,
+                entry: None,
+                message: format!(
+                    "document is {} {}, not a PinnedImageSet",
+                    doc.api_version.as_deref().unwrap_or("<no apiVersion>"),
+                    doc.kind.as_deref().unwrap_or("<no kind>")
+                ),
+                fix: format!("use apiVersion: {API_GROUP}/v1 and kind: {KIND}, or pass a plain list with --images-file"),
+            });
+            continue;
+        }
+        let Some((name, labels)) = doc.metadata.and_then(|m| Some((m.name?, m.labels))) else {
+            problems.push(Problem {
+                origin: here,
+                entry: None,
+                message: "PinnedImageSet has no metadata.name".into(),
+                fix: "give it a name".into(),
+            });
+            continue;
+        };
+        let entries = doc
+            .spec
+            .map(|s| s.pinned_images)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| Entry {
+                reference: e.value.0.trim().to_string(),
+                origin: file_origin(path, Some(e.defined.line() as usize)),
+            })
+            .collect();
+        sets.push(ImageSet { name, labels, entries, origin: here });
+    }
+    if problems.is_empty() { Ok(sets) } else { Err(problems) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D1: &str = "sha256:4198606580b69c8335ad7ae531c3a74e51aee25db5faaf368234e8c8dae5cbea";
+    const D2: &str = "sha256:513cf1028aa1a021fa73d0601427a0fbcf6d212b88aaf9d76d4e4841a061e44e";
+
+    #[test]
+    fn reads_multi_document_yaml_with_lines() {
+        let text = format!(
+            "apiVersion: machineconfiguration.openshift.io/v1
+kind: PinnedImageSet
+metadata:
+  name: workers
+  labels:
+    machineconfiguration.openshift.io/role: worker
+spec:
+  pinnedImages:
+  - name: quay.io/ocp/release@{D1}
+  - name: quay.io/ocp/art@{D2}
+---
+---
+apiVersion: machineconfiguration.openshift.io/v1alpha1
+kind: PinnedImageSet
+metadata: {{name: legacy}}
+spec:
+  pinnedImages:
+  - quay.io/ocp/release@{D2}
+"
+        );
+        let sets = parse_yaml(&text, "sets.yaml").unwrap();
+        assert_eq!(sets.len(), 2);
+        assert_eq!(sets[0].name, "workers");
+        assert_eq!(sets[0].labels["machineconfiguration.openshift.io/role"], "worker");
+        let lines: Vec<String> = sets[0].entries.iter().map(|e| e.origin.to_string()).collect();
+        assert_eq!(lines, ["sets.yaml:9", "sets.yaml:10"]);
+        assert_eq!(sets[1].name, "legacy");
+        assert_eq!(sets[1].entries[0].reference, format!("quay.io/ocp/release@{D2}"));
+        assert_eq!(sets[1].entries[0].origin.to_string(), "sets.yaml:18");
+    }
+
+    #[test]
+    fn malformed_yaml_is_one_problem_with_a_line() {
+        let problems = parse_yaml("kind: PinnedImageSet\nspec:\n  pinnedImages: [\n", "bad.yaml").unwrap_err();
+        assert_eq!(problems.len(), 1);
+        let text = problems[0].to_string();
+        assert!(text.starts_with("bad.yaml:"), "{text}");
+        assert!(text.contains("not a valid PinnedImageSet YAML"), "{text}");
+    }
+
+    #[test]
+    fn other_kinds_and_nameless_sets_are_refused() {
+        let problems = parse_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "cm.yaml").unwrap_err();
+        assert!(problems[0].to_string().contains("v1 ConfigMap, not a PinnedImageSet"), "{}", problems[0]);
+        let nameless = "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nspec: {}\n";
+        assert!(parse_yaml(nameless, "n.yaml").unwrap_err()[0].message.contains("metadata.name"));
+    }
+
+    #[test]
+    fn list_files_skip_comments_and_blanks() {
+        let set = parse_list(&format!("# upgrade images\n\nquay.io/a@{D1}  # base\n  quay.io/b@{D2}\n"), "l.txt", "l");
+        let got: Vec<(String, String)> =
+            set.entries.iter().map(|e| (e.reference.clone(), e.origin.to_string())).collect();
+        assert_eq!(got, [(format!("quay.io/a@{D1}"), "l.txt:3".into()), (format!("quay.io/b@{D2}"), "l.txt:4".into())]);
+    }
+
+    #[test]
+    fn validation_names_entry_rule_and_place() {
+        let set = parse_list(
+            &format!("quay.io/a:v1\nlocalhost:5000/a@{D1}\nquay.io/a/b/c@{D1}\nquay.io/a@{D1}\nquay.io/a@{D1}\n"),
+            "l.txt",
+            "l",
+        );
+        let problems: Vec<String> = set.validate().iter().map(ToString::to_string).collect();
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(problems[0].starts_with("l.txt:1: quay.io/a:v1: uses a tag, not a digest"), "{}", problems[0]);
+        assert!(problems[1].starts_with("l.txt:2: localhost:5000/a@"), "{}", problems[1]);
+        assert!(problems[1].contains("has no dot"), "{}", problems[1]);
+        assert!(problems[2].contains("more than one namespace segment"), "{}", problems[2]);
+        assert!(problems[3].starts_with("l.txt:5:") && problems[3].contains("duplicate of the entry at l.txt:4"));
+    }
+
+    #[test]
+    fn size_limits_are_1_to_500() {
+        let refs = |n: usize| (0..n).map(|i| format!("quay.io/app{i}@{D1}")).collect::<Vec<_>>();
+        assert!(from_flags("f", &refs(500)).validate().is_empty());
+        let over = from_flags("f", &refs(501)).validate();
+        assert_eq!(over.len(), 1);
+        assert!(over[0].message.contains("501 images, over the PinnedImageSet limit of 500"));
+        assert!(from_flags("f", &[]).validate()[0].message.contains("has no images"));
+        assert_eq!(from_flags("f", &refs(2)).entries[1].origin.to_string(), "--image #2");
+    }
+}

@@ -1,0 +1,61 @@
+//! Byte quantities as administrators write them (`16Gi`, `500M`, `1048576`) and as pinboard prints them.
+
+use humansize::{BINARY, format_size};
+
+/// Parses a Kubernetes-style quantity of bytes: a whole number with an optional suffix
+/// `Ki Mi Gi Ti Pi` (powers of 1024) or `k K M G T P` (powers of 1000).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let bad = || format!("{text:?} is not a byte quantity: write e.g. 16Gi, 500Mi, 2G or 1048576");
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let multiplier: u64 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    number.checked_mul(multiplier).ok_or_else(bad)
+}
+
+/// Bytes for people: `1.50 GiB`.
+pub fn human(bytes: u64) -> String {
+    format_size(bytes, BINARY)
+}
+
+/// Signed bytes for people, for figures that can go negative (space left after a plan).
+pub fn human_signed(bytes: i64) -> String {
+    if bytes < 0 { format!("-{}", human(bytes.unsigned_abs())) } else { human(bytes as u64) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_binary_and_decimal_suffixes() {
+        assert_eq!(parse_bytes("16Gi"), Ok(16 << 30));
+        assert_eq!(parse_bytes("500Mi"), Ok(500 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes(" 1048576 "), Ok(1_048_576));
+        assert!(parse_bytes("16GB").unwrap_err().contains("16Gi"));
+        assert!(parse_bytes("Gi").is_err());
+        assert!(parse_bytes("-1").is_err());
+        assert!(parse_bytes("99999999999Pi").is_err());
+    }
+
+    #[test]
+    fn prints_binary_units() {
+        assert_eq!(human(1536 << 20), "1.50 GiB");
+        assert_eq!(human_signed(-(1 << 20)), "-1 MiB");
+    }
+}
