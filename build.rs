@@ -1,7 +1,11 @@
 //! Compiles proto/ with protox (a pure-Rust protobuf compiler: no system protoc) and generates the tonic
 //! clients pinboard uses, plus servers so tests can stand up wire-compatible peers where no real one runs.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/cri.proto", "proto/containerd/content.proto", "proto/containerd/images.proto"];
+    let files = [
+        "proto/cri.proto",
+        "proto/containerd/content.proto",
+        "proto/containerd/images.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -3,12 +3,16 @@
 //! - [`model`]: pure domain logic, no I/O: image references and PinnedImageSet rules, image facts,
 //!   disk-impact planning.
 //! - [`backend`]: the outside world: CRI and containerd sockets, registries and their credentials.
+//! - [`survey`]: nodes and registry asked at once, every node planned: the path behind every figure.
+//! - [`ui`]: how statuses look (glyph, word, theme color); the terminal UI.
 //! - [`cli`]: the headless commands.
 
 pub mod backend;
 pub mod cli;
 pub mod error;
 pub mod model;
+pub mod survey;
+pub mod ui;
 
 /// Installs rustls' ring provider as the process default. kube and oci-client each enable rustls; without
 /// one explicit provider, the first TLS connection panics. Call first thing in `main` and in tests.

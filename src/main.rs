@@ -1,1 +1,37 @@
-fn main() {}
+//! The `pinboard` binary: parses the command line, runs the command, maps the outcome to an exit code.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use pinboard::cli::{Cli, run};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    pinboard::install_crypto_provider();
+    let cli = Cli::parse();
+    // Headless commands log to stderr (warnings by default; PINBOARD_LOG=debug for more). stdout is output.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("PINBOARD_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime starts");
+    match runtime.block_on(run(cli)) {
+        Ok(output) => {
+            // A closed pipe (`pinboard plan | head`) is not an error worth a panic.
+            let _ = std::io::stdout().write_all(output.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(failure) => {
+            for line in &failure.lines {
+                eprintln!("error: {line}");
+            }
+            ExitCode::from(failure.exit as u8)
+        }
+    }
+}

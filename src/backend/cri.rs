@@ -12,9 +12,9 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
 
 use super::proto::cri::{
-    AuthConfig, Image, ImageFsInfoRequest, ImageFsInfoResponse, ImageSpec, ImageStatusRequest, PullImageRequest,
-    RemoveImageRequest, VersionRequest, VersionResponse, image_service_client::ImageServiceClient,
-    runtime_service_client::RuntimeServiceClient,
+    AuthConfig, Image, ImageFsInfoRequest, ImageFsInfoResponse, ImageSpec, ImageStatusRequest,
+    PullImageRequest, RemoveImageRequest, VersionRequest, VersionResponse,
+    image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 
 pub const MAX_DECODE_BYTES: usize = 64 << 20;
@@ -120,7 +120,11 @@ impl CriClient {
                     Endpoint::from_static("http://localhost")
                         .connect_with_connector(tower::service_fn(move |_| {
                             let path = path.clone();
-                            async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+                            async move {
+                                tokio::net::UnixStream::connect(path)
+                                    .await
+                                    .map(TokioIo::new)
+                            }
                         }))
                         .await
                 }
@@ -136,7 +140,11 @@ impl CriClient {
         let channel = tokio::time::timeout(timeout, connecting)
             .await
             .map_err(|_| unreachable(format!("no answer within {timeout:?}")))??;
-        Ok(CriClient { endpoint: endpoint.clone(), channel, timeout })
+        Ok(CriClient {
+            endpoint: endpoint.clone(),
+            channel,
+            timeout,
+        })
     }
 
     pub fn endpoint(&self) -> &CriEndpoint {
@@ -163,52 +171,111 @@ impl CriClient {
         timeout: Duration,
         request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, CriError> {
-        let error = |cause: String, unreachable: bool| CriError { endpoint: self.endpoint.to_string(), rpc, cause, unreachable };
+        let error = |cause: String, unreachable: bool| CriError {
+            endpoint: self.endpoint.to_string(),
+            rpc,
+            cause,
+            unreachable,
+        };
         match tokio::time::timeout(timeout, request).await {
             Err(_) => Err(error(format!("no answer within {timeout:?}"), false)),
             Ok(Err(status)) => {
                 let unreachable = status.code() == tonic::Code::Unavailable;
-                let cause = if status.message().is_empty() { error_chain(&status) } else { status.message().to_string() };
-                Err(error(format!("{} ({:?})", cause, status.code()), unreachable))
+                let cause = if status.message().is_empty() {
+                    error_chain(&status)
+                } else {
+                    status.message().to_string()
+                };
+                Err(error(
+                    format!("{} ({:?})", cause, status.code()),
+                    unreachable,
+                ))
             }
             Ok(Ok(response)) => Ok(response.into_inner()),
         }
     }
 
     pub async fn version(&self) -> Result<VersionResponse, CriError> {
-        let request = VersionRequest { version: "v1".into() };
-        self.call("Version", self.timeout, self.runtime().version(request)).await
+        let request = VersionRequest {
+            version: "v1".into(),
+        };
+        self.call("Version", self.timeout, self.runtime().version(request))
+            .await
     }
 
     /// The image's record, or None when the runtime does not have it.
     pub async fn image_status(&self, image: &str) -> Result<Option<Image>, CriError> {
-        let request = ImageStatusRequest { image: Some(spec(image)), verbose: false };
-        Ok(self.call("ImageStatus", self.timeout, self.images().image_status(request)).await?.image)
+        let request = ImageStatusRequest {
+            image: Some(spec(image)),
+            verbose: false,
+        };
+        Ok(self
+            .call(
+                "ImageStatus",
+                self.timeout,
+                self.images().image_status(request),
+            )
+            .await?
+            .image)
     }
 
     pub async fn list_images(&self) -> Result<Vec<Image>, CriError> {
         let request = super::proto::cri::ListImagesRequest { filter: None };
-        Ok(self.call("ListImages", self.timeout, self.images().list_images(request)).await?.images)
+        Ok(self
+            .call(
+                "ListImages",
+                self.timeout,
+                self.images().list_images(request),
+            )
+            .await?
+            .images)
     }
 
     pub async fn image_fs_info(&self) -> Result<ImageFsInfoResponse, CriError> {
-        self.call("ImageFsInfo", self.timeout, self.images().image_fs_info(ImageFsInfoRequest {})).await
+        self.call(
+            "ImageFsInfo",
+            self.timeout,
+            self.images().image_fs_info(ImageFsInfoRequest {}),
+        )
+        .await
     }
 
     /// Pulls an image; returns the runtime's image reference. Pulls take long: `timeout` is the caller's.
-    pub async fn pull_image(&self, image: &str, auth: Option<AuthConfig>, timeout: Duration) -> Result<String, CriError> {
-        let request = PullImageRequest { image: Some(spec(image)), auth };
-        Ok(self.call("PullImage", timeout, self.images().pull_image(request)).await?.image_ref)
+    pub async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<AuthConfig>,
+        timeout: Duration,
+    ) -> Result<String, CriError> {
+        let request = PullImageRequest {
+            image: Some(spec(image)),
+            auth,
+        };
+        Ok(self
+            .call("PullImage", timeout, self.images().pull_image(request))
+            .await?
+            .image_ref)
     }
 
     pub async fn remove_image(&self, image: &str) -> Result<(), CriError> {
-        let request = RemoveImageRequest { image: Some(spec(image)) };
-        self.call("RemoveImage", self.timeout, self.images().remove_image(request)).await.map(drop)
+        let request = RemoveImageRequest {
+            image: Some(spec(image)),
+        };
+        self.call(
+            "RemoveImage",
+            self.timeout,
+            self.images().remove_image(request),
+        )
+        .await
+        .map(drop)
     }
 }
 
 fn spec(image: &str) -> ImageSpec {
-    ImageSpec { image: image.to_string(), ..ImageSpec::default() }
+    ImageSpec {
+        image: image.to_string(),
+        ..ImageSpec::default()
+    }
 }
 
 /// An error and its sources, one line: tonic's top-level "transport error" alone says nothing.
@@ -231,12 +298,30 @@ mod tests {
 
     #[test]
     fn endpoints_parse_like_crictl() {
-        assert_eq!("unix:///run/crio/crio.sock".parse(), Ok(CriEndpoint::Unix("/run/crio/crio.sock".into())));
-        assert_eq!("/run/crio/crio.sock".parse(), Ok(CriEndpoint::Unix("/run/crio/crio.sock".into())));
-        assert_eq!("tcp://10.0.0.5:10010".parse(), Ok(CriEndpoint::Tcp("10.0.0.5:10010".into())));
-        for bad in ["unix://relative.sock", "tcp://host", "tcp://:80", "http://x:1", "crio.sock"] {
+        assert_eq!(
+            "unix:///run/crio/crio.sock".parse(),
+            Ok(CriEndpoint::Unix("/run/crio/crio.sock".into()))
+        );
+        assert_eq!(
+            "/run/crio/crio.sock".parse(),
+            Ok(CriEndpoint::Unix("/run/crio/crio.sock".into()))
+        );
+        assert_eq!(
+            "tcp://10.0.0.5:10010".parse(),
+            Ok(CriEndpoint::Tcp("10.0.0.5:10010".into()))
+        );
+        for bad in [
+            "unix://relative.sock",
+            "tcp://host",
+            "tcp://:80",
+            "http://x:1",
+            "crio.sock",
+        ] {
             let err = bad.parse::<CriEndpoint>().unwrap_err();
-            assert!(err.contains("unix:///path/to/socket or tcp://host:port"), "{bad}: {err}");
+            assert!(
+                err.contains("unix:///path/to/socket or tcp://host:port"),
+                "{bad}: {err}"
+            );
         }
         assert_eq!(CriEndpoint::Tcp("h:1".into()).to_string(), "tcp://h:1");
     }
@@ -251,7 +336,13 @@ mod tests {
             registry_token: "reg-456".into(),
             server_address: "quay.io".into(),
         };
-        let text = format!("{auth:?} {:?}", PullImageRequest { image: None, auth: Some(auth.clone()) });
+        let text = format!(
+            "{auth:?} {:?}",
+            PullImageRequest {
+                image: None,
+                auth: Some(auth.clone())
+            }
+        );
         for secret in ["hunter2", "YWRtaW46aHVudGVyMg==", "tok-123", "reg-456"] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
         }
@@ -262,10 +353,19 @@ mod tests {
     async fn unreachable_socket_names_endpoint_and_cause() {
         let dir = tempfile::tempdir().unwrap();
         let endpoint = CriEndpoint::Unix(dir.path().join("nothing.sock"));
-        let err = CriClient::connect(&endpoint, Duration::from_secs(2)).await.err().unwrap();
+        let err = CriClient::connect(&endpoint, Duration::from_secs(2))
+            .await
+            .err()
+            .unwrap();
         assert!(err.unreachable);
         let text = err.to_string();
-        assert!(text.starts_with(&format!("CRI endpoint unix://{}/nothing.sock: connect:", dir.path().display())), "{text}");
+        assert!(
+            text.starts_with(&format!(
+                "CRI endpoint unix://{}/nothing.sock: connect:",
+                dir.path().display()
+            )),
+            "{text}"
+        );
         assert!(text.contains("No such file or directory"), "{text}");
     }
 }

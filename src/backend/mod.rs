@@ -5,3 +5,11 @@ pub mod cri;
 pub mod node;
 pub mod proto;
 pub mod registry;
+
+/// At most `max` characters of `text`, with `...` when cut: remote error bodies can be long.
+pub(crate) fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text.to_string(),
+    }
+}

@@ -31,11 +31,19 @@ pub struct NodeObservation {
 }
 
 /// Observes one node. Never fails: an unreachable node comes back with `facts.unreachable` set.
-pub async fn observe(node: &DirectNode, references: &[String], timeout: Duration) -> NodeObservation {
+pub async fn observe(
+    node: &DirectNode,
+    references: &[String],
+    timeout: Duration,
+) -> NodeObservation {
     match observe_reachable(node, references, timeout).await {
         Ok(observation) => observation,
         Err(err) => NodeObservation {
-            facts: NodeFacts { name: node.name.clone(), unreachable: Some(err.to_string()), ..NodeFacts::default() },
+            facts: NodeFacts {
+                name: node.name.clone(),
+                unreachable: Some(err.to_string()),
+                ..NodeFacts::default()
+            },
             presence: references.iter().map(|r| (r.clone(), None)).collect(),
         },
     }
@@ -51,16 +59,25 @@ async fn observe_reachable(
     let fs = client.image_fs_info().await?;
     let mut facts = NodeFacts {
         name: node.name.clone(),
-        runtime: Some(format!("{} {}", version.runtime_name, version.runtime_version)),
+        runtime: Some(format!(
+            "{} {}",
+            version.runtime_name, version.runtime_version
+        )),
         ..NodeFacts::default()
     };
-    let mountpoint = fs.image_filesystems.first().and_then(|f| f.fs_id.as_ref()).map(|id| id.mountpoint.clone());
+    let mountpoint = fs
+        .image_filesystems
+        .first()
+        .and_then(|f| f.fs_id.as_ref())
+        .map(|id| id.mountpoint.clone());
     match (&node.endpoint, mountpoint) {
         (CriEndpoint::Tcp(_), _) => {
             facts.space_unknown_reason =
                 Some("tcp endpoint: the image filesystem is not local, so its free space cannot be measured".into());
         }
-        (_, None) => facts.space_unknown_reason = Some("the runtime reported no image filesystem".into()),
+        (_, None) => {
+            facts.space_unknown_reason = Some("the runtime reported no image filesystem".into())
+        }
         (_, Some(mountpoint)) => match nix::sys::statvfs::statvfs(mountpoint.as_str()) {
             Ok(stat) => {
                 let block = stat.fragment_size();
@@ -69,14 +86,24 @@ async fn observe_reachable(
                 facts.used_bytes = Some((stat.blocks() - stat.blocks_free()) * block);
             }
             Err(err) => {
-                facts.space_unknown_reason = Some(format!("cannot measure image filesystem {mountpoint}: {err}"));
+                facts.space_unknown_reason = Some(format!(
+                    "cannot measure image filesystem {mountpoint}: {err}"
+                ));
             }
         },
     }
     let statuses: Vec<(String, Result<bool, CriError>)> = stream::iter(references)
         .map(|reference| {
             let client = client.clone();
-            async move { (reference.clone(), client.image_status(reference).await.map(|image| image.is_some())) }
+            async move {
+                (
+                    reference.clone(),
+                    client
+                        .image_status(reference)
+                        .await
+                        .map(|image| image.is_some()),
+                )
+            }
         })
         .buffer_unordered(STATUS_CONCURRENCY)
         .collect()

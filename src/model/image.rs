@@ -26,22 +26,32 @@ impl Platform {
             "powerpc64" => "ppc64le",
             other => other,
         };
-        Platform { os: std::env::consts::OS.to_string(), architecture: architecture.to_string(), variant: None }
+        Platform {
+            os: std::env::consts::OS.to_string(),
+            architecture: architecture.to_string(),
+            variant: None,
+        }
     }
 
     /// Parses `os/arch[/variant]`, as `--platform` takes it.
     pub fn parse(text: &str) -> Result<Self, String> {
         let parts: Vec<&str> = text.split('/').collect();
         match parts.as_slice() {
-            [os, arch] if !os.is_empty() && !arch.is_empty() => {
-                Ok(Platform { os: os.to_string(), architecture: arch.to_string(), variant: None })
-            }
-            [os, arch, variant] if !os.is_empty() && !arch.is_empty() && !variant.is_empty() => Ok(Platform {
+            [os, arch] if !os.is_empty() && !arch.is_empty() => Ok(Platform {
                 os: os.to_string(),
                 architecture: arch.to_string(),
-                variant: Some(variant.to_string()),
+                variant: None,
             }),
-            _ => Err(format!("platform {text:?} is not os/architecture[/variant], e.g. linux/arm64/v8")),
+            [os, arch, variant] if !os.is_empty() && !arch.is_empty() && !variant.is_empty() => {
+                Ok(Platform {
+                    os: os.to_string(),
+                    architecture: arch.to_string(),
+                    variant: Some(variant.to_string()),
+                })
+            }
+            _ => Err(format!(
+                "platform {text:?} is not os/architecture[/variant], e.g. linux/arm64/v8"
+            )),
         }
     }
 
@@ -102,8 +112,10 @@ impl fmt::Display for LazyFormat {
 
 pub const ANNOTATION_ESTARGZ_TOC: &str = "containerd.io/snapshot/stargz/toc.digest";
 pub const ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE: &str = "io.containers.estargz.uncompressed-size";
-pub const ANNOTATION_ZSTD_CHUNKED_CHECKSUM: &str = "io.github.containers.zstd-chunked.manifest-checksum";
-pub const ANNOTATION_ZSTD_CHUNKED_POSITION: &str = "io.github.containers.zstd-chunked.manifest-position";
+pub const ANNOTATION_ZSTD_CHUNKED_CHECKSUM: &str =
+    "io.github.containers.zstd-chunked.manifest-checksum";
+pub const ANNOTATION_ZSTD_CHUNKED_POSITION: &str =
+    "io.github.containers.zstd-chunked.manifest-position";
 pub const ANNOTATION_SOCI_INDEX: &str = "com.amazon.soci.index-digest";
 pub const MEDIA_TYPE_NYDUS_BLOB: &str = "application/vnd.oci.image.layer.nydus.blob.v1";
 
@@ -120,7 +132,9 @@ pub struct Layer {
 impl Layer {
     /// The uncompressed size, where an annotation states it (eStargz does).
     pub fn uncompressed_size(&self) -> Option<u64> {
-        self.annotations.get(ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE).and_then(|v| v.trim().parse().ok())
+        self.annotations
+            .get(ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE)
+            .and_then(|v| v.trim().parse().ok())
     }
 }
 
@@ -173,7 +187,10 @@ mod tests {
             digest: "sha256:00".into(),
             media_type: media_type.into(),
             size: 10,
-            annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         }
     }
 
@@ -186,7 +203,10 @@ mod tests {
             config_digest: "sha256:bb".into(),
             config_size: 1,
             layers,
-            annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         }
     }
 
@@ -195,20 +215,45 @@ mod tests {
 
     #[test]
     fn lazy_format_comes_from_annotations_and_media_types() {
-        assert_eq!(facts(vec![layer(GZIP, &[])], &[]).lazy_format(), LazyFormat::None);
+        assert_eq!(
+            facts(vec![layer(GZIP, &[])], &[]).lazy_format(),
+            LazyFormat::None
+        );
         let estargz = layer(GZIP, &[(ANNOTATION_ESTARGZ_TOC, "sha256:11")]);
-        assert_eq!(facts(vec![layer(GZIP, &[]), estargz], &[]).lazy_format(), LazyFormat::Estargz);
+        assert_eq!(
+            facts(vec![layer(GZIP, &[]), estargz], &[]).lazy_format(),
+            LazyFormat::Estargz
+        );
         let chunked = layer(ZSTD, &[(ANNOTATION_ZSTD_CHUNKED_CHECKSUM, "sha256:22")]);
-        assert_eq!(facts(vec![chunked], &[]).lazy_format(), LazyFormat::ZstdChunked);
-        assert_eq!(facts(vec![layer(MEDIA_TYPE_NYDUS_BLOB, &[])], &[]).lazy_format(), LazyFormat::Nydus);
-        assert_eq!(facts(vec![layer(GZIP, &[])], &[(ANNOTATION_SOCI_INDEX, "sha256:33")]).lazy_format(), LazyFormat::Soci);
+        assert_eq!(
+            facts(vec![chunked], &[]).lazy_format(),
+            LazyFormat::ZstdChunked
+        );
+        assert_eq!(
+            facts(vec![layer(MEDIA_TYPE_NYDUS_BLOB, &[])], &[]).lazy_format(),
+            LazyFormat::Nydus
+        );
+        assert_eq!(
+            facts(
+                vec![layer(GZIP, &[])],
+                &[(ANNOTATION_SOCI_INDEX, "sha256:33")]
+            )
+            .lazy_format(),
+            LazyFormat::Soci
+        );
     }
 
     #[test]
     fn uncompressed_size_only_where_annotated() {
         assert_eq!(layer(GZIP, &[]).uncompressed_size(), None);
-        assert_eq!(layer(GZIP, &[(ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, "4096")]).uncompressed_size(), Some(4096));
-        assert_eq!(layer(GZIP, &[(ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, "lots")]).uncompressed_size(), None);
+        assert_eq!(
+            layer(GZIP, &[(ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, "4096")]).uncompressed_size(),
+            Some(4096)
+        );
+        assert_eq!(
+            layer(GZIP, &[(ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, "lots")]).uncompressed_size(),
+            None
+        );
     }
 
     #[test]
@@ -221,6 +266,10 @@ mod tests {
         assert!(plain_arm.accepts(&arm));
         assert!(arm.accepts(&plain_arm));
         assert!(!arm.accepts(&Platform::parse("linux/arm/v7").unwrap()));
-        assert!(!Platform::parse("linux/arm/v6").unwrap().accepts(&Platform::parse("linux/arm/v7").unwrap()));
+        assert!(
+            !Platform::parse("linux/arm/v6")
+                .unwrap()
+                .accepts(&Platform::parse("linux/arm/v7").unwrap())
+        );
     }
 }

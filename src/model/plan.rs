@@ -56,7 +56,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { gc_high_percent: 85, min_free_bytes: 16 << 30 }
+        Limits {
+            gc_high_percent: 85,
+            min_free_bytes: 16 << 30,
+        }
     }
 }
 
@@ -179,17 +182,26 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
     };
     let mut reasons = Vec::new();
     if unknown_presence > 0 {
-        reasons.push(format!("{unknown_presence} image(s) may already be on the node (unknown): counted as absent"));
+        reasons.push(format!(
+            "{unknown_presence} image(s) may already be on the node (unknown): counted as absent"
+        ));
     }
-    let available_after_bytes = node.available_bytes.map(|a| a as i64 - estimated_disk_bytes as i64);
+    let available_after_bytes = node
+        .available_bytes
+        .map(|a| a as i64 - estimated_disk_bytes as i64);
     let verdict = if let Some(why) = &node.unreachable {
         reasons.push(format!("unreachable: {why}"));
         Verdict::Unknown
     } else {
         match (node.capacity_bytes, available_after_bytes) {
-            (Some(capacity), Some(after)) if capacity > 0 => judge(capacity, after, limits, &mut reasons),
+            (Some(capacity), Some(after)) if capacity > 0 => {
+                judge(capacity, after, limits, &mut reasons)
+            }
             _ => {
-                let why = node.space_unknown_reason.as_deref().unwrap_or("the runtime did not report it");
+                let why = node
+                    .space_unknown_reason
+                    .as_deref()
+                    .unwrap_or("the runtime did not report it");
                 reasons.push(format!("free space unknown: {why}"));
                 Verdict::Unknown
             }
@@ -214,7 +226,10 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
 fn judge(capacity: u64, after: i64, limits: &Limits, reasons: &mut Vec<String>) -> Verdict {
     if after < limits.min_free_bytes as i64 {
         reasons.push(if after < 0 {
-            format!("needs {} more than the image filesystem has free", human(after.unsigned_abs()))
+            format!(
+                "needs {} more than the image filesystem has free",
+                human(after.unsigned_abs())
+            )
         } else {
             format!(
                 "would leave {} free, below the {} floor (--min-free)",
@@ -238,7 +253,8 @@ fn judge(capacity: u64, after: i64, limits: &Limits, reasons: &mut Vec<String>) 
 }
 
 fn blob_digests(facts: &ImageFacts) -> impl Iterator<Item = &str> {
-    std::iter::once(facts.config_digest.as_str()).chain(facts.layers.iter().map(|l| l.digest.as_str()))
+    std::iter::once(facts.config_digest.as_str())
+        .chain(facts.layers.iter().map(|l| l.digest.as_str()))
 }
 
 #[cfg(test)]
@@ -253,9 +269,17 @@ mod tests {
     fn layer(digest: &str, size: u64, uncompressed: Option<u64>) -> Layer {
         let mut annotations = BTreeMap::new();
         if let Some(u) = uncompressed {
-            annotations.insert(ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE.to_string(), u.to_string());
+            annotations.insert(
+                ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE.to_string(),
+                u.to_string(),
+            );
         }
-        Layer { digest: digest.into(), media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(), size, annotations }
+        Layer {
+            digest: digest.into(),
+            media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
+            size,
+            annotations,
+        }
     }
 
     fn image(config: &str, layers: Vec<Layer>) -> ImageFacts {
@@ -283,7 +307,10 @@ mod tests {
     }
 
     fn limits(min_free: u64) -> Limits {
-        Limits { gc_high_percent: 85, min_free_bytes: min_free }
+        Limits {
+            gc_high_percent: 85,
+            min_free_bytes: min_free,
+        }
     }
 
     #[test]
@@ -293,19 +320,38 @@ mod tests {
         let b = image("cb", vec![base.clone(), layer("b1", 2 * MI, None)]);
         let c = image("cc", vec![layer("c1", MI, None)]);
         let images = [
-            PlannedImage { reference: "a", facts: &a, present: Some(false) },
-            PlannedImage { reference: "b", facts: &b, present: Some(false) },
-            PlannedImage { reference: "c", facts: &c, present: Some(true) },
+            PlannedImage {
+                reference: "a",
+                facts: &a,
+                present: Some(false),
+            },
+            PlannedImage {
+                reference: "b",
+                facts: &b,
+                present: Some(false),
+            },
+            PlannedImage {
+                reference: "c",
+                facts: &c,
+                present: Some(true),
+            },
         ];
         let plan = plan_node(&node(1000 * MI, 900 * MI), &images, &limits(MI));
         assert_eq!(plan.images[0].fetch_bytes, 14 * MI + 1000);
-        assert_eq!(plan.images[1].fetch_bytes, 2 * MI + 1000, "base layer counted once, for the first image");
+        assert_eq!(
+            plan.images[1].fetch_bytes,
+            2 * MI + 1000,
+            "base layer counted once, for the first image"
+        );
         assert_eq!(plan.images[2].fetch_bytes, 0);
         assert_eq!(plan.fetch_bytes, 16 * MI + 2000);
         assert_eq!(plan.estimated_disk_bytes, 32 * MI + 2000);
         assert_eq!(plan.estimate_basis, EstimateBasis::TwiceCompressed);
         assert_eq!(plan.verdict, Verdict::Fits);
-        assert_eq!(plan.available_after_bytes, Some((900 * MI - 32 * MI - 2000) as i64));
+        assert_eq!(
+            plan.available_after_bytes,
+            Some((900 * MI - 32 * MI - 2000) as i64)
+        );
     }
 
     #[test]
@@ -314,41 +360,78 @@ mod tests {
         let present = image("cp", vec![base.clone()]);
         let missing = image("cm", vec![base, layer("m1", MI, Some(3 * MI))]);
         let images = [
-            PlannedImage { reference: "missing", facts: &missing, present: Some(false) },
-            PlannedImage { reference: "present", facts: &present, present: Some(true) },
+            PlannedImage {
+                reference: "missing",
+                facts: &missing,
+                present: Some(false),
+            },
+            PlannedImage {
+                reference: "present",
+                facts: &present,
+                present: Some(true),
+            },
         ];
         let plan = plan_node(&node(1000 * MI, 900 * MI), &images, &limits(MI));
         assert_eq!(plan.fetch_bytes, MI + 1000);
-        assert_eq!(plan.estimated_disk_bytes, 3 * MI + 1000, "annotated uncompressed size wins over 2x");
+        assert_eq!(
+            plan.estimated_disk_bytes,
+            3 * MI + 1000,
+            "annotated uncompressed size wins over 2x"
+        );
         assert_eq!(plan.estimate_basis, EstimateBasis::Uncompressed);
     }
 
     #[test]
     fn verdicts_follow_the_floor_and_the_gc_threshold() {
         let big = image("c", vec![layer("l", 50 * MI, None)]); // 100 MiB + 1000 B on disk
-        let images = [PlannedImage { reference: "big", facts: &big, present: Some(false) }];
-        let plan = |capacity, available, min_free| plan_node(&node(capacity, available), &images, &limits(min_free));
+        let images = [PlannedImage {
+            reference: "big",
+            facts: &big,
+            present: Some(false),
+        }];
+        let plan = |capacity, available, min_free| {
+            plan_node(&node(capacity, available), &images, &limits(min_free))
+        };
 
         assert_eq!(plan(1000 * MI, 900 * MI, 16 * MI).verdict, Verdict::Fits);
 
         let tight = plan(1000 * MI, 200 * MI, 16 * MI);
         assert_eq!(tight.verdict, Verdict::Tight);
-        assert!(tight.reasons[0].contains("to 90%, above the image GC high threshold of 85%"), "{:?}", tight.reasons);
+        assert!(
+            tight.reasons[0].contains("to 90%, above the image GC high threshold of 85%"),
+            "{:?}",
+            tight.reasons
+        );
 
         let floor = plan(1000 * MI, 110 * MI, 16 * MI);
         assert_eq!(floor.verdict, Verdict::NoSpace);
-        assert!(floor.reasons[0].contains("below the 16 MiB floor (--min-free)"), "{:?}", floor.reasons);
+        assert!(
+            floor.reasons[0].contains("below the 16 MiB floor (--min-free)"),
+            "{:?}",
+            floor.reasons
+        );
 
         let short = plan(1000 * MI, 60 * MI, 16 * MI);
         assert_eq!(short.verdict, Verdict::NoSpace);
-        assert_eq!(short.available_after_bytes, Some(60 * MI as i64 - 100 * MI as i64 - 1000));
-        assert!(short.reasons[0].starts_with("needs 40.00 MiB more"), "{:?}", short.reasons);
+        assert_eq!(
+            short.available_after_bytes,
+            Some(60 * MI as i64 - 100 * MI as i64 - 1000)
+        );
+        assert!(
+            short.reasons[0].starts_with("needs 40.00 MiB more"),
+            "{:?}",
+            short.reasons
+        );
     }
 
     #[test]
     fn unknown_figures_give_unknown_never_a_guess() {
         let img = image("c", vec![layer("l", MI, None)]);
-        let images = [PlannedImage { reference: "i", facts: &img, present: None }];
+        let images = [PlannedImage {
+            reference: "i",
+            facts: &img,
+            present: None,
+        }];
         let remote = NodeFacts {
             name: "remote".into(),
             runtime: Some("cri-o 1.31".into()),
@@ -358,21 +441,45 @@ mod tests {
         let plan = plan_node(&remote, &images, &Limits::default());
         assert_eq!(plan.verdict, Verdict::Unknown);
         assert_eq!(plan.available_after_bytes, None);
-        assert_eq!(plan.fetch_bytes, MI + 1000, "unknown presence is counted as absent");
-        assert!(plan.reasons.iter().any(|r| r.contains("tcp endpoint")), "{:?}", plan.reasons);
-        assert!(plan.reasons.iter().any(|r| r.contains("1 image(s) may already be on the node")));
+        assert_eq!(
+            plan.fetch_bytes,
+            MI + 1000,
+            "unknown presence is counted as absent"
+        );
+        assert!(
+            plan.reasons.iter().any(|r| r.contains("tcp endpoint")),
+            "{:?}",
+            plan.reasons
+        );
+        assert!(
+            plan.reasons
+                .iter()
+                .any(|r| r.contains("1 image(s) may already be on the node"))
+        );
 
-        let down = NodeFacts { name: "down".into(), unreachable: Some("connection refused".into()), ..node(MI, MI) };
+        let down = NodeFacts {
+            name: "down".into(),
+            unreachable: Some("connection refused".into()),
+            ..node(MI, MI)
+        };
         let plan = plan_node(&down, &images, &Limits::default());
         assert_eq!(plan.verdict, Verdict::Unknown);
-        assert!(plan.reasons.contains(&"unreachable: connection refused".to_string()));
+        assert!(
+            plan.reasons
+                .contains(&"unreachable: connection refused".to_string())
+        );
     }
 
     #[test]
     fn json_uses_the_documented_field_names() {
         let img = image("c", vec![layer("l", MI, None)]);
-        let images = [PlannedImage { reference: "r", facts: &img, present: Some(false) }];
-        let json = serde_json::to_value(plan_node(&node(100 * MI, 90 * MI), &images, &limits(MI))).unwrap();
+        let images = [PlannedImage {
+            reference: "r",
+            facts: &img,
+            present: Some(false),
+        }];
+        let json = serde_json::to_value(plan_node(&node(100 * MI, 90 * MI), &images, &limits(MI)))
+            .unwrap();
         for key in [
             "node",
             "runtime",

@@ -38,7 +38,10 @@ impl ImageRef {
         // A tag's colon comes after the last slash; a port's colon comes before it.
         let last_slash = name_and_tag.rfind('/').map_or(0, |i| i + 1);
         let (name, tag) = match name_and_tag[last_slash..].rfind(':') {
-            Some(i) => (&name_and_tag[..last_slash + i], Some(name_and_tag[last_slash + i + 1..].to_string())),
+            Some(i) => (
+                &name_and_tag[..last_slash + i],
+                Some(name_and_tag[last_slash + i + 1..].to_string()),
+            ),
             None => (name_and_tag, None),
         };
         let (registry, repository) = match name.split_once('/') {
@@ -47,15 +50,23 @@ impl ImageRef {
             }
             _ => (DEFAULT_REGISTRY.to_string(), name.to_string()),
         };
-        let repository =
-            if registry == DEFAULT_REGISTRY && !repository.contains('/') { format!("library/{repository}") } else { repository };
+        let repository = if registry == DEFAULT_REGISTRY && !repository.contains('/') {
+            format!("library/{repository}")
+        } else {
+            repository
+        };
         if repository.is_empty() || repository.split('/').any(str::is_empty) {
             return Err(format!("{text:?} has an empty path component"));
         }
         if tag.as_deref() == Some("") {
             return Err(format!("{text:?} has an empty tag"));
         }
-        Ok(ImageRef { registry, repository, tag, digest })
+        Ok(ImageRef {
+            registry,
+            repository,
+            tag,
+            digest,
+        })
     }
 }
 
@@ -125,18 +136,34 @@ impl fmt::Display for Violation {
         match self {
             Violation::Empty => write!(f, "empty reference"),
             Violation::TooLong { len } => {
-                write!(f, "is {len} characters long, over the limit of {MAX_PINNED_REFERENCE_LEN}")
+                write!(
+                    f,
+                    "is {len} characters long, over the limit of {MAX_PINNED_REFERENCE_LEN}"
+                )
             }
-            Violation::NoDigest => write!(f, "uses a tag, not a digest (PinnedImageSet accepts digests only)"),
+            Violation::NoDigest => write!(
+                f,
+                "uses a tag, not a digest (PinnedImageSet accepts digests only)"
+            ),
             Violation::SeveralAt => write!(f, "has more than one '@'"),
-            Violation::BadDigest { digest } => write!(f, "digest {digest:?} is not sha256: and 64 lowercase hex"),
-            Violation::NoHost { first } => write!(f, "registry host {first:?} has no dot (PinnedImageSet requires one)"),
+            Violation::BadDigest { digest } => {
+                write!(f, "digest {digest:?} is not sha256: and 64 lowercase hex")
+            }
+            Violation::NoHost { first } => write!(
+                f,
+                "registry host {first:?} has no dot (PinnedImageSet requires one)"
+            ),
             Violation::BadHost { host } => write!(f, "registry host {host:?} is not valid"),
             Violation::BadPort { port } => write!(f, "port {port:?} is not 2 to 5 digits"),
             Violation::TooManySegments { path } => {
-                write!(f, "path {path:?} has more than one namespace segment between host and name")
+                write!(
+                    f,
+                    "path {path:?} has more than one namespace segment between host and name"
+                )
             }
-            Violation::BadNamespace { namespace } => write!(f, "namespace {namespace:?} is not valid"),
+            Violation::BadNamespace { namespace } => {
+                write!(f, "namespace {namespace:?} is not valid")
+            }
             Violation::BadName { name } => write!(f, "image name {name:?} is not valid"),
         }
     }
@@ -165,40 +192,65 @@ pub fn check_pinned(text: &str) -> Result<(), Violation> {
         _ => return Err(Violation::SeveralAt),
     };
     let hex = digest.strip_prefix("sha256:").unwrap_or("");
-    if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)) {
-        return Err(Violation::BadDigest { digest: digest.to_string() });
+    if hex.len() != 64
+        || !hex
+            .chars()
+            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    {
+        return Err(Violation::BadDigest {
+            digest: digest.to_string(),
+        });
     }
     let Some((host_port, path)) = name.split_once('/') else {
-        return Err(Violation::NoHost { first: name.to_string() });
+        return Err(Violation::NoHost {
+            first: name.to_string(),
+        });
     };
     let (host, port) = match host_port.split_once(':') {
         Some((host, port)) => (host, Some(port)),
         None => (host_port, None),
     };
     if !host.contains('.') {
-        return Err(Violation::NoHost { first: host_port.to_string() });
+        return Err(Violation::NoHost {
+            first: host_port.to_string(),
+        });
     }
-    if host.split('.').any(|label| label.is_empty() || !label.chars().all(is_label_char)) {
-        return Err(Violation::BadHost { host: host.to_string() });
+    if host
+        .split('.')
+        .any(|label| label.is_empty() || !label.chars().all(is_label_char))
+    {
+        return Err(Violation::BadHost {
+            host: host.to_string(),
+        });
     }
     if let Some(port) = port
         && (!(2..=5).contains(&port.len()) || !port.chars().all(|c| c.is_ascii_digit()))
     {
-        return Err(Violation::BadPort { port: port.to_string() });
+        return Err(Violation::BadPort {
+            port: port.to_string(),
+        });
     }
     let segments: Vec<&str> = path.split('/').collect();
     let (namespace, image) = match segments.as_slice() {
         [image] => (None, *image),
         [namespace, image] => (Some(*namespace), *image),
-        _ => return Err(Violation::TooManySegments { path: path.to_string() }),
+        _ => {
+            return Err(Violation::TooManySegments {
+                path: path.to_string(),
+            });
+        }
     };
     if let Some(namespace) = namespace
         && (namespace.len() > 61 || !namespace.chars().all(is_namespace_char))
     {
-        return Err(Violation::BadNamespace { namespace: namespace.to_string() });
+        return Err(Violation::BadNamespace {
+            namespace: namespace.to_string(),
+        });
     }
     if !image.chars().all(|c| is_namespace_char(c) || c == '.') {
-        return Err(Violation::BadName { name: image.to_string() });
+        return Err(Violation::BadName {
+            name: image.to_string(),
+        });
     }
     Ok(())
 }
@@ -228,20 +280,58 @@ mod tests {
     #[test]
     fn names_the_rule_each_bad_entry_breaks() {
         assert_eq!(pinned("quay.io/app:v1"), Err(Violation::NoDigest));
-        assert_eq!(pinned(&format!("localhost:5000/app@{D}")), Err(Violation::NoHost { first: "localhost:5000".into() }));
-        assert_eq!(pinned(&format!("app@{D}")), Err(Violation::NoHost { first: "app".into() }));
+        assert_eq!(
+            pinned(&format!("localhost:5000/app@{D}")),
+            Err(Violation::NoHost {
+                first: "localhost:5000".into()
+            })
+        );
+        assert_eq!(
+            pinned(&format!("app@{D}")),
+            Err(Violation::NoHost {
+                first: "app".into()
+            })
+        );
         assert_eq!(
             pinned(&format!("reg.example.com/a/b/c@{D}")),
-            Err(Violation::TooManySegments { path: "a/b/c".into() })
+            Err(Violation::TooManySegments {
+                path: "a/b/c".into()
+            })
         );
-        assert_eq!(pinned(&format!("quay.io:5/app@{D}")), Err(Violation::BadPort { port: "5".into() }));
-        assert_eq!(pinned(&format!("quay.io:123456/app@{D}")), Err(Violation::BadPort { port: "123456".into() }));
-        assert!(matches!(pinned("quay.io/app@sha256:ABC"), Err(Violation::BadDigest { .. })));
-        assert!(matches!(pinned(&format!("quay.io/app@{}", D.to_uppercase())), Err(Violation::BadDigest { .. })));
-        assert_eq!(pinned(&format!("quay.io/a@b@{D}")), Err(Violation::SeveralAt));
-        assert!(matches!(pinned(&format!("qu_ay.io/app@{D}")), Err(Violation::BadHost { .. })));
-        assert!(matches!(pinned(&format!("quay.io/{}/app@{D}", "n".repeat(62))), Err(Violation::BadNamespace { .. })));
-        assert!(matches!(pinned(&format!("quay.io/ns/ap+p@{D}")), Err(Violation::BadName { .. })));
+        assert_eq!(
+            pinned(&format!("quay.io:5/app@{D}")),
+            Err(Violation::BadPort { port: "5".into() })
+        );
+        assert_eq!(
+            pinned(&format!("quay.io:123456/app@{D}")),
+            Err(Violation::BadPort {
+                port: "123456".into()
+            })
+        );
+        assert!(matches!(
+            pinned("quay.io/app@sha256:ABC"),
+            Err(Violation::BadDigest { .. })
+        ));
+        assert!(matches!(
+            pinned(&format!("quay.io/app@{}", D.to_uppercase())),
+            Err(Violation::BadDigest { .. })
+        ));
+        assert_eq!(
+            pinned(&format!("quay.io/a@b@{D}")),
+            Err(Violation::SeveralAt)
+        );
+        assert!(matches!(
+            pinned(&format!("qu_ay.io/app@{D}")),
+            Err(Violation::BadHost { .. })
+        ));
+        assert!(matches!(
+            pinned(&format!("quay.io/{}/app@{D}", "n".repeat(62))),
+            Err(Violation::BadNamespace { .. })
+        ));
+        assert!(matches!(
+            pinned(&format!("quay.io/ns/ap+p@{D}")),
+            Err(Violation::BadName { .. })
+        ));
         assert_eq!(pinned(""), Err(Violation::Empty));
     }
 
@@ -249,32 +339,59 @@ mod tests {
     fn length_limit_is_447() {
         let prefix = "quay.io/ns/";
         let suffix = format!("@{D}");
-        let name = |n: usize| format!("{prefix}{}{suffix}", "a".repeat(n - prefix.len() - suffix.len()));
+        let name = |n: usize| {
+            format!(
+                "{prefix}{}{suffix}",
+                "a".repeat(n - prefix.len() - suffix.len())
+            )
+        };
         assert_eq!(pinned(&name(447)), Ok(()));
         assert_eq!(pinned(&name(448)), Err(Violation::TooLong { len: 448 }));
     }
 
     #[test]
     fn fixes_point_at_the_way_out() {
-        assert!(Violation::NoDigest.fix("quay.io/app:v1").contains("docker://quay.io/app:v1"));
+        assert!(
+            Violation::NoDigest
+                .fix("quay.io/app:v1")
+                .contains("docker://quay.io/app:v1")
+        );
         let hub = format!("nginx@{D}");
         assert_eq!(
-            Violation::NoHost { first: "nginx".into() }.fix(&hub),
+            Violation::NoHost {
+                first: "nginx".into()
+            }
+            .fix(&hub),
             format!("write the registry host explicitly: docker.io/library/nginx@{D}")
         );
-        assert!(Violation::NoHost { first: "localhost:5000".into() }.fix(&format!("localhost:5000/a@{D}")).contains("127.0.0.1"));
+        assert!(
+            Violation::NoHost {
+                first: "localhost:5000".into()
+            }
+            .fix(&format!("localhost:5000/a@{D}"))
+            .contains("127.0.0.1")
+        );
     }
 
     #[test]
     fn parses_and_normalizes_like_container_tools() {
         let r = ImageRef::parse("nginx").unwrap();
-        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()), ("docker.io", "library/nginx", None));
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()),
+            ("docker.io", "library/nginx", None)
+        );
         let r = ImageRef::parse("localhost:5000/a/b:v2").unwrap();
-        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()), ("localhost:5000", "a/b", Some("v2")));
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()),
+            ("localhost:5000", "a/b", Some("v2"))
+        );
         let r = ImageRef::parse(&format!("quay.io/org/app:1.0@{D}")).unwrap();
         assert_eq!(r.to_string(), format!("quay.io/org/app:1.0@{D}"));
         assert_eq!(r.digest.as_deref(), Some(D));
-        assert_eq!(ImageRef::parse("user/app").unwrap().to_string(), "docker.io/user/app");
+        assert_eq!(
+            ImageRef::parse("user/app").unwrap().to_string(),
+            "docker.io/user/app"
+        );
         assert!(ImageRef::parse("quay.io//app").is_err());
         assert!(ImageRef::parse("app:").is_err());
     }

@@ -20,15 +20,23 @@ pub const KIND: &str = "PinnedImageSet";
 /// Where something was written, for messages.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Origin {
-    File { path: String, line: Option<usize> },
+    File {
+        path: String,
+        line: Option<usize>,
+    },
     /// The n-th `--image` flag, counting from 1.
-    Flag { index: usize },
+    Flag {
+        index: usize,
+    },
 }
 
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Origin::File { path, line: Some(line) } => write!(f, "{path}:{line}"),
+            Origin::File {
+                path,
+                line: Some(line),
+            } => write!(f, "{path}:{line}"),
             Origin::File { path, line: None } => write!(f, "{path}"),
             Origin::Flag { index } => write!(f, "--image #{index}"),
         }
@@ -84,7 +92,10 @@ impl ImageSet {
             problems.push(Problem {
                 origin: self.origin.clone(),
                 entry: None,
-                message: format!("set {:?} has no images (a PinnedImageSet needs 1 to {MAX_ENTRIES})", self.name),
+                message: format!(
+                    "set {:?} has no images (a PinnedImageSet needs 1 to {MAX_ENTRIES})",
+                    self.name
+                ),
                 fix: "add at least one image reference".into(),
             });
         }
@@ -132,7 +143,10 @@ pub fn from_flags(name: &str, references: &[String]) -> ImageSet {
         entries: references
             .iter()
             .enumerate()
-            .map(|(i, r)| Entry { reference: r.trim().to_string(), origin: Origin::Flag { index: i + 1 } })
+            .map(|(i, r)| Entry {
+                reference: r.trim().to_string(),
+                origin: Origin::Flag { index: i + 1 },
+            })
             .collect(),
         origin: Origin::Flag { index: 1 },
     }
@@ -147,15 +161,26 @@ pub fn parse_list(text: &str, path: &str, name: &str) -> ImageSet {
             let reference = line.split('#').next().unwrap_or("").trim();
             (!reference.is_empty()).then(|| Entry {
                 reference: reference.to_string(),
-                origin: Origin::File { path: path.to_string(), line: Some(i + 1) },
+                origin: Origin::File {
+                    path: path.to_string(),
+                    line: Some(i + 1),
+                },
             })
         })
         .collect();
-    ImageSet { name: name.to_string(), labels: BTreeMap::new(), entries, origin: file_origin(path, None) }
+    ImageSet {
+        name: name.to_string(),
+        labels: BTreeMap::new(),
+        entries,
+        origin: file_origin(path, None),
+    }
 }
 
 fn file_origin(path: &str, line: Option<usize>) -> Origin {
-    Origin::File { path: path.to_string(), line }
+    Origin::File {
+        path: path.to_string(),
+        line,
+    }
 }
 
 #[derive(Deserialize)]
@@ -204,7 +229,8 @@ impl<'de> Deserialize<'de> for YamlEntry {
                         map.next_value::<de::IgnoredAny>()?;
                     }
                 }
-                name.map(YamlEntry).ok_or_else(|| de::Error::missing_field("name"))
+                name.map(YamlEntry)
+                    .ok_or_else(|| de::Error::missing_field("name"))
             }
         }
         deserializer.deserialize_any(EntryVisitor)
@@ -232,7 +258,10 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
         let doc = document.value;
         let here = file_origin(path, line);
         let kind_ok = doc.kind.as_deref() == Some(KIND)
-            && doc.api_version.as_deref().is_some_and(|v| v.split('/').next() == Some(API_GROUP));
+            && doc
+                .api_version
+                .as_deref()
+                .is_some_and(|v| v.split('/').next() == Some(API_GROUP));
         if !kind_ok {
             problems.push(Problem {
                 origin: here,
@@ -265,9 +294,18 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
                 origin: file_origin(path, Some(e.defined.line() as usize)),
             })
             .collect();
-        sets.push(ImageSet { name, labels, entries, origin: here });
+        sets.push(ImageSet {
+            name,
+            labels,
+            entries,
+            origin: here,
+        });
     }
-    if problems.is_empty() { Ok(sets) } else { Err(problems) }
+    if problems.is_empty() {
+        Ok(sets)
+    } else {
+        Err(problems)
+    }
 }
 
 #[cfg(test)]
@@ -303,17 +341,31 @@ spec:
         let sets = parse_yaml(&text, "sets.yaml").unwrap();
         assert_eq!(sets.len(), 2);
         assert_eq!(sets[0].name, "workers");
-        assert_eq!(sets[0].labels["machineconfiguration.openshift.io/role"], "worker");
-        let lines: Vec<String> = sets[0].entries.iter().map(|e| e.origin.to_string()).collect();
+        assert_eq!(
+            sets[0].labels["machineconfiguration.openshift.io/role"],
+            "worker"
+        );
+        let lines: Vec<String> = sets[0]
+            .entries
+            .iter()
+            .map(|e| e.origin.to_string())
+            .collect();
         assert_eq!(lines, ["sets.yaml:9", "sets.yaml:10"]);
         assert_eq!(sets[1].name, "legacy");
-        assert_eq!(sets[1].entries[0].reference, format!("quay.io/ocp/release@{D2}"));
+        assert_eq!(
+            sets[1].entries[0].reference,
+            format!("quay.io/ocp/release@{D2}")
+        );
         assert_eq!(sets[1].entries[0].origin.to_string(), "sets.yaml:18");
     }
 
     #[test]
     fn malformed_yaml_is_one_problem_with_a_line() {
-        let problems = parse_yaml("kind: PinnedImageSet\nspec:\n  pinnedImages: [\n", "bad.yaml").unwrap_err();
+        let problems = parse_yaml(
+            "kind: PinnedImageSet\nspec:\n  pinnedImages: [\n",
+            "bad.yaml",
+        )
+        .unwrap_err();
         assert_eq!(problems.len(), 1);
         let text = problems[0].to_string();
         assert!(text.starts_with("bad.yaml:"), "{text}");
@@ -322,44 +374,104 @@ spec:
 
     #[test]
     fn other_kinds_and_nameless_sets_are_refused() {
-        let problems = parse_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "cm.yaml").unwrap_err();
-        assert!(problems[0].to_string().contains("v1 ConfigMap, not a PinnedImageSet"), "{}", problems[0]);
-        let nameless = "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nspec: {}\n";
-        assert!(parse_yaml(nameless, "n.yaml").unwrap_err()[0].message.contains("metadata.name"));
+        let problems = parse_yaml(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+            "cm.yaml",
+        )
+        .unwrap_err();
+        assert!(
+            problems[0]
+                .to_string()
+                .contains("v1 ConfigMap, not a PinnedImageSet"),
+            "{}",
+            problems[0]
+        );
+        let nameless =
+            "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nspec: {}\n";
+        assert!(
+            parse_yaml(nameless, "n.yaml").unwrap_err()[0]
+                .message
+                .contains("metadata.name")
+        );
     }
 
     #[test]
     fn list_files_skip_comments_and_blanks() {
-        let set = parse_list(&format!("# upgrade images\n\nquay.io/a@{D1}  # base\n  quay.io/b@{D2}\n"), "l.txt", "l");
-        let got: Vec<(String, String)> =
-            set.entries.iter().map(|e| (e.reference.clone(), e.origin.to_string())).collect();
-        assert_eq!(got, [(format!("quay.io/a@{D1}"), "l.txt:3".into()), (format!("quay.io/b@{D2}"), "l.txt:4".into())]);
+        let set = parse_list(
+            &format!("# upgrade images\n\nquay.io/a@{D1}  # base\n  quay.io/b@{D2}\n"),
+            "l.txt",
+            "l",
+        );
+        let got: Vec<(String, String)> = set
+            .entries
+            .iter()
+            .map(|e| (e.reference.clone(), e.origin.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (format!("quay.io/a@{D1}"), "l.txt:3".into()),
+                (format!("quay.io/b@{D2}"), "l.txt:4".into())
+            ]
+        );
     }
 
     #[test]
     fn validation_names_entry_rule_and_place() {
         let set = parse_list(
-            &format!("quay.io/a:v1\nlocalhost:5000/a@{D1}\nquay.io/a/b/c@{D1}\nquay.io/a@{D1}\nquay.io/a@{D1}\n"),
+            &format!(
+                "quay.io/a:v1\nlocalhost:5000/a@{D1}\nquay.io/a/b/c@{D1}\nquay.io/a@{D1}\nquay.io/a@{D1}\n"
+            ),
             "l.txt",
             "l",
         );
         let problems: Vec<String> = set.validate().iter().map(ToString::to_string).collect();
         assert_eq!(problems.len(), 4, "{problems:#?}");
-        assert!(problems[0].starts_with("l.txt:1: quay.io/a:v1: uses a tag, not a digest"), "{}", problems[0]);
-        assert!(problems[1].starts_with("l.txt:2: localhost:5000/a@"), "{}", problems[1]);
+        assert!(
+            problems[0].starts_with("l.txt:1: quay.io/a:v1: uses a tag, not a digest"),
+            "{}",
+            problems[0]
+        );
+        assert!(
+            problems[1].starts_with("l.txt:2: localhost:5000/a@"),
+            "{}",
+            problems[1]
+        );
         assert!(problems[1].contains("has no dot"), "{}", problems[1]);
-        assert!(problems[2].contains("more than one namespace segment"), "{}", problems[2]);
-        assert!(problems[3].starts_with("l.txt:5:") && problems[3].contains("duplicate of the entry at l.txt:4"));
+        assert!(
+            problems[2].contains("more than one namespace segment"),
+            "{}",
+            problems[2]
+        );
+        assert!(
+            problems[3].starts_with("l.txt:5:")
+                && problems[3].contains("duplicate of the entry at l.txt:4")
+        );
     }
 
     #[test]
     fn size_limits_are_1_to_500() {
-        let refs = |n: usize| (0..n).map(|i| format!("quay.io/app{i}@{D1}")).collect::<Vec<_>>();
+        let refs = |n: usize| {
+            (0..n)
+                .map(|i| format!("quay.io/app{i}@{D1}"))
+                .collect::<Vec<_>>()
+        };
         assert!(from_flags("f", &refs(500)).validate().is_empty());
         let over = from_flags("f", &refs(501)).validate();
         assert_eq!(over.len(), 1);
-        assert!(over[0].message.contains("501 images, over the PinnedImageSet limit of 500"));
-        assert!(from_flags("f", &[]).validate()[0].message.contains("has no images"));
-        assert_eq!(from_flags("f", &refs(2)).entries[1].origin.to_string(), "--image #2");
+        assert!(
+            over[0]
+                .message
+                .contains("501 images, over the PinnedImageSet limit of 500")
+        );
+        assert!(
+            from_flags("f", &[]).validate()[0]
+                .message
+                .contains("has no images")
+        );
+        assert_eq!(
+            from_flags("f", &refs(2)).entries[1].origin.to_string(),
+            "--image #2"
+        );
     }
 }

@@ -6,7 +6,9 @@ use humansize::{BINARY, format_size};
 /// `Ki Mi Gi Ti Pi` (powers of 1024) or `k K M G T P` (powers of 1000).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, suffix) = text.split_at(split);
     let bad = || format!("{text:?} is not a byte quantity: write e.g. 16Gi, 500Mi, 2G or 1048576");
     let number: u64 = number.parse().map_err(|_| bad())?;
@@ -34,7 +36,11 @@ pub fn human(bytes: u64) -> String {
 
 /// Signed bytes for people, for figures that can go negative (space left after a plan).
 pub fn human_signed(bytes: i64) -> String {
-    if bytes < 0 { format!("-{}", human(bytes.unsigned_abs())) } else { human(bytes as u64) }
+    if bytes < 0 {
+        format!("-{}", human(bytes.unsigned_abs()))
+    } else {
+        human(bytes as u64)
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,268 @@
+//! The lab demo: three real containerd nodes with image filesystems of different sizes, a real registry
+//! (behind the lab proxy) holding a dozen sample images, a few of them pre-loaded on some nodes, and then
+//! `pinboard plan` run against it all.
+//!
+//! ```text
+//! cargo run --example lab -- [--hold] [-- PINBOARD_ARGS...]
+//! ```
+//! Without `--hold`, runs `$PINBOARD_BIN` (default `target/debug/pinboard`) with
+//! `plan --images-file <lab>/images.txt --insecure-registry <proxy> --min-free 32Mi --cri n1=... ...` and
+//! then PINBOARD_ARGS, stops the lab and exits with pinboard's exit code. With `--hold`, prints the
+//! endpoints and waits for Ctrl-C instead. Needs root and the packages of scripts/setup.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Platform};
+use tokio::signal::unix::{SignalKind, signal};
+
+const MIB: usize = 1 << 20;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("lab: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<ExitCode> {
+    let mut hold = false;
+    let mut args = std::env::args().skip(1);
+    let mut pinboard_args = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--hold" => hold = true,
+            "--" => pinboard_args.extend(args.by_ref()),
+            _ => bail!("usage: cargo run --example lab -- [--hold] [-- PINBOARD_ARGS...]"),
+        }
+    }
+
+    // Ctrl-C must not kill this process before the lab is stopped and its tmpfs unmounted. The handler
+    // only records the signal; children get default handling back when they exec.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut interrupt = runtime.block_on(async { signal(SignalKind::interrupt()) })?;
+
+    let lab = Lab::start(
+        "demo",
+        LabConfig {
+            nodes: vec![
+                NodeSpec::new("n1", 160 << 20),
+                NodeSpec::new("n2", 400 << 20),
+                NodeSpec::new("n3", 1 << 30),
+            ],
+            apiserver: false,
+        },
+    )?;
+    let images_file = push_samples(&lab)?;
+
+    if hold {
+        println!("lab dir:     {}", lab.dir().display());
+        println!("registry:    {}", lab.registry_host());
+        println!("proxy:       {}", lab.proxy_host());
+        println!("images file: {}", images_file.display());
+        for node in lab.nodes() {
+            println!("node {}:     {}", node.name, node.endpoint());
+        }
+        println!("Ctrl-C stops the lab.");
+        runtime.block_on(interrupt.recv());
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let binary = std::env::var_os("PINBOARD_BIN").map_or_else(
+        || support::target_dir().join("debug/pinboard"),
+        PathBuf::from,
+    );
+    let mut command = Command::new(&binary);
+    command
+        .arg("plan")
+        .arg("--images-file")
+        .arg(&images_file)
+        .args([
+            "--insecure-registry",
+            &lab.proxy_host(),
+            "--min-free",
+            "32Mi",
+        ]);
+    for node in lab.nodes() {
+        command
+            .arg("--cri")
+            .arg(format!("{}={}", node.name, node.endpoint()));
+    }
+    let status = command
+        .args(&pinboard_args)
+        .status()
+        .with_context(|| format!("running {}", binary.display()))?;
+    drop(lab);
+    Ok(status
+        .code()
+        .and_then(|c| u8::try_from(c).ok())
+        .map_or(ExitCode::FAILURE, ExitCode::from))
+}
+
+/// One sample image: where it goes, what it is made of, and which nodes have it already.
+struct Sample {
+    repo: &'static str,
+    image: SampleImage,
+    preloaded_on: &'static [&'static str],
+}
+
+enum SampleImage {
+    Single(Vec<LayerSpec>),
+    /// One image per platform, under an OCI index.
+    MultiPlatform(Vec<(Platform, Vec<LayerSpec>)>),
+}
+
+fn gzip(seed: u64, mib: usize) -> LayerSpec {
+    LayerSpec {
+        seed,
+        bytes: mib * MIB,
+        format: LayerFormat::Gzip,
+    }
+}
+
+/// A dozen images of 1-20 MiB: most share one or two base layers, one is eStargz, one zstd:chunked, and
+/// one is a multi-platform index.
+fn samples() -> Vec<Sample> {
+    let os = gzip(1, 3);
+    let runtime = gzip(2, 5);
+    let single = |repo, layers, preloaded_on| Sample {
+        repo,
+        image: SampleImage::Single(layers),
+        preloaded_on,
+    };
+    vec![
+        single(
+            "shop/frontend",
+            vec![os.clone(), gzip(10, 2)],
+            &["n1", "n2"],
+        ),
+        single(
+            "shop/backend",
+            vec![os.clone(), runtime.clone(), gzip(11, 4)],
+            &["n2"],
+        ),
+        single(
+            "shop/worker",
+            vec![os.clone(), runtime.clone(), gzip(12, 8)],
+            &["n2"],
+        ),
+        single("ops/metrics-agent", vec![os.clone(), gzip(13, 1)], &[]),
+        single("ops/log-shipper", vec![gzip(14, 1)], &["n1", "n3"]),
+        single(
+            "ml/model-server",
+            vec![os.clone(), runtime.clone(), gzip(15, 12)],
+            &[],
+        ),
+        single("shop/db-migrate", vec![os.clone(), gzip(16, 6)], &[]),
+        single("infra/cache", vec![gzip(17, 9)], &[]),
+        single(
+            "batch/report",
+            vec![os.clone(), runtime, gzip(18, 10), gzip(19, 2)],
+            &[],
+        ),
+        single(
+            "lazy/estargz-app",
+            vec![
+                os,
+                LayerSpec {
+                    seed: 20,
+                    bytes: 6 * MIB,
+                    format: LayerFormat::Estargz,
+                },
+            ],
+            &["n3"],
+        ),
+        single(
+            "lazy/zstd-chunked-app",
+            vec![
+                LayerSpec {
+                    seed: 21,
+                    bytes: 3 * MIB,
+                    format: LayerFormat::ZstdChunked,
+                },
+                LayerSpec {
+                    seed: 22,
+                    bytes: 4 * MIB,
+                    format: LayerFormat::ZstdChunked,
+                },
+            ],
+            &[],
+        ),
+        Sample {
+            repo: "tools/multiarch",
+            image: SampleImage::MultiPlatform(vec![
+                (Platform::linux_amd64(), vec![gzip(30, 3)]),
+                (
+                    Platform::new("linux", "arm64", Some("v8")),
+                    vec![gzip(31, 3)],
+                ),
+                (Platform::new("linux", "arm", Some("v7")), vec![gzip(32, 2)]),
+            ]),
+            preloaded_on: &["n3"],
+        },
+    ]
+}
+
+/// Pushes the samples, pre-loads them where the sample says, and writes their references (through the
+/// proxy) to `<lab>/images.txt`, which it returns.
+fn push_samples(lab: &Lab) -> Result<PathBuf> {
+    let proxy = lab.proxy_host();
+    let mut text = format!(
+        "# pinboard lab sample images, pushed to the registry at {} and referenced through the lab proxy\n",
+        lab.registry_host()
+    );
+    for sample in samples() {
+        let title = sample.repo.rsplit('/').next().unwrap_or(sample.repo);
+        let annotations = BTreeMap::from([(
+            "org.opencontainers.image.title".to_owned(),
+            title.to_owned(),
+        )]);
+        let spec = |layers: Vec<LayerSpec>| ImageSpec {
+            layers,
+            annotations: annotations.clone(),
+        };
+        let (reference, bytes) = match sample.image {
+            SampleImage::Single(layers) => {
+                let pushed = lab.push_image(sample.repo, &spec(layers))?;
+                let bytes: u64 = pushed.layers.iter().map(|l| l.size).sum();
+                (pushed.reference(&proxy), bytes)
+            }
+            SampleImage::MultiPlatform(platforms) => {
+                let images: Vec<_> = platforms
+                    .into_iter()
+                    .map(|(p, layers)| (p, spec(layers)))
+                    .collect();
+                let pushed = lab.push_index(sample.repo, &images)?;
+                let bytes = pushed.manifests[0].1.layers.iter().map(|l| l.size).sum();
+                (pushed.reference(&proxy), bytes)
+            }
+        };
+        for node in sample.preloaded_on {
+            lab.node(node).pull(&reference)?;
+        }
+        let preloaded = match sample.preloaded_on {
+            [] => String::new(),
+            nodes => format!(", pre-loaded on {}", nodes.join(", ")),
+        };
+        let mib = bytes as f64 / MIB as f64;
+        writeln!(
+            text,
+            "# {}: {mib:.1} MiB compressed{preloaded}\n{reference}",
+            sample.repo
+        )?;
+    }
+    let path = lab.dir().join("images.txt");
+    std::fs::write(&path, text)?;
+    Ok(path)
+}

@@ -1,0 +1,1389 @@
+//! What registries say about images: manifests fetched for many references at once, resolved per node
+//! platform, turned into [`ImageFacts`].
+//!
+//! Sizes come from manifest descriptors only; no blob is downloaded, so a 500-image set costs a few hundred
+//! small requests. One HTTP client serves every request (connection and token reuse), a semaphore bounds the
+//! requests in flight so a large set does not hammer the registry, every manifest is checked against the
+//! digest it was asked for, and parsed manifests are cached by `registry/repository@digest`, so a digest
+//! shared by several references or platforms is fetched once. (The repository is part of the key on purpose:
+//! content is the same everywhere, but existence in one repository says nothing about another.) A registry
+//! that cannot be reached is remembered for a few seconds, so the rest of a large set fails fast instead of
+//! waiting out one timeout per image.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt};
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference, RegistryOperation};
+use serde::Deserialize;
+use sha2::Digest as _;
+use tokio::sync::{OnceCell, Semaphore};
+
+use crate::backend::credentials::{AuthFiles, Credentials, CredentialsError};
+use crate::backend::truncate;
+use crate::model::image::{ImageFacts, Layer, Platform};
+
+pub const MEDIA_TYPE_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const MEDIA_TYPE_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const MEDIA_TYPE_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub const MEDIA_TYPE_DOCKER_MANIFEST_LIST: &str =
+    "application/vnd.docker.distribution.manifest.list.v2+json";
+const MEDIA_TYPE_DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+json";
+const MEDIA_TYPE_DOCKER_SCHEMA1_SIGNED: &str =
+    "application/vnd.docker.distribution.manifest.v1+prettyjws";
+
+/// The `Accept` list of every manifest request.
+pub const ACCEPTED_MEDIA_TYPES: [&str; 4] = [
+    MEDIA_TYPE_OCI_INDEX,
+    MEDIA_TYPE_OCI_MANIFEST,
+    MEDIA_TYPE_DOCKER_MANIFEST_LIST,
+    MEDIA_TYPE_DOCKER_MANIFEST,
+];
+
+const USER_AGENT: &str = concat!("pinboard/", env!("CARGO_PKG_VERSION"));
+/// How long an unreachable registry is answered from memory before it is tried again.
+const DOWN_FOR: Duration = Duration::from_secs(10);
+
+/// How to talk to registries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegistryOptions {
+    /// `--authfile`: the only auth file consulted when set (see [`crate::backend::credentials`]).
+    pub authfile: Option<PathBuf>,
+    /// `HOST[:PORT]` of registries reached over plain HTTP; every other registry is HTTPS only.
+    pub insecure_registries: Vec<String>,
+    /// Requests in flight at most, over all references and platforms (default 32).
+    pub concurrency: usize,
+    /// Per request: connect, read, and the whole exchange (default 30 s).
+    pub timeout: Duration,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        RegistryOptions {
+            authfile: None,
+            insecure_registries: Vec::new(),
+            concurrency: 32,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a reference could not be inspected. Each message names the reference and the cause, is one line,
+/// and never contains credentials.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("manifest {reference} does not exist in registry {registry}")]
+    NotFound { reference: String, registry: String },
+    #[error(
+        "registry {registry} refused access to {reference} ({credentials}); log in with `podman login {registry}` \
+         or `docker login {registry}`, or pass --authfile"
+    )]
+    Unauthorized {
+        reference: String,
+        registry: String,
+        /// Which credentials were sent, never what they are: "no credentials found for it" or
+        /// "with the credentials from entry "quay.io" of /root/.docker/config.json".
+        credentials: String,
+    },
+    #[error("cannot reach registry {registry} for {reference}: {cause}")]
+    Unreachable {
+        reference: String,
+        registry: String,
+        cause: String,
+    },
+    #[error(
+        "{reference} has no image for platform {platform}; its index offers {}",
+        offered(available)
+    )]
+    NoPlatform {
+        reference: String,
+        platform: Platform,
+        available: Vec<String>,
+    },
+    #[error(
+        "content of {reference} does not match its digest: registry {registry} sent content with digest {actual}; \
+         refusing it (a proxy or the registry altered it)"
+    )]
+    DigestMismatch {
+        reference: String,
+        registry: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("{reference}: {cause}")]
+    Invalid { reference: String, cause: String },
+    #[error("registry {registry} did not answer within {}s for {reference}; retry, or raise the timeout", after.as_secs_f32())]
+    Timeout {
+        reference: String,
+        registry: String,
+        after: Duration,
+    },
+    #[error(
+        "registry {registry} is rate-limiting requests for {reference}; retry later, or lower the concurrency"
+    )]
+    RateLimited { reference: String, registry: String },
+    #[error("registry {registry} failed for {reference}: {cause}")]
+    Server {
+        reference: String,
+        registry: String,
+        cause: String,
+    },
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    #[error("cannot set up the registry client: {cause}")]
+    Setup { cause: String },
+}
+
+fn offered(available: &[String]) -> String {
+    if available.is_empty() {
+        "no platform-specific images".into()
+    } else {
+        available.join(", ")
+    }
+}
+
+impl RegistryError {
+    /// A short, stable name of the class of error, for machine-readable output.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RegistryError::NotFound { .. } => "not-found",
+            RegistryError::Unauthorized { .. } => "unauthorized",
+            RegistryError::Unreachable { .. } => "unreachable",
+            RegistryError::NoPlatform { .. } => "no-platform",
+            RegistryError::DigestMismatch { .. } => "digest-mismatch",
+            RegistryError::Invalid { .. } => "invalid",
+            RegistryError::Timeout { .. } => "timeout",
+            RegistryError::RateLimited { .. } => "rate-limited",
+            RegistryError::Server { .. } => "server",
+            RegistryError::Credentials(_) => "credentials",
+            RegistryError::Setup { .. } => "setup",
+        }
+    }
+
+    /// The reference (or, for a platform manifest, the reference and the platform) the error is about.
+    pub fn reference(&self) -> Option<&str> {
+        match self {
+            RegistryError::NotFound { reference, .. }
+            | RegistryError::Unauthorized { reference, .. }
+            | RegistryError::Unreachable { reference, .. }
+            | RegistryError::NoPlatform { reference, .. }
+            | RegistryError::DigestMismatch { reference, .. }
+            | RegistryError::Invalid { reference, .. }
+            | RegistryError::Timeout { reference, .. }
+            | RegistryError::RateLimited { reference, .. }
+            | RegistryError::Server { reference, .. } => Some(reference),
+            RegistryError::Credentials(_) | RegistryError::Setup { .. } => None,
+        }
+    }
+
+    /// Whether retrying later may help (the registry was unreachable, slow, overloaded or failing).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            RegistryError::Unreachable { .. }
+                | RegistryError::Timeout { .. }
+                | RegistryError::RateLimited { .. }
+                | RegistryError::Server { .. }
+        )
+    }
+
+    fn for_reference(mut self, label: &str) -> Self {
+        match &mut self {
+            RegistryError::NotFound { reference, .. }
+            | RegistryError::Unauthorized { reference, .. }
+            | RegistryError::Unreachable { reference, .. }
+            | RegistryError::NoPlatform { reference, .. }
+            | RegistryError::DigestMismatch { reference, .. }
+            | RegistryError::Invalid { reference, .. }
+            | RegistryError::Timeout { reference, .. }
+            | RegistryError::RateLimited { reference, .. }
+            | RegistryError::Server { reference, .. } => *reference = label.to_string(),
+            RegistryError::Credentials(_) | RegistryError::Setup { .. } => {}
+        }
+        self
+    }
+}
+
+/// What the facts for one reference look like: one entry per requested platform, in the order asked.
+pub type PlatformFacts = Vec<(Platform, ImageFacts)>;
+
+/// A registry client for inspecting many images. Cheap to share behind `&`; all methods take `&self`.
+pub struct Registry {
+    client: Client,
+    credentials: Arc<Credentials>,
+    insecure: Vec<String>,
+    timeout: Duration,
+    concurrency: usize,
+    permits: Semaphore,
+    manifests: Mutex<HashMap<String, Arc<OnceCell<Arc<Fetched>>>>>,
+    auths: Mutex<HashMap<String, Arc<OnceCell<Arc<AuthState>>>>>,
+    down: Mutex<HashMap<String, (RegistryError, Instant)>>,
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("insecure", &self.insecure)
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("auth_files", &self.credentials.files())
+            .field("manifest_requests", &self.manifest_requests())
+            .finish()
+    }
+}
+
+/// The credential chosen for one repository, and how to describe it in messages.
+struct AuthState {
+    auth: RegistryAuth,
+    described: String,
+}
+
+/// A manifest as fetched and verified.
+#[derive(Debug)]
+struct Fetched {
+    digest: String,
+    size: u64,
+    manifest: Manifest,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Manifest {
+    Image {
+        config: Layer,
+        layers: Vec<Layer>,
+        annotations: BTreeMap<String, String>,
+    },
+    Index {
+        entries: Vec<IndexEntry>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct IndexEntry {
+    media_type: String,
+    digest: String,
+    size: u64,
+    platform: Option<Platform>,
+    annotations: BTreeMap<String, String>,
+}
+
+/// What an error message needs to know about the request that failed.
+struct Context<'a> {
+    label: &'a str,
+    registry: &'a str,
+    insecure: bool,
+    credentials: &'a str,
+    timeout: Duration,
+}
+
+impl Registry {
+    /// A client with credentials from `options.authfile` or the default auth files.
+    pub fn new(options: RegistryOptions) -> Result<Registry, RegistryError> {
+        let credentials = Credentials::load(&AuthFiles::from_env(options.authfile.clone()))?;
+        Registry::with_credentials(options, credentials)
+    }
+
+    /// A client with these credentials (`options.authfile` is ignored).
+    pub fn with_credentials(
+        options: RegistryOptions,
+        credentials: Credentials,
+    ) -> Result<Registry, RegistryError> {
+        crate::install_crypto_provider();
+        let insecure: Vec<String> = options
+            .insecure_registries
+            .iter()
+            .map(|r| normalize_registry(r))
+            .collect();
+        let timeout = if options.timeout.is_zero() {
+            RegistryOptions::default().timeout
+        } else {
+            options.timeout
+        };
+        let concurrency = options.concurrency.max(1);
+        let config = ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(insecure.clone()),
+            platform_resolver: None,
+            read_timeout: Some(timeout),
+            connect_timeout: Some(timeout),
+            user_agent: USER_AGENT,
+            ..ClientConfig::default()
+        };
+        let client = Client::try_from(config).map_err(|e| RegistryError::Setup {
+            cause: e.to_string(),
+        })?;
+        Ok(Registry {
+            client,
+            credentials: Arc::new(credentials),
+            insecure,
+            timeout,
+            concurrency,
+            permits: Semaphore::new(concurrency),
+            manifests: Mutex::default(),
+            auths: Mutex::default(),
+            down: Mutex::default(),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// How many manifest requests went to registries so far (cache hits and token requests not counted).
+    pub fn manifest_requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Inspects every reference, `concurrency` at a time. The result has one entry per reference, in the
+    /// input order; each is that reference's [`Registry::inspect`] result.
+    pub async fn inspect_all<S: AsRef<str>>(
+        &self,
+        references: &[S],
+        platforms: &[Platform],
+    ) -> Vec<Result<PlatformFacts, RegistryError>> {
+        let mut results: Vec<Option<Result<PlatformFacts, RegistryError>>> =
+            references.iter().map(|_| None).collect();
+        let mut answers =
+            stream::iter(references.iter().enumerate())
+                .map(|(i, reference)| async move {
+                    (i, self.inspect(reference.as_ref(), platforms).await)
+                })
+                .buffer_unordered(self.concurrency);
+        while let Some((i, result)) = answers.next().await {
+            results[i] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every reference is answered once"))
+            .collect()
+    }
+
+    /// The facts of one reference (`host/repo@sha256:...`, or a tag, which is then not cached) for each of
+    /// `platforms` (empty means the host's), in that order.
+    ///
+    /// An index is resolved per platform ([`Platform::accepts`], an exact variant preferred) and its platform
+    /// manifests are fetched; the facts then carry `index_digest` and the entry's `platform`. A plain
+    /// manifest cannot be checked against a platform without downloading its config, so it is returned for
+    /// every requested platform with `platform: None`. A platform the index lacks fails the whole reference
+    /// with [`RegistryError::NoPlatform`]: the image cannot be pinned on those nodes.
+    pub async fn inspect(
+        &self,
+        reference: &str,
+        platforms: &[Platform],
+    ) -> Result<PlatformFacts, RegistryError> {
+        let started = Instant::now();
+        let result = self.inspect_inner(reference, platforms).await;
+        tracing::debug!(
+            reference,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            ok = result.is_ok(),
+            "inspected"
+        );
+        result
+    }
+
+    async fn inspect_inner(
+        &self,
+        reference: &str,
+        platforms: &[Platform],
+    ) -> Result<PlatformFacts, RegistryError> {
+        let wanted: Vec<Platform> = if platforms.is_empty() {
+            vec![Platform::host()]
+        } else {
+            platforms.to_vec()
+        };
+        let parsed: Reference = reference
+            .trim()
+            .parse()
+            .map_err(|e| RegistryError::Invalid {
+                reference: reference.to_string(),
+                cause: format!("not a valid image reference ({e})"),
+            })?;
+        let top = self.manifest(&parsed, reference).await?;
+        let entries = match &top.manifest {
+            Manifest::Image { .. } => {
+                let facts = image_facts(&top, None);
+                return Ok(wanted.into_iter().map(|p| (p, facts.clone())).collect());
+            }
+            Manifest::Index { entries } => entries,
+        };
+        let mut chosen = Vec::with_capacity(wanted.len());
+        for platform in wanted {
+            let entry =
+                select_entry(entries, &platform).ok_or_else(|| RegistryError::NoPlatform {
+                    reference: reference.to_string(),
+                    platform: platform.clone(),
+                    available: available_platforms(entries),
+                })?;
+            chosen.push((platform, entry));
+        }
+        let fetches = chosen.into_iter().map(|(platform, entry)| {
+            let top = &top;
+            let parsed = &parsed;
+            async move {
+                let shown = entry
+                    .platform
+                    .as_ref()
+                    .map_or_else(|| platform.to_string(), Platform::to_string);
+                let label = format!("{reference} ({shown} manifest {})", entry.digest);
+                let child = self
+                    .manifest(&parsed.clone_with_digest(entry.digest.clone()), &label)
+                    .await?;
+                if child.size != entry.size {
+                    return Err(RegistryError::Invalid {
+                        reference: label,
+                        cause: format!(
+                            "the index says this manifest has {} bytes, but the registry sent {}",
+                            entry.size, child.size
+                        ),
+                    });
+                }
+                if matches!(child.manifest, Manifest::Index { .. }) {
+                    return Err(RegistryError::Invalid {
+                        reference: label,
+                        cause: "is another index; nested indexes are not supported".into(),
+                    });
+                }
+                Ok((platform, image_facts(&child, Some((top, entry)))))
+            }
+        });
+        futures::future::try_join_all(fetches).await
+    }
+
+    /// A manifest from the cache, or fetched once however many callers ask for it at the same time.
+    async fn manifest(
+        &self,
+        reference: &Reference,
+        label: &str,
+    ) -> Result<Arc<Fetched>, RegistryError> {
+        let Some(digest) = reference.digest() else {
+            return self.fetch(reference, label).await;
+        };
+        let key = format!(
+            "{}/{}@{}",
+            reference.resolve_registry(),
+            reference.repository(),
+            digest
+        );
+        let cell = self
+            .manifests
+            .lock()
+            .expect("cache lock")
+            .entry(key)
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.fetch(reference, label))
+            .await
+            .cloned()
+    }
+
+    async fn fetch(
+        &self,
+        reference: &Reference,
+        label: &str,
+    ) -> Result<Arc<Fetched>, RegistryError> {
+        let registry = reference.resolve_registry();
+        let auth = self.auth(reference, label).await?;
+        self.check_down(registry, label)?;
+        let context = self.context(label, registry, &auth.described);
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(
+            self.timeout,
+            self.client
+                .pull_manifest_raw(reference, &auth.auth, &ACCEPTED_MEDIA_TYPES),
+        )
+        .await;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let body = match outcome {
+            Ok(Ok((body, _))) => body,
+            Ok(Err(e)) => return Err(self.failed(map_error(e, &context), elapsed_ms)),
+            Err(_) => return Err(self.failed(timeout_error(&context), elapsed_ms)),
+        };
+        self.down.lock().expect("down lock").remove(registry);
+        tracing::debug!(
+            reference = label,
+            registry,
+            elapsed_ms,
+            bytes = body.len(),
+            "fetched manifest"
+        );
+        let digest = match reference.digest() {
+            Some(expected) => {
+                let actual =
+                    content_digest(&body, expected).ok_or_else(|| RegistryError::Invalid {
+                        reference: label.to_string(),
+                        cause: format!("unsupported digest algorithm in {expected}"),
+                    })?;
+                if actual != expected {
+                    return Err(RegistryError::DigestMismatch {
+                        reference: label.to_string(),
+                        registry: registry.to_string(),
+                        expected: expected.to_string(),
+                        actual,
+                    });
+                }
+                actual
+            }
+            None => format!("sha256:{:x}", sha2::Sha256::digest(&body)),
+        };
+        let manifest = parse_manifest(&body).map_err(|cause| RegistryError::Invalid {
+            reference: label.to_string(),
+            cause,
+        })?;
+        Ok(Arc::new(Fetched {
+            digest,
+            size: body.len() as u64,
+            manifest,
+        }))
+    }
+
+    /// The credential for the reference's repository, looked up and (if the registry wants tokens)
+    /// exchanged once per repository.
+    async fn auth(
+        &self,
+        reference: &Reference,
+        label: &str,
+    ) -> Result<Arc<AuthState>, RegistryError> {
+        let registry = reference.resolve_registry();
+        let key = format!("{registry}/{}", reference.repository());
+        let cell = self
+            .auths
+            .lock()
+            .expect("auth lock")
+            .entry(key)
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| async {
+            self.check_down(registry, label)?;
+            let credentials = Arc::clone(&self.credentials);
+            let (host, repository) = (
+                reference.registry().to_string(),
+                reference.repository().to_string(),
+            );
+            let found = tokio::task::spawn_blocking(move || credentials.lookup(&host, &repository))
+                .await
+                .map_err(|e| RegistryError::Setup {
+                    cause: format!("credential lookup failed: {e}"),
+                })??;
+            let (auth, described) = match found {
+                Some(found) => (
+                    found.credential.to_registry_auth(),
+                    format!("with the credentials from {}", found.source),
+                ),
+                None => (
+                    RegistryAuth::Anonymous,
+                    "no credentials found for it".to_string(),
+                ),
+            };
+            let context = self.context(label, registry, &described);
+            let _permit = self
+                .permits
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
+            let started = Instant::now();
+            let outcome = tokio::time::timeout(
+                self.timeout,
+                self.client.auth(reference, &auth, RegistryOperation::Pull),
+            )
+            .await;
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            match outcome {
+                // The token itself is never logged.
+                Ok(Ok(token)) => tracing::debug!(
+                    registry,
+                    repository = reference.repository(),
+                    elapsed_ms,
+                    token = token.is_some(),
+                    "authenticated"
+                ),
+                Ok(Err(e)) => return Err(self.failed(map_error(e, &context), elapsed_ms)),
+                Err(_) => return Err(self.failed(timeout_error(&context), elapsed_ms)),
+            }
+            Ok(Arc::new(AuthState { auth, described }))
+        })
+        .await
+        .cloned()
+    }
+
+    fn context<'a>(
+        &'a self,
+        label: &'a str,
+        registry: &'a str,
+        credentials: &'a str,
+    ) -> Context<'a> {
+        Context {
+            label,
+            registry,
+            insecure: self.insecure.iter().any(|r| r == registry),
+            credentials,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Logs a failed request, and remembers a registry that could not be reached.
+    fn failed(&self, error: RegistryError, elapsed_ms: u64) -> RegistryError {
+        tracing::debug!(elapsed_ms, error = %error, "registry request failed");
+        if let RegistryError::Unreachable { registry, .. }
+        | RegistryError::Timeout { registry, .. } = &error
+        {
+            self.down
+                .lock()
+                .expect("down lock")
+                .insert(registry.clone(), (error.clone(), Instant::now()));
+        }
+        error
+    }
+
+    fn check_down(&self, registry: &str, label: &str) -> Result<(), RegistryError> {
+        let mut down = self.down.lock().expect("down lock");
+        match down.get(registry) {
+            Some((error, since)) if since.elapsed() < DOWN_FOR => {
+                Err(error.clone().for_reference(label))
+            }
+            Some(_) => {
+                down.remove(registry);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// `http://host:port/` or `host:port` as oci-client spells registries (Docker Hub is `index.docker.io`).
+fn normalize_registry(text: &str) -> String {
+    let text = text.trim();
+    let text = text
+        .strip_prefix("http://")
+        .or_else(|| text.strip_prefix("https://"))
+        .unwrap_or(text);
+    let host = text.split('/').next().unwrap_or(text);
+    match host {
+        "docker.io" | "registry-1.docker.io" => "index.docker.io".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// The digest of `body` with the algorithm of `like` (`sha256:...` or `sha512:...`).
+fn content_digest(body: &[u8], like: &str) -> Option<String> {
+    match like.split_once(':')?.0 {
+        "sha256" => Some(format!("sha256:{:x}", sha2::Sha256::digest(body))),
+        "sha512" => Some(format!("sha512:{:x}", sha2::Sha512::digest(body))),
+        _ => None,
+    }
+}
+
+fn image_facts(fetched: &Fetched, index: Option<(&Fetched, &IndexEntry)>) -> ImageFacts {
+    let Manifest::Image {
+        config,
+        layers,
+        annotations,
+    } = &fetched.manifest
+    else {
+        unreachable!("image_facts is only called for image manifests")
+    };
+    // The index entry's annotations (SOCI puts its index digest there too), overridden by the manifest's.
+    let mut all = index
+        .map(|(_, entry)| entry.annotations.clone())
+        .unwrap_or_default();
+    all.extend(annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
+    ImageFacts {
+        manifest_digest: fetched.digest.clone(),
+        manifest_size: fetched.size,
+        index_digest: index.map(|(index, _)| index.digest.clone()),
+        platform: index.and_then(|(_, entry)| entry.platform.clone()),
+        config_digest: config.digest.clone(),
+        config_size: config.size,
+        layers: layers.clone(),
+        annotations: all,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawManifest {
+    schema_version: Option<u32>,
+    media_type: Option<String>,
+    config: Option<RawDescriptor>,
+    layers: Option<Vec<RawDescriptor>>,
+    manifests: Option<Vec<RawDescriptor>>,
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawDescriptor {
+    #[serde(default)]
+    media_type: String,
+    digest: String,
+    size: u64,
+    annotations: Option<BTreeMap<String, String>>,
+    platform: Option<RawPlatform>,
+}
+
+#[derive(Deserialize)]
+struct RawPlatform {
+    os: String,
+    architecture: String,
+    variant: Option<String>,
+}
+
+impl RawDescriptor {
+    fn layer(self) -> Layer {
+        Layer {
+            digest: self.digest,
+            media_type: self.media_type,
+            size: self.size,
+            annotations: self.annotations.unwrap_or_default(),
+        }
+    }
+}
+
+/// Reads an OCI manifest or index, or a Docker v2 manifest or manifest list. Errors say what is wrong.
+fn parse_manifest(body: &[u8]) -> Result<Manifest, String> {
+    let raw: RawManifest = serde_json::from_slice(body)
+        .map_err(|e| format!("the registry sent a manifest that cannot be read ({e})"))?;
+    let media_type = raw.media_type.as_deref().filter(|m| !m.is_empty());
+    if raw.schema_version == Some(1)
+        || matches!(
+            media_type,
+            Some(MEDIA_TYPE_DOCKER_SCHEMA1 | MEDIA_TYPE_DOCKER_SCHEMA1_SIGNED)
+        )
+    {
+        return Err(
+            "is a Docker schema 1 manifest, which pinboard and current runtimes do not support; \
+                    push the image again with a current tool"
+                .into(),
+        );
+    }
+    if let Some(version) = raw.schema_version.filter(|v| *v != 2) {
+        return Err(format!(
+            "has manifest schemaVersion {version}; only 2 is supported"
+        ));
+    }
+    let is_index = match media_type {
+        Some(MEDIA_TYPE_OCI_INDEX | MEDIA_TYPE_DOCKER_MANIFEST_LIST) => true,
+        Some(MEDIA_TYPE_OCI_MANIFEST | MEDIA_TYPE_DOCKER_MANIFEST) => false,
+        Some(other) => {
+            return Err(format!(
+                "has media type {other}, which is not an image manifest or index"
+            ));
+        }
+        None if raw.manifests.is_some() => true,
+        None if raw.config.is_some() => false,
+        None => return Err("is neither an image manifest nor an image index".into()),
+    };
+    if is_index {
+        let entries = raw
+            .manifests
+            .ok_or("is an index without a \"manifests\" list")?
+            .into_iter()
+            .map(|d| {
+                if !valid_digest(&d.digest) {
+                    return Err(format!(
+                        "lists a manifest with an invalid digest {:?}",
+                        d.digest
+                    ));
+                }
+                Ok(IndexEntry {
+                    platform: d.platform.map(|p| Platform {
+                        os: p.os,
+                        architecture: p.architecture,
+                        variant: p.variant.filter(|v| !v.is_empty()),
+                    }),
+                    media_type: d.media_type,
+                    digest: d.digest,
+                    size: d.size,
+                    annotations: d.annotations.unwrap_or_default(),
+                })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Manifest::Index { entries })
+    } else {
+        let config = raw
+            .config
+            .ok_or("is an image manifest without a config descriptor")?
+            .layer();
+        let layers = raw
+            .layers
+            .unwrap_or_default()
+            .into_iter()
+            .map(RawDescriptor::layer)
+            .collect();
+        Ok(Manifest::Image {
+            config,
+            layers,
+            annotations: raw.annotations.unwrap_or_default(),
+        })
+    }
+}
+
+fn valid_digest(digest: &str) -> bool {
+    let hex = |h: &str, len: usize| {
+        h.len() == len && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    match digest.split_once(':') {
+        Some(("sha256", h)) => hex(h, 64),
+        Some(("sha512", h)) => hex(h, 128),
+        _ => false,
+    }
+}
+
+fn is_image_manifest_entry(entry: &IndexEntry) -> bool {
+    matches!(
+        entry.media_type.as_str(),
+        MEDIA_TYPE_OCI_MANIFEST | MEDIA_TYPE_DOCKER_MANIFEST | ""
+    )
+}
+
+/// The index entry serving `want`: an exact variant match first, else the first entry that
+/// [`Platform::accepts`], in index order.
+fn select_entry<'a>(entries: &'a [IndexEntry], want: &Platform) -> Option<&'a IndexEntry> {
+    let candidates = || {
+        entries.iter().filter(|e| {
+            is_image_manifest_entry(e) && e.platform.as_ref().is_some_and(|p| want.accepts(p))
+        })
+    };
+    candidates()
+        .find(|e| {
+            e.platform
+                .as_ref()
+                .is_some_and(|p| p.variant == want.variant)
+        })
+        .or_else(|| candidates().next())
+}
+
+/// The platforms an index offers, for messages; attestation entries (`unknown/unknown`) left out.
+fn available_platforms(entries: &[IndexEntry]) -> Vec<String> {
+    let mut seen = Vec::new();
+    for platform in entries
+        .iter()
+        .filter(|e| is_image_manifest_entry(e))
+        .filter_map(|e| e.platform.as_ref())
+    {
+        let text = platform.to_string();
+        if platform.os != "unknown" && !seen.contains(&text) {
+            seen.push(text);
+        }
+    }
+    seen
+}
+
+fn timeout_error(context: &Context<'_>) -> RegistryError {
+    RegistryError::Timeout {
+        reference: context.label.to_string(),
+        registry: context.registry.to_string(),
+        after: context.timeout,
+    }
+}
+
+/// Turns what oci-client reports into one of our classes, with a cause a person can act on.
+fn map_error(error: OciDistributionError, context: &Context<'_>) -> RegistryError {
+    let reference = context.label.to_string();
+    let registry = context.registry.to_string();
+    let not_found = || RegistryError::NotFound {
+        reference: reference.clone(),
+        registry: registry.clone(),
+    };
+    let unauthorized = |detail: Option<String>| RegistryError::Unauthorized {
+        reference: reference.clone(),
+        registry: registry.clone(),
+        credentials: match detail {
+            Some(detail) => format!("{}; it said: {detail}", context.credentials),
+            None => context.credentials.to_string(),
+        },
+    };
+    let rate_limited = || RegistryError::RateLimited {
+        reference: reference.clone(),
+        registry: registry.clone(),
+    };
+    let server = |cause: String| RegistryError::Server {
+        reference: reference.clone(),
+        registry: registry.clone(),
+        cause,
+    };
+    let invalid = |cause: String| RegistryError::Invalid {
+        reference: reference.clone(),
+        cause,
+    };
+    match error {
+        OciDistributionError::RegistryError { envelope, .. } => {
+            let Some(first) = envelope.errors.first() else {
+                return server("the registry returned an empty error list".into());
+            };
+            match &first.code {
+                OciErrorCode::ManifestUnknown
+                | OciErrorCode::NotFound
+                | OciErrorCode::NameUnknown
+                | OciErrorCode::BlobUnknown
+                | OciErrorCode::ManifestBlobUnknown => not_found(),
+                OciErrorCode::Unauthorized | OciErrorCode::Denied => unauthorized(None),
+                OciErrorCode::Toomanyrequests => rate_limited(),
+                OciErrorCode::NameInvalid => {
+                    invalid("the registry says the repository name is invalid".into())
+                }
+                code => {
+                    let name = serde_json::to_value(code)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string));
+                    let name = name.unwrap_or_else(|| format!("{code:?}"));
+                    server(format!("{name}: {}", truncate(&first.message, 200)))
+                }
+            }
+        }
+        OciDistributionError::ServerError { code, message, .. } => match code {
+            404 => not_found(),
+            401 | 403 => unauthorized(None),
+            429 => rate_limited(),
+            400 if message.contains("HTTP request to an HTTPS server") => {
+                RegistryError::Unreachable {
+                    reference,
+                    registry: registry.clone(),
+                    cause: format!(
+                        "it speaks HTTPS, but {registry} is listed as a plain-HTTP (insecure) registry; \
+                     remove it from --insecure-registry"
+                    ),
+                }
+            }
+            code => server(format!("HTTP {code}: {}", truncate(message.trim(), 200))),
+        },
+        OciDistributionError::UnauthorizedError { .. } => unauthorized(None),
+        OciDistributionError::AuthenticationFailure(reason) => {
+            unauthorized(Some(truncate(reason.trim(), 200)).filter(|r| !r.is_empty()))
+        }
+        OciDistributionError::RequestError(e) if e.is_timeout() => timeout_error(context),
+        OciDistributionError::RequestError(e) => RegistryError::Unreachable {
+            reference,
+            cause: transport_cause(&e, &registry, context.insecure),
+            registry,
+        },
+        OciDistributionError::DigestError(DigestError::VerificationError { expected, actual }) => {
+            RegistryError::DigestMismatch {
+                reference,
+                registry,
+                expected,
+                actual,
+            }
+        }
+        OciDistributionError::DigestError(e) => invalid(format!("unusable digest ({e})")),
+        OciDistributionError::RegistryTokenDecodeError(_) => {
+            server("its token service answered with something that is not a token".into())
+        }
+        e @ (OciDistributionError::ManifestParsingError(_)
+        | OciDistributionError::VersionedParsingError(_)
+        | OciDistributionError::UnsupportedMediaTypeError(_)
+        | OciDistributionError::UnsupportedSchemaVersionError(_)
+        | OciDistributionError::ManifestEncodingError(_)
+        | OciDistributionError::JsonError(_)
+        | OciDistributionError::SpecViolationError(_)) => server(format!(
+            "it sent an unusable answer ({})",
+            truncate(&e.to_string(), 200)
+        )),
+        OciDistributionError::UrlParseError(e) => {
+            invalid(format!("cannot form a registry URL ({e})"))
+        }
+        other => server(truncate(&other.to_string(), 200)),
+    }
+}
+
+/// The innermost useful cause of a transport failure, with a hint where one helps. Walks into the
+/// `io::Error`s hyper and rustls wrap (whose `source()` skips the wrapped error).
+fn transport_cause(
+    error: &(dyn std::error::Error + 'static),
+    registry: &str,
+    insecure: bool,
+) -> String {
+    let mut chain: Vec<&(dyn std::error::Error + 'static)> = Vec::new();
+    let mut next = Some(error);
+    while let Some(e) = next {
+        chain.push(e);
+        next = match e.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    let innermost = chain.last().map(|e| e.to_string()).unwrap_or_default();
+    if let Some(tls) = chain.iter().find_map(|e| e.downcast_ref::<rustls::Error>()) {
+        let plain_http = matches!(tls, rustls::Error::InvalidMessage(_))
+            || tls.to_string().contains("corrupt message")
+            || tls.to_string().contains("InvalidContentType");
+        return if plain_http && !insecure {
+            format!(
+                "TLS handshake failed ({tls}); the registry seems to speak plain HTTP: if that is intended, \
+                 pass --insecure-registry {registry}"
+            )
+        } else {
+            format!("TLS handshake failed ({tls})")
+        };
+    }
+    if let Some(io) = chain
+        .iter()
+        .find_map(|e| e.downcast_ref::<std::io::Error>())
+    {
+        match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => {
+                return format!("connection refused (is a registry listening on {registry}?)");
+            }
+            std::io::ErrorKind::ConnectionReset if !insecure => {
+                return format!(
+                    "connection reset ({innermost}); if it serves plain HTTP, pass --insecure-registry {registry}"
+                );
+            }
+            _ => {}
+        }
+    }
+    if chain.iter().any(|e| e.to_string().starts_with("dns error")) {
+        let host = registry.rsplit_once(':').map_or(registry, |(host, _)| host);
+        return format!("cannot resolve host {host} ({innermost})");
+    }
+    truncate(&innermost, 300)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::image::{ANNOTATION_ESTARGZ_TOC, LazyFormat};
+    use oci_client::errors::{OciEnvelope, OciError};
+
+    const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+    const D3: &str = "sha256:3333333333333333333333333333333333333333333333333333333333333333";
+    const D4: &str = "sha256:4444444444444444444444444444444444444444444444444444444444444444";
+
+    fn platform(text: &str) -> Platform {
+        Platform::parse(text).unwrap()
+    }
+
+    fn index(entries: &[(&str, &str, &str)]) -> Vec<IndexEntry> {
+        let manifests: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|(media_type, digest, platform)| {
+                let parts: Vec<&str> = platform.split('/').collect();
+                let mut p = serde_json::json!({"os": parts[0], "architecture": parts[1]});
+                if let Some(v) = parts.get(2) {
+                    p["variant"] = serde_json::json!(v);
+                }
+                serde_json::json!({"mediaType": media_type, "digest": digest, "size": 500, "platform": p})
+            })
+            .collect();
+        let body = serde_json::json!({"schemaVersion": 2, "mediaType": MEDIA_TYPE_OCI_INDEX, "manifests": manifests});
+        match parse_manifest(body.to_string().as_bytes()).unwrap() {
+            Manifest::Index { entries } => entries,
+            other => panic!("not an index: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_an_oci_manifest_with_sizes_and_annotations() {
+        let body = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": MEDIA_TYPE_OCI_MANIFEST,
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": D1, "size": 1234},
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": D2, "size": 5_000_000_000u64},
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": D3, "size": 77,
+                 "annotations": {ANNOTATION_ESTARGZ_TOC: D4}}
+            ],
+            "annotations": {"org.opencontainers.image.title": "web"}
+        });
+        let Manifest::Image {
+            config,
+            layers,
+            annotations,
+        } = parse_manifest(body.to_string().as_bytes()).unwrap()
+        else {
+            panic!("not an image manifest")
+        };
+        assert_eq!((config.digest.as_str(), config.size), (D1, 1234));
+        assert_eq!(
+            layers.iter().map(|l| l.size).collect::<Vec<_>>(),
+            [5_000_000_000, 77]
+        );
+        assert_eq!(layers[1].annotations[ANNOTATION_ESTARGZ_TOC], D4);
+        assert_eq!(annotations["org.opencontainers.image.title"], "web");
+        let fetched = Fetched {
+            digest: D4.into(),
+            size: 300,
+            manifest: Manifest::Image {
+                config,
+                layers,
+                annotations,
+            },
+        };
+        let facts = image_facts(&fetched, None);
+        assert_eq!(facts.lazy_format(), LazyFormat::Estargz);
+        assert_eq!(facts.compressed_layer_bytes(), 5_000_000_077);
+        assert_eq!((facts.index_digest, facts.platform), (None, None));
+    }
+
+    #[test]
+    fn media_types_decide_the_kind_and_old_or_foreign_ones_are_refused() {
+        let config = serde_json::json!({"mediaType": "application/vnd.docker.container.image.v1+json", "digest": D1, "size": 1});
+        let docker = serde_json::json!({"schemaVersion": 2, "mediaType": MEDIA_TYPE_DOCKER_MANIFEST, "config": config, "layers": []});
+        assert!(matches!(
+            parse_manifest(docker.to_string().as_bytes()),
+            Ok(Manifest::Image { .. })
+        ));
+        // OCI allows leaving mediaType out; the fields tell.
+        let bare = serde_json::json!({"schemaVersion": 2, "config": config, "layers": []});
+        assert!(matches!(
+            parse_manifest(bare.to_string().as_bytes()),
+            Ok(Manifest::Image { .. })
+        ));
+        let bare_index = serde_json::json!({"schemaVersion": 2, "manifests": []});
+        assert!(matches!(
+            parse_manifest(bare_index.to_string().as_bytes()),
+            Ok(Manifest::Index { .. })
+        ));
+        let list = serde_json::json!({"schemaVersion": 2, "mediaType": MEDIA_TYPE_DOCKER_MANIFEST_LIST, "manifests": [
+            {"mediaType": MEDIA_TYPE_DOCKER_MANIFEST, "digest": D2, "size": 10,
+             "platform": {"os": "linux", "architecture": "arm", "variant": "v7", "features": ["x"]}}]});
+        let Ok(Manifest::Index { entries }) = parse_manifest(list.to_string().as_bytes()) else {
+            panic!()
+        };
+        assert_eq!(entries[0].platform, Some(platform("linux/arm/v7")));
+
+        let schema1 = serde_json::json!({"schemaVersion": 1, "name": "x", "fsLayers": []});
+        assert!(
+            parse_manifest(schema1.to_string().as_bytes())
+                .unwrap_err()
+                .contains("schema 1")
+        );
+        let artifact = serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.cncf.helm.chart", "config": config});
+        assert!(
+            parse_manifest(artifact.to_string().as_bytes())
+                .unwrap_err()
+                .contains("application/vnd.cncf.helm.chart")
+        );
+        let negative = serde_json::json!({"schemaVersion": 2, "config": {"mediaType": "x", "digest": D1, "size": -1}});
+        assert!(parse_manifest(negative.to_string().as_bytes()).is_err());
+        let bad_entry = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": MEDIA_TYPE_OCI_MANIFEST, "digest": "sha256:../../x", "size": 1}]});
+        assert!(
+            parse_manifest(bad_entry.to_string().as_bytes())
+                .unwrap_err()
+                .contains("invalid digest")
+        );
+        assert!(
+            parse_manifest(b"<html>")
+                .unwrap_err()
+                .contains("cannot be read")
+        );
+    }
+
+    #[test]
+    fn index_resolves_per_platform_preferring_exact_variants() {
+        let entries = index(&[
+            (MEDIA_TYPE_OCI_MANIFEST, D1, "linux/amd64"),
+            (MEDIA_TYPE_OCI_MANIFEST, D2, "linux/arm64"),
+            (MEDIA_TYPE_OCI_MANIFEST, D3, "linux/arm64/v8"),
+            (MEDIA_TYPE_OCI_MANIFEST, D4, "unknown/unknown"),
+        ]);
+        let pick = |p: &str| select_entry(&entries, &platform(p)).map(|e| e.digest.as_str());
+        assert_eq!(pick("linux/amd64"), Some(D1));
+        assert_eq!(pick("linux/arm64/v8"), Some(D3));
+        assert_eq!(pick("linux/arm64"), Some(D2));
+        assert_eq!(pick("linux/s390x"), None);
+        assert_eq!(pick("windows/amd64"), None);
+        assert_eq!(
+            available_platforms(&entries),
+            ["linux/amd64", "linux/arm64", "linux/arm64/v8"]
+        );
+        // Entries that are not image manifests (nested indexes, artifacts) are not candidates.
+        let nested = index(&[(MEDIA_TYPE_OCI_INDEX, D1, "linux/amd64")]);
+        assert_eq!(select_entry(&nested, &platform("linux/amd64")), None);
+    }
+
+    #[test]
+    fn digests_are_verified_with_the_reference_algorithm() {
+        let body = b"{}";
+        let sha256 = format!("sha256:{:x}", sha2::Sha256::digest(body));
+        assert_eq!(content_digest(body, D1), Some(sha256.clone()));
+        assert_eq!(
+            sha256, "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
+            "known sha256 of {{}}"
+        );
+        assert!(
+            content_digest(body, "sha512:00")
+                .unwrap()
+                .starts_with("sha512:")
+        );
+        assert_eq!(content_digest(body, "md5:00"), None);
+        assert!(valid_digest(D1) && !valid_digest("sha256:ABC") && !valid_digest("D1"));
+    }
+
+    #[test]
+    fn insecure_registry_names_are_normalized_like_oci_client() {
+        assert_eq!(
+            normalize_registry("http://127.0.0.1:5000/"),
+            "127.0.0.1:5000"
+        );
+        assert_eq!(normalize_registry(" registry.local "), "registry.local");
+        assert_eq!(normalize_registry("docker.io"), "index.docker.io");
+    }
+
+    fn context() -> Context<'static> {
+        Context {
+            label: "127.0.0.1:5000/app/web@sha256:11",
+            registry: "127.0.0.1:5000",
+            insecure: false,
+            credentials: "no credentials found for it",
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn envelope(code: OciErrorCode) -> OciDistributionError {
+        OciDistributionError::RegistryError {
+            envelope: OciEnvelope {
+                errors: vec![OciError {
+                    code,
+                    message: "some message".into(),
+                    detail: serde_json::Value::Null,
+                }],
+            },
+            url: "http://127.0.0.1:5000/v2/app/web/manifests/sha256:11".into(),
+        }
+    }
+
+    #[test]
+    fn oci_errors_map_to_classes_with_clear_messages() {
+        let ctx = context();
+        let e = map_error(envelope(OciErrorCode::ManifestUnknown), &ctx);
+        assert_eq!(e.kind(), "not-found");
+        assert_eq!(
+            e.to_string(),
+            "manifest 127.0.0.1:5000/app/web@sha256:11 does not exist in registry 127.0.0.1:5000"
+        );
+        assert_eq!(
+            map_error(envelope(OciErrorCode::NameUnknown), &ctx).kind(),
+            "not-found"
+        );
+        let e = map_error(envelope(OciErrorCode::Denied), &ctx);
+        assert_eq!(
+            e.to_string(),
+            "registry 127.0.0.1:5000 refused access to 127.0.0.1:5000/app/web@sha256:11 (no credentials found for it); \
+             log in with `podman login 127.0.0.1:5000` or `docker login 127.0.0.1:5000`, or pass --authfile"
+        );
+        assert_eq!(
+            map_error(envelope(OciErrorCode::Unauthorized), &ctx).kind(),
+            "unauthorized"
+        );
+        assert_eq!(
+            map_error(envelope(OciErrorCode::Toomanyrequests), &ctx).kind(),
+            "rate-limited"
+        );
+        let e = map_error(
+            envelope(OciErrorCode::Other("ARTIFACT_LOCKED".into())),
+            &ctx,
+        );
+        assert_eq!(
+            e.to_string(),
+            "registry 127.0.0.1:5000 failed for 127.0.0.1:5000/app/web@sha256:11: ARTIFACT_LOCKED: some message"
+        );
+        let e = map_error(envelope(OciErrorCode::ManifestInvalid), &ctx);
+        assert!(
+            e.to_string().ends_with("MANIFEST_INVALID: some message"),
+            "{e}"
+        );
+
+        let server = |code: u16, message: &str| OciDistributionError::ServerError {
+            code,
+            url: "u".into(),
+            message: message.into(),
+        };
+        assert_eq!(
+            map_error(server(404, "404 page not found"), &ctx).kind(),
+            "not-found"
+        );
+        assert_eq!(map_error(server(403, ""), &ctx).kind(), "unauthorized");
+        assert_eq!(map_error(server(429, ""), &ctx).kind(), "rate-limited");
+        let e = map_error(server(503, "upstream down\n"), &ctx);
+        assert!(e.is_transient());
+        assert!(e.to_string().ends_with("HTTP 503: upstream down"), "{e}");
+        let e = map_error(
+            server(400, "Client sent an HTTP request to an HTTPS server.\n"),
+            &ctx,
+        );
+        assert_eq!(e.kind(), "unreachable");
+        assert!(
+            e.to_string().contains("remove it from --insecure-registry"),
+            "{e}"
+        );
+
+        assert_eq!(
+            map_error(
+                OciDistributionError::UnauthorizedError { url: "u".into() },
+                &ctx
+            )
+            .kind(),
+            "unauthorized"
+        );
+        let e = map_error(
+            OciDistributionError::AuthenticationFailure(
+                "{\"details\":\"incorrect username or password\"}".into(),
+            ),
+            &ctx,
+        );
+        assert!(
+            e.to_string()
+                .contains("it said: {\"details\":\"incorrect username or password\"}"),
+            "{e}"
+        );
+        let e = map_error(
+            OciDistributionError::DigestError(DigestError::VerificationError {
+                expected: D1.into(),
+                actual: D2.into(),
+            }),
+            &ctx,
+        );
+        assert_eq!(
+            e,
+            RegistryError::DigestMismatch {
+                reference: ctx.label.into(),
+                registry: ctx.registry.into(),
+                expected: D1.into(),
+                actual: D2.into()
+            }
+        );
+        assert!(
+            e.to_string().starts_with(
+                "content of 127.0.0.1:5000/app/web@sha256:11 does not match its digest"
+            )
+        );
+    }
+
+    #[test]
+    fn other_messages_read_well() {
+        let e = RegistryError::NoPlatform {
+            reference: "quay.io/a/b@sha256:11".into(),
+            platform: platform("linux/s390x"),
+            available: vec!["linux/amd64".into(), "linux/arm64".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "quay.io/a/b@sha256:11 has no image for platform linux/s390x; its index offers linux/amd64, linux/arm64"
+        );
+        let e = RegistryError::Timeout {
+            reference: "r".into(),
+            registry: "quay.io".into(),
+            after: Duration::from_millis(2500),
+        };
+        assert_eq!(
+            e.to_string(),
+            "registry quay.io did not answer within 2.5s for r; retry, or raise the timeout"
+        );
+        let e = e.for_reference("other");
+        assert_eq!(e.reference(), Some("other"));
+    }
+}

@@ -1,0 +1,132 @@
+//! A survey: ask every node and the registry about a set of images, at the same time, and plan each node.
+//!
+//! `pinboard plan` prints a survey; the TUI's Plan screen shows one. Both get their figures from
+//! [`crate::model::plan::plan_node`] through [`survey`], so a number on screen and in `plan` cannot differ.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::node::{DirectNode, NodeObservation, observe};
+use crate::backend::registry::{Registry, RegistryError};
+use crate::model::image::{ImageFacts, Platform};
+use crate::model::plan::{Limits, NodePlan, PlannedImage, plan_node};
+use crate::model::set::ImageSet;
+
+/// The result of a survey, serialized as `plan -o json|yaml` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Survey {
+    pub sets: Vec<SetSummary>,
+    pub gc_high_percent: u8,
+    pub min_free_bytes: u64,
+    pub nodes: Vec<NodePlan>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetSummary {
+    pub name: String,
+    pub images: usize,
+}
+
+/// Why a survey could not produce a plan.
+#[derive(Debug)]
+pub enum SurveyError {
+    /// No node answered: each node's error, in order.
+    NoTarget(Vec<String>),
+    /// Some images could not be resolved in the registry: (reference, error), in set order.
+    Images(Vec<(String, RegistryError)>),
+}
+
+/// Every distinct reference of the sets, in first-seen order: a set's entries target the same nodes, so an
+/// image in two sets is pulled (and counted) once.
+pub fn union_of(sets: &[ImageSet]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    sets.iter()
+        .flat_map(|s| s.references())
+        .filter(|r| seen.insert(*r))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Surveys `nodes` for the union of `sets`, every node resolved for `platform`.
+pub async fn survey(
+    nodes: &[DirectNode],
+    sets: &[ImageSet],
+    registry: &Registry,
+    platform: &Platform,
+    limits: Limits,
+    timeout: Duration,
+) -> Result<Survey, SurveyError> {
+    let references = union_of(sets);
+    let platforms = [platform.clone()];
+    let observing =
+        futures::future::join_all(nodes.iter().map(|n| observe(n, &references, timeout)));
+    let (observations, inspected): (Vec<NodeObservation>, _) =
+        tokio::join!(observing, registry.inspect_all(&references, &platforms));
+
+    if observations.iter().all(|o| o.facts.unreachable.is_some()) {
+        return Err(SurveyError::NoTarget(
+            observations
+                .into_iter()
+                .filter_map(|o| o.facts.unreachable)
+                .collect(),
+        ));
+    }
+    let mut facts: HashMap<&str, ImageFacts> = HashMap::new();
+    let mut failed = Vec::new();
+    for (reference, result) in references.iter().zip(inspected) {
+        match result {
+            Ok(mut per_platform) => {
+                // One platform was asked for, and the registry answers for each platform asked.
+                let (_, image) = per_platform.swap_remove(0);
+                facts.insert(reference, image);
+            }
+            Err(err) => failed.push((reference.clone(), err)),
+        }
+    }
+    if !failed.is_empty() {
+        return Err(SurveyError::Images(failed));
+    }
+    let plans = observations
+        .iter()
+        .map(|observation| {
+            let images: Vec<PlannedImage> = references
+                .iter()
+                .map(|r| PlannedImage {
+                    reference: r,
+                    facts: &facts[r.as_str()],
+                    present: observation.presence.get(r).copied().flatten(),
+                })
+                .collect();
+            plan_node(&observation.facts, &images, &limits)
+        })
+        .collect();
+    Ok(Survey {
+        sets: sets
+            .iter()
+            .map(|s| SetSummary {
+                name: s.name.clone(),
+                images: s.entries.len(),
+            })
+            .collect(),
+        gc_high_percent: limits.gc_high_percent,
+        min_free_bytes: limits.min_free_bytes,
+        nodes: plans,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::set::from_flags;
+
+    #[test]
+    fn union_keeps_first_seen_order_without_duplicates() {
+        let a = from_flags("a", &["x".into(), "y".into()]);
+        let b = from_flags("b", &["y".into(), "z".into(), "x".into()]);
+        assert_eq!(union_of(&[a, b]), ["x", "y", "z"]);
+    }
+}

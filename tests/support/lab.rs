@@ -1,0 +1,243 @@
+//! [`Lab`]: starts the registry, its proxy, the containerd nodes and optionally the API server, gives tests
+//! their addresses, and stops everything (by PID) and unmounts the nodes' tmpfs when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+
+use super::apiserver::ApiServer;
+use super::images::{self, ImageSpec, LayerCache, Platform, PushedImage, PushedIndex};
+use super::node::{Node, NodeEnv, NodeSpec};
+use super::process::{Proc, run, stop_all};
+use super::proxy::{Proxy, ProxyControl};
+use super::registry::Registry;
+
+/// What to start.
+#[derive(Clone, Debug, Default)]
+pub struct LabConfig {
+    pub nodes: Vec<NodeSpec>,
+    /// Also start etcd and kube-apiserver.
+    pub apiserver: bool,
+}
+
+/// A running lab. Dropping it stops every process it started and unmounts the nodes' image filesystems;
+/// logs stay in [`Lab::dir`].
+pub struct Lab {
+    // Declared (and so dropped) before `resources`: the proxy thread stops before the processes do.
+    proxy: Proxy,
+    registry: Registry,
+    layers: LayerCache,
+    nodes: Vec<Node>,
+    apiserver: Option<ApiServer>,
+    resources: Resources,
+}
+
+impl Lab {
+    /// Starts a lab in `target/lab/<name>-<pid>-<n>/` and waits until every part of it is ready. `name`
+    /// is for people reading the directory listing (use the test's name). Synchronous; callable from
+    /// `#[test]` and `#[tokio::test]`.
+    pub fn start(name: &str, config: LabConfig) -> Result<Lab> {
+        let started = Instant::now();
+        check_nodes(&config.nodes)?;
+        let root = target_dir().join("lab");
+        unmount_stale(&root);
+        let (dir, unique) = create_unique_dir(&root, name)?;
+        eprintln!("lab {name}: logs and state in {}", dir.display());
+        let mut resources = Resources {
+            dir: dir.clone(),
+            short_socket_dir: std::env::temp_dir()
+                .join(format!("pinboard-lab-{}-{unique}", std::process::id())),
+            procs: Vec::new(),
+            mounts: Vec::new(),
+        };
+        let context = || format!("lab {name} did not start; logs in {}", dir.display());
+
+        let registry = Registry::start(&dir, &mut resources.procs).with_context(context)?;
+        let proxy = Proxy::start(registry.host().parse()?)?;
+        let env = NodeEnv {
+            lab_dir: &dir,
+            registry_hosts: &[registry.host(), proxy.host()],
+            short_socket_dir: &resources.short_socket_dir,
+        };
+        let nodes = config
+            .nodes
+            .iter()
+            .map(|spec| Node::start(spec, &env, &mut resources.procs, &mut resources.mounts))
+            .collect::<Result<Vec<_>>>()
+            .with_context(context)?;
+        let apiserver = if config.apiserver {
+            Some(ApiServer::start(&dir, &mut resources.procs).with_context(context)?)
+        } else {
+            None
+        };
+        eprintln!(
+            "lab {name}: ready in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(Lab {
+            proxy,
+            registry,
+            layers: LayerCache::default(),
+            nodes,
+            apiserver,
+            resources,
+        })
+    }
+
+    /// `target/lab/<name>-<pid>-<n>/`: configs, state and every log.
+    pub fn dir(&self) -> &Path {
+        &self.resources.dir
+    }
+
+    /// `127.0.0.1:PORT` of the registry itself.
+    pub fn registry_host(&self) -> String {
+        self.registry.host().to_owned()
+    }
+
+    /// `127.0.0.1:PORT` of the proxy in front of the registry.
+    pub fn proxy_host(&self) -> String {
+        self.proxy.host().to_owned()
+    }
+
+    pub fn proxy(&self) -> &ProxyControl {
+        self.proxy.control()
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The node called `name`; panics if there is none (a mistake in the test).
+    pub fn node(&self, name: &str) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("the lab has no node {name:?}"))
+    }
+
+    pub fn apiserver(&self) -> Option<&ApiServer> {
+        self.apiserver.as_ref()
+    }
+
+    /// Pushes a linux/amd64 image to the registry (directly, not through the proxy) under its digest.
+    pub fn push_image(&self, repo: &str, spec: &ImageSpec) -> Result<PushedImage> {
+        images::push_image(
+            &self.registry,
+            &self.layers,
+            repo,
+            spec,
+            &Platform::linux_amd64(),
+        )
+    }
+
+    /// Pushes one image per platform and an OCI index over them.
+    pub fn push_index(&self, repo: &str, images: &[(Platform, ImageSpec)]) -> Result<PushedIndex> {
+        images::push_index(&self.registry, &self.layers, repo, images)
+    }
+}
+
+/// What must be undone when the lab goes away, also when it fails halfway through starting.
+struct Resources {
+    dir: PathBuf,
+    short_socket_dir: PathBuf,
+    procs: Vec<Proc>,
+    mounts: Vec<PathBuf>,
+}
+
+impl Drop for Resources {
+    fn drop(&mut self) {
+        stop_all(&mut self.procs);
+        for mount in &self.mounts {
+            unmount(mount);
+        }
+        // Bulky data goes; configs and logs stay for reading after the test.
+        for path in [
+            self.short_socket_dir.clone(),
+            self.dir.join("registry"),
+            self.dir.join("apiserver/etcd"),
+        ] {
+            if path.exists() {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        }
+    }
+}
+
+/// Node names must be distinct path components; sizes must be set (tmpfs takes size=0 as "no limit").
+fn check_nodes(nodes: &[NodeSpec]) -> Result<()> {
+    for (i, node) in nodes.iter().enumerate() {
+        let name = &node.name;
+        ensure!(
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+            "node name {name:?}: use letters, digits and '-'"
+        );
+        ensure!(
+            nodes[..i].iter().all(|other| other.name != *name),
+            "node name {name:?} is used twice"
+        );
+        ensure!(
+            node.imagefs_bytes > 0,
+            "node {name}: imagefs_bytes must be > 0"
+        );
+    }
+    Ok(())
+}
+
+/// The cargo target directory: `$CARGO_TARGET_DIR`, else `target/` in the crate.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),
+        PathBuf::from,
+    )
+}
+
+/// Creates `<root>/<name>-<pid>-<n>` for the first `n` not taken yet in this process.
+fn create_unique_dir(root: &Path, name: &str) -> Result<(PathBuf, usize)> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = root.join(format!("{name}-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok((dir, n)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+}
+
+/// Unmounts a node's tmpfs, lazily if something still holds it.
+fn unmount(mount: &Path) {
+    if run(Command::new("umount").arg(mount)).is_err()
+        && let Err(e) = run(Command::new("umount").arg("-l").arg(mount))
+    {
+        eprintln!("lab: could not unmount {}: {e:#}", mount.display());
+    }
+}
+
+/// Unmounts the tmpfs of labs under `root` whose process is gone (killed before it could clean up), so
+/// their memory is freed. The owning PID is the second-last `-` field of the lab directory's name.
+fn unmount_stale(root: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return;
+    };
+    for mountpoint in mounts.lines().filter_map(|line| line.split(' ').nth(1)) {
+        let Ok(rest) = Path::new(mountpoint).strip_prefix(root) else {
+            continue;
+        };
+        let Some(lab) = rest.iter().next().and_then(|c| c.to_str()) else {
+            continue;
+        };
+        let owner = lab
+            .rsplit('-')
+            .nth(1)
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if owner.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            eprintln!("lab: unmounting {mountpoint}, left behind by a lab whose process is gone");
+            unmount(Path::new(mountpoint));
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! The lab: real containerd nodes, a real docker-registry behind a controllable TCP proxy, and (optionally) a
+//! real etcd + kube-apiserver, all started as local processes for integration tests and the `lab` example.
+//!
+//! Tests include it with `mod support;`, the example with `#[path = "../tests/support/mod.rs"] mod support;`.
+//! Start with [`Lab::start`]; everything it starts is stopped when the [`Lab`] is dropped. How the pieces are
+//! run on this machine is described in shared/notes/lab.md.
+
+// Every test binary and the example compile this module separately and each uses only part of it, so an
+// item used by one of them is "dead" in the others. Every item here is used by at least one of them.
+#![allow(dead_code)]
+
+mod apiserver;
+mod cri;
+pub mod http;
+mod images;
+mod lab;
+mod node;
+mod process;
+mod proxy;
+mod registry;
+
+// Each including crate uses some of these re-exports, none uses all (see `dead_code` above).
+#[allow(unused_imports)]
+pub use apiserver::ApiServer;
+#[allow(unused_imports)]
+pub use images::{
+    ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage, PushedIndex, PushedLayer,
+};
+#[allow(unused_imports)]
+pub use lab::{Lab, LabConfig, target_dir};
+#[allow(unused_imports)]
+pub use node::{Node, NodeSpec};
+#[allow(unused_imports)]
+pub use proxy::ProxyControl;

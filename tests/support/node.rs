@@ -1,0 +1,184 @@
+//! A lab node: one real containerd (with its CRI plugin) whose root is a size-limited tmpfs, so each node
+//! has an image filesystem of its own size. Its config, log and state live in `<lab>/nodes/<name>/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::cri;
+use super::process::{Proc, run};
+
+/// Unix socket paths are limited to 108 bytes, and containerd adds `.ttrpc` to its socket path.
+const MAX_SOCKET_PATH: usize = 100;
+
+/// A node to start: its name and the size of its image filesystem (a tmpfs) in bytes.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub name: String,
+    pub imagefs_bytes: u64,
+}
+
+impl NodeSpec {
+    pub fn new(name: &str, imagefs_bytes: u64) -> NodeSpec {
+        NodeSpec {
+            name: name.to_owned(),
+            imagefs_bytes,
+        }
+    }
+}
+
+/// A running containerd node.
+#[derive(Debug)]
+pub struct Node {
+    pub name: String,
+    /// The containerd socket, serving both containerd's API and CRI.
+    pub socket: PathBuf,
+    /// containerd's root directory: the node's tmpfs.
+    pub root: PathBuf,
+    pub imagefs_bytes: u64,
+}
+
+/// What a node needs from the lab to start.
+pub(crate) struct NodeEnv<'a> {
+    pub(crate) lab_dir: &'a Path,
+    /// Registry hosts (`127.0.0.1:PORT`) the node pulls from over plain HTTP.
+    pub(crate) registry_hosts: &'a [&'a str],
+    /// Where to put the socket if the path under the lab dir is too long for a unix socket.
+    pub(crate) short_socket_dir: &'a Path,
+}
+
+impl Node {
+    /// Mounts the node's tmpfs (recorded in `mounts` at once, for unmounting) and starts its containerd
+    /// (added to `procs` before it is waited on), returning once containerd and its CRI plugin answer.
+    pub(crate) fn start(
+        spec: &NodeSpec,
+        env: &NodeEnv<'_>,
+        procs: &mut Vec<Proc>,
+        mounts: &mut Vec<PathBuf>,
+    ) -> Result<Node> {
+        let dir = env.lab_dir.join("nodes").join(&spec.name);
+        let root = dir.join("root");
+        let state = dir.join("state");
+        let certs = dir.join("certs.d");
+        for d in [&root, &state, &certs] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let mut socket = dir.join("containerd.sock");
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            std::fs::create_dir_all(env.short_socket_dir)?;
+            let short = env.short_socket_dir.join(format!("{}.sock", spec.name));
+            std::os::unix::fs::symlink(&short, &socket)?;
+            socket = short;
+        }
+        for host in env.registry_hosts {
+            let host_dir = certs.join(host);
+            std::fs::create_dir_all(&host_dir)?;
+            std::fs::write(
+                host_dir.join("hosts.toml"),
+                format!(
+                    "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  \
+                     capabilities = [\"pull\", \"resolve\"]\n"
+                ),
+            )?;
+        }
+
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={}", spec.imagefs_bytes))
+            .arg("tmpfs")
+            .arg(&root))?;
+        mounts.push(root.clone());
+
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"version = 2
+root = "{root}"
+state = "{state}"
+# Only the native snapshotter is used; skip probing the others.
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
+
+[grpc]
+  address = "{socket}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  # A free port rather than the default 10010, so several nodes can run side by side.
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{certs}"
+"#,
+                root = root.display(),
+                state = state.display(),
+                socket = socket.display(),
+                certs = certs.display(),
+            ),
+        )?;
+        let mut command = Command::new("containerd");
+        command.arg("--config").arg(&config);
+        let name = format!("containerd ({})", spec.name);
+        procs.push(Proc::spawn(&name, command, &dir.join("containerd.log"))?);
+        let proc = procs.last_mut().expect("just pushed");
+        proc.wait_ready(Duration::from_secs(30), || {
+            socket.exists()
+                && ctr(&socket).arg("version").output().is_ok_and(|out| out.status.success())
+                // The CRI plugin starts serving a moment after containerd's own services.
+                && cri::image_id(&socket, "lab.invalid/readiness-probe:1").is_ok()
+        })?;
+        Ok(Node {
+            name: spec.name.clone(),
+            socket,
+            root,
+            imagefs_bytes: spec.imagefs_bytes,
+        })
+    }
+
+    /// `unix:///abs/path/containerd.sock`
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// Where containerd keeps this node's unpacked layers (on the node's tmpfs): the path CRI's
+    /// ImageFsInfo reports as the image filesystem.
+    pub fn imagefs_dir(&self) -> PathBuf {
+        self.root.join("io.containerd.snapshotter.v1.native")
+    }
+
+    /// Pre-loads an image with `ctr images pull` in containerd's `k8s.io` namespace, the way an
+    /// administrator would, then waits until the node's CRI ImageStatus reports it (CRI picks up images
+    /// created in that namespace from containerd's events, asynchronously).
+    pub fn pull(&self, reference: &str) -> Result<()> {
+        run(ctr(&self.socket)
+            .args(["images", "pull", "--plain-http", "--snapshotter", "native"])
+            .arg(reference))
+        .with_context(|| format!("node {}: ctr pull {reference}", self.name))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if cri::image_id(&self.socket, reference)?.is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "node {}: CRI does not report {reference} after ctr pulled it",
+                    self.name
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `ctr` talking to this node's containerd in the CRI namespace.
+fn ctr(socket: &Path) -> Command {
+    let mut command = Command::new("ctr");
+    command
+        .arg("--address")
+        .arg(socket)
+        .args(["--namespace", "k8s.io"]);
+    command
+}
