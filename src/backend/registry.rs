@@ -10,7 +10,7 @@
 //! that cannot be reached is remembered for a few seconds, so the rest of a large set fails fast instead of
 //! waiting out one timeout per image.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -224,6 +224,9 @@ pub struct Registry {
     permits: Semaphore,
     manifests: Mutex<HashMap<String, Arc<OnceCell<Arc<Fetched>>>>>,
     auths: Mutex<HashMap<String, Arc<OnceCell<Arc<AuthState>>>>>,
+    /// Registries whose `/v2/` asks for no authentication. That answer is registry-wide, so other
+    /// repositories there skip the auth round trip (oci-client already pings before every manifest).
+    open_registries: Mutex<HashSet<String>>,
     down: Mutex<HashMap<String, (RegistryError, Instant)>>,
     requests: AtomicU64,
 }
@@ -328,6 +331,7 @@ impl Registry {
             permits: Semaphore::new(concurrency),
             manifests: Mutex::default(),
             auths: Mutex::default(),
+            open_registries: Mutex::default(),
             down: Mutex::default(),
             requests: AtomicU64::new(0),
         })
@@ -585,6 +589,14 @@ impl Registry {
                     "no credentials found for it".to_string(),
                 ),
             };
+            if self
+                .open_registries
+                .lock()
+                .expect("open registries lock")
+                .contains(registry)
+            {
+                return Ok(Arc::new(AuthState { auth, described }));
+            }
             let context = self.context(label, registry, &described);
             let _permit = self
                 .permits
@@ -600,13 +612,21 @@ impl Registry {
             let elapsed_ms = started.elapsed().as_millis() as u64;
             match outcome {
                 // The token itself is never logged.
-                Ok(Ok(token)) => tracing::debug!(
-                    registry,
-                    repository = reference.repository(),
-                    elapsed_ms,
-                    token = token.is_some(),
-                    "authenticated"
-                ),
+                Ok(Ok(token)) => {
+                    tracing::debug!(
+                        registry,
+                        repository = reference.repository(),
+                        elapsed_ms,
+                        token = token.is_some(),
+                        "authenticated"
+                    );
+                    if token.is_none() {
+                        self.open_registries
+                            .lock()
+                            .expect("open registries lock")
+                            .insert(registry.to_string());
+                    }
+                }
                 Ok(Err(e)) => return Err(self.failed(map_error(e, &context), elapsed_ms)),
                 Err(_) => return Err(self.failed(timeout_error(&context), elapsed_ms)),
             }

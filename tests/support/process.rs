@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -28,6 +29,18 @@ impl Proc {
             .append(true)
             .open(log)
             .with_context(|| format!("opening {}", log.display()))?;
+        // If the test process dies without unwinding (SIGTERM, SIGKILL, abort), Drop never runs: have the
+        // kernel kill the child with it, so no containerd or registry outlives its lab. The kernel ties this
+        // to the spawning *thread*: start a lab on the thread that owns it (never inside spawn_blocking).
+        // SAFETY: prctl is async-signal-safe and touches only the calling (child) process.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let child = command
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
