@@ -3,5 +3,6 @@
 pub mod image;
 pub mod plan;
 pub mod reference;
+pub mod rollout;
 pub mod set;
 pub mod units;
