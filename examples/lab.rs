@@ -1,13 +1,15 @@
 //! The lab demo: three real containerd nodes with image filesystems of different sizes, a real registry
 //! (behind the lab proxy) holding a dozen sample images, a few of them pre-loaded on some nodes, and then
-//! `pinboard plan` run against it all.
+//! pinboard run against it all.
 //!
 //! ```text
-//! cargo run --example lab -- [--hold] [-- PINBOARD_ARGS...]
+//! cargo run --example lab -- [--hold] [-- [SUBCOMMAND] PINBOARD_ARGS...]
 //! ```
-//! Without `--hold`, runs `$PINBOARD_BIN` (default `target/debug/pinboard`) with
-//! `plan --images-file <lab>/images.txt --insecure-registry <proxy> --min-free 32Mi --cri n1=... ...` and
-//! then PINBOARD_ARGS, stops the lab and exits with pinboard's exit code. With `--hold`, prints the
+//! Without `--hold`, runs `$PINBOARD_BIN` (default `target/debug/pinboard`) — the TUI, or SUBCOMMAND
+//! (e.g. `plan`) — with `--images-file <lab>/images.txt --insecure-registry <proxy> --min-free 32Mi
+//! --nodes <lab>/nodes.yaml` and then PINBOARD_ARGS, stops the lab and exits with pinboard's exit code.
+//! The nodes file keeps every write inside the lab dir: n1 pins through a CRI-O drop-in there, n2 and n3
+//! with containerd labels, and each node's lazy-pull drop-in lives there too. With `--hold`, prints the
 //! endpoints and waits for Ctrl-C instead. Needs root and the packages of scripts/setup.
 
 #[path = "../tests/support/mod.rs"]
@@ -83,9 +85,15 @@ fn run() -> Result<ExitCode> {
         || support::target_dir().join("debug/pinboard"),
         PathBuf::from,
     );
+    let nodes_file = write_nodes_file(&lab)?;
     let mut command = Command::new(&binary);
+    // A leading word that is not a flag is pinboard's subcommand; none opens the TUI.
+    let (subcommand, rest) = match pinboard_args.split_first() {
+        Some((first, rest)) if !first.starts_with('-') => (Some(first), rest),
+        _ => (None, pinboard_args.as_slice()),
+    };
     command
-        .arg("plan")
+        .args(subcommand)
         .arg("--images-file")
         .arg(&images_file)
         .args([
@@ -93,14 +101,11 @@ fn run() -> Result<ExitCode> {
             &lab.proxy_host(),
             "--min-free",
             "32Mi",
-        ]);
-    for node in lab.nodes() {
-        command
-            .arg("--cri")
-            .arg(format!("{}={}", node.name, node.endpoint()));
-    }
+            "--nodes",
+        ])
+        .arg(&nodes_file);
     let status = command
-        .args(&pinboard_args)
+        .args(rest)
         .status()
         .with_context(|| format!("running {}", binary.display()))?;
     drop(lab);
@@ -263,6 +268,40 @@ fn push_samples(lab: &Lab) -> Result<PathBuf> {
         )?;
     }
     let path = lab.dir().join("images.txt");
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+/// `<lab>/nodes.yaml`: n1 pins through a CRI-O drop-in in the lab dir (reload: none, containerd ignores
+/// it), the others with containerd labels; every node's lazy-pull drop-in is in the lab dir.
+fn write_nodes_file(lab: &Lab) -> Result<PathBuf> {
+    let mut text =
+        String::from("# written by examples/lab.rs: every write stays inside the lab dir\n");
+    for (i, node) in lab.nodes().iter().enumerate() {
+        let dir = lab.dir().join("nodes").join(&node.name);
+        let _ = writeln!(
+            text,
+            "- name: {}\n  endpoint: {}",
+            node.name,
+            node.endpoint()
+        );
+        if i == 0 {
+            let _ = writeln!(
+                text,
+                "  pin: crio-drop-in\n  crioConfigDir: {}/crio.conf.d\n  crioReload: none",
+                dir.display()
+            );
+            std::fs::create_dir_all(dir.join("crio.conf.d"))?;
+        } else {
+            let _ = writeln!(text, "  pin: containerd-label");
+        }
+        let _ = writeln!(
+            text,
+            "  lazyDropIn: {}/storage.conf.d/lazy-image-pull.conf",
+            dir.display()
+        );
+    }
+    let path = lab.dir().join("nodes.yaml");
     std::fs::write(&path, text)?;
     Ok(path)
 }

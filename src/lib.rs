@@ -9,9 +9,11 @@
 
 pub mod backend;
 pub mod cli;
+pub mod engine;
 pub mod error;
 pub mod model;
 pub mod survey;
+pub mod targets;
 pub mod ui;
 
 /// Installs rustls' ring provider as the process default. kube and oci-client each enable rustls; without

@@ -4,24 +4,41 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use pinboard::cli::{Cli, run};
+use pinboard::cli::{Cli, Command, run};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     pinboard::install_crypto_provider();
     let cli = Cli::parse();
-    // Headless commands log to stderr (warnings by default; PINBOARD_LOG=debug for more). stdout is output.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("PINBOARD_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let command = cli.command.unwrap_or(Command::Tui(cli.tui));
+    // The TUI owns the terminal: it logs to a file. Headless commands log to stderr (warnings by default;
+    // PINBOARD_LOG=debug for more) and keep stdout for their output.
+    let _log_guard = match &command {
+        Command::Tui(_) => match pinboard::ui::run::init_file_logging() {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                eprintln!(
+                    "error: cannot open the log file: {e:#}; set XDG_STATE_HOME to a writable directory"
+                );
+                return ExitCode::from(pinboard::error::Exit::BadInput as u8);
+            }
+        },
+        _ => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    EnvFilter::try_from_env("PINBOARD_LOG")
+                        .unwrap_or_else(|_| EnvFilter::new("warn")),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            None
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime starts");
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(command)) {
         Ok(output) => {
             // A closed pipe (`pinboard plan | head`) is not an error worth a panic.
             let _ = std::io::stdout().write_all(output.as_bytes());

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::node::{DirectNode, NodeObservation, observe};
 use crate::backend::registry::{Registry, RegistryError};
+use crate::error::{Exit, Failure};
 use crate::model::image::{ImageFacts, Platform};
 use crate::model::plan::{Limits, NodePlan, PlannedImage, plan_node};
 use crate::model::set::ImageSet;
@@ -22,6 +23,9 @@ pub struct Survey {
     pub gc_high_percent: u8,
     pub min_free_bytes: u64,
     pub nodes: Vec<NodePlan>,
+    /// Every image's facts for the nodes' platform: what the engine needs to show byte progress.
+    #[serde(skip)]
+    pub facts: HashMap<String, ImageFacts>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +42,22 @@ pub enum SurveyError {
     NoTarget(Vec<String>),
     /// Some images could not be resolved in the registry: (reference, error), in set order.
     Images(Vec<(String, RegistryError)>),
+}
+
+impl From<SurveyError> for Failure {
+    fn from(err: SurveyError) -> Failure {
+        match err {
+            SurveyError::NoTarget(errors) => Failure::unreachable(
+                errors
+                    .into_iter()
+                    .map(|e| format!("{e}; check that the runtime is running and the path or address is right"))
+                    .collect(),
+            ),
+            SurveyError::Images(failed) => {
+                Failure { exit: Exit::BadInput, lines: failed.into_iter().map(|(_, err)| err.to_string()).collect() }
+            }
+        }
+    }
 }
 
 /// Every distinct reference of the sets, in first-seen order: a set's entries target the same nodes, so an
@@ -75,14 +95,14 @@ pub async fn survey(
                 .collect(),
         ));
     }
-    let mut facts: HashMap<&str, ImageFacts> = HashMap::new();
+    let mut facts: HashMap<String, ImageFacts> = HashMap::new();
     let mut failed = Vec::new();
     for (reference, result) in references.iter().zip(inspected) {
         match result {
             Ok(mut per_platform) => {
                 // One platform was asked for, and the registry answers for each platform asked.
                 let (_, image) = per_platform.swap_remove(0);
-                facts.insert(reference, image);
+                facts.insert(reference.clone(), image);
             }
             Err(err) => failed.push((reference.clone(), err)),
         }
@@ -115,6 +135,7 @@ pub async fn survey(
         gc_high_percent: limits.gc_high_percent,
         min_free_bytes: limits.min_free_bytes,
         nodes: plans,
+        facts,
     })
 }
 

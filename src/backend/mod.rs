@@ -2,7 +2,10 @@
 
 pub mod credentials;
 pub mod cri;
+pub mod lazy;
 pub mod node;
+pub mod pins;
+pub mod progress;
 pub mod proto;
 pub mod registry;
 

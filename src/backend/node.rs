@@ -92,17 +92,16 @@ async fn observe_reachable(
             }
         },
     }
-    let statuses: Vec<(String, Result<bool, CriError>)> = stream::iter(references)
+    // Owned references: a future that borrows them is not Send-general enough for tokio::spawn.
+    let statuses: Vec<(String, Result<bool, CriError>)> = stream::iter(references.to_vec())
         .map(|reference| {
             let client = client.clone();
             async move {
-                (
-                    reference.clone(),
-                    client
-                        .image_status(reference)
-                        .await
-                        .map(|image| image.is_some()),
-                )
+                let status = client
+                    .image_status(&reference)
+                    .await
+                    .map(|image| image.is_some());
+                (reference, status)
             }
         })
         .buffer_unordered(STATUS_CONCURRENCY)

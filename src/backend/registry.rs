@@ -351,12 +351,10 @@ impl Registry {
     ) -> Vec<Result<PlatformFacts, RegistryError>> {
         let mut results: Vec<Option<Result<PlatformFacts, RegistryError>>> =
             references.iter().map(|_| None).collect();
-        let mut answers =
-            stream::iter(references.iter().enumerate())
-                .map(|(i, reference)| async move {
-                    (i, self.inspect(reference.as_ref(), platforms).await)
-                })
-                .buffer_unordered(self.concurrency);
+        // By index: a closure taking `&S` would make the future too lifetime-specific for tokio::spawn.
+        let mut answers = stream::iter(0..references.len())
+            .map(|i| async move { (i, self.inspect(references[i].as_ref(), platforms).await) })
+            .buffer_unordered(self.concurrency);
         while let Some((i, result)) = answers.next().await {
             results[i] = Some(result);
         }

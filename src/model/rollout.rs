@@ -22,35 +22,96 @@ pub enum Event {
     /// The node will not be started (plan verdict no-space without --force, unreachable...).
     NodeRefused { node: String, reason: String },
     /// Pulls are about to start on the node, for these images in this order.
-    NodeStarted { node: String, images: Vec<String>, at: Instant },
+    NodeStarted {
+        node: String,
+        images: Vec<String>,
+        at: Instant,
+    },
     /// Already on the node: nothing to pull.
     ImagePresent { node: String, image: String },
-    PullStarted { node: String, image: String, attempt: u32, at: Instant },
+    PullStarted {
+        node: String,
+        image: String,
+        attempt: u32,
+        at: Instant,
+    },
     /// Bytes fetched so far for this pull (sum over its in-flight and finished blobs) out of `total`.
-    PullProgress { node: String, image: String, done: u64, total: u64, at: Instant },
+    PullProgress {
+        node: String,
+        image: String,
+        done: u64,
+        total: u64,
+        at: Instant,
+    },
     /// The attempt failed and will be retried after `backoff`.
-    PullRetry { node: String, image: String, attempt: u32, reason: String, backoff: Duration, at: Instant },
+    PullRetry {
+        node: String,
+        image: String,
+        attempt: u32,
+        reason: String,
+        backoff: Duration,
+        at: Instant,
+    },
     /// Pulled and confirmed with ImageStatus.
-    PullDone { node: String, image: String, at: Instant },
-    PullFailed { node: String, image: String, reason: String, at: Instant },
-    PullCancelled { node: String, image: String, at: Instant },
+    PullDone {
+        node: String,
+        image: String,
+        at: Instant,
+    },
+    PullFailed {
+        node: String,
+        image: String,
+        reason: String,
+        at: Instant,
+    },
+    PullCancelled {
+        node: String,
+        image: String,
+        at: Instant,
+    },
     /// The node stopped pulling (e.g. out of space): its remaining images will not be pulled.
-    NodeStopped { node: String, reason: String, at: Instant },
+    NodeStopped {
+        node: String,
+        reason: String,
+        at: Instant,
+    },
     /// Pins written (and, where the runtime reports it, confirmed).
-    Pinned { node: String, method: PinMethod, confirmed: bool, at: Instant },
-    PinFailed { node: String, reason: String, at: Instant },
+    Pinned {
+        node: String,
+        method: PinMethod,
+        confirmed: bool,
+        at: Instant,
+    },
+    PinFailed {
+        node: String,
+        reason: String,
+        at: Instant,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ImageState {
     Queued,
     Present,
-    Pulling { attempt: u32, since: Instant },
+    Pulling {
+        attempt: u32,
+        since: Instant,
+    },
     /// Waiting to retry after a failed attempt.
-    Retrying { attempt: u32, reason: String, until: Instant },
-    Pulled { took: Duration },
-    Pinned { confirmed: bool },
-    Failed { reason: String },
+    Retrying {
+        attempt: u32,
+        reason: String,
+        until: Instant,
+    },
+    Pulled {
+        took: Duration,
+    },
+    Pinned {
+        confirmed: bool,
+    },
+    Failed {
+        reason: String,
+    },
     Cancelled,
     /// Never started: the node stopped or was refused first.
     Skipped,
@@ -84,11 +145,23 @@ pub struct ImageRollout {
 #[derive(Clone, Debug, PartialEq)]
 pub enum NodeState {
     Waiting,
-    Refused { reason: String },
-    Pulling { since: Instant },
-    Stopped { reason: String },
-    Pinned { method: PinMethod, confirmed: bool, took: Duration },
-    PinFailed { reason: String },
+    Refused {
+        reason: String,
+    },
+    Pulling {
+        since: Instant,
+    },
+    Stopped {
+        reason: String,
+    },
+    Pinned {
+        method: PinMethod,
+        confirmed: bool,
+        took: Duration,
+    },
+    PinFailed {
+        reason: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -103,7 +176,12 @@ pub struct NodeRollout {
 
 impl NodeRollout {
     fn new(state: NodeState) -> Self {
-        NodeRollout { state, images: BTreeMap::new(), order: Vec::new(), finished_bytes: 0 }
+        NodeRollout {
+            state,
+            images: BTreeMap::new(),
+            order: Vec::new(),
+            finished_bytes: 0,
+        }
     }
 
     /// Bytes fetched so far on this node, finished pulls included.
@@ -117,12 +195,19 @@ impl NodeRollout {
     }
 
     fn in_flight(&self) -> impl Iterator<Item = &ImageRollout> {
-        self.images.values().filter(|i| !matches!(i.state, ImageState::Pulled { .. } | ImageState::Pinned { .. }))
+        self.images.values().filter(|i| {
+            !matches!(
+                i.state,
+                ImageState::Pulled { .. } | ImageState::Pinned { .. }
+            )
+        })
     }
 
     /// Average bytes per second since the node started pulling.
     pub fn throughput(&self, now: Instant) -> Option<f64> {
-        let NodeState::Pulling { since } = self.state else { return None };
+        let NodeState::Pulling { since } = self.state else {
+            return None;
+        };
         let seconds = now.saturating_duration_since(since).as_secs_f64();
         (seconds > 0.0).then(|| self.done_bytes() as f64 / seconds)
     }
@@ -139,7 +224,8 @@ impl NodeRollout {
         self.order.iter().map(String::as_str).filter(move |image| {
             let i = &self.images[*image];
             matches!(i.state, ImageState::Pulling { .. })
-                && i.last_progress.is_some_and(|t| now.saturating_duration_since(t) >= stall_after)
+                && i.last_progress
+                    .is_some_and(|t| now.saturating_duration_since(t) >= stall_after)
         })
     }
 
@@ -155,11 +241,23 @@ pub struct Rollout {
 }
 
 impl Rollout {
+    /// A rollout about to start on `nodes`: each waits until the engine reports on it, so the rollout is
+    /// not finished while any has yet to be heard from.
+    pub fn expecting(nodes: &[String]) -> Rollout {
+        Rollout {
+            nodes: nodes
+                .iter()
+                .map(|n| (n.clone(), NodeRollout::new(NodeState::Waiting)))
+                .collect(),
+        }
+    }
+
     /// Folds one event in. Events for images the node never announced are recorded as they come.
     pub fn apply(&mut self, event: Event) {
         match event {
             Event::NodeRefused { node, reason } => {
-                self.nodes.insert(node, NodeRollout::new(NodeState::Refused { reason }));
+                self.nodes
+                    .insert(node, NodeRollout::new(NodeState::Refused { reason }));
             }
             Event::NodeStarted { node, images, at } => {
                 let mut rollout = NodeRollout::new(NodeState::Pulling { since: at });
@@ -169,13 +267,31 @@ impl Rollout {
                 rollout.order = images;
                 self.nodes.insert(node, rollout);
             }
-            Event::ImagePresent { node, image } => self.image(&node, &image).state = ImageState::Present,
-            Event::PullStarted { node, image, attempt, at } => {
+            Event::ImagePresent { node, image } => {
+                self.image(&node, &image).state = ImageState::Present
+            }
+            Event::PullStarted {
+                node,
+                image,
+                attempt,
+                at,
+            } => {
+                // A retry on a stopped node (space freed, operator asked) resumes it.
+                let n = self.node(&node);
+                if matches!(n.state, NodeState::Stopped { .. } | NodeState::Waiting) {
+                    n.state = NodeState::Pulling { since: at };
+                }
                 let i = self.image(&node, &image);
                 i.state = ImageState::Pulling { attempt, since: at };
                 i.last_progress = Some(at);
             }
-            Event::PullProgress { node, image, done, total, at } => {
+            Event::PullProgress {
+                node,
+                image,
+                done,
+                total,
+                at,
+            } => {
                 let i = self.image(&node, &image);
                 if done != i.done_bytes || i.last_progress.is_none() {
                     i.last_progress = Some(at);
@@ -183,10 +299,21 @@ impl Rollout {
                 i.done_bytes = done;
                 i.total_bytes = total.max(done);
             }
-            Event::PullRetry { node, image, attempt, reason, backoff, at } => {
+            Event::PullRetry {
+                node,
+                image,
+                attempt,
+                reason,
+                backoff,
+                at,
+            } => {
                 let i = self.image(&node, &image);
                 i.retries.push(reason.clone());
-                i.state = ImageState::Retrying { attempt, reason, until: at + backoff };
+                i.state = ImageState::Retrying {
+                    attempt,
+                    reason,
+                    until: at + backoff,
+                };
             }
             Event::PullDone { node, image, at } => {
                 let n = self.node(&node);
@@ -199,32 +326,60 @@ impl Rollout {
                 i.total_bytes = i.total_bytes.max(i.done_bytes);
                 n.finished_bytes += i.done_bytes;
             }
-            Event::PullFailed { node, image, reason, .. } => self.image(&node, &image).state = ImageState::Failed { reason },
-            Event::PullCancelled { node, image, .. } => self.image(&node, &image).state = ImageState::Cancelled,
+            Event::PullFailed {
+                node,
+                image,
+                reason,
+                ..
+            } => self.image(&node, &image).state = ImageState::Failed { reason },
+            Event::PullCancelled { node, image, .. } => {
+                self.image(&node, &image).state = ImageState::Cancelled
+            }
             Event::NodeStopped { node, reason, .. } => {
                 let n = self.node(&node);
                 n.state = NodeState::Stopped { reason };
-                for i in n.images.values_mut().filter(|i| matches!(i.state, ImageState::Queued)) {
+                for i in n
+                    .images
+                    .values_mut()
+                    .filter(|i| matches!(i.state, ImageState::Queued))
+                {
                     i.state = ImageState::Skipped;
                 }
             }
-            Event::Pinned { node, method, confirmed, at } => {
+            Event::Pinned {
+                node,
+                method,
+                confirmed,
+                at,
+            } => {
                 let n = self.node(&node);
                 let took = match n.state {
                     NodeState::Pulling { since } => at.saturating_duration_since(since),
                     _ => Duration::ZERO,
                 };
-                n.state = NodeState::Pinned { method, confirmed, took };
-                for i in n.images.values_mut().filter(|i| matches!(i.state, ImageState::Pulled { .. } | ImageState::Present)) {
+                n.state = NodeState::Pinned {
+                    method,
+                    confirmed,
+                    took,
+                };
+                for i in n
+                    .images
+                    .values_mut()
+                    .filter(|i| matches!(i.state, ImageState::Pulled { .. } | ImageState::Present))
+                {
                     i.state = ImageState::Pinned { confirmed };
                 }
             }
-            Event::PinFailed { node, reason, .. } => self.node(&node).state = NodeState::PinFailed { reason },
+            Event::PinFailed { node, reason, .. } => {
+                self.node(&node).state = NodeState::PinFailed { reason }
+            }
         }
     }
 
     fn node(&mut self, node: &str) -> &mut NodeRollout {
-        self.nodes.entry(node.to_string()).or_insert_with(|| NodeRollout::new(NodeState::Waiting))
+        self.nodes
+            .entry(node.to_string())
+            .or_insert_with(|| NodeRollout::new(NodeState::Waiting))
     }
 
     fn image(&mut self, node: &str, image: &str) -> &mut ImageRollout {
@@ -237,18 +392,29 @@ impl Rollout {
 
     /// Bytes done and known total over every node.
     pub fn bytes(&self) -> (u64, u64) {
-        self.nodes.values().fold((0, 0), |(d, t), n| (d + n.done_bytes(), t + n.total_bytes()))
+        self.nodes.values().fold((0, 0), |(d, t), n| {
+            (d + n.done_bytes(), t + n.total_bytes())
+        })
     }
 
     /// Whether nothing more will happen without an operator: every node refused, stopped, pinned or failed.
     pub fn is_finished(&self) -> bool {
         !self.nodes.is_empty()
-            && self.nodes.values().all(|n| !matches!(n.state, NodeState::Waiting | NodeState::Pulling { .. }))
+            && self
+                .nodes
+                .values()
+                .all(|n| !matches!(n.state, NodeState::Waiting | NodeState::Pulling { .. }))
     }
 }
 
 fn queued() -> ImageRollout {
-    ImageRollout { state: ImageState::Queued, done_bytes: 0, total_bytes: 0, last_progress: None, retries: Vec::new() }
+    ImageRollout {
+        state: ImageState::Queued,
+        done_bytes: 0,
+        total_bytes: 0,
+        last_progress: None,
+        retries: Vec::new(),
+    }
 }
 
 #[cfg(test)]
@@ -264,21 +430,63 @@ mod tests {
         let t0 = Instant::now();
         let at = |secs: u64| t0 + Duration::from_secs(secs);
         let mut r = Rollout::default();
-        r.apply(Event::NodeStarted { node: s("n1"), images: vec![s("a"), s("b"), s("c")], at: at(0) });
-        r.apply(Event::ImagePresent { node: s("n1"), image: s("c") });
-        r.apply(Event::PullStarted { node: s("n1"), image: s("a"), attempt: 1, at: at(0) });
-        r.apply(Event::PullProgress { node: s("n1"), image: s("a"), done: 50, total: 100, at: at(1) });
+        r.apply(Event::NodeStarted {
+            node: s("n1"),
+            images: vec![s("a"), s("b"), s("c")],
+            at: at(0),
+        });
+        r.apply(Event::ImagePresent {
+            node: s("n1"),
+            image: s("c"),
+        });
+        r.apply(Event::PullStarted {
+            node: s("n1"),
+            image: s("a"),
+            attempt: 1,
+            at: at(0),
+        });
+        r.apply(Event::PullProgress {
+            node: s("n1"),
+            image: s("a"),
+            done: 50,
+            total: 100,
+            at: at(1),
+        });
         let n = &r.nodes["n1"];
         assert_eq!((n.done_bytes(), n.total_bytes()), (50, 100));
         assert_eq!(n.throughput(at(1)), Some(50.0));
         assert_eq!(n.eta(at(1)), Some(Duration::from_secs(1)));
 
-        r.apply(Event::PullProgress { node: s("n1"), image: s("a"), done: 100, total: 100, at: at(2) });
-        r.apply(Event::PullDone { node: s("n1"), image: s("a"), at: at(2) });
-        assert_eq!(r.nodes["n1"].images["a"].state, ImageState::Pulled { took: Duration::from_secs(2) });
-        assert_eq!(r.nodes["n1"].done_bytes(), 100, "finished pulls keep counting");
+        r.apply(Event::PullProgress {
+            node: s("n1"),
+            image: s("a"),
+            done: 100,
+            total: 100,
+            at: at(2),
+        });
+        r.apply(Event::PullDone {
+            node: s("n1"),
+            image: s("a"),
+            at: at(2),
+        });
+        assert_eq!(
+            r.nodes["n1"].images["a"].state,
+            ImageState::Pulled {
+                took: Duration::from_secs(2)
+            }
+        );
+        assert_eq!(
+            r.nodes["n1"].done_bytes(),
+            100,
+            "finished pulls keep counting"
+        );
 
-        r.apply(Event::PullStarted { node: s("n1"), image: s("b"), attempt: 1, at: at(2) });
+        r.apply(Event::PullStarted {
+            node: s("n1"),
+            image: s("b"),
+            attempt: 1,
+            at: at(2),
+        });
         r.apply(Event::PullRetry {
             node: s("n1"),
             image: s("b"),
@@ -288,13 +496,38 @@ mod tests {
             at: at(3),
         });
         assert_eq!(r.nodes["n1"].images["b"].retries, ["connection reset"]);
-        r.apply(Event::PullStarted { node: s("n1"), image: s("b"), attempt: 2, at: at(4) });
-        r.apply(Event::PullDone { node: s("n1"), image: s("b"), at: at(5) });
+        r.apply(Event::PullStarted {
+            node: s("n1"),
+            image: s("b"),
+            attempt: 2,
+            at: at(4),
+        });
+        r.apply(Event::PullDone {
+            node: s("n1"),
+            image: s("b"),
+            at: at(5),
+        });
         assert!(!r.is_finished());
-        r.apply(Event::Pinned { node: s("n1"), method: PinMethod::ContainerdLabel, confirmed: false, at: at(5) });
+        r.apply(Event::Pinned {
+            node: s("n1"),
+            method: PinMethod::ContainerdLabel,
+            confirmed: false,
+            at: at(5),
+        });
         let n = &r.nodes["n1"];
-        assert_eq!(n.state, NodeState::Pinned { method: PinMethod::ContainerdLabel, confirmed: false, took: at(5) - at(0) });
-        assert!(n.images.values().all(|i| i.state == ImageState::Pinned { confirmed: false }));
+        assert_eq!(
+            n.state,
+            NodeState::Pinned {
+                method: PinMethod::ContainerdLabel,
+                confirmed: false,
+                took: at(5) - at(0)
+            }
+        );
+        assert!(
+            n.images
+                .values()
+                .all(|i| i.state == ImageState::Pinned { confirmed: false })
+        );
         assert!(r.is_finished());
         assert_eq!(n.order, ["a", "b", "c"]);
     }
@@ -303,31 +536,113 @@ mod tests {
     fn a_pull_without_byte_progress_is_stalled() {
         let t0 = Instant::now();
         let mut r = Rollout::default();
-        r.apply(Event::NodeStarted { node: s("n1"), images: vec![s("a"), s("b")], at: t0 });
-        r.apply(Event::PullStarted { node: s("n1"), image: s("a"), attempt: 1, at: t0 });
-        r.apply(Event::PullStarted { node: s("n1"), image: s("b"), attempt: 1, at: t0 });
+        r.apply(Event::NodeStarted {
+            node: s("n1"),
+            images: vec![s("a"), s("b")],
+            at: t0,
+        });
+        r.apply(Event::PullStarted {
+            node: s("n1"),
+            image: s("a"),
+            attempt: 1,
+            at: t0,
+        });
+        r.apply(Event::PullStarted {
+            node: s("n1"),
+            image: s("b"),
+            attempt: 1,
+            at: t0,
+        });
         let later = t0 + Duration::from_secs(30);
-        r.apply(Event::PullProgress { node: s("n1"), image: s("b"), done: 10, total: 100, at: later });
+        r.apply(Event::PullProgress {
+            node: s("n1"),
+            image: s("b"),
+            done: 10,
+            total: 100,
+            at: later,
+        });
         // The same figure again is not progress.
-        r.apply(Event::PullProgress { node: s("n1"), image: s("b"), done: 10, total: 100, at: later + Duration::from_secs(40) });
+        r.apply(Event::PullProgress {
+            node: s("n1"),
+            image: s("b"),
+            done: 10,
+            total: 100,
+            at: later + Duration::from_secs(40),
+        });
         let n = &r.nodes["n1"];
         let minute = Duration::from_secs(60);
         assert_eq!(n.stalled(t0 + Duration::from_secs(59), minute).count(), 0);
         assert_eq!(n.stalled(t0 + minute, minute).collect::<Vec<_>>(), ["a"]);
-        assert_eq!(n.stalled(later + minute, minute).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(
+            n.stalled(later + minute, minute).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
     }
 
     #[test]
     fn refused_and_stopped_nodes_skip_what_is_left() {
         let t0 = Instant::now();
         let mut r = Rollout::default();
-        r.apply(Event::NodeRefused { node: s("small"), reason: s("plan verdict no-space") });
-        r.apply(Event::NodeStarted { node: s("n2"), images: vec![s("a"), s("b")], at: t0 });
-        r.apply(Event::PullStarted { node: s("n2"), image: s("a"), attempt: 1, at: t0 });
-        r.apply(Event::PullFailed { node: s("n2"), image: s("a"), reason: s("no space left on device"), at: t0 });
-        r.apply(Event::NodeStopped { node: s("n2"), reason: s("out of space"), at: t0 });
-        assert_eq!(r.nodes["small"].state, NodeState::Refused { reason: s("plan verdict no-space") });
+        r.apply(Event::NodeRefused {
+            node: s("small"),
+            reason: s("plan verdict no-space"),
+        });
+        r.apply(Event::NodeStarted {
+            node: s("n2"),
+            images: vec![s("a"), s("b")],
+            at: t0,
+        });
+        r.apply(Event::PullStarted {
+            node: s("n2"),
+            image: s("a"),
+            attempt: 1,
+            at: t0,
+        });
+        r.apply(Event::PullFailed {
+            node: s("n2"),
+            image: s("a"),
+            reason: s("no space left on device"),
+            at: t0,
+        });
+        r.apply(Event::NodeStopped {
+            node: s("n2"),
+            reason: s("out of space"),
+            at: t0,
+        });
+        assert_eq!(
+            r.nodes["small"].state,
+            NodeState::Refused {
+                reason: s("plan verdict no-space")
+            }
+        );
         assert_eq!(r.nodes["n2"].images["b"].state, ImageState::Skipped);
+        assert!(r.is_finished());
+
+        // An operator retry on the stopped node resumes it.
+        let later = t0 + Duration::from_secs(9);
+        r.apply(Event::PullStarted {
+            node: s("n2"),
+            image: s("a"),
+            attempt: 1,
+            at: later,
+        });
+        assert_eq!(r.nodes["n2"].state, NodeState::Pulling { since: later });
+        assert!(!r.is_finished());
+    }
+
+    #[test]
+    fn an_expected_node_keeps_the_rollout_open_until_heard_from() {
+        let mut r = Rollout::expecting(&[s("n1"), s("n2")]);
+        assert!(!r.is_finished());
+        r.apply(Event::NodeRefused {
+            node: s("n1"),
+            reason: s("no-space"),
+        });
+        assert!(!r.is_finished(), "n2 has not reported yet");
+        r.apply(Event::NodeRefused {
+            node: s("n2"),
+            reason: s("unreachable"),
+        });
         assert!(r.is_finished());
     }
 }

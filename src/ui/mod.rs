@@ -1,5 +1,22 @@
-//! How pinboard looks. Today: each status as glyph + word + theme color, shared by the headless commands'
-//! tables and the terminal UI's screens, so a status reads the same everywhere and never by color alone.
+//! How pinboard looks: each status as glyph + word + theme color, shared by the headless commands' tables
+//! and the terminal UI, so a status reads the same everywhere and never by color alone; and the terminal
+//! UI itself.
+//!
+//! The TUI is Elm-shaped: [`app::State`] holds everything the screens show, [`app::update`] folds a
+//! [`app::Msg`] into it and returns [`app::Cmd`]s (pure: no I/O, no clock), [`render::render`] draws it,
+//! and [`run::run`] connects them to the terminal and a [`run::UiBackend`].
 
+pub mod app;
+pub mod demo;
+pub mod export;
+pub mod keymap;
+pub mod live;
+pub mod render;
+pub mod run;
+mod screens;
 pub mod status;
+pub mod svg;
 pub mod theme;
+
+#[cfg(test)]
+mod tests;

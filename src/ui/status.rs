@@ -1,6 +1,7 @@
-//! Glyph and word for every status pinboard shows.
+//! Glyph and word for every status pinboard shows; the tone picks the theme color.
 
 use crate::model::plan::Verdict;
+use crate::model::rollout::{ImageState, NodeState, PinMethod};
 
 /// `✓ fits`, `! tight`, `✗ no-space`, `? unknown`.
 pub fn verdict_label(verdict: Verdict) -> String {
@@ -11,4 +12,78 @@ pub fn verdict_label(verdict: Verdict) -> String {
         Verdict::Unknown => "?",
     };
     format!("{glyph} {}", verdict.as_str())
+}
+
+/// Which theme color a rollout status takes (`[status]` keys in themes/*.toml).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tone {
+    Ok,
+    Active,
+    Warn,
+    Error,
+    Idle,
+}
+
+impl Tone {
+    pub const ALL: [Tone; 5] = [Tone::Ok, Tone::Active, Tone::Warn, Tone::Error, Tone::Idle];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Tone::Ok => "ok",
+            Tone::Active => "active",
+            Tone::Warn => "warn",
+            Tone::Error => "error",
+            Tone::Idle => "idle",
+        }
+    }
+}
+
+/// A status as shown: glyph, word and tone, never the color alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub glyph: &'static str,
+    pub word: &'static str,
+    pub tone: Tone,
+}
+
+const fn status(glyph: &'static str, word: &'static str, tone: Tone) -> Status {
+    Status { glyph, word, tone }
+}
+
+/// An image on a node; `stalled` (no byte progress for a while) only matters while pulling.
+pub fn image_status(state: &ImageState, stalled: bool) -> Status {
+    match state {
+        ImageState::Pulling { .. } if stalled => status("‖", "stalled", Tone::Warn),
+        ImageState::Queued => status("·", "queued", Tone::Idle),
+        ImageState::Present => status("=", "present", Tone::Ok),
+        ImageState::Pulling { .. } => status("↓", "pulling", Tone::Active),
+        ImageState::Retrying { .. } => status("↻", "retrying", Tone::Active),
+        ImageState::Pulled { .. } => status("●", "pulled", Tone::Ok),
+        ImageState::Pinned { .. } => status("✓", "pinned", Tone::Ok),
+        ImageState::Failed { .. } => status("✗", "failed", Tone::Error),
+        ImageState::Cancelled => status("⊘", "cancelled", Tone::Idle),
+        ImageState::Skipped => status("-", "skipped", Tone::Idle),
+    }
+}
+
+/// A node's rollout; `stalled` when any of its pulls is.
+pub fn node_status(state: &NodeState, stalled: bool) -> Status {
+    match state {
+        NodeState::Pulling { .. } if stalled => status("‖", "stalled", Tone::Warn),
+        NodeState::Waiting => status("·", "waiting", Tone::Idle),
+        NodeState::Refused { .. } => status("⊘", "refused", Tone::Warn),
+        NodeState::Pulling { .. } => status("↓", "pulling", Tone::Active),
+        NodeState::Stopped { .. } => status("■", "stopped", Tone::Error),
+        NodeState::Pinned { .. } => status("✓", "pinned", Tone::Ok),
+        NodeState::PinFailed { .. } => status("✗", "pin-failed", Tone::Error),
+    }
+}
+
+/// How a node enforces pins, as the Nodes screen names it.
+pub fn pin_method_label(method: Option<PinMethod>) -> &'static str {
+    match method {
+        Some(PinMethod::CrioDropIn) => "CRI-O drop-in",
+        Some(PinMethod::ContainerdLabel) => "containerd label",
+        None => "unknown",
+    }
 }

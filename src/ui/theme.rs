@@ -5,6 +5,33 @@ use std::collections::HashMap;
 use ratatui::style::Color;
 
 use crate::model::plan::Verdict;
+use crate::ui::status::Tone;
+
+/// Keys every theme's `[ui]` table must have.
+const UI_KEYS: [&str; 4] = ["accent", "dim", "added", "removed"];
+
+/// Colors for the screens' furniture, from a theme's `[ui]` table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Titles, the current tab, key names.
+    Accent,
+    /// Secondary text.
+    Dim,
+    /// Diff lines added / removed.
+    Added,
+    Removed,
+}
+
+impl Role {
+    fn key(self) -> &'static str {
+        match self {
+            Role::Accent => "accent",
+            Role::Dim => "dim",
+            Role::Added => "added",
+            Role::Removed => "removed",
+        }
+    }
+}
 
 const THEMES: [(&str, &str); 3] = [
     ("dark", include_str!("../../themes/dark.toml")),
@@ -16,6 +43,7 @@ const THEMES: [(&str, &str); 3] = [
 pub struct Theme {
     pub name: String,
     status: HashMap<String, Color>,
+    ui: HashMap<String, Color>,
 }
 
 impl Theme {
@@ -47,43 +75,70 @@ impl Theme {
             .and_then(|v| v.as_str())
             .ok_or("theme has no name")?
             .to_string();
-        let table = doc
-            .get("status")
-            .and_then(|v| v.as_table())
-            .ok_or("theme has no [status] table")?;
-        let mut status = HashMap::new();
-        for (key, value) in table.iter() {
-            let text = value
-                .as_str()
-                .ok_or_else(|| format!("theme {name}: status.{key} is not a string"))?;
-            let color = text
-                .parse()
-                .map_err(|_| format!("theme {name}: status.{key} = {text:?} is not a color"))?;
-            status.insert(key.to_string(), color);
-        }
-        for verdict in [
+        let status = colors(&doc, &name, "status")?;
+        let ui = colors(&doc, &name, "ui")?;
+        let verdicts = [
             Verdict::Fits,
             Verdict::Tight,
             Verdict::NoSpace,
             Verdict::Unknown,
+        ]
+        .map(Verdict::as_str);
+        let tones = Tone::ALL.map(Tone::key);
+        for (table, keys, have) in [
+            ("status", &verdicts[..], &status),
+            ("status", &tones[..], &status),
+            ("ui", &UI_KEYS[..], &ui),
         ] {
-            if !status.contains_key(verdict.as_str()) {
-                return Err(format!(
-                    "theme {name}: status.{} is missing",
-                    verdict.as_str()
-                ));
+            if let Some(key) = keys.iter().find(|k| !have.contains_key(**k)) {
+                return Err(format!("theme {name}: {table}.{key} is missing"));
             }
         }
-        Ok(Theme { name, status })
+        Ok(Theme { name, status, ui })
     }
 
     pub fn verdict(&self, verdict: Verdict) -> Color {
         self.status[verdict.as_str()]
     }
 
-    pub fn is_monochrome(&self) -> bool {
-        self.status.values().all(|c| *c == Color::Reset)
+    pub fn tone(&self, tone: Tone) -> Color {
+        self.status[tone.key()]
     }
+
+    pub fn role(&self, role: Role) -> Color {
+        self.ui[role.key()]
+    }
+
+    pub fn is_monochrome(&self) -> bool {
+        self.status
+            .values()
+            .chain(self.ui.values())
+            .all(|c| *c == Color::Reset)
+    }
+}
+
+/// A table of `key = "color"` pairs.
+fn colors(
+    doc: &toml_edit::DocumentMut,
+    name: &str,
+    table: &str,
+) -> Result<HashMap<String, Color>, String> {
+    let items = doc
+        .get(table)
+        .and_then(|v| v.as_table())
+        .ok_or_else(|| format!("theme {name} has no [{table}] table"))?;
+    items
+        .iter()
+        .map(|(key, value)| {
+            let text = value
+                .as_str()
+                .ok_or_else(|| format!("theme {name}: {table}.{key} is not a string"))?;
+            let color = text
+                .parse()
+                .map_err(|_| format!("theme {name}: {table}.{key} = {text:?} is not a color"))?;
+            Ok((key.to_string(), color))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -116,7 +171,7 @@ mod tests {
                 .contains("not a color")
         );
         assert!(
-            Theme::parse("name = \"x\"\n[status]\nfits = \"red\"\n")
+            Theme::parse("name = \"x\"\n[ui]\n[status]\nfits = \"red\"\n")
                 .unwrap_err()
                 .contains("status.tight is missing")
         );

@@ -1,0 +1,239 @@
+//! `pinboard plan`: what pre-loading image sets costs each node, as a table, JSON or YAML.
+
+use std::io::IsTerminal;
+
+use clap::Args;
+use crossterm::style::{ResetColor, SetForegroundColor};
+use ratatui::backend::IntoCrossterm;
+
+use super::{LimitArgs, Output, RegistryArgs, SetInput, TargetArgs, read_sets, registry_client};
+use crate::backend::node::DirectNode;
+use crate::error::Failure;
+use crate::model::plan::{EstimateBasis, NodePlan};
+use crate::model::units::{human, human_signed};
+use crate::survey::{Survey, survey};
+use crate::ui::status::verdict_label;
+use crate::ui::theme::Theme;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub input: SetInput,
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+pub async fn run(args: PlanArgs) -> Result<String, Failure> {
+    let sets = read_sets(&args.input, true)?;
+    let nodes: Vec<DirectNode> = args
+        .targets
+        .resolve()?
+        .into_iter()
+        .map(|t| t.node)
+        .collect();
+    let platform = args.targets.platform()?;
+    let registry = registry_client(&args.registry)?;
+    let survey = survey(
+        &nodes,
+        &sets,
+        &registry,
+        &platform,
+        args.limits.limits(),
+        args.targets.timeout(),
+    )
+    .await
+    .map_err(Failure::from)?;
+    render(&survey, args.output)
+}
+
+fn render(survey: &Survey, output: Output) -> Result<String, Failure> {
+    match output {
+        Output::Json => Ok(serde_json::to_string_pretty(survey).expect("survey serializes") + "\n"),
+        Output::Yaml => serde_saphyr::to_string(survey)
+            .map_err(|e| Failure::bad_input(format!("cannot write YAML: {e}"))),
+        Output::Table => {
+            let theme = std::io::stdout().is_terminal().then(Theme::from_env);
+            Ok(plan_table(survey, theme.as_ref()))
+        }
+    }
+}
+
+fn or_unknown(value: Option<u64>) -> String {
+    value.map_or_else(|| "unknown".into(), human)
+}
+
+/// The human table: one row per node, then each node's reasons, then the image × node presence matrix.
+/// With a theme (stdout is a terminal), verdicts are also colored.
+pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
+    let headers = [
+        "NODE",
+        "RUNTIME",
+        "CAPACITY",
+        "AVAILABLE",
+        "PRESENT",
+        "FETCH",
+        "EST. DISK",
+        "AFTER",
+        "VERDICT",
+    ];
+    let verdict_column = headers.len() - 1;
+    let rows: Vec<Vec<String>> = survey.nodes.iter().map(node_row).collect();
+    let paint = |row: usize, column: usize, text: &str| match theme {
+        Some(theme) if column == verdict_column && !theme.is_monochrome() => {
+            let color = theme.verdict(survey.nodes[row].verdict).into_crossterm();
+            format!("{}{text}{}", SetForegroundColor(color), ResetColor)
+        }
+        _ => text.to_string(),
+    };
+    let mut out = table(&headers.map(String::from), &rows, &paint);
+    let sets: Vec<String> = survey
+        .sets
+        .iter()
+        .map(|s| format!("{} ({} images)", s.name, s.images))
+        .collect();
+    out.push_str(&format!(
+        "\nsets: {}; floor {} (--min-free), GC high threshold {}% (--gc-high-percent); est. disk is uncompressed \
+         size where the image states it, else 2x compressed\n",
+        sets.join(", "),
+        human(survey.min_free_bytes),
+        survey.gc_high_percent
+    ));
+    for node in survey.nodes.iter().filter(|n| !n.reasons.is_empty()) {
+        out.push_str(&format!("\n{}:\n", node.node));
+        for reason in &node.reasons {
+            out.push_str(&format!("  - {reason}\n"));
+        }
+    }
+    if let Some(first) = survey.nodes.first() {
+        let mut headers = vec!["IMAGE".to_string(), "LAZY".to_string()];
+        headers.extend(survey.nodes.iter().map(|n| n.node.clone()));
+        let rows: Vec<Vec<String>> = first
+            .images
+            .iter()
+            .enumerate()
+            .map(|(i, image)| {
+                let mut row = vec![
+                    short_reference(&image.reference),
+                    image.lazy_format.to_string(),
+                ];
+                row.extend(survey.nodes.iter().map(|n| match n.images[i].present {
+                    Some(true) => "✓ present".to_string(),
+                    Some(false) => format!("↓ {}", human(n.images[i].fetch_bytes)),
+                    None => "? unknown".to_string(),
+                }));
+                row
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&headers, &rows, &|_, _, text| text.to_string()));
+    }
+    out
+}
+
+fn node_row(node: &NodePlan) -> Vec<String> {
+    let present = node
+        .images
+        .iter()
+        .filter(|i| i.present == Some(true))
+        .count();
+    let basis = match node.estimate_basis {
+        EstimateBasis::TwiceCompressed => " (2x)",
+        EstimateBasis::Mixed => " (mixed)",
+        _ => "",
+    };
+    vec![
+        node.node.clone(),
+        node.runtime.clone().unwrap_or_else(|| "unreachable".into()),
+        or_unknown(node.capacity_bytes),
+        or_unknown(node.available_bytes),
+        format!("{present}/{}", node.images.len()),
+        human(node.fetch_bytes),
+        format!("{}{basis}", human(node.estimated_disk_bytes)),
+        node.available_after_bytes
+            .map_or_else(|| "unknown".into(), human_signed),
+        verdict_label(node.verdict),
+    ]
+}
+
+/// `host/name@sha256:0123456789ab…`: long enough to tell images apart, short enough for a table.
+fn short_reference(reference: &str) -> String {
+    match reference.split_once("@sha256:") {
+        Some((name, hex)) if hex.len() > 12 => format!("{name}@sha256:{}…", &hex[..12]),
+        _ => reference.to_string(),
+    }
+}
+
+/// Left-aligned columns separated by two spaces; widths by characters, not bytes. `paint(row, column, text)`
+/// may decorate a body cell (e.g. color it) without changing its width.
+fn table(
+    headers: &[String],
+    rows: &[Vec<String>],
+    paint: &dyn Fn(usize, usize, &str) -> String,
+) -> String {
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .chain([headers[i].chars().count()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..headers.len()).map(width).collect();
+    let line = |cells: &[String], painted: &dyn Fn(usize, &str) -> String| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(column, (cell, w))| {
+                painted(column, cell) + &" ".repeat(w - cell.chars().count())
+            })
+            .collect();
+        padded.join("  ").trim_end().to_string() + "\n"
+    };
+    std::iter::once(line(headers, &|_, text| text.to_string()))
+        .chain(
+            rows.iter()
+                .enumerate()
+                .map(|(row, cells)| line(cells, &|column, text| paint(row, column, text))),
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_by_characters() {
+        let rows = [
+            vec!["✓ fits".into(), "x".into()],
+            vec!["?".into(), "yy".into()],
+        ];
+        let t = table(&["A".into(), "B".into()], &rows, &|_, _, text| {
+            text.to_string()
+        });
+        assert_eq!(t, "A       B\n✓ fits  x\n?       yy\n");
+        let painted = table(&["A".into(), "B".into()], &rows, &|row, column, text| {
+            if (row, column) == (1, 0) {
+                format!("<{text}>")
+            } else {
+                text.to_string()
+            }
+        });
+        assert_eq!(
+            painted, "A       B\n✓ fits  x\n<?>       yy\n",
+            "decoration does not shift columns"
+        );
+    }
+
+    #[test]
+    fn short_references_keep_twelve_hex_digits() {
+        let r = format!("quay.io/a@sha256:{}", "0123456789abcdef".repeat(4));
+        assert_eq!(short_reference(&r), "quay.io/a@sha256:0123456789ab…");
+    }
+}

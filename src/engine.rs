@@ -1,0 +1,1021 @@
+//! The rollout engine: pre-load a plan's images on every node, then pin them, reporting each step as a
+//! [`model::rollout::Event`](crate::model::rollout::Event) for the TUI and the headless commands to fold.
+//!
+//! Per node, as the OpenShift daemon does but faster and watchable: nodes run independently; a node whose
+//! plan says no-space is refused unless forced; images already present are skipped; pulls run `parallel`
+//! at a time through CRI PullImage with the image's registry credential, retried with exponential backoff
+//! (never a fixed sleep after a pull) unless the error is permanent, and each is confirmed with ImageStatus.
+//! "No space left on device" stops the node's remaining pulls. Pins are written only after every pull of
+//! the node succeeded, so that image GC can still reclaim space if something fails, then read back.
+//! Operators can cancel and retry single pulls while it runs ([`Control`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt as _, stream};
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::task::{AbortHandle, JoinHandle, JoinSet};
+
+use crate::backend::credentials::{Credential, Credentials};
+use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
+use crate::backend::node::DirectNode;
+use crate::backend::pins::{self, CRIO_CONFIG_DIR, Reload};
+use crate::backend::progress::{self, Tracker};
+use crate::backend::proto::cri::{AuthConfig, Image};
+use crate::model::image::ImageFacts;
+use crate::model::plan::{NodePlan, Verdict};
+use crate::model::reference::ImageRef;
+use crate::model::rollout::{Event, PinMethod, Rollout};
+
+/// How many ImageStatus calls run at once when checking what a node has.
+const STATUS_CONCURRENCY: usize = 16;
+
+/// How the engine runs. [`Default`] is the OpenShift daemon's schedule, minus its sleep after each pull.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Pulls at once per node.
+    pub parallel: usize,
+    /// Tries per image, the first included.
+    pub attempts: u32,
+    /// Wait before the first retry, doubled for each further one up to `backoff_max`.
+    pub backoff_start: Duration,
+    pub backoff_max: Duration,
+    /// Deadline of one PullImage call.
+    pub pull_timeout: Duration,
+    /// How often byte progress is polled on containerd nodes.
+    pub progress_interval: Duration,
+    /// Start nodes whose plan verdict is no-space.
+    pub force: bool,
+    /// Pull and write nothing: every node is refused.
+    pub readonly: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            parallel: 5,
+            attempts: 5,
+            backoff_start: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(10),
+            pull_timeout: Duration::from_secs(30 * 60),
+            progress_interval: Duration::from_millis(500),
+            force: false,
+            readonly: false,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The wait after failed attempt `attempt` (1-based): 1, 2, 4, 8, 10, 10... seconds by default.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(attempt.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.backoff_start
+            .checked_mul(factor)
+            .map_or(self.backoff_max, |b| b.min(self.backoff_max))
+    }
+}
+
+/// How a node's pins are written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PinTarget {
+    /// From the runtime's name: containerd -> label, cri-o -> the drop-in in /etc/crio/crio.conf.d and
+    /// `systemctl reload crio`.
+    Detect,
+    /// The drop-in in `config_dir` on the machine pinboard runs on (the node itself), then `reload`. The
+    /// plan's images are added to the pins the file lists already.
+    CrioDropIn {
+        config_dir: PathBuf,
+        reload: Reload,
+    },
+    ContainerdLabel,
+}
+
+/// One node to roll out: where it is, its plan from the survey (verdict and images, in order), and how to
+/// pin.
+#[derive(Clone, Debug)]
+pub struct NodeJob {
+    pub node: DirectNode,
+    pub plan: NodePlan,
+    pub pin: PinTarget,
+}
+
+/// What an operator can do while the engine runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Pull the image again on that node: after a failure or cancel, or now if it is running (stalled).
+    Retry { node: String, image: String },
+    /// Abort that pull (or drop it from the queue).
+    Cancel { node: String, image: String },
+    /// Abort every pull on every node; nothing is pinned afterwards.
+    CancelAll,
+}
+
+impl Control {
+    /// The node it is for; None: every node.
+    fn node(&self) -> Option<&str> {
+        match self {
+            Control::Retry { node, .. } | Control::Cancel { node, .. } => Some(node),
+            Control::CancelAll => None,
+        }
+    }
+}
+
+/// A running rollout. Events end (the receiver yields None) when every node is done; keep `control` open
+/// to be able to retry failed pulls after a node settles, drop it to let nodes with failures finish.
+pub struct Engine {
+    pub events: UnboundedReceiver<Event>,
+    pub control: UnboundedSender<Control>,
+    task: JoinHandle<()>,
+}
+
+/// Starts rolling out `jobs` on the current tokio runtime. `images` has each reference's facts (blobs and
+/// sizes, for byte progress); an image without facts is pulled without progress.
+pub fn start(
+    jobs: Vec<NodeJob>,
+    images: Arc<HashMap<String, ImageFacts>>,
+    credentials: Arc<Credentials>,
+    config: EngineConfig,
+) -> Engine {
+    let (events, events_rx) = mpsc::unbounded_channel();
+    let (control, control_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        images,
+        credentials,
+        config,
+        events,
+    });
+    Engine {
+        events: events_rx,
+        control,
+        task: tokio::spawn(supervise(jobs, shared, control_rx)),
+    }
+}
+
+/// Runs the engine to its end without an operator (the headless `apply`), folding every event.
+pub async fn run_to_end(engine: Engine) -> Rollout {
+    let Engine {
+        mut events,
+        control,
+        task,
+    } = engine;
+    // No one will retry: nodes with failures finish instead of waiting.
+    drop(control);
+    let mut rollout = Rollout::default();
+    while let Some(event) = events.recv().await {
+        rollout.apply(event);
+    }
+    let _ = task.await;
+    rollout
+}
+
+struct Shared {
+    images: Arc<HashMap<String, ImageFacts>>,
+    credentials: Arc<Credentials>,
+    config: EngineConfig,
+    events: UnboundedSender<Event>,
+}
+
+impl Shared {
+    fn emit(&self, event: Event) {
+        // The receiver gone means no one is watching; the rollout itself carries on.
+        let _ = self.events.send(event);
+    }
+}
+
+/// Starts every node and routes operator controls to them until all are done.
+async fn supervise(
+    jobs: Vec<NodeJob>,
+    shared: Arc<Shared>,
+    mut control: UnboundedReceiver<Control>,
+) {
+    if shared.config.readonly {
+        for job in jobs {
+            shared.emit(Event::NodeRefused {
+                node: job.node.name,
+                reason: "read-only mode: nothing is pulled or pinned (started with --readonly)"
+                    .into(),
+            });
+        }
+        return;
+    }
+    let mut nodes = JoinSet::new();
+    let mut names = HashMap::new();
+    let mut routes = HashMap::new();
+    for job in jobs {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let name = job.node.name.clone();
+        routes.insert(name.clone(), tx);
+        let handle = nodes.spawn(run_node(job, Arc::clone(&shared), rx));
+        names.insert(handle.id(), name);
+    }
+    let mut open = true;
+    loop {
+        tokio::select! {
+            joined = nodes.join_next_with_id() => match joined {
+                None => break,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    let node = names.get(&e.id()).cloned().unwrap_or_default();
+                    tracing::error!(node, error = %e, "node task failed");
+                    let reason = format!("internal error: {e}");
+                    shared.emit(Event::NodeStopped { node, reason, at: Instant::now() });
+                }
+            },
+            message = control.recv(), if open => match message {
+                // Nodes waiting for a retry now finish.
+                None => {
+                    open = false;
+                    routes.clear();
+                }
+                Some(m) => route(&routes, &m),
+            },
+        }
+    }
+}
+
+fn route(routes: &HashMap<String, UnboundedSender<Control>>, message: &Control) {
+    for (node, tx) in routes {
+        if message.node().is_none_or(|n| n == node) {
+            // A node already done has dropped its receiver: nothing left to control there.
+            let _ = tx.send(message.clone());
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Queued,
+    Running,
+    /// Present before, or pulled and confirmed.
+    Ok,
+    Failed,
+    Cancelled,
+}
+
+/// Why a pull gave up.
+struct Failure {
+    reason: String,
+    no_space: bool,
+}
+
+async fn run_node(job: NodeJob, shared: Arc<Shared>, mut control: UnboundedReceiver<Control>) {
+    let name = job.node.name.clone();
+    let refuse = |reason: String| {
+        shared.emit(Event::NodeRefused {
+            node: name.clone(),
+            reason,
+        })
+    };
+    if job.plan.verdict == Verdict::NoSpace && !shared.config.force {
+        return refuse(format!(
+            "plan verdict no-space: {} (force to pull anyway)",
+            job.plan.reasons.join("; ")
+        ));
+    }
+    let connected = async {
+        let client = CriClient::connect(&job.node.endpoint, DEFAULT_TIMEOUT).await?;
+        let runtime = client.version().await?.runtime_name;
+        Ok::<_, CriError>((client, runtime))
+    };
+    let (client, runtime) = match connected.await {
+        Ok(c) => c,
+        Err(e) => return refuse(e.to_string()),
+    };
+    let order: Vec<String> = job
+        .plan
+        .images
+        .iter()
+        .map(|i| i.reference.clone())
+        .collect();
+    let statuses = image_statuses(&client, &order).await;
+    let mut node = NodeRun {
+        name: name.clone(),
+        client,
+        progress: runtime == "containerd",
+        runtime,
+        shared: Arc::clone(&shared),
+        status: HashMap::new(),
+        queue: VecDeque::new(),
+        tracker: Tracker::new([]),
+        totals: HashMap::new(),
+        sent: HashMap::new(),
+    };
+    let mut present = Vec::new();
+    for (image, status) in order.iter().zip(statuses) {
+        match status {
+            Ok(Some(_)) => present.push(image),
+            Ok(None) => node.queue.push_back(image.clone()),
+            Err(e) => return refuse(e.to_string()),
+        }
+    }
+    shared.emit(Event::NodeStarted {
+        node: name.clone(),
+        images: order.clone(),
+        at: Instant::now(),
+    });
+    for image in present {
+        node.status.insert(image.clone(), Status::Ok);
+        if let Some(facts) = shared.images.get(image) {
+            node.tracker.add_present(facts);
+        }
+        shared.emit(Event::ImagePresent {
+            node: name.clone(),
+            image: image.clone(),
+        });
+    }
+    for image in &node.queue {
+        node.status.insert(image.clone(), Status::Queued);
+    }
+    if node.pull_all(&mut control).await {
+        node.pin(job.pin, order).await;
+    }
+}
+
+/// One node's rollout state.
+struct NodeRun {
+    name: String,
+    client: CriClient,
+    runtime: String,
+    /// Whether byte progress can be polled (containerd).
+    progress: bool,
+    shared: Arc<Shared>,
+    status: HashMap<String, Status>,
+    queue: VecDeque<String>,
+    tracker: Tracker,
+    /// Bytes to fetch per tracked pull.
+    totals: HashMap<String, u64>,
+    /// The last progress figure sent per image, to send only changes.
+    sent: HashMap<String, u64>,
+}
+
+/// Where a node's pulling stands.
+#[derive(Default)]
+struct Flow {
+    /// Out of space: start nothing more until an operator retries.
+    stopped: bool,
+    /// NodeStopped was sent for the current stop.
+    stop_reported: bool,
+    cancelled_all: bool,
+    control_open: bool,
+}
+
+/// The pulls running on a node.
+#[derive(Default)]
+struct Running {
+    tasks: JoinSet<Result<(), Failure>>,
+    images: HashMap<tokio::task::Id, String>,
+    aborts: HashMap<String, AbortHandle>,
+    /// Aborted to be started again (a retry of a running pull).
+    requeue: Vec<String>,
+}
+
+impl NodeRun {
+    fn emit(&self, event: Event) {
+        self.shared.emit(event);
+    }
+
+    /// Pulls until every image is pulled (true: pin now) or the node settles with failures and no retry
+    /// can come (false).
+    async fn pull_all(&mut self, control: &mut UnboundedReceiver<Control>) -> bool {
+        let parallel = self.shared.config.parallel.max(1);
+        let mut running = Running::default();
+        let mut flow = Flow {
+            control_open: true,
+            ..Flow::default()
+        };
+        let mut tick = tokio::time::interval(self.shared.config.progress_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            while !flow.stopped && running.aborts.len() < parallel {
+                let Some(image) = self.queue.pop_front() else {
+                    break;
+                };
+                self.spawn_pull(&mut running, image);
+            }
+            if running.aborts.is_empty() {
+                if self.status.values().all(|s| *s == Status::Ok) {
+                    return true;
+                }
+                if !flow.stop_reported {
+                    flow.stop_reported = true;
+                    self.stop(self.unpinned_reason(flow.cancelled_all));
+                }
+                if flow.cancelled_all || !flow.control_open {
+                    return false;
+                }
+            }
+            tokio::select! {
+                Some(joined) = running.tasks.join_next_with_id() => {
+                    self.joined(&mut running, &mut flow, joined);
+                }
+                message = control.recv(), if flow.control_open => {
+                    self.control(&mut running, &mut flow, message);
+                }
+                _ = tick.tick(), if self.progress && !self.tracker.is_empty() => {
+                    self.poll_progress().await;
+                }
+            }
+        }
+    }
+
+    fn unpinned_reason(&self, cancelled_all: bool) -> String {
+        if cancelled_all {
+            return "cancelled: nothing pinned".into();
+        }
+        let bad = self.status.values().filter(|s| **s != Status::Ok).count();
+        format!(
+            "not pinned: {bad} of {} image(s) failed or were cancelled; \
+             pins are written only after every pull succeeded",
+            self.status.len()
+        )
+    }
+
+    fn stop(&self, reason: String) {
+        self.emit(Event::NodeStopped {
+            node: self.name.clone(),
+            reason,
+            at: Instant::now(),
+        });
+    }
+
+    /// A pull task ended: pulled, failed or aborted.
+    fn joined(
+        &mut self,
+        running: &mut Running,
+        flow: &mut Flow,
+        joined: Result<(tokio::task::Id, Result<(), Failure>), tokio::task::JoinError>,
+    ) {
+        let (id, outcome) = match joined {
+            Ok((id, outcome)) => (id, Some(outcome)),
+            Err(e) if e.is_cancelled() => (e.id(), None),
+            Err(e) => {
+                let reason = format!("internal error: {e}");
+                (
+                    e.id(),
+                    Some(Err(Failure {
+                        reason,
+                        no_space: false,
+                    })),
+                )
+            }
+        };
+        let image = running.images.remove(&id).expect("every task is named");
+        running.aborts.remove(&image);
+        self.tracker.untrack(&image);
+        match outcome {
+            Some(Ok(())) => self.pulled(&image),
+            Some(Err(Failure { reason, no_space })) => {
+                self.status.insert(image.clone(), Status::Failed);
+                self.emit(Event::PullFailed {
+                    node: self.name.clone(),
+                    image,
+                    reason: reason.clone(),
+                    at: Instant::now(),
+                });
+                if no_space && !flow.stopped {
+                    (flow.stopped, flow.stop_reported) = (true, true);
+                    self.stop(format!(
+                        "node {}: the image filesystem is full (no space left on device); \
+                         its remaining pulls are stopped: {reason}",
+                        self.name
+                    ));
+                }
+            }
+            None => {
+                if let Some(i) = running.requeue.iter().position(|r| *r == image) {
+                    running.requeue.swap_remove(i);
+                    self.cancelled(image.clone());
+                    self.status.insert(image.clone(), Status::Queued);
+                    self.queue.push_front(image);
+                } else {
+                    self.cancelled(image);
+                }
+            }
+        }
+    }
+
+    fn control(&mut self, running: &mut Running, flow: &mut Flow, message: Option<Control>) {
+        match message {
+            None => flow.control_open = false,
+            Some(Control::CancelAll) => {
+                flow.cancelled_all = true;
+                running.aborts.values().for_each(AbortHandle::abort);
+                running.requeue.clear();
+                for image in std::mem::take(&mut self.queue) {
+                    self.cancelled(image);
+                }
+            }
+            Some(Control::Cancel { image, .. }) => {
+                if let Some(abort) = running.aborts.get(&image) {
+                    abort.abort();
+                } else if let Some(i) = self.queue.iter().position(|q| *q == image) {
+                    self.queue.remove(i);
+                    self.cancelled(image);
+                }
+            }
+            Some(Control::Retry { image, .. }) => {
+                let retryable = matches!(
+                    self.status.get(&image),
+                    Some(Status::Failed | Status::Cancelled)
+                );
+                if let Some(abort) = running.aborts.get(&image) {
+                    abort.abort();
+                    running.requeue.push(image);
+                } else if retryable && !flow.cancelled_all {
+                    self.status.insert(image.clone(), Status::Queued);
+                    self.queue.push_back(image);
+                    // An operator retrying after the node stopped (e.g. after freeing space) resumes it.
+                    (flow.stopped, flow.stop_reported) = (false, false);
+                }
+            }
+        }
+    }
+
+    fn cancelled(&mut self, image: String) {
+        self.status.insert(image.clone(), Status::Cancelled);
+        self.emit(Event::PullCancelled {
+            node: self.name.clone(),
+            image,
+            at: Instant::now(),
+        });
+    }
+
+    fn spawn_pull(&mut self, running: &mut Running, image: String) {
+        self.status.insert(image.clone(), Status::Running);
+        if self.progress
+            && let Some(facts) = self.shared.images.get(&image)
+        {
+            let total = self.tracker.track(&image, facts);
+            self.totals.insert(image.clone(), total);
+            self.sent.remove(&image);
+        }
+        let handle = running.tasks.spawn(pull(
+            self.client.clone(),
+            self.name.clone(),
+            image.clone(),
+            Arc::clone(&self.shared),
+        ));
+        running.images.insert(handle.id(), image.clone());
+        running.aborts.insert(image, handle);
+    }
+
+    /// A confirmed pull: its last progress figure is its total, and its blobs are on the node now.
+    fn pulled(&mut self, image: &str) {
+        let at = Instant::now();
+        if let Some(&total) = self.totals.get(image).filter(|t| **t > 0) {
+            self.emit(Event::PullProgress {
+                node: self.name.clone(),
+                image: image.into(),
+                done: total,
+                total,
+                at,
+            });
+        }
+        if let Some(facts) = self.shared.images.get(image) {
+            self.tracker.add_present(facts);
+        }
+        self.status.insert(image.into(), Status::Ok);
+        self.emit(Event::PullDone {
+            node: self.name.clone(),
+            image: image.into(),
+            at,
+        });
+    }
+
+    async fn poll_progress(&mut self) {
+        let listed = tokio::time::timeout(
+            DEFAULT_TIMEOUT,
+            progress::list_ingests(self.client.channel()),
+        )
+        .await;
+        let ingests = match listed {
+            Ok(Ok(ingests)) => ingests,
+            // Progress is a nicety: a failed poll is tried again at the next tick.
+            Ok(Err(e)) => {
+                return tracing::debug!(node = self.name, error = %e, "ListStatuses failed");
+            }
+            Err(_) => return tracing::debug!(node = self.name, "ListStatuses timed out"),
+        };
+        let at = Instant::now();
+        for (image, bytes) in self.tracker.update(&ingests) {
+            if self.sent.insert(image.clone(), bytes.done) != Some(bytes.done) {
+                self.shared.emit(Event::PullProgress {
+                    node: self.name.clone(),
+                    image,
+                    done: bytes.done,
+                    total: bytes.total,
+                    at,
+                });
+            }
+        }
+    }
+
+    /// Writes and verifies the pins for every image of the plan (all present now).
+    async fn pin(&self, target: PinTarget, images: Vec<String>) {
+        let outcome = match self.resolve(target) {
+            Ok(PinTarget::CrioDropIn { config_dir, reload }) => self
+                .drop_in(config_dir, reload, &images)
+                .await
+                .map(|confirmed| (PinMethod::CrioDropIn, confirmed)),
+            Ok(_) => self
+                .label(&images)
+                .await
+                .map(|confirmed| (PinMethod::ContainerdLabel, confirmed)),
+            Err(e) => Err(e),
+        };
+        let at = Instant::now();
+        let node = self.name.clone();
+        self.emit(match outcome {
+            Ok((method, confirmed)) => Event::Pinned {
+                node,
+                method,
+                confirmed,
+                at,
+            },
+            Err(reason) => Event::PinFailed { node, reason, at },
+        });
+    }
+
+    /// The target with `Detect` decided from the runtime's name.
+    fn resolve(&self, target: PinTarget) -> Result<PinTarget, String> {
+        if target != PinTarget::Detect {
+            return Ok(target);
+        }
+        match self.runtime.as_str() {
+            "containerd" => Ok(PinTarget::ContainerdLabel),
+            // The drop-in is a file on the node: only writable when pinboard runs there.
+            "cri-o" if !self.client.endpoint().is_local() => Err(format!(
+                "CRI-O at {}: its pin drop-in can only be written on the node itself",
+                self.client.endpoint()
+            )),
+            "cri-o" => Ok(PinTarget::CrioDropIn {
+                config_dir: CRIO_CONFIG_DIR.into(),
+                reload: Reload::Systemctl,
+            }),
+            other => Err(format!(
+                "runtime {other:?}: pinboard pins only on containerd and CRI-O"
+            )),
+        }
+    }
+
+    /// Labels every image; whether CRI confirms them all.
+    async fn label(&self, images: &[String]) -> Result<bool, String> {
+        let mut confirmed = true;
+        for image in images {
+            let labelled = pins::label_containerd(&self.client, image, true)
+                .await
+                .map_err(|e| format!("labelling {image}: {e}"))?;
+            confirmed &= labelled.confirmed;
+        }
+        Ok(confirmed)
+    }
+
+    async fn drop_in(
+        &self,
+        dir: PathBuf,
+        reload: Reload,
+        images: &[String],
+    ) -> Result<bool, String> {
+        let pins = images.to_vec();
+        let written = tokio::task::spawn_blocking(move || {
+            // Added to what is pinned already: applying one set must not unpin another.
+            let mut all = pins::read_crio_pins(&dir)?;
+            all.extend(pins.iter().cloned());
+            if pins::write_crio_pins(&dir, &all)? {
+                pins::reload_crio(&reload)?;
+            }
+            let back = pins::read_crio_pins(&dir)?;
+            Ok::<_, pins::PinError>(
+                pins.iter()
+                    .filter(|p| !back.contains(p))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .await
+        .map_err(|e| format!("writing the CRI-O drop-in: {e}"))?;
+        let missing = written.map_err(|e| e.to_string())?;
+        if !missing.is_empty() {
+            return Err(format!(
+                "the CRI-O drop-in does not list {} after writing it",
+                missing.join(", ")
+            ));
+        }
+        Ok(self.reported_pinned(images).await)
+    }
+
+    /// Whether the runtime reports every image pinned (CRI `Image.pinned`). CRI-O applies a reload
+    /// asynchronously, so it is asked a few times.
+    async fn reported_pinned(&self, images: &[String]) -> bool {
+        let tries = if self.runtime == "cri-o" { 10 } else { 1 };
+        for attempt in 1..=tries {
+            let statuses = image_statuses(&self.client, images).await;
+            if statuses
+                .iter()
+                .all(|s| matches!(s, Ok(Some(i)) if i.pinned))
+            {
+                return true;
+            }
+            if attempt < tries {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        false
+    }
+}
+
+/// ImageStatus of each image, in order, a few at a time.
+async fn image_statuses(
+    client: &CriClient,
+    images: &[String],
+) -> Vec<Result<Option<Image>, CriError>> {
+    stream::iter(images.to_vec())
+        .map(|image| {
+            let client = client.clone();
+            async move { client.image_status(&image).await }
+        })
+        .buffered(STATUS_CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// Pulls one image with retries; every success is confirmed with ImageStatus.
+async fn pull(
+    client: CriClient,
+    node: String,
+    image: String,
+    shared: Arc<Shared>,
+) -> Result<(), Failure> {
+    let credentials = Arc::clone(&shared.credentials);
+    let reference = image.clone();
+    // A credential helper may run: off the async threads.
+    let auth = tokio::task::spawn_blocking(move || auth_config(&credentials, &reference))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(|reason| Failure {
+            reason,
+            no_space: false,
+        })?;
+    let config = &shared.config;
+    let mut attempt = 1;
+    loop {
+        shared.emit(Event::PullStarted {
+            node: node.clone(),
+            image: image.clone(),
+            attempt,
+            at: Instant::now(),
+        });
+        let reason = match client
+            .pull_image(&image, auth.clone(), config.pull_timeout)
+            .await
+        {
+            Ok(_) => match client.image_status(&image).await {
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) => {
+                    "the pull reported success but ImageStatus does not show the image".to_string()
+                }
+                Err(e) => format!("confirming the pull: {e}"),
+            },
+            Err(e) => e.to_string(),
+        };
+        let kind = classify(&reason);
+        if kind != Kind::Transient || attempt >= config.attempts {
+            let reason = if kind == Kind::Transient && attempt > 1 {
+                format!("{reason} (gave up after {attempt} attempts)")
+            } else {
+                reason
+            };
+            return Err(Failure {
+                reason,
+                no_space: kind == Kind::NoSpace,
+            });
+        }
+        let backoff = config.backoff(attempt);
+        tracing::info!(
+            node,
+            image,
+            attempt,
+            reason,
+            ?backoff,
+            "pull failed; retrying"
+        );
+        shared.emit(Event::PullRetry {
+            node: node.clone(),
+            image: image.clone(),
+            attempt,
+            reason,
+            backoff,
+            at: Instant::now(),
+        });
+        tokio::time::sleep(backoff).await;
+        attempt += 1;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Transient,
+    /// Retrying cannot help: a missing image, a refused credential.
+    Permanent,
+    NoSpace,
+}
+
+fn classify(reason: &str) -> Kind {
+    let lower = reason.to_lowercase();
+    if lower.contains("no space left on device") {
+        Kind::NoSpace
+    } else if [
+        "not found",
+        "manifest unknown",
+        "unauthorized",
+        "denied",
+        "forbidden",
+        "invalid reference",
+    ]
+    .iter()
+    .any(|p| lower.contains(p))
+    {
+        Kind::Permanent
+    } else {
+        Kind::Transient
+    }
+}
+
+/// The image's registry credential in CRI's form (None: anonymous).
+fn auth_config(credentials: &Credentials, image: &str) -> Result<Option<AuthConfig>, String> {
+    let reference = ImageRef::parse(image)?;
+    let found = credentials
+        .lookup(&reference.registry, &reference.repository)
+        .map_err(|e| e.to_string())?;
+    let server_address = reference.registry;
+    Ok(match found.map(|f| f.credential) {
+        None | Some(Credential::Anonymous) => None,
+        Some(Credential::Basic { username, password }) => Some(AuthConfig {
+            username,
+            password,
+            server_address,
+            ..AuthConfig::default()
+        }),
+        Some(Credential::IdentityToken(identity_token)) => Some(AuthConfig {
+            identity_token,
+            server_address,
+            ..AuthConfig::default()
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::rollout::NodeState;
+
+    #[test]
+    fn backoff_doubles_from_one_second_to_ten() {
+        let config = EngineConfig::default();
+        let schedule: Vec<u64> = (1..=6).map(|a| config.backoff(a).as_secs()).collect();
+        assert_eq!(schedule, [1, 2, 4, 8, 10, 10]);
+        assert_eq!(config.backoff(200), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn errors_are_classified_for_retries() {
+        let cri = |cause: &str| format!("CRI endpoint unix:///s: PullImage: {cause} (Unknown)");
+        assert_eq!(
+            classify(&cri(
+                "failed to pull and unpack image: failed to copy: write /x/ingest/data: no space left on device"
+            )),
+            Kind::NoSpace
+        );
+        assert_eq!(
+            classify(&cri(
+                "failed to resolve reference \"r@sha256:1\": r@sha256:1: not found"
+            )),
+            Kind::Permanent
+        );
+        assert_eq!(
+            classify(&cri("pulling from host r: 401 Unauthorized")),
+            Kind::Permanent
+        );
+        assert_eq!(
+            classify(&cri("read tcp: connection reset by peer")),
+            Kind::Transient
+        );
+        assert_eq!(
+            classify("CRI endpoint unix:///s: PullImage: no answer within 5s"),
+            Kind::Transient
+        );
+    }
+
+    #[test]
+    fn credentials_become_cri_auth_and_anonymous_none() {
+        let credentials = Credentials::from_text(
+            "/auth.json",
+            r#"{"auths": {"quay.io": {"auth": "dTpw"}, "ghcr.io": {"identitytoken": "tok"}}}"#,
+        )
+        .unwrap();
+        let basic = auth_config(&credentials, "quay.io/org/app@sha256:1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                basic.username.as_str(),
+                basic.password.as_str(),
+                basic.server_address.as_str()
+            ),
+            ("u", "p", "quay.io")
+        );
+        let token = auth_config(&credentials, "ghcr.io/org/app:1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (token.identity_token.as_str(), token.username.as_str()),
+            ("tok", "")
+        );
+        assert_eq!(
+            auth_config(&credentials, "registry.example.com/app:1").unwrap(),
+            None
+        );
+    }
+
+    fn job(name: &str, endpoint: &str, verdict: &str) -> NodeJob {
+        let plan = serde_json::from_value(serde_json::json!({
+            "node": name, "runtime": null, "capacityBytes": null, "usedBytes": null, "availableBytes": null,
+            "fetchBytes": 0, "estimatedDiskBytes": 0, "estimateBasis": "nothing", "availableAfterBytes": null,
+            "verdict": verdict, "reasons": ["needs 1 GiB more"], "images": []
+        }))
+        .unwrap();
+        let endpoint = endpoint.parse().unwrap();
+        NodeJob {
+            node: DirectNode {
+                name: name.into(),
+                endpoint,
+            },
+            plan,
+            pin: PinTarget::Detect,
+        }
+    }
+
+    async fn refusals(jobs: Vec<NodeJob>, config: EngineConfig) -> Vec<(String, String)> {
+        let rollout = run_to_end(start(
+            jobs,
+            Arc::default(),
+            Arc::new(Credentials::none()),
+            config,
+        ))
+        .await;
+        rollout
+            .nodes
+            .into_iter()
+            .map(|(node, n)| match n.state {
+                NodeState::Refused { reason } => (node, reason),
+                other => panic!("{node}: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn nodes_are_refused_when_readonly_full_or_unreachable() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = format!("{}/none.sock", dir.path().display());
+        let jobs = || {
+            vec![
+                job("full", &socket, "no-space"),
+                job("gone", &socket, "unknown"),
+            ]
+        };
+        let readonly = EngineConfig {
+            readonly: true,
+            ..EngineConfig::default()
+        };
+        for (_, reason) in refusals(jobs(), readonly).await {
+            assert!(reason.starts_with("read-only mode"), "{reason}");
+        }
+        let refused = refusals(jobs(), EngineConfig::default()).await;
+        assert_eq!(
+            refused[0].1,
+            "plan verdict no-space: needs 1 GiB more (force to pull anyway)"
+        );
+        assert!(
+            refused[1].1.contains("connect") && refused[1].1.contains("none.sock"),
+            "{}",
+            refused[1].1
+        );
+        let forced = refusals(
+            jobs(),
+            EngineConfig {
+                force: true,
+                ..EngineConfig::default()
+            },
+        )
+        .await;
+        assert!(
+            forced.iter().all(|(_, r)| r.contains("connect")),
+            "{forced:?}"
+        );
+    }
+}

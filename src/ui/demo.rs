@@ -1,0 +1,334 @@
+//! A fixed, realistic state for snapshot tests, screenshots and benchmarks: three nodes (one without
+//! room, one tight, one that fits), two sets (one entry breaking a rule), a survey, a rollout half-way
+//! (pulling, stalled, failed after retries, pinned) and config diffs. Times are relative to `now`, so
+//! everything drawn from it is the same on every run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::app::{ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
+use super::theme::Theme;
+use crate::model::image::LazyFormat;
+use crate::model::plan::{EstimateBasis, ImagePlan, NodePlan, Verdict};
+use crate::model::rollout::{Event, PinMethod, Rollout};
+use crate::model::set::{self, ImageSet};
+use crate::survey::{SetSummary, Survey};
+
+const GI: u64 = 1 << 30;
+const MI: u64 = 1 << 20;
+
+pub const RELEASE: &str = "quay.io/openshift-release-dev/ocp-release@sha256:a4d451ec23463726f72c43d64c710968f6b602cd653b4de8adee1b556240a829";
+pub const ART: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:d3cec99112255db9bf4963f7798562b6a36f1bd0b2016918629e007d474deb70";
+pub const UBI: &str = "registry.redhat.io/ubi9/ubi-minimal@sha256:b7b4fe78377ca0959f88a01e2d2cc73d9f9fa9e3cf37b419edafabcb65d7120f";
+pub const PROMETHEUS: &str = "registry.redhat.io/openshift4/ose-prometheus@sha256:3feb00294c5cb577d5679b958fcea898e0e7383fd7565096826c8d1ba55f11f8";
+pub const EXPORTER: &str = "quay.io/prometheus/node-exporter@sha256:2303824a4e3dc61fe3195d1a6e978029d4774876cc9aba9d2c60ef85eb96a845";
+/// Breaks a rule: a tag, not a digest.
+pub const TAGGED: &str = "quay.io/openshift-release-dev/ocp-release:4.19.2-x86_64";
+
+/// In the order the engine pulls them; UBI is already on every node.
+const ROLLOUT: [&str; 5] = [RELEASE, ART, UBI, PROMETHEUS, EXPORTER];
+
+fn node_info(
+    name: &str,
+    runtime: &str,
+    (capacity, used): (u64, u64),
+    (images, pinned): (usize, Option<usize>),
+    pin_method: PinMethod,
+    lazy: Option<bool>,
+) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        runtime: Some(runtime.into()),
+        capacity_bytes: Some(capacity),
+        used_bytes: Some(used),
+        available_bytes: Some(capacity - used),
+        images: Some(images),
+        pinned,
+        pin_method: Some(pin_method),
+        lazy_pulling: lazy,
+        reachable: Some(true),
+    }
+}
+
+/// (reference, fetch bytes) of the images planned for a node; UBI is present everywhere.
+fn node_plan(
+    info: &NodeInfo,
+    images: &[(&str, u64)],
+    verdict: Verdict,
+    reason: Option<&str>,
+) -> NodePlan {
+    let fetch: u64 = images.iter().map(|(_, bytes)| bytes).sum();
+    let available = info.available_bytes.unwrap_or(0);
+    NodePlan {
+        node: info.name.clone(),
+        runtime: info.runtime.clone(),
+        capacity_bytes: info.capacity_bytes,
+        used_bytes: info.used_bytes,
+        available_bytes: info.available_bytes,
+        fetch_bytes: fetch,
+        estimated_disk_bytes: 2 * fetch,
+        estimate_basis: EstimateBasis::TwiceCompressed,
+        available_after_bytes: Some(available as i64 - 2 * fetch as i64),
+        verdict,
+        reasons: reason.into_iter().map(str::to_string).collect(),
+        images: images
+            .iter()
+            .map(|(reference, bytes)| ImagePlan {
+                reference: reference.to_string(),
+                present: Some(*bytes == 0),
+                fetch_bytes: *bytes,
+                estimated_disk_bytes: 2 * bytes,
+                lazy_format: LazyFormat::None,
+            })
+            .collect(),
+    }
+}
+
+fn sets(nodes: &[NodeInfo]) -> Vec<SetDraft> {
+    let all: BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let upgrade = set::parse_list(
+        &format!("{RELEASE}\n{ART}\n{UBI}\n{TAGGED}\n"),
+        "upgrade-4.19.txt",
+        "upgrade-4.19",
+    );
+    let monitoring = ImageSet {
+        labels: BTreeMap::from([(
+            "machineconfiguration.openshift.io/role".to_string(),
+            "worker".to_string(),
+        )]),
+        ..set::from_flags("monitoring", &[PROMETHEUS.into(), EXPORTER.into()])
+    };
+    let some: BTreeSet<String> = all.iter().skip(1).cloned().collect();
+    vec![SetDraft::new(upgrade, all), SetDraft::new(monitoring, some)]
+}
+
+fn rollout_events(t0: Instant) -> Vec<Event> {
+    let at = |secs: u64| t0 + Duration::from_secs(secs);
+    let s = |text: &str| text.to_string();
+    let images: Vec<String> = ROLLOUT.iter().map(|r| r.to_string()).collect();
+    let (w1, w2) = (s("worker-1"), s("worker-2"));
+    let mut events = vec![
+        Event::NodeRefused {
+            node: s("worker-0"),
+            reason: s("plan verdict no-space: would leave 10 GiB free, below the 16 GiB floor"),
+        },
+        Event::NodeStarted {
+            node: w1.clone(),
+            images: images.clone(),
+            at: at(0),
+        },
+        Event::NodeStarted {
+            node: w2.clone(),
+            images,
+            at: at(0),
+        },
+    ];
+    for node in [&w1, &w2] {
+        events.push(Event::ImagePresent {
+            node: node.clone(),
+            image: s(UBI),
+        });
+    }
+    // worker-2: everything pulled and pinned.
+    for (image, bytes, done) in [
+        (RELEASE, 2 * GI, 60),
+        (ART, 7 * GI, 200),
+        (PROMETHEUS, 768 * MI, 220),
+        (EXPORTER, 256 * MI, 230),
+    ] {
+        let start = done - 30;
+        events.extend([
+            Event::PullStarted {
+                node: w2.clone(),
+                image: s(image),
+                attempt: 1,
+                at: at(start),
+            },
+            Event::PullProgress {
+                node: w2.clone(),
+                image: s(image),
+                done: bytes,
+                total: bytes,
+                at: at(done),
+            },
+            Event::PullDone {
+                node: w2.clone(),
+                image: s(image),
+                at: at(done),
+            },
+        ]);
+    }
+    events.push(Event::Pinned {
+        node: w2,
+        method: PinMethod::ContainerdLabel,
+        confirmed: true,
+        at: at(240),
+    });
+    // worker-1: one pulled, one pulling, one stalled, one failed after two retries.
+    let pull = |image: &str, attempt, secs| Event::PullStarted {
+        node: w1.clone(),
+        image: s(image),
+        attempt,
+        at: at(secs),
+    };
+    let progress = |image: &str, done, total, secs| Event::PullProgress {
+        node: w1.clone(),
+        image: s(image),
+        done,
+        total,
+        at: at(secs),
+    };
+    let retry = |attempt, reason: &str, secs| Event::PullRetry {
+        node: w1.clone(),
+        image: s(EXPORTER),
+        attempt,
+        reason: s(reason),
+        backoff: Duration::from_secs(2 * u64::from(attempt)),
+        at: at(secs),
+    };
+    events.extend([
+        pull(RELEASE, 1, 0),
+        progress(RELEASE, 2 * GI, 2 * GI, 100),
+        Event::PullDone {
+            node: w1.clone(),
+            image: s(RELEASE),
+            at: at(100),
+        },
+        pull(ART, 1, 100),
+        progress(ART, 3 * GI + 200 * MI, 7 * GI, 298),
+        pull(PROMETHEUS, 1, 100),
+        progress(PROMETHEUS, 120 * MI, 768 * MI, 130),
+        pull(EXPORTER, 1, 10),
+        progress(EXPORTER, 64 * MI, 256 * MI, 30),
+        retry(1, "connection reset by peer", 40),
+        pull(EXPORTER, 2, 42),
+        retry(2, "registry returned 503 Service Unavailable", 60),
+        pull(EXPORTER, 3, 64),
+        Event::PullFailed {
+            node: w1.clone(),
+            image: s(EXPORTER),
+            reason: s("registry returned 503 Service Unavailable"),
+            at: at(90),
+        },
+    ]);
+    events
+}
+
+fn config_views() -> BTreeMap<String, ConfigView> {
+    let line = |kind, text: String| (kind, text);
+    let crio = ConfigView {
+        path: "/etc/crio/crio.conf.d/50-pinboard-pinned-images.conf".into(),
+        lines: [
+            line(DiffKind::Same, "# written by pinboard: images pinned on this node".into()),
+            line(DiffKind::Same, "[crio.image]".into()),
+            line(DiffKind::Removed, "pinned_images = [\"registry.redhat.io/ubi9/ubi-minimal@sha256:cba06b5736faf67e54b07b561eae94395e774c517a7d910a54369e1263ccfbd4\"]".into()),
+            line(DiffKind::Added, "pinned_images = [".into()),
+        ]
+        .into_iter()
+        .chain(ROLLOUT.iter().map(|r| line(DiffKind::Added, format!("  \"{r}\","))))
+        .chain([line(DiffKind::Added, "]".into())])
+        .collect(),
+    };
+    let containerd = ConfigView {
+        path: "containerd image labels (io.cri-containerd.pinned=pinned)".into(),
+        lines: ROLLOUT
+            .iter()
+            .map(|r| {
+                let kind = if *r == UBI {
+                    DiffKind::Same
+                } else {
+                    DiffKind::Added
+                };
+                line(kind, r.to_string())
+            })
+            .collect(),
+    };
+    BTreeMap::from([
+        ("worker-1".to_string(), crio),
+        ("worker-2".to_string(), containerd),
+    ])
+}
+
+/// The demo state at `now`: the rollout started five minutes before.
+pub fn demo_state(now: Instant, theme: Theme) -> State {
+    let nodes = vec![
+        node_info(
+            "worker-0",
+            "containerd 1.7.24",
+            (60 * GI, 32 * GI),
+            (48, Some(12)),
+            PinMethod::ContainerdLabel,
+            Some(false),
+        ),
+        node_info(
+            "worker-1",
+            "cri-o 1.31.3",
+            (200 * GI, 152 * GI),
+            (131, Some(40)),
+            PinMethod::CrioDropIn,
+            None,
+        ),
+        node_info(
+            "worker-2",
+            "containerd 2.0.4",
+            (200 * GI, 50 * GI),
+            (37, None),
+            PinMethod::ContainerdLabel,
+            Some(true),
+        ),
+    ];
+    let full = [
+        (RELEASE, 2 * GI),
+        (ART, 7 * GI),
+        (UBI, 0),
+        (PROMETHEUS, 768 * MI),
+        (EXPORTER, 256 * MI),
+    ];
+    let survey = Survey {
+        sets: vec![
+            SetSummary {
+                name: "upgrade-4.19".into(),
+                images: 3,
+            },
+            SetSummary {
+                name: "monitoring".into(),
+                images: 2,
+            },
+        ],
+        gc_high_percent: 85,
+        min_free_bytes: 16 * GI,
+        nodes: vec![
+            node_plan(
+                &nodes[0],
+                &full[..3],
+                Verdict::NoSpace,
+                Some("would leave 10 GiB free, below the 16 GiB floor (--min-free)"),
+            ),
+            node_plan(
+                &nodes[1],
+                &full,
+                Verdict::Tight,
+                Some(
+                    "would fill the image filesystem to 86%, above the image GC high threshold of 85% (--gc-high-percent): the kubelet would start removing unpinned images",
+                ),
+            ),
+            node_plan(&nodes[2], &full, Verdict::Fits, None),
+        ],
+        facts: Default::default(),
+    };
+    let mut state = State::new("direct: 3 nodes", theme, false, now);
+    state.sets = sets(&nodes);
+    state.nodes = nodes;
+    state.survey = Some(survey);
+    state.config = config_views();
+    let names: Vec<String> = state.nodes.iter().map(|n| n.name.clone()).collect();
+    state.set_rollout(Rollout::expecting(&names));
+    for event in rollout_events(now - Duration::from_secs(300)) {
+        update(&mut state, Msg::Rollout(event));
+    }
+    // Selections that show the interesting parts: the broken entry's rule, the failed image's retries.
+    state.selected.insert(Pane::Entries, TAGGED.into());
+    state.selected.insert(Pane::RolloutNodes, "worker-1".into());
+    state.selected.insert(Pane::RolloutImages, EXPORTER.into());
+    state
+}

@@ -1,0 +1,304 @@
+//! The one table of key bindings: `update` looks keys up in it, `?` and the status line print it, so help
+//! cannot drift from what the keys do.
+
+use std::fmt;
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+use super::app::Screen;
+
+/// A key as bound: code plus Ctrl/Alt (Shift is part of the character: `L`, not Shift-l).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    pub code: KeyCode,
+    pub ctrl: bool,
+}
+
+const fn key(c: char) -> Key {
+    Key {
+        code: KeyCode::Char(c),
+        ctrl: false,
+    }
+}
+
+const fn code(code: KeyCode) -> Key {
+    Key { code, ctrl: false }
+}
+
+const fn ctrl(c: char) -> Key {
+    Key {
+        code: KeyCode::Char(c),
+        ctrl: true,
+    }
+}
+
+impl Key {
+    pub fn matches(&self, event: &KeyEvent) -> bool {
+        self.code == event.code && self.ctrl == event.modifiers.contains(KeyModifiers::CONTROL)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.ctrl {
+            f.write_str("Ctrl-")?;
+        }
+        match self.code {
+            KeyCode::Char(' ') => f.write_str("Space"),
+            KeyCode::Char(c) => write!(f, "{c}"),
+            KeyCode::Up => f.write_str("↑"),
+            KeyCode::Down => f.write_str("↓"),
+            KeyCode::PageUp => f.write_str("PgUp"),
+            KeyCode::PageDown => f.write_str("PgDn"),
+            KeyCode::Home => f.write_str("Home"),
+            KeyCode::End => f.write_str("End"),
+            KeyCode::Tab => f.write_str("Tab"),
+            KeyCode::Esc => f.write_str("Esc"),
+            KeyCode::Enter => f.write_str("Enter"),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Quit,
+    Command,
+    Filter,
+    Help,
+    Back,
+    Goto(Screen),
+    Up,
+    Down,
+    PageUp,
+    PageDown,
+    Top,
+    Bottom,
+    /// Next pane of a screen with several (Sets: sets, entries, targets; Rollout: nodes, images).
+    NextPane,
+    Apply,
+    Survey,
+    AddImages,
+    Import,
+    Export,
+    NewSet,
+    Rename,
+    Remove,
+    ToggleTarget,
+    ToggleLazy,
+    Retry,
+    Cancel,
+}
+
+pub struct Binding {
+    pub keys: &'static [Key],
+    pub action: Action,
+    pub description: &'static str,
+    /// Where it works; empty: everywhere.
+    pub screens: &'static [Screen],
+    /// Its short name in the status line on its screens, if shown there.
+    pub status: Option<&'static str>,
+}
+
+const ALL: &[Screen] = &[];
+const fn bind(
+    keys: &'static [Key],
+    action: Action,
+    description: &'static str,
+    screens: &'static [Screen],
+    status: Option<&'static str>,
+) -> Binding {
+    Binding {
+        keys,
+        action,
+        description,
+        screens,
+        status,
+    }
+}
+
+use Screen::{Config, Nodes, Plan, Rollout, Sets};
+
+pub const KEYMAP: &[Binding] = &[
+    bind(&[key('q'), ctrl('c')], Action::Quit, "quit", ALL, None),
+    bind(
+        &[key(':')],
+        Action::Command,
+        "command: view name, q",
+        ALL,
+        Some("command"),
+    ),
+    bind(
+        &[key('/')],
+        Action::Filter,
+        "filter the table",
+        ALL,
+        Some("filter"),
+    ),
+    bind(&[key('?')], Action::Help, "help", ALL, Some("help")),
+    bind(
+        &[code(KeyCode::Esc)],
+        Action::Back,
+        "close, clear filter, back",
+        ALL,
+        None,
+    ),
+    bind(&[key('1')], Action::Goto(Nodes), "nodes screen", ALL, None),
+    bind(&[key('2')], Action::Goto(Sets), "sets screen", ALL, None),
+    bind(&[key('3')], Action::Goto(Plan), "plan screen", ALL, None),
+    bind(
+        &[key('4')],
+        Action::Goto(Rollout),
+        "rollout screen",
+        ALL,
+        None,
+    ),
+    bind(
+        &[key('5')],
+        Action::Goto(Config),
+        "config screen",
+        ALL,
+        None,
+    ),
+    bind(
+        &[code(KeyCode::Up), key('k')],
+        Action::Up,
+        "select previous row",
+        ALL,
+        None,
+    ),
+    bind(
+        &[code(KeyCode::Down), key('j')],
+        Action::Down,
+        "select next row",
+        ALL,
+        None,
+    ),
+    bind(
+        &[code(KeyCode::PageUp)],
+        Action::PageUp,
+        "page up",
+        ALL,
+        None,
+    ),
+    bind(
+        &[code(KeyCode::PageDown)],
+        Action::PageDown,
+        "page down",
+        ALL,
+        None,
+    ),
+    bind(
+        &[code(KeyCode::Home), key('g')],
+        Action::Top,
+        "first row",
+        ALL,
+        None,
+    ),
+    bind(
+        &[code(KeyCode::End), key('G')],
+        Action::Bottom,
+        "last row",
+        ALL,
+        None,
+    ),
+    bind(
+        &[code(KeyCode::Tab)],
+        Action::NextPane,
+        "next pane",
+        &[Sets, Rollout],
+        Some("pane"),
+    ),
+    bind(
+        &[key('a')],
+        Action::Apply,
+        "apply the selected set",
+        &[Sets, Plan],
+        Some("apply"),
+    ),
+    bind(
+        &[key('p')],
+        Action::Survey,
+        "survey: plan every set",
+        &[Sets, Plan],
+        Some("survey"),
+    ),
+    bind(
+        &[key('i')],
+        Action::AddImages,
+        "add images (type/paste)",
+        &[Sets],
+        Some("add"),
+    ),
+    bind(
+        &[key('I')],
+        Action::Import,
+        "import list or YAML file",
+        &[Sets],
+        Some("import"),
+    ),
+    bind(
+        &[key('e')],
+        Action::Export,
+        "export set as YAML",
+        &[Sets],
+        Some("export"),
+    ),
+    bind(&[key('n')], Action::NewSet, "new set", &[Sets], None),
+    bind(&[key('R')], Action::Rename, "rename set", &[Sets], None),
+    bind(
+        &[key('d')],
+        Action::Remove,
+        "remove entry or set",
+        &[Sets],
+        None,
+    ),
+    bind(
+        &[key(' ')],
+        Action::ToggleTarget,
+        "toggle target node",
+        &[Sets],
+        None,
+    ),
+    bind(
+        &[key('L')],
+        Action::ToggleLazy,
+        "toggle lazy pulling",
+        &[Nodes],
+        Some("lazy"),
+    ),
+    bind(
+        &[key('r')],
+        Action::Retry,
+        "retry selected image",
+        &[Rollout],
+        Some("retry"),
+    ),
+    bind(
+        &[key('c')],
+        Action::Cancel,
+        "cancel selected image",
+        &[Rollout],
+        Some("cancel"),
+    ),
+];
+
+impl Binding {
+    pub fn applies_to(&self, screen: Screen) -> bool {
+        self.screens.is_empty() || self.screens.contains(&screen)
+    }
+
+    /// `↑/k`.
+    pub fn keys_label(&self) -> String {
+        let keys: Vec<String> = self.keys.iter().map(Key::to_string).collect();
+        keys.join("/")
+    }
+}
+
+/// What a key does on `screen`, if anything.
+pub fn lookup(event: &KeyEvent, screen: Screen) -> Option<Action> {
+    KEYMAP
+        .iter()
+        .find(|b| b.applies_to(screen) && b.keys.iter().any(|k| k.matches(event)))
+        .map(|b| b.action)
+}

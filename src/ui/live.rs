@@ -1,0 +1,408 @@
+//! The TUI's real backend: carries out [`Cmd`]s against the nodes and the registry — surveys through
+//! [`crate::survey`], rollouts through [`crate::engine`], lazy-pull toggles through [`crate::backend::lazy`]
+//! — and reports back with [`Msg`]s. Every figure and every write goes through the same code the headless
+//! commands use.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::app::{Cmd, ConfigView, DiffKind, Msg, NodeInfo, SetDraft, State};
+use super::run::{UiBackend, execute_file_cmd};
+use super::theme::Theme;
+use crate::backend::credentials::{AuthFiles, Credentials};
+use crate::backend::cri::CriClient;
+use crate::backend::lazy::{LazyState, read_lazy, set_lazy};
+use crate::backend::node::observe;
+use crate::backend::pins::{self, CONTAINERD_PIN_VALUE, DiffLine};
+use crate::backend::registry::Registry;
+use crate::cli::{TuiArgs, read_sets, registry_client};
+use crate::engine::{self, Control, EngineConfig, NodeJob, PinTarget};
+use crate::error::Failure;
+use crate::model::image::Platform;
+use crate::model::plan::Limits;
+use crate::model::rollout::PinMethod;
+use crate::model::set::ImageSet;
+use crate::survey::{Survey, survey};
+use crate::targets::NodeTarget;
+
+/// Opens the TUI on the nodes and sets of `args`; returns when the operator quits.
+pub async fn run(args: TuiArgs) -> Result<(), Failure> {
+    let sets = read_sets(&args.input, false)?;
+    let targets = args.targets.resolve()?;
+    let platform = args.targets.platform()?;
+    let registry = registry_client(&args.registry)?;
+    let credentials = Credentials::load(&AuthFiles::from_env(args.registry.authfile.clone()))
+        .map_err(|e| Failure::bad_input(e.to_string()))?;
+    let theme = match &args.theme {
+        Some(name) if std::env::var_os("NO_COLOR").is_none() => {
+            Theme::named(name).map_err(Failure::bad_input)?
+        }
+        _ => Theme::from_env(),
+    };
+    let label = format!(
+        "direct: {} node{}",
+        targets.len(),
+        if targets.len() == 1 { "" } else { "s" }
+    );
+    let mut state = State::new(label, theme, args.readonly, Instant::now());
+    state.stall_after = Duration::from_secs(args.stall_after.max(1));
+    let every_node: BTreeSet<String> = targets.iter().map(|t| t.node.name.clone()).collect();
+    state.sets = sets
+        .into_iter()
+        .map(|set| SetDraft::new(set, every_node.clone()))
+        .collect();
+    let backend = Live {
+        targets: Arc::new(targets),
+        registry: Arc::new(registry),
+        credentials: Arc::new(credentials),
+        platform,
+        limits: args.limits.limits(),
+        timeout: args.targets.timeout(),
+        engine: EngineConfig {
+            parallel: args.parallel.max(1),
+            readonly: args.readonly,
+            ..EngineConfig::default()
+        },
+        control: None,
+        initial_sets: state.sets.iter().map(|d| d.set.clone()).collect(),
+    };
+    super::run::run(state, backend)
+        .await
+        .map_err(|e| Failure::bad_input(format!("terminal UI failed: {e:#}")))
+}
+
+struct Live {
+    targets: Arc<Vec<NodeTarget>>,
+    registry: Arc<Registry>,
+    credentials: Arc<Credentials>,
+    platform: Platform,
+    limits: Limits,
+    timeout: Duration,
+    engine: EngineConfig,
+    /// The running rollout's controls; None when no rollout runs.
+    control: Option<UnboundedSender<Control>>,
+    initial_sets: Vec<ImageSet>,
+}
+
+impl UiBackend for Live {
+    fn start(&mut self, tx: &UnboundedSender<Msg>) {
+        self.refresh(tx, self.initial_sets.clone());
+    }
+
+    fn execute(&mut self, cmd: Cmd, tx: &UnboundedSender<Msg>) {
+        let Some(cmd) = execute_file_cmd(cmd, tx) else {
+            return;
+        };
+        match cmd {
+            Cmd::Quit | Cmd::ReadFile(..) | Cmd::WriteFile(..) => {}
+            Cmd::Survey { sets, nodes } => {
+                let (targets, registry, tx) =
+                    (self.chosen(&nodes), self.registry.clone(), tx.clone());
+                let (platform, limits, timeout) =
+                    (self.platform.clone(), self.limits, self.timeout);
+                self.refresh(&tx, sets.clone());
+                tokio::spawn(async move {
+                    let nodes: Vec<_> = targets.iter().map(|t| t.node.clone()).collect();
+                    let result = survey(&nodes, &sets, &registry, &platform, limits, timeout).await;
+                    let _ = tx.send(Msg::SurveyDone(
+                        result.map_err(|e| Failure::from(e).to_string()),
+                    ));
+                });
+            }
+            Cmd::Apply { set, nodes, force } => self.apply(set, &nodes, force, tx),
+            Cmd::Retry { node, image } => self.control(Control::Retry { node, image }, tx),
+            Cmd::Cancel { node, image } => self.control(Control::Cancel { node, image }, tx),
+            Cmd::ToggleLazy { node, enable } => {
+                let Some(target) = self.targets.iter().find(|t| t.node.name == node).cloned()
+                else {
+                    return;
+                };
+                let (this, tx) = (self.snapshot(), tx.clone());
+                tokio::spawn(async move {
+                    let message =
+                        match tokio::task::spawn_blocking(move || set_lazy(&target.lazy, enable))
+                            .await
+                        {
+                            Ok(Ok(outcome)) => outcome.warning,
+                            Ok(Err(e)) => Some(e.to_string()),
+                            Err(e) => Some(e.to_string()),
+                        };
+                    if let Some(message) = message {
+                        let _ = tx.send(Msg::Error(format!("{node}: {message}")));
+                    }
+                    this.send_nodes(&tx).await;
+                });
+            }
+        }
+    }
+}
+
+/// What a background task needs to observe the nodes again.
+#[derive(Clone)]
+struct Observer {
+    targets: Arc<Vec<NodeTarget>>,
+    timeout: Duration,
+}
+
+impl Live {
+    fn snapshot(&self) -> Observer {
+        Observer {
+            targets: self.targets.clone(),
+            timeout: self.timeout,
+        }
+    }
+
+    fn chosen(&self, nodes: &[String]) -> Vec<NodeTarget> {
+        self.targets
+            .iter()
+            .filter(|t| nodes.contains(&t.node.name))
+            .cloned()
+            .collect()
+    }
+
+    /// Node facts and the config views for `sets`, in the background.
+    fn refresh(&self, tx: &UnboundedSender<Msg>, sets: Vec<ImageSet>) {
+        let (observer, tx) = (self.snapshot(), tx.clone());
+        tokio::spawn(async move {
+            observer.send_nodes(&tx).await;
+            let _ = tx.send(Msg::ConfigViews(observer.config_views(&sets).await));
+        });
+    }
+
+    fn control(&self, control: Control, tx: &UnboundedSender<Msg>) {
+        let sent = self
+            .control
+            .as_ref()
+            .is_some_and(|c| c.send(control).is_ok());
+        if !sent {
+            let _ = tx.send(Msg::Error(
+                "no rollout is running: apply a set first".into(),
+            ));
+        }
+    }
+
+    /// Surveys the set on its nodes (fresh figures), then hands the plans to the engine.
+    fn apply(&mut self, set: ImageSet, nodes: &[String], force: bool, tx: &UnboundedSender<Msg>) {
+        if self.control.as_ref().is_some_and(|c| !c.is_closed()) {
+            let _ = tx.send(Msg::Error("a rollout is already running".into()));
+            return;
+        }
+        let targets = self.chosen(nodes);
+        let (registry, credentials, tx) =
+            (self.registry.clone(), self.credentials.clone(), tx.clone());
+        let (platform, limits, timeout) = (self.platform.clone(), self.limits, self.timeout);
+        let config = EngineConfig {
+            force,
+            ..self.engine.clone()
+        };
+        let (control_tx, mut control_rx) = tokio::sync::mpsc::unbounded_channel();
+        self.control = Some(control_tx);
+        let observer = self.snapshot();
+        tokio::spawn(async move {
+            let sets = [set];
+            let dnodes: Vec<_> = targets.iter().map(|t| t.node.clone()).collect();
+            let planned = match survey(&dnodes, &sets, &registry, &platform, limits, timeout).await
+            {
+                Ok(planned) => planned,
+                Err(e) => {
+                    let _ = tx.send(Msg::EngineFinished(Err(Failure::from(e).to_string())));
+                    return;
+                }
+            };
+            let _ = tx.send(Msg::SurveyDone(Ok(planned.clone())));
+            let Survey {
+                nodes: plans,
+                facts,
+                ..
+            } = planned;
+            let jobs = targets
+                .iter()
+                .zip(plans)
+                .map(|(t, plan)| NodeJob {
+                    node: t.node.clone(),
+                    plan,
+                    pin: t.pin.clone(),
+                })
+                .collect();
+            let mut engine = engine::start(jobs, Arc::new(facts), credentials, config);
+            loop {
+                tokio::select! {
+                    event = engine.events.recv() => match event {
+                        Some(event) => { let _ = tx.send(Msg::Rollout(event)); }
+                        None => break,
+                    },
+                    control = control_rx.recv() => match control {
+                        Some(control) => { let _ = engine.control.send(control); }
+                        // The TUI is gone: stop pulling.
+                        None => { let _ = engine.control.send(Control::CancelAll); }
+                    },
+                }
+            }
+            let _ = tx.send(Msg::EngineFinished(Ok(())));
+            observer.send_nodes(&tx).await;
+            let _ = tx.send(Msg::ConfigViews(observer.config_views(&sets).await));
+        });
+    }
+}
+
+impl Observer {
+    async fn send_nodes(&self, tx: &UnboundedSender<Msg>) {
+        let infos =
+            futures::future::join_all(self.targets.iter().map(|t| node_info(t, self.timeout)))
+                .await;
+        let _ = tx.send(Msg::NodesUpdated(infos));
+    }
+
+    /// Per node, what pinning the images of `sets` writes there against what is there now.
+    async fn config_views(&self, sets: &[ImageSet]) -> BTreeMap<String, ConfigView> {
+        let wanted: Vec<String> = crate::survey::union_of(sets);
+        let views = self.targets.iter().map(|t| async {
+            let view = match pin_method(t, self.timeout).await {
+                Some(PinMethod::CrioDropIn) => crio_view(t, &wanted),
+                Some(PinMethod::ContainerdLabel) => containerd_view(t, &wanted, self.timeout).await,
+                None => ConfigView {
+                    path: "unknown pin method (node unreachable)".into(),
+                    lines: Vec::new(),
+                },
+            };
+            (t.node.name.clone(), view)
+        });
+        futures::future::join_all(views).await.into_iter().collect()
+    }
+}
+
+fn crio_dir(target: &NodeTarget) -> std::path::PathBuf {
+    match &target.pin {
+        PinTarget::CrioDropIn { config_dir, .. } => config_dir.clone(),
+        _ => pins::CRIO_CONFIG_DIR.into(),
+    }
+}
+
+/// The CRI-O drop-in as it is and as pinning `wanted` (added to what is pinned already) would write it.
+fn crio_view(target: &NodeTarget, wanted: &[String]) -> ConfigView {
+    let path = crio_dir(target).join(pins::CRIO_DROP_IN);
+    let old = std::fs::read_to_string(&path).ok();
+    let mut all = pins::read_crio_pins(&crio_dir(target)).unwrap_or_default();
+    all.extend(wanted.iter().cloned());
+    let lines = match pins::crio_drop_in(old.as_deref(), &all) {
+        Ok(new) => pins::preview(old.as_deref(), new.as_deref())
+            .into_iter()
+            .map(diff_line)
+            .collect(),
+        Err(e) => vec![(DiffKind::Removed, format!("cannot edit: {e}"))],
+    };
+    ConfigView {
+        path: path.display().to_string(),
+        lines,
+    }
+}
+
+fn diff_line(line: DiffLine) -> (DiffKind, String) {
+    match line {
+        DiffLine::Same(text) => (DiffKind::Same, text),
+        DiffLine::Added(text) => (DiffKind::Added, text),
+        DiffLine::Removed(text) => (DiffKind::Removed, text),
+    }
+}
+
+/// containerd keeps pins as image labels: one line per wanted image, added where the label is missing.
+async fn containerd_view(target: &NodeTarget, wanted: &[String], timeout: Duration) -> ConfigView {
+    let path = format!(
+        "containerd image labels {}={CONTAINERD_PIN_VALUE} (namespace k8s.io)",
+        pins::CONTAINERD_PIN_LABEL
+    );
+    let Ok(client) = CriClient::connect(&target.node.endpoint, timeout).await else {
+        return ConfigView {
+            path,
+            lines: vec![(DiffKind::Removed, "node unreachable".into())],
+        };
+    };
+    let mut lines = Vec::with_capacity(wanted.len());
+    for image in wanted {
+        let labelled = matches!(pins::containerd_label(&client, image).await, Ok(Some(v)) if v == CONTAINERD_PIN_VALUE);
+        lines.push((
+            if labelled {
+                DiffKind::Same
+            } else {
+                DiffKind::Added
+            },
+            image.clone(),
+        ));
+    }
+    ConfigView { path, lines }
+}
+
+async fn pin_method(target: &NodeTarget, timeout: Duration) -> Option<PinMethod> {
+    match &target.pin {
+        PinTarget::CrioDropIn { .. } => Some(PinMethod::CrioDropIn),
+        PinTarget::ContainerdLabel => Some(PinMethod::ContainerdLabel),
+        PinTarget::Detect => {
+            let client = CriClient::connect(&target.node.endpoint, timeout)
+                .await
+                .ok()?;
+            let version = client.version().await.ok()?;
+            Some(if version.runtime_name.contains("containerd") {
+                PinMethod::ContainerdLabel
+            } else {
+                PinMethod::CrioDropIn
+            })
+        }
+    }
+}
+
+/// What the Nodes screen shows for one node. Unknown stays unknown.
+async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
+    let facts = observe(&target.node, &[], timeout).await.facts;
+    let reachable = facts.unreachable.is_none();
+    let lazy = {
+        let lazy = target.lazy.clone();
+        tokio::task::spawn_blocking(move || read_lazy(&lazy))
+            .await
+            .ok()
+            .and_then(Result::ok)
+    };
+    let mut info = NodeInfo {
+        name: target.node.name.clone(),
+        runtime: facts.runtime,
+        capacity_bytes: facts.capacity_bytes,
+        used_bytes: facts.used_bytes,
+        available_bytes: facts.available_bytes,
+        images: None,
+        pinned: None,
+        pin_method: None,
+        lazy_pulling: lazy.map(|s| s == LazyState::On),
+        reachable: Some(reachable),
+    };
+    if !reachable {
+        return info;
+    }
+    info.pin_method = pin_method(target, timeout).await;
+    if let Ok(client) = CriClient::connect(&target.node.endpoint, timeout).await
+        && let Ok(images) = client.list_images().await
+    {
+        info.images = Some(images.len());
+        info.pinned = Some(match info.pin_method {
+            // containerd 1.6 does not report `pinned`: count the labels it keeps instead.
+            Some(PinMethod::ContainerdLabel) => {
+                let mut count = 0;
+                for image in &images {
+                    let name = image
+                        .repo_digests
+                        .first()
+                        .or(image.repo_tags.first())
+                        .unwrap_or(&image.id);
+                    if matches!(pins::containerd_label(&client, name).await, Ok(Some(v)) if v == CONTAINERD_PIN_VALUE)
+                    {
+                        count += 1;
+                    }
+                }
+                count
+            }
+            _ => pins::read_crio_pins(&crio_dir(target)).map_or(0, |p| p.len()),
+        });
+    }
+    info
+}

@@ -1,0 +1,477 @@
+//! Drawing: the frame around every screen (tabs, message line, status line, help, confirmation) and the
+//! table helpers the screens share. Reads the state only; builds rows only for what is visible.
+
+use std::time::Duration;
+
+use ratatui::Frame;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Wrap};
+
+use super::app::{Cursor, Mode, Screen, State};
+use super::keymap::KEYMAP;
+use super::screens;
+use super::status::Tone;
+use super::theme::{Role, Theme};
+
+/// Draws the whole UI.
+pub fn render(state: &State, frame: &mut Frame) {
+    let [tabs_area, body, message, status] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Fill(1),
+        Constraint::Length(1),
+        Constraint::Length(1),
+    ])
+    .areas(frame.area());
+    tabs(state, frame, tabs_area);
+    if state.mode() == &Mode::Help {
+        help(state, frame, body);
+    } else {
+        match state.screen() {
+            Screen::Nodes => screens::nodes(state, frame, body),
+            Screen::Sets => screens::sets(state, frame, body),
+            Screen::Plan => screens::plan(state, frame, body),
+            Screen::Rollout => screens::rollout(state, frame, body),
+            Screen::Config => screens::config(state, frame, body),
+        }
+    }
+    message_line(state, frame, message);
+    status_line(state, frame, status);
+    if let Mode::Confirm(confirm) = state.mode() {
+        let ready = confirm.nodes.len() - confirm.skipped.len();
+        let mut lines = vec![Line::from(format!(
+            "apply set {} to {ready} node(s)? y/n",
+            confirm.set
+        ))];
+        if !confirm.skipped.is_empty() {
+            lines.push(Line::from(format!(
+                "will be skipped (no-space): {}; F to force",
+                confirm.skipped.join(", ")
+            )));
+        }
+        popup(state, frame, "confirm", lines);
+    }
+}
+
+/// The UI drawn into a buffer of the given size: for tests, screenshots and benchmarks.
+pub fn render_to_buffer(state: &State, width: u16, height: u16) -> Buffer {
+    let mut terminal =
+        Terminal::new(TestBackend::new(width, height)).expect("a test backend never fails");
+    terminal
+        .draw(|frame| render(state, frame))
+        .expect("a test backend never fails");
+    terminal.backend().buffer().clone()
+}
+
+fn tabs(state: &State, frame: &mut Frame, area: Rect) {
+    let theme = &state.theme;
+    let mut spans = vec![Span::styled(
+        " pinboard ",
+        fg(theme.role(Role::Accent)).add_modifier(Modifier::BOLD),
+    )];
+    for (n, screen) in Screen::ALL.iter().enumerate() {
+        let label = format!(" {} {} ", n + 1, title(*screen));
+        spans.push(if *screen == state.screen() {
+            Span::styled(label, Style::new().add_modifier(Modifier::REVERSED))
+        } else {
+            Span::styled(label, fg(theme.role(Role::Dim)))
+        });
+    }
+    frame.render_widget(fit_line(Line::from(spans), area.width), area);
+}
+
+pub(super) fn title(screen: Screen) -> &'static str {
+    match screen {
+        Screen::Nodes => "Nodes",
+        Screen::Sets => "Sets",
+        Screen::Plan => "Plan",
+        Screen::Rollout => "Rollout",
+        Screen::Config => "Config",
+    }
+}
+
+/// Input boxes, the filter being typed, or the last flash message.
+fn message_line(state: &State, frame: &mut Frame, area: Rect) {
+    let accent = fg(state.theme.role(Role::Accent));
+    let line = match state.mode() {
+        Mode::Command(text) => {
+            Line::from(vec![Span::styled(":", accent), Span::raw(text), cursor()])
+        }
+        Mode::Filter => Line::from(vec![
+            Span::styled("/", accent),
+            Span::raw(state.filter(state.screen())),
+            cursor(),
+        ]),
+        Mode::Input { prompt, text } => {
+            // Pasted lists are long: keep the end, where typing happens, in view.
+            let text = text.replace('\n', " ");
+            let label = format!("{}: ", prompt.label());
+            let room = usize::from(area.width).saturating_sub(label.chars().count() + 2);
+            let skip = text.chars().count().saturating_sub(room);
+            let tail: String = text.chars().skip(skip).collect();
+            Line::from(vec![
+                Span::styled(label, accent),
+                Span::raw(if skip > 0 { "…" } else { "" }),
+                Span::raw(tail),
+                cursor(),
+            ])
+        }
+        Mode::Help => Line::styled("Esc or ? closes help", accent),
+        Mode::Normal | Mode::Confirm(_) => match (state.flash(), state.filter(state.screen())) {
+            (Some(text), _) => Line::styled(text.to_string(), accent),
+            (None, "") => Line::default(),
+            (None, filter) => Line::styled(format!("filter /{filter} (Esc clears)"), accent),
+        },
+    };
+    frame.render_widget(fit_line(line, area.width), area);
+}
+
+fn cursor() -> Span<'static> {
+    Span::styled(" ", Style::new().add_modifier(Modifier::REVERSED))
+}
+
+/// Target, connection, read-only, then the keys that matter on this screen.
+fn status_line(state: &State, frame: &mut Frame, area: Rect) {
+    let theme = &state.theme;
+    let reachable = state
+        .nodes
+        .iter()
+        .filter(|n| n.reachable == Some(true))
+        .count();
+    let total = state.nodes.len();
+    let (glyph, tone) = match reachable {
+        _ if total == 0 => ("?", Tone::Idle),
+        r if r == total => ("●", Tone::Ok),
+        0 => ("✗", Tone::Error),
+        _ => ("!", Tone::Warn),
+    };
+    let mut spans = vec![
+        Span::raw(format!(" {} ", state.target)),
+        Span::styled(
+            format!("{glyph} {reachable}/{total} reachable "),
+            fg(theme.tone(tone)),
+        ),
+    ];
+    if state.readonly {
+        spans.push(Span::styled(
+            "read-only ",
+            fg(theme.tone(Tone::Warn)).add_modifier(Modifier::BOLD),
+        ));
+    }
+    if state.surveying {
+        spans.push(Span::styled("surveying… ", fg(theme.tone(Tone::Active))));
+    }
+    spans.push(Span::styled("│", fg(theme.role(Role::Dim))));
+    let shown = KEYMAP
+        .iter()
+        .filter(|b| b.applies_to(state.screen()))
+        .filter_map(|b| Some((b, b.status?)));
+    for (binding, name) in shown {
+        spans.push(Span::styled(
+            format!(" {}", binding.keys_label()),
+            fg(theme.role(Role::Accent)),
+        ));
+        spans.push(Span::raw(format!(" {name}")));
+    }
+    frame.render_widget(
+        fit_line(Line::from(spans), area.width).style(Style::new().add_modifier(Modifier::DIM)),
+        area,
+    );
+}
+
+/// Every binding of the keymap, grouped by where it works, flowed into as many columns as fit.
+fn help(state: &State, frame: &mut Frame, area: Rect) {
+    let theme = &state.theme;
+    let block = Block::new()
+        .borders(Borders::TOP)
+        .title(" Keys (this screen's in color) ")
+        .border_style(fg(theme.role(Role::Dim)));
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let mut lines: Vec<Line> = Vec::new();
+    let mut group: Option<&[Screen]> = None;
+    for binding in KEYMAP {
+        let here = binding.applies_to(state.screen());
+        if group != Some(binding.screens) {
+            group = Some(binding.screens);
+            let names: Vec<&str> = binding.screens.iter().map(|s| s.name()).collect();
+            let heading = if names.is_empty() {
+                "everywhere".to_string()
+            } else {
+                names.join(", ")
+            };
+            lines.push(Line::styled(
+                heading,
+                Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED),
+            ));
+        }
+        let (key_style, text_style) = if here {
+            (fg(theme.role(Role::Accent)), Style::new())
+        } else {
+            (fg(theme.role(Role::Dim)), fg(theme.role(Role::Dim)))
+        };
+        lines.push(Line::from(vec![
+            Span::styled(format!("{:>9} ", binding.keys_label()), key_style),
+            Span::styled(binding.description, text_style),
+        ]));
+    }
+    let rows = usize::from(inner.height.max(1));
+    let columns = lines.len().div_ceil(rows);
+    let areas = Layout::horizontal(vec![Constraint::Fill(1); columns]).split(inner);
+    for (column, area) in lines.chunks(rows).zip(areas.iter()) {
+        let column: Vec<Line> = column
+            .iter()
+            .map(|l| fit_line(l.clone(), area.width))
+            .collect();
+        frame.render_widget(Paragraph::new(column), *area);
+    }
+}
+
+/// A centered box over the screen.
+pub(super) fn popup(state: &State, frame: &mut Frame, title: &str, lines: Vec<Line>) {
+    let area = frame.area();
+    let width = area.width.saturating_sub(4).min(70);
+    let height = (lines.len() as u16 + 2).min(area.height);
+    let rect = Rect {
+        x: area.x + (area.width - width) / 2,
+        y: area.y + (area.height - height) / 2,
+        width,
+        height,
+    };
+    frame.render_widget(Clear, rect);
+    let block = Block::bordered()
+        .title(format!(" {title} "))
+        .border_style(fg(state.theme.tone(Tone::Warn)).add_modifier(Modifier::BOLD));
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: true })
+            .block(block.padding(ratatui::widgets::Padding::horizontal(1))),
+        rect,
+    );
+}
+
+pub(super) fn fg(color: Color) -> Style {
+    Style::new().fg(color)
+}
+
+/// `✓ pinned` in its tone's color.
+pub(super) fn status_span(theme: &Theme, status: super::status::Status) -> Span<'static> {
+    Span::styled(
+        format!("{} {}", status.glyph, status.word),
+        fg(theme.tone(status.tone)),
+    )
+}
+
+/// A pane: bordered, its title in the accent color when it has the focus.
+pub(super) fn pane<'a>(theme: &Theme, title: Line<'a>, focused: bool) -> Block<'a> {
+    let color = if focused {
+        theme.role(Role::Accent)
+    } else {
+        theme.role(Role::Dim)
+    };
+    Block::bordered().title(title).border_style(fg(color))
+}
+
+/// One column of a table: its natural width, whether it takes the room left, and how early it is hidden
+/// when the terminal is narrow (0: never, higher: earlier).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Column {
+    pub title: &'static str,
+    pub width: u16,
+    pub flex: bool,
+    pub drop: u8,
+}
+
+pub(super) const fn col(title: &'static str, width: u16, drop: u8) -> Column {
+    Column {
+        title,
+        width,
+        flex: false,
+        drop,
+    }
+}
+
+pub(super) const fn flex(title: &'static str, width: u16) -> Column {
+    Column {
+        title,
+        width,
+        flex: true,
+        drop: 0,
+    }
+}
+
+/// Each column's width in `width` cells (0: hidden): hides the least important until the rest fit, then
+/// gives the flexible column what is left.
+pub(super) fn fit_columns<const N: usize>(columns: &[Column; N], width: u16) -> [u16; N] {
+    let mut widths = columns.map(|c| c.width);
+    let total = |w: &[u16; N]| {
+        let shown = w.iter().filter(|w| **w > 0).count() as u16;
+        w.iter().sum::<u16>() + shown.saturating_sub(1)
+    };
+    while total(&widths) > width {
+        let Some(drop) = (0..N)
+            .filter(|i| widths[*i] > 0 && columns[*i].drop > 0)
+            .max_by_key(|i| (columns[*i].drop, *i))
+        else {
+            break;
+        };
+        widths[drop] = 0;
+    }
+    if let Some(f) = (0..N).find(|i| columns[*i].flex && widths[*i] > 0) {
+        let used = total(&widths);
+        widths[f] = if used <= width {
+            widths[f] + (width - used)
+        } else {
+            widths[f].saturating_sub(used - width).max(1)
+        };
+    }
+    widths
+}
+
+/// The line cut to `width` cells with `…` where it was cut.
+pub(super) fn fit_line(line: Line<'_>, width: u16) -> Line<'_> {
+    let width = usize::from(width);
+    if line.width() <= width {
+        return line;
+    }
+    let mut left = width.saturating_sub(1);
+    let mut spans = Vec::with_capacity(line.spans.len() + 1);
+    for span in line.spans {
+        let chars = span.content.chars().count();
+        if chars <= left {
+            left -= chars;
+            spans.push(span);
+        } else {
+            let cut: String = span.content.chars().take(left).collect();
+            spans.push(Span::styled(cut, span.style));
+            break;
+        }
+    }
+    spans.push(Span::raw("…"));
+    Line {
+        spans,
+        style: line.style,
+        alignment: line.alignment,
+    }
+}
+
+/// The first visible row: keeps the selected row in view, centered once the list scrolls.
+pub(super) fn window_offset(selected: usize, len: usize, height: usize) -> usize {
+    if len <= height {
+        return 0;
+    }
+    selected.saturating_sub(height / 2).min(len - height)
+}
+
+/// A table in a pane, with rows only for the visible window of `items` (which must yield `cursor.len`
+/// items in display order). `cells` gets each visible item and the column widths.
+#[allow(clippy::too_many_arguments)] // Each is a different part of the table; a struct would only rename them.
+pub(super) fn table<'a, T, const N: usize>(
+    frame: &mut Frame,
+    area: Rect,
+    theme: &Theme,
+    block: Block<'a>,
+    columns: &[Column; N],
+    cursor: Cursor<'_>,
+    items: impl Iterator<Item = T>,
+    mut cells: impl FnMut(T, &[u16; N]) -> [Line<'a>; N],
+) {
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let widths = fit_columns(columns, inner.width);
+    let height = usize::from(inner.height.saturating_sub(1));
+    let selected = cursor.selected.map(|(i, _)| i);
+    let offset = window_offset(selected.unwrap_or(0), cursor.len, height);
+    let shown = |w: &u16| *w > 0;
+    let header = Row::new(
+        columns
+            .iter()
+            .zip(widths)
+            .filter(|(_, w)| shown(w))
+            .map(|(c, w)| fit_line(Line::from(c.title), w)),
+    )
+    .style(fg(theme.role(Role::Accent)).add_modifier(Modifier::BOLD));
+    let rows = items
+        .skip(offset)
+        .take(height)
+        .enumerate()
+        .map(|(i, item)| {
+            let line = cells(item, &widths);
+            let row = Row::new(
+                line.into_iter()
+                    .zip(widths)
+                    .filter(|(_, w)| shown(w))
+                    .map(|(l, w)| fit_line(l, w)),
+            );
+            if Some(offset + i) == selected {
+                row.style(Style::new().add_modifier(Modifier::REVERSED))
+            } else {
+                row
+            }
+        });
+    let constraints = widths.into_iter().filter(shown).map(Constraint::Length);
+    frame.render_widget(
+        Table::new(rows, constraints)
+            .header(header)
+            .column_spacing(1),
+        inner,
+    );
+}
+
+/// `Nodes [2/3] /n2`: the pane's title with position and filter.
+pub(super) fn table_title<'a>(name: &'a str, cursor: Cursor<'_>, filter: &str) -> Line<'a> {
+    let position = cursor.selected.map_or(0, |(i, _)| i + 1);
+    let mut text = format!(" {name} [{position}/{}]", cursor.len);
+    if !filter.is_empty() {
+        text.push_str(&format!(" /{filter}"));
+    }
+    text.push(' ');
+    Line::from(text)
+}
+
+/// `1h02m`, `3m05s`, `42s`.
+pub(super) fn duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// A bar of `width` cells: `parts` are (fraction of the whole, glyph, style) drawn in order, the rest is
+/// `░`; `markers` (fraction, glyph) replace the cell at their position (thresholds).
+pub(super) fn bar(
+    width: u16,
+    parts: &[(f64, char, Style)],
+    rest: Style,
+    markers: &[(f64, char)],
+) -> Line<'static> {
+    let width = usize::from(width);
+    if width == 0 {
+        return Line::default();
+    }
+    let mut cells: Vec<(char, Style)> = Vec::with_capacity(width);
+    for (fraction, glyph, style) in parts {
+        let n = (fraction.clamp(0.0, 1.0) * width as f64).round() as usize;
+        let n = n.min(width - cells.len());
+        cells.extend(std::iter::repeat_n((*glyph, *style), n));
+    }
+    cells.resize(width, ('░', rest));
+    for (fraction, glyph) in markers {
+        let at = (fraction.clamp(0.0, 1.0) * width as f64) as usize;
+        cells[at.min(width - 1)].0 = *glyph;
+    }
+    let mut spans: Vec<Span<'static>> = Vec::new();
+    for (glyph, style) in cells {
+        match spans.last_mut() {
+            Some(span) if span.style == style => span.content.to_mut().push(glyph),
+            _ => spans.push(Span::styled(glyph.to_string(), style)),
+        }
+    }
+    Line::from(spans)
+}

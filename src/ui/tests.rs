@@ -1,0 +1,405 @@
+//! The TUI driven by key sequences and messages, and every screen drawn from the demo state and
+//! compared with its snapshot (as text) at 120×40 and 80×24.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::buffer::Buffer;
+
+use super::app::{Cmd, FilePurpose, Mode, Msg, Pane, Screen, State, update};
+use super::demo::{self, demo_state};
+use super::keymap::KEYMAP;
+use super::render::render_to_buffer;
+use super::svg::buffer_to_svg;
+use super::theme::Theme;
+use crate::model::rollout::{Event, Rollout};
+
+fn state() -> State {
+    demo_state(Instant::now(), Theme::named("monochrome").unwrap())
+}
+
+fn key(code: KeyCode) -> Msg {
+    Msg::Key(KeyEvent::new(code, KeyModifiers::NONE))
+}
+
+/// Types `keys`; `<Enter>`, `<Esc>`, `<Tab>` and `<Down>` name those keys.
+fn type_keys(state: &mut State, keys: &str) -> Vec<Cmd> {
+    let mut cmds = Vec::new();
+    let mut rest = keys;
+    while let Some(c) = rest.chars().next() {
+        let named = [
+            ("<Enter>", KeyCode::Enter),
+            ("<Esc>", KeyCode::Esc),
+            ("<Tab>", KeyCode::Tab),
+            ("<Down>", KeyCode::Down),
+        ]
+        .into_iter()
+        .find(|(name, _)| rest.starts_with(name));
+        let (code, len) = match named {
+            Some((name, code)) => (code, name.len()),
+            None => (KeyCode::Char(c), c.len_utf8()),
+        };
+        cmds.extend(update(state, key(code)));
+        rest = &rest[len..];
+    }
+    cmds
+}
+
+fn text(buffer: &Buffer) -> String {
+    let width = usize::from(buffer.area.width);
+    let symbols: Vec<&str> = buffer.content().iter().map(|c| c.symbol()).collect();
+    symbols
+        .chunks(width)
+        .map(|row| row.concat().trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn screen_text(state: &State) -> String {
+    text(&render_to_buffer(state, 120, 40))
+}
+
+#[test]
+fn command_bar_switches_screens_and_esc_goes_back() {
+    let mut state = state();
+    assert!(type_keys(&mut state, ":plan<Enter>").is_empty());
+    assert_eq!(state.screen(), Screen::Plan);
+    type_keys(&mut state, "4");
+    assert_eq!(state.screen(), Screen::Rollout);
+    type_keys(&mut state, "<Esc>");
+    assert_eq!(state.screen(), Screen::Plan);
+    type_keys(&mut state, ":nope<Enter>");
+    assert!(state.flash().unwrap().contains("no command \"nope\""));
+    assert_eq!(type_keys(&mut state, ":q<Enter>"), [Cmd::Quit]);
+}
+
+#[test]
+fn filter_narrows_the_table_then_esc_clears_it_then_goes_back() {
+    let mut state = state();
+    type_keys(&mut state, "3/-2");
+    assert_eq!(state.mode(), &Mode::Filter);
+    let shown = screen_text(&state);
+    assert!(shown.contains("Plan [1/1] /-2"), "{shown}");
+    assert!(!shown.contains("worker-0 "), "{shown}");
+    type_keys(&mut state, "<Esc>");
+    assert_eq!(state.filter(Screen::Plan), "");
+    assert_eq!(
+        state.screen(),
+        Screen::Plan,
+        "the first Esc only closes the filter"
+    );
+    // A filter kept with Enter is cleared by the next Esc, then Esc goes back.
+    type_keys(&mut state, "/-1<Enter>");
+    assert_eq!(state.selected(Pane::Plan), Some("worker-1"));
+    type_keys(&mut state, "<Esc>");
+    assert_eq!(
+        (state.filter(Screen::Plan), state.screen()),
+        ("", Screen::Plan)
+    );
+    type_keys(&mut state, "<Esc>");
+    assert_eq!(state.screen(), Screen::Nodes);
+}
+
+#[test]
+fn help_lists_every_binding_of_the_keymap() {
+    let mut state = state();
+    type_keys(&mut state, "?");
+    assert_eq!(state.mode(), &Mode::Help);
+    let shown = screen_text(&state);
+    for binding in KEYMAP {
+        assert!(
+            shown.contains(binding.description),
+            "{} missing from help:\n{shown}",
+            binding.description
+        );
+    }
+    type_keys(&mut state, "<Esc>");
+    assert_eq!(state.mode(), &Mode::Normal);
+}
+
+#[test]
+fn pasted_references_become_entries_and_a_broken_one_shows_its_rule() {
+    let mut state = state();
+    type_keys(&mut state, "2n");
+    type_keys(&mut state, "extra<Enter>");
+    assert_eq!(state.selected_set().unwrap().set.name, "extra");
+    type_keys(&mut state, "i");
+    update(
+        &mut state,
+        Msg::Paste(format!("{}\n{} ", demo::RELEASE, demo::TAGGED)),
+    );
+    type_keys(&mut state, &format!(" {}<Enter>", "quay.io/a/b"));
+    let draft = state.selected_set().unwrap();
+    assert_eq!(draft.set.entries.len(), 3);
+    let problems: Vec<&str> = draft
+        .problems()
+        .iter()
+        .map(|p| p.message.as_str())
+        .collect();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems[0].contains("uses a tag, not a digest"),
+        "{problems:?}"
+    );
+    // The broken entry (selected) shows its rule and fix.
+    assert_eq!(state.selected(Pane::Entries), Some(demo::TAGGED));
+    let shown = screen_text(&state);
+    assert!(shown.contains("✗ "), "{shown}");
+    assert!(shown.contains("uses a tag, not a digest"), "{shown}");
+    assert!(shown.contains("fix:"), "{shown}");
+}
+
+#[test]
+fn selection_follows_the_node_when_an_event_resorts_the_rows() {
+    let mut state = state();
+    type_keys(&mut state, "4");
+    let before: Vec<String> = state.rows(Pane::RolloutNodes).map(str::to_string).collect();
+    assert_eq!(before, ["worker-1", "worker-0", "worker-2"]);
+    update(&mut state, key(KeyCode::Down));
+    assert_eq!(state.selected(Pane::RolloutNodes), Some("worker-0"));
+    // worker-2 fails to pin: it moves to the top, worker-0 stays selected at its new row.
+    let at = state.now;
+    update(
+        &mut state,
+        Msg::Rollout(Event::PinFailed {
+            node: "worker-2".into(),
+            reason: "reload failed".into(),
+            at,
+        }),
+    );
+    let after: Vec<&str> = state.rows(Pane::RolloutNodes).collect();
+    assert_eq!(after, ["worker-1", "worker-2", "worker-0"]);
+    assert_eq!(state.selected(Pane::RolloutNodes), Some("worker-0"));
+}
+
+#[test]
+fn retry_on_a_failed_image_and_cancel_on_a_stalled_one() {
+    let mut state = state();
+    type_keys(&mut state, "4");
+    let cmds = type_keys(&mut state, "r");
+    assert_eq!(
+        cmds,
+        [Cmd::Retry {
+            node: "worker-1".into(),
+            image: demo::EXPORTER.into()
+        }]
+    );
+    // The images pane, up to the stalled PROMETHEUS pull.
+    type_keys(&mut state, "<Tab>k");
+    assert_eq!(state.selected(Pane::RolloutImages), Some(demo::PROMETHEUS));
+    assert_eq!(
+        type_keys(&mut state, "c"),
+        [Cmd::Cancel {
+            node: "worker-1".into(),
+            image: demo::PROMETHEUS.into()
+        }]
+    );
+    // Nothing to retry on an image already pulled.
+    type_keys(&mut state, "gr");
+    assert!(state.flash().unwrap().contains("nothing to retry"));
+}
+
+#[test]
+fn readonly_blocks_writes_with_a_message() {
+    let mut state = state();
+    state.readonly = true;
+    for keys in ["2a", "2e", "4r", "1L"] {
+        assert!(type_keys(&mut state, keys).is_empty(), "{keys}");
+        assert!(state.flash().unwrap().starts_with("read-only"), "{keys}");
+        assert_eq!(state.mode(), &Mode::Normal);
+    }
+    assert!(screen_text(&state).contains("read-only"));
+}
+
+#[test]
+fn apply_asks_first_and_names_the_nodes_it_will_skip() {
+    let mut state = state();
+    // The set with the broken entry is refused outright.
+    type_keys(&mut state, "2a");
+    assert!(state.flash().unwrap().contains("breaks 1 rule"));
+    type_keys(&mut state, "<Tab><Tab>j");
+    assert_eq!(state.selected_set().unwrap().set.name, "monitoring");
+    type_keys(&mut state, "a");
+    let shown = screen_text(&state);
+    assert!(
+        shown.contains("apply set monitoring to 2 node(s)? y/n"),
+        "{shown}"
+    );
+    assert_eq!(type_keys(&mut state, "n"), []);
+    // Targeting worker-0 too: it has no room, so it is named, and F forces it.
+    type_keys(&mut state, "<Tab><Tab>g a");
+    let shown = screen_text(&state);
+    assert!(
+        shown.contains("will be skipped (no-space): worker-0; F to force"),
+        "{shown}"
+    );
+    let cmds = type_keys(&mut state, "y");
+    let [Cmd::Apply { set, nodes, force }] = cmds.as_slice() else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(
+        (set.name.as_str(), nodes.len(), *force),
+        ("monitoring", 3, false)
+    );
+    assert_eq!(state.screen(), Screen::Rollout);
+}
+
+#[test]
+fn import_reads_the_file_and_adds_its_entries() {
+    let mut state = state();
+    type_keys(&mut state, "2I");
+    let cmds = type_keys(&mut state, "sets/extra.yaml<Enter>");
+    let path = PathBuf::from("sets/extra.yaml");
+    assert_eq!(cmds, [Cmd::ReadFile(path.clone(), FilePurpose::ImportSet)]);
+    let yaml = format!(
+        "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: \
+         monitoring\nspec:\n  pinnedImages:\n  - name: {}\n",
+        demo::UBI
+    );
+    update(
+        &mut state,
+        Msg::FileRead {
+            path,
+            purpose: FilePurpose::ImportSet,
+            result: Ok(yaml),
+        },
+    );
+    let draft = state.selected_set().unwrap();
+    assert_eq!(draft.set.name, "monitoring-2", "names stay unique");
+    assert_eq!(draft.set.references().collect::<Vec<_>>(), [demo::UBI]);
+    // A list file adds to the selected set.
+    update(
+        &mut state,
+        Msg::FileRead {
+            path: "more.txt".into(),
+            purpose: FilePurpose::ImportSet,
+            result: Ok(format!("# more\n{}\n", demo::ART)),
+        },
+    );
+    assert_eq!(state.selected_set().unwrap().set.entries.len(), 2);
+}
+
+#[test]
+fn export_writes_yaml_that_reads_back_as_the_same_set() {
+    let mut state = state();
+    type_keys(&mut state, "2<Tab><Tab>j");
+    type_keys(&mut state, "e");
+    let cmds = type_keys(&mut state, "<Enter>");
+    let [Cmd::WriteFile(path, yaml)] = cmds.as_slice() else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(path, &PathBuf::from("monitoring.yaml"));
+    let sets = crate::model::set::parse_yaml(yaml, "monitoring.yaml").unwrap();
+    let original = &state.selected_set().unwrap().set;
+    assert_eq!(sets[0].name, original.name);
+    assert_eq!(sets[0].labels, original.labels);
+    assert!(sets[0].references().eq(original.references()));
+    assert!(
+        yaml.starts_with(
+            "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\n"
+        ),
+        "{yaml}"
+    );
+}
+
+#[test]
+fn lazy_toggle_and_survey_become_commands() {
+    let mut state = state();
+    assert_eq!(
+        type_keys(&mut state, "1jL"),
+        [Cmd::ToggleLazy {
+            node: "worker-1".into(),
+            enable: true
+        }]
+    );
+    // Survey refuses while a set breaks a rule, then covers every set and the union of their targets.
+    assert!(type_keys(&mut state, "3p").is_empty());
+    type_keys(&mut state, "2d");
+    let cmds = type_keys(&mut state, "p");
+    let [Cmd::Survey { sets, nodes }] = cmds.as_slice() else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!((sets.len(), nodes.len()), (2, 3));
+    assert!(state.surveying);
+}
+
+#[test]
+fn ticks_redraw_only_when_time_shows() {
+    let mut state = state();
+    state.take_dirty();
+    let later = state.now + Duration::from_secs(10);
+    update(&mut state, Msg::Tick(later));
+    assert!(
+        !state.take_dirty(),
+        "nothing on the Nodes screen depends on time"
+    );
+    type_keys(&mut state, "4");
+    state.take_dirty();
+    update(&mut state, Msg::Tick(later + Duration::from_secs(1)));
+    assert!(
+        state.take_dirty(),
+        "a rollout is running: elapsed and ETA move"
+    );
+}
+
+#[test]
+fn a_large_rollout_draws_only_its_visible_rows() {
+    let mut state = state();
+    let now = state.now;
+    let images: Vec<String> = (0..500)
+        .map(|i| format!("quay.io/app/image-{i}@sha256:{i:064}"))
+        .collect();
+    let mut rollout = Rollout::default();
+    for n in 0..2000 {
+        rollout.apply(Event::NodeStarted {
+            node: format!("node-{n:04}"),
+            images: images.clone(),
+            at: now,
+        });
+    }
+    state.set_rollout(rollout);
+    type_keys(&mut state, "4G");
+    let shown = text(&render_to_buffer(&state, 120, 40));
+    assert!(shown.contains("Nodes [2000/2000]"), "{shown}");
+    assert!(shown.contains("node-1999"), "{shown}");
+    assert!(!shown.contains("node-0000"), "{shown}");
+}
+
+#[test]
+fn svg_has_every_cell_with_its_color() {
+    let theme = Theme::named("dark").unwrap();
+    let state = demo_state(Instant::now(), theme.clone());
+    let svg = buffer_to_svg(&render_to_buffer(&state, 80, 24), &theme);
+    assert!(svg.starts_with("<svg "));
+    assert!(svg.contains("worker-0"));
+    assert!(
+        svg.contains("fill=\"#23d18b\""),
+        "light green for ok statuses"
+    );
+    assert!(svg.trim_end().ends_with("</svg>"));
+}
+
+macro_rules! snapshots {
+    ($($name:ident: $keys:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            let mut state = state();
+            type_keys(&mut state, $keys);
+            for (width, height) in [(120, 40), (80, 24)] {
+                let name = format!("{}_{width}x{height}", stringify!($name));
+                insta::assert_snapshot!(name, text(&render_to_buffer(&state, width, height)));
+            }
+        }
+    )*};
+}
+
+snapshots! {
+    nodes_screen: "1";
+    sets_screen: "2";
+    plan_screen: "3";
+    rollout_screen: "4";
+    config_screen: "5";
+    help_screen: "4?";
+    apply_confirmation: "2<Tab><Tab>ja";
+}

@@ -1,0 +1,262 @@
+//! End to end: the real `pinboard` binary in tmux against the lab (3 containerd nodes, one too small for
+//! the set). The test composes a set by keystrokes, applies it, and watches the rollout end with the small
+//! node refused and the other two pulled and pinned: one through containerd's label, one through a CRI-O
+//! drop-in in a config dir the test provides, reloaded by a signal to a process the test names.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
+
+const MI: u64 = 1 << 20;
+
+/// A tmux server of the test's own, so nothing else's sessions interfere.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        for key in keys {
+            self.run(&["send-keys", "-t", "e2e", key]);
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+
+    fn literal(&self, text: &str) {
+        self.run(&["send-keys", "-t", "e2e", "-l", text]);
+        std::thread::sleep(Duration::from_millis(150));
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-t", "e2e", "-p"])
+    }
+
+    /// Waits until the screen shows `text`; panics with the screen when it does not within `limit`.
+    fn wait_for(&self, text: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let screen = self.screen();
+            if screen.contains(text) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{text:?} did not appear within {limit:?}; screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        self.run(&["kill-server"]);
+    }
+}
+
+/// A process that records every SIGHUP it gets in `log`, standing in for CRI-O.
+fn fake_crio(dir: &Path) -> (Child, PathBuf, PathBuf) {
+    let log = dir.join("hup.log");
+    let script = format!(
+        "trap 'echo hup >> {}' HUP; while :; do sleep 0.1; done",
+        log.display()
+    );
+    let child = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .spawn()
+        .expect("bash runs");
+    let pidfile = dir.join("crio.pid");
+    std::fs::write(&pidfile, child.id().to_string()).unwrap();
+    (child, pidfile, log)
+}
+
+fn containerd_images(lab: &Lab, node: &str) -> String {
+    let socket = lab.node(node).socket.display().to_string();
+    let out = Command::new("ctr")
+        .args(["--address", &socket, "-n", "k8s.io", "images", "ls"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn compose_apply_and_watch_a_rollout_in_the_terminal() {
+    let lab = Lab::start(
+        "tui-e2e",
+        LabConfig {
+            nodes: vec![
+                NodeSpec::new("n1", 12 * MI),
+                NodeSpec::new("n2", 256 * MI),
+                NodeSpec::new("n3", 256 * MI),
+            ],
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let base = LayerSpec {
+        seed: 7,
+        bytes: 6 * MI as usize,
+        format: LayerFormat::Gzip,
+    };
+    let references: Vec<String> = (0..4u64)
+        .map(|i| {
+            let own = LayerSpec {
+                seed: 70 + i,
+                bytes: (MI / 2) as usize,
+                format: LayerFormat::Gzip,
+            };
+            let spec = ImageSpec {
+                layers: vec![base.clone(), own],
+                ..ImageSpec::default()
+            };
+            lab.push_image(&format!("e2e/app{i}"), &spec)
+                .unwrap()
+                .reference(&lab.proxy_host())
+        })
+        .collect();
+
+    let work = lab.dir().join("e2e");
+    let crio_dir = work.join("crio.conf.d");
+    std::fs::create_dir_all(&crio_dir).unwrap();
+    let (mut crio, pidfile, hup_log) = fake_crio(&work);
+    let nodes_file = work.join("nodes.yaml");
+    let node = |name: &str| lab.node(name).endpoint();
+    std::fs::write(
+        &nodes_file,
+        format!(
+            "- name: n1\n  endpoint: {}\n  pin: containerd-label\n\
+             - name: n2\n  endpoint: {}\n  pin: crio-drop-in\n  crioConfigDir: {}\n  crioReload: signal:{}\n\
+             - name: n3\n  endpoint: {}\n  pin: containerd-label\n",
+            node("n1"),
+            node("n2"),
+            crio_dir.display(),
+            pidfile.display(),
+            node("n3"),
+        ),
+    )
+    .unwrap();
+    let n1_before = containerd_images(&lab, "n1");
+
+    let tmux = Tmux {
+        socket: format!("pinboard-e2e-{}", std::process::id()),
+    };
+    let command = format!(
+        "XDG_STATE_HOME={state} {bin} --nodes {nodes} --insecure-registry {registry} --min-free 4Mi; echo EXITED $?; sleep 60",
+        state = work.join("state").display(),
+        bin = env!("CARGO_BIN_EXE_pinboard"),
+        nodes = nodes_file.display(),
+        registry = lab.proxy_host(),
+    );
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "e2e",
+        "-x",
+        "120",
+        "-y",
+        "40",
+        &command,
+    ]);
+    tmux.wait_for("3/3 reachable", Duration::from_secs(20));
+
+    // Compose: Sets screen, new set, paste the references, apply, confirm.
+    tmux.keys(&["2", "n"]);
+    tmux.literal("upgrade");
+    tmux.keys(&["Enter", "i"]);
+    tmux.literal(&references.join(" "));
+    tmux.keys(&["Enter"]);
+    let sets = tmux.wait_for("upgrade [1/4]", Duration::from_secs(20));
+    assert!(
+        !sets.contains('✗'),
+        "every entry passes validation:\n{sets}"
+    );
+    tmux.keys(&["a"]);
+    tmux.wait_for("apply set upgrade", Duration::from_secs(5));
+    tmux.keys(&["y"]);
+
+    let done = tmux.wait_for("rollout finished", Duration::from_secs(60));
+    let row = |name: &str| {
+        done.lines()
+            .find(|l| l.contains(&format!("│{name} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(row("n1").contains("refused"), "n1 is refused:\n{done}");
+    assert!(row("n2").contains("pinned"), "n2 is pinned:\n{done}");
+    assert!(row("n3").contains("pinned"), "n3 is pinned:\n{done}");
+    assert!(done.contains("no-space"), "the refusal says why:\n{done}");
+
+    // What the nodes say, independently of pinboard.
+    assert_eq!(
+        containerd_images(&lab, "n1"),
+        n1_before,
+        "nothing was pulled on the refused node"
+    );
+    let n3 = containerd_images(&lab, "n3");
+    for reference in &references {
+        let line = n3
+            .lines()
+            .find(|l| l.starts_with(reference.as_str()))
+            .unwrap_or_else(|| panic!("{reference} not on n3:\n{n3}"));
+        assert!(line.contains("io.cri-containerd.pinned=pinned"), "{line}");
+    }
+    let n2 = containerd_images(&lab, "n2");
+    assert!(
+        references.iter().all(|r| n2.contains(r.as_str())),
+        "n2 pulled every image:\n{n2}"
+    );
+    let mut sorted = references.clone();
+    sorted.sort();
+    let quoted: Vec<String> = sorted.iter().map(|r| format!("\"{r}\"")).collect();
+    let expected = format!(
+        "[crio]\n  [crio.image]\n    pinned_images = [{}]\n",
+        quoted.join(", ")
+    );
+    assert_eq!(
+        std::fs::read_to_string(crio_dir.join("50-pinned-images")).unwrap(),
+        expected
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&hup_log)
+        .unwrap_or_default()
+        .contains("hup")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "CRI-O (pid in {}) never got SIGHUP",
+            pidfile.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Quitting restores the terminal and exits 0; the log went to a file, not the screen.
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("EXITED", Duration::from_secs(10));
+    assert!(after.contains("EXITED 0"), "{after}");
+    assert!(
+        !after.contains("pinboard  1 Nodes"),
+        "the alternate screen is gone:\n{after}"
+    );
+    assert!(
+        work.join("state/pinboard/pinboard.log").exists(),
+        "the TUI logs to its file"
+    );
+    crio.kill().unwrap();
+    let _ = crio.wait();
+}
