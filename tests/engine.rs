@@ -135,22 +135,6 @@ fn start(
     engine::start(jobs, Arc::new(facts), Arc::new(Credentials::none()), config)
 }
 
-/// `ctr images ls` on the node: one line per image record, with its labels.
-fn ctr_images(lab: &Lab, node: &str) -> String {
-    let out = Command::new("ctr")
-        .arg("--address")
-        .arg(&lab.node(node).socket)
-        .args(["-n", "k8s.io", "images", "ls"])
-        .output()
-        .expect("ctr runs");
-    assert!(
-        out.status.success(),
-        "ctr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 fn record<'a>(listing: &'a str, name: &str) -> Option<&'a str> {
     listing
         .lines()
@@ -275,7 +259,7 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
 
     // Every image is on n1 and n2 and on neither runtime twice; nothing reached the refused node.
     for node in ["n1", "n2"] {
-        let listing = ctr_images(&lab, node);
+        let listing = lab.node(node).images_ls();
         for (r, f) in refs.iter().map(|r| (r, &facts[r])) {
             let line =
                 record(&listing, r).unwrap_or_else(|| panic!("{node} lacks {r}:\n{listing}"));
@@ -296,7 +280,7 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
             }
         }
     }
-    assert!(!ctr_images(&lab, "small").contains("engine/"));
+    assert!(!lab.node("small").images_ls().contains("engine/"));
 
     // The drop-in: the daemon's shape, sorted, the administrator's comment and pin kept; CRI-O told once.
     // Added to the pins already there.
@@ -507,7 +491,7 @@ async fn byte_progress_arrives_and_pulls_can_be_cancelled_and_retried() {
         ImageState::Pinned { confirmed: false },
         "retried after the cancel"
     );
-    assert!(ctr_images(&lab, "n1").contains(&refs[1]));
+    assert!(lab.node("n1").images_ls().contains(&refs[1]));
     drop(engine);
 
     // Without the cap, for comparison.

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use pinboard::backend::cri::CriClient;
@@ -15,16 +14,8 @@ const PINNED: &str = "io.cri-containerd.pinned=pinned";
 
 /// `ctr images ls` lines of the node, one per image record.
 fn records(lab: &Lab) -> Vec<String> {
-    let socket = lab.node("n1").socket.display().to_string();
-    let ctr = ["--address", &socket, "-n", "k8s.io", "images", "ls"];
-    let out = Command::new("ctr").args(ctr).output().expect("ctr runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
+    lab.node("n1")
+        .images_ls()
         .lines()
         .map(str::to_string)
         .collect()

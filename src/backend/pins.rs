@@ -149,46 +149,6 @@ pub fn reload_crio(reload: &Reload) -> Result<(), PinError> {
     }
 }
 
-/// One line of a preview: unchanged, added or removed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DiffLine {
-    Same(String),
-    Added(String),
-    Removed(String),
-}
-
-/// A line diff of `old` to `new` (`None`: no file), by longest common subsequence: config files are small.
-pub fn preview(old: Option<&str>, new: Option<&str>) -> Vec<DiffLine> {
-    let a: Vec<&str> = old.map_or_else(Vec::new, |t| t.lines().collect());
-    let b: Vec<&str> = new.map_or_else(Vec::new, |t| t.lines().collect());
-    // lcs[i][j]: length of the LCS of a[i..] and b[j..].
-    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for i in (0..a.len()).rev() {
-        for j in (0..b.len()).rev() {
-            lcs[i][j] = if a[i] == b[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
-        }
-    }
-    let (mut i, mut j, mut out) = (0, 0, Vec::new());
-    while i < a.len() || j < b.len() {
-        if i < a.len() && j < b.len() && a[i] == b[j] {
-            out.push(DiffLine::Same(a[i].into()));
-            (i, j) = (i + 1, j + 1);
-        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
-            // Removals first, as diff(1) shows a changed line.
-            out.push(DiffLine::Removed(a[i].into()));
-            i += 1;
-        } else {
-            out.push(DiffLine::Added(b[j].into()));
-            j += 1;
-        }
-    }
-    out
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // containerd label
 
@@ -519,23 +479,5 @@ mod tests {
         .to_string();
         assert!(err.contains("crio.pid") && err.contains("stale"), "{err}");
         reload_crio(&Reload::None).unwrap();
-    }
-
-    #[test]
-    fn preview_is_a_line_diff() {
-        use DiffLine::*;
-        let s = |t: &str| t.to_string();
-        assert_eq!(
-            preview(Some("a\nb\nc\n"), Some("a\nx\nc\nd\n")),
-            [
-                Same(s("a")),
-                Removed(s("b")),
-                Added(s("x")),
-                Same(s("c")),
-                Added(s("d"))
-            ]
-        );
-        assert_eq!(preview(None, Some("a")), [Added(s("a"))]);
-        assert_eq!(preview(Some("a"), None), [Removed(s("a"))]);
     }
 }

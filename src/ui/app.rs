@@ -10,6 +10,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use super::export::pinned_image_set_yaml;
 use super::keymap::{Action, lookup};
 use super::theme::Theme;
+pub use crate::model::diff::DiffKind;
 use crate::model::plan::Verdict;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, PinMethod, Rollout};
 use crate::model::set::{self, Entry, ImageSet, Origin, Problem};
@@ -63,13 +64,6 @@ pub struct NodeInfo {
     pub pin_method: Option<PinMethod>,
     pub lazy_pulling: Option<bool>,
     pub reachable: Option<bool>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DiffKind {
-    Added,
-    Removed,
-    Same,
 }
 
 /// What pinning writes (or wrote) on one node, against what is there; computed by the backend.

@@ -16,7 +16,7 @@ use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::cri::CriClient;
 use crate::backend::lazy::{LazyState, read_lazy, set_lazy};
 use crate::backend::node::observe;
-use crate::backend::pins::{self, CONTAINERD_PIN_VALUE, DiffLine};
+use crate::backend::pins::{self, CONTAINERD_PIN_VALUE};
 use crate::backend::registry::Registry;
 use crate::cli::{TuiArgs, read_sets, registry_client};
 use crate::engine::{self, Control, EngineConfig, NodeJob, PinTarget};
@@ -288,23 +288,12 @@ fn crio_view(target: &NodeTarget, wanted: &[String]) -> ConfigView {
     let mut all = pins::read_crio_pins(&crio_dir(target)).unwrap_or_default();
     all.extend(wanted.iter().cloned());
     let lines = match pins::crio_drop_in(old.as_deref(), &all) {
-        Ok(new) => pins::preview(old.as_deref(), new.as_deref())
-            .into_iter()
-            .map(diff_line)
-            .collect(),
+        Ok(new) => crate::model::diff::lines(old.as_deref(), new.as_deref()),
         Err(e) => vec![(DiffKind::Removed, format!("cannot edit: {e}"))],
     };
     ConfigView {
         path: path.display().to_string(),
         lines,
-    }
-}
-
-fn diff_line(line: DiffLine) -> (DiffKind, String) {
-    match line {
-        DiffLine::Same(text) => (DiffKind::Same, text),
-        DiffLine::Added(text) => (DiffKind::Added, text),
-        DiffLine::Removed(text) => (DiffKind::Removed, text),
     }
 }
 

@@ -697,6 +697,10 @@ fn image_detail(
         | NodeState::PinFailed { reason } => {
             lines.push(Line::styled(format!("node: {reason}"), error));
         }
+        NodeState::Pinned { confirmed: false, method, .. } => lines.push(Line::from(format!(
+            "node: pinned (not confirmed by runtime): {} written; this runtime does not report pins",
+            super::status::pin_method_label(Some(*method))
+        ))),
         _ => {}
     }
     if let Some((name, image)) = image {

@@ -59,7 +59,9 @@ pub fn image_status(state: &ImageState, stalled: bool) -> Status {
         ImageState::Pulling { .. } => status("↓", "pulling", Tone::Active),
         ImageState::Retrying { .. } => status("↻", "retrying", Tone::Active),
         ImageState::Pulled { .. } => status("●", "pulled", Tone::Ok),
-        ImageState::Pinned { .. } => status("✓", "pinned", Tone::Ok),
+        ImageState::Pinned { confirmed: true } => status("✓", "pinned", Tone::Ok),
+        // Written, but the runtime does not report pins (containerd < 1.7): the detail line says so.
+        ImageState::Pinned { confirmed: false } => status("✓", "pinned*", Tone::Ok),
         ImageState::Failed { .. } => status("✗", "failed", Tone::Error),
         ImageState::Cancelled => status("⊘", "cancelled", Tone::Idle),
         ImageState::Skipped => status("-", "skipped", Tone::Idle),
@@ -74,7 +76,12 @@ pub fn node_status(state: &NodeState, stalled: bool) -> Status {
         NodeState::Refused { .. } => status("⊘", "refused", Tone::Warn),
         NodeState::Pulling { .. } => status("↓", "pulling", Tone::Active),
         NodeState::Stopped { .. } => status("■", "stopped", Tone::Error),
-        NodeState::Pinned { .. } => status("✓", "pinned", Tone::Ok),
+        NodeState::Pinned {
+            confirmed: true, ..
+        } => status("✓", "pinned", Tone::Ok),
+        NodeState::Pinned {
+            confirmed: false, ..
+        } => status("✓", "pinned*", Tone::Ok),
         NodeState::PinFailed { .. } => status("✗", "pin-failed", Tone::Error),
     }
 }

@@ -145,6 +145,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     /// Where containerd keeps this node's unpacked layers (on the node's tmpfs): the path CRI's
     /// ImageFsInfo reports as the image filesystem.
+    /// `ctr images ls` on the node, an independent view of its image records: one line each, with
+    /// labels (e.g. `io.cri-containerd.pinned=pinned`).
+    pub fn images_ls(&self) -> String {
+        let out = ctr(&self.socket)
+            .args(["images", "ls"])
+            .output()
+            .expect("ctr runs");
+        assert!(
+            out.status.success(),
+            "ctr images ls: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("ctr prints UTF-8")
+    }
+
     pub fn imagefs_dir(&self) -> PathBuf {
         self.root.join("io.containerd.snapshotter.v1.native")
     }
