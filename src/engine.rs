@@ -616,7 +616,7 @@ impl NodeRun {
 
     /// Writes and verifies the pins for every image of the plan (all present now).
     async fn pin(&self, target: PinTarget, images: Vec<String>) {
-        let outcome = match self.resolve(target) {
+        let outcome = match resolve(target, &self.runtime, &self.client) {
             Ok(PinTarget::CrioDropIn { config_dir, reload }) => self
                 .drop_in(config_dir, reload, &images)
                 .await
@@ -638,28 +638,6 @@ impl NodeRun {
             },
             Err(reason) => Event::PinFailed { node, reason, at },
         });
-    }
-
-    /// The target with `Detect` decided from the runtime's name.
-    fn resolve(&self, target: PinTarget) -> Result<PinTarget, String> {
-        if target != PinTarget::Detect {
-            return Ok(target);
-        }
-        match self.runtime.as_str() {
-            "containerd" => Ok(PinTarget::ContainerdLabel),
-            // The drop-in is a file on the node: only writable when pinboard runs there.
-            "cri-o" if !self.client.endpoint().is_local() => Err(format!(
-                "CRI-O at {}: its pin drop-in can only be written on the node itself",
-                self.client.endpoint()
-            )),
-            "cri-o" => Ok(PinTarget::CrioDropIn {
-                config_dir: CRIO_CONFIG_DIR.into(),
-                reload: Reload::Systemctl,
-            }),
-            other => Err(format!(
-                "runtime {other:?}: pinboard pins only on containerd and CRI-O"
-            )),
-        }
     }
 
     /// Labels every image; whether CRI confirms them all.
@@ -725,6 +703,80 @@ impl NodeRun {
             }
         }
         false
+    }
+}
+
+/// The target with `Detect` decided from the runtime's name.
+fn resolve(target: PinTarget, runtime: &str, client: &CriClient) -> Result<PinTarget, String> {
+    if target != PinTarget::Detect {
+        return Ok(target);
+    }
+    match runtime {
+        "containerd" => Ok(PinTarget::ContainerdLabel),
+        // The drop-in is a file on the node: only writable when pinboard runs there.
+        "cri-o" if !client.endpoint().is_local() => Err(format!(
+            "CRI-O at {}: its pin drop-in can only be written on the node itself",
+            client.endpoint()
+        )),
+        "cri-o" => Ok(PinTarget::CrioDropIn {
+            config_dir: CRIO_CONFIG_DIR.into(),
+            reload: Reload::Systemctl,
+        }),
+        other => Err(format!(
+            "runtime {other:?}: pinboard pins only on containerd and CRI-O"
+        )),
+    }
+}
+
+/// Unpins `images` on one node: CRI-O's drop-in loses those entries (rewritten only if it changes, then
+/// CRI-O is reloaded; an empty list removes the file), containerd's records lose the pin label. Images
+/// are never deleted. Returns what was done, for the operator.
+pub async fn unpin(
+    node: &DirectNode,
+    target: PinTarget,
+    images: &[String],
+) -> Result<String, String> {
+    let client = CriClient::connect(&node.endpoint, DEFAULT_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    let runtime = client
+        .version()
+        .await
+        .map_err(|e| e.to_string())?
+        .runtime_name;
+    match resolve(target, &runtime, &client)? {
+        PinTarget::CrioDropIn { config_dir, reload } => {
+            let unpinned = images.to_vec();
+            tokio::task::spawn_blocking(move || {
+                let before = pins::read_crio_pins(&config_dir)?;
+                let kept: Vec<String> = before
+                    .iter()
+                    .filter(|p| !unpinned.contains(p))
+                    .cloned()
+                    .collect();
+                let removed = before.len() - kept.len();
+                if pins::write_crio_pins(&config_dir, &kept)? {
+                    pins::reload_crio(&reload)?;
+                }
+                Ok::<_, pins::PinError>(format!("{removed} pin(s) removed from the CRI-O drop-in"))
+            })
+            .await
+            .map_err(|e| format!("rewriting the CRI-O drop-in: {e}"))?
+            .map_err(|e| e.to_string())
+        }
+        _ => {
+            let mut removed = 0;
+            for image in images {
+                // An image the node no longer has carries no label to remove.
+                if matches!(client.image_status(image).await, Ok(Some(_))) {
+                    pins::label_containerd(&client, image, false)
+                        .await
+                        .map_err(|e| format!("unlabelling {image}: {e}"))?;
+                    removed += 1;
+                }
+            }
+            Ok(format!("pin label removed from {removed} image(s)"))
+        }
     }
 }
 

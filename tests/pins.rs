@@ -103,3 +103,129 @@ async fn the_pin_label_is_set_on_every_record_and_removed_again() {
     assert!(err.contains("is not on the node"), "{err}");
     assert_eq!(containerd_label(&client, &missing).await.unwrap(), None);
 }
+
+/// Unpinning a set: containerd loses the label, the CRI-O drop-in loses exactly those entries (keeping an
+/// administrator's comment and another set's pin) and CRI-O is reloaded; every image stays on the node.
+#[tokio::test(flavor = "multi_thread")]
+async fn unpinning_removes_pins_and_keeps_images() {
+    use pinboard::backend::node::DirectNode;
+    use pinboard::backend::pins::{Reload, read_crio_pins, write_crio_pins};
+    use pinboard::engine::{PinTarget, unpin};
+
+    let lab = Lab::start(
+        "pins-unpin",
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 64 << 20)],
+            apiserver: false,
+        },
+    )
+    .expect("the lab must start");
+    let spec = |seed| ImageSpec {
+        layers: vec![LayerSpec {
+            seed,
+            bytes: 128 << 10,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    let refs: Vec<String> = [51, 52]
+        .iter()
+        .map(|&s| {
+            lab.push_image(&format!("unpin/app{s}"), &spec(s))
+                .unwrap()
+                .reference(&lab.registry_host())
+        })
+        .collect();
+    let endpoint = lab.node("n1").endpoint().parse().unwrap();
+    let client = CriClient::connect(&endpoint, Duration::from_secs(10))
+        .await
+        .unwrap();
+    for r in &refs {
+        client
+            .pull_image(r, None, Duration::from_secs(30))
+            .await
+            .unwrap();
+        label_containerd(&client, r, true).await.unwrap();
+    }
+    let node = DirectNode {
+        name: "n1".into(),
+        endpoint,
+    };
+
+    let done = unpin(&node, PinTarget::ContainerdLabel, &refs)
+        .await
+        .unwrap();
+    assert_eq!(done, "pin label removed from 2 image(s)");
+    let listing = records(&lab);
+    for r in &refs {
+        let line = listing
+            .iter()
+            .find(|l| l.starts_with(r.as_str()))
+            .expect("the image stays");
+        assert!(!line.contains(PINNED), "{line}");
+    }
+
+    // CRI-O: the set's entries go, another set's pin and the admin's comment stay, one SIGHUP is sent.
+    let dir = tempfile::tempdir().unwrap();
+    let other =
+        "quay.io/other/app@sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let mut all = refs.clone();
+    all.push(other.to_string());
+    write_crio_pins(dir.path(), &all).unwrap();
+    let file = dir.path().join("50-pinned-images");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("# pinned for the 4.19 upgrade\n{text}")).unwrap();
+    let hup = dir.path().join("hup.log");
+    let mut crio = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "trap 'echo hup >> {}' HUP; while :; do sleep 0.1; done",
+            hup.display()
+        ))
+        .spawn()
+        .unwrap();
+    let pidfile = dir.path().join("crio.pid");
+    std::fs::write(&pidfile, crio.id().to_string()).unwrap();
+    let target = PinTarget::CrioDropIn {
+        config_dir: dir.path().into(),
+        reload: Reload::Signal { pidfile },
+    };
+
+    let done = unpin(&node, target.clone(), &refs).await.unwrap();
+    assert_eq!(done, "2 pin(s) removed from the CRI-O drop-in");
+    assert_eq!(read_crio_pins(dir.path()).unwrap(), [other]);
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .starts_with("# pinned for the 4.19 upgrade\n")
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::fs::read_to_string(&hup)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 1
+    {
+        assert!(std::time::Instant::now() < deadline, "no SIGHUP");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Nothing left to remove: the file is not rewritten and CRI-O is not reloaded again.
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&file).unwrap());
+    assert_eq!(
+        unpin(&node, target, &refs).await.unwrap(),
+        "0 pin(s) removed from the CRI-O drop-in"
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&file).unwrap()),
+        inode
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(std::fs::read_to_string(&hup).unwrap().lines().count(), 1);
+    assert!(
+        refs.iter()
+            .all(|r| records(&lab).iter().any(|l| l.starts_with(r.as_str()))),
+        "images stay"
+    );
+    crio.kill().unwrap();
+    let _ = crio.wait();
+}

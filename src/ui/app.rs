@@ -140,8 +140,8 @@ pub enum Msg {
     },
     /// Per node, replacing what was there for those nodes.
     ConfigViews(BTreeMap<String, ConfigView>),
-    /// A command failed in the backend: shown as a flash message.
-    Error(String),
+    /// What the backend has to say (a failure, a warning, an outcome): shown as a flash message.
+    Notice(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +157,11 @@ pub enum Cmd {
         set: ImageSet,
         nodes: Vec<String>,
         force: bool,
+    },
+    /// Remove `set`'s pins from `nodes`; images stay.
+    Unpin {
+        set: ImageSet,
+        nodes: Vec<String>,
     },
     Retry {
         node: String,
@@ -215,6 +220,8 @@ pub struct Confirm {
     /// Every target node; `skipped` are the no-space ones the engine will refuse without force.
     pub nodes: Vec<String>,
     pub skipped: Vec<String>,
+    /// Unpin the set from its nodes instead of applying it.
+    pub unpin: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -630,7 +637,7 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             state.config.extend(views);
             Vec::new()
         }
-        Msg::Error(text) => {
+        Msg::Notice(text) => {
             state.say(text);
             Vec::new()
         }
@@ -691,10 +698,17 @@ fn on_key(state: &mut State, key: KeyEvent) -> Vec<Cmd> {
             }
         },
         Mode::Confirm(confirm) => match key.code {
+            KeyCode::Char('y') if confirm.unpin => unpin(state, confirm),
             KeyCode::Char('y') => apply(state, confirm, false),
-            KeyCode::Char('F') if !confirm.skipped.is_empty() => apply(state, confirm, true),
+            KeyCode::Char('F') if !confirm.skipped.is_empty() && !confirm.unpin => {
+                apply(state, confirm, true)
+            }
             KeyCode::Char('n') | KeyCode::Esc => {
-                state.say("apply cancelled");
+                state.say(if confirm.unpin {
+                    "unpin cancelled"
+                } else {
+                    "apply cancelled"
+                });
                 Vec::new()
             }
             _ => {
@@ -800,7 +814,8 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
                 }
             }
         },
-        Action::Apply => confirm_apply(state),
+        Action::Apply => confirm(state, false),
+        Action::Unpin => confirm(state, true),
         Action::Survey => return survey(state),
         Action::AddImages => {
             if state.sets.is_empty() {
@@ -872,16 +887,19 @@ fn survey(state: &mut State) -> Vec<Cmd> {
     vec![cmd]
 }
 
-fn confirm_apply(state: &mut State) {
-    if !state.writable("apply") {
+/// Asks y/n before applying (or unpinning) the selected set on its target nodes.
+fn confirm(state: &mut State, unpin: bool) {
+    let verb = if unpin { "unpin" } else { "apply" };
+    if !state.writable(verb) {
         return;
     }
     let Some(draft) = state.selected_set() else {
-        state.say("no set to apply: add one on the Sets screen (2)");
+        state.say(format!("no set to {verb}: add one on the Sets screen (2)"));
         return;
     };
     let (name, problems) = (draft.set.name.clone(), draft.problems().len());
-    if problems > 0 {
+    // Unpinning a broken set is fine: its valid entries may be pinned.
+    if problems > 0 && !unpin {
         state.say(format!(
             "set {name} breaks {problems} rule(s): fix it before applying"
         ));
@@ -898,14 +916,30 @@ fn confirm_apply(state: &mut State) {
         .survey
         .iter()
         .flat_map(|s| &s.nodes)
-        .filter(|n| n.verdict == Verdict::NoSpace && draft.targets.contains(&n.node))
+        .filter(|n| !unpin && n.verdict == Verdict::NoSpace && draft.targets.contains(&n.node))
         .map(|n| n.node.clone())
         .collect();
     state.mode = Mode::Confirm(Confirm {
         set: name,
         nodes,
         skipped,
+        unpin,
     });
+}
+
+fn unpin(state: &mut State, confirm: Confirm) -> Vec<Cmd> {
+    let Some(draft) = state.sets.iter().find(|s| s.set.name == confirm.set) else {
+        return Vec::new();
+    };
+    let cmd = Cmd::Unpin {
+        set: draft.set.clone(),
+        nodes: confirm.nodes,
+    };
+    state.say(format!(
+        "unpinning set {} (images stay on the nodes)",
+        confirm.set
+    ));
+    vec![cmd]
 }
 
 fn apply(state: &mut State, confirm: Confirm, force: bool) -> Vec<Cmd> {

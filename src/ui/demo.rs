@@ -1,10 +1,13 @@
 //! A fixed, realistic state for snapshot tests, screenshots and benchmarks: three nodes (one without
 //! room, one tight, one that fits), two sets (one entry breaking a rule), a survey, a rollout half-way
 //! (pulling, stalled, failed after retries, pinned) and config diffs. Times are relative to `now`, so
-//! everything drawn from it is the same on every run.
+//! everything drawn from it is the same on every run. [`screens`] puts each screen on it, for the snapshot
+//! tests and the screenshots alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::app::{ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
 use super::theme::Theme;
@@ -331,4 +334,33 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
     state.selected.insert(Pane::RolloutNodes, "worker-1".into());
     state.selected.insert(Pane::RolloutImages, EXPORTER.into());
     state
+}
+
+/// Every screen as the snapshot tests and the screenshots show it: a name and the demo state after the keys
+/// that put that screen on.
+pub fn screens(now: Instant, theme: &Theme) -> Vec<(&'static str, State)> {
+    use KeyCode::{Char, Tab};
+    let screens: [(&str, &[KeyCode]); 7] = [
+        ("nodes", &[Char('1')]),
+        ("sets", &[Char('2')]),
+        ("plan", &[Char('3')]),
+        ("rollout", &[Char('4')]),
+        ("config", &[Char('5')]),
+        ("help", &[Char('4'), Char('?')]),
+        // The monitoring set (the one without a broken entry), asking before it applies.
+        ("apply", &[Char('2'), Tab, Tab, Char('j'), Char('a')]),
+    ];
+    screens
+        .into_iter()
+        .map(|(name, keys)| {
+            let mut state = demo_state(now, theme.clone());
+            for code in keys {
+                update(
+                    &mut state,
+                    Msg::Key(KeyEvent::new(*code, KeyModifiers::NONE)),
+                );
+            }
+            (name, state)
+        })
+        .collect()
 }

@@ -77,6 +77,7 @@ pub enum Action {
     /// Next pane of a screen with several (Sets: sets, entries, targets; Rollout: nodes, images).
     NextPane,
     Apply,
+    Unpin,
     Survey,
     AddImages,
     Import,
@@ -215,6 +216,13 @@ pub const KEYMAP: &[Binding] = &[
         "apply the selected set",
         &[Sets, Plan],
         Some("apply"),
+    ),
+    bind(
+        &[key('U')],
+        Action::Unpin,
+        "unpin the selected set (images stay)",
+        &[Sets],
+        None,
     ),
     bind(
         &[key('p')],

@@ -113,6 +113,24 @@ impl UiBackend for Live {
                 });
             }
             Cmd::Apply { set, nodes, force } => self.apply(set, &nodes, force, tx),
+            Cmd::Unpin { set, nodes } => {
+                let (targets, tx, observer) = (self.chosen(&nodes), tx.clone(), self.snapshot());
+                let images: Vec<String> = set.references().map(str::to_string).collect();
+                tokio::spawn(async move {
+                    let outcomes = targets.iter().map(|t| async {
+                        let outcome = engine::unpin(&t.node, t.pin.clone(), &images).await;
+                        format!(
+                            "{}: {}",
+                            t.node.name,
+                            outcome.unwrap_or_else(|e| format!("failed: {e}"))
+                        )
+                    });
+                    let lines = futures::future::join_all(outcomes).await;
+                    let _ = tx.send(Msg::Notice(lines.join("; ")));
+                    observer.send_nodes(&tx).await;
+                    let _ = tx.send(Msg::ConfigViews(observer.config_views(&[set]).await));
+                });
+            }
             Cmd::Retry { node, image } => self.control(Control::Retry { node, image }, tx),
             Cmd::Cancel { node, image } => self.control(Control::Cancel { node, image }, tx),
             Cmd::ToggleLazy { node, enable } => {
@@ -131,7 +149,7 @@ impl UiBackend for Live {
                             Err(e) => Some(e.to_string()),
                         };
                     if let Some(message) = message {
-                        let _ = tx.send(Msg::Error(format!("{node}: {message}")));
+                        let _ = tx.send(Msg::Notice(format!("{node}: {message}")));
                     }
                     this.send_nodes(&tx).await;
                 });
@@ -178,7 +196,7 @@ impl Live {
             .as_ref()
             .is_some_and(|c| c.send(control).is_ok());
         if !sent {
-            let _ = tx.send(Msg::Error(
+            let _ = tx.send(Msg::Notice(
                 "no rollout is running: apply a set first".into(),
             ));
         }
@@ -187,7 +205,7 @@ impl Live {
     /// Surveys the set on its nodes (fresh figures), then hands the plans to the engine.
     fn apply(&mut self, set: ImageSet, nodes: &[String], force: bool, tx: &UnboundedSender<Msg>) {
         if self.control.as_ref().is_some_and(|c| !c.is_closed()) {
-            let _ = tx.send(Msg::Error("a rollout is already running".into()));
+            let _ = tx.send(Msg::Notice("a rollout is already running".into()));
             return;
         }
         let targets = self.chosen(nodes);

@@ -43,10 +43,15 @@ pub fn render(state: &State, frame: &mut Frame) {
     status_line(state, frame, status);
     if let Mode::Confirm(confirm) = state.mode() {
         let ready = confirm.nodes.len() - confirm.skipped.len();
-        let mut lines = vec![Line::from(format!(
-            "apply set {} to {ready} node(s)? y/n",
-            confirm.set
-        ))];
+        let question = if confirm.unpin {
+            format!(
+                "unpin set {} from {ready} node(s)? y/n (images stay)",
+                confirm.set
+            )
+        } else {
+            format!("apply set {} to {ready} node(s)? y/n", confirm.set)
+        };
+        let mut lines = vec![Line::from(question)];
         if !confirm.skipped.is_empty() {
             lines.push(Line::from(format!(
                 "will be skipped (no-space): {}; F to force",

@@ -246,6 +246,34 @@ fn apply_asks_first_and_names_the_nodes_it_will_skip() {
 }
 
 #[test]
+fn unpin_asks_first_and_keeps_the_images() {
+    let mut state = state();
+    // A set that breaks a rule can still be unpinned: its valid entries may be pinned.
+    type_keys(&mut state, "2U");
+    let shown = screen_text(&state);
+    assert!(
+        shown.contains("unpin set upgrade-4.19 from 3 node(s)? y/n (images stay)"),
+        "{shown}"
+    );
+    assert_eq!(
+        type_keys(&mut state, "F"),
+        [],
+        "nothing to force when unpinning"
+    );
+    let cmds = type_keys(&mut state, "y");
+    let [Cmd::Unpin { set, nodes }] = cmds.as_slice() else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!((set.name.as_str(), nodes.len()), ("upgrade-4.19", 3));
+    assert!(state.flash().unwrap().contains("images stay"));
+
+    let mut readonly = self::state();
+    readonly.readonly = true;
+    assert_eq!(type_keys(&mut readonly, "2U"), []);
+    assert!(readonly.flash().unwrap().contains("read-only"));
+}
+
+#[test]
 fn import_reads_the_file_and_adds_its_entries() {
     let mut state = state();
     type_keys(&mut state, "2I");
@@ -381,11 +409,14 @@ fn svg_has_every_cell_with_its_color() {
 }
 
 macro_rules! snapshots {
-    ($($name:ident: $keys:expr;)*) => {$(
+    ($($name:ident: $screen:literal;)*) => {$(
         #[test]
         fn $name() {
-            let mut state = state();
-            type_keys(&mut state, $keys);
+            let theme = Theme::named("monochrome").unwrap();
+            let (_, state) = demo::screens(Instant::now(), &theme)
+                .into_iter()
+                .find(|(name, _)| *name == $screen)
+                .expect("demo::screens has it");
             for (width, height) in [(120, 40), (80, 24)] {
                 let name = format!("{}_{width}x{height}", stringify!($name));
                 insta::assert_snapshot!(name, text(&render_to_buffer(&state, width, height)));
@@ -395,11 +426,11 @@ macro_rules! snapshots {
 }
 
 snapshots! {
-    nodes_screen: "1";
-    sets_screen: "2";
-    plan_screen: "3";
-    rollout_screen: "4";
-    config_screen: "5";
-    help_screen: "4?";
-    apply_confirmation: "2<Tab><Tab>ja";
+    nodes_screen: "nodes";
+    sets_screen: "sets";
+    plan_screen: "plan";
+    rollout_screen: "rollout";
+    config_screen: "config";
+    help_screen: "help";
+    apply_confirmation: "apply";
 }
