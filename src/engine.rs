@@ -707,7 +707,11 @@ impl NodeRun {
 }
 
 /// The target with `Detect` decided from the runtime's name.
-fn resolve(target: PinTarget, runtime: &str, client: &CriClient) -> Result<PinTarget, String> {
+pub(crate) fn resolve(
+    target: PinTarget,
+    runtime: &str,
+    client: &CriClient,
+) -> Result<PinTarget, String> {
     if target != PinTarget::Detect {
         return Ok(target);
     }
@@ -781,7 +785,7 @@ pub async fn unpin(
 }
 
 /// ImageStatus of each image, in order, a few at a time.
-async fn image_statuses(
+pub(crate) async fn image_statuses(
     client: &CriClient,
     images: &[String],
 ) -> Vec<Result<Option<Image>, CriError>> {

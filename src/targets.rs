@@ -22,7 +22,8 @@ use crate::backend::cri::CriEndpoint;
 use crate::backend::lazy::LazyConfig;
 use crate::backend::node::DirectNode;
 use crate::backend::pins::{CRIO_CONFIG_DIR, Reload};
-use crate::engine::PinTarget;
+use crate::engine::{NodeJob, PinTarget};
+use crate::model::plan::NodePlan;
 
 /// A node and how pinboard changes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +31,19 @@ pub struct NodeTarget {
     pub node: DirectNode,
     pub pin: PinTarget,
     pub lazy: LazyConfig,
+}
+
+/// The engine's jobs: each target with its plan from a survey of those targets, in the same order.
+pub fn jobs(targets: &[NodeTarget], plans: Vec<NodePlan>) -> Vec<NodeJob> {
+    targets
+        .iter()
+        .zip(plans)
+        .map(|(t, plan)| NodeJob {
+            node: t.node.clone(),
+            plan,
+            pin: t.pin.clone(),
+        })
+        .collect()
 }
 
 /// Settings that apply to every node unless its nodes-file entry says otherwise.

@@ -7,6 +7,7 @@ pub mod node;
 pub mod pins;
 pub mod progress;
 pub mod proto;
+pub mod readiness;
 pub mod registry;
 
 /// At most `max` characters of `text`, with `...` when cut: remote error bodies can be long.

@@ -1,7 +1,10 @@
-//! The command line: `pinboard` alone opens the terminal UI; `pinboard plan` and the other subcommands run
-//! headless. Each reads its input completely and checks it before touching anything, so bad input ends
+//! The command line: `pinboard` alone opens the terminal UI; `pinboard plan`, `check`, `status`, `apply`
+//! and `unpin` run headless. Each reads its input completely and checks it before touching anything, so bad input ends
 //! with one clear message per problem, exit code 2, and nothing done.
 
+mod apply;
+mod check;
+mod output;
 mod plan;
 
 use std::path::{Path, PathBuf};
@@ -15,7 +18,7 @@ use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::set::{self, ImageSet};
-use crate::model::units::parse_bytes;
+use crate::model::units::{parse_bytes, parse_duration};
 use crate::targets::{self, NodeDefaults, NodeTarget, parse_reload};
 
 #[derive(Parser, Debug)]
@@ -36,9 +39,32 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Preview what pre-loading image sets costs each node: bytes to fetch, disk after, and a verdict.
-    Plan(plan::PlanArgs),
+    Plan(SetsOnNodes),
+    /// Exit 0 only when every image is present and pinned on every node; else exit 1 with what is missing.
+    Check(check::CheckArgs),
+    /// Per node and image: present, pinned, and why not (the data `check` judges, without its verdict).
+    Status(SetsOnNodes),
+    /// Pre-load then pin the images on every node, as the TUI does; then check (exit code as `check`'s).
+    Apply(apply::ApplyArgs),
+    /// Remove the pins of the images on every node (the images stay).
+    Unpin(apply::UnpinArgs),
     /// The terminal UI (the same as `pinboard` without a subcommand).
     Tui(TuiArgs),
+}
+
+/// What the headless commands over sets and nodes take.
+#[derive(Args, Debug)]
+pub struct SetsOnNodes {
+    #[command(flatten)]
+    pub input: SetInput,
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
 }
 
 /// Which images: any mix of these, each set checked against the PinnedImageSet rules.
@@ -69,9 +95,9 @@ pub struct TargetArgs {
     /// The nodes' platform, for multi-platform images: os/arch[/variant]. Default: this machine's.
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
     pub platform: Option<String>,
-    /// Timeout for each CRI call.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
-    pub timeout: u64,
+    /// Timeout for each CRI call: 30, 30s, 2m.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub cri_timeout: Duration,
     /// CRI-O nodes: where the 50-pinned-images drop-in goes. Default /etc/crio/crio.conf.d.
     #[arg(long, value_name = "DIR")]
     pub crio_config_dir: Option<PathBuf>,
@@ -159,6 +185,10 @@ pub enum Output {
 pub async fn run(command: Command) -> Result<String, Failure> {
     match command {
         Command::Plan(args) => plan::run(args).await,
+        Command::Check(args) => check::check(args).await,
+        Command::Status(args) => check::status(args).await,
+        Command::Apply(args) => apply::apply(args).await,
+        Command::Unpin(args) => apply::unpin(args).await,
         Command::Tui(args) => crate::ui::live::run(args).await.map(|()| String::new()),
     }
 }
@@ -204,7 +234,7 @@ impl TargetArgs {
     }
 
     pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout.max(1))
+        self.cri_timeout.max(Duration::from_secs(1))
     }
 }
 

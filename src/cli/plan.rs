@@ -2,11 +2,11 @@
 
 use std::io::IsTerminal;
 
-use clap::Args;
 use crossterm::style::{ResetColor, SetForegroundColor};
 use ratatui::backend::IntoCrossterm;
 
-use super::{LimitArgs, Output, RegistryArgs, SetInput, TargetArgs, read_sets, registry_client};
+use super::output::{short_reference, table};
+use super::{Output, SetsOnNodes, read_sets, registry_client};
 use crate::backend::node::DirectNode;
 use crate::error::Failure;
 use crate::model::plan::{EstimateBasis, NodePlan};
@@ -15,21 +15,7 @@ use crate::survey::{Survey, survey};
 use crate::ui::status::verdict_label;
 use crate::ui::theme::Theme;
 
-#[derive(Args, Debug)]
-pub struct PlanArgs {
-    #[command(flatten)]
-    pub input: SetInput,
-    #[command(flatten)]
-    pub targets: TargetArgs,
-    #[command(flatten)]
-    pub registry: RegistryArgs,
-    #[command(flatten)]
-    pub limits: LimitArgs,
-    #[arg(short, long, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-}
-
-pub async fn run(args: PlanArgs) -> Result<String, Failure> {
+pub async fn run(args: SetsOnNodes) -> Result<String, Failure> {
     let sets = read_sets(&args.input, true)?;
     let nodes: Vec<DirectNode> = args
         .targets
@@ -53,15 +39,10 @@ pub async fn run(args: PlanArgs) -> Result<String, Failure> {
 }
 
 fn render(survey: &Survey, output: Output) -> Result<String, Failure> {
-    match output {
-        Output::Json => Ok(serde_json::to_string_pretty(survey).expect("survey serializes") + "\n"),
-        Output::Yaml => serde_saphyr::to_string(survey)
-            .map_err(|e| Failure::bad_input(format!("cannot write YAML: {e}"))),
-        Output::Table => {
-            let theme = std::io::stdout().is_terminal().then(Theme::from_env);
-            Ok(plan_table(survey, theme.as_ref()))
-        }
-    }
+    super::output::render(survey, output, || {
+        let theme = std::io::stdout().is_terminal().then(Theme::from_env);
+        plan_table(survey, theme.as_ref())
+    })
 }
 
 fn or_unknown(value: Option<u64>) -> String {
@@ -159,81 +140,4 @@ fn node_row(node: &NodePlan) -> Vec<String> {
             .map_or_else(|| "unknown".into(), human_signed),
         verdict_label(node.verdict),
     ]
-}
-
-/// `host/name@sha256:0123456789ab…`: long enough to tell images apart, short enough for a table.
-fn short_reference(reference: &str) -> String {
-    match reference.split_once("@sha256:") {
-        Some((name, hex)) if hex.len() > 12 => format!("{name}@sha256:{}…", &hex[..12]),
-        _ => reference.to_string(),
-    }
-}
-
-/// Left-aligned columns separated by two spaces; widths by characters, not bytes. `paint(row, column, text)`
-/// may decorate a body cell (e.g. color it) without changing its width.
-fn table(
-    headers: &[String],
-    rows: &[Vec<String>],
-    paint: &dyn Fn(usize, usize, &str) -> String,
-) -> String {
-    let width = |i: usize| {
-        rows.iter()
-            .map(|r| r[i].chars().count())
-            .chain([headers[i].chars().count()])
-            .max()
-            .unwrap_or(0)
-    };
-    let widths: Vec<usize> = (0..headers.len()).map(width).collect();
-    let line = |cells: &[String], painted: &dyn Fn(usize, &str) -> String| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(column, (cell, w))| {
-                painted(column, cell) + &" ".repeat(w - cell.chars().count())
-            })
-            .collect();
-        padded.join("  ").trim_end().to_string() + "\n"
-    };
-    std::iter::once(line(headers, &|_, text| text.to_string()))
-        .chain(
-            rows.iter()
-                .enumerate()
-                .map(|(row, cells)| line(cells, &|column, text| paint(row, column, text))),
-        )
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tables_align_by_characters() {
-        let rows = [
-            vec!["✓ fits".into(), "x".into()],
-            vec!["?".into(), "yy".into()],
-        ];
-        let t = table(&["A".into(), "B".into()], &rows, &|_, _, text| {
-            text.to_string()
-        });
-        assert_eq!(t, "A       B\n✓ fits  x\n?       yy\n");
-        let painted = table(&["A".into(), "B".into()], &rows, &|row, column, text| {
-            if (row, column) == (1, 0) {
-                format!("<{text}>")
-            } else {
-                text.to_string()
-            }
-        });
-        assert_eq!(
-            painted, "A       B\n✓ fits  x\n<?>       yy\n",
-            "decoration does not shift columns"
-        );
-    }
-
-    #[test]
-    fn short_references_keep_twelve_hex_digits() {
-        let r = format!("quay.io/a@sha256:{}", "0123456789abcdef".repeat(4));
-        assert_eq!(short_reference(&r), "quay.io/a@sha256:0123456789ab…");
-    }
 }

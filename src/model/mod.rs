@@ -3,6 +3,7 @@
 pub mod diff;
 pub mod image;
 pub mod plan;
+pub mod readiness;
 pub mod reference;
 pub mod rollout;
 pub mod set;

@@ -1,4 +1,7 @@
-//! Byte quantities as administrators write them (`16Gi`, `500M`, `1048576`) and as pinboard prints them.
+//! Byte quantities as administrators write them (`16Gi`, `500M`, `1048576`) and as pinboard prints them;
+//! durations as they write them (`30s`, `10m`, `1h`).
+
+use std::time::Duration;
 
 use humansize::{BINARY, format_size};
 
@@ -29,6 +32,28 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     number.checked_mul(multiplier).ok_or_else(bad)
 }
 
+/// Parses a duration: a whole number with the unit `s`, `m` or `h` (`30s`, `10m`, `1h`); a bare number is
+/// seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let bad = || format!("{text:?} is not a duration: write e.g. 30s, 10m or 1h");
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let seconds: u64 = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err(bad()),
+    };
+    number
+        .checked_mul(seconds)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
+}
+
 /// Bytes for people: `1.50 GiB`.
 pub fn human(bytes: u64) -> String {
     format_size(bytes, BINARY)
@@ -57,6 +82,18 @@ mod tests {
         assert!(parse_bytes("Gi").is_err());
         assert!(parse_bytes("-1").is_err());
         assert!(parse_bytes("99999999999Pi").is_err());
+    }
+
+    #[test]
+    fn parses_durations_in_seconds_minutes_and_hours() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration(" 45 "), Ok(Duration::from_secs(45)));
+        assert!(parse_duration("10 min").unwrap_err().contains("10m"));
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("1.5h").is_err());
+        assert!(parse_duration("99999999999999999h").is_err());
     }
 
     #[test]

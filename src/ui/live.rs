@@ -19,7 +19,7 @@ use crate::backend::node::observe;
 use crate::backend::pins::{self, CONTAINERD_PIN_VALUE};
 use crate::backend::registry::Registry;
 use crate::cli::{TuiArgs, read_sets, registry_client};
-use crate::engine::{self, Control, EngineConfig, NodeJob, PinTarget};
+use crate::engine::{self, Control, EngineConfig, PinTarget};
 use crate::error::Failure;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
@@ -236,15 +236,7 @@ impl Live {
                 facts,
                 ..
             } = planned;
-            let jobs = targets
-                .iter()
-                .zip(plans)
-                .map(|(t, plan)| NodeJob {
-                    node: t.node.clone(),
-                    plan,
-                    pin: t.pin.clone(),
-                })
-                .collect();
+            let jobs = crate::targets::jobs(&targets, plans);
             let mut engine = engine::start(jobs, Arc::new(facts), credentials, config);
             loop {
                 tokio::select! {

@@ -1,0 +1,133 @@
+//! Observes what [`crate::model::readiness`] judges: on one node reached over its CRI socket, whether each
+//! image is there (ImageStatus), whether the runtime reports it pinned, and what the node's own pin record
+//! says: the CRI-O drop-in's list, or the containerd pin label. How the node pins is resolved exactly as
+//! the engine resolves it when it writes pins ([`crate::engine::resolve`]).
+
+use std::time::Duration;
+
+use super::cri::{CriClient, CriError};
+use super::pins::{self, CONTAINERD_PIN_VALUE};
+use super::proto::cri::Image;
+use crate::engine::{self, PinTarget};
+use crate::model::readiness::{ImageObserved, NodeObserved};
+use crate::model::rollout::PinMethod;
+use crate::targets::NodeTarget;
+
+/// Observes one node. Never fails: an unreachable node comes back with `unreachable` set.
+pub async fn observe(
+    target: &NodeTarget,
+    references: &[String],
+    timeout: Duration,
+) -> NodeObserved {
+    let name = target.node.name.clone();
+    let connected = async {
+        let client = CriClient::connect(&target.node.endpoint, timeout).await?;
+        let version = client.version().await?;
+        Ok::<_, CriError>((client, version))
+    };
+    let (client, version) = match connected.await {
+        Ok(c) => c,
+        Err(e) => {
+            return NodeObserved {
+                node: name,
+                unreachable: Some(e.to_string()),
+                images: references
+                    .iter()
+                    .map(|r| ImageObserved {
+                        reference: r.clone(),
+                        ..ImageObserved::default()
+                    })
+                    .collect(),
+                ..NodeObserved::default()
+            };
+        }
+    };
+    let statuses = engine::image_statuses(&client, references).await;
+    let mut observed = NodeObserved {
+        node: name,
+        runtime: Some(format!(
+            "{} {}",
+            version.runtime_name, version.runtime_version
+        )),
+        ..NodeObserved::default()
+    };
+    let record = match engine::resolve(target.pin.clone(), &version.runtime_name, &client) {
+        Ok(PinTarget::CrioDropIn { config_dir, .. }) => {
+            observed.pin_method = Some(PinMethod::CrioDropIn);
+            let read = tokio::task::spawn_blocking(move || pins::read_crio_pins(&config_dir)).await;
+            match read {
+                Ok(Ok(listed)) => Record::DropIn(listed),
+                Ok(Err(e)) => Record::Unreadable(format!("reading the CRI-O drop-in: {e}")),
+                Err(e) => Record::Unreadable(format!("reading the CRI-O drop-in: {e}")),
+            }
+        }
+        Ok(_) => {
+            observed.pin_method = Some(PinMethod::ContainerdLabel);
+            Record::Labels
+        }
+        Err(e) => Record::Unreadable(e),
+    };
+    for (reference, status) in references.iter().zip(statuses) {
+        let mut image = ImageObserved {
+            reference: reference.clone(),
+            ..ImageObserved::default()
+        };
+        let status = match status {
+            Ok(status) => status,
+            Err(e) => {
+                observed.error.get_or_insert(e.to_string());
+                observed.images.push(image);
+                continue;
+            }
+        };
+        image.present = Some(status.is_some());
+        image.reported_pinned = status.as_ref().map(|s| s.pinned);
+        image.recorded_pinned = match &record {
+            Record::DropIn(listed) => Some(listed.contains(reference)),
+            Record::Labels => match &status {
+                // A missing image has no record to carry a label.
+                None => Some(false),
+                Some(status) => match labelled(&client, reference, status).await {
+                    Ok(labelled) => Some(labelled),
+                    Err(e) => {
+                        observed.error.get_or_insert(e);
+                        None
+                    }
+                },
+            },
+            Record::Unreadable(e) => {
+                observed.error.get_or_insert(e.clone());
+                None
+            }
+        };
+        observed.images.push(image);
+    }
+    observed
+}
+
+/// Where a node keeps its pins.
+enum Record {
+    /// The CRI-O drop-in's `pinned_images`.
+    DropIn(Vec<String>),
+    /// The containerd pin label, read per image.
+    Labels,
+    /// Could not be read: why.
+    Unreadable(String),
+}
+
+/// Whether any containerd record of the image (the reference, or a name CRI reports for it) carries the pin
+/// label, as pinning writes it on every one.
+async fn labelled(client: &CriClient, reference: &str, status: &Image) -> Result<bool, String> {
+    let names = std::iter::once(reference)
+        .chain(status.repo_digests.iter().map(String::as_str))
+        .chain(status.repo_tags.iter().map(String::as_str));
+    for name in names {
+        let label = pins::containerd_label(client, name)
+            .await
+            .map_err(|e| format!("reading the pin label of {name}: {e}"))?;
+        if label.as_deref() == Some(CONTAINERD_PIN_VALUE) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

@@ -1,0 +1,370 @@
+//! Headless `pinboard apply` and `pinboard unpin`. `apply` does what the TUI's `a` does — a fresh survey,
+//! then [`crate::engine`] with the plans — showing progress on stderr (a bar redrawn in place on a
+//! terminal, one line per event otherwise), the rollout's outcome per node on stdout, and then the same
+//! readiness check as `pinboard check`, whose verdict is its exit code. `unpin` runs
+//! [`crate::engine::unpin`] on every node.
+
+use std::io::{IsTerminal, Write as _};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::check::{Checker, readiness_table, verdict, verdict_line};
+use super::output::{render, short_reference, table};
+use super::{Output, SetInput, SetsOnNodes, TargetArgs, read_sets};
+use crate::backend::credentials::{AuthFiles, Credentials};
+use crate::engine::{self, EngineConfig};
+use crate::error::{Exit, Failure};
+use crate::model::readiness::Readiness;
+use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
+use crate::model::units::human;
+use crate::survey::{Survey, survey, union_of};
+use crate::ui::status::{node_status, pin_method_label};
+
+/// How often the progress bar is redrawn at most.
+const REDRAW: Duration = Duration::from_millis(100);
+const BAR_WIDTH: usize = 24;
+
+#[derive(Args, Debug)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub common: SetsOnNodes,
+    /// Pulls at once per node.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub parallel: usize,
+    /// Also start nodes whose plan verdict is no-space.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct UnpinArgs {
+    #[command(flatten)]
+    pub input: SetInput,
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// How the rollout ended on one node, as `apply` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeOutcome {
+    pub node: String,
+    /// `pinned`, `refused`, `stopped`, `pin-failed`, as the TUI's Rollout screen says.
+    pub state: String,
+    /// Whether the runtime confirmed the pins (containerd 1.6 does not report them); None unless pinned.
+    pub confirmed: Option<bool>,
+    /// Why the node was refused, stopped or not pinned.
+    pub reason: Option<String>,
+    pub images: usize,
+    pub present: usize,
+    pub pulled: usize,
+    pub fetched_bytes: u64,
+    /// `REF: reason` of every pull that failed.
+    pub failed: Vec<String>,
+}
+
+/// What `apply -o json|yaml` prints: the rollout, then the check after it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplyReport {
+    pub rollout: Vec<NodeOutcome>,
+    pub readiness: Readiness,
+}
+
+pub async fn apply(args: ApplyArgs) -> Result<String, Failure> {
+    let common = &args.common;
+    let checker = Checker::new(common)?;
+    let targets = &checker.targets;
+    let credentials = Credentials::load(&AuthFiles::from_env(common.registry.authfile.clone()))
+        .map_err(|e| Failure::bad_input(e.to_string()))?;
+    let nodes: Vec<_> = targets.iter().map(|t| t.node.clone()).collect();
+    let Survey {
+        nodes: plans,
+        facts,
+        ..
+    } = survey(
+        &nodes,
+        &checker.sets,
+        &checker.registry,
+        &checker.platform,
+        checker.limits,
+        checker.timeout,
+    )
+    .await
+    .map_err(Failure::from)?;
+    let jobs = crate::targets::jobs(targets, plans);
+    let config = EngineConfig {
+        parallel: args.parallel.max(1),
+        force: args.force,
+        ..EngineConfig::default()
+    };
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let mut engine = engine::start(jobs, Arc::new(facts), Arc::new(credentials), config);
+    // No operator retries headless: nodes with failures finish instead of waiting.
+    drop(engine.control);
+    let mut rollout = Rollout::expecting(&names);
+    let mut progress = Progress::new(std::io::stderr().is_terminal());
+    while let Some(event) = engine.events.recv().await {
+        let line = event_line(&event);
+        rollout.apply(event);
+        progress.show(line, &rollout);
+    }
+    progress.finish(&rollout);
+
+    let report = ApplyReport {
+        rollout: rollout
+            .nodes
+            .iter()
+            .map(|(name, node)| outcome(name, node))
+            .collect(),
+        readiness: checker.readiness().await?,
+    };
+    let text = render(&report, common.output, || {
+        rollout_table(&report.rollout)
+            + "\n"
+            + &readiness_table(&report.readiness.nodes)
+            + &verdict_line(&report.readiness)
+    })?;
+    verdict(text, &report.readiness)
+}
+
+fn outcome(name: &str, node: &NodeRollout) -> NodeOutcome {
+    let (confirmed, reason) = match &node.state {
+        NodeState::Pinned { confirmed, .. } => (Some(*confirmed), None),
+        NodeState::Refused { reason }
+        | NodeState::Stopped { reason }
+        | NodeState::PinFailed { reason } => (None, Some(reason.clone())),
+        NodeState::Waiting | NodeState::Pulling { .. } => (None, None),
+    };
+    let failed = node
+        .order
+        .iter()
+        .filter_map(|image| match &node.images[image].state {
+            ImageState::Failed { reason } => Some(format!("{image}: {reason}")),
+            _ => None,
+        })
+        .collect();
+    NodeOutcome {
+        node: name.to_string(),
+        state: node_status(&node.state, false)
+            .word
+            .trim_end_matches('*')
+            .to_string(),
+        confirmed,
+        reason,
+        images: node.order.len(),
+        // Pinning turns every image's state to pinned: present and pulled are told apart before that.
+        present: node.count(|s| *s == ImageState::Present),
+        pulled: node.count(|s| matches!(s, ImageState::Pulled { .. })),
+        fetched_bytes: node.done_bytes(),
+        failed,
+    }
+}
+
+fn rollout_table(outcomes: &[NodeOutcome]) -> String {
+    let headers = ["NODE", "ROLLOUT", "IMAGES", "FETCHED", "REASON"].map(String::from);
+    let rows: Vec<Vec<String>> = outcomes
+        .iter()
+        .map(|o| {
+            let state = match o.confirmed {
+                Some(false) => format!("{} (not confirmed by the runtime)", o.state),
+                _ => o.state.clone(),
+            };
+            vec![
+                o.node.clone(),
+                state,
+                o.images.to_string(),
+                human(o.fetched_bytes),
+                o.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let mut out = table(&headers, &rows, &|_, _, text| text.to_string());
+    for o in outcomes.iter().filter(|o| !o.failed.is_empty()) {
+        out.push_str(&format!("\n{} failed pulls:\n", o.node));
+        for failure in &o.failed {
+            out.push_str(&format!("  - {failure}\n"));
+        }
+    }
+    out
+}
+
+/// One line for an event, for a log that is not a terminal; None for byte progress (too frequent).
+fn event_line(event: &Event) -> Option<String> {
+    let image = |i: &str| short_reference(i);
+    Some(match event {
+        Event::NodeRefused { node, reason } => format!("{node}: refused: {reason}"),
+        Event::NodeStarted { node, images, .. } => {
+            format!("{node}: started ({} images)", images.len())
+        }
+        Event::ImagePresent { node, image: i } => format!("{node}: {} already present", image(i)),
+        Event::PullStarted {
+            node,
+            image: i,
+            attempt,
+            ..
+        } => match attempt {
+            1 => format!("{node}: pulling {}", image(i)),
+            n => format!("{node}: pulling {} (attempt {n})", image(i)),
+        },
+        Event::PullProgress { .. } => return None,
+        Event::PullRetry {
+            node,
+            image: i,
+            attempt,
+            reason,
+            backoff,
+            ..
+        } => format!(
+            "{node}: {} attempt {attempt} failed, retrying in {}s: {reason}",
+            image(i),
+            backoff.as_secs()
+        ),
+        Event::PullDone { node, image: i, .. } => format!("{node}: pulled {}", image(i)),
+        Event::PullFailed {
+            node,
+            image: i,
+            reason,
+            ..
+        } => format!("{node}: {} failed: {reason}", image(i)),
+        Event::PullCancelled { node, image: i, .. } => format!("{node}: {} cancelled", image(i)),
+        Event::NodeStopped { node, reason, .. } => format!("{node}: stopped: {reason}"),
+        Event::Pinned {
+            node,
+            method,
+            confirmed,
+            ..
+        } => format!(
+            "{node}: pinned ({}){}",
+            pin_method_label(Some(*method)),
+            if *confirmed {
+                ""
+            } else {
+                ", not confirmed by the runtime"
+            }
+        ),
+        Event::PinFailed { node, reason, .. } => format!("{node}: pinning failed: {reason}"),
+    })
+}
+
+/// Progress on stderr: a bar redrawn in place on a terminal, otherwise one line per event.
+struct Progress {
+    terminal: bool,
+    drawn: Option<Instant>,
+}
+
+impl Progress {
+    fn new(terminal: bool) -> Progress {
+        Progress {
+            terminal,
+            drawn: None,
+        }
+    }
+
+    fn show(&mut self, line: Option<String>, rollout: &Rollout) {
+        let mut stderr = std::io::stderr().lock();
+        if !self.terminal {
+            if let Some(line) = line {
+                let _ = writeln!(stderr, "{line}");
+            }
+            return;
+        }
+        if self.drawn.is_some_and(|at| at.elapsed() < REDRAW) {
+            return;
+        }
+        self.drawn = Some(Instant::now());
+        let _ = write!(stderr, "\r{}\x1b[K", bar(rollout));
+        let _ = stderr.flush();
+    }
+
+    fn finish(&mut self, rollout: &Rollout) {
+        if self.terminal {
+            eprintln!("\r{}\x1b[K", bar(rollout));
+        }
+    }
+}
+
+/// `[#########---------------] 5/12 images, 1/3 nodes done, 12.5 MiB fetched`.
+fn bar(rollout: &Rollout) -> String {
+    let nodes = rollout.nodes.values();
+    let total: usize = nodes.clone().map(|n| n.order.len()).sum();
+    let done: usize = nodes
+        .clone()
+        .map(|n| n.count(|s| s.is_final() || matches!(s, ImageState::Pulled { .. })))
+        .sum();
+    let nodes_done = nodes
+        .clone()
+        .filter(|n| !matches!(n.state, NodeState::Waiting | NodeState::Pulling { .. }))
+        .count();
+    let bytes: u64 = nodes.map(NodeRollout::done_bytes).sum();
+    let filled = (done * BAR_WIDTH).checked_div(total).unwrap_or(0);
+    format!(
+        "[{}{}] {done}/{total} images, {nodes_done}/{} nodes done, {} fetched",
+        "#".repeat(filled),
+        "-".repeat(BAR_WIDTH - filled),
+        rollout.nodes.len(),
+        human(bytes)
+    )
+}
+
+/// What unpinning did on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unpinned {
+    pub node: String,
+    pub ok: bool,
+    pub message: String,
+}
+
+pub async fn unpin(args: UnpinArgs) -> Result<String, Failure> {
+    let sets = read_sets(&args.input, true)?;
+    let targets = args.targets.resolve()?;
+    let images = union_of(&sets);
+    let results = futures::future::join_all(targets.iter().map(|t| async {
+        let outcome = engine::unpin(&t.node, t.pin.clone(), &images).await;
+        Unpinned {
+            node: t.node.name.clone(),
+            ok: outcome.is_ok(),
+            message: outcome.unwrap_or_else(|e| e),
+        }
+    }))
+    .await;
+    let text = render(&results, args.output, || {
+        let rows: Vec<Vec<String>> = results
+            .iter()
+            .map(|u| {
+                let word = if u.ok { "✓ unpinned" } else { "✗ failed" };
+                vec![u.node.clone(), word.into(), u.message.clone()]
+            })
+            .collect();
+        let headers = ["NODE", "RESULT", "DETAIL"].map(String::from);
+        table(&headers, &rows, &|_, _, text| text.to_string())
+    })?;
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|u| !u.ok)
+        .map(|u| {
+            format!(
+                "{}: not unpinned: {}; fix it and run unpin again",
+                u.node, u.message
+            )
+        })
+        .collect();
+    if failed.is_empty() {
+        return Ok(text);
+    }
+    let _ = std::io::stdout().write_all(text.as_bytes());
+    Err(Failure {
+        exit: if failed.len() == results.len() {
+            Exit::Unreachable
+        } else {
+            Exit::NotReady
+        },
+        lines: failed,
+    })
+}

@@ -1,0 +1,284 @@
+//! `pinboard check` and `pinboard status`: per node and per image, present and pinned as the node enforces
+//! it, and why not. Both observe through [`crate::backend::readiness`] and judge through
+//! [`crate::model::readiness::assess`]; `check` adds the verdict (exit 0 ready, 1 not ready, 3 nothing
+//! reachable) and can wait for it, `status` prints the same per-node data and exits 0. Headless `apply`
+//! ends with the same check.
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use super::output::{render, short_reference, table};
+use super::{SetsOnNodes, read_sets, registry_client};
+use crate::backend::readiness::observe;
+use crate::backend::registry::Registry;
+use crate::error::{Exit, Failure};
+use crate::model::image::Platform;
+use crate::model::plan::Limits;
+use crate::model::readiness::{
+    ImageReadiness, ImageReason, NodeObserved, NodeReadiness, NodesStatus, Readiness, assess,
+};
+use crate::model::set::ImageSet;
+use crate::model::units::parse_duration;
+use crate::survey::{survey, union_of};
+use crate::targets::NodeTarget;
+
+/// How often `check --wait` observes the nodes again.
+const WAIT_INTERVAL: Duration = Duration::from_secs(2);
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub common: SetsOnNodes,
+    /// Wait until every node is ready, observing them again every 2s; one line on stderr per change.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: how long to wait for readiness, e.g. 90s, 10m, 1h.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, requires = "wait")]
+    pub timeout: Duration,
+}
+
+/// Everything a readiness check needs, read and checked from the command line before any node is asked.
+pub(super) struct Checker {
+    pub(super) targets: Vec<NodeTarget>,
+    pub(super) sets: Vec<ImageSet>,
+    references: Vec<String>,
+    pub(super) registry: Registry,
+    pub(super) platform: Platform,
+    pub(super) limits: Limits,
+    pub(super) timeout: Duration,
+}
+
+impl Checker {
+    pub(super) fn new(args: &SetsOnNodes) -> Result<Checker, Failure> {
+        let sets = read_sets(&args.input, true)?;
+        Ok(Checker {
+            targets: args.targets.resolve()?,
+            references: union_of(&sets),
+            sets,
+            registry: registry_client(&args.registry)?,
+            platform: args.targets.platform()?,
+            limits: args.limits.limits(),
+            timeout: args.targets.timeout(),
+        })
+    }
+
+    async fn observe_all(&self, timeout: Duration) -> Vec<NodeObserved> {
+        futures::future::join_all(
+            self.targets
+                .iter()
+                .map(|t| observe(t, &self.references, timeout)),
+        )
+        .await
+    }
+
+    /// Each node judged from `observed`. Nodes that miss images are planned too, so that "no space" can be
+    /// a reason; a registry that cannot answer only leaves that reason out.
+    async fn judge(&self, observed: &[NodeObserved], timeout: Duration) -> Vec<NodeReadiness> {
+        let missing: Vec<usize> = (0..observed.len())
+            .filter(|&i| {
+                observed[i].unreachable.is_none()
+                    && observed[i]
+                        .images
+                        .iter()
+                        .any(|img| img.present == Some(false))
+            })
+            .collect();
+        let mut plans = vec![None; observed.len()];
+        if !missing.is_empty() {
+            let nodes: Vec<_> = missing
+                .iter()
+                .map(|&i| self.targets[i].node.clone())
+                .collect();
+            let surveyed = survey(
+                &nodes,
+                &self.sets,
+                &self.registry,
+                &self.platform,
+                self.limits,
+                timeout,
+            )
+            .await;
+            match surveyed {
+                Ok(s) => {
+                    for (i, plan) in missing.iter().zip(s.nodes) {
+                        plans[*i] = Some(plan);
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    "cannot plan the nodes missing images, so \"no space\" is not checked: {}",
+                    Failure::from(e)
+                ),
+            }
+        }
+        observed
+            .iter()
+            .zip(&plans)
+            .map(|(o, plan)| assess(o, plan.as_ref()))
+            .collect()
+    }
+
+    /// Observes and judges every node once; exit 3 when none could be reached.
+    pub(super) async fn readiness(&self) -> Result<Readiness, Failure> {
+        let observed = self.observe_all(self.timeout).await;
+        all_unreachable(&observed)?;
+        Ok(Readiness::of(self.judge(&observed, self.timeout).await))
+    }
+
+    /// Observes until every node is ready or `limit` has passed, printing one line on stderr per change;
+    /// then judges the last observation.
+    async fn wait(&self, limit: Duration) -> Result<Readiness, Failure> {
+        let deadline = Instant::now() + limit;
+        let call_timeout = self.timeout.min(limit);
+        let mut last_line = String::new();
+        loop {
+            let observed = self.observe_all(call_timeout).await;
+            let readiness = Readiness::of(observed.iter().map(|o| assess(o, None)).collect());
+            let line = readiness.progress_line();
+            if !readiness.ready && line != last_line {
+                eprintln!("waiting: {line}");
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if readiness.ready || left.is_zero() {
+                if !readiness.ready {
+                    eprintln!("waiting: timed out after {limit:?}: {line}");
+                }
+                all_unreachable(&observed)?;
+                return Ok(Readiness::of(self.judge(&observed, call_timeout).await));
+            }
+            last_line = line;
+            tokio::time::sleep(WAIT_INTERVAL.min(left)).await;
+        }
+    }
+}
+
+/// Exit 3 when no node answered, each node's error on its own line.
+fn all_unreachable(observed: &[NodeObserved]) -> Result<(), Failure> {
+    if observed.iter().all(|o| o.unreachable.is_some()) {
+        return Err(Failure::unreachable(
+            observed
+                .iter()
+                .map(|o| {
+                    let error = o.unreachable.as_deref().unwrap_or_default();
+                    format!("{}: unreachable: {error}; check that the runtime is running and the endpoint is right", o.node)
+                })
+                .collect(),
+        ));
+    }
+    Ok(())
+}
+
+pub async fn check(args: CheckArgs) -> Result<String, Failure> {
+    let checker = Checker::new(&args.common)?;
+    let readiness = if args.wait {
+        checker.wait(args.timeout).await?
+    } else {
+        checker.readiness().await?
+    };
+    let text = render(&readiness, args.common.output, || {
+        readiness_table(&readiness.nodes) + &verdict_line(&readiness)
+    })?;
+    verdict(text, &readiness)
+}
+
+pub async fn status(args: SetsOnNodes) -> Result<String, Failure> {
+    let checker = Checker::new(&args)?;
+    let status = NodesStatus {
+        nodes: checker.readiness().await?.nodes,
+    };
+    render(&status, args.output, || readiness_table(&status.nodes))
+}
+
+/// `text` for stdout when ready; otherwise `text` is written to stdout here and the reasons, one per line
+/// and naming the node, end the command with exit 1.
+pub(super) fn verdict(text: String, readiness: &Readiness) -> Result<String, Failure> {
+    if readiness.ready {
+        return Ok(text);
+    }
+    let mut stdout = std::io::stdout();
+    // A closed pipe is not worth more than the exit code that follows.
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+    Err(Failure {
+        exit: Exit::NotReady,
+        lines: readiness.reason_lines(),
+    })
+}
+
+pub(super) fn verdict_line(readiness: &Readiness) -> String {
+    let word = if readiness.ready {
+        "✓ ready"
+    } else {
+        "✗ not ready"
+    };
+    format!(
+        "\n{word}: {}/{} nodes ready\n",
+        readiness.ready_nodes,
+        readiness.nodes.len()
+    )
+}
+
+/// One row per node, each node's reasons, then the image × node matrix.
+pub(super) fn readiness_table(nodes: &[NodeReadiness]) -> String {
+    let headers = ["NODE", "RUNTIME", "PINS", "PRESENT", "PINNED", "STATUS"].map(String::from);
+    let count = |n: &NodeReadiness, f: fn(&ImageReadiness) -> bool| {
+        if n.reachable {
+            format!(
+                "{}/{}",
+                n.images.iter().filter(|i| f(i)).count(),
+                n.images.len()
+            )
+        } else {
+            "unknown".into()
+        }
+    };
+    let rows: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.node.clone(),
+                n.runtime.clone().unwrap_or_else(|| "unreachable".into()),
+                n.pin_method.clone().unwrap_or_else(|| "unknown".into()),
+                count(n, |i| i.present == Some(true)),
+                count(n, |i| i.present == Some(true) && i.pinned == Some(true)),
+                format!("{} {}", if n.ready { "✓" } else { "✗" }, n.summary()),
+            ]
+        })
+        .collect();
+    let plain = |_: usize, _: usize, text: &str| text.to_string();
+    let mut out = table(&headers, &rows, &plain);
+    for node in nodes.iter().filter(|n| !n.reasons.is_empty()) {
+        out.push_str(&format!("\n{}:\n", node.node));
+        for reason in &node.reasons {
+            out.push_str(&format!("  - {reason}\n"));
+        }
+    }
+    if let Some(first) = nodes.first() {
+        let mut headers = vec!["IMAGE".to_string()];
+        headers.extend(nodes.iter().map(|n| n.node.clone()));
+        let rows: Vec<Vec<String>> = first
+            .images
+            .iter()
+            .enumerate()
+            .map(|(i, image)| {
+                let mut row = vec![short_reference(&image.reference)];
+                row.extend(nodes.iter().map(|n| image_cell(&n.images[i])));
+                row
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&headers, &rows, &plain));
+    }
+    out
+}
+
+fn image_cell(image: &ImageReadiness) -> String {
+    match image.reason {
+        None => "✓ pinned".into(),
+        Some(ImageReason::NotPinned) => "! not pinned".into(),
+        Some(ImageReason::Missing) => "✗ missing".into(),
+        Some(ImageReason::Unknown) => "? unknown".into(),
+    }
+}

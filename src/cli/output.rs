@@ -1,0 +1,100 @@
+//! What the headless commands print: JSON, YAML, or a human table (columns aligned by characters), and
+//! the short form of a reference that fits a table cell.
+
+use serde::Serialize;
+
+use super::Output;
+use crate::error::Failure;
+
+/// `value` as `output` asks: pretty JSON, YAML, or the table `table` draws.
+pub fn render<T: Serialize>(
+    value: &T,
+    output: Output,
+    table: impl FnOnce() -> String,
+) -> Result<String, Failure> {
+    match output {
+        Output::Json => serde_json::to_string_pretty(value)
+            .map(|json| json + "\n")
+            .map_err(|e| Failure::bad_input(format!("cannot write JSON: {e}"))),
+        Output::Yaml => serde_saphyr::to_string(value)
+            .map_err(|e| Failure::bad_input(format!("cannot write YAML: {e}"))),
+        Output::Table => Ok(table()),
+    }
+}
+
+/// `host/name@sha256:0123456789ab…`: long enough to tell images apart, short enough for a table.
+pub fn short_reference(reference: &str) -> String {
+    match reference.split_once("@sha256:") {
+        Some((name, hex)) if hex.len() > 12 => format!("{name}@sha256:{}…", &hex[..12]),
+        _ => reference.to_string(),
+    }
+}
+
+/// Left-aligned columns separated by two spaces; widths by characters, not bytes. `paint(row, column, text)`
+/// may decorate a body cell (e.g. color it) without changing its width.
+pub fn table(
+    headers: &[String],
+    rows: &[Vec<String>],
+    paint: &dyn Fn(usize, usize, &str) -> String,
+) -> String {
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .chain([headers[i].chars().count()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..headers.len()).map(width).collect();
+    let line = |cells: &[String], painted: &dyn Fn(usize, &str) -> String| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(column, (cell, w))| {
+                painted(column, cell) + &" ".repeat(w - cell.chars().count())
+            })
+            .collect();
+        padded.join("  ").trim_end().to_string() + "\n"
+    };
+    std::iter::once(line(headers, &|_, text| text.to_string()))
+        .chain(
+            rows.iter()
+                .enumerate()
+                .map(|(row, cells)| line(cells, &|column, text| paint(row, column, text))),
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_by_characters() {
+        let rows = [
+            vec!["✓ fits".into(), "x".into()],
+            vec!["?".into(), "yy".into()],
+        ];
+        let t = table(&["A".into(), "B".into()], &rows, &|_, _, text| {
+            text.to_string()
+        });
+        assert_eq!(t, "A       B\n✓ fits  x\n?       yy\n");
+        let painted = table(&["A".into(), "B".into()], &rows, &|row, column, text| {
+            if (row, column) == (1, 0) {
+                format!("<{text}>")
+            } else {
+                text.to_string()
+            }
+        });
+        assert_eq!(
+            painted, "A       B\n✓ fits  x\n<?>       yy\n",
+            "decoration does not shift columns"
+        );
+    }
+
+    #[test]
+    fn short_references_keep_twelve_hex_digits() {
+        let r = format!("quay.io/a@sha256:{}", "0123456789abcdef".repeat(4));
+        assert_eq!(short_reference(&r), "quay.io/a@sha256:0123456789ab…");
+    }
+}
