@@ -5,9 +5,12 @@
 //! - [`backend`]: the outside world: CRI and containerd sockets, registries and their credentials.
 //! - [`survey`]: nodes and registry asked at once, every node planned: the path behind every figure.
 //! - [`ui`]: how statuses look (glyph, word, theme color); the terminal UI.
-//! - [`cli`]: the headless commands.
+//! - [`cluster`]: an OpenShift cluster's machine-config objects: discovery, watches, PinnedImageSet
+//!   apply and delete (cluster mode; the TUI and commands do not use it yet).
+//! - [`cli`]: the command line: the TUI by default, headless commands.
 
 pub mod backend;
+pub mod cluster;
 pub mod cli;
 pub mod engine;
 pub mod error;

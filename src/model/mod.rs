@@ -1,5 +1,6 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
+pub mod cluster;
 pub mod diff;
 pub mod image;
 pub mod plan;

@@ -1,0 +1,151 @@
+//! Cluster mode: an OpenShift cluster's machine-config objects, reached through a kubeconfig.
+//!
+//! [`connect`] builds a client (`--kubeconfig`, `--context`, `KUBECONFIG`, `~/.kube/config`, or in-cluster),
+//! [`Cluster::discover`] finds which versions of the machine-config kinds the cluster serves (`v1`, else
+//! `v1alpha1`) and tells a plain Kubernetes cluster plainly, [`watch`] keeps a
+//! [`ClusterView`](crate::model::cluster::ClusterView) current without polling, and [`Cluster::apply_set`] /
+//! [`Cluster::delete_set`] write PinnedImageSets with server-side apply (field manager `pinboard`).
+
+mod sets;
+mod watch;
+
+use std::path::PathBuf;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::ApiResource;
+use kube::error::DiscoveryError;
+use kube::{Client, discovery};
+
+use crate::model::set::{API_GROUP, Problem};
+
+pub use watch::{Watch, watch};
+
+/// Where the kubeconfig comes from: `--kubeconfig` and `--context`; both `None` means `KUBECONFIG`, then
+/// `~/.kube/config`, then the pod's service account.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectOptions {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+}
+
+/// Why cluster mode could not do what was asked; each message says what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(
+        "cannot load a kubeconfig: {0}; pass --kubeconfig FILE (and --context NAME) or set KUBECONFIG"
+    )]
+    Config(String),
+    #[error(
+        "this cluster serves no {API_GROUP} API: it is plain Kubernetes, not OpenShift, so it has no \
+         PinnedImageSets; use direct mode instead: --cri NODE=unix:///run/containerd/containerd.sock \
+         (one --cri per node)"
+    )]
+    NotOpenShift,
+    #[error(
+        "this cluster serves {API_GROUP} but not {0} (PinnedImageSets need OpenShift 4.19, or 4.16+ with \
+         TechPreviewNoUpgrade); use direct mode (--cri) instead"
+    )]
+    MissingKind(&'static str),
+    #[error(
+        "read-only: your account may not {verb} PinnedImageSets (ClusterRole pinboard-operator needed): \
+         {message}"
+    )]
+    ReadOnly { verb: &'static str, message: String },
+    #[error("there is no PinnedImageSet {0:?} on the cluster")]
+    NoSuchSet(String),
+    #[error("set {name:?} would be refused: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Invalid {
+        name: String,
+        problems: Vec<Problem>,
+    },
+    #[error("the API server failed: {0}")]
+    Api(#[from] kube::Error),
+}
+
+/// A client from the kubeconfig `options` name, else from the environment (kubeconfig, then in-cluster).
+pub async fn connect(options: &ConnectOptions) -> Result<Client, ClusterError> {
+    let config_error = |e: &dyn std::error::Error| ClusterError::Config(e.to_string());
+    let kube_options = KubeConfigOptions {
+        context: options.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let config = match (&options.kubeconfig, &options.context) {
+        (Some(path), _) => {
+            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| config_error(&e))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube_options)
+                .await
+                .map_err(|e| config_error(&e))?
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&kube_options)
+            .await
+            .map_err(|e| config_error(&e))?,
+        (None, None) => kube::Config::infer().await.map_err(|e| config_error(&e))?,
+    };
+    Client::try_from(config).map_err(ClusterError::Api)
+}
+
+/// The API resources of the machine-config kinds, as this cluster serves them.
+#[derive(Clone, Debug)]
+pub struct Resources {
+    pub pinned_image_set: ApiResource,
+    pub pool: ApiResource,
+    pub machine_config_node: ApiResource,
+    pub runtime_config: ApiResource,
+}
+
+/// A connected cluster whose machine-config kinds are known.
+#[derive(Clone)]
+pub struct Cluster {
+    client: Client,
+    resources: Resources,
+}
+
+impl Cluster {
+    /// Finds the machine-config kinds, each at `v1` if served, else `v1alpha1`.
+    pub async fn discover(client: Client) -> Result<Cluster, ClusterError> {
+        let group = match discovery::group(&client, API_GROUP).await {
+            Err(kube::Error::Discovery(DiscoveryError::MissingApiGroup(_))) => {
+                return Err(ClusterError::NotOpenShift);
+            }
+            other => other?,
+        };
+        let find = |kind: &'static str| {
+            ["v1", "v1alpha1"]
+                .iter()
+                .find_map(|version| {
+                    group
+                        .versioned_resources(version)
+                        .into_iter()
+                        .find(|(resource, _)| resource.kind == kind)
+                })
+                .map(|(resource, _)| resource)
+                .ok_or(ClusterError::MissingKind(kind))
+        };
+        let resources = Resources {
+            pinned_image_set: find("PinnedImageSet")?,
+            pool: find("MachineConfigPool")?,
+            machine_config_node: find("MachineConfigNode")?,
+            runtime_config: find("ContainerRuntimeConfig")?,
+        };
+        Ok(Cluster { client, resources })
+    }
+
+    pub fn resources(&self) -> &Resources {
+        &self.resources
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+/// The typed view of a dynamic object; `None` (and a log line) when even the tolerant view cannot read it.
+fn typed<T: serde::de::DeserializeOwned>(object: &kube::core::DynamicObject) -> Option<T> {
+    let parsed = serde_json::to_value(object).and_then(serde_json::from_value);
+    parsed
+        .inspect_err(|e| {
+            let name = object.metadata.name.as_deref().unwrap_or("?");
+            tracing::warn!("cannot read {name}: {e}");
+        })
+        .ok()
+}

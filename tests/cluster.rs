@@ -1,0 +1,562 @@
+//! Cluster mode against the lab's real etcd + kube-apiserver, with the machine-config CRDs from
+//! tests/fixtures/crds. No kubelet and no machine-config daemon run: the tests write Node objects and
+//! MachineConfigNode status the way they would, step by step, and check that pinboard's watched view
+//! converges on what an administrator should see.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::wait::{await_condition, conditions};
+use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
+use pinboard::model::cluster::{
+    ClusterView, Connection, Kind, NodeSetState, REQUEUE_TIMEOUT, ROLE_LABEL, pool_rollup,
+    pool_warning, pools_for_set,
+};
+use pinboard::model::set::{ImageSet, from_flags};
+use serde_json::{Value, json};
+use support::{Lab, LabConfig};
+
+const WAIT: Duration = Duration::from_secs(30);
+const TEST_MANAGER: &str = "pinboard-test";
+
+fn start(name: &str) -> Lab {
+    pinboard::install_crypto_provider();
+    Lab::start(
+        name,
+        LabConfig {
+            nodes: Vec::new(),
+            apiserver: true,
+        },
+    )
+    .expect("the lab must start")
+}
+
+/// A kubeconfig next to the lab's with two contexts, `lab` (admin) and `viewer`.
+fn kubeconfig_with_viewer(lab: &Lab) -> std::path::PathBuf {
+    let apiserver = lab.apiserver().unwrap();
+    let admin = std::fs::read_to_string(apiserver.kubeconfig()).unwrap();
+    let with_viewer = admin
+        .replace(
+            "users:\n",
+            &format!(
+                "users:\n- name: viewer\n  user:\n    token: {}\n",
+                apiserver.viewer_token()
+            ),
+        )
+        .replace(
+            "contexts:\n",
+            "contexts:\n- name: viewer\n  context:\n    cluster: lab\n    user: viewer\n",
+        );
+    let path = lab.dir().join("kubeconfig-with-viewer");
+    std::fs::write(&path, with_viewer).unwrap();
+    path
+}
+
+async fn client(kubeconfig: &std::path::Path, context: Option<&str>) -> kube::Client {
+    connect(&ConnectOptions {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        context: context.map(str::to_owned),
+    })
+    .await
+    .expect("the lab's kubeconfig works")
+}
+
+fn crd_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds")
+}
+
+fn read_crd(path: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Applies a CRD; returns its name.
+async fn apply_crd(client: &kube::Client, crd: &Value) -> String {
+    let name = crd["metadata"]["name"].as_str().unwrap().to_owned();
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply(TEST_MANAGER).force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+    name
+}
+
+/// Applies every CRD in tests/fixtures/crds and waits until each is established.
+async fn install_crds(client: &kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(crd_dir()).unwrap() {
+        names.push(apply_crd(client, &read_crd(&entry.unwrap().path())).await);
+    }
+    assert_eq!(names.len(), 4, "one CRD per kind");
+    for name in names {
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(WAIT, established)
+            .await
+            .expect("CRD established in time")
+            .unwrap();
+    }
+}
+
+/// Discovery, retried while the API server's discovery catches up with freshly established CRDs.
+async fn discover(client: &kube::Client) -> Cluster {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match Cluster::discover(client.clone()).await {
+            Ok(cluster) => return cluster,
+            Err(ClusterError::MissingKind(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("discovery failed: {e}"),
+        }
+    }
+}
+
+/// What the cluster stores, written as the test (the controller, the kubelet, the daemon) would.
+struct Writer {
+    cluster: Cluster,
+}
+
+impl Writer {
+    fn api(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::all_with(self.cluster.client().clone(), resource)
+    }
+
+    async fn apply(&self, resource: &ApiResource, name: &str, rest: Value) {
+        let mut body = json!({"apiVersion": resource.api_version, "kind": resource.kind, "metadata": {"name": name}});
+        body.as_object_mut()
+            .unwrap()
+            .extend(rest.as_object().unwrap().clone());
+        self.api(resource)
+            .patch(
+                name,
+                &PatchParams::apply(TEST_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply {} {name}: {e}", resource.kind));
+    }
+
+    async fn pool(&self, name: &str) {
+        let role = json!({"matchLabels": {ROLE_LABEL: name}});
+        let nodes = json!({"matchLabels": {format!("node-role.kubernetes.io/{name}"): ""}});
+        let resource = &self.cluster.resources().pool;
+        self.apply(
+            resource,
+            name,
+            json!({"spec": {"machineConfigSelector": role, "nodeSelector": nodes}}),
+        )
+        .await;
+    }
+
+    async fn pool_status(&self, name: &str, updated: i64, machines: i64) {
+        let status = json!({"status": {"poolSynchronizersStatus": [{
+            "poolSynchronizerType": "PinnedImageSets", "machineCount": machines, "updatedMachineCount": updated,
+        }]}});
+        self.api(&self.cluster.resources().pool)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+
+    /// A worker node (Ready, 100 GiB allocatable) and its MachineConfigNode, as the kubelet and the
+    /// machine-config operator create them.
+    async fn worker(&self, name: &str) {
+        let nodes: Api<Node> = Api::all(self.cluster.client().clone());
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let status = json!({"status": {
+            "conditions": [{"type": "Ready", "status": "True"}, {"type": "DiskPressure", "status": "False"}],
+            "allocatable": {"ephemeral-storage": "100Gi"},
+            "images": [{"names": [format!("quay.io/pinboard/{name}@sha256:{}", "a".repeat(64))], "sizeBytes": 1}],
+        }});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        let resource = &self.cluster.resources().machine_config_node;
+        self.apply(
+            resource,
+            name,
+            json!({"spec": {"node": {"name": name}, "pool": {"name": "worker"}}}),
+        )
+        .await;
+    }
+
+    /// Writes a MachineConfigNode's status as the daemon does: the set entry and both conditions. (No
+    /// empty strings or nulls: this API server turns `""` into null in custom resources, which the schema's
+    /// string fields then refuse.)
+    async fn daemon(&self, node: &str, set: Value, progressing: bool, degraded: Option<&str>) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let condition = |type_: &str, on: bool, reason: &str, message: &str| {
+            json!({"type": type_, "status": if on { "True" } else { "False" },
+                   "reason": if on { reason } else { "AsExpected" }, "message": message, "lastTransitionTime": now})
+        };
+        let status = json!({"status": {
+            "pinnedImageSets": [set],
+            "conditions": [
+                condition("PinnedImageSetsProgressing", progressing, "ImagePrefetch",
+                          &format!("node is prefetching images: {node}")),
+                condition("PinnedImageSetsDegraded", degraded.is_some(), "PrefetchFailed",
+                          degraded.unwrap_or("no errors")),
+            ],
+        }});
+        self.api(&self.cluster.resources().machine_config_node)
+            .patch_status(node, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("status of MachineConfigNode {node}: {e}"));
+    }
+}
+
+/// Reads updates into `view` until `done` holds; panics with the view after [`WAIT`].
+async fn until(
+    watch: &mut Watch,
+    view: &mut ClusterView,
+    what: &str,
+    done: impl Fn(&ClusterView) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done(view) {
+        match tokio::time::timeout_at(deadline, watch.updates.recv()).await {
+            Ok(Some(update)) => view.apply(update),
+            Ok(None) => panic!("the watchers stopped before: {what}"),
+            Err(_) => panic!("timed out waiting for: {what}\n{view:#?}"),
+        }
+    }
+}
+
+fn digest(n: u8) -> String {
+    format!(
+        "quay.io/openshift/release@sha256:{}",
+        format!("{n:x}").repeat(64)
+    )
+}
+
+fn worker_set(name: &str, images: &[String]) -> ImageSet {
+    let mut set = from_flags(name, images);
+    set.labels = BTreeMap::from([(ROLE_LABEL.to_owned(), "worker".to_owned())]);
+    set
+}
+
+fn states(view: &ClusterView, set: &str) -> Vec<(String, NodeSetState)> {
+    view.rollout(set, SystemTime::now())
+}
+
+fn words(view: &ClusterView, set: &str) -> Vec<String> {
+    states(view, set)
+        .iter()
+        .map(|(node, state)| format!("{node}={}", state.word()))
+        .collect()
+}
+
+#[tokio::test]
+async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
+    let lab = start("cluster-rollout");
+    let admin = client(lab.apiserver().unwrap().kubeconfig(), None).await;
+
+    // Before the CRDs, the lab is plain Kubernetes.
+    let plain = Cluster::discover(admin.clone())
+        .await
+        .err()
+        .expect("no machine-config API yet");
+    assert!(matches!(plain, ClusterError::NotOpenShift), "{plain}");
+    let message = plain.to_string();
+    assert!(
+        message.contains("plain Kubernetes") && message.contains("--cri"),
+        "{message}"
+    );
+
+    install_crds(&admin).await;
+    let cluster = discover(&admin).await;
+    assert_eq!(cluster.resources().pinned_image_set.version, "v1");
+    let writer = Writer {
+        cluster: cluster.clone(),
+    };
+    writer.pool("worker").await;
+    writer.pool("master").await;
+    for node in ["n1", "n2", "n3"] {
+        writer.worker(node).await;
+    }
+
+    let store = json!({"additionalLayerStores": [{"path": "/var/lib/stargz-store/store:ref"}]});
+    let crc = json!({"spec": {"machineConfigPoolSelector": {"matchLabels": {"custom-crio": "lazy"}},
+                              "containerRuntimeConfig": store}});
+    let resource = &cluster.resources().runtime_config;
+    writer.apply(resource, "lazy", crc).await;
+
+    let mut watch = watch(&cluster);
+    let mut view = ClusterView::default();
+    until(
+        &mut watch,
+        &mut view,
+        "every watch synced with 3 nodes",
+        |v| {
+            v.connection() == Connection::Synced
+                && v.nodes.len() == 3
+                && v.runtime_configs.len() == 1
+                && v.machine_config_nodes.len() == 3
+        },
+    )
+    .await;
+    assert_eq!(view.pools.len(), 2);
+    let lazy = &view.runtime_configs[0].spec.container_runtime_config;
+    assert_eq!(
+        lazy.additional_layer_stores[0].path,
+        "/var/lib/stargz-store/store:ref"
+    );
+    let n1 = view.nodes.iter().find(|n| n.name == "n1").unwrap();
+    assert_eq!(
+        (n1.ready, n1.allocatable_ephemeral),
+        (Some(true), Some(100 << 30))
+    );
+    assert_eq!(
+        n1.presence(&format!("quay.io/pinboard/n1@sha256:{}", "a".repeat(64))),
+        pinboard::model::cluster::Presence::Present
+    );
+
+    // Apply: the set lands in the worker pool only.
+    let images = [digest(1), digest(2)];
+    let set = worker_set("upgrade", &images);
+    assert_eq!(pools_for_set(&set.labels, &view.pools), ["worker"]);
+    assert_eq!(
+        pool_warning(&set.name, &pools_for_set(&set.labels, &view.pools)),
+        None
+    );
+    let stored = cluster.apply_set(&set).await.unwrap();
+    assert_eq!(stored.images().collect::<Vec<_>>(), images);
+    assert_eq!(stored.generation(), 1);
+    until(
+        &mut watch,
+        &mut view,
+        "the set, not yet seen by any node",
+        |v| words(v, "upgrade") == ["n1=waiting", "n2=waiting", "n3=waiting"],
+    )
+    .await;
+
+    // The daemon: n1 prefetching, n2 failing, n3 slow (the 5-minute window ended; it carries on).
+    let entry = |current: Option<i64>, failed: Option<&str>| {
+        let mut entry = json!({"name": "upgrade", "desiredGeneration": 1});
+        if let Some(current) = current {
+            entry["currentGeneration"] = json!(current);
+        }
+        if let Some(error) = failed {
+            entry["lastFailedGeneration"] = json!(1);
+            entry["lastFailedGenerationError"] = json!(error);
+        }
+        entry
+    };
+    let degraded =
+        "One or more PinnedImageSet is experiencing an error, see MachineConfigNode status";
+    let requeue = format!("{REQUEUE_TIMEOUT}: 1 of 2 images left");
+    writer.daemon("n1", entry(None, None), true, None).await;
+    writer
+        .daemon(
+            "n2",
+            entry(None, Some("exit status 125: no space left on device")),
+            false,
+            Some(degraded),
+        )
+        .await;
+    writer
+        .daemon("n3", entry(None, Some(&requeue)), true, Some(degraded))
+        .await;
+    until(&mut watch, &mut view, "pulling, failed, slow", |v| {
+        words(v, "upgrade") == ["n1=pulling", "n2=failed", "n3=slow"]
+    })
+    .await;
+    let rows = states(&view, "upgrade");
+    assert!(
+        matches!(&rows[0].1, NodeSetState::Progressing { elapsed: Some(_) }),
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows[1].1,
+        NodeSetState::Failed {
+            generation: 1,
+            error: "exit status 125: no space left on device".into()
+        }
+    );
+    assert!(
+        matches!(&rows[2].1, NodeSetState::SlowButWorking { elapsed: Some(_), message } if *message == requeue),
+        "{rows:?}"
+    );
+
+    // A node joins mid-rollout.
+    writer.worker("n4").await;
+    until(&mut watch, &mut view, "n4 appears, waiting", |v| {
+        v.nodes.len() == 4 && words(v, "upgrade").contains(&"n4=waiting".to_owned())
+    })
+    .await;
+
+    // Every node finishes; the pool rolls up.
+    for node in ["n1", "n2", "n3", "n4"] {
+        writer.daemon(node, entry(Some(1), None), false, None).await;
+    }
+    writer.pool_status("worker", 4, 4).await;
+    until(&mut watch, &mut view, "every node done, pool 4/4", |v| {
+        let worker = v.pools.iter().find(|p| p.name() == "worker");
+        states(v, "upgrade")
+            .iter()
+            .all(|(_, s)| *s == NodeSetState::Done)
+            && v.rollout("upgrade", SystemTime::now()).len() == 4
+            && worker.and_then(pool_rollup) == Some((4, 4))
+    })
+    .await;
+
+    // Edit: a new generation, which no node has seen yet.
+    let stored = cluster
+        .apply_set(&worker_set("upgrade", &[digest(1), digest(2), digest(3)]))
+        .await
+        .unwrap();
+    assert_eq!(stored.generation(), 2);
+    until(
+        &mut watch,
+        &mut view,
+        "generation 2 waiting everywhere",
+        |v| {
+            v.set("upgrade").is_some_and(|s| s.images().count() == 3)
+                && states(v, "upgrade")
+                    .iter()
+                    .all(|(_, s)| *s == NodeSetState::Waiting)
+        },
+    )
+    .await;
+
+    // A set no pool selects: warned about before applying.
+    let mut stray = worker_set("stray", &[digest(4)]);
+    stray.labels = BTreeMap::from([(ROLE_LABEL.to_owned(), "infra".to_owned())]);
+    let warning = pool_warning(&stray.name, &pools_for_set(&stray.labels, &view.pools)).unwrap();
+    assert!(
+        warning.contains("matches no MachineConfigPool"),
+        "{warning}"
+    );
+
+    // Delete.
+    cluster.delete_set("upgrade").await.unwrap();
+    until(&mut watch, &mut view, "the set gone", |v| {
+        v.set("upgrade").is_none()
+    })
+    .await;
+    let again = cluster.delete_set("upgrade").await.unwrap_err();
+    assert!(matches!(again, ClusterError::NoSuchSet(_)), "{again}");
+    let invalid = cluster
+        .apply_set(&worker_set("bad", &["quay.io/x:latest".to_owned()]))
+        .await
+        .unwrap_err();
+    assert!(matches!(invalid, ClusterError::Invalid { .. }), "{invalid}");
+}
+
+#[tokio::test]
+async fn viewers_are_read_only_and_v1alpha1_clusters_still_work() {
+    let lab = start("cluster-viewer");
+    let kubeconfig = kubeconfig_with_viewer(&lab);
+    let admin = client(&kubeconfig, Some("lab")).await;
+    install_crds(&admin).await;
+    discover(&admin).await;
+
+    let viewer = discover(&client(&kubeconfig, Some("viewer")).await).await;
+    let mut viewer_watch = watch(&viewer);
+    let mut view = ClusterView::default();
+    until(&mut viewer_watch, &mut view, "the viewer's watches refused", |v| {
+        matches!(v.connections.get(&Kind::PinnedImageSet), Some(Connection::Reconnecting { error, .. }) if error.contains("forbidden"))
+    })
+    .await;
+    assert!(
+        view.connection()
+            .to_string()
+            .starts_with("reconnecting since "),
+        "{}",
+        view.connection()
+    );
+
+    // Grant read access: every watch recovers on its next retry, and says so.
+    let rules = json!([
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["machineconfiguration.openshift.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
+    ]);
+    let role: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": "pinboard-viewer"}, "rules": rules}))
+            .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "pinboard-viewer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "pinboard-viewer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer"}],
+    }))
+    .unwrap();
+    let pp = PostParams::default();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&pp, &role)
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+    until(&mut viewer_watch, &mut view, "every watch synced", |v| {
+        v.connection() == Connection::Synced
+    })
+    .await;
+
+    // An older cluster: PinnedImageSet served only as v1alpha1. Discovery falls back, and pinboard
+    // applies and watches sets there.
+    let mut alpha = read_crd(&crd_dir().join("pinnedimagesets.yaml"));
+    alpha["spec"]["versions"][0]["served"] = json!(false);
+    apply_crd(&admin, &alpha).await;
+    let deadline = Instant::now() + WAIT;
+    let old = loop {
+        let cluster = discover(&admin).await;
+        if cluster.resources().pinned_image_set.version == "v1alpha1" {
+            break cluster;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "discovery never fell back to v1alpha1"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let stored = old
+        .apply_set(&worker_set("legacy", &[digest(5)]))
+        .await
+        .unwrap();
+    assert_eq!(stored.images().collect::<Vec<_>>(), [digest(5)]);
+    let mut old_watch = watch(&old);
+    let mut old_view = ClusterView::default();
+    until(
+        &mut old_watch,
+        &mut old_view,
+        "the v1alpha1 set watched",
+        |v| v.connection() == Connection::Synced && v.set("legacy").is_some(),
+    )
+    .await;
+
+    // Reading is not writing.
+    for result in [
+        viewer
+            .apply_set(&worker_set("upgrade", &[digest(1)]))
+            .await
+            .map(|_| ()),
+        viewer.delete_set("upgrade").await,
+    ] {
+        let error = result.unwrap_err();
+        assert!(matches!(error, ClusterError::ReadOnly { .. }), "{error}");
+        let message = error.to_string();
+        assert!(
+            message.starts_with("read-only: your account may not")
+                && message.contains("pinboard-operator"),
+            "{message}"
+        );
+    }
+}
