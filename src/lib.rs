@@ -4,6 +4,8 @@
 //!   disk-impact planning.
 //! - [`backend`]: the outside world: CRI and containerd sockets, registries and their credentials.
 //! - [`survey`]: nodes and registry asked at once, every node planned: the path behind every figure.
+//! - [`engine`]: the rollout engine: bounded, retried pulls per node, then pins; reports rollout events.
+//! - [`targets`]: direct-mode nodes from `--cri`, `--nodes FILE` or crictl's default endpoint.
 //! - [`ui`]: how statuses look (glyph, word, theme color); the terminal UI.
 //! - [`cluster`]: an OpenShift cluster's machine-config objects: discovery, watches, PinnedImageSet
 //!   apply and delete (cluster mode; the TUI and commands do not use it yet).
