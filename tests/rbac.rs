@@ -1,0 +1,388 @@
+//! deploy/rbac.yaml against the lab's real kube-apiserver (RBAC authorization on): the CRDs from
+//! tests/fixtures/crds are installed, the file's ClusterRoles applied as the admin, and each role bound in
+//! turn to the lab's `viewer` user (the lab has only the admin and viewer tokens).
+//!
+//! - `pinboard-viewer`: pinboard's watches all reach Synced; applying or deleting a PinnedImageSet fails
+//!   with the read-only error naming `pinboard-operator`; `get nodes/proxy` (kubelet stats) is allowed and
+//!   the proxied request fails for want of a kubelet, not with 403; nothing else is granted.
+//! - `pinboard-operator`: pinboard applies (creating) and deletes sets; it still may not patch a
+//!   MachineConfigPool or a Node (403 from the API server).
+//!
+//! Every grant is also checked with SelfSubjectAccessReviews, both what each role may do and a list of
+//! what it must not.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::wait::{await_condition, conditions};
+use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, connect, watch};
+use pinboard::model::cluster::{ClusterView, Connection, ROLE_LABEL};
+use pinboard::model::set::{ImageSet, from_flags};
+use serde_json::{Value, json};
+use support::{Lab, LabConfig};
+
+const WAIT: Duration = Duration::from_secs(30);
+const MANAGER: &str = "pinboard-rbac-test";
+const GROUP: &str = "machineconfiguration.openshift.io";
+
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The documents of deploy/rbac.yaml (the commented-out example bindings are not documents).
+fn rbac_documents() -> Vec<Value> {
+    let text = std::fs::read_to_string(repo_file("deploy/rbac.yaml")).unwrap();
+    let documents: Vec<Option<Value>> = serde_saphyr::from_multiple(&text).unwrap();
+    documents.into_iter().flatten().collect()
+}
+
+/// The example bindings at the end of deploy/rbac.yaml, uncommented.
+fn example_bindings() -> Vec<ClusterRoleBinding> {
+    let text = std::fs::read_to_string(repo_file("deploy/rbac.yaml")).unwrap();
+    let (_, examples) = text.split_once("# Example bindings").unwrap();
+    let uncommented: String = examples
+        .lines()
+        .skip(1)
+        .map(|line| format!("{}\n", line.strip_prefix("# ").unwrap_or("")))
+        .collect();
+    let documents: Vec<Option<ClusterRoleBinding>> =
+        serde_saphyr::from_multiple(&uncommented).unwrap();
+    documents.into_iter().flatten().collect()
+}
+
+/// Applies every CRD in tests/fixtures/crds as a DynamicObject and waits until each is established.
+async fn install_crds(admin: &kube::Client) {
+    let resource = ApiResource::erase::<CustomResourceDefinition>(&());
+    let dynamic: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+    let typed: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for entry in std::fs::read_dir(repo_file("tests/fixtures/crds")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let crd: DynamicObject = serde_saphyr::from_str(&text).unwrap();
+        let name = crd.metadata.name.clone().unwrap();
+        let params = PatchParams::apply(MANAGER).force();
+        dynamic
+            .patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .unwrap();
+        let established = await_condition(typed.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(WAIT, established)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// Retries `attempt` every 200 ms until it returns `Some` (RBAC and discovery changes reach the API
+/// server's caches a moment after they are written); panics after [`WAIT`].
+async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, attempt: impl Fn() -> F) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = attempt().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn discover(client: &kube::Client) -> Cluster {
+    eventually("discovery of the machine-config kinds", || async {
+        Cluster::discover(client.clone()).await.ok()
+    })
+    .await
+}
+
+async fn client(kubeconfig: &Path, context: &str) -> kube::Client {
+    let options = ConnectOptions {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        context: Some(context.to_owned()),
+    };
+    connect(&options).await.unwrap()
+}
+
+/// A kubeconfig with the lab's `lab` (admin) context plus a `viewer` context.
+fn kubeconfig_with_viewer(lab: &Lab) -> PathBuf {
+    let apiserver = lab.apiserver().unwrap();
+    let admin = std::fs::read_to_string(apiserver.kubeconfig()).unwrap();
+    let user = format!(
+        "users:\n- name: viewer\n  user:\n    token: {}\n",
+        apiserver.viewer_token()
+    );
+    let context = "contexts:\n- name: viewer\n  context:\n    cluster: lab\n    user: viewer\n";
+    let text = admin
+        .replace("users:\n", &user)
+        .replace("contexts:\n", context);
+    let path = lab.dir().join("kubeconfig-rbac");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Whether the client's user may `verb` the resource (`resource/subresource`) in `group`.
+async fn allowed(client: &kube::Client, verb: &str, group: &str, resource: &str) -> bool {
+    let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+    let review: SelfSubjectAccessReview = serde_json::from_value(json!({"spec": {
+        "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "subresource": subresource},
+    }}))
+    .unwrap();
+    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    answer.status.unwrap().allowed
+}
+
+/// `(verb, group, resource)` the role grants.
+type Access = (&'static str, &'static str, &'static str);
+
+const READ: [&str; 3] = ["get", "list", "watch"];
+const WRITE: [&str; 5] = ["create", "patch", "update", "delete", "deletecollection"];
+const MACHINE_CONFIG: [&str; 4] = [
+    "pinnedimagesets",
+    "machineconfigpools",
+    "machineconfignodes",
+    "containerruntimeconfigs",
+];
+
+/// Every access either role might plausibly be given, and some it must never have.
+fn probes() -> Vec<Access> {
+    let mut probes = Vec::new();
+    for verb in READ.iter().chain(&WRITE) {
+        probes.push((*verb, "", "nodes"));
+        probes.push((*verb, "", "nodes/proxy"));
+        probes.push((*verb, "", "nodes/status"));
+        for resource in MACHINE_CONFIG {
+            probes.push((*verb, GROUP, resource));
+        }
+        probes.push((*verb, GROUP, "machineconfignodes/status"));
+        probes.push((*verb, GROUP, "machineconfigpools/status"));
+        probes.push((*verb, GROUP, "machineconfigs"));
+        probes.push((*verb, "", "secrets"));
+        probes.push((*verb, "", "pods"));
+        probes.push((*verb, "rbac.authorization.k8s.io", "clusterrolebindings"));
+    }
+    probes
+}
+
+fn viewer_grants() -> Vec<Access> {
+    let mut grants = vec![("get", "", "nodes/proxy")];
+    for verb in READ {
+        grants.push((verb, "", "nodes"));
+        grants.extend(MACHINE_CONFIG.map(|resource| (verb, GROUP, resource)));
+    }
+    grants
+}
+
+fn operator_grants() -> Vec<Access> {
+    let mut grants = viewer_grants();
+    for verb in ["create", "patch", "update", "delete"] {
+        grants.push((verb, GROUP, "pinnedimagesets"));
+        grants.push((verb, GROUP, "containerruntimeconfigs"));
+    }
+    grants
+}
+
+/// Checks every probe against `grants`, waiting first until the newest binding is in force.
+async fn assert_exactly(client: &kube::Client, role: &str, grants: &[Access]) {
+    let (verb, group, resource) = *grants.last().unwrap();
+    eventually(&format!("{role} in force"), || async {
+        allowed(client, verb, group, resource).await.then_some(())
+    })
+    .await;
+    let mut wrong = Vec::new();
+    for probe @ (verb, group, resource) in probes() {
+        let expected = grants.contains(&probe);
+        if allowed(client, verb, group, resource).await != expected {
+            wrong.push(format!("{verb} {group}/{resource}: expected {expected}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{role}:\n{}", wrong.join("\n"));
+}
+
+fn binding(role: &str) -> ClusterRoleBinding {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{role}-test")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer"}],
+    }))
+    .unwrap()
+}
+
+fn worker_set(name: &str) -> ImageSet {
+    let reference = format!("quay.io/openshift/release@sha256:{}", "a".repeat(64));
+    let mut set = from_flags(name, &[reference]);
+    set.labels = BTreeMap::from([(ROLE_LABEL.to_owned(), "worker".to_owned())]);
+    set
+}
+
+fn is_forbidden(result: Result<impl std::fmt::Debug, kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(status)) if status.code == 403)
+}
+
+#[test]
+fn the_file_parses_and_its_examples_bind_the_roles() {
+    let documents = rbac_documents();
+    let roles: Vec<ClusterRole> = documents
+        .iter()
+        .map(|d| serde_json::from_value(d.clone()).unwrap())
+        .collect();
+    let names: Vec<_> = roles
+        .iter()
+        .map(|r| r.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["pinboard-viewer", "pinboard-operator"]);
+    for role in &roles {
+        for rule in role.rules.as_deref().unwrap() {
+            assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+            for list in [&rule.api_groups, &rule.resources] {
+                assert!(!list.as_ref().unwrap().iter().any(|s| s == "*"), "{rule:?}");
+            }
+            assert!(!rule.verbs.iter().any(|v| v == "*"), "{rule:?}");
+        }
+    }
+    let bindings = example_bindings();
+    let bound: Vec<_> = bindings.iter().map(|b| b.role_ref.name.as_str()).collect();
+    assert_eq!(bound, ["pinboard-viewer", "pinboard-operator"]);
+    let kinds: Vec<_> = bindings
+        .iter()
+        .map(|b| b.subjects.as_ref().unwrap()[0].kind.as_str())
+        .collect();
+    assert_eq!(kinds, ["User", "ServiceAccount"]);
+}
+
+#[tokio::test]
+async fn viewer_reads_and_operator_writes_only_sets_and_runtime_configs() {
+    pinboard::install_crypto_provider();
+    let lab = Lab::start(
+        "rbac",
+        LabConfig {
+            nodes: Vec::new(),
+            apiserver: true,
+        },
+    )
+    .expect("the lab must start");
+    let kubeconfig = kubeconfig_with_viewer(&lab);
+    let admin = client(&kubeconfig, "lab").await;
+    install_crds(&admin).await;
+    let admin_cluster = discover(&admin).await;
+
+    // The roles, as an administrator applies the file.
+    let params = PatchParams::apply(MANAGER).force();
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    for document in rbac_documents() {
+        let name = document["metadata"]["name"].as_str().unwrap().to_owned();
+        roles
+            .patch(&name, &params, &Patch::Apply(&document))
+            .await
+            .unwrap();
+    }
+
+    // Something to read and to be refused on: a pool, a node.
+    let pools: Api<DynamicObject> = Api::all_with(admin.clone(), &admin_cluster.resources().pool);
+    let pool = json!({"apiVersion": format!("{GROUP}/v1"), "kind": "MachineConfigPool",
+        "metadata": {"name": "worker"}, "spec": {"machineConfigSelector": {"matchLabels": {ROLE_LABEL: "worker"}}}});
+    pools
+        .patch("worker", &params, &Patch::Apply(&pool))
+        .await
+        .unwrap();
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "worker-0"}})).unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+
+    // pinboard-viewer.
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    bindings
+        .create(&PostParams::default(), &binding("pinboard-viewer"))
+        .await
+        .unwrap();
+    let viewer = client(&kubeconfig, "viewer").await;
+    assert_exactly(&viewer, "pinboard-viewer", &viewer_grants()).await;
+    let viewer_cluster = discover(&viewer).await;
+    let mut viewer_watch = watch(&viewer_cluster);
+    let mut view = ClusterView::default();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while view.connection() != Connection::Synced || view.pools.is_empty() {
+        match tokio::time::timeout_at(deadline, viewer_watch.updates.recv()).await {
+            Ok(Some(update)) => view.apply(update),
+            other => panic!("the viewer's watches never synced ({other:?}):\n{view:#?}"),
+        }
+    }
+    drop(viewer_watch);
+    for result in [
+        viewer_cluster
+            .apply_set(&worker_set("refused"))
+            .await
+            .map(|_| ()),
+        viewer_cluster.delete_set("refused").await,
+    ] {
+        let error = result.unwrap_err();
+        assert!(matches!(error, ClusterError::ReadOnly { .. }), "{error}");
+        assert!(error.to_string().contains("pinboard-operator"), "{error}");
+    }
+
+    // Kubelet stats through the API server's node proxy: authorized, but this lab has no kubelet.
+    let url = lab.apiserver().unwrap().url();
+    let stats = format!("{url}/api/v1/nodes/worker-0/proxy/stats/summary");
+    let token = lab.apiserver().unwrap().viewer_token().to_owned();
+    let status = tokio::task::spawn_blocking(move || {
+        let response = support::http::agent()
+            .get(&stats)
+            .header("Authorization", format!("Bearer {token}"))
+            .call()
+            .unwrap();
+        response.status().as_u16()
+    })
+    .await
+    .unwrap();
+    assert!(status != 403 && status != 401 && status >= 400, "{status}");
+
+    // pinboard-operator, bound to the same user in place of the viewer role.
+    bindings
+        .delete("pinboard-viewer-test", &DeleteParams::default())
+        .await
+        .unwrap();
+    bindings
+        .create(&PostParams::default(), &binding("pinboard-operator"))
+        .await
+        .unwrap();
+    assert_exactly(&viewer, "pinboard-operator", &operator_grants()).await;
+    let operator = discover(&viewer).await;
+    let stored = operator.apply_set(&worker_set("upgrade")).await.unwrap();
+    assert_eq!(stored.images().count(), 1);
+    let sets: Api<DynamicObject> =
+        Api::all_with(admin.clone(), &admin_cluster.resources().pinned_image_set);
+    assert!(sets.get_opt("upgrade").await.unwrap().is_some());
+    operator.apply_set(&worker_set("upgrade")).await.unwrap();
+    operator.delete_set("upgrade").await.unwrap();
+    eventually("the set deleted", || async {
+        sets.get_opt("upgrade")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // Pools, machine-config nodes and nodes stay the controller's and the kubelet's.
+    let as_operator: Api<DynamicObject> = Api::all_with(viewer.clone(), &operator.resources().pool);
+    let paused = json!({"spec": {"paused": true}});
+    assert!(is_forbidden(
+        as_operator
+            .patch("worker", &PatchParams::default(), &Patch::Merge(&paused))
+            .await
+    ));
+    let label = json!({"metadata": {"labels": {"pinboard": "yes"}}});
+    assert!(is_forbidden(
+        Api::<Node>::all(viewer.clone())
+            .patch("worker-0", &PatchParams::default(), &Patch::Merge(&label))
+            .await
+    ));
+}
