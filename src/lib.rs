@@ -12,8 +12,8 @@
 //! - [`cli`]: the command line: the TUI by default, headless commands.
 
 pub mod backend;
-pub mod cluster;
 pub mod cli;
+pub mod cluster;
 pub mod engine;
 pub mod error;
 pub mod model;
