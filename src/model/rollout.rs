@@ -4,7 +4,7 @@
 //! The engine (src/engine.rs) sends [`Event`]s; the TUI and the headless commands fold them into one
 //! [`Rollout`] with [`Rollout::apply`] and read states, bytes, throughput and ETA from it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// How a node enforces pins.
@@ -170,8 +170,11 @@ pub struct NodeRollout {
     /// In the order the engine pulls them.
     pub images: BTreeMap<String, ImageRollout>,
     pub order: Vec<String>,
-    /// Bytes fetched by finished pulls (their last progress figure), for throughput.
-    finished_bytes: u64,
+    // Kept current by every image event, so that per-frame queries over thousands of nodes do not walk
+    // every image: sums of the images' done and total bytes, and the pulls now running.
+    done: u64,
+    total: u64,
+    pulling: BTreeSet<String>,
 }
 
 impl NodeRollout {
@@ -180,27 +183,39 @@ impl NodeRollout {
             state,
             images: BTreeMap::new(),
             order: Vec::new(),
-            finished_bytes: 0,
+            done: 0,
+            total: 0,
+            pulling: BTreeSet::new(),
         }
     }
 
     /// Bytes fetched so far on this node, finished pulls included.
     pub fn done_bytes(&self) -> u64 {
-        self.finished_bytes + self.in_flight().map(|i| i.done_bytes).sum::<u64>()
+        self.done
     }
 
     /// Bytes this node's pulls are known to need so far (grows as pulls reveal their totals).
     pub fn total_bytes(&self) -> u64 {
-        self.images.values().map(|i| i.total_bytes).sum()
+        self.total
     }
 
-    fn in_flight(&self) -> impl Iterator<Item = &ImageRollout> {
-        self.images.values().filter(|i| {
-            !matches!(
-                i.state,
-                ImageState::Pulled { .. } | ImageState::Pinned { .. }
-            )
-        })
+    /// Changes one image (recording it if the node never announced it), keeping the node's byte sums and
+    /// running pulls current.
+    fn update_image(&mut self, image: &str, change: impl FnOnce(&mut ImageRollout)) {
+        if !self.images.contains_key(image) {
+            self.order.push(image.to_string());
+            self.images.insert(image.to_string(), queued());
+        }
+        let i = self.images.get_mut(image).expect("inserted above");
+        let (done, total) = (i.done_bytes, i.total_bytes);
+        change(i);
+        self.done = self.done - done + i.done_bytes;
+        self.total = self.total - total + i.total_bytes;
+        if matches!(i.state, ImageState::Pulling { .. }) {
+            self.pulling.insert(image.to_string());
+        } else {
+            self.pulling.remove(image);
+        }
     }
 
     /// Average bytes per second since the node started pulling.
@@ -219,14 +234,16 @@ impl NodeRollout {
         Some(Duration::from_secs_f64(left as f64 / rate))
     }
 
-    /// Pulls whose bytes have not moved for `stall_after`.
+    /// Pulls whose bytes have not moved for `stall_after`. Only running pulls are looked at.
     pub fn stalled(&self, now: Instant, stall_after: Duration) -> impl Iterator<Item = &str> {
-        self.order.iter().map(String::as_str).filter(move |image| {
-            let i = &self.images[*image];
-            matches!(i.state, ImageState::Pulling { .. })
-                && i.last_progress
+        self.pulling
+            .iter()
+            .map(String::as_str)
+            .filter(move |image| {
+                self.images[*image]
+                    .last_progress
                     .is_some_and(|t| now.saturating_duration_since(t) >= stall_after)
-        })
+            })
     }
 
     pub fn count(&self, pred: impl Fn(&ImageState) -> bool) -> usize {
@@ -268,7 +285,7 @@ impl Rollout {
                 self.nodes.insert(node, rollout);
             }
             Event::ImagePresent { node, image } => {
-                self.image(&node, &image).state = ImageState::Present
+                self.image(&node, &image, |i| i.state = ImageState::Present)
             }
             Event::PullStarted {
                 node,
@@ -281,9 +298,10 @@ impl Rollout {
                 if matches!(n.state, NodeState::Stopped { .. } | NodeState::Waiting) {
                     n.state = NodeState::Pulling { since: at };
                 }
-                let i = self.image(&node, &image);
-                i.state = ImageState::Pulling { attempt, since: at };
-                i.last_progress = Some(at);
+                self.image(&node, &image, |i| {
+                    i.state = ImageState::Pulling { attempt, since: at };
+                    i.last_progress = Some(at);
+                });
             }
             Event::PullProgress {
                 node,
@@ -292,12 +310,13 @@ impl Rollout {
                 total,
                 at,
             } => {
-                let i = self.image(&node, &image);
-                if done != i.done_bytes || i.last_progress.is_none() {
-                    i.last_progress = Some(at);
-                }
-                i.done_bytes = done;
-                i.total_bytes = total.max(done);
+                self.image(&node, &image, |i| {
+                    if done != i.done_bytes || i.last_progress.is_none() {
+                        i.last_progress = Some(at);
+                    }
+                    i.done_bytes = done;
+                    i.total_bytes = total.max(done);
+                });
             }
             Event::PullRetry {
                 node,
@@ -307,33 +326,31 @@ impl Rollout {
                 backoff,
                 at,
             } => {
-                let i = self.image(&node, &image);
-                i.retries.push(reason.clone());
-                i.state = ImageState::Retrying {
-                    attempt,
-                    reason,
-                    until: at + backoff,
-                };
+                self.image(&node, &image, |i| {
+                    i.retries.push(reason.clone());
+                    i.state = ImageState::Retrying {
+                        attempt,
+                        reason,
+                        until: at + backoff,
+                    };
+                });
             }
-            Event::PullDone { node, image, at } => {
-                let n = self.node(&node);
-                let i = n.images.entry(image).or_insert_with(queued);
+            Event::PullDone { node, image, at } => self.image(&node, &image, |i| {
                 let took = match i.state {
                     ImageState::Pulling { since, .. } => at.saturating_duration_since(since),
                     _ => Duration::ZERO,
                 };
                 i.state = ImageState::Pulled { took };
                 i.total_bytes = i.total_bytes.max(i.done_bytes);
-                n.finished_bytes += i.done_bytes;
-            }
+            }),
             Event::PullFailed {
                 node,
                 image,
                 reason,
                 ..
-            } => self.image(&node, &image).state = ImageState::Failed { reason },
+            } => self.image(&node, &image, |i| i.state = ImageState::Failed { reason }),
             Event::PullCancelled { node, image, .. } => {
-                self.image(&node, &image).state = ImageState::Cancelled
+                self.image(&node, &image, |i| i.state = ImageState::Cancelled)
             }
             Event::NodeStopped { node, reason, .. } => {
                 let n = self.node(&node);
@@ -382,12 +399,8 @@ impl Rollout {
             .or_insert_with(|| NodeRollout::new(NodeState::Waiting))
     }
 
-    fn image(&mut self, node: &str, image: &str) -> &mut ImageRollout {
-        let n = self.node(node);
-        if !n.images.contains_key(image) {
-            n.order.push(image.to_string());
-        }
-        n.images.entry(image.to_string()).or_insert_with(queued)
+    fn image(&mut self, node: &str, image: &str, change: impl FnOnce(&mut ImageRollout)) {
+        self.node(node).update_image(image, change);
     }
 
     /// Bytes done and known total over every node.
