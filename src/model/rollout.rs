@@ -4,7 +4,7 @@
 //! The engine (src/engine.rs) sends [`Event`]s; the TUI and the headless commands fold them into one
 //! [`Rollout`] with [`Rollout::apply`] and read states, bytes, throughput and ETA from it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// How a node enforces pins.
@@ -174,7 +174,8 @@ pub struct NodeRollout {
     // every image: sums of the images' done and total bytes, and the pulls now running.
     done: u64,
     total: u64,
-    pulling: BTreeSet<String>,
+    /// Running pulls and when their bytes last moved.
+    pulling: BTreeMap<String, Option<Instant>>,
 }
 
 impl NodeRollout {
@@ -185,7 +186,7 @@ impl NodeRollout {
             order: Vec::new(),
             done: 0,
             total: 0,
-            pulling: BTreeSet::new(),
+            pulling: BTreeMap::new(),
         }
     }
 
@@ -212,7 +213,12 @@ impl NodeRollout {
         self.done = self.done - done + i.done_bytes;
         self.total = self.total - total + i.total_bytes;
         if matches!(i.state, ImageState::Pulling { .. }) {
-            self.pulling.insert(image.to_string());
+            match self.pulling.get_mut(image) {
+                Some(last) => *last = i.last_progress,
+                None => {
+                    self.pulling.insert(image.to_string(), i.last_progress);
+                }
+            }
         } else {
             self.pulling.remove(image);
         }
@@ -236,14 +242,10 @@ impl NodeRollout {
 
     /// Pulls whose bytes have not moved for `stall_after`. Only running pulls are looked at.
     pub fn stalled(&self, now: Instant, stall_after: Duration) -> impl Iterator<Item = &str> {
-        self.pulling
-            .iter()
-            .map(String::as_str)
-            .filter(move |image| {
-                self.images[*image]
-                    .last_progress
-                    .is_some_and(|t| now.saturating_duration_since(t) >= stall_after)
-            })
+        self.pulling.iter().filter_map(move |(image, last)| {
+            last.is_some_and(|t| now.saturating_duration_since(t) >= stall_after)
+                .then_some(image.as_str())
+        })
     }
 
     pub fn count(&self, pred: impl Fn(&ImageState) -> bool) -> usize {
