@@ -28,7 +28,10 @@ const METHODS: [&[u8]; 7] = [
     b"DELETE ",
     b"OPTIONS ",
 ];
-const BUFFER: usize = 16 * 1024;
+const BUFFER: usize = 64 * 1024;
+/// How far the bandwidth limiter may fall behind its schedule and still catch up: sleeps overshoot (the
+/// timer has ~1 ms granularity), and without paying that back one connection gets a fraction of the cap.
+const CATCH_UP: Duration = Duration::from_millis(50);
 
 /// What the proxy currently does to traffic.
 #[derive(Clone, Copy, Debug, Default)]
@@ -48,7 +51,8 @@ pub struct ProxyControl {
 #[derive(Default)]
 struct Shared {
     faults: Mutex<Faults>,
-    /// When the bandwidth limit next has capacity: a token bucket without burst, shared by all connections.
+    /// When the bandwidth limit next has capacity: a schedule shared by all connections, never more than
+    /// [`CATCH_UP`] ahead of itself.
     next_send: Mutex<Option<Instant>>,
     requests: AtomicU64,
     bytes_down: AtomicU64,
@@ -89,7 +93,9 @@ impl ProxyControl {
         let cost = Duration::from_secs_f64(bytes as f64 / limit as f64);
         let until = {
             let mut next = self.shared.next_send.lock().expect("limiter");
-            let start = next.map_or_else(Instant::now, |n| n.max(Instant::now()));
+            let now = Instant::now();
+            let earliest = now.checked_sub(CATCH_UP).unwrap_or(now);
+            let start = next.map_or(now, |n| n.max(earliest));
             *next = Some(start + cost);
             start + cost
         };
@@ -227,16 +233,15 @@ async fn forward(
                 if let Some(limit) = faults.bandwidth {
                     control.throttle(n, limit).await;
                 }
+                // Counted before the write: once written, the client may finish before we count.
+                control
+                    .shared
+                    .bytes_down
+                    .fetch_add(n as u64, Ordering::Relaxed);
             }
         }
         if to.write_all(data).await.is_err() {
             break;
-        }
-        if direction == Direction::Down {
-            control
-                .shared
-                .bytes_down
-                .fetch_add(n as u64, Ordering::Relaxed);
         }
     }
     let _ = to.shutdown().await;
