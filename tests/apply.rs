@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::process::Command;
-
 use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
 use pinboard::model::readiness::{ImageReason, Readiness};
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
@@ -14,17 +12,12 @@ use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 const MI: u64 = 1 << 20;
 
 fn pinboard(command: &str, common: &[String], extra: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pinboard"))
-        .arg(command)
-        .args(common)
-        .args(extra)
-        .output()
-        .expect("pinboard runs");
-    (
-        out.status.code().expect("exit code"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let args = [command]
+        .into_iter()
+        .chain(common.iter().map(String::as_str))
+        .chain(extra.iter().copied());
+    let run = support::pinboard(args);
+    (run.code, run.stdout, run.stderr)
 }
 
 fn readiness(common: &[String]) -> (i32, Readiness, String) {

@@ -4,33 +4,14 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pinboard::backend::cri::{CriClient, DEFAULT_TIMEOUT};
 use pinboard::model::readiness::{ImageReason, NodesStatus, Readiness};
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Run, pinboard};
 
 const MI: u64 = 1 << 20;
 const NO_NODE: &str = "n9=unix:///nonexistent/pinboard-check.sock";
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn pinboard(args: &[String]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_pinboard"))
-        .args(args)
-        .output()
-        .expect("pinboard runs");
-    Run {
-        code: out.status.code().expect("exit code"),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
 
 /// A lab of `nodes` (32 MiB each) and `count` small images; returns their references.
 fn lab(name: &str, nodes: &[&str], count: u64) -> (Lab, Vec<String>) {
@@ -78,7 +59,7 @@ fn args(command: &str, lab: &Lab, images: &[String], extra: &[&str]) -> Vec<Stri
 fn check_json(lab: &Lab, images: &[String], extra: &[&str]) -> (Run, Readiness) {
     let mut extra = extra.to_vec();
     extra.extend(["-o", "json"]);
-    let run = pinboard(&args("check", lab, images, &extra));
+    let run = pinboard(args("check", lab, images, &extra));
     let readiness = serde_json::from_str(&run.stdout).unwrap_or_else(|e| {
         panic!(
             "check -o json prints the readiness ({e}): {}\n{}",
@@ -101,7 +82,7 @@ fn remove_through_cri(lab: &Lab, node: &str, image: &str) {
 #[test]
 fn check_is_ready_after_apply_and_names_the_node_missing_an_image() {
     let (lab, images) = lab("check-missing", &["n1", "n2", "n3"], 2);
-    let applied = pinboard(&args("apply", &lab, &images, &[]));
+    let applied = pinboard(args("apply", &lab, &images, &[]));
     assert_eq!(
         applied.code,
         0,
@@ -125,7 +106,7 @@ fn check_is_ready_after_apply_and_names_the_node_missing_an_image() {
     }
 
     // status: the same per-node data, parsed back into the model.
-    let status = pinboard(&args("status", &lab, &images, &["-o", "json"]));
+    let status = pinboard(args("status", &lab, &images, &["-o", "json"]));
     assert_eq!(status.code, 0, "{}", status.stderr);
     let status: NodesStatus = serde_json::from_str(&status.stdout).expect("status -o json parses");
     assert_eq!(status.nodes, ready.nodes);
@@ -144,7 +125,7 @@ fn check_is_ready_after_apply_and_names_the_node_missing_an_image() {
     assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
 
     // The table says it too.
-    let table = pinboard(&args("check", &lab, &images, &[]));
+    let table = pinboard(args("check", &lab, &images, &[]));
     assert_eq!(table.code, 1);
     assert!(
         table.stdout.contains("✗ 1 image missing"),
@@ -180,7 +161,7 @@ fn an_image_pulled_without_the_pin_label_is_present_but_not_pinned() {
 #[test]
 fn unreachable_nodes_are_named_and_none_reachable_exits_3() {
     let (lab, images) = lab("check-unreachable", &["n1"], 1);
-    let run = pinboard(&args("check", &lab, &images, &["--cri", NO_NODE]));
+    let run = pinboard(args("check", &lab, &images, &["--cri", NO_NODE]));
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(
         run.stderr.contains("error: n9: unreachable: ")
@@ -231,12 +212,7 @@ fn a_bad_set_exits_2_before_any_node_is_asked() {
 fn waiting_for_a_set_that_never_gets_ready_times_out_with_exit_1() {
     let (lab, images) = lab("check-wait", &["n1"], 1);
     let started = Instant::now();
-    let run = pinboard(&args(
-        "check",
-        &lab,
-        &images,
-        &["--wait", "--timeout", "2s"],
-    ));
+    let run = pinboard(args("check", &lab, &images, &["--wait", "--timeout", "2s"]));
     let took = started.elapsed();
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(took < Duration::from_secs(4), "took {took:?}");

@@ -5,22 +5,14 @@
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::{Command, Output};
 
 use serde_json::Value;
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage};
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage, pinboard};
 
 const MI: u64 = 1 << 20;
 /// Limits passed to plan, and used by the hand computation below.
 const MIN_FREE: u64 = 4 * MI;
 const GC_HIGH_PERCENT: f64 = 85.0;
-
-fn pinboard(args: &[String]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pinboard"))
-        .args(args)
-        .output()
-        .expect("pinboard runs")
-}
 
 struct Scenario {
     lab: Lab,
@@ -154,14 +146,14 @@ fn plan_figures_match_the_manifests_and_verdicts_follow() {
     )
     .unwrap();
 
-    let out = pinboard(&plan_args(&s, &list, "json"));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = pinboard(plan_args(&s, &list, "json"));
+    let stderr = &out.stderr;
     assert!(
-        out.status.success(),
+        out.code == 0,
         "plan failed: {stderr}\nlab logs: {}",
         s.lab.dir().display()
     );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("plan -o json prints JSON");
+    let report: Value = serde_json::from_str(&out.stdout).expect("plan -o json prints JSON");
     let nodes = report["nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 3);
 
@@ -222,19 +214,14 @@ fn plan_figures_match_the_manifests_and_verdicts_follow() {
     );
 
     // The same survey as YAML reads back to the same document.
-    let yaml = pinboard(&plan_args(&s, &list, "yaml"));
-    assert!(
-        yaml.status.success(),
-        "{}",
-        String::from_utf8_lossy(&yaml.stderr)
-    );
-    let from_yaml: Value =
-        serde_saphyr::from_slice(&yaml.stdout).expect("plan -o yaml prints YAML");
+    let yaml = pinboard(plan_args(&s, &list, "yaml"));
+    assert!(yaml.code == 0, "{}", yaml.stderr);
+    let from_yaml: Value = serde_saphyr::from_str(&yaml.stdout).expect("plan -o yaml prints YAML");
     assert_eq!(from_yaml, report);
 
     // The table names each node with its verdict as glyph and word.
-    let table = pinboard(&plan_args(&s, &list, "table"));
-    let table = String::from_utf8(table.stdout).unwrap();
+    let table = pinboard(plan_args(&s, &list, "table"));
+    let table = table.stdout;
     for (node, verdict) in [("n1", "✗ no-space"), ("n2", "✓ fits"), ("n3", "! tight")] {
         let row = table
             .lines()
@@ -303,12 +290,8 @@ fn a_multi_platform_index_resolves_to_the_nodes_platform() {
         args.extend(cri_args(&lab));
         args.extend(["-o".to_string(), "json".to_string()]);
         let out = pinboard(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(out.code == 0, "{}", out.stderr);
+        let report: Value = serde_json::from_str(&out.stdout).unwrap();
         let layer_bytes: u64 = expected.layers.iter().map(|l| l.size).sum();
         assert_eq!(
             report["nodes"][0]["fetchBytes"],

@@ -3,31 +3,14 @@
 
 mod support;
 
-use std::process::Command;
-
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Run, pinboard};
 
 const D: &str = "sha256:4198606580b69c8335ad7ae531c3a74e51aee25db5faaf368234e8c8dae5cbea";
 /// Nothing listens here: input checks must fail before pinboard ever connects.
 const NO_NODE: &str = "unix:///nonexistent/pinboard-test.sock";
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 fn plan(args: &[&str]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_pinboard"))
-        .arg("plan")
-        .args(args)
-        .output()
-        .expect("pinboard runs");
-    Run {
-        code: out.status.code().expect("exit code"),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    pinboard(std::iter::once("plan").chain(args.iter().copied()))
 }
 
 fn assert_refused(run: &Run, code: i32, needles: &[&str]) {

@@ -18,6 +18,7 @@ mod node;
 mod process;
 mod proxy;
 mod registry;
+mod run;
 
 // Each including crate uses some of these re-exports, none uses all (see `dead_code` above).
 #[allow(unused_imports)]
@@ -32,3 +33,5 @@ pub use lab::{Lab, LabConfig, target_dir};
 pub use node::{Node, NodeSpec};
 #[allow(unused_imports)]
 pub use proxy::ProxyControl;
+#[allow(unused_imports)]
+pub use run::{Run, pinboard};
