@@ -14,7 +14,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt as _, stream};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
@@ -23,14 +22,11 @@ use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
 use crate::backend::node::DirectNode;
 use crate::backend::pins::{self, CRIO_CONFIG_DIR, Reload};
 use crate::backend::progress::{self, Tracker};
-use crate::backend::proto::cri::{AuthConfig, Image};
+use crate::backend::proto::cri::AuthConfig;
 use crate::model::image::ImageFacts;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::ImageRef;
 use crate::model::rollout::{Event, PinMethod, Rollout};
-
-/// How many ImageStatus calls run at once when checking what a node has.
-const STATUS_CONCURRENCY: usize = 16;
 
 /// How the engine runs. [`Default`] is the OpenShift daemon's schedule, minus its sleep after each pull.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -291,7 +287,7 @@ async fn run_node(job: NodeJob, shared: Arc<Shared>, mut control: UnboundedRecei
         .iter()
         .map(|i| i.reference.clone())
         .collect();
-    let statuses = image_statuses(&client, &order).await;
+    let statuses = client.image_statuses(&order).await;
     let mut node = NodeRun {
         name: name.clone(),
         client,
@@ -691,7 +687,7 @@ impl NodeRun {
     async fn reported_pinned(&self, images: &[String]) -> bool {
         let tries = if self.runtime == "cri-o" { 10 } else { 1 };
         for attempt in 1..=tries {
-            let statuses = image_statuses(&self.client, images).await;
+            let statuses = self.client.image_statuses(images).await;
             if statuses
                 .iter()
                 .all(|s| matches!(s, Ok(Some(i)) if i.pinned))
@@ -782,21 +778,6 @@ pub async fn unpin(
             Ok(format!("pin label removed from {removed} image(s)"))
         }
     }
-}
-
-/// ImageStatus of each image, in order, a few at a time.
-pub(crate) async fn image_statuses(
-    client: &CriClient,
-    images: &[String],
-) -> Vec<Result<Option<Image>, CriError>> {
-    stream::iter(images.to_vec())
-        .map(|image| {
-            let client = client.clone();
-            async move { client.image_status(&image).await }
-        })
-        .buffered(STATUS_CONCURRENCY)
-        .collect()
-        .await
 }
 
 /// Pulls one image with retries; every success is confirmed with ImageStatus.

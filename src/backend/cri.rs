@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use futures::StreamExt;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
 
@@ -19,6 +20,8 @@ use super::proto::cri::{
 
 pub const MAX_DECODE_BYTES: usize = 64 << 20;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many ImageStatus calls run at once against one node.
+const STATUS_CONCURRENCY: usize = 16;
 
 /// Never print registry secrets: prost's derived Debug would.
 impl fmt::Debug for AuthConfig {
@@ -217,6 +220,19 @@ impl CriClient {
             )
             .await?
             .image)
+    }
+
+    /// ImageStatus of each image, in the order given, a few at a time.
+    pub async fn image_statuses(&self, images: &[String]) -> Vec<Result<Option<Image>, CriError>> {
+        // Owned references: a future that borrows them is not Send-general enough for tokio::spawn.
+        futures::stream::iter(images.to_vec())
+            .map(|image| {
+                let client = self.clone();
+                async move { client.image_status(&image).await }
+            })
+            .buffered(STATUS_CONCURRENCY)
+            .collect()
+            .await
     }
 
     pub async fn list_images(&self) -> Result<Vec<Image>, CriError> {

@@ -8,13 +8,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
-
 use super::cri::{CriClient, CriEndpoint, CriError};
 use crate::model::plan::{NodeFacts, Presence};
-
-/// How many ImageStatus calls run at once against one node.
-const STATUS_CONCURRENCY: usize = 16;
 
 /// A node named on the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,24 +87,10 @@ async fn observe_reachable(
             }
         },
     }
-    // Owned references: a future that borrows them is not Send-general enough for tokio::spawn.
-    let statuses: Vec<(String, Result<bool, CriError>)> = stream::iter(references.to_vec())
-        .map(|reference| {
-            let client = client.clone();
-            async move {
-                let status = client
-                    .image_status(&reference)
-                    .await
-                    .map(|image| image.is_some());
-                (reference, status)
-            }
-        })
-        .buffer_unordered(STATUS_CONCURRENCY)
-        .collect()
-        .await;
-    let mut presence = HashMap::with_capacity(statuses.len());
-    for (reference, status) in statuses {
-        presence.insert(reference, Some(status?));
+    let statuses = client.image_statuses(references).await;
+    let mut presence = HashMap::with_capacity(references.len());
+    for (reference, status) in references.iter().zip(statuses) {
+        presence.insert(reference.clone(), Some(status?.is_some()));
     }
     Ok(NodeObservation { facts, presence })
 }

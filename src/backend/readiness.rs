@@ -42,7 +42,7 @@ pub async fn observe(
             };
         }
     };
-    let statuses = engine::image_statuses(&client, references).await;
+    let statuses = client.image_statuses(references).await;
     let mut observed = NodeObserved {
         node: name,
         runtime: Some(format!(
