@@ -21,6 +21,7 @@ use super::cri::{CriClient, CriError};
 use super::proto::containerd_images::{
     GetImageRequest, Image as ContainerdImage, UpdateImageRequest, images_client::ImagesClient,
 };
+use super::proto::cri::Image;
 
 pub const CRIO_CONFIG_DIR: &str = "/etc/crio/crio.conf.d";
 /// The OpenShift daemon's file name: sorts after CRI-O's own drop-ins, before the administrator's `99-*`.
@@ -244,6 +245,24 @@ pub async fn containerd_label(client: &CriClient, name: &str) -> Result<Option<S
             .image
             .and_then(|mut i| i.labels.remove(CONTAINERD_PIN_LABEL))),
     }
+}
+
+/// Whether any containerd record of the image (the reference, or a name CRI reports for it in `status`)
+/// carries the pin label, as pinning writes it on every one.
+pub async fn pinned_by_label(
+    client: &CriClient,
+    reference: &str,
+    status: &Image,
+) -> Result<bool, PinError> {
+    let names = std::iter::once(reference)
+        .chain(status.repo_digests.iter().map(String::as_str))
+        .chain(status.repo_tags.iter().map(String::as_str));
+    for name in names {
+        if containerd_label(client, name).await?.as_deref() == Some(CONTAINERD_PIN_VALUE) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn containerd_error(rpc: &str, name: &str, status: &tonic::Status) -> PinError {

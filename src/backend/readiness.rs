@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use super::cri::{CriClient, CriError};
-use super::pins::{self, CONTAINERD_PIN_VALUE};
-use super::proto::cri::Image;
+use super::pins;
 use crate::engine::{self, PinTarget};
 use crate::model::readiness::{ImageObserved, NodeObserved};
 use crate::model::rollout::PinMethod;
@@ -87,10 +86,12 @@ pub async fn observe(
             Record::Labels => match &status {
                 // A missing image has no record to carry a label.
                 None => Some(false),
-                Some(status) => match labelled(&client, reference, status).await {
+                Some(status) => match pins::pinned_by_label(&client, reference, status).await {
                     Ok(labelled) => Some(labelled),
                     Err(e) => {
-                        observed.error.get_or_insert(e);
+                        observed
+                            .error
+                            .get_or_insert(format!("reading the pin label: {e}"));
                         None
                     }
                 },
@@ -113,21 +114,4 @@ enum Record {
     Labels,
     /// Could not be read: why.
     Unreadable(String),
-}
-
-/// Whether any containerd record of the image (the reference, or a name CRI reports for it) carries the pin
-/// label, as pinning writes it on every one.
-async fn labelled(client: &CriClient, reference: &str, status: &Image) -> Result<bool, String> {
-    let names = std::iter::once(reference)
-        .chain(status.repo_digests.iter().map(String::as_str))
-        .chain(status.repo_tags.iter().map(String::as_str));
-    for name in names {
-        let label = pins::containerd_label(client, name)
-            .await
-            .map_err(|e| format!("reading the pin label of {name}: {e}"))?;
-        if label.as_deref() == Some(CONTAINERD_PIN_VALUE) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }

@@ -4,6 +4,7 @@
 //! commands use.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -270,11 +271,13 @@ impl Observer {
     async fn config_views(&self, sets: &[ImageSet]) -> BTreeMap<String, ConfigView> {
         let wanted: Vec<String> = crate::survey::union_of(sets);
         let views = self.targets.iter().map(|t| async {
-            let view = match pin_method(t, self.timeout).await {
-                Some(PinMethod::CrioDropIn) => crio_view(t, &wanted),
-                Some(PinMethod::ContainerdLabel) => containerd_view(t, &wanted, self.timeout).await,
-                None => ConfigView {
-                    path: "unknown pin method (node unreachable)".into(),
+            let view = match resolved(t, self.timeout).await {
+                Ok((_, PinTarget::CrioDropIn { config_dir, .. })) => {
+                    crio_view(&config_dir, &wanted)
+                }
+                Ok((client, _)) => containerd_view(&client, &wanted).await,
+                Err(e) => ConfigView {
+                    path: format!("pin method unknown: {e}"),
                     lines: Vec::new(),
                 },
             };
@@ -284,18 +287,28 @@ impl Observer {
     }
 }
 
-fn crio_dir(target: &NodeTarget) -> std::path::PathBuf {
-    match &target.pin {
-        PinTarget::CrioDropIn { config_dir, .. } => config_dir.clone(),
-        _ => pins::CRIO_CONFIG_DIR.into(),
-    }
+/// Connects to the node and decides how it pins, by the engine's own rule.
+async fn resolved(
+    target: &NodeTarget,
+    timeout: Duration,
+) -> Result<(CriClient, PinTarget), String> {
+    let client = CriClient::connect(&target.node.endpoint, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    let runtime = client
+        .version()
+        .await
+        .map_err(|e| e.to_string())?
+        .runtime_name;
+    let pin = engine::resolve(target.pin.clone(), &runtime, &client)?;
+    Ok((client, pin))
 }
 
 /// The CRI-O drop-in as it is and as pinning `wanted` (added to what is pinned already) would write it.
-fn crio_view(target: &NodeTarget, wanted: &[String]) -> ConfigView {
-    let path = crio_dir(target).join(pins::CRIO_DROP_IN);
+fn crio_view(config_dir: &Path, wanted: &[String]) -> ConfigView {
+    let path = config_dir.join(pins::CRIO_DROP_IN);
     let old = std::fs::read_to_string(&path).ok();
-    let mut all = pins::read_crio_pins(&crio_dir(target)).unwrap_or_default();
+    let mut all = pins::read_crio_pins(config_dir).unwrap_or_default();
     all.extend(wanted.iter().cloned());
     let lines = match pins::crio_drop_in(old.as_deref(), &all) {
         Ok(new) => crate::model::diff::lines(old.as_deref(), new.as_deref()),
@@ -308,20 +321,21 @@ fn crio_view(target: &NodeTarget, wanted: &[String]) -> ConfigView {
 }
 
 /// containerd keeps pins as image labels: one line per wanted image, added where the label is missing.
-async fn containerd_view(target: &NodeTarget, wanted: &[String], timeout: Duration) -> ConfigView {
+async fn containerd_view(client: &CriClient, wanted: &[String]) -> ConfigView {
     let path = format!(
         "containerd image labels {}={CONTAINERD_PIN_VALUE} (namespace k8s.io)",
         pins::CONTAINERD_PIN_LABEL
     );
-    let Ok(client) = CriClient::connect(&target.node.endpoint, timeout).await else {
-        return ConfigView {
-            path,
-            lines: vec![(DiffKind::Removed, "node unreachable".into())],
-        };
-    };
+    let statuses = client.image_statuses(wanted).await;
     let mut lines = Vec::with_capacity(wanted.len());
-    for image in wanted {
-        let labelled = matches!(pins::containerd_label(&client, image).await, Ok(Some(v)) if v == CONTAINERD_PIN_VALUE);
+    for (image, status) in wanted.iter().zip(statuses) {
+        let labelled = match status {
+            Ok(Some(status)) => pins::pinned_by_label(client, image, &status)
+                .await
+                .unwrap_or(false),
+            // Not on the node yet: pinning labels it once it is pulled.
+            _ => false,
+        };
         lines.push((
             if labelled {
                 DiffKind::Same
@@ -332,24 +346,6 @@ async fn containerd_view(target: &NodeTarget, wanted: &[String], timeout: Durati
         ));
     }
     ConfigView { path, lines }
-}
-
-async fn pin_method(target: &NodeTarget, timeout: Duration) -> Option<PinMethod> {
-    match &target.pin {
-        PinTarget::CrioDropIn { .. } => Some(PinMethod::CrioDropIn),
-        PinTarget::ContainerdLabel => Some(PinMethod::ContainerdLabel),
-        PinTarget::Detect => {
-            let client = CriClient::connect(&target.node.endpoint, timeout)
-                .await
-                .ok()?;
-            let version = client.version().await.ok()?;
-            Some(if version.runtime_name.contains("containerd") {
-                PinMethod::ContainerdLabel
-            } else {
-                PinMethod::CrioDropIn
-            })
-        }
-    }
 }
 
 /// What the Nodes screen shows for one node. Unknown stays unknown.
@@ -378,14 +374,21 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
     if !reachable {
         return info;
     }
-    info.pin_method = pin_method(target, timeout).await;
-    if let Ok(client) = CriClient::connect(&target.node.endpoint, timeout).await
-        && let Ok(images) = client.list_images().await
-    {
+    let Ok((client, pin)) = resolved(target, timeout).await else {
+        return info;
+    };
+    info.pin_method = Some(match pin {
+        PinTarget::CrioDropIn { .. } => PinMethod::CrioDropIn,
+        _ => PinMethod::ContainerdLabel,
+    });
+    if let Ok(images) = client.list_images().await {
         info.images = Some(images.len());
-        info.pinned = Some(match info.pin_method {
+        info.pinned = Some(match &pin {
+            PinTarget::CrioDropIn { config_dir, .. } => {
+                pins::read_crio_pins(config_dir).map_or(0, |p| p.len())
+            }
             // containerd 1.6 does not report `pinned`: count the labels it keeps instead.
-            Some(PinMethod::ContainerdLabel) => {
+            _ => {
                 let mut count = 0;
                 for image in &images {
                     let name = image
@@ -393,14 +396,15 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
                         .first()
                         .or(image.repo_tags.first())
                         .unwrap_or(&image.id);
-                    if matches!(pins::containerd_label(&client, name).await, Ok(Some(v)) if v == CONTAINERD_PIN_VALUE)
+                    if pins::pinned_by_label(&client, name, image)
+                        .await
+                        .unwrap_or(false)
                     {
                         count += 1;
                     }
                 }
                 count
             }
-            _ => pins::read_crio_pins(&crio_dir(target)).map_or(0, |p| p.len()),
         });
     }
     info
