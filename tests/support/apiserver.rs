@@ -1,25 +1,34 @@
 //! A real Kubernetes API server for the lab: etcd plus the kube-apiserver that scripts/setup builds, with
 //! token authentication (an admin in `system:masters` and a `viewer` with no groups, for RBAC tests) and an
 //! admin kubeconfig. Files live in `<lab>/apiserver/`, logs in `<lab>/etcd.log` and
-//! `<lab>/kube-apiserver.log`.
+//! `<lab>/kube-apiserver.log`. The kube-apiserver can be stopped and started again on the same port while
+//! etcd (and so the data) stays, for tests of an API server outage.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher as _, Hasher as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Result, bail};
 
 use super::http;
-use super::process::{Proc, free_port, run};
+use super::process::{Proc, free_port, run, stop_all};
 
-#[derive(Debug)]
+/// The running kube-apiserver (stopped when this is dropped, before the lab stops etcd) and how to start
+/// it again.
 pub struct ApiServer {
     url: String,
+    etcd_url: String,
     kubeconfig: PathBuf,
     admin_token: String,
     viewer_token: String,
+    binary: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    /// `None` while stopped.
+    process: Mutex<Option<Proc>>,
 }
 
 impl ApiServer {
@@ -43,8 +52,48 @@ impl ApiServer {
         &self.viewer_token
     }
 
-    /// Starts etcd and kube-apiserver (each added to `procs` before it is waited on) and returns once
-    /// `/readyz` answers 200 to the admin.
+    /// `http://127.0.0.1:PORT` of etcd, whose v3 JSON gateway (`/v3/kv/...`) reaches the stored objects
+    /// behind the API server's back.
+    pub fn etcd_url(&self) -> String {
+        self.etcd_url.clone()
+    }
+
+    /// Stops the kube-apiserver (SIGTERM, then SIGKILL after a grace period); etcd keeps running.
+    pub fn stop(&self) {
+        let mut process = self.process.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(process) = process.take() {
+            stop_all(&mut [process]);
+        }
+    }
+
+    /// Starts the kube-apiserver again, with the same port, flags, certificates and tokens, and returns
+    /// once `/readyz` answers 200 to the admin. Call it on the thread that started the lab (see
+    /// [`Proc::spawn`]).
+    pub fn start_again(&self) -> Result<()> {
+        let mut process = self.process.lock().unwrap_or_else(PoisonError::into_inner);
+        if process.is_none() {
+            *process = Some(self.spawn()?);
+            self.wait_ready(process.as_mut().expect("just started"))?;
+        }
+        Ok(())
+    }
+
+    fn spawn(&self) -> Result<Proc> {
+        let mut command = Command::new(&self.binary);
+        command.args(&self.args);
+        Proc::spawn("kube-apiserver", command, &self.log)
+    }
+
+    fn wait_ready(&self, process: &mut Proc) -> Result<()> {
+        let agent = http::agent();
+        let readyz = format!("{}/readyz", self.url);
+        process.wait_ready(Duration::from_secs(120), || {
+            http::probe(&agent, &readyz, Some(&self.admin_token)) == Some(200)
+        })
+    }
+
+    /// Starts etcd (added to `procs` before it is waited on) and kube-apiserver (owned by the result) and
+    /// returns once `/readyz` answers 200 to the admin.
     pub(crate) fn start(lab_dir: &Path, procs: &mut Vec<Proc>) -> Result<ApiServer> {
         let binary = kube_apiserver_binary();
         if !binary.is_file() {
@@ -105,37 +154,20 @@ impl ApiServer {
 
         let port = free_port()?;
         let url = format!("https://127.0.0.1:{port}");
-        let mut apiserver = Command::new(&binary);
-        apiserver
-            .arg(format!("--etcd-servers={etcd_url}"))
-            .arg(format!("--secure-port={port}"))
-            .args([
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                "--insecure-port=0",
-            ])
-            .arg(format!("--cert-dir={}", dir.join("certs").display()))
-            .arg(format!("--token-auth-file={}", tokens.display()))
-            .arg("--authorization-mode=RBAC")
-            .arg(format!("--service-account-key-file={}", sa_pub.display()))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                sa_key.display()
-            ))
-            .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg("--service-cluster-ip-range=10.0.0.0/24");
-        procs.push(Proc::spawn(
-            "kube-apiserver",
-            apiserver,
-            &lab_dir.join("kube-apiserver.log"),
-        )?);
-        let readyz = format!("{url}/readyz");
-        procs
-            .last_mut()
-            .expect("just pushed")
-            .wait_ready(Duration::from_secs(120), || {
-                http::probe(&agent, &readyz, Some(&admin_token)) == Some(200)
-            })?;
+        let args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            format!("--secure-port={port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            "--insecure-port=0".to_owned(),
+            format!("--cert-dir={}", dir.join("certs").display()),
+            format!("--token-auth-file={}", tokens.display()),
+            "--authorization-mode=RBAC".to_owned(),
+            format!("--service-account-key-file={}", sa_pub.display()),
+            format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        ];
 
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(
@@ -152,12 +184,26 @@ impl ApiServer {
                  current-context: lab\n"
             ),
         )?;
-        Ok(ApiServer {
+        let apiserver = ApiServer {
             url,
+            etcd_url,
             kubeconfig,
             admin_token,
             viewer_token,
-        })
+            binary,
+            args,
+            log: lab_dir.join("kube-apiserver.log"),
+            process: Mutex::new(None),
+        };
+        // Once `apiserver` exists, dropping it (on any error below) stops the process.
+        apiserver.start_again()?;
+        Ok(apiserver)
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
