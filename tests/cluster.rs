@@ -1,13 +1,16 @@
 //! Cluster mode against the lab's real etcd + kube-apiserver, with the machine-config CRDs from
 //! tests/fixtures/crds. No kubelet and no machine-config daemon run: the tests write Node objects and
 //! MachineConfigNode status the way they would, step by step, and check that pinboard's watched view
-//! converges on what an administrator should see.
+//! converges on what an administrator should see, also after the API server was down and the data changed
+//! meanwhile.
 
 mod support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -228,7 +231,18 @@ async fn until(
     what: &str,
     done: impl Fn(&ClusterView) -> bool,
 ) {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    until_within(WAIT, watch, view, what, done).await;
+}
+
+/// [`until`], waiting up to `wait`.
+async fn until_within(
+    wait: Duration,
+    watch: &mut Watch,
+    view: &mut ClusterView,
+    what: &str,
+    done: impl Fn(&ClusterView) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + wait;
     while !done(view) {
         match tokio::time::timeout_at(deadline, watch.updates.recv()).await {
             Ok(Some(update)) => view.apply(update),
@@ -559,4 +573,149 @@ async fn viewers_are_read_only_and_v1alpha1_clusters_still_work() {
             "{message}"
         );
     }
+}
+
+/// etcd's v3 JSON gateway, to change what the API server stores while it is down. Keys and values travel
+/// base64-encoded; custom resources are stored as JSON, Nodes as protobuf.
+struct Etcd {
+    url: String,
+    agent: ureq::Agent,
+}
+
+impl Etcd {
+    fn call(&self, method: &str, body: Value) -> Value {
+        let url = format!("{}/v3/kv/{method}", self.url);
+        let mut response = self
+            .agent
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .send(body.to_string())
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let text = response.body_mut().read_to_string().unwrap();
+        assert_eq!(response.status(), 200, "{url}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// The keys under `prefix`.
+    fn keys(&self, prefix: &str) -> Vec<String> {
+        let mut end = prefix.as_bytes().to_vec();
+        *end.last_mut().unwrap() += 1;
+        let found = self.call(
+            "range",
+            json!({"key": BASE64.encode(prefix), "range_end": BASE64.encode(end), "keys_only": true}),
+        );
+        let kvs = found["kvs"].as_array().cloned().unwrap_or_default();
+        kvs.iter()
+            .map(|kv| String::from_utf8(decode(&kv["key"])).unwrap())
+            .collect()
+    }
+
+    fn get_json(&self, key: &str) -> Value {
+        let found = self.call("range", json!({"key": BASE64.encode(key)}));
+        serde_json::from_slice(&decode(&found["kvs"][0]["value"])).unwrap()
+    }
+
+    fn put_json(&self, key: &str, value: &Value) {
+        let value = BASE64.encode(value.to_string());
+        self.call("put", json!({"key": BASE64.encode(key), "value": value}));
+    }
+
+    fn delete(&self, key: &str) {
+        let deleted = self.call("deleterange", json!({"key": BASE64.encode(key)}));
+        assert_eq!(deleted["deleted"], "1", "{key}: {deleted}");
+    }
+}
+
+fn decode(value: &Value) -> Vec<u8> {
+    BASE64.decode(value.as_str().unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_restart_mid_watch_resyncs_without_stale_rows() {
+    let lab = start("cluster-restart");
+    let apiserver = lab.apiserver().unwrap();
+    let admin = client(apiserver.kubeconfig(), None).await;
+    install_crds(&admin).await;
+    let cluster = discover(&admin).await;
+    let writer = Writer {
+        cluster: cluster.clone(),
+    };
+    writer.pool("worker").await;
+    cluster
+        .apply_set(&worker_set("upgrade", &[digest(1)]))
+        .await
+        .unwrap();
+    for node in ["n1", "n2", "n3"] {
+        writer.worker(node).await;
+        let entry = json!({"name": "upgrade", "desiredGeneration": 1});
+        writer.daemon(node, entry, true, None).await;
+    }
+    let mut watch = watch(&cluster);
+    let mut view = ClusterView::default();
+    until(&mut watch, &mut view, "synced, every node pulling", |v| {
+        v.connection() == Connection::Synced
+            && words(v, "upgrade") == ["n1=pulling", "n2=pulling", "n3=pulling"]
+    })
+    .await;
+
+    apiserver.stop();
+    until(&mut watch, &mut view, "the outage shown", |v| {
+        matches!(v.connection(), Connection::Reconnecting { .. })
+    })
+    .await;
+
+    // Meanwhile, seen by no watch: n3 leaves the cluster and n2 finishes.
+    let etcd = Etcd {
+        url: apiserver.etcd_url(),
+        agent: support::http::agent(),
+    };
+    let mcns = "/registry/machineconfiguration.openshift.io/machineconfignodes/";
+    assert_eq!(
+        etcd.keys(mcns),
+        ["n1", "n2", "n3"].map(|n| format!("{mcns}{n}"))
+    );
+    assert!(
+        etcd.keys("/registry/minions/")
+            .contains(&"/registry/minions/n3".to_owned())
+    );
+    etcd.delete(&format!("{mcns}n3"));
+    etcd.delete("/registry/minions/n3");
+    let n2 = format!("{mcns}n2");
+    let mut done = etcd.get_json(&n2);
+    done["status"]["pinnedImageSets"][0]["currentGeneration"] = json!(1);
+    let conditions = done["status"]["conditions"].as_array_mut().unwrap();
+    for condition in conditions {
+        condition["status"] = json!("False");
+    }
+    etcd.put_json(&n2, &done);
+
+    apiserver
+        .start_again()
+        .expect("the API server starts again");
+    // The watches retry 1 s, 2 s, 4 s… apart, so a few tens of seconds after the outage at most.
+    until_within(
+        Duration::from_secs(90),
+        &mut watch,
+        &mut view,
+        "resynced: n3 gone, n2 done",
+        |v| {
+            v.connection() == Connection::Synced
+                && v.nodes.len() == 2
+                && words(v, "upgrade") == ["n1=pulling", "n2=done"]
+        },
+    )
+    .await;
+    let names: Vec<&str> = view.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["n1", "n2"]);
+    let mcn_names: Vec<&str> = view
+        .machine_config_nodes
+        .iter()
+        .map(|m| m.node_name())
+        .collect();
+    assert_eq!(mcn_names, ["n1", "n2"]);
+    assert_eq!(view.pools.len(), 1);
+    assert_eq!(
+        view.set("upgrade").map(|s| s.images().collect::<Vec<_>>()),
+        Some(vec![digest(1).as_str()])
+    );
 }
