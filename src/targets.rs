@@ -111,7 +111,8 @@ pub fn resolve(
     if targets.is_empty() {
         let endpoint = default_endpoint().ok_or(
             "no CRI endpoint: CONTAINER_RUNTIME_ENDPOINT is unset, /etc/crictl.yaml names none, and neither \
-             /run/crio/crio.sock nor /run/containerd/containerd.sock exists; pass --cri [NAME=]ENDPOINT or --nodes FILE",
+             /run/crio/crio.sock nor /run/containerd/containerd.sock exists, and no kubeconfig was found; pass --cri \
+             [NAME=]ENDPOINT or --nodes FILE for nodes, or --kubeconfig FILE for a cluster",
         )?;
         targets.push(target(DirectNode {
             name: host_name(),
@@ -254,7 +255,7 @@ pub fn host_name() -> String {
 
 /// The endpoint crictl would pick: CONTAINER_RUNTIME_ENDPOINT, /etc/crictl.yaml, then the first existing
 /// default socket of CRI-O or containerd.
-fn default_endpoint() -> Option<CriEndpoint> {
+pub fn default_endpoint() -> Option<CriEndpoint> {
     #[derive(Deserialize)]
     struct CrictlConfig {
         #[serde(rename = "runtime-endpoint")]

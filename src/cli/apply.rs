@@ -19,7 +19,7 @@ use crate::engine::{self, EngineConfig};
 use crate::error::{Exit, Failure};
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
-use crate::model::units::human;
+use crate::model::units::{human, parse_duration};
 use crate::survey::{Survey, survey, union_of};
 use crate::ui::status::{node_status, pin_method_label};
 
@@ -34,9 +34,13 @@ pub struct ApplyArgs {
     /// Pulls at once per node.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub parallel: usize,
-    /// Also start nodes whose plan verdict is no-space.
+    /// Also start nodes whose plan verdict is no-space (cluster mode: also write a set that lands in no
+    /// pool).
     #[arg(long)]
     pub force: bool,
+    /// Cluster mode: how long to wait for the nodes to report the sets done, e.g. 90s, 30m, 2h.
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -78,6 +82,10 @@ pub struct ApplyReport {
 
 pub async fn apply(args: ApplyArgs) -> Result<String, Failure> {
     let common = &args.common;
+    if let Some(options) = common.targets.cluster_mode() {
+        let (input, output) = (&common.input, common.output);
+        return super::cluster::apply(&options, input, output, args.force, args.timeout).await;
+    }
     let checker = Checker::new(common)?;
     let targets = &checker.targets;
     let credentials = Credentials::load(&AuthFiles::from_env(common.registry.authfile.clone()))
@@ -322,6 +330,9 @@ pub struct Unpinned {
 }
 
 pub async fn unpin(args: UnpinArgs) -> Result<String, Failure> {
+    if let Some(options) = args.targets.cluster_mode() {
+        return super::cluster::unpin(&options, &args.input, args.output).await;
+    }
     let sets = read_sets(&args.input, true)?;
     let targets = args.targets.resolve()?;
     let images = union_of(&sets);

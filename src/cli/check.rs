@@ -170,6 +170,10 @@ fn all_unreachable(observed: &[NodeObserved]) -> Result<(), Failure> {
 }
 
 pub async fn check(args: CheckArgs) -> Result<String, Failure> {
+    if let Some(options) = args.common.targets.cluster_mode() {
+        let wait = args.wait.then_some(args.timeout);
+        return super::cluster::check(&options, &args.common.input, args.common.output, wait).await;
+    }
     let checker = Checker::new(&args.common)?;
     let readiness = if args.wait {
         checker.wait(args.timeout).await?
@@ -183,6 +187,9 @@ pub async fn check(args: CheckArgs) -> Result<String, Failure> {
 }
 
 pub async fn status(args: SetsOnNodes) -> Result<String, Failure> {
+    if let Some(options) = args.targets.cluster_mode() {
+        return super::cluster::status(&options, &args.input, args.output).await;
+    }
     let checker = Checker::new(&args)?;
     let status = NodesStatus {
         nodes: checker.readiness().await?.nodes,
@@ -255,16 +262,54 @@ pub(super) fn readiness_table(nodes: &[NodeReadiness]) -> String {
             out.push_str(&format!("  - {reason}\n"));
         }
     }
-    if let Some(first) = nodes.first() {
+    let set_rows: Vec<Vec<String>> = nodes
+        .iter()
+        .flat_map(|n| n.sets.iter().map(move |s| (n, s)))
+        .map(|(n, s)| {
+            let generation = |g: Option<i64>| g.map_or_else(|| "-".into(), |g| g.to_string());
+            vec![
+                n.node.clone(),
+                s.name.clone(),
+                generation(s.generation),
+                generation(s.desired_generation),
+                generation(s.current_generation),
+                generation(s.last_failed_generation),
+                s.state.clone(),
+            ]
+        })
+        .collect();
+    if !set_rows.is_empty() {
+        let headers = [
+            "NODE",
+            "SET",
+            "GENERATION",
+            "DESIRED",
+            "CURRENT",
+            "FAILED",
+            "STATE",
+        ];
+        out.push('\n');
+        out.push_str(&table(&headers.map(String::from), &set_rows, &plain));
+    }
+    // Every image of every node, in first-seen order: in cluster mode nodes of different pools differ.
+    let mut seen = std::collections::HashSet::new();
+    let references: Vec<&str> = nodes
+        .iter()
+        .flat_map(|n| &n.images)
+        .map(|i| i.reference.as_str())
+        .filter(|r| seen.insert(*r))
+        .collect();
+    if !references.is_empty() {
         let mut headers = vec!["IMAGE".to_string()];
         headers.extend(nodes.iter().map(|n| n.node.clone()));
-        let rows: Vec<Vec<String>> = first
-            .images
+        let rows: Vec<Vec<String>> = references
             .iter()
-            .enumerate()
-            .map(|(i, image)| {
-                let mut row = vec![short_reference(&image.reference)];
-                row.extend(nodes.iter().map(|n| image_cell(&n.images[i])));
+            .map(|reference| {
+                let mut row = vec![short_reference(reference)];
+                row.extend(nodes.iter().map(|n| {
+                    let image = n.images.iter().find(|i| i.reference == *reference);
+                    image.map_or_else(|| "-".into(), image_cell)
+                }));
                 row
             })
             .collect();

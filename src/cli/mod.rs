@@ -4,6 +4,7 @@
 
 mod apply;
 mod check;
+mod cluster;
 mod output;
 mod plan;
 
@@ -14,6 +15,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
 use crate::backend::registry::{Registry, RegistryOptions};
+use crate::cluster::ConnectOptions;
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
@@ -81,9 +83,20 @@ pub struct SetInput {
     pub images: Vec<String>,
 }
 
-/// Which nodes, reached directly over their CRI sockets, and how pinboard changes them.
+/// Which nodes: reached directly over their CRI sockets (and how pinboard changes them), or through a
+/// cluster's API server (cluster mode).
 #[derive(Args, Debug, Default)]
 pub struct TargetArgs {
+    /// Cluster mode, with this kubeconfig.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["cri", "nodes"])]
+    pub kubeconfig: Option<PathBuf>,
+    /// Cluster mode, with this context of the kubeconfig.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["cri", "nodes"])]
+    pub context: Option<String>,
+    /// Cluster mode, with the kubeconfig from KUBECONFIG or ~/.kube/config, or the pod's service account.
+    /// Without any target flag, pinboard uses the local CRI endpoint if there is one, else this.
+    #[arg(long, conflicts_with_all = ["cri", "nodes"])]
+    pub cluster: bool,
     /// A node's CRI endpoint: [NAME=]unix:///path or [NAME=]tcp://host:port. Repeatable. Without it or
     /// --nodes, the endpoint crictl would use (CONTAINER_RUNTIME_ENDPOINT, /etc/crictl.yaml, the CRI-O and
     /// containerd sockets).
@@ -204,6 +217,19 @@ pub fn registry_client(args: &RegistryArgs) -> Result<Registry, Failure> {
 }
 
 impl TargetArgs {
+    /// How to reach the cluster, when the flags choose cluster mode: `--kubeconfig`, `--context` or
+    /// `--cluster`; or no target flag at all, no local CRI endpoint, and a kubeconfig to be found.
+    pub fn cluster_mode(&self) -> Option<ConnectOptions> {
+        let options = ConnectOptions {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+        };
+        let explicit = self.kubeconfig.is_some() || self.context.is_some() || self.cluster;
+        let direct = !self.cri.is_empty() || self.nodes.is_some();
+        let implicit = !direct && targets::default_endpoint().is_none() && kubeconfig_available();
+        (explicit || implicit).then_some(options)
+    }
+
     /// The nodes named by --cri / --nodes (or crictl's default endpoint).
     pub fn resolve(&self) -> Result<Vec<NodeTarget>, Failure> {
         let defaults = NodeDefaults {
@@ -283,6 +309,17 @@ pub fn read_sets(input: &SetInput, required: bool) -> Result<Vec<ImageSet>, Fail
             lines: problems,
         })
     }
+}
+
+/// Whether kube's config inference would find something: KUBECONFIG, ~/.kube/config, or a pod's service
+/// account.
+fn kubeconfig_available() -> bool {
+    let home_config = std::env::var_os("HOME")
+        .map(|home| Path::new(&home).join(".kube/config"))
+        .is_some_and(|path| path.is_file());
+    std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty())
+        || home_config
+        || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
 }
 
 fn read_file(path: &Path) -> Result<String, Failure> {

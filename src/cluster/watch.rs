@@ -123,42 +123,38 @@ where
             let mut events =
                 std::pin::pin!(watcher::watcher(api.clone(), watcher::Config::default()));
             while let Some(event) = events.next().await {
-                let update = match event {
+                match event {
                     Ok(event) => {
                         writer.apply_watcher_event(&event);
-                        match event {
+                        let listed = match event {
                             Event::Init | Event::InitApply(_) => continue,
-                            Event::InitDone => {
-                                failing_since = None;
-                                retry = FIRST_RETRY;
-                                if !send(ClusterUpdate::Connection(kind, Connection::Synced)).await
-                                {
-                                    return;
-                                }
-                            }
-                            Event::Apply(_) | Event::Delete(_) => {}
-                        }
+                            Event::InitDone => true,
+                            Event::Apply(_) | Event::Delete(_) => false,
+                        };
                         let mut objects = store.state();
                         objects.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
-                        to_update(&objects)
+                        if !send(to_update(&objects)).await {
+                            return;
+                        }
+                        // Synced only after the list it is about, so a consumer that sees it has the list.
+                        if listed {
+                            failing_since = None;
+                            retry = FIRST_RETRY;
+                            if !send(ClusterUpdate::Connection(kind, Connection::Synced)).await {
+                                return;
+                            }
+                        }
                     }
                     Err(error) => {
                         let since = *failing_since.get_or_insert_with(SystemTime::now);
                         let error = error.to_string();
                         tracing::warn!("watch of {kind:?} failed: {error}");
-                        if !send(ClusterUpdate::Connection(
-                            kind,
-                            Connection::Reconnecting { since, error },
-                        ))
-                        .await
-                        {
+                        let state = Connection::Reconnecting { since, error };
+                        if !send(ClusterUpdate::Connection(kind, state)).await {
                             return;
                         }
                         break;
                     }
-                };
-                if !send(update).await {
-                    return;
                 }
             }
             tokio::time::sleep(retry).await;

@@ -6,7 +6,7 @@
 //! Both the `v1` shapes and the legacy `v1alpha1` ones (plain-string image lists, `lastFailedGenerationErrors`,
 //! `lastPinnedImageSetError`) are read.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -278,6 +278,8 @@ impl ContainerRuntimeConfig {
 pub struct NodeView {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// `status.nodeInfo.containerRuntimeVersion`: `cri-o://1.33.2`.
+    pub runtime: Option<String>,
     /// The `Ready` condition; `None` when the kubelet has not reported it.
     pub ready: Option<bool>,
     pub disk_pressure: Option<bool>,
@@ -304,6 +306,10 @@ impl From<&Node> for NodeView {
         NodeView {
             name: node.metadata.name.clone().unwrap_or_default(),
             labels: node.metadata.labels.clone().unwrap_or_default(),
+            runtime: status
+                .and_then(|s| s.node_info.as_ref())
+                .map(|info| info.container_runtime_version.clone())
+                .filter(|version| !version.is_empty()),
             ready: condition("Ready"),
             disk_pressure: condition("DiskPressure"),
             allocatable_ephemeral: status
@@ -567,6 +573,17 @@ impl ClusterView {
         self.sets.iter().find(|s| s.name() == name)
     }
 
+    pub fn node(&self, name: &str) -> Option<&NodeView> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The MachineConfigNode of node `name`.
+    pub fn machine_config_node(&self, name: &str) -> Option<&MachineConfigNode> {
+        self.machine_config_nodes
+            .iter()
+            .find(|m| m.node_name() == name)
+    }
+
     /// Every watch synced.
     pub fn synced(&self) -> bool {
         Kind::ALL
@@ -593,20 +610,32 @@ impl ClusterView {
     }
 
     /// Per node of every pool the set lands in, where that node is with the set's current generation, by
-    /// node name. A node is in the pool its MachineConfigNode's `spec.pool` names (its primary pool); a node
-    /// without one is in every pool whose `nodeSelector` matches it, and [`NodeSetState::Unknown`]. Empty
-    /// when the set is unknown.
+    /// node name. Empty when the set is unknown. See [`ClusterView::rollout_of`].
     pub fn rollout(&self, set_name: &str, now: SystemTime) -> Vec<(String, NodeSetState)> {
         let Some(set) = self.set(set_name) else {
             return Vec::new();
         };
-        let pools = pools_for_set(&set.metadata.labels, &self.pools);
+        self.rollout_of(set_name, &set.metadata.labels, set.generation(), now)
+    }
+
+    /// Per node of every pool a set named `set_name` with `labels` lands in, where that node is with
+    /// generation `generation` of it, by node name. A node is in the pool its MachineConfigNode's
+    /// `spec.pool` names (its primary pool); a node without one is in every pool whose `nodeSelector`
+    /// matches it, and [`NodeSetState::Unknown`].
+    pub fn rollout_of(
+        &self,
+        set_name: &str,
+        labels: &BTreeMap<String, String>,
+        generation: i64,
+        now: SystemTime,
+    ) -> Vec<(String, NodeSetState)> {
+        let pools = pools_for_set(labels, &self.pools);
         let reported = self
             .machine_config_nodes
             .iter()
             .filter(|mcn| pools.contains(&mcn.spec.pool.name))
             .map(|mcn| {
-                let state = node_set_state(mcn, set_name, set.generation(), now);
+                let state = node_set_state(mcn, set_name, generation, now);
                 (mcn.node_name().to_owned(), state)
             });
         let in_pool = |node: &NodeView| {
@@ -615,16 +644,15 @@ impl ClusterView {
                     && selector_matches(pool.spec.node_selector.as_ref(), &node.labels)
             })
         };
+        let reporting: HashSet<&str> = self
+            .machine_config_nodes
+            .iter()
+            .map(MachineConfigNode::node_name)
+            .collect();
         let silent = self
             .nodes
             .iter()
-            .filter(|node| in_pool(node))
-            .filter(|node| {
-                !self
-                    .machine_config_nodes
-                    .iter()
-                    .any(|m| m.node_name() == node.name)
-            })
+            .filter(|node| !reporting.contains(node.name.as_str()) && in_pool(node))
             .map(|node| (node.name.clone(), NodeSetState::Unknown));
         let mut rows: Vec<_> = reported.chain(silent).collect();
         rows.sort_by(|a, b| a.0.cmp(&b.0));

@@ -3,14 +3,24 @@
 //! was observed to hold ([`NodeObserved`]) goes in, per node and per image facts with reasons come out
 //! ([`NodeReadiness`]), and [`Readiness::of`] gives the overall verdict. Pure: no I/O.
 //!
-//! An image counts as pinned when the runtime reports it pinned (CRI `pinned`) or when the node's own pin
-//! record says so: the CRI-O drop-in lists it, or its containerd record carries the pin label (containerd
-//! 1.6 does not report `pinned` through CRI). Unknown stays unknown and is never ready.
+//! Direct mode: an image counts as pinned when the runtime reports it pinned (CRI `pinned`) or when the
+//! node's own pin record says so: the CRI-O drop-in lists it, or its containerd record carries the pin
+//! label (containerd 1.6 does not report `pinned` through CRI). Unknown stays unknown and is never ready.
+//!
+//! Cluster mode ([`assess_cluster`]): a node is ready for a set when its MachineConfigNode reports the
+//! set's current generation as both desired and current with no Degraded condition standing, and
+//! `Node.status.images` lists every image; an image the API cannot prove is there (the list is full and
+//! silent about it) is unknown, so not ready.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::cluster::{ClusterView, NODE_IMAGES_LIMIT, NodeSetState, Presence};
 use super::plan::{NodePlan, Verdict};
 use super::rollout::PinMethod;
+use super::units::clock;
 
 /// What was observed on one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -84,6 +94,40 @@ pub struct NodeReadiness {
     /// Why the node is not ready, one sentence each, with what to do.
     pub reasons: Vec<String>,
     pub images: Vec<ImageReadiness>,
+    /// Cluster mode: each set that lands on the node, as its MachineConfigNode reports it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sets: Vec<SetOnNode>,
+}
+
+/// Cluster mode: one set on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetOnNode {
+    pub name: String,
+    /// The set's generation the node must reach; None when the set is not on the cluster.
+    pub generation: Option<i64>,
+    /// From the node's MachineConfigNode `status.pinnedImageSets[]` entry.
+    pub desired_generation: Option<i64>,
+    pub current_generation: Option<i64>,
+    pub last_failed_generation: Option<i64>,
+    /// `done`, `pulling`, `slow`, `waiting`, `failed`, `unknown` ([`NodeSetState::word`]), or `absent`
+    /// when the set is not on the cluster.
+    pub state: String,
+    pub error: Option<String>,
+    /// How long the node has been pulling (from the condition's lastTransitionTime).
+    pub elapsed_seconds: Option<u64>,
+}
+
+/// Cluster mode: a set to check and the images it must bring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WantedSet {
+    pub name: String,
+    /// Decide the pools when the set is not on the cluster; otherwise the cluster's labels count.
+    pub labels: BTreeMap<String, String>,
+    pub images: Vec<String>,
+    /// The generation a node must reach at least, e.g. the one `apply` just wrote while the watch may still
+    /// show an older one.
+    pub min_generation: i64,
 }
 
 /// The verdict over every node, as `check` prints it.
@@ -202,12 +246,228 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
         ready: reasons.is_empty(),
         reasons,
         images,
+        sets: Vec::new(),
     }
+}
+
+/// Cluster mode: every node of every pool a wanted set lands in, judged from the watched view at `now`.
+/// Nodes by name; each node's images are the union of its sets' images, in set order.
+pub fn assess_cluster(
+    view: &ClusterView,
+    wanted: &[WantedSet],
+    now: SystemTime,
+) -> Vec<NodeReadiness> {
+    let mut per_node: BTreeMap<String, Vec<(&WantedSet, NodeSetState)>> = BTreeMap::new();
+    for set in wanted {
+        let on_cluster = view.set(&set.name);
+        let labels = on_cluster.map_or(&set.labels, |s| &s.metadata.labels);
+        let generation = on_cluster
+            .map_or(0, |s| s.generation())
+            .max(set.min_generation);
+        for (node, state) in view.rollout_of(&set.name, labels, generation, now) {
+            per_node.entry(node).or_default().push((set, state));
+        }
+    }
+    per_node
+        .into_iter()
+        .map(|(node, sets)| assess_cluster_node(view, &node, &sets))
+        .collect()
+}
+
+fn assess_cluster_node(
+    view: &ClusterView,
+    node: &str,
+    sets: &[(&WantedSet, NodeSetState)],
+) -> NodeReadiness {
+    let node_view = view.node(node);
+    let mcn = view.machine_config_node(node);
+    let mut reasons = Vec::new();
+    match node_view.map(|n| n.ready) {
+        None => reasons.push(format!(
+            "no Node object {node:?}: its MachineConfigNode names a node the cluster does not have"
+        )),
+        Some(Some(false)) => reasons.push(
+            "node not ready: the kubelet reports Ready=False, so nothing is pulled or pinned there"
+                .into(),
+        ),
+        Some(_) => {}
+    }
+    let mut on_node = Vec::new();
+    let mut images: Vec<ImageReadiness> = Vec::new();
+    for (wanted, state) in sets {
+        let on_cluster = view.set(&wanted.name);
+        let generation = on_cluster.map(|s| s.generation().max(wanted.min_generation));
+        let entry = mcn.and_then(|m| m.set_status(&wanted.name));
+        let listed =
+            |reference: &str| on_cluster.is_some_and(|s| s.images().any(|i| i == reference));
+        match (on_cluster, generation) {
+            (Some(_), Some(generation)) => {
+                if let Some(reason) = set_state_reason(
+                    &wanted.name,
+                    generation,
+                    entry.and_then(|e| e.desired_generation),
+                    state,
+                ) {
+                    reasons.push(reason);
+                }
+            }
+            _ => reasons.push(format!(
+                "set {:?} is not on the cluster: `pinboard apply --set FILE` creates it",
+                wanted.name
+            )),
+        }
+        let unlisted: Vec<&str> = wanted
+            .images
+            .iter()
+            .map(String::as_str)
+            .filter(|r| on_cluster.is_some() && !listed(r))
+            .collect();
+        if !unlisted.is_empty() {
+            reasons.push(format!(
+                "set {:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
+                wanted.name,
+                count_images(unlisted.len()),
+                unlisted.join(", ")
+            ));
+        }
+        let done = *state == NodeSetState::Done;
+        for reference in &wanted.images {
+            let present = node_view.and_then(|n| match n.presence(reference) {
+                Presence::Present => Some(true),
+                Presence::Absent => Some(false),
+                Presence::Unknown => None,
+            });
+            let pinned = done && listed(reference);
+            match images.iter_mut().find(|i| &i.reference == reference) {
+                // An image in several sets is pinned when any of them is done with it.
+                Some(image) if pinned => *image = cluster_image(reference, present, true),
+                Some(_) => {}
+                None => images.push(cluster_image(reference, present, pinned)),
+            }
+        }
+        let elapsed = match state {
+            NodeSetState::Progressing { elapsed }
+            | NodeSetState::SlowButWorking { elapsed, .. } => elapsed.map(|d| d.as_secs()),
+            _ => None,
+        };
+        on_node.push(SetOnNode {
+            name: wanted.name.clone(),
+            generation,
+            desired_generation: entry.and_then(|e| e.desired_generation),
+            current_generation: entry.and_then(|e| e.current_generation),
+            last_failed_generation: entry.and_then(|e| e.last_failed_generation),
+            state: if on_cluster.is_some() {
+                state.word()
+            } else {
+                "absent"
+            }
+            .into(),
+            error: match state {
+                NodeSetState::Failed { error, .. } => Some(error.clone()),
+                NodeSetState::SlowButWorking { message, .. } => Some(message.clone()),
+                _ => None,
+            },
+            elapsed_seconds: elapsed,
+        });
+    }
+    let with = |reason: ImageReason| -> Vec<&str> {
+        images
+            .iter()
+            .filter(|i| i.reason == Some(reason))
+            .map(|i| i.reference.as_str())
+            .collect()
+    };
+    let missing = with(ImageReason::Missing);
+    if !missing.is_empty() {
+        reasons.push(format!(
+            "{} missing from Node.status.images: {}",
+            count_images(missing.len()),
+            missing.join(", ")
+        ));
+    }
+    let unknown: Vec<&str> = images
+        .iter()
+        .filter(|i| i.present.is_none())
+        .map(|i| i.reference.as_str())
+        .collect();
+    if !unknown.is_empty() && node_view.is_some() {
+        reasons.push(format!(
+            "{} unknown: {}: Node.status.images is full ({NODE_IMAGES_LIMIT} entries, the kubelet's limit) and \
+             does not list them, so the API cannot prove they are there; ask the runtime with \
+             `pinboard check --cri {node}=ENDPOINT`",
+            count_images(unknown.len()),
+            unknown.join(", ")
+        ));
+    }
+    NodeReadiness {
+        node: node.to_owned(),
+        runtime: node_view.and_then(|n| n.runtime.clone()),
+        reachable: true,
+        pin_method: Some(MACHINE_CONFIG_PINS.into()),
+        ready: reasons.is_empty(),
+        reasons,
+        images,
+        sets: on_node,
+    }
+}
+
+/// How cluster-mode nodes pin: the machine-config daemon writes CRI-O's drop-in from PinnedImageSets.
+pub const MACHINE_CONFIG_PINS: &str = "pinned-image-set";
+
+/// An image in cluster mode: pinned once its set is done on the node.
+fn cluster_image(reference: &str, present: Option<bool>, pinned: bool) -> ImageReadiness {
+    image_readiness(&ImageObserved {
+        reference: reference.to_owned(),
+        present,
+        reported_pinned: None,
+        recorded_pinned: Some(pinned),
+    })
+}
+
+/// Why a node is not done with generation `generation` of set `name`; None when it is.
+fn set_state_reason(
+    name: &str,
+    generation: i64,
+    desired: Option<i64>,
+    state: &NodeSetState,
+) -> Option<String> {
+    let took = |elapsed: &Option<std::time::Duration>| {
+        elapsed.map_or_else(String::new, |d| format!(" for {}", clock(d)))
+    };
+    Some(match state {
+        NodeSetState::Done => return None,
+        NodeSetState::Waiting => format!(
+            "set {name:?}: the node has not seen generation {generation} yet ({}); the machine-config \
+             daemon picks it up next",
+            desired.map_or(
+                "its MachineConfigNode has no entry for the set".into(),
+                |d| { format!("its MachineConfigNode wants generation {d}") }
+            )
+        ),
+        NodeSetState::Progressing { elapsed } => {
+            format!(
+                "set {name:?} generation {generation}: pulling{}",
+                took(elapsed)
+            )
+        }
+        NodeSetState::SlowButWorking { elapsed, message } => format!(
+            "set {name:?} generation {generation}: still pulling{} (the daemon's sync window ended and it \
+             carries on: {message})",
+            took(elapsed)
+        ),
+        NodeSetState::Failed { generation, error } => {
+            format!("set {name:?} generation {generation} failed: {error}")
+        }
+        NodeSetState::Unknown => format!(
+            "set {name:?}: no MachineConfigNode reports on this node, so nothing shows the set there; \
+             check that the machine-config daemon runs on it"
+        ),
+    })
 }
 
 impl NodeReadiness {
     /// A few words for a progress line or a table cell: `ready`, `unreachable`, `3 images missing, 1 not
-    /// pinned`.
+    /// pinned`, `ocp-4.19 pulling 3m05s, 2 images missing`.
     pub fn summary(&self) -> String {
         if !self.reachable {
             return "unreachable".into();
@@ -218,17 +478,26 @@ impl NodeReadiness {
                 .filter(|i| i.reason == Some(reason))
                 .count()
         };
-        let parts: Vec<String> = [
-            (ImageReason::Missing, "missing"),
-            (ImageReason::NotPinned, "not pinned"),
-            (ImageReason::Unknown, "unknown"),
-        ]
-        .into_iter()
-        .filter_map(|(reason, word)| match count(reason) {
-            0 => None,
-            n => Some(format!("{} {word}", count_images(n))),
-        })
-        .collect();
+        let sets = self.sets.iter().filter(|s| s.state != "done").map(|s| {
+            let elapsed = s.elapsed_seconds.map_or_else(String::new, |e| {
+                format!(" {}", clock(Duration::from_secs(e)))
+            });
+            format!("{} {}{elapsed}", s.name, s.state)
+        });
+        let parts: Vec<String> = sets
+            .chain(
+                [
+                    (ImageReason::Missing, "missing"),
+                    (ImageReason::NotPinned, "not pinned"),
+                    (ImageReason::Unknown, "unknown"),
+                ]
+                .into_iter()
+                .filter_map(|(reason, word)| match count(reason) {
+                    0 => None,
+                    n => Some(format!("{} {word}", count_images(n))),
+                }),
+            )
+            .collect();
         if parts.is_empty() {
             if self.ready { "ready" } else { "not ready" }.into()
         } else {
@@ -402,5 +671,240 @@ mod tests {
         assert_eq!(json["pinMethod"], "containerd-label");
         let back: NodeReadiness = serde_json::from_value(json).unwrap();
         assert_eq!(back, n);
+    }
+
+    mod cluster {
+        use std::collections::BTreeMap;
+        use std::time::SystemTime;
+
+        use serde_json::{Value, json};
+
+        use super::super::*;
+        use crate::model::cluster::{ClusterUpdate, DEGRADED, PROGRESSING, ROLE_LABEL};
+
+        const A: &str = "quay.io/x/a@sha256:aa";
+        const B: &str = "quay.io/x/b@sha256:bb";
+
+        fn from<T: serde::de::DeserializeOwned>(value: Value) -> T {
+            serde_json::from_value(value).unwrap()
+        }
+
+        /// Node `name`, Ready as given, listing `images` (padded to `entries` entries).
+        fn node(
+            name: &str,
+            ready: bool,
+            images: &[&str],
+            entries: usize,
+        ) -> k8s_openapi::api::core::v1::Node {
+            let mut list: Vec<Value> = images.iter().map(|i| json!({"names": [i]})).collect();
+            list.extend(
+                (list.len()..entries)
+                    .map(|n| json!({"names": [format!("quay.io/other/{n}@sha256:0")]})),
+            );
+            from(json!({
+                "metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
+                "status": {
+                    "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+                    "nodeInfo": {"containerRuntimeVersion": "cri-o://1.33.2", "architecture": "", "bootID": "",
+                                 "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "", "machineID": "",
+                                 "operatingSystem": "", "osImage": "", "systemUUID": ""},
+                    "images": list,
+                },
+            }))
+        }
+
+        fn mcn(name: &str, desired: i64, current: i64, degraded: Option<&str>) -> Value {
+            json!({
+                "metadata": {"name": name},
+                "spec": {"node": {"name": name}, "pool": {"name": "worker"}},
+                "status": {
+                    "pinnedImageSets": [{"name": "s", "desiredGeneration": desired, "currentGeneration": current,
+                                         "lastFailedGeneration": degraded.map(|_| desired),
+                                         "lastFailedGenerationError": degraded}],
+                    "conditions": [
+                        {"type": PROGRESSING, "status": if desired != current && degraded.is_none() { "True" } else { "False" }},
+                        {"type": DEGRADED, "status": if degraded.is_some() { "True" } else { "False" }},
+                    ],
+                },
+            })
+        }
+
+        fn view(
+            set_generation: i64,
+            nodes: Vec<k8s_openapi::api::core::v1::Node>,
+            mcns: Vec<Value>,
+        ) -> ClusterView {
+            let mut view = ClusterView::default();
+            view.apply(ClusterUpdate::Pools(vec![from(
+                json!({"metadata": {"name": "worker"}, "spec": {
+                    "machineConfigSelector": {"matchLabels": {ROLE_LABEL: "worker"}},
+                    "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}},
+                }}),
+            )]));
+            view.apply(ClusterUpdate::Sets(vec![from(json!({
+                "metadata": {"name": "s", "generation": set_generation, "labels": {ROLE_LABEL: "worker"}},
+                "spec": {"pinnedImages": [{"name": A}, {"name": B}]},
+            }))]));
+            view.apply(ClusterUpdate::Nodes(nodes.iter().map(Into::into).collect()));
+            view.apply(ClusterUpdate::MachineConfigNodes(
+                mcns.into_iter().map(from).collect(),
+            ));
+            view
+        }
+
+        fn wanted(min_generation: i64) -> WantedSet {
+            WantedSet {
+                name: "s".into(),
+                labels: BTreeMap::new(),
+                images: vec![A.into(), B.into()],
+                min_generation,
+            }
+        }
+
+        fn judge(view: &ClusterView, min_generation: i64) -> Readiness {
+            Readiness::of(assess_cluster(
+                view,
+                &[wanted(min_generation)],
+                SystemTime::now(),
+            ))
+        }
+
+        #[test]
+        fn done_and_listed_everywhere_is_ready() {
+            let v = view(
+                2,
+                vec![node("n1", true, &[A, B], 2), node("n2", true, &[A, B], 50)],
+                vec![mcn("n1", 2, 2, None), mcn("n2", 2, 2, None)],
+            );
+            let r = judge(&v, 0);
+            assert!(r.ready, "{:#?}", r.nodes);
+            assert_eq!(r.nodes[0].runtime.as_deref(), Some("cri-o://1.33.2"));
+            assert_eq!(r.nodes[0].pin_method.as_deref(), Some(MACHINE_CONFIG_PINS));
+            let set = &r.nodes[0].sets[0];
+            assert_eq!(
+                (set.generation, set.current_generation, set.state.as_str()),
+                (Some(2), Some(2), "done")
+            );
+        }
+
+        #[test]
+        fn every_case_a_pipeline_must_not_pass_says_why() {
+            let v = view(
+                3,
+                vec![
+                    node("n1", true, &[A, B], 2),
+                    node("n2", true, &[A], 50),
+                    node("n3", true, &[A, B], 2),
+                    node("n4", false, &[A, B], 2),
+                    node("n5", true, &[A], 2),
+                ],
+                vec![
+                    mcn("n1", 2, 2, None),
+                    mcn("n2", 3, 3, None),
+                    mcn(
+                        "n3",
+                        3,
+                        2,
+                        Some("failed to pull quay.io/x/b: no space left on device"),
+                    ),
+                    mcn("n4", 3, 3, None),
+                    mcn("n5", 3, 3, None),
+                ],
+            );
+            let r = judge(&v, 0);
+            assert!(!r.ready);
+            assert_eq!(r.ready_nodes, 0);
+            let reasons = |n: usize| r.nodes[n].reasons.join(" | ");
+            assert!(
+                reasons(0).contains(
+                    "has not seen generation 3 yet (its MachineConfigNode wants generation 2)"
+                ),
+                "{}",
+                reasons(0)
+            );
+            assert!(
+                reasons(1).contains(
+                    "1 image unknown: quay.io/x/b@sha256:bb: Node.status.images is full (50 entries"
+                ),
+                "{}",
+                reasons(1)
+            );
+            assert_eq!(r.nodes[1].images[1].reason, Some(ImageReason::Unknown));
+            assert!(
+                reasons(2).contains(
+                    "set \"s\" generation 3 failed: failed to pull quay.io/x/b: no space left"
+                ),
+                "{}",
+                reasons(2)
+            );
+            assert_eq!(r.nodes[2].sets[0].state, "failed");
+            assert!(reasons(3).starts_with("node not ready"), "{}", reasons(3));
+            assert!(
+                reasons(4).contains("1 image missing from Node.status.images: quay.io/x/b"),
+                "{}",
+                reasons(4)
+            );
+            assert_eq!(r.nodes[4].summary(), "1 image missing");
+            assert_eq!(r.nodes[0].summary(), "s waiting, 2 images not pinned");
+        }
+
+        #[test]
+        fn a_generation_just_applied_is_waited_for_even_before_the_watch_shows_it() {
+            let v = view(
+                2,
+                vec![node("n1", true, &[A, B], 2)],
+                vec![mcn("n1", 2, 2, None)],
+            );
+            assert!(judge(&v, 2).ready);
+            let r = judge(&v, 3);
+            assert!(!r.ready);
+            assert_eq!(r.nodes[0].sets[0].generation, Some(3));
+        }
+
+        #[test]
+        fn slow_pulls_are_not_failures_and_absent_sets_are_named() {
+            let timeout = format!("{}: 3 of 9 left", crate::model::cluster::REQUEUE_TIMEOUT);
+            let v = view(
+                2,
+                vec![node("n1", true, &[A], 2)],
+                vec![mcn("n1", 2, 1, Some(&timeout))],
+            );
+            let r = judge(&v, 0);
+            assert_eq!(r.nodes[0].sets[0].state, "slow");
+            assert!(
+                r.nodes[0].reasons[0].contains("still pulling"),
+                "{:?}",
+                r.nodes[0].reasons
+            );
+            let other = WantedSet {
+                name: "t".into(),
+                labels: BTreeMap::from([(ROLE_LABEL.into(), "worker".into())]),
+                ..wanted(0)
+            };
+            let r = Readiness::of(assess_cluster(&v, &[other], SystemTime::now()));
+            assert_eq!(r.nodes[0].sets[0].state, "absent");
+            assert!(
+                r.nodes[0].reasons[0].contains("\"t\" is not on the cluster"),
+                "{:?}",
+                r.nodes[0].reasons
+            );
+        }
+
+        #[test]
+        fn cluster_json_reads_back() {
+            let v = view(
+                2,
+                vec![node("n1", true, &[A, B], 2)],
+                vec![mcn("n1", 2, 1, None)],
+            );
+            let status = NodesStatus {
+                nodes: judge(&v, 0).nodes,
+            };
+            let json = serde_json::to_value(&status).unwrap();
+            assert_eq!(json["nodes"][0]["sets"][0]["desiredGeneration"], 2);
+            assert_eq!(json["nodes"][0]["sets"][0]["state"], "pulling");
+            let back: NodesStatus = serde_json::from_value(json).unwrap();
+            assert_eq!(back, status);
+        }
     }
 }

@@ -54,6 +54,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .ok_or_else(bad)
 }
 
+/// A duration for people: `1h02m`, `3m05s`, `42s`.
+pub fn clock(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
 /// Bytes for people: `1.50 GiB`.
 pub fn human(bytes: u64) -> String {
     format_size(bytes, BINARY)

@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 mod apiserver;
+pub mod cluster;
 mod cri;
 pub mod http;
 mod images;
@@ -31,6 +32,8 @@ pub use images::{
 pub use lab::{Lab, LabConfig, target_dir};
 #[allow(unused_imports)]
 pub use node::{Node, NodeSpec};
+#[allow(unused_imports)]
+pub use process::free_port;
 #[allow(unused_imports)]
 pub use proxy::ProxyControl;
 #[allow(unused_imports)]

@@ -109,7 +109,7 @@ pub(crate) fn stop_all(procs: &mut [Proc]) {
 }
 
 /// A loopback port that was free a moment ago (bind port 0, read it, close).
-pub(crate) fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

@@ -1,0 +1,294 @@
+//! `pinboard check`, `status`, `apply` and `unpin` in cluster mode: the real binary against the lab's
+//! etcd + kube-apiserver, with the tests playing the kubelet and the machine-config daemon. Each case a
+//! pipeline must never get wrong ends in exit 1 with its reason; exit 0 only when every node has really
+//! reached the set's generation and lists every image.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use pinboard::model::readiness::{NodesStatus, Readiness};
+use serde_json::{Value, json};
+use support::cluster::{NodeStatus, WAIT, Writer, client, digest, discover, install_crds};
+use support::{Lab, LabConfig, Run, pinboard};
+
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+fn set_file(dir: &Path, name: &str, role: &str, images: &[String]) -> PathBuf {
+    let entries: String = images
+        .iter()
+        .map(|i| format!("    - name: {i}\n"))
+        .collect();
+    let path = dir.join(format!("{name}-{}.yaml", images.len()));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: {name}\n  \
+             labels:\n    machineconfiguration.openshift.io/role: {role}\nspec:\n  pinnedImages:\n{entries}"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// The daemon's entry for generation `generation` of set `release`, reached or not.
+fn entry(generation: i64, reached: bool) -> Value {
+    let mut entry = json!({"name": "release", "desiredGeneration": generation});
+    if reached {
+        entry["currentGeneration"] = json!(generation);
+    }
+    entry
+}
+
+/// Runs the binary on a blocking thread, so the test can play the daemon meanwhile.
+async fn run(args: Vec<String>) -> Run {
+    tokio::task::spawn_blocking(move || pinboard(args))
+        .await
+        .unwrap()
+}
+
+fn args(kubeconfig: &Path, rest: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
+    args.extend(["--kubeconfig".into(), kubeconfig.display().to_string()]);
+    args
+}
+
+fn explain(run: &Run) -> String {
+    format!(
+        "exit {}\nstdout:\n{}\nstderr:\n{}",
+        run.code, run.stdout, run.stderr
+    )
+}
+
+#[tokio::test]
+async fn cluster_readiness_gates_what_a_pipeline_must_never_pass() {
+    pinboard::install_crypto_provider();
+    let lab = Lab::start(
+        "check-cluster",
+        LabConfig {
+            nodes: Vec::new(),
+            apiserver: true,
+        },
+    )
+    .expect("the lab must start");
+    let kubeconfig = lab.apiserver().unwrap().kubeconfig().to_owned();
+    let admin = client(&kubeconfig, None).await;
+    install_crds(&admin).await;
+    let writer = Writer {
+        cluster: discover(&admin).await,
+    };
+    writer.pool("worker").await;
+    writer.pool("master").await;
+    for node in NODES {
+        writer.worker(node).await;
+    }
+    let images = [digest(1), digest(2)];
+    let kubelet_lists = |images: &[String]| {
+        let mut listed = images.to_vec();
+        listed.push(format!("quay.io/pinboard/own@sha256:{}", "a".repeat(64)));
+        listed
+    };
+
+    // A set no pool selects is refused before anything is written.
+    let stray = set_file(lab.dir(), "stray", "infra", &images);
+    let refused = run(args(
+        &kubeconfig,
+        &["apply", "--set", stray.to_str().unwrap()],
+    ))
+    .await;
+    assert_eq!(refused.code, 2, "{}", explain(&refused));
+    assert!(
+        refused.stderr.contains("matches no MachineConfigPool"),
+        "{}",
+        explain(&refused)
+    );
+
+    // Apply, while the daemons pull and the kubelets list the images: exit 0 once all three are done.
+    let file = set_file(lab.dir(), "release", "worker", &images);
+    let file_arg = file.to_str().unwrap().to_owned();
+    let applying = tokio::spawn(run(args(
+        &kubeconfig,
+        &["apply", "--set", &file_arg, "--timeout", "60s"],
+    )));
+    let sets = kube::Api::<kube::core::DynamicObject>::all_with(
+        admin.clone(),
+        &writer.cluster.resources().pinned_image_set,
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    while sets.get_opt("release").await.unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "apply never wrote the set"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let listed = kubelet_lists(&images);
+    for node in NODES {
+        writer.daemon(node, entry(1, false), true, None).await;
+        let status = NodeStatus {
+            ready: true,
+            images: &listed,
+            entries: listed.len(),
+        };
+        writer.node_status(node, &status).await;
+        writer.daemon(node, entry(1, true), false, None).await;
+    }
+    let applied = applying.await.unwrap();
+    assert_eq!(applied.code, 0, "{}", explain(&applied));
+    assert!(
+        applied
+            .stderr
+            .contains("applied PinnedImageSet release (generation 1)"),
+        "{}",
+        explain(&applied)
+    );
+    assert!(
+        applied.stdout.contains("✓ ready: 3/3 nodes ready"),
+        "{}",
+        explain(&applied)
+    );
+
+    // Truly there: check by name and by file agree.
+    for set in ["release", file_arg.as_str()] {
+        let ok = run(args(&kubeconfig, &["check", "--set", set])).await;
+        assert_eq!(ok.code, 0, "{}", explain(&ok));
+    }
+
+    // status -o json reads back into the structure the TUI uses.
+    let status = run(args(
+        &kubeconfig,
+        &["status", "--set", "release", "-o", "json"],
+    ))
+    .await;
+    assert_eq!(status.code, 0, "{}", explain(&status));
+    let parsed: NodesStatus = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(parsed.nodes.len(), 3);
+    assert!(
+        parsed
+            .nodes
+            .iter()
+            .all(|n| n.ready && n.sets[0].current_generation == Some(1))
+    );
+    let again = serde_json::to_string_pretty(&parsed).unwrap() + "\n";
+    assert_eq!(again, status.stdout, "the JSON round-trips exactly");
+
+    // The cases that must fail, one per node: n1 Degraded, n2 listing 50 images but not ours, n3 not ready.
+    let error = "failed to pull quay.io/openshift/release: no space left on device";
+    writer
+        .daemon(
+            "n1",
+            json!({"name": "release", "desiredGeneration": 1, "currentGeneration": 1,
+                   "lastFailedGeneration": 1, "lastFailedGenerationError": error}),
+            false,
+            Some("One or more PinnedImageSet is experiencing an error"),
+        )
+        .await;
+    let only_first = kubelet_lists(&images[..1]);
+    let full = NodeStatus {
+        ready: true,
+        images: &only_first,
+        entries: 50,
+    };
+    writer.node_status("n2", &full).await;
+    let not_ready = NodeStatus {
+        ready: false,
+        images: &listed,
+        entries: listed.len(),
+    };
+    writer.node_status("n3", &not_ready).await;
+    let failing = run(args(
+        &kubeconfig,
+        &["check", "--set", "release", "-o", "json"],
+    ))
+    .await;
+    assert_eq!(failing.code, 1, "{}", explain(&failing));
+    let verdict: Readiness = serde_json::from_str(&failing.stdout).unwrap();
+    assert_eq!(verdict.ready_nodes, 0, "{}", explain(&failing));
+    let stderr = &failing.stderr;
+    assert!(
+        stderr.contains(&format!("n1: set \"release\" generation 1 failed: {error}")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "n2: 1 image unknown: {}: Node.status.images is full (50 entries",
+            images[1]
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("n3: node not ready"), "{stderr}");
+
+    // Healed, then the set is edited to generation 2, which no node has seen yet.
+    for node in NODES {
+        let healthy = NodeStatus {
+            ready: true,
+            images: &listed,
+            entries: listed.len(),
+        };
+        writer.node_status(node, &healthy).await;
+        writer.daemon(node, entry(1, true), false, None).await;
+    }
+    let ok = run(args(&kubeconfig, &["check", "--set", "release"])).await;
+    assert_eq!(ok.code, 0, "{}", explain(&ok));
+    let edited = set_file(
+        lab.dir(),
+        "release",
+        "worker",
+        &[digest(1), digest(2), digest(3)],
+    );
+    let edit = run(args(
+        &kubeconfig,
+        &[
+            "apply",
+            "--set",
+            edited.to_str().unwrap(),
+            "--timeout",
+            "1s",
+        ],
+    ))
+    .await;
+    assert_eq!(edit.code, 1, "{}", explain(&edit));
+    let unseen = run(args(&kubeconfig, &["check", "--set", "release"])).await;
+    assert_eq!(unseen.code, 1, "{}", explain(&unseen));
+    assert!(
+        unseen.stderr.contains(
+            "n1: set \"release\": the node has not seen generation 2 yet (its MachineConfigNode wants generation 1)"
+        ),
+        "{}",
+        explain(&unseen)
+    );
+    // The old file's images are all in generation 2, but nodes have not reached it: still not ready.
+    let by_old_file = run(args(&kubeconfig, &["check", "--set", &file_arg])).await;
+    assert_eq!(by_old_file.code, 1, "{}", explain(&by_old_file));
+
+    // Bad input and an unreachable API server have their own exit codes.
+    let unknown = run(args(&kubeconfig, &["check", "--set", "nope"])).await;
+    assert_eq!(unknown.code, 2, "{}", explain(&unknown));
+    assert!(
+        unknown.stderr.contains(
+            "\"nope\" is neither a file nor a PinnedImageSet on the cluster (sets there: release)"
+        ),
+        "{}",
+        explain(&unknown)
+    );
+    let text = std::fs::read_to_string(&kubeconfig).unwrap();
+    let server = lab.apiserver().unwrap().url();
+    let closed = format!("https://127.0.0.1:{}", support::free_port().unwrap());
+    let dead = lab.dir().join("kubeconfig-dead");
+    std::fs::write(&dead, text.replace(&server, &closed)).unwrap();
+    let unreachable = run(args(&dead, &["check", "--set", "release"])).await;
+    assert_eq!(unreachable.code, 3, "{}", explain(&unreachable));
+    assert!(
+        unreachable.stderr.contains("cannot reach the API server"),
+        "{}",
+        explain(&unreachable)
+    );
+
+    // Unpin deletes the set; doing it twice is not an error.
+    for expected in ["deleted", "not on the cluster"] {
+        let unpinned = run(args(&kubeconfig, &["unpin", "--set", "release"])).await;
+        assert_eq!(unpinned.code, 0, "{}", explain(&unpinned));
+        assert!(unpinned.stdout.contains(expected), "{}", explain(&unpinned));
+    }
+    assert!(sets.get_opt("release").await.unwrap().is_none());
+}

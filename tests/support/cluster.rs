@@ -1,0 +1,218 @@
+//! Playing an OpenShift cluster in the lab's API server: the machine-config CRDs from tests/fixtures/crds,
+//! and the objects the controllers, the kubelet and the machine-config daemon would write (pools, Nodes with
+//! status, MachineConfigNodes and their status). No kubelet or daemon runs: tests write what they would.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::wait::{await_condition, conditions};
+use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, connect};
+use pinboard::model::cluster::{DEGRADED, PROGRESSING, ROLE_LABEL};
+use serde_json::{Value, json};
+
+/// How long the API server gets for anything a test waits on.
+pub const WAIT: Duration = Duration::from_secs(30);
+const TEST_MANAGER: &str = "pinboard-test";
+
+/// A client for `kubeconfig` (and `context`).
+pub async fn client(kubeconfig: &Path, context: Option<&str>) -> kube::Client {
+    connect(&ConnectOptions {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        context: context.map(str::to_owned),
+    })
+    .await
+    .expect("the lab's kubeconfig works")
+}
+
+fn crd_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds")
+}
+
+fn read_crd(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Applies every CRD in tests/fixtures/crds and waits until each is established.
+pub async fn install_crds(client: &kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(crd_dir()).unwrap() {
+        let crd = read_crd(&entry.unwrap().path());
+        let name = crd["metadata"]["name"].as_str().unwrap().to_owned();
+        crds.patch(
+            &name,
+            &PatchParams::apply(TEST_MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+        names.push(name);
+    }
+    for name in names {
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(WAIT, established)
+            .await
+            .expect("CRD established in time")
+            .unwrap();
+    }
+}
+
+/// Discovery, retried while the API server's discovery catches up with freshly established CRDs.
+pub async fn discover(client: &kube::Client) -> Cluster {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match Cluster::discover(client.clone()).await {
+            Ok(cluster) => return cluster,
+            Err(ClusterError::MissingKind(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("discovery failed: {e}"),
+        }
+    }
+}
+
+/// What a worker node's kubelet reports.
+pub struct NodeStatus<'a> {
+    pub ready: bool,
+    /// `status.images`, one entry per name.
+    pub images: &'a [String],
+    /// Pads `status.images` with other images up to this many entries (the kubelet reports at most 50).
+    pub entries: usize,
+}
+
+/// Writes what the cluster stores, as the controllers, the kubelet and the daemon would.
+pub struct Writer {
+    pub cluster: Cluster,
+}
+
+impl Writer {
+    fn api(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::all_with(self.cluster.client().clone(), resource)
+    }
+
+    /// Server-side applies `rest` (spec, labels...) to the object `name` of `resource`.
+    pub async fn apply(&self, resource: &ApiResource, name: &str, rest: Value) {
+        let mut body = json!({"apiVersion": resource.api_version, "kind": resource.kind, "metadata": {"name": name}});
+        body.as_object_mut()
+            .unwrap()
+            .extend(rest.as_object().unwrap().clone());
+        self.api(resource)
+            .patch(
+                name,
+                &PatchParams::apply(TEST_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply {} {name}: {e}", resource.kind));
+    }
+
+    /// A pool selecting sets labelled with its role and nodes labelled `node-role.kubernetes.io/<name>`.
+    pub async fn pool(&self, name: &str) {
+        let role = json!({"matchLabels": {ROLE_LABEL: name}});
+        let nodes = json!({"matchLabels": {format!("node-role.kubernetes.io/{name}"): ""}});
+        let resource = &self.cluster.resources().pool;
+        self.apply(
+            resource,
+            name,
+            json!({"spec": {"machineConfigSelector": role, "nodeSelector": nodes}}),
+        )
+        .await;
+    }
+
+    pub async fn pool_status(&self, name: &str, updated: i64, machines: i64) {
+        let status = json!({"status": {"poolSynchronizersStatus": [{
+            "poolSynchronizerType": "PinnedImageSets", "machineCount": machines, "updatedMachineCount": updated,
+        }]}});
+        self.api(&self.cluster.resources().pool)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+
+    /// A worker node (Ready, 100 GiB allocatable, one image of its own) and its MachineConfigNode, as the
+    /// kubelet and the machine-config operator create them.
+    pub async fn worker(&self, name: &str) {
+        let own = [format!("quay.io/pinboard/{name}@sha256:{}", "a".repeat(64))];
+        let nodes: Api<Node> = Api::all(self.cluster.client().clone());
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        self.node_status(
+            name,
+            &NodeStatus {
+                ready: true,
+                images: &own,
+                entries: 1,
+            },
+        )
+        .await;
+        let resource = &self.cluster.resources().machine_config_node;
+        self.apply(
+            resource,
+            name,
+            json!({"spec": {"node": {"name": name}, "pool": {"name": "worker"}}}),
+        )
+        .await;
+    }
+
+    /// Writes a Node's status as its kubelet does.
+    pub async fn node_status(&self, name: &str, status: &NodeStatus<'_>) {
+        let mut images: Vec<Value> = status
+            .images
+            .iter()
+            .map(|i| json!({"names": [i], "sizeBytes": 1}))
+            .collect();
+        images.extend((images.len()..status.entries).map(|n| {
+            json!({"names": [format!("quay.io/pinboard/filler-{n}@sha256:{}", "f".repeat(64))], "sizeBytes": 1})
+        }));
+        let ready = if status.ready { "True" } else { "False" };
+        let body = json!({"status": {
+            "conditions": [{"type": "Ready", "status": ready}, {"type": "DiskPressure", "status": "False"}],
+            "allocatable": {"ephemeral-storage": "100Gi"},
+            "nodeInfo": {"containerRuntimeVersion": "cri-o://1.33.2", "architecture": "amd64", "bootID": "b",
+                         "kernelVersion": "6.1", "kubeProxyVersion": "", "kubeletVersion": "v1.33.2",
+                         "machineID": "m", "operatingSystem": "linux", "osImage": "RHCOS", "systemUUID": "u"},
+            "images": images,
+        }});
+        Api::<Node>::all(self.cluster.client().clone())
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .unwrap_or_else(|e| panic!("status of Node {name}: {e}"));
+    }
+
+    /// Writes a MachineConfigNode's status as the daemon does: the set entry and both conditions. (No
+    /// empty strings or nulls: this API server turns `""` into null in custom resources, which the schema's
+    /// string fields then refuse.)
+    pub async fn daemon(&self, node: &str, set: Value, progressing: bool, degraded: Option<&str>) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let condition = |type_: &str, on: bool, reason: &str, message: &str| {
+            json!({"type": type_, "status": if on { "True" } else { "False" },
+                   "reason": if on { reason } else { "AsExpected" }, "message": message, "lastTransitionTime": now})
+        };
+        let status = json!({"status": {
+            "pinnedImageSets": [set],
+            "conditions": [
+                condition(PROGRESSING, progressing, "ImagePrefetch",
+                          &format!("node is prefetching images: {node}")),
+                condition(DEGRADED, degraded.is_some(), "PrefetchFailed",
+                          degraded.unwrap_or("no errors")),
+            ],
+        }});
+        self.api(&self.cluster.resources().machine_config_node)
+            .patch_status(node, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("status of MachineConfigNode {node}: {e}"));
+    }
+}
+
+/// `quay.io/openshift/release@sha256:00…0n`, a valid digest reference per `n`.
+pub fn digest(n: u32) -> String {
+    format!("quay.io/openshift/release@sha256:{n:064x}")
+}
