@@ -263,7 +263,7 @@ fn pinboard_run(lab: &Lab, references: &[String]) -> Run {
         let rollout = engine::run_to_end(engine).await;
         (started.elapsed(), rollout)
     });
-    for (name, node) in &rollout.nodes {
+    for (name, node) in rollout.nodes() {
         assert!(
             matches!(node.state, NodeState::Pinned { .. }),
             "{name} did not finish: {:?}",

@@ -323,14 +323,14 @@ fn main() {
     let bytes = started.elapsed() / rounds;
     let started = Instant::now();
     for _ in 0..rounds {
-        for node in state.rollout.nodes.values() {
+        for node in state.rollout.nodes().values() {
             black_box((node.throughput(now), node.eta(now)));
         }
     }
     let rates = started.elapsed() / rounds;
     let started = Instant::now();
     for _ in 0..rounds {
-        for node in state.rollout.nodes.values() {
+        for node in state.rollout.nodes().values() {
             black_box(node.stalled(now, state.stall_after).next());
         }
     }

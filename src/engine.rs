@@ -1006,10 +1006,10 @@ mod tests {
         ))
         .await;
         rollout
-            .nodes
-            .into_iter()
-            .map(|(node, n)| match n.state {
-                NodeState::Refused { reason } => (node, reason),
+            .nodes()
+            .iter()
+            .map(|(node, n)| match &n.state {
+                NodeState::Refused { reason } => (node.clone(), reason.clone()),
                 other => panic!("{node}: {other:?}"),
             })
             .collect()

@@ -222,7 +222,7 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
     let rollout = engine::run_to_end(start(planned, facts.clone(), EngineConfig::default())).await;
     eprintln!("first apply: {:.2} s", started.elapsed().as_secs_f64());
 
-    let n1 = &rollout.nodes["n1"];
+    let n1 = &rollout.nodes()["n1"];
     assert!(matches!(
         n1.state,
         NodeState::Pinned {
@@ -231,31 +231,35 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
             ..
         }
     ));
-    assert_eq!(n1.order, refs);
+    assert_eq!(n1.images().map(|(r, _)| r).collect::<Vec<_>>(), refs);
+    let present = n1.image(&refs[0]).unwrap();
     assert_eq!(
-        n1.images[&refs[0]].state,
+        present.state,
         ImageState::Pinned { confirmed: false },
         "present, then pinned"
     );
     assert!(
-        n1.images[&refs[0]].retries.is_empty() && n1.images[&refs[0]].total_bytes == 0,
+        present.retries().is_empty() && present.total_bytes == 0,
         "never pulled"
     );
     assert!(matches!(
-        rollout.nodes["n2"].state,
+        rollout.nodes()["n2"].state,
         NodeState::Pinned {
             method: PinMethod::CrioDropIn,
             ..
         }
     ));
-    let NodeState::Refused { reason } = &rollout.nodes["small"].state else {
-        panic!("{:?}", rollout.nodes["small"].state)
+    let NodeState::Refused { reason } = &rollout.nodes()["small"].state else {
+        panic!("{:?}", rollout.nodes()["small"].state)
     };
     assert!(reason.starts_with("plan verdict no-space: "), "{reason}");
     // Byte figures: what each pull fetched adds up to the plan's fetch bytes.
     let plan_fetch: u64 =
         facts[&refs[3]].layers.iter().map(|l| l.size).sum::<u64>() + facts[&refs[3]].config_size;
-    assert_eq!(rollout.nodes["n2"].images[&refs[3]].done_bytes, plan_fetch);
+    assert_eq!(
+        rollout.nodes()["n2"].image(&refs[3]).unwrap().done_bytes,
+        plan_fetch
+    );
 
     // Every image is on n1 and n2 and on neither runtime twice; nothing reached the refused node.
     for node in ["n1", "n2"] {
@@ -308,16 +312,15 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
     let planned = jobs(&lab, &refs, &facts, limits, pin).await;
     let again = engine::run_to_end(start(planned, facts, EngineConfig::default())).await;
     for node in ["n1", "n2"] {
-        let n = &again.nodes[node];
+        let n = &again.nodes()[node];
         assert!(
             matches!(n.state, NodeState::Pinned { .. }),
             "{node}: {:?}",
             n.state
         );
         assert!(
-            n.images
-                .values()
-                .all(|i| i.total_bytes == 0 && i.retries.is_empty())
+            n.images()
+                .all(|(_, i)| i.total_bytes == 0 && i.retries().is_empty())
         );
     }
     assert_eq!(lab.proxy().requests(), requests);
@@ -361,7 +364,7 @@ async fn a_node_that_fills_up_mid_pull_stops_with_the_reason() {
         ..EngineConfig::default()
     };
     let rollout = engine::run_to_end(start(planned, facts, config)).await;
-    let tiny = &rollout.nodes["tiny"];
+    let tiny = &rollout.nodes()["tiny"];
     let NodeState::Stopped { reason } = &tiny.state else {
         panic!("{:?}", tiny.state)
     };
@@ -370,21 +373,21 @@ async fn a_node_that_fills_up_mid_pull_stops_with_the_reason() {
         "{reason}"
     );
     eprintln!("ENOSPC reason: {reason}");
-    let missing = &tiny.images[&refs[0]];
+    let missing = &tiny.image(&refs[0]).unwrap();
     assert!(
         matches!(&missing.state, ImageState::Failed { reason } if reason.contains("not found")),
         "{:?}",
         missing.state
     );
-    let big = &tiny.images[&refs[1]];
+    let big = &tiny.image(&refs[1]).unwrap();
     assert!(
         matches!(&big.state, ImageState::Failed { reason } if reason.contains("no space left on device"))
     );
     assert!(
-        missing.retries.is_empty() && big.retries.is_empty(),
+        missing.retries().is_empty() && big.retries().is_empty(),
         "neither is retried"
     );
-    assert_eq!(tiny.images[&refs[2]].state, ImageState::Skipped);
+    assert_eq!(tiny.image(&refs[2]).unwrap().state, ImageState::Skipped);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -461,7 +464,7 @@ async fn byte_progress_arrives_and_pulls_can_be_cancelled_and_retried() {
         took[&refs[0]],
         progress.len()
     );
-    let n1 = &rollout.nodes["n1"];
+    let n1 = &rollout.nodes()["n1"];
     assert!(
         matches!(n1.state, NodeState::Pinned { .. }),
         "{:?}",
@@ -487,7 +490,7 @@ async fn byte_progress_arrives_and_pulls_can_be_cancelled_and_retried() {
     );
     assert!(cancelled, "the second pull was cancelled");
     assert_eq!(
-        n1.images[&refs[1]].state,
+        n1.image(&refs[1]).unwrap().state,
         ImageState::Pinned { confirmed: false },
         "retried after the cancel"
     );
@@ -507,6 +510,6 @@ async fn byte_progress_arrives_and_pulls_can_be_cancelled_and_retried() {
     .await;
     let t0 = Instant::now();
     let done = engine::run_to_end(start(planned, fast_facts, EngineConfig::default())).await;
-    assert!(matches!(done.nodes["n1"].state, NodeState::Pinned { .. }));
+    assert!(matches!(done.nodes()["n1"].state, NodeState::Pinned { .. }));
     eprintln!("8 MiB uncapped, pull and pin: {:?}", t0.elapsed());
 }

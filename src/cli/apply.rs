@@ -126,7 +126,7 @@ pub async fn apply(args: ApplyArgs) -> Result<String, Failure> {
 
     let report = ApplyReport {
         rollout: rollout
-            .nodes
+            .nodes()
             .iter()
             .map(|(name, node)| outcome(name, node))
             .collect(),
@@ -150,9 +150,8 @@ fn outcome(name: &str, node: &NodeRollout) -> NodeOutcome {
         NodeState::Waiting | NodeState::Pulling { .. } => (None, None),
     };
     let failed = node
-        .order
-        .iter()
-        .filter_map(|image| match &node.images[image].state {
+        .images()
+        .filter_map(|(image, rollout)| match &rollout.state {
             ImageState::Failed { reason } => Some(format!("{image}: {reason}")),
             _ => None,
         })
@@ -165,7 +164,7 @@ fn outcome(name: &str, node: &NodeRollout) -> NodeOutcome {
             .to_string(),
         confirmed,
         reason,
-        images: node.order.len(),
+        images: node.images().len(),
         // Pinning turns every image's state to pinned: present and pulled are told apart before that.
         present: node.count(|s| *s == ImageState::Present),
         pulled: node.count(|s| matches!(s, ImageState::Pulled { .. })),
@@ -299,8 +298,8 @@ impl Progress {
 
 /// `[#########---------------] 5/12 images, 1/3 nodes done, 12.5 MiB fetched`.
 fn bar(rollout: &Rollout) -> String {
-    let nodes = rollout.nodes.values();
-    let total: usize = nodes.clone().map(|n| n.order.len()).sum();
+    let nodes = rollout.nodes().values();
+    let total: usize = nodes.clone().map(|n| n.images().len()).sum();
     let done: usize = nodes
         .clone()
         .map(|n| n.count(|s| s.is_final() || matches!(s, ImageState::Pulled { .. })))
@@ -315,7 +314,7 @@ fn bar(rollout: &Rollout) -> String {
         "[{}{}] {done}/{total} images, {nodes_done}/{} nodes done, {} fetched",
         "#".repeat(filled),
         "-".repeat(BAR_WIDTH - filled),
-        rollout.nodes.len(),
+        rollout.nodes().len(),
         human(bytes)
     )
 }

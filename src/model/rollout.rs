@@ -4,7 +4,8 @@
 //! The engine (src/engine.rs) sends [`Event`]s; the TUI and the headless commands fold them into one
 //! [`Rollout`] with [`Rollout::apply`] and read states, bytes, throughput and ETA from it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How a node enforces pins.
@@ -97,10 +98,9 @@ pub enum ImageState {
         attempt: u32,
         since: Instant,
     },
-    /// Waiting to retry after a failed attempt.
+    /// Waiting to retry after a failed attempt; why it failed is the last of [`ImageRollout::retries`].
     Retrying {
         attempt: u32,
-        reason: String,
         until: Instant,
     },
     Pulled {
@@ -109,8 +109,9 @@ pub enum ImageState {
     Pinned {
         confirmed: bool,
     },
+    // Boxed, not a String: the state is in every node × image, and this keeps it at 24 bytes.
     Failed {
-        reason: String,
+        reason: Box<str>,
     },
     Cancelled,
     /// Never started: the node stopped or was refused first.
@@ -131,15 +132,29 @@ impl ImageState {
     }
 }
 
+/// One image on one node: 48 bytes, since a large rollout holds a million of them. The reference is the
+/// node's (see [`NodeRollout::images`]); when its bytes last moved is kept only for running pulls.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageRollout {
     pub state: ImageState,
     pub done_bytes: u64,
     pub total_bytes: u64,
-    /// When bytes last moved (or the pull started): the basis of stall detection.
-    pub last_progress: Option<Instant>,
+    #[expect(
+        clippy::box_collection,
+        reason = "most pulls never retry: 8 bytes for none instead of an empty Vec's 24"
+    )]
+    retries: Option<Box<Vec<String>>>,
+}
+
+impl ImageRollout {
     /// Every retry's reason, oldest first.
-    pub retries: Vec<String>,
+    pub fn retries(&self) -> &[String] {
+        self.retries.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    fn failed(&self) -> bool {
+        matches!(self.state, ImageState::Failed { .. })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -164,30 +179,112 @@ pub enum NodeState {
     },
 }
 
+impl NodeState {
+    /// Still to be heard from or still pulling: the rollout is not finished.
+    fn is_open(&self) -> bool {
+        matches!(self, NodeState::Waiting | NodeState::Pulling { .. })
+    }
+}
+
+/// A node's references in pull order, each once, and where each is in that order. Nodes announced with the
+/// same images (normally all of a rollout's) share one, so a node × image costs only its [`ImageRollout`].
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Catalog {
+    order: Vec<Arc<str>>,
+    positions: HashMap<Arc<str>, usize>,
+}
+
+impl Catalog {
+    fn position(&self, reference: &str) -> Option<usize> {
+        self.positions.get(reference).copied()
+    }
+
+    /// Adds `reference` at the end unless it is there already.
+    fn push(&mut self, reference: Arc<str>) {
+        if !self.positions.contains_key(&reference) {
+            self.positions
+                .insert(Arc::clone(&reference), self.order.len());
+            self.order.push(reference);
+        }
+    }
+}
+
+/// Every reference and every announced image list of a rollout, stored once and shared by its nodes.
+#[derive(Clone, Debug, Default)]
+struct Interner {
+    references: HashSet<Arc<str>>,
+    catalogs: Vec<Arc<Catalog>>,
+}
+
+impl Interner {
+    fn reference(&mut self, reference: &str) -> Arc<str> {
+        if let Some(shared) = self.references.get(reference) {
+            return Arc::clone(shared);
+        }
+        let shared: Arc<str> = Arc::from(reference);
+        self.references.insert(Arc::clone(&shared));
+        shared
+    }
+
+    /// The catalog of a node announced with `images`: the one another node has for the same list, if any.
+    fn catalog(&mut self, images: &[String]) -> Arc<Catalog> {
+        let same = |c: &&Arc<Catalog>| {
+            c.order
+                .iter()
+                .map(|r| &**r)
+                .eq(images.iter().map(String::as_str))
+        };
+        if let Some(shared) = self.catalogs.iter().find(same) {
+            return Arc::clone(shared);
+        }
+        // Catalogs no node uses any more (restarted with other images) go.
+        self.catalogs.retain(|c| Arc::strong_count(c) > 1);
+        let mut catalog = Catalog::default();
+        for image in images {
+            catalog.push(self.reference(image));
+        }
+        let shared = Arc::new(catalog);
+        self.catalogs.push(Arc::clone(&shared));
+        shared
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeRollout {
     pub state: NodeState,
-    /// In the order the engine pulls them.
-    pub images: BTreeMap<String, ImageRollout>,
-    pub order: Vec<String>,
-    // Kept current by every image event, so that per-frame queries over thousands of nodes do not walk
-    // every image: sums of the images' done and total bytes, and the pulls now running.
+    catalog: Arc<Catalog>,
+    /// One per catalog entry, in the same order.
+    images: Vec<ImageRollout>,
+    // Kept current by every image event, so that per-frame queries over thousands of nodes and the TUI's
+    // per-event re-sort do not walk every image: sums of the images' done and total bytes, how many
+    // failed, and the pulls now running.
     done: u64,
     total: u64,
-    /// Running pulls and when their bytes last moved.
-    pulling: BTreeMap<String, Option<Instant>>,
+    failed: usize,
+    /// Running pulls (positions in `images`) and when their bytes last moved, by reference.
+    pulling: Vec<(usize, Instant)>,
 }
 
 impl NodeRollout {
-    fn new(state: NodeState) -> Self {
+    fn new(state: NodeState, catalog: Arc<Catalog>) -> Self {
         NodeRollout {
             state,
-            images: BTreeMap::new(),
-            order: Vec::new(),
+            images: vec![queued(); catalog.order.len()],
+            catalog,
             done: 0,
             total: 0,
-            pulling: BTreeMap::new(),
+            failed: 0,
+            pulling: Vec::new(),
         }
+    }
+
+    /// The node's images in the order the engine pulls them.
+    pub fn images(&self) -> impl ExactSizeIterator<Item = (&str, &ImageRollout)> {
+        self.catalog.order.iter().map(|r| &**r).zip(&self.images)
+    }
+
+    pub fn image(&self, reference: &str) -> Option<&ImageRollout> {
+        self.catalog.position(reference).map(|at| &self.images[at])
     }
 
     /// Bytes fetched so far on this node, finished pulls included.
@@ -200,27 +297,160 @@ impl NodeRollout {
         self.total
     }
 
-    /// Changes one image (recording it if the node never announced it), keeping the node's byte sums and
-    /// running pulls current.
-    fn update_image(&mut self, image: &str, change: impl FnOnce(&mut ImageRollout)) {
-        if !self.images.contains_key(image) {
-            self.order.push(image.to_string());
-            self.images.insert(image.to_string(), queued());
-        }
-        let i = self.images.get_mut(image).expect("inserted above");
-        let (done, total) = (i.done_bytes, i.total_bytes);
-        change(i);
+    /// Images that failed (and were not retried since).
+    pub fn failed(&self) -> usize {
+        self.failed
+    }
+
+    /// Changes one image (recording it if the node never announced it), keeping the node's byte sums,
+    /// failures and running pulls current. `change` returns when the image's bytes moved, if they did.
+    fn update_image(
+        &mut self,
+        interner: &mut Interner,
+        image: &str,
+        change: impl FnOnce(&mut ImageRollout) -> Option<Instant>,
+    ) {
+        let at = match self.catalog.position(image) {
+            Some(at) => at,
+            None => {
+                Arc::make_mut(&mut self.catalog).push(interner.reference(image));
+                self.images.push(queued());
+                self.images.len() - 1
+            }
+        };
+        let i = &mut self.images[at];
+        let (done, total, failed) = (i.done_bytes, i.total_bytes, i.failed());
+        let moved = change(i);
         self.done = self.done - done + i.done_bytes;
         self.total = self.total - total + i.total_bytes;
-        if matches!(i.state, ImageState::Pulling { .. }) {
-            match self.pulling.get_mut(image) {
-                Some(last) => *last = i.last_progress,
-                None => {
-                    self.pulling.insert(image.to_string(), i.last_progress);
+        self.failed = self.failed + usize::from(i.failed()) - usize::from(failed);
+        let running = self.pulling.iter().position(|(p, _)| *p == at);
+        match (&i.state, running) {
+            (ImageState::Pulling { .. }, Some(r)) => {
+                if let Some(moved) = moved {
+                    self.pulling[r].1 = moved;
                 }
             }
-        } else {
-            self.pulling.remove(image);
+            (ImageState::Pulling { since, .. }, None) => {
+                let order = &self.catalog.order;
+                let r = self.pulling.partition_point(|(p, _)| order[*p] < order[at]);
+                self.pulling.insert(r, (at, moved.unwrap_or(*since)));
+            }
+            (_, Some(r)) => {
+                self.pulling.remove(r);
+            }
+            (_, None) => {}
+        }
+    }
+
+    /// Folds in an event about this node.
+    fn apply(&mut self, interner: &mut Interner, event: Event) {
+        match event {
+            Event::NodeRefused { reason, .. } => {
+                *self = NodeRollout::new(NodeState::Refused { reason }, Arc::default());
+            }
+            Event::NodeStarted { images, at, .. } => {
+                *self =
+                    NodeRollout::new(NodeState::Pulling { since: at }, interner.catalog(&images));
+            }
+            Event::ImagePresent { image, .. } => self.update_image(interner, &image, |i| {
+                i.state = ImageState::Present;
+                None
+            }),
+            Event::PullStarted {
+                image, attempt, at, ..
+            } => {
+                // A retry on a stopped node (space freed, operator asked) resumes it.
+                if matches!(self.state, NodeState::Stopped { .. } | NodeState::Waiting) {
+                    self.state = NodeState::Pulling { since: at };
+                }
+                self.update_image(interner, &image, |i| {
+                    i.state = ImageState::Pulling { attempt, since: at };
+                    Some(at)
+                });
+            }
+            Event::PullProgress {
+                image,
+                done,
+                total,
+                at,
+                ..
+            } => self.update_image(interner, &image, |i| {
+                let moved = (done != i.done_bytes).then_some(at);
+                i.done_bytes = done;
+                i.total_bytes = total.max(done);
+                moved
+            }),
+            Event::PullRetry {
+                image,
+                attempt,
+                reason,
+                backoff,
+                at,
+                ..
+            } => self.update_image(interner, &image, |i| {
+                i.retries.get_or_insert_default().push(reason);
+                i.state = ImageState::Retrying {
+                    attempt,
+                    until: at + backoff,
+                };
+                None
+            }),
+            Event::PullDone { image, at, .. } => self.update_image(interner, &image, |i| {
+                let took = match i.state {
+                    ImageState::Pulling { since, .. } => at.saturating_duration_since(since),
+                    _ => Duration::ZERO,
+                };
+                i.state = ImageState::Pulled { took };
+                i.total_bytes = i.total_bytes.max(i.done_bytes);
+                None
+            }),
+            Event::PullFailed { image, reason, .. } => self.update_image(interner, &image, |i| {
+                i.state = ImageState::Failed {
+                    reason: reason.into(),
+                };
+                None
+            }),
+            Event::PullCancelled { image, .. } => self.update_image(interner, &image, |i| {
+                i.state = ImageState::Cancelled;
+                None
+            }),
+            Event::NodeStopped { reason, .. } => {
+                self.state = NodeState::Stopped { reason };
+                // Neither bytes, failures nor running pulls change.
+                for i in self
+                    .images
+                    .iter_mut()
+                    .filter(|i| matches!(i.state, ImageState::Queued))
+                {
+                    i.state = ImageState::Skipped;
+                }
+            }
+            Event::Pinned {
+                method,
+                confirmed,
+                at,
+                ..
+            } => {
+                let took = match self.state {
+                    NodeState::Pulling { since } => at.saturating_duration_since(since),
+                    _ => Duration::ZERO,
+                };
+                self.state = NodeState::Pinned {
+                    method,
+                    confirmed,
+                    took,
+                };
+                // Neither bytes, failures nor running pulls change.
+                for i in self
+                    .images
+                    .iter_mut()
+                    .filter(|i| matches!(i.state, ImageState::Pulled { .. } | ImageState::Present))
+                {
+                    i.state = ImageState::Pinned { confirmed };
+                }
+            }
+            Event::PinFailed { reason, .. } => self.state = NodeState::PinFailed { reason },
         }
     }
 
@@ -240,169 +470,71 @@ impl NodeRollout {
         Some(Duration::from_secs_f64(left as f64 / rate))
     }
 
-    /// Pulls whose bytes have not moved for `stall_after`. Only running pulls are looked at.
+    /// Pulls whose bytes have not moved for `stall_after`, by reference. Only running pulls are looked at.
     pub fn stalled(&self, now: Instant, stall_after: Duration) -> impl Iterator<Item = &str> {
-        self.pulling.iter().filter_map(move |(image, last)| {
-            last.is_some_and(|t| now.saturating_duration_since(t) >= stall_after)
-                .then_some(image.as_str())
-        })
+        self.pulling
+            .iter()
+            .filter(move |(_, last)| now.saturating_duration_since(*last) >= stall_after)
+            .map(|(at, _)| &*self.catalog.order[*at])
     }
 
     pub fn count(&self, pred: impl Fn(&ImageState) -> bool) -> usize {
-        self.images.values().filter(|i| pred(&i.state)).count()
+        self.images.iter().filter(|i| pred(&i.state)).count()
     }
 }
 
 /// Every node's rollout.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct Rollout {
-    pub nodes: BTreeMap<String, NodeRollout>,
+    nodes: BTreeMap<String, NodeRollout>,
+    interner: Interner,
+    /// Nodes waiting or pulling, kept current so that `is_finished` does not walk every node per event.
+    open: usize,
+}
+
+/// Equal when every node is: how the references happen to be shared does not count.
+impl PartialEq for Rollout {
+    fn eq(&self, other: &Rollout) -> bool {
+        self.nodes == other.nodes
+    }
 }
 
 impl Rollout {
     /// A rollout about to start on `nodes`: each waits until the engine reports on it, so the rollout is
     /// not finished while any has yet to be heard from.
     pub fn expecting(nodes: &[String]) -> Rollout {
+        let nodes: BTreeMap<String, NodeRollout> = nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.clone(),
+                    NodeRollout::new(NodeState::Waiting, Arc::default()),
+                )
+            })
+            .collect();
         Rollout {
-            nodes: nodes
-                .iter()
-                .map(|n| (n.clone(), NodeRollout::new(NodeState::Waiting)))
-                .collect(),
+            open: nodes.len(),
+            nodes,
+            interner: Interner::default(),
         }
     }
 
-    /// Folds one event in. Events for images the node never announced are recorded as they come.
+    /// Every node by name. Read-only: events are the only way in.
+    pub fn nodes(&self) -> &BTreeMap<String, NodeRollout> {
+        &self.nodes
+    }
+
+    /// Folds one event in. Events for nodes or images never announced are recorded as they come.
     pub fn apply(&mut self, event: Event) {
-        match event {
-            Event::NodeRefused { node, reason } => {
-                self.nodes
-                    .insert(node, NodeRollout::new(NodeState::Refused { reason }));
-            }
-            Event::NodeStarted { node, images, at } => {
-                let mut rollout = NodeRollout::new(NodeState::Pulling { since: at });
-                for image in &images {
-                    rollout.images.insert(image.clone(), queued());
-                }
-                rollout.order = images;
-                self.nodes.insert(node, rollout);
-            }
-            Event::ImagePresent { node, image } => {
-                self.image(&node, &image, |i| i.state = ImageState::Present)
-            }
-            Event::PullStarted {
-                node,
-                image,
-                attempt,
-                at,
-            } => {
-                // A retry on a stopped node (space freed, operator asked) resumes it.
-                let n = self.node(&node);
-                if matches!(n.state, NodeState::Stopped { .. } | NodeState::Waiting) {
-                    n.state = NodeState::Pulling { since: at };
-                }
-                self.image(&node, &image, |i| {
-                    i.state = ImageState::Pulling { attempt, since: at };
-                    i.last_progress = Some(at);
-                });
-            }
-            Event::PullProgress {
-                node,
-                image,
-                done,
-                total,
-                at,
-            } => {
-                self.image(&node, &image, |i| {
-                    if done != i.done_bytes || i.last_progress.is_none() {
-                        i.last_progress = Some(at);
-                    }
-                    i.done_bytes = done;
-                    i.total_bytes = total.max(done);
-                });
-            }
-            Event::PullRetry {
-                node,
-                image,
-                attempt,
-                reason,
-                backoff,
-                at,
-            } => {
-                self.image(&node, &image, |i| {
-                    i.retries.push(reason.clone());
-                    i.state = ImageState::Retrying {
-                        attempt,
-                        reason,
-                        until: at + backoff,
-                    };
-                });
-            }
-            Event::PullDone { node, image, at } => self.image(&node, &image, |i| {
-                let took = match i.state {
-                    ImageState::Pulling { since, .. } => at.saturating_duration_since(since),
-                    _ => Duration::ZERO,
-                };
-                i.state = ImageState::Pulled { took };
-                i.total_bytes = i.total_bytes.max(i.done_bytes);
-            }),
-            Event::PullFailed {
-                node,
-                image,
-                reason,
-                ..
-            } => self.image(&node, &image, |i| i.state = ImageState::Failed { reason }),
-            Event::PullCancelled { node, image, .. } => {
-                self.image(&node, &image, |i| i.state = ImageState::Cancelled)
-            }
-            Event::NodeStopped { node, reason, .. } => {
-                let n = self.node(&node);
-                n.state = NodeState::Stopped { reason };
-                for i in n
-                    .images
-                    .values_mut()
-                    .filter(|i| matches!(i.state, ImageState::Queued))
-                {
-                    i.state = ImageState::Skipped;
-                }
-            }
-            Event::Pinned {
-                node,
-                method,
-                confirmed,
-                at,
-            } => {
-                let n = self.node(&node);
-                let took = match n.state {
-                    NodeState::Pulling { since } => at.saturating_duration_since(since),
-                    _ => Duration::ZERO,
-                };
-                n.state = NodeState::Pinned {
-                    method,
-                    confirmed,
-                    took,
-                };
-                for i in n
-                    .images
-                    .values_mut()
-                    .filter(|i| matches!(i.state, ImageState::Pulled { .. } | ImageState::Present))
-                {
-                    i.state = ImageState::Pinned { confirmed };
-                }
-            }
-            Event::PinFailed { node, reason, .. } => {
-                self.node(&node).state = NodeState::PinFailed { reason }
-            }
+        if !self.nodes.contains_key(event.node()) {
+            let waiting = NodeRollout::new(NodeState::Waiting, Arc::default());
+            self.nodes.insert(event.node().to_string(), waiting);
+            self.open += 1;
         }
-    }
-
-    fn node(&mut self, node: &str) -> &mut NodeRollout {
-        self.nodes
-            .entry(node.to_string())
-            .or_insert_with(|| NodeRollout::new(NodeState::Waiting))
-    }
-
-    fn image(&mut self, node: &str, image: &str, change: impl FnOnce(&mut ImageRollout)) {
-        self.node(node).update_image(image, change);
+        let node = self.nodes.get_mut(event.node()).expect("inserted above");
+        let was_open = node.state.is_open();
+        node.apply(&mut self.interner, event);
+        self.open = self.open + usize::from(node.state.is_open()) - usize::from(was_open);
     }
 
     /// Bytes done and known total over every node.
@@ -414,11 +546,27 @@ impl Rollout {
 
     /// Whether nothing more will happen without an operator: every node refused, stopped, pinned or failed.
     pub fn is_finished(&self) -> bool {
-        !self.nodes.is_empty()
-            && self
-                .nodes
-                .values()
-                .all(|n| !matches!(n.state, NodeState::Waiting | NodeState::Pulling { .. }))
+        !self.nodes.is_empty() && self.open == 0
+    }
+}
+
+impl Event {
+    /// The node the event is about.
+    pub fn node(&self) -> &str {
+        match self {
+            Event::NodeRefused { node, .. }
+            | Event::NodeStarted { node, .. }
+            | Event::ImagePresent { node, .. }
+            | Event::PullStarted { node, .. }
+            | Event::PullProgress { node, .. }
+            | Event::PullRetry { node, .. }
+            | Event::PullDone { node, .. }
+            | Event::PullFailed { node, .. }
+            | Event::PullCancelled { node, .. }
+            | Event::NodeStopped { node, .. }
+            | Event::Pinned { node, .. }
+            | Event::PinFailed { node, .. } => node,
+        }
     }
 }
 
@@ -427,8 +575,7 @@ fn queued() -> ImageRollout {
         state: ImageState::Queued,
         done_bytes: 0,
         total_bytes: 0,
-        last_progress: None,
-        retries: Vec::new(),
+        retries: None,
     }
 }
 
@@ -438,6 +585,12 @@ mod tests {
 
     fn s(text: &str) -> String {
         text.to_string()
+    }
+
+    /// Where a node's copy of a reference is stored.
+    fn reference(r: &Rollout, node: &str, image: &str) -> *const u8 {
+        let mut images = r.nodes()[node].images();
+        images.find(|(i, _)| *i == image).unwrap().0.as_ptr()
     }
 
     #[test]
@@ -467,7 +620,7 @@ mod tests {
             total: 100,
             at: at(1),
         });
-        let n = &r.nodes["n1"];
+        let n = &r.nodes()["n1"];
         assert_eq!((n.done_bytes(), n.total_bytes()), (50, 100));
         assert_eq!(n.throughput(at(1)), Some(50.0));
         assert_eq!(n.eta(at(1)), Some(Duration::from_secs(1)));
@@ -485,13 +638,13 @@ mod tests {
             at: at(2),
         });
         assert_eq!(
-            r.nodes["n1"].images["a"].state,
+            r.nodes()["n1"].image("a").unwrap().state,
             ImageState::Pulled {
                 took: Duration::from_secs(2)
             }
         );
         assert_eq!(
-            r.nodes["n1"].done_bytes(),
+            r.nodes()["n1"].done_bytes(),
             100,
             "finished pulls keep counting"
         );
@@ -510,7 +663,10 @@ mod tests {
             backoff: Duration::from_secs(1),
             at: at(3),
         });
-        assert_eq!(r.nodes["n1"].images["b"].retries, ["connection reset"]);
+        assert_eq!(
+            r.nodes()["n1"].image("b").unwrap().retries(),
+            ["connection reset"]
+        );
         r.apply(Event::PullStarted {
             node: s("n1"),
             image: s("b"),
@@ -529,7 +685,7 @@ mod tests {
             confirmed: false,
             at: at(5),
         });
-        let n = &r.nodes["n1"];
+        let n = &r.nodes()["n1"];
         assert_eq!(
             n.state,
             NodeState::Pinned {
@@ -539,12 +695,14 @@ mod tests {
             }
         );
         assert!(
-            n.images
-                .values()
-                .all(|i| i.state == ImageState::Pinned { confirmed: false })
+            n.images()
+                .all(|(_, i)| i.state == ImageState::Pinned { confirmed: false })
         );
         assert!(r.is_finished());
-        assert_eq!(n.order, ["a", "b", "c"]);
+        assert_eq!(
+            n.images().map(|(r, _)| r).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
     }
 
     #[test]
@@ -584,7 +742,7 @@ mod tests {
             total: 100,
             at: later + Duration::from_secs(40),
         });
-        let n = &r.nodes["n1"];
+        let n = &r.nodes()["n1"];
         let minute = Duration::from_secs(60);
         assert_eq!(n.stalled(t0 + Duration::from_secs(59), minute).count(), 0);
         assert_eq!(n.stalled(t0 + minute, minute).collect::<Vec<_>>(), ["a"]);
@@ -625,12 +783,15 @@ mod tests {
             at: t0,
         });
         assert_eq!(
-            r.nodes["small"].state,
+            r.nodes()["small"].state,
             NodeState::Refused {
                 reason: s("plan verdict no-space")
             }
         );
-        assert_eq!(r.nodes["n2"].images["b"].state, ImageState::Skipped);
+        assert_eq!(
+            r.nodes()["n2"].image("b").unwrap().state,
+            ImageState::Skipped
+        );
         assert!(r.is_finished());
 
         // An operator retry on the stopped node resumes it.
@@ -641,7 +802,7 @@ mod tests {
             attempt: 1,
             at: later,
         });
-        assert_eq!(r.nodes["n2"].state, NodeState::Pulling { since: later });
+        assert_eq!(r.nodes()["n2"].state, NodeState::Pulling { since: later });
         assert!(!r.is_finished());
     }
 
@@ -659,5 +820,128 @@ mod tests {
             reason: s("unreachable"),
         });
         assert!(r.is_finished());
+    }
+
+    #[test]
+    fn references_are_stored_once_per_rollout_and_lists_copied_only_when_a_node_differs() {
+        let t0 = Instant::now();
+        let mut r = Rollout::default();
+        for node in ["n1", "n2"] {
+            r.apply(Event::NodeStarted {
+                node: s(node),
+                images: vec![s("a"), s("b")],
+                at: t0,
+            });
+        }
+        r.apply(Event::NodeStarted {
+            node: s("n3"),
+            images: vec![s("b"), s("c")],
+            at: t0,
+        });
+        assert_eq!(reference(&r, "n1", "a"), reference(&r, "n2", "a"));
+        assert_eq!(reference(&r, "n1", "b"), reference(&r, "n3", "b"));
+
+        // An image n1 never announced is n1's alone.
+        r.apply(Event::PullStarted {
+            node: s("n1"),
+            image: s("z"),
+            attempt: 1,
+            at: t0,
+        });
+        let names = |node: &str| r.nodes()[node].images().map(|(i, _)| i).collect::<Vec<_>>();
+        assert_eq!(names("n1"), ["a", "b", "z"]);
+        assert_eq!(names("n2"), ["a", "b"]);
+        assert_eq!(reference(&r, "n1", "a"), reference(&r, "n2", "a"));
+    }
+
+    /// The figures kept current per event equal a recount, whatever the order events come in.
+    #[test]
+    fn kept_figures_equal_a_recount_after_any_events() {
+        let t0 = Instant::now();
+        let (nodes, images) = (["n1", "n2", "n3"], ["a", "b", "c", "d"]);
+        let mut seed: u64 = 7;
+        let mut next = |below: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % below
+        };
+        let mut r = Rollout::expecting(&[s("n1")]);
+        for step in 0..5000u64 {
+            let (node, image) = (s(nodes[next(3)]), s(images[next(4)]));
+            let at = t0 + Duration::from_secs(step);
+            r.apply(match next(12) {
+                0 => Event::NodeStarted {
+                    node,
+                    images: images[..1 + next(4)].iter().map(|i| s(i)).collect(),
+                    at,
+                },
+                1 => Event::ImagePresent { node, image },
+                2 | 3 => Event::PullStarted {
+                    node,
+                    image,
+                    attempt: 1,
+                    at,
+                },
+                4 | 5 => Event::PullProgress {
+                    node,
+                    image,
+                    done: next(100) as u64,
+                    total: 100,
+                    at,
+                },
+                6 => Event::PullRetry {
+                    node,
+                    image,
+                    attempt: 1,
+                    reason: s("reset"),
+                    backoff: Duration::from_secs(1),
+                    at,
+                },
+                7 => Event::PullDone { node, image, at },
+                8 => Event::PullFailed {
+                    node,
+                    image,
+                    reason: s("gone"),
+                    at,
+                },
+                9 => Event::PullCancelled { node, image, at },
+                10 => Event::NodeStopped {
+                    node,
+                    reason: s("full"),
+                    at,
+                },
+                _ => Event::Pinned {
+                    node,
+                    method: PinMethod::CrioDropIn,
+                    confirmed: true,
+                    at,
+                },
+            });
+            for n in r.nodes().values() {
+                let sum = |bytes: fn(&ImageRollout) -> u64| {
+                    n.images().map(|(_, i)| bytes(i)).sum::<u64>()
+                };
+                assert_eq!(n.done_bytes(), sum(|i| i.done_bytes));
+                assert_eq!(n.total_bytes(), sum(|i| i.total_bytes));
+                assert_eq!(
+                    n.failed(),
+                    n.count(|s| matches!(s, ImageState::Failed { .. }))
+                );
+                let mut running: Vec<&str> = n
+                    .images()
+                    .filter(|(_, i)| matches!(i.state, ImageState::Pulling { .. }))
+                    .map(|(name, _)| name)
+                    .collect();
+                running.sort();
+                let every_running = n.stalled(at, Duration::ZERO).collect::<Vec<_>>();
+                assert_eq!(every_running, running, "step {step}");
+            }
+            let open = r
+                .nodes()
+                .values()
+                .any(|n| matches!(n.state, NodeState::Waiting | NodeState::Pulling { .. }));
+            assert_eq!(r.is_finished(), !open, "step {step}");
+        }
     }
 }

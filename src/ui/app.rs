@@ -306,7 +306,7 @@ impl State {
         self.rollout = rollout;
         let mut order: Vec<(u8, String)> = self
             .rollout
-            .nodes
+            .nodes()
             .iter()
             .map(|(name, node)| (rank(node), name.clone()))
             .collect();
@@ -383,7 +383,7 @@ impl State {
             Pane::RolloutImages => Box::new(
                 self.selected_rollout_node()
                     .into_iter()
-                    .flat_map(|(_, n)| n.order.iter().map(String::as_str)),
+                    .flat_map(|(_, n)| n.images().map(|(image, _)| image)),
             ),
             Pane::Config => Box::new(
                 self.config
@@ -424,7 +424,7 @@ impl State {
 
     pub(super) fn selected_rollout_node(&self) -> Option<(&str, &NodeRollout)> {
         let name = self.selected(Pane::RolloutNodes)?;
-        Some((name, &self.rollout.nodes[name]))
+        Some((name, &self.rollout.nodes()[name]))
     }
 
     fn say(&mut self, text: impl Into<String>) {
@@ -457,24 +457,34 @@ impl State {
         }
     }
 
+    /// Folds an event in and re-places its node in `rollout_order` if its rank changed (most events do
+    /// not change it).
     fn apply_rollout(&mut self, event: Event) {
-        let name = event_node(&event).to_string();
-        if let Some(node) = self.rollout.nodes.get(&name) {
-            let at = self.order_position(rank(node), &name);
-            if let Ok(at) = at {
-                self.rollout_order.remove(at);
-            }
-        }
+        let name = event.node().to_string();
+        let before = self.rollout.nodes().get(&name).map(rank);
         self.rollout.apply(event);
-        let position = self.order_position(rank(&self.rollout.nodes[&name]), &name);
-        if let Err(at) = position {
+        let after = rank(&self.rollout.nodes()[&name]);
+        if before == Some(after) {
+            return;
+        }
+        if let Some(before) = before
+            && let Ok(at) = self.order_position(before, &name)
+        {
+            self.rollout_order.remove(at);
+        }
+        if let Err(at) = self.order_position(after, &name) {
             self.rollout_order.insert(at, name);
         }
     }
 
+    /// Where `name` at rank `rank_of` is or belongs in `rollout_order`. Ranks are the nodes' current ones
+    /// except `name`'s own, which may have changed since it was placed.
     fn order_position(&self, rank_of: u8, name: &str) -> Result<usize, usize> {
         self.rollout_order.binary_search_by(|other| {
-            (rank(&self.rollout.nodes[other]), other.as_str()).cmp(&(rank_of, name))
+            if other == name {
+                return std::cmp::Ordering::Equal;
+            }
+            (rank(&self.rollout.nodes()[other]), other.as_str()).cmp(&(rank_of, name))
         })
     }
 
@@ -484,7 +494,7 @@ impl State {
             || (self.screen == Screen::Rollout
                 && self
                     .rollout
-                    .nodes
+                    .nodes()
                     .values()
                     .any(|n| matches!(n.state, NodeState::Pulling { .. })))
     }
@@ -526,35 +536,13 @@ pub(super) fn matches(text: &str, filter: &str) -> bool {
 /// Rollout rows sort by what needs attention first: problems, pulling, waiting, refused, pinned.
 /// Depends on the node's state only (not time), so each event re-places only its own node.
 fn rank(node: &NodeRollout) -> u8 {
-    let failed = || {
-        node.images
-            .values()
-            .any(|i| matches!(i.state, ImageState::Failed { .. }))
-    };
     match node.state {
         NodeState::Stopped { .. } | NodeState::PinFailed { .. } => 0,
-        _ if failed() => 0,
+        _ if node.failed() > 0 => 0,
         NodeState::Pulling { .. } => 1,
         NodeState::Waiting => 2,
         NodeState::Refused { .. } => 3,
         NodeState::Pinned { .. } => 4,
-    }
-}
-
-fn event_node(event: &Event) -> &str {
-    match event {
-        Event::NodeRefused { node, .. }
-        | Event::NodeStarted { node, .. }
-        | Event::ImagePresent { node, .. }
-        | Event::PullStarted { node, .. }
-        | Event::PullProgress { node, .. }
-        | Event::PullRetry { node, .. }
-        | Event::PullDone { node, .. }
-        | Event::PullFailed { node, .. }
-        | Event::PullCancelled { node, .. }
-        | Event::NodeStopped { node, .. }
-        | Event::Pinned { node, .. }
-        | Event::PinFailed { node, .. } => node,
     }
 }
 
@@ -1112,7 +1100,10 @@ fn retry_or_cancel(state: &mut State, action: Action) -> Vec<Cmd> {
     let stalled = node
         .stalled(state.now, state.stall_after)
         .any(|s| s == image);
-    let allowed = match (&node.images[image].state, action) {
+    let Some(rollout) = node.image(image) else {
+        return Vec::new();
+    };
+    let allowed = match (&rollout.state, action) {
         (ImageState::Failed { .. } | ImageState::Cancelled, Action::Retry) => true,
         (ImageState::Pulling { .. }, Action::Retry) => stalled,
         (
@@ -1138,7 +1129,7 @@ fn retry_or_cancel(state: &mut State, action: Action) -> Vec<Cmd> {
 /// `rollout finished: 2 pinned, 1 refused` — every node counted by how it ended.
 fn finished_message(rollout: &Rollout) -> String {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for node in rollout.nodes.values() {
+    for node in rollout.nodes().values() {
         let word = match node.state {
             NodeState::Pinned { .. } => "pinned",
             NodeState::Refused { .. } => "refused",

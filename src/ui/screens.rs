@@ -459,7 +459,7 @@ const ROLLOUT_IMAGE_COLUMNS: [Column; 6] = [
 pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
     let (now, stall_after) = (state.now, state.stall_after);
-    if state.rollout.nodes.is_empty() {
+    if state.rollout.nodes().is_empty() {
         let text = "no rollout yet: a on the Sets or Plan screen applies a set";
         empty(theme, frame, area, "Rollout", text);
         return;
@@ -479,7 +479,7 @@ pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
         .rollout_order
         .iter()
         .filter(|n| super::app::matches(n, filter))
-        .map(|name| (name, &state.rollout.nodes[name]));
+        .map(|name| (name, &state.rollout.nodes()[name]));
     table(
         frame,
         nodes_area,
@@ -529,7 +529,7 @@ pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
         cursor.selected.map_or(0, |(i, _)| i + 1),
         cursor.len
     ));
-    let images = node.order.iter().map(|image| (image, &node.images[image]));
+    let images = node.images();
     table(
         frame,
         images_area,
@@ -539,7 +539,7 @@ pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
         cursor,
         images,
         |(image, rollout), widths| {
-            let status = image_status(&rollout.state, stalled.contains(&image.as_str()));
+            let status = image_status(&rollout.state, stalled.contains(&image));
             let elapsed = match rollout.state {
                 ImageState::Pulling { since, .. } => duration(now.saturating_duration_since(since)),
                 ImageState::Pulled { took } => duration(took),
@@ -548,12 +548,12 @@ pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
                 }
                 _ => "-".into(),
             };
-            let retries = match rollout.retries.last() {
-                Some(last) => format!("{}: {last}", rollout.retries.len()),
+            let retries = match rollout.retries().last() {
+                Some(last) => format!("{}: {last}", rollout.retries().len()),
                 None => "-".into(),
             };
             [
-                Line::from(image.clone()),
+                Line::from(image.to_string()),
                 Line::from(status_span(theme, status)),
                 progress(theme, rollout.done_bytes, rollout.total_bytes, widths[2]),
                 right(format!(
@@ -568,7 +568,7 @@ pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
     );
     let image = state
         .selected(Pane::RolloutImages)
-        .map(|i| (i, &node.images[i]));
+        .and_then(|i| Some((i, node.image(i)?)));
     frame.render_widget(
         Paragraph::new(image_detail(state, node, image)).wrap(Wrap { trim: true }),
         detail_area,
@@ -582,14 +582,14 @@ fn summary(state: &State) -> Line<'static> {
     let (done, total) = state.rollout.bytes();
     let rate: f64 = state
         .rollout
-        .nodes
+        .nodes()
         .values()
         .filter_map(|n| n.throughput(now))
         .sum();
     // Nodes pull in parallel: the rollout ends with its slowest node.
     let eta = state
         .rollout
-        .nodes
+        .nodes()
         .values()
         .filter_map(|n| n.eta(now))
         .max();
@@ -604,7 +604,7 @@ fn summary(state: &State) -> Line<'static> {
         Style::new().add_modifier(Modifier::BOLD),
     )];
     let mut tally: Vec<(super::status::Status, usize)> = Vec::new();
-    for node in state.rollout.nodes.values() {
+    for node in state.rollout.nodes().values() {
         let status = node_status(&node.state, node.stalled(now, stall_after).next().is_some());
         match tally.iter_mut().find(|(s, _)| *s == status) {
             Some((_, n)) => *n += 1,
@@ -657,11 +657,7 @@ fn counts(
         ),
         ("↓", Tone::Active, pulling - stalled),
         ("‖", Tone::Warn, stalled),
-        (
-            "✗",
-            Tone::Error,
-            node.count(|s| matches!(s, ImageState::Failed { .. })),
-        ),
+        ("✗", Tone::Error, node.failed()),
         (
             "·",
             Tone::Idle,
@@ -723,9 +719,9 @@ fn image_detail(
             }
             _ => {}
         }
-        if !image.retries.is_empty() {
+        if !image.retries().is_empty() {
             let retries: Vec<String> = image
-                .retries
+                .retries()
                 .iter()
                 .enumerate()
                 .map(|(i, r)| format!("{}) {r}", i + 1))
