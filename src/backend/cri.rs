@@ -206,6 +206,19 @@ impl CriClient {
             .await
     }
 
+    /// Why the runtime is not ready (its `RuntimeReady` condition is false), or None when it is.
+    pub async fn not_ready(&self) -> Result<Option<String>, CriError> {
+        let request = super::proto::cri::StatusRequest { verbose: false };
+        let response = self
+            .call("Status", self.timeout, self.runtime().status(request))
+            .await?;
+        let conditions = response.status.map(|s| s.conditions).unwrap_or_default();
+        Ok(conditions
+            .into_iter()
+            .find(|c| c.r#type == "RuntimeReady" && !c.status)
+            .map(|c| format!("RuntimeReady=false ({}: {})", c.reason, c.message)))
+    }
+
     /// The image's record, or None when the runtime does not have it.
     pub async fn image_status(&self, image: &str) -> Result<Option<Image>, CriError> {
         let request = ImageStatusRequest {

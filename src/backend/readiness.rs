@@ -42,8 +42,13 @@ pub async fn observe(
         }
     };
     let statuses = client.image_statuses(references).await;
+    let not_ready = client.not_ready().await.unwrap_or_else(|e| {
+        tracing::warn!("{name}: cannot ask whether the runtime is ready: {e}");
+        None
+    });
     let mut observed = NodeObserved {
         node: name,
+        not_ready,
         runtime: Some(format!(
             "{} {}",
             version.runtime_name, version.runtime_version

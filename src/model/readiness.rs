@@ -30,6 +30,8 @@ pub struct NodeObserved {
     pub runtime: Option<String>,
     /// Why the node could not be reached; nothing else is known then.
     pub unreachable: Option<String>,
+    /// Why the runtime says it is not ready (CRI Status), when it does.
+    pub not_ready: Option<String>,
     pub pin_method: Option<PinMethod>,
     /// Why some image could not be observed (ImageStatus failed, the pin record could not be read).
     pub error: Option<String>,
@@ -196,6 +198,11 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
             "unreachable: {error}; check that the runtime is running and the endpoint is right"
         ));
     } else {
+        if let Some(why) = &observed.not_ready {
+            reasons.push(format!(
+                "node not ready: the runtime reports {why}; pulls fail until it recovers"
+            ));
+        }
         let with = |reason: ImageReason| -> Vec<&str> {
             images
                 .iter()
@@ -615,6 +622,21 @@ mod tests {
         assert_eq!(
             n.summary(),
             "1 image missing, 1 image not pinned, 2 images unknown"
+        );
+    }
+
+    #[test]
+    fn a_runtime_that_is_not_ready_is_a_reason_even_with_every_image_there() {
+        let mut observed = node(vec![image("a", Some(true), Some(true), None)]);
+        observed.not_ready = Some("RuntimeReady=false (Overlay: storage broken)".into());
+        let n = assess(&observed, None);
+        assert!(!n.ready);
+        assert_eq!(
+            n.reasons,
+            [
+                "node not ready: the runtime reports RuntimeReady=false (Overlay: storage broken); pulls fail \
+              until it recovers"
+            ]
         );
     }
 
