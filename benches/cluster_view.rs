@@ -1,0 +1,472 @@
+//! Benchmark: cluster mode's watched view of a large cluster, in the lab's etcd + kube-apiserver: 2,000 Nodes
+//! (worker role, Ready, 100Gi allocatable ephemeral storage, 30 `status.images` entries each), 2,000
+//! MachineConfigNodes (one per node, pool worker, a `status.pinnedImageSets` entry per set and both
+//! conditions), 20 PinnedImageSets labelled for the worker pool (40 digest references each) and the worker
+//! MachineConfigPool. Objects are created 32 requests at a time, untimed (the time is printed).
+//!
+//! Measures: (a) from `cluster::connect` through `Cluster::discover` and `watch` to the first complete view
+//! (synced, every Node, MachineConfigNode and set in it, and the first set's rollout computed); (b) from
+//! patching one MachineConfigNode's status (one set failed, Degraded) to the view reflecting it in
+//! `ClusterView::rollout` for that set, `PINBOARD_BENCH_CHANGES` times (median / p95 / max), with where
+//! that time goes; (c) resident memory (VmRSS) before watching and after the first complete view.
+//! Goals: (a) ≤ 3 s; (b) ≤ 250 ms.
+//!
+//!     cargo bench --bench cluster_view     # PINBOARD_BENCH_NODES=2000 PINBOARD_BENCH_SETS=20 PINBOARD_BENCH_CHANGES=20
+//!
+//! Prints one line per figure; results go in BENCHMARKS.md.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::future::Future;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::wait::{await_condition, conditions};
+use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
+use pinboard::model::cluster::{
+    ClusterUpdate, ClusterView, MachineConfigNode, NodeSetState, ROLE_LABEL,
+};
+use pinboard::model::set::from_flags;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use support::{Lab, LabConfig};
+
+/// Requests in flight while creating the objects.
+const IN_FLIGHT: usize = 32;
+const IMAGES_PER_SET: usize = 40;
+const IMAGES_PER_NODE: usize = 30;
+/// How long any wait may take before the bench gives up.
+const WAIT: Duration = Duration::from_secs(120);
+const MANAGER: &str = "pinboard-bench";
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Resident memory of this process, from /proc/self/status, in bytes.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS line");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS value");
+    kib * 1024
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// (median, p95, max) of `times`, nearest rank.
+fn stats(times: &mut [Duration]) -> (Duration, Duration, Duration) {
+    times.sort();
+    let n = times.len();
+    let rank = |p: usize| times[(n * p).div_ceil(100).clamp(1, n) - 1];
+    (rank(50), rank(95), times[n - 1])
+}
+
+/// Digest reference number `i`, as an OpenShift release lists its images.
+fn image(i: usize) -> String {
+    let digest = Sha256::digest(format!("image {i}").as_bytes());
+    format!("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{digest:x}")
+}
+
+fn node_name(n: usize) -> String {
+    format!("worker-{n:04}")
+}
+
+fn set_name(s: usize) -> String {
+    format!("set-{s:02}")
+}
+
+/// Runs `tasks`, [`IN_FLIGHT`] at a time.
+async fn all<F: Future<Output = ()>>(tasks: impl Iterator<Item = F>) {
+    futures::stream::iter(tasks)
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// Applies every CRD in tests/fixtures/crds, waits until each is established, and discovers the cluster
+/// (retried while discovery catches up with the new CRDs).
+async fn install_crds(client: &kube::Client) -> Cluster {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let name = crd["metadata"]["name"].as_str().unwrap();
+        crds.patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+        let established = await_condition(crds.clone(), name, conditions::is_crd_established());
+        tokio::time::timeout(WAIT, established)
+            .await
+            .expect("CRD established in time")
+            .unwrap();
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match Cluster::discover(client.clone()).await {
+            Ok(cluster) => return cluster,
+            Err(ClusterError::MissingKind(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("discovery failed: {e}"),
+        }
+    }
+}
+
+/// A MachineConfigNode's status as the daemon writes it: every set done at generation 1, except `failed`
+/// (set, error), which failed and leaves the node Degraded.
+fn mcn_status(sets: usize, failed: Option<(&str, &str)>) -> Value {
+    let since = "2026-11-21T08:00:00Z";
+    let entries: Vec<Value> = (0..sets)
+        .map(|s| {
+            let name = set_name(s);
+            let mut entry = json!({"name": name, "desiredGeneration": 1, "currentGeneration": 1});
+            if let Some((_, error)) = failed.filter(|(set, _)| *set == name) {
+                entry["lastFailedGeneration"] = json!(1);
+                entry["lastFailedGenerationError"] = json!(error);
+            }
+            entry
+        })
+        .collect();
+    let degraded = failed.is_some();
+    json!({"status": {
+        "pinnedImageSets": entries,
+        "conditions": [
+            {"type": "PinnedImageSetsProgressing", "status": "False", "reason": "AsExpected",
+             "message": "all pinned image sets complete", "lastTransitionTime": since},
+            {"type": "PinnedImageSetsDegraded", "status": if degraded { "True" } else { "False" },
+             "reason": if degraded { "PrefetchFailed" } else { "AsExpected" },
+             "message": if degraded { "One or more PinnedImageSet is experiencing an error" } else { "no errors" },
+             "lastTransitionTime": since},
+        ],
+    }})
+}
+
+/// Creates the pool, the sets, the Nodes (with status) and their MachineConfigNodes (with status).
+async fn create_objects(cluster: &Cluster, nodes: usize, sets: usize) {
+    let client = cluster.client();
+    let resources = cluster.resources();
+    let apply = |resource: &ApiResource, name: &str, rest: Value| {
+        let mut body = json!({"apiVersion": resource.api_version, "kind": resource.kind,
+                              "metadata": {"name": name}});
+        body.as_object_mut()
+            .unwrap()
+            .extend(rest.as_object().unwrap().clone());
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+        let name = name.to_owned();
+        async move {
+            api.patch(
+                &name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+        }
+    };
+    let selector = json!({"matchLabels": {ROLE_LABEL: "worker"}});
+    let node_selector = json!({"matchLabels": {"node-role.kubernetes.io/worker": ""}});
+    apply(
+        &resources.pool,
+        "worker",
+        json!({"spec": {"machineConfigSelector": selector, "nodeSelector": node_selector}}),
+    )
+    .await;
+
+    all((0..sets).map(|s| async move {
+        let images: Vec<String> = (0..IMAGES_PER_SET)
+            .map(|k| image(s * IMAGES_PER_SET + k))
+            .collect();
+        let mut set = from_flags(&set_name(s), &images);
+        set.labels = [(ROLE_LABEL.to_owned(), "worker".to_owned())].into();
+        cluster.apply_set(&set).await.expect("set applied");
+    }))
+    .await;
+
+    let node_api: Api<Node> = Api::all(client.clone());
+    let pool_images = sets.max(1) * IMAGES_PER_SET;
+    all((0..nodes).map(|n| {
+        let node_api = node_api.clone();
+        async move {
+            let name = node_name(n);
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
+            }))
+            .unwrap();
+            node_api
+                .create(&PostParams::default(), &node)
+                .await
+                .unwrap_or_else(|e| panic!("node {name}: {e}"));
+            let images: Vec<Value> = (0..IMAGES_PER_NODE)
+                .map(|k| {
+                    let size = 20_000_000 + 1_000_000 * k;
+                    json!({"names": [image((n * 13 + k) % pool_images)], "sizeBytes": size})
+                })
+                .collect();
+            let status = json!({"status": {
+                "conditions": [{"type": "Ready", "status": "True"},
+                               {"type": "DiskPressure", "status": "False"}],
+                "allocatable": {"ephemeral-storage": "100Gi"},
+                "images": images,
+            }});
+            node_api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .unwrap_or_else(|e| panic!("status of node {name}: {e}"));
+        }
+    }))
+    .await;
+
+    let mcn_api: Api<DynamicObject> = Api::all_with(client.clone(), &resources.machine_config_node);
+    all((0..nodes).map(|n| {
+        let mcn_api = mcn_api.clone();
+        let create = apply(
+            &resources.machine_config_node,
+            &node_name(n),
+            json!({"spec": {"node": {"name": node_name(n)}, "pool": {"name": "worker"}}}),
+        );
+        async move {
+            create.await;
+            let status = mcn_status(sets, None);
+            mcn_api
+                .patch_status(
+                    &node_name(n),
+                    &PatchParams::default(),
+                    &Patch::Merge(&status),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("status of MachineConfigNode {}: {e}", node_name(n)));
+        }
+    }))
+    .await;
+}
+
+type Rows = Vec<(String, NodeSetState)>;
+
+/// What the cluster screen does with each update: apply it to the view, then work out the rows it shows
+/// for `set`. (Drawing the screen belongs here too, as one more call.)
+fn show(view: &mut ClusterView, update: ClusterUpdate, set: &str) -> Rows {
+    view.apply(update);
+    view.rollout(set, SystemTime::now())
+}
+
+/// What reading updates until a condition held cost on this side of the channel.
+#[derive(Default)]
+struct Consumed {
+    /// Time spent in [`show`].
+    showing: Duration,
+    /// When each update arrived, and what it was.
+    arrivals: Vec<(Instant, &'static str)>,
+}
+
+fn kind_of(update: &ClusterUpdate) -> &'static str {
+    match update {
+        ClusterUpdate::Nodes(_) => "Nodes",
+        ClusterUpdate::Pools(_) => "pools",
+        ClusterUpdate::MachineConfigNodes(_) => "MachineConfigNodes",
+        ClusterUpdate::Sets(_) => "sets",
+        ClusterUpdate::RuntimeConfigs(_) => "runtime configs",
+        ClusterUpdate::Connection(..) => "connection",
+    }
+}
+
+/// Feeds updates through [`show`] until `done` holds for the view and the rows shown; panics after [`WAIT`].
+async fn until(
+    watch: &mut Watch,
+    view: &mut ClusterView,
+    set: &str,
+    what: &str,
+    done: impl Fn(&ClusterView, &Rows) -> bool,
+) -> Consumed {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut consumed = Consumed::default();
+    loop {
+        let update = match tokio::time::timeout_at(deadline, watch.updates.recv()).await {
+            Ok(Some(update)) => update,
+            Ok(None) => panic!("the watchers stopped before: {what}"),
+            Err(_) => panic!(
+                "timed out waiting for: {what} (connection: {})",
+                view.connection()
+            ),
+        };
+        let arrived = Instant::now();
+        consumed.arrivals.push((arrived, kind_of(&update)));
+        let rows = show(view, update, set);
+        consumed.showing += arrived.elapsed();
+        if done(view, &rows) {
+            return consumed;
+        }
+    }
+}
+
+/// What the watcher does with the MachineConfigNode store after every change, timed on its own (median
+/// of 5): every object to JSON and back into the typed view.
+async fn time_conversion(cluster: &Cluster) -> (usize, Duration) {
+    let api: Api<DynamicObject> = Api::all_with(
+        cluster.client().clone(),
+        &cluster.resources().machine_config_node,
+    );
+    let objects = api.list(&ListParams::default()).await.unwrap().items;
+    let mut times: Vec<Duration> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            let typed: Vec<MachineConfigNode> = objects
+                .iter()
+                .map(|o| serde_json::from_value(serde_json::to_value(o).unwrap()).unwrap())
+                .collect();
+            assert_eq!(typed.len(), objects.len());
+            started.elapsed()
+        })
+        .collect();
+    (objects.len(), stats(&mut times).0)
+}
+
+fn main() {
+    let nodes = env_number("PINBOARD_BENCH_NODES", 2000);
+    let sets = env_number("PINBOARD_BENCH_SETS", 20).max(1);
+    let changes = env_number("PINBOARD_BENCH_CHANGES", 20);
+    pinboard::install_crypto_provider();
+    let lab = Lab::start(
+        "bench-cluster",
+        LabConfig {
+            nodes: Vec::new(),
+            apiserver: true,
+        },
+    )
+    .expect("lab starts");
+    let options = ConnectOptions {
+        kubeconfig: Some(lab.apiserver().unwrap().kubeconfig().to_owned()),
+        context: None,
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let admin = Cluster::discover(connect(&options).await.unwrap()).await;
+        assert!(matches!(admin, Err(ClusterError::NotOpenShift)));
+        let admin = install_crds(&connect(&options).await.unwrap()).await;
+        let creating = Instant::now();
+        create_objects(&admin, nodes, sets).await;
+        println!(
+            "created {nodes} Nodes + status, {nodes} MachineConfigNodes + status, {sets} sets, 1 pool \
+             ({IN_FLIGHT} requests in flight): {:.1} s",
+            creating.elapsed().as_secs_f64()
+        );
+        // The allocator keeps what creating the objects used; give it back so the figure is the view's.
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
+        let rss_before = rss_bytes();
+
+        // (a) First complete view.
+        let first_set = set_name(0);
+        let started = Instant::now();
+        let cluster = Cluster::discover(connect(&options).await.unwrap())
+            .await
+            .unwrap();
+        let discovered = started.elapsed();
+        let mut watch = watch(&cluster);
+        let mut view = ClusterView::default();
+        let consumed = until(&mut watch, &mut view, &first_set, "the first complete view", |v, rows| {
+            v.synced()
+                && v.nodes.len() == nodes
+                && v.machine_config_nodes.len() == nodes
+                && v.sets.len() == sets
+                && rows.len() == nodes
+                && rows.iter().all(|(_, s)| *s == NodeSetState::Done)
+        })
+        .await;
+        let first_view = started.elapsed();
+        let rss_after = rss_bytes();
+        println!(
+            "(a) first complete view: {}  (connect + discover {}, {} updates shown in {})",
+            ms(first_view),
+            ms(discovered),
+            consumed.arrivals.len(),
+            ms(consumed.showing)
+        );
+        let lists: Vec<String> = consumed
+            .arrivals
+            .iter()
+            .filter(|(_, what)| *what != "connection")
+            .map(|(at, what)| format!("{what} {}", ms(*at - started)))
+            .collect();
+        println!("    lists arrived: {}", lists.join(", "));
+        println!(
+            "(c) VmRSS: {} before watching, {} after the first complete view (+{})",
+            mb(rss_before),
+            mb(rss_after),
+            mb(rss_after.saturating_sub(rss_before))
+        );
+
+        // (b) One status change at a time, each on another node and set.
+        let mcn_api: Api<DynamicObject> =
+            Api::all_with(admin.client().clone(), &admin.resources().machine_config_node);
+        let (mut latencies, mut patches, mut arrivals, mut showing) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut updates = 0;
+        for i in 0..changes {
+            let node = node_name((i * 101 + 7) % nodes);
+            let set = set_name(i % sets);
+            let error = format!("change {i}: exit status 125: no space left on device");
+            let status = mcn_status(sets, Some((&set, &error)));
+            let started = Instant::now();
+            mcn_api
+                .patch_status(&node, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .unwrap();
+            patches.push(started.elapsed());
+            let expected = NodeSetState::Failed {
+                generation: 1,
+                error: error.clone(),
+            };
+            let consumed = until(&mut watch, &mut view, &set, "the change shown", |_, rows| {
+                rows.binary_search_by(|(name, _)| name.cmp(&node))
+                    .is_ok_and(|at| rows[at].1 == expected)
+            })
+            .await;
+            latencies.push(started.elapsed());
+            arrivals.push(consumed.arrivals.last().unwrap().0 - started);
+            showing.push(consumed.showing);
+            updates += consumed.arrivals.len();
+        }
+        let line = |what: &str, times: &mut Vec<Duration>| {
+            let (median, p95, max) = stats(times);
+            println!("{what}: median {}  p95 {}  max {}", ms(median), ms(p95), ms(max));
+        };
+        println!("(b) {changes} status changes, {updates} updates read:");
+        line("    patch sent → shown in the rollout", &mut latencies);
+        line("      patch request round trip       ", &mut patches);
+        line("      patch sent → update arrived    ", &mut arrivals);
+        line("      apply + rollout (show)         ", &mut showing);
+        let (count, conversion) = time_conversion(&admin).await;
+        println!(
+            "      the watcher's per-change conversion of {count} MachineConfigNodes (timed apart): {}",
+            ms(conversion)
+        );
+    });
+}
