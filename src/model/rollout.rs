@@ -822,6 +822,13 @@ mod tests {
         assert!(r.is_finished());
     }
 
+    /// A large rollout holds a million of these: 2,000 nodes × 500 images in about 50 MB.
+    #[test]
+    fn an_image_costs_48_bytes() {
+        assert_eq!(std::mem::size_of::<ImageState>(), 24);
+        assert_eq!(std::mem::size_of::<ImageRollout>(), 48);
+    }
+
     #[test]
     fn references_are_stored_once_per_rollout_and_lists_copied_only_when_a_node_differs() {
         let t0 = Instant::now();
