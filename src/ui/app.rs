@@ -9,6 +9,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::export::pinned_image_set_yaml;
 use super::keymap::{Action, lookup};
+use super::render::HelpFlow;
 use super::theme::Theme;
 pub use crate::model::diff::DiffKind;
 use crate::model::plan::Verdict;
@@ -267,6 +268,10 @@ pub struct State {
     pub(super) rollout_order: Vec<String>,
     /// Rows a page moves, from the last terminal size.
     pub(super) page: usize,
+    /// The last terminal size, width × height: how far help scrolls.
+    pub(super) size: (u16, u16),
+    /// Help's first shown line.
+    pub(super) help_scroll: usize,
     /// Counts typed entries, so each has its own origin (duplicates stay distinguishable).
     typed: usize,
     dirty: bool,
@@ -296,6 +301,8 @@ impl State {
             flash: None,
             rollout_order: Vec::new(),
             page: 10,
+            size: (80, 24),
+            help_scroll: 0,
             typed: 0,
             dirty: true,
         }
@@ -555,8 +562,9 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             on_paste(state, &text);
             Vec::new()
         }
-        Msg::Resize { height, .. } => {
+        Msg::Resize { width, height } => {
             state.page = usize::from(height.saturating_sub(8)).max(1);
+            state.size = (width, height);
             Vec::new()
         }
         Msg::Tick(now) => {
@@ -646,6 +654,11 @@ fn on_key(state: &mut State, key: KeyEvent) -> Vec<Cmd> {
         Mode::Help => {
             if !matches!(key.code, KeyCode::Esc | KeyCode::Char('?' | 'q')) {
                 state.mode = Mode::Help;
+                if let Some(action) = lookup(&key, state.screen) {
+                    let flow = HelpFlow::for_state(state);
+                    let at = scrolled(state.help_scroll, action, flow.page(), flow.max_scroll);
+                    state.help_scroll = at;
+                }
             }
             Vec::new()
         }
@@ -765,6 +778,20 @@ fn run_command(state: &mut State, command: &str) -> Vec<Cmd> {
     Vec::new()
 }
 
+/// Where a view that scrolls up to `max` starts after a moving key; other keys leave it.
+fn scrolled(at: usize, action: Action, page: usize, max: usize) -> usize {
+    let to = match action {
+        Action::Up => at.saturating_sub(1),
+        Action::Down => at + 1,
+        Action::PageUp => at.saturating_sub(page),
+        Action::PageDown => at + page,
+        Action::Top => 0,
+        Action::Bottom => max,
+        _ => at,
+    };
+    to.min(max)
+}
+
 fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
     let pane = state.focus();
     let page = state.page;
@@ -772,7 +799,10 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
         Action::Quit => return vec![Cmd::Quit],
         Action::Command => state.mode = Mode::Command(String::new()),
         Action::Filter => state.mode = Mode::Filter,
-        Action::Help => state.mode = Mode::Help,
+        Action::Help => {
+            state.mode = Mode::Help;
+            state.help_scroll = 0;
+        }
         Action::Back => {
             if state.filters.remove(&state.screen).is_none()
                 && let Some(previous) = state.history.pop()

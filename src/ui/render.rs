@@ -18,15 +18,12 @@ use super::screens;
 use super::status::Tone;
 use super::theme::{Role, Theme};
 
+/// Help's lines flow into columns at least this wide; what does not fit then scrolls.
+const HELP_COLUMN_WIDTH: u16 = 36;
+
 /// Draws the whole UI.
 pub fn render(state: &State, frame: &mut Frame) {
-    let [tabs_area, body, message, status] = Layout::vertical([
-        Constraint::Length(1),
-        Constraint::Fill(1),
-        Constraint::Length(1),
-        Constraint::Length(1),
-    ])
-    .areas(frame.area());
+    let [tabs_area, body, message, status] = frame_areas(frame.area());
     tabs(state, frame, tabs_area);
     if state.mode() == &Mode::Help {
         help(state, frame, body);
@@ -188,15 +185,98 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
     );
 }
 
-/// Every binding of the keymap, grouped by where it works, flowed into as many columns as fit.
+/// The tab bar, the screen (or help), the message line and the status line.
+fn frame_areas(area: Rect) -> [Rect; 4] {
+    Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Fill(1),
+        Constraint::Length(1),
+        Constraint::Length(1),
+    ])
+    .areas(area)
+}
+
+/// How help's lines flow into its area: lines per column, columns, and how far they scroll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HelpFlow {
+    pub rows: usize,
+    pub columns: usize,
+    pub max_scroll: usize,
+}
+
+impl HelpFlow {
+    /// As many columns as the lines need; if fewer fit, as many as fit, and the rest scrolls.
+    fn new(lines: usize, inner: Rect) -> HelpFlow {
+        let rows = usize::from(inner.height.max(1));
+        let needed = lines.div_ceil(rows);
+        let fit = usize::from(inner.width / HELP_COLUMN_WIDTH).max(1);
+        if needed <= fit {
+            return HelpFlow {
+                rows,
+                columns: needed,
+                max_scroll: 0,
+            };
+        }
+        HelpFlow {
+            rows,
+            columns: fit,
+            max_scroll: lines - rows * fit,
+        }
+    }
+
+    /// How help flows in the terminal size `update` last heard of.
+    pub(super) fn for_state(state: &State) -> HelpFlow {
+        let (width, height) = state.size;
+        let [_, body, _, _] = frame_areas(Rect::new(0, 0, width, height));
+        HelpFlow::new(help_lines(state).len(), help_block().inner(body))
+    }
+
+    /// Lines a page moves: all that are shown.
+    pub(super) fn page(self) -> usize {
+        self.rows * self.columns
+    }
+}
+
+fn help_block() -> Block<'static> {
+    Block::new().borders(Borders::TOP)
+}
+
+/// Every binding of the keymap, grouped by where it works, flowed into as many columns as fit; scrolled
+/// when they do not.
 fn help(state: &State, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
-    let block = Block::new()
-        .borders(Borders::TOP)
-        .title(" Keys (this screen's in color) ")
+    let lines = help_lines(state);
+    let inner = help_block().inner(area);
+    let flow = HelpFlow::new(lines.len(), inner);
+    let first = state.help_scroll.min(flow.max_scroll);
+    let shown = &lines[first..lines.len().min(first + flow.page())];
+    let title = if flow.max_scroll > 0 {
+        format!(
+            " Keys (this screen's in color) · {}–{} of {} · ↑/↓ PgUp/PgDn scroll ",
+            first + 1,
+            first + shown.len(),
+            lines.len()
+        )
+    } else {
+        " Keys (this screen's in color) ".to_string()
+    };
+    let block = help_block()
+        .title(title)
         .border_style(fg(theme.role(Role::Dim)));
-    let inner = block.inner(area);
     frame.render_widget(block, area);
+    let areas = Layout::horizontal(vec![Constraint::Fill(1); flow.columns]).split(inner);
+    for (column, area) in shown.chunks(flow.rows).zip(areas.iter()) {
+        let column: Vec<Line> = column
+            .iter()
+            .map(|l| fit_line(l.clone(), area.width))
+            .collect();
+        frame.render_widget(Paragraph::new(column), *area);
+    }
+}
+
+/// Help's lines: a heading per group of screens, then its bindings (this screen's in color).
+fn help_lines(state: &State) -> Vec<Line<'static>> {
+    let theme = &state.theme;
     let mut lines: Vec<Line> = Vec::new();
     let mut group: Option<&[Screen]> = None;
     for binding in KEYMAP {
@@ -224,16 +304,7 @@ fn help(state: &State, frame: &mut Frame, area: Rect) {
             Span::styled(binding.description, text_style),
         ]));
     }
-    let rows = usize::from(inner.height.max(1));
-    let columns = lines.len().div_ceil(rows);
-    let areas = Layout::horizontal(vec![Constraint::Fill(1); columns]).split(inner);
-    for (column, area) in lines.chunks(rows).zip(areas.iter()) {
-        let column: Vec<Line> = column
-            .iter()
-            .map(|l| fit_line(l.clone(), area.width))
-            .collect();
-        frame.render_widget(Paragraph::new(column), *area);
-    }
+    lines
 }
 
 /// A centered box over the screen.

@@ -10,7 +10,7 @@ use ratatui::buffer::Buffer;
 use super::app::{Cmd, FilePurpose, Mode, Msg, Pane, Screen, State, update};
 use super::demo::{self, demo_state};
 use super::keymap::KEYMAP;
-use super::render::render_to_buffer;
+use super::render::{HelpFlow, render_to_buffer};
 use super::svg::buffer_to_svg;
 use super::theme::Theme;
 use crate::model::rollout::{Event, Rollout};
@@ -23,7 +23,7 @@ fn key(code: KeyCode) -> Msg {
     Msg::Key(KeyEvent::new(code, KeyModifiers::NONE))
 }
 
-/// Types `keys`; `<Enter>`, `<Esc>`, `<Tab>` and `<Down>` name those keys.
+/// Types `keys`; `<Enter>`, `<Esc>`, `<Tab>`, `<Down>` and `<PgDn>` name those keys.
 fn type_keys(state: &mut State, keys: &str) -> Vec<Cmd> {
     let mut cmds = Vec::new();
     let mut rest = keys;
@@ -33,6 +33,7 @@ fn type_keys(state: &mut State, keys: &str) -> Vec<Cmd> {
             ("<Esc>", KeyCode::Esc),
             ("<Tab>", KeyCode::Tab),
             ("<Down>", KeyCode::Down),
+            ("<PgDn>", KeyCode::PageDown),
         ]
         .into_iter()
         .find(|(name, _)| rest.starts_with(name));
@@ -116,6 +117,41 @@ fn help_lists_every_binding_of_the_keymap() {
     }
     type_keys(&mut state, "<Esc>");
     assert_eq!(state.mode(), &Mode::Normal);
+}
+
+#[test]
+fn help_taller_than_the_terminal_scrolls_with_the_moving_keys() {
+    let mut state = state();
+    let (width, height) = (80, 12);
+    update(&mut state, Msg::Resize { width, height });
+    type_keys(&mut state, "?");
+    let shown = |state: &State| text(&render_to_buffer(state, width, height));
+    let (first, last) = (KEYMAP[0].description, KEYMAP[KEYMAP.len() - 1].description);
+    assert!(
+        shown(&state).contains(first) && !shown(&state).contains(last),
+        "{}",
+        shown(&state)
+    );
+
+    type_keys(&mut state, "G");
+    let bottom = state.help_scroll;
+    assert!(bottom > 0);
+    assert!(
+        !shown(&state).contains(first) && shown(&state).contains(last),
+        "{}",
+        shown(&state)
+    );
+    insta::assert_snapshot!("help_scrolled_to_the_end_80x12", shown(&state));
+    type_keys(&mut state, "j");
+    assert_eq!(state.help_scroll, bottom, "no further than the last line");
+    type_keys(&mut state, "k");
+    assert_eq!(state.help_scroll, bottom - 1);
+
+    type_keys(&mut state, "g<Down><PgDn>");
+    let page = HelpFlow::for_state(&state).page();
+    assert_eq!(state.help_scroll, (1 + page).min(bottom));
+    type_keys(&mut state, "??");
+    assert_eq!(state.help_scroll, 0, "help opens at the top");
 }
 
 #[test]
