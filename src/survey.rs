@@ -3,16 +3,18 @@
 //! `pinboard plan` prints a survey; the TUI's Plan screen shows one. Both get their figures from
 //! [`crate::model::plan::plan_node`] through [`survey`], so a number on screen and in `plan` cannot differ.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::backend::node::{DirectNode, NodeObservation, observe};
-use crate::backend::registry::{Registry, RegistryError};
+use crate::backend::registry::{PlatformFacts, Registry, RegistryError};
+use crate::cluster::Cluster;
 use crate::error::{Exit, Failure};
+use crate::model::cluster::{ClusterView, NodeView};
 use crate::model::image::{ImageFacts, Platform};
-use crate::model::plan::{Limits, NodePlan, PlannedImage, plan_node};
+use crate::model::plan::{Limits, NodeFacts, NodePlan, PlannedImage, plan_node};
 use crate::model::set::ImageSet;
 
 /// The result of a survey, serialized as `plan -o json|yaml` prints it.
@@ -95,7 +97,104 @@ pub async fn survey(
                 .collect(),
         ));
     }
-    let mut facts: HashMap<String, ImageFacts> = HashMap::new();
+    let facts = resolved(&references, inspected)?;
+    let planned = observations.iter().map(|o| (o, references.as_slice()));
+    Ok(summarize(sets, limits, planned, facts))
+}
+
+/// Each node planned for its own images.
+async fn survey_nodes(
+    nodes: &[(NodeObservation, Vec<String>)],
+    sets: &[ImageSet],
+    registry: &Registry,
+    platform: &Platform,
+    limits: Limits,
+) -> Result<Survey, SurveyError> {
+    let references = union_of(sets);
+    let inspected = registry
+        .inspect_all(&references, std::slice::from_ref(platform))
+        .await;
+    let facts = resolved(&references, inspected)?;
+    let planned = nodes.iter().map(|(o, refs)| (o, refs.as_slice()));
+    Ok(summarize(sets, limits, planned, facts))
+}
+
+/// Cluster mode: every node the sets land on (by their labels, as they would be applied), each planned for
+/// the union of the sets that land on it, with what the cluster tells about its space
+/// ([`Cluster::observe`]).
+pub async fn survey_cluster(
+    cluster: &Cluster,
+    view: &ClusterView,
+    sets: &[ImageSet],
+    registry: &Registry,
+    platform: &Platform,
+    limits: Limits,
+) -> Result<Survey, SurveyError> {
+    // Nodes of the same pools share one union of the same sets.
+    let mut sets_of: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (index, set) in sets.iter().enumerate() {
+        for node in view.nodes_of(&set.labels) {
+            sets_of.entry(node).or_default().push(index);
+        }
+    }
+    let mut unions: HashMap<Vec<usize>, Vec<String>> = HashMap::new();
+    let per_node: BTreeMap<String, Vec<String>> = sets_of
+        .into_iter()
+        .map(|(node, indices)| {
+            let union = unions.entry(indices).or_insert_with_key(|indices| {
+                let chosen: Vec<ImageSet> = indices.iter().map(|&i| sets[i].clone()).collect();
+                union_of(&chosen)
+            });
+            (node, union.clone())
+        })
+        .collect();
+    if per_node.is_empty() {
+        return Err(SurveyError::NoTarget(vec![
+            "the sets land on no node: no MachineConfigPool selects their labels, or those pools have no nodes"
+                .into(),
+        ]));
+    }
+    let (known, missing): (Vec<_>, Vec<_>) = per_node
+        .into_iter()
+        .partition(|(name, _)| view.node(name).is_some());
+    let asked: Vec<(&NodeView, Vec<String>)> = known
+        .into_iter()
+        .filter_map(|(name, references)| Some((view.node(&name)?, references)))
+        .collect();
+    let mut nodes: Vec<(NodeObservation, Vec<String>)> = cluster
+        .observe(&asked)
+        .await
+        .into_iter()
+        .zip(asked.into_iter().map(|(_, references)| references))
+        .collect();
+    nodes.extend(missing.into_iter().map(|(name, references)| {
+        let facts = NodeFacts {
+            unreachable: Some(format!(
+                "no Node object {name:?}: only its MachineConfigNode exists"
+            )),
+            name,
+            ..NodeFacts::default()
+        };
+        (
+            NodeObservation {
+                facts,
+                presence: HashMap::new(),
+            },
+            references,
+        )
+    }));
+    nodes.sort_by(|a, b| a.0.facts.name.cmp(&b.0.facts.name));
+    survey_nodes(&nodes, sets, registry, platform, limits).await
+}
+
+type Inspected = Vec<Result<PlatformFacts, RegistryError>>;
+
+/// Each reference's facts for the one platform asked, or every reference the registry could not resolve.
+fn resolved(
+    references: &[String],
+    inspected: Inspected,
+) -> Result<HashMap<String, ImageFacts>, SurveyError> {
+    let mut facts = HashMap::new();
     let mut failed = Vec::new();
     for (reference, result) in references.iter().zip(inspected) {
         match result {
@@ -107,12 +206,22 @@ pub async fn survey(
             Err(err) => failed.push((reference.clone(), err)),
         }
     }
-    if !failed.is_empty() {
-        return Err(SurveyError::Images(failed));
+    if failed.is_empty() {
+        Ok(facts)
+    } else {
+        Err(SurveyError::Images(failed))
     }
-    let plans = observations
-        .iter()
-        .map(|observation| {
+}
+
+/// Plans every node for its references and puts the survey together.
+fn summarize<'a>(
+    sets: &[ImageSet],
+    limits: Limits,
+    planned: impl Iterator<Item = (&'a NodeObservation, &'a [String])>,
+    facts: HashMap<String, ImageFacts>,
+) -> Survey {
+    let nodes = planned
+        .map(|(observation, references)| {
             let images: Vec<PlannedImage> = references
                 .iter()
                 .map(|r| PlannedImage {
@@ -124,7 +233,7 @@ pub async fn survey(
             plan_node(&observation.facts, &images, &limits)
         })
         .collect();
-    Ok(Survey {
+    Survey {
         sets: sets
             .iter()
             .map(|s| SetSummary {
@@ -134,9 +243,9 @@ pub async fn survey(
             .collect(),
         gc_high_percent: limits.gc_high_percent,
         min_free_bytes: limits.min_free_bytes,
-        nodes: plans,
+        nodes,
         facts,
-    })
+    }
 }
 
 #[cfg(test)]

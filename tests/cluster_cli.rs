@@ -1,7 +1,8 @@
-//! `pinboard check`, `status`, `apply` and `unpin` in cluster mode: the real binary against the lab's
-//! etcd + kube-apiserver, with the tests playing the kubelet and the machine-config daemon. Each case a
-//! pipeline must never get wrong ends in exit 1 with its reason; exit 0 only when every node has really
-//! reached the set's generation and lists every image.
+//! The headless commands in cluster mode: the real binary against the lab's etcd + kube-apiserver (and
+//! registry), with the tests playing the kubelet and the machine-config daemon. For `check`, `status`,
+//! `apply` and `unpin`, each case a pipeline must never get wrong ends in exit 1 with its reason; exit 0
+//! only when every node has really reached the set's generation and lists every image. `plan` plans every
+//! node a set lands on, from what the API tells about its space and images.
 
 mod support;
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use pinboard::model::readiness::{NodesStatus, Readiness};
 use serde_json::{Value, json};
 use support::cluster::{NodeStatus, WAIT, Writer, client, digest, discover, install_crds};
-use support::{Lab, LabConfig, Run, pinboard};
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Run, pinboard};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 
@@ -60,11 +61,11 @@ fn explain(run: &Run) -> String {
     )
 }
 
-#[tokio::test]
-async fn cluster_readiness_gates_what_a_pipeline_must_never_pass() {
+/// A lab with the machine-config CRDs, pools `worker` and `master`, and worker nodes n1–n3.
+async fn cluster(name: &str) -> (Lab, kube::Client, Writer, PathBuf) {
     pinboard::install_crypto_provider();
     let lab = Lab::start(
-        "check-cluster",
+        name,
         LabConfig {
             nodes: Vec::new(),
             apiserver: true,
@@ -82,6 +83,12 @@ async fn cluster_readiness_gates_what_a_pipeline_must_never_pass() {
     for node in NODES {
         writer.worker(node).await;
     }
+    (lab, admin, writer, kubeconfig)
+}
+
+#[tokio::test]
+async fn cluster_readiness_gates_what_a_pipeline_must_never_pass() {
+    let (lab, admin, writer, kubeconfig) = cluster("cluster-check").await;
     let images = [digest(1), digest(2)];
     let kubelet_lists = |images: &[String]| {
         let mut listed = images.to_vec();
@@ -291,4 +298,118 @@ async fn cluster_readiness_gates_what_a_pipeline_must_never_pass() {
         assert!(unpinned.stdout.contains(expected), "{}", explain(&unpinned));
     }
     assert!(sets.get_opt("release").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
+    let (lab, _admin, writer, kubeconfig) = cluster("cluster-plan").await;
+    let spec = |seed| ImageSpec {
+        layers: vec![LayerSpec {
+            seed,
+            bytes: 256 << 10,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    let host = lab.registry_host();
+    let pushed: Vec<String> = (0..2)
+        .map(|i| {
+            lab.push_image(&format!("cluster/app{i}"), &spec(i))
+                .unwrap()
+                .reference(&host)
+        })
+        .collect();
+    // n1 has the first image; n2's list is full and silent; n3 has neither.
+    let first = [pushed[0].clone()];
+    let statuses = [(first.as_slice(), 1), (&[][..], 50), (&[][..], 1)];
+    for (node, (images, entries)) in NODES.iter().zip(statuses) {
+        let status = NodeStatus {
+            ready: true,
+            images,
+            entries,
+        };
+        writer.node_status(node, &status).await;
+    }
+    let file = set_file(lab.dir(), "apps", "worker", &pushed);
+    let plan = |output: &'static str| {
+        let file = file.display().to_string();
+        let host = host.clone();
+        run(args(
+            &kubeconfig,
+            &[
+                "plan",
+                "--set",
+                &file,
+                "--insecure-registry",
+                &host,
+                "-o",
+                output,
+            ],
+        ))
+    };
+    let json = plan("json").await;
+    assert_eq!(json.code, 0, "{}", explain(&json));
+    let survey: Value = serde_json::from_str(&json.stdout).unwrap();
+    let nodes = survey["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 3, "{}", json.stdout);
+    for node in nodes {
+        assert_eq!(
+            node["spaceSource"], "allocatable-ephemeral-storage",
+            "{node}"
+        );
+        assert_eq!(node["availableBytes"], 100u64 << 30);
+        assert_eq!(node["capacityBytes"], 120u64 << 30);
+        assert_eq!(node["verdict"], "fits");
+    }
+    let present = |n: usize| -> Vec<Value> {
+        nodes[n]["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["present"].clone())
+            .collect()
+    };
+    assert_eq!(present(0), [json!(true), json!(false)]);
+    assert_eq!(
+        present(1),
+        [Value::Null, Value::Null],
+        "a full list proves nothing"
+    );
+    assert_eq!(present(2), [json!(false), json!(false)]);
+    assert!(
+        nodes[0]["fetchBytes"].as_u64() < nodes[2]["fetchBytes"].as_u64(),
+        "n1 fetches only the second image"
+    );
+    let table = plan("table").await;
+    assert!(
+        table.stdout.contains("100 GiB (allocatable)"),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table
+            .stdout
+            .contains("space from the allocatable ephemeral-storage"),
+        "{}",
+        table.stdout
+    );
+
+    let stray = set_file(lab.dir(), "stray", "infra", &pushed);
+    let nowhere = run(args(
+        &kubeconfig,
+        &[
+            "plan",
+            "--set",
+            stray.to_str().unwrap(),
+            "--insecure-registry",
+            &host,
+        ],
+    ))
+    .await;
+    assert_eq!(nowhere.code, 3, "{}", explain(&nowhere));
+    assert!(
+        nowhere.stderr.contains("the sets land on no node"),
+        "{}",
+        explain(&nowhere)
+    );
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::output::{render, short_reference, table};
+use super::output::{image_matrix, render, table};
 use super::{SetsOnNodes, read_sets, registry_client};
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
@@ -291,30 +291,14 @@ pub(super) fn readiness_table(nodes: &[NodeReadiness]) -> String {
         out.push('\n');
         out.push_str(&table(&headers.map(String::from), &set_rows, &plain));
     }
-    // Every image of every node, in first-seen order: in cluster mode nodes of different pools differ.
-    let mut seen = std::collections::HashSet::new();
-    let references: Vec<&str> = nodes
+    let columns: Vec<(&str, &[ImageReadiness])> = nodes
         .iter()
-        .flat_map(|n| &n.images)
-        .map(|i| i.reference.as_str())
-        .filter(|r| seen.insert(*r))
+        .map(|n| (n.node.as_str(), n.images.as_slice()))
         .collect();
-    if !references.is_empty() {
-        let mut headers = vec!["IMAGE".to_string()];
-        headers.extend(nodes.iter().map(|n| n.node.clone()));
-        let rows: Vec<Vec<String>> = references
-            .iter()
-            .map(|reference| {
-                let mut row = vec![short_reference(reference)];
-                row.extend(nodes.iter().map(|n| {
-                    let image = n.images.iter().find(|i| i.reference == *reference);
-                    image.map_or_else(|| "-".into(), image_cell)
-                }));
-                row
-            })
-            .collect();
+    let matrix = image_matrix(&[], &columns, |i| &i.reference, |_| Vec::new(), image_cell);
+    if !matrix.is_empty() {
         out.push('\n');
-        out.push_str(&table(&headers, &rows, &plain));
+        out.push_str(&matrix);
     }
     out
 }

@@ -127,9 +127,7 @@ impl ClusterSession {
         let mut wanted: Vec<WantedSet> = read_set_files(&files)?
             .into_iter()
             .map(|set| WantedSet {
-                images: set.references().map(str::to_owned).collect(),
-                name: set.name,
-                labels: set.labels,
+                set,
                 min_generation: 0,
             })
             .collect();
@@ -137,9 +135,7 @@ impl ClusterSession {
         for name in names.iter().map(|p| p.to_string_lossy()) {
             match self.view.set(&name) {
                 Some(set) => wanted.push(WantedSet {
-                    name: name.to_string(),
-                    labels: set.metadata.labels.clone(),
-                    images: set.images().map(str::to_owned).collect(),
+                    set: set.to_image_set(),
                     min_generation: 0,
                 }),
                 None => unknown.push(name.to_string()),
@@ -262,10 +258,8 @@ pub(super) async fn apply(
             stored.generation()
         );
         wanted.push(WantedSet {
-            images: set.references().map(str::to_owned).collect(),
+            set,
             min_generation: stored.generation(),
-            name: set.name,
-            labels: set.labels,
         });
     }
     let readiness = session.wait(&wanted, limit).await;

@@ -1,6 +1,8 @@
 //! What the headless commands print: JSON, YAML, or a human table (columns aligned by characters), and
 //! the short form of a reference that fits a table cell.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use super::Output;
@@ -63,6 +65,41 @@ pub fn table(
                 .map(|(row, cells)| line(cells, &|column, text| paint(row, column, text))),
         )
         .collect()
+}
+
+/// The image × node matrix: a row per image (first-seen order over every node's `images`), the columns
+/// `lead` gives for the image (from the first node that has it), then one per node: `cell` of the node's
+/// entry for the image, or `-` when the node is not asked for it (cluster nodes of different pools).
+pub fn image_matrix<I>(
+    lead: &[&str],
+    nodes: &[(&str, &[I])],
+    reference: impl Fn(&I) -> &str,
+    lead_cells: impl Fn(&I) -> Vec<String>,
+    cell: impl Fn(&I) -> String,
+) -> String {
+    let mut rows: Vec<(&str, Vec<String>)> = Vec::new();
+    let mut row_of: HashMap<&str, usize> = HashMap::new();
+    for (column, (_, images)) in nodes.iter().enumerate() {
+        for image in *images {
+            let r = reference(image);
+            let row = *row_of.entry(r).or_insert_with(|| {
+                let mut cells = vec![short_reference(r)];
+                cells.extend(lead_cells(image));
+                cells.extend(nodes.iter().map(|_| "-".to_string()));
+                rows.push((r, cells));
+                rows.len() - 1
+            });
+            rows[row].1[1 + lead.len() + column] = cell(image);
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut headers = vec!["IMAGE".to_string()];
+    headers.extend(lead.iter().map(|h| h.to_string()));
+    headers.extend(nodes.iter().map(|(name, _)| name.to_string()));
+    let cells: Vec<Vec<String>> = rows.into_iter().map(|(_, cells)| cells).collect();
+    table(&headers, &cells, &|_, _, text| text.to_string())
 }
 
 #[cfg(test)]

@@ -5,17 +5,37 @@ use std::io::IsTerminal;
 use crossterm::style::{ResetColor, SetForegroundColor};
 use ratatui::backend::IntoCrossterm;
 
-use super::output::{short_reference, table};
+use super::cluster::ClusterSession;
+use super::output::{image_matrix, table};
 use super::{Output, SetsOnNodes, read_sets, registry_client};
 use crate::backend::node::DirectNode;
 use crate::error::Failure;
-use crate::model::plan::{EstimateBasis, NodePlan};
+use crate::model::plan::{EstimateBasis, ImagePlan, NodePlan, SpaceSource};
 use crate::model::units::{human, human_signed};
-use crate::survey::{Survey, survey};
+use crate::survey::{Survey, survey, survey_cluster};
 use crate::ui::status::verdict_label;
 use crate::ui::theme::Theme;
 
 pub async fn run(args: SetsOnNodes) -> Result<String, Failure> {
+    if let Some(options) = args.targets.cluster_mode() {
+        let session = ClusterSession::open(&options).await?;
+        let sets: Vec<_> = session
+            .wanted(&args.input)?
+            .into_iter()
+            .map(|w| w.set)
+            .collect();
+        let survey = survey_cluster(
+            &session.cluster,
+            &session.view,
+            &sets,
+            &registry_client(&args.registry)?,
+            &args.targets.platform()?,
+            args.limits.limits(),
+        )
+        .await
+        .map_err(Failure::from)?;
+        return render(&survey, args.output);
+    }
     let sets = read_sets(&args.input, true)?;
     let nodes: Vec<DirectNode> = args
         .targets
@@ -85,34 +105,43 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         human(survey.min_free_bytes),
         survey.gc_high_percent
     ));
+    if let Some(source) = survey.nodes.iter().find_map(|n| n.space_source) {
+        out.push_str(&format!(
+            "space from the {}{}\n",
+            source.label(),
+            if source == SpaceSource::AllocatableEphemeralStorage {
+                " (what the OpenShift daemon checks, not the image filesystem's free space; the kubelet \
+                 summary needs `get nodes/proxy` and a kubelet that answers)"
+            } else {
+                ""
+            }
+        ));
+    }
     for node in survey.nodes.iter().filter(|n| !n.reasons.is_empty()) {
         out.push_str(&format!("\n{}:\n", node.node));
         for reason in &node.reasons {
             out.push_str(&format!("  - {reason}\n"));
         }
     }
-    if let Some(first) = survey.nodes.first() {
-        let mut headers = vec!["IMAGE".to_string(), "LAZY".to_string()];
-        headers.extend(survey.nodes.iter().map(|n| n.node.clone()));
-        let rows: Vec<Vec<String>> = first
-            .images
-            .iter()
-            .enumerate()
-            .map(|(i, image)| {
-                let mut row = vec![
-                    short_reference(&image.reference),
-                    image.lazy_format.to_string(),
-                ];
-                row.extend(survey.nodes.iter().map(|n| match n.images[i].present {
-                    Some(true) => "✓ present".to_string(),
-                    Some(false) => format!("↓ {}", human(n.images[i].fetch_bytes)),
-                    None => "? unknown".to_string(),
-                }));
-                row
-            })
-            .collect();
+    let columns: Vec<(&str, &[ImagePlan])> = survey
+        .nodes
+        .iter()
+        .map(|n| (n.node.as_str(), n.images.as_slice()))
+        .collect();
+    let matrix = image_matrix(
+        &["LAZY"],
+        &columns,
+        |i| &i.reference,
+        |i| vec![i.lazy_format.to_string()],
+        |i| match i.present {
+            Some(true) => "✓ present".to_string(),
+            Some(false) => format!("↓ {}", human(i.fetch_bytes)),
+            None => "? unknown".to_string(),
+        },
+    );
+    if !matrix.is_empty() {
         out.push('\n');
-        out.push_str(&table(&headers, &rows, &|_, _, text| text.to_string()));
+        out.push_str(&matrix);
     }
     out
 }
@@ -132,7 +161,12 @@ fn node_row(node: &NodePlan) -> Vec<String> {
         node.node.clone(),
         node.runtime.clone().unwrap_or_else(|| "unreachable".into()),
         or_unknown(node.capacity_bytes),
-        or_unknown(node.available_bytes),
+        match node.space_source {
+            Some(SpaceSource::AllocatableEphemeralStorage) => {
+                format!("{} (allocatable)", or_unknown(node.available_bytes))
+            }
+            _ => or_unknown(node.available_bytes),
+        },
         format!("{present}/{}", node.images.len()),
         human(node.fetch_bytes),
         format!("{}{basis}", human(node.estimated_disk_bytes)),

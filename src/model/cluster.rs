@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use serde::Deserialize;
 
+use super::set::{ImageSet, from_flags};
 use super::units::parse_bytes;
 
 /// The label that targets a pool: `machineconfiguration.openshift.io/role: <pool>`.
@@ -74,6 +75,14 @@ impl PinnedImageSet {
     /// `metadata.generation`: what nodes report as `desiredGeneration` once they have seen this version.
     pub fn generation(&self) -> i64 {
         self.metadata.generation.unwrap_or(0)
+    }
+
+    /// The set as the composer and the planner hold sets.
+    pub fn to_image_set(&self) -> ImageSet {
+        let images: Vec<String> = self.images().map(str::to_owned).collect();
+        let mut set = from_flags(self.name(), &images);
+        set.labels = self.metadata.labels.clone();
+        set
     }
 }
 
@@ -285,6 +294,8 @@ pub struct NodeView {
     pub disk_pressure: Option<bool>,
     /// `status.allocatable["ephemeral-storage"]` in bytes: what the daemon checks space against.
     pub allocatable_ephemeral: Option<u64>,
+    /// `status.capacity["ephemeral-storage"]` in bytes.
+    pub capacity_ephemeral: Option<u64>,
     /// Every name of every image in `status.images`.
     pub images: BTreeSet<String>,
     /// How many entries `status.images` has (the kubelet stops at [`NODE_IMAGES_LIMIT`]).
@@ -314,6 +325,9 @@ impl From<&Node> for NodeView {
             disk_pressure: condition("DiskPressure"),
             allocatable_ephemeral: status
                 .and_then(|s| s.allocatable.as_ref()?.get("ephemeral-storage"))
+                .and_then(|q| parse_bytes(&q.0).ok()),
+            capacity_ephemeral: status
+                .and_then(|s| s.capacity.as_ref()?.get("ephemeral-storage"))
                 .and_then(|q| parse_bytes(&q.0).ok()),
             images: images
                 .into_iter()
@@ -629,15 +643,36 @@ impl ClusterView {
         generation: i64,
         now: SystemTime,
     ) -> Vec<(String, NodeSetState)> {
+        self.members(labels)
+            .into_iter()
+            .map(|(node, mcn)| {
+                let state = mcn.map_or(NodeSetState::Unknown, |mcn| {
+                    node_set_state(mcn, set_name, generation, now)
+                });
+                (node.to_owned(), state)
+            })
+            .collect()
+    }
+
+    /// The nodes a set with `labels` lands on, by name (see [`ClusterView::rollout_of`]).
+    pub fn nodes_of(&self, labels: &BTreeMap<String, String>) -> Vec<String> {
+        self.members(labels)
+            .into_iter()
+            .map(|(node, _)| node.to_owned())
+            .collect()
+    }
+
+    /// The nodes of every pool a set with `labels` lands in, by name, each with its MachineConfigNode.
+    fn members(
+        &self,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<(&str, Option<&MachineConfigNode>)> {
         let pools = pools_for_set(labels, &self.pools);
         let reported = self
             .machine_config_nodes
             .iter()
             .filter(|mcn| pools.contains(&mcn.spec.pool.name))
-            .map(|mcn| {
-                let state = node_set_state(mcn, set_name, generation, now);
-                (mcn.node_name().to_owned(), state)
-            });
+            .map(|mcn| (mcn.node_name(), Some(mcn)));
         let in_pool = |node: &NodeView| {
             self.pools.iter().any(|pool| {
                 pools.iter().any(|name| name == pool.name())
@@ -653,9 +688,9 @@ impl ClusterView {
             .nodes
             .iter()
             .filter(|node| !reporting.contains(node.name.as_str()) && in_pool(node))
-            .map(|node| (node.name.clone(), NodeSetState::Unknown));
+            .map(|node| (node.name.as_str(), None));
         let mut rows: Vec<_> = reported.chain(silent).collect();
-        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows.sort_by(|a, b| a.0.cmp(b.0));
         rows
     }
 }

@@ -33,6 +33,29 @@ pub struct NodeFacts {
     pub space_unknown_reason: Option<String>,
     /// Set when the node could not be reached: the whole plan for it is unknown.
     pub unreachable: Option<String>,
+    /// Where the space figures come from, when not from the node's own image filesystem.
+    pub space_source: Option<SpaceSource>,
+}
+
+/// Where a node's space figures come from in cluster mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpaceSource {
+    /// The kubelet's summary (`node.runtime.imageFs`) through the API server's node proxy.
+    KubeletSummary,
+    /// The Node's `ephemeral-storage` capacity and allocatable: what the OpenShift daemon checks, not the
+    /// image filesystem's free space.
+    AllocatableEphemeralStorage,
+}
+
+impl SpaceSource {
+    /// How tables label the figures.
+    pub fn label(self) -> &'static str {
+        match self {
+            SpaceSource::KubeletSummary => "kubelet summary",
+            SpaceSource::AllocatableEphemeralStorage => "allocatable ephemeral-storage",
+        }
+    }
 }
 
 /// Whether an image is on a node: known present, known absent, or unknown (e.g. a truncated image list).
@@ -117,6 +140,9 @@ pub struct NodePlan {
     pub capacity_bytes: Option<u64>,
     pub used_bytes: Option<u64>,
     pub available_bytes: Option<u64>,
+    /// Cluster mode: where capacity and available come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space_source: Option<SpaceSource>,
     pub fetch_bytes: u64,
     pub estimated_disk_bytes: u64,
     pub estimate_basis: EstimateBasis,
@@ -213,6 +239,7 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
         capacity_bytes: node.capacity_bytes,
         used_bytes: node.used_bytes,
         available_bytes: node.available_bytes,
+        space_source: node.space_source,
         fetch_bytes,
         estimated_disk_bytes,
         estimate_basis,

@@ -12,7 +12,7 @@
 //! `Node.status.images` lists every image; an image the API cannot prove is there (the list is full and
 //! silent about it) is unknown, so not ready.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::cluster::{ClusterView, NODE_IMAGES_LIMIT, NodeSetState, Presence};
 use super::plan::{NodePlan, Verdict};
 use super::rollout::PinMethod;
+use super::set::ImageSet;
 use super::units::clock;
 
 /// What was observed on one node.
@@ -120,15 +121,12 @@ pub struct SetOnNode {
     pub elapsed_seconds: Option<u64>,
 }
 
-/// Cluster mode: a set to check and the images it must bring.
+/// Cluster mode: a set to check, and the generation nodes must reach at least (e.g. the one `apply` just
+/// wrote while the watch may still show an older one). The set's labels decide its pools when it is not on
+/// the cluster; otherwise the cluster's labels count.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WantedSet {
-    pub name: String,
-    /// Decide the pools when the set is not on the cluster; otherwise the cluster's labels count.
-    pub labels: BTreeMap<String, String>,
-    pub images: Vec<String>,
-    /// The generation a node must reach at least, e.g. the one `apply` just wrote while the watch may still
-    /// show an older one.
+    pub set: ImageSet,
     pub min_generation: i64,
 }
 
@@ -266,12 +264,12 @@ pub fn assess_cluster(
 ) -> Vec<NodeReadiness> {
     let mut per_node: BTreeMap<String, Vec<(&WantedSet, NodeSetState)>> = BTreeMap::new();
     for set in wanted {
-        let on_cluster = view.set(&set.name);
-        let labels = on_cluster.map_or(&set.labels, |s| &s.metadata.labels);
+        let on_cluster = view.set(&set.set.name);
+        let labels = on_cluster.map_or(&set.set.labels, |s| &s.metadata.labels);
         let generation = on_cluster
             .map_or(0, |s| s.generation())
             .max(set.min_generation);
-        for (node, state) in view.rollout_of(&set.name, labels, generation, now) {
+        for (node, state) in view.rollout_of(&set.set.name, labels, generation, now) {
             per_node.entry(node).or_default().push((set, state));
         }
     }
@@ -301,16 +299,18 @@ fn assess_cluster_node(
     }
     let mut on_node = Vec::new();
     let mut images: Vec<ImageReadiness> = Vec::new();
+    let mut position: HashMap<String, usize> = HashMap::new();
     for (wanted, state) in sets {
-        let on_cluster = view.set(&wanted.name);
+        let on_cluster = view.set(&wanted.set.name);
         let generation = on_cluster.map(|s| s.generation().max(wanted.min_generation));
-        let entry = mcn.and_then(|m| m.set_status(&wanted.name));
-        let listed =
-            |reference: &str| on_cluster.is_some_and(|s| s.images().any(|i| i == reference));
+        let entry = mcn.and_then(|m| m.set_status(&wanted.set.name));
+        let on_cluster_images: HashSet<&str> =
+            on_cluster.into_iter().flat_map(|s| s.images()).collect();
+        let listed = |reference: &str| on_cluster_images.contains(reference);
         match (on_cluster, generation) {
             (Some(_), Some(generation)) => {
                 if let Some(reason) = set_state_reason(
-                    &wanted.name,
+                    &wanted.set.name,
                     generation,
                     entry.and_then(|e| e.desired_generation),
                     state,
@@ -320,36 +320,38 @@ fn assess_cluster_node(
             }
             _ => reasons.push(format!(
                 "set {:?} is not on the cluster: `pinboard apply --set FILE` creates it",
-                wanted.name
+                wanted.set.name
             )),
         }
         let unlisted: Vec<&str> = wanted
-            .images
-            .iter()
-            .map(String::as_str)
+            .set
+            .references()
             .filter(|r| on_cluster.is_some() && !listed(r))
             .collect();
         if !unlisted.is_empty() {
             reasons.push(format!(
                 "set {:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
-                wanted.name,
+                wanted.set.name,
                 count_images(unlisted.len()),
                 unlisted.join(", ")
             ));
         }
         let done = *state == NodeSetState::Done;
-        for reference in &wanted.images {
+        for reference in wanted.set.references() {
             let present = node_view.and_then(|n| match n.presence(reference) {
                 Presence::Present => Some(true),
                 Presence::Absent => Some(false),
                 Presence::Unknown => None,
             });
             let pinned = done && listed(reference);
-            match images.iter_mut().find(|i| &i.reference == reference) {
+            match position.get(reference) {
                 // An image in several sets is pinned when any of them is done with it.
-                Some(image) if pinned => *image = cluster_image(reference, present, true),
+                Some(&i) if pinned => images[i] = cluster_image(reference, present, true),
                 Some(_) => {}
-                None => images.push(cluster_image(reference, present, pinned)),
+                None => {
+                    position.insert(reference.to_owned(), images.len());
+                    images.push(cluster_image(reference, present, pinned));
+                }
             }
         }
         let elapsed = match state {
@@ -358,7 +360,7 @@ fn assess_cluster_node(
             _ => None,
         };
         on_node.push(SetOnNode {
-            name: wanted.name.clone(),
+            name: wanted.set.name.clone(),
             generation,
             desired_generation: entry.and_then(|e| e.desired_generation),
             current_generation: entry.and_then(|e| e.current_generation),
@@ -776,9 +778,7 @@ mod tests {
 
         fn wanted(min_generation: i64) -> WantedSet {
             WantedSet {
-                name: "s".into(),
-                labels: BTreeMap::new(),
-                images: vec![A.into(), B.into()],
+                set: crate::model::set::from_flags("s", &[A.into(), B.into()]),
                 min_generation,
             }
         }
@@ -898,11 +898,9 @@ mod tests {
                 "{:?}",
                 r.nodes[0].reasons
             );
-            let other = WantedSet {
-                name: "t".into(),
-                labels: BTreeMap::from([(ROLE_LABEL.into(), "worker".into())]),
-                ..wanted(0)
-            };
+            let mut other = wanted(0);
+            other.set.name = "t".into();
+            other.set.labels = BTreeMap::from([(ROLE_LABEL.into(), "worker".into())]);
             let r = Readiness::of(assess_cluster(&v, &[other], SystemTime::now()));
             assert_eq!(r.nodes[0].sets[0].state, "absent");
             assert!(

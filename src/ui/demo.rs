@@ -68,6 +68,7 @@ fn node_plan(
         capacity_bytes: info.capacity_bytes,
         used_bytes: info.used_bytes,
         available_bytes: info.available_bytes,
+        space_source: None,
         fetch_bytes: fetch,
         estimated_disk_bytes: 2 * fetch,
         estimate_basis: EstimateBasis::TwiceCompressed,

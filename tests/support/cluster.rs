@@ -134,7 +134,7 @@ impl Writer {
             .unwrap();
     }
 
-    /// A worker node (Ready, 100 GiB allocatable, one image of its own) and its MachineConfigNode, as the
+    /// A worker node (Ready, 120 GiB ephemeral storage of which 100 GiB allocatable, one image of its own) and its MachineConfigNode, as the
     /// kubelet and the machine-config operator create them.
     pub async fn worker(&self, name: &str) {
         let own = [format!("quay.io/pinboard/{name}@sha256:{}", "a".repeat(64))];
@@ -176,6 +176,7 @@ impl Writer {
         let body = json!({"status": {
             "conditions": [{"type": "Ready", "status": ready}, {"type": "DiskPressure", "status": "False"}],
             "allocatable": {"ephemeral-storage": "100Gi"},
+            "capacity": {"ephemeral-storage": "120Gi"},
             "nodeInfo": {"containerRuntimeVersion": "cri-o://1.33.2", "architecture": "amd64", "bootID": "b",
                          "kernelVersion": "6.1", "kubeProxyVersion": "", "kubeletVersion": "v1.33.2",
                          "machineID": "m", "operatingSystem": "linux", "osImage": "RHCOS", "systemUUID": "u"},
