@@ -66,17 +66,27 @@ impl Cluster {
 
     /// Each node observed for the planner, with the references it must hold, in the order given.
     pub async fn observe(&self, nodes: &[(&NodeView, Vec<String>)]) -> Vec<NodeObservation> {
-        futures::stream::iter(nodes)
-            .map(|(node, references)| async move {
-                let summary = self.image_fs(&node.name).await;
-                if let Err(why) = &summary {
-                    tracing::debug!("{}: kubelet summary unavailable: {why}", node.name);
+        // Owned names: a stream of futures borrowing `nodes` is not Send-general enough for tokio::spawn.
+        let names: Vec<String> = nodes.iter().map(|(node, _)| node.name.clone()).collect();
+        let summaries: Vec<Option<FsStats>> = futures::stream::iter(names)
+            .map(|name| {
+                let cluster = self.clone();
+                async move {
+                    let summary = cluster.image_fs(&name).await;
+                    if let Err(why) = &summary {
+                        tracing::debug!("{name}: kubelet summary unavailable: {why}");
+                    }
+                    summary.ok()
                 }
-                observation(node, references, summary.ok())
             })
             .buffered(CONCURRENCY)
             .collect()
-            .await
+            .await;
+        nodes
+            .iter()
+            .zip(summaries)
+            .map(|((node, references), summary)| observation(node, references, summary))
+            .collect()
     }
 }
 

@@ -1,12 +1,15 @@
 //! Writing PinnedImageSets: server-side apply with field manager `pinboard` (create and edit alike), and
-//! delete. A 403 becomes [`ClusterError::ReadOnly`].
+//! delete; lazy pulling per pool through a ContainerRuntimeConfig; and whether this account may write at
+//! all. A 403 becomes [`ClusterError::ReadOnly`].
 
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use serde_json::json;
 
 use super::{Cluster, ClusterError, typed};
-use crate::model::cluster::PinnedImageSet;
+use crate::model::cluster::{PinnedImageSet, lazy_config_name, pool_label};
+use crate::model::set::API_GROUP;
 use crate::model::set::ImageSet;
 
 /// The field manager pinboard's writes are recorded under.
@@ -51,6 +54,68 @@ impl Cluster {
             .await
             .map_err(|e| refused(e, "delete", name))?;
         Ok(())
+    }
+}
+
+impl Cluster {
+    /// Turns lazy pulling on for `pool` (a ContainerRuntimeConfig `pinboard-lazy-<pool>` selecting the pool
+    /// by its `pools.operator.machineconfiguration.openshift.io/<pool>` label, with `store` as its
+    /// additional layer store), or off (deleting that config; a config pinboard did not write stays).
+    pub async fn set_lazy(
+        &self,
+        pool: &str,
+        store: &str,
+        enable: bool,
+    ) -> Result<(), ClusterError> {
+        let resource = &self.resources.runtime_config;
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), resource);
+        let name = lazy_config_name(pool);
+        if !enable {
+            return match api.delete(&name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+                other => other.map(|_| ()).map_err(|e| refused(e, "delete", &name)),
+            };
+        }
+        let body = json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": {"name": name},
+            "spec": {
+                "machineConfigPoolSelector": {"matchLabels": {pool_label(pool): ""}},
+                "containerRuntimeConfig": {"additionalLayerStores": [{"path": store}]},
+            },
+        });
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(|e| refused(e, "apply", &name))?;
+        Ok(())
+    }
+
+    /// Whether this account may write PinnedImageSets (a SelfSubjectAccessReview for `patch`); the reason
+    /// when not.
+    pub async fn write_denied(&self) -> Option<String> {
+        let review: SelfSubjectAccessReview = serde_json::from_value(json!({
+            "spec": {"resourceAttributes": {
+                "group": API_GROUP, "resource": self.resources.pinned_image_set.plural, "verb": "patch",
+            }},
+        }))
+        .ok()?;
+        let answer = Api::<SelfSubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await;
+        match answer {
+            Ok(review) if review.status.as_ref().is_some_and(|s| s.allowed) => None,
+            Ok(_) => Some(
+                "your account may not write PinnedImageSets (bind ClusterRole pinboard-operator from \
+                 deploy/rbac.yaml)"
+                    .into(),
+            ),
+            Err(e) => Some(format!("cannot ask whether your account may write: {e}")),
+        }
     }
 }
 

@@ -258,6 +258,14 @@ pub struct CrcSpec {
 #[serde(default, rename_all = "camelCase")]
 pub struct CrcRuntime {
     pub additional_layer_stores: Vec<LayerStore>,
+    /// The seed design's field, read where a cluster has it.
+    pub lazy_image_pull: Option<LazyImagePull>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct LazyImagePull {
+    pub mode: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -266,7 +274,29 @@ pub struct LayerStore {
     pub path: String,
 }
 
+/// The label OpenShift puts on every pool, naming it: what a pool-specific config selects.
+pub fn pool_label(pool: &str) -> String {
+    format!("pools.operator.machineconfiguration.openshift.io/{pool}")
+}
+
+/// The ContainerRuntimeConfig pinboard writes to turn lazy pulling on for a pool.
+pub fn lazy_config_name(pool: &str) -> String {
+    format!("pinboard-lazy-{pool}")
+}
+
 impl ContainerRuntimeConfig {
+    /// Whether this config turns lazy pulling on: an additional layer store, or `lazyImagePull.mode:
+    /// Enabled`.
+    pub fn lazy(&self) -> bool {
+        let runtime = &self.spec.container_runtime_config;
+        let mode = runtime
+            .lazy_image_pull
+            .as_ref()
+            .and_then(|l| l.mode.as_deref());
+        !runtime.additional_layer_stores.is_empty()
+            || mode.is_some_and(|m| m.eq_ignore_ascii_case("enabled"))
+    }
+
     /// The pools whose labels this config's `machineConfigPoolSelector` matches.
     pub fn pools<'a>(&self, pools: &'a [MachineConfigPool]) -> Vec<&'a str> {
         pools
@@ -589,6 +619,34 @@ impl ClusterView {
 
     pub fn node(&self, name: &str) -> Option<&NodeView> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// Per pool, whether some ContainerRuntimeConfig selecting it turns lazy pulling on.
+    pub fn lazy_pools(&self) -> BTreeMap<String, bool> {
+        let mut pools: BTreeMap<String, bool> = self
+            .pools
+            .iter()
+            .map(|p| (p.name().to_owned(), false))
+            .collect();
+        for config in self.runtime_configs.iter().filter(|c| c.lazy()) {
+            for pool in config.pools(&self.pools) {
+                pools.insert(pool.to_owned(), true);
+            }
+        }
+        pools
+    }
+
+    /// The node's pool: its MachineConfigNode's `spec.pool`, else the first pool whose nodeSelector
+    /// matches it.
+    pub fn pool_of(&self, node: &str) -> Option<&str> {
+        if let Some(mcn) = self.machine_config_node(node) {
+            return Some(mcn.spec.pool.name.as_str()).filter(|p| !p.is_empty());
+        }
+        let labels = &self.node(node)?.labels;
+        self.pools
+            .iter()
+            .find(|p| selector_matches(p.spec.node_selector.as_ref(), labels))
+            .map(MachineConfigPool::name)
     }
 
     /// The MachineConfigNode of node `name`.

@@ -7,10 +7,12 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
+use super::cluster::ClusterSession;
 use super::export::pinned_image_set_yaml;
 use super::keymap::{Action, lookup};
 use super::render::HelpFlow;
 use super::theme::Theme;
+use crate::model::cluster::ClusterUpdate;
 pub use crate::model::diff::DiffKind;
 use crate::model::plan::Verdict;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, PinMethod, Rollout};
@@ -143,6 +145,8 @@ pub enum Msg {
     ConfigViews(BTreeMap<String, ConfigView>),
     /// What the backend has to say (a failure, a warning, an outcome): shown as a flash message.
     Notice(String),
+    /// Cluster mode: a change from the watchers.
+    Cluster(ClusterUpdate),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -256,6 +260,10 @@ pub struct State {
     pub surveying: bool,
     pub rollout: Rollout,
     pub config: BTreeMap<String, ConfigView>,
+    /// Cluster mode: the watched view; None in direct mode.
+    pub cluster: Option<Box<ClusterSession>>,
+    /// Why writes are refused, when they are.
+    pub(super) readonly_reason: String,
     pub(super) screen: Screen,
     pub(super) history: Vec<Screen>,
     pub(super) mode: Mode,
@@ -291,6 +299,8 @@ impl State {
             surveying: false,
             rollout: Rollout::default(),
             config: BTreeMap::new(),
+            cluster: None,
+            readonly_reason: "started with --readonly".into(),
             screen: Screen::Nodes,
             history: Vec::new(),
             mode: Mode::Normal,
@@ -381,12 +391,22 @@ impl State {
                     .flat_map(|s| s.nodes.iter().map(|n| n.node.as_str()))
                     .filter(by(Screen::Plan)),
             ),
-            Pane::RolloutNodes => Box::new(
-                self.rollout_order
-                    .iter()
-                    .map(String::as_str)
-                    .filter(by(Screen::Rollout)),
-            ),
+            Pane::RolloutNodes => match &self.cluster {
+                Some(session) => Box::new(
+                    super::cluster::followed_set(self)
+                        .and_then(|set| session.members.get(set))
+                        .into_iter()
+                        .flatten()
+                        .map(String::as_str)
+                        .filter(by(Screen::Rollout)),
+                ),
+                None => Box::new(
+                    self.rollout_order
+                        .iter()
+                        .map(String::as_str)
+                        .filter(by(Screen::Rollout)),
+                ),
+            },
             Pane::RolloutImages => Box::new(
                 self.selected_rollout_node()
                     .into_iter()
@@ -434,7 +454,7 @@ impl State {
         Some((name, &self.rollout.nodes()[name]))
     }
 
-    fn say(&mut self, text: impl Into<String>) {
+    pub(super) fn say(&mut self, text: impl Into<String>) {
         self.flash = Some((text.into(), self.now));
     }
 
@@ -449,7 +469,8 @@ impl State {
     fn writable(&mut self, what: &str) -> bool {
         if self.readonly {
             self.say(format!(
-                "read-only: {what} is disabled (started with --readonly)"
+                "read-only: {what} is disabled ({})",
+                self.readonly_reason
             ));
         }
         !self.readonly
@@ -498,6 +519,7 @@ impl State {
     /// Whether a visible figure changes with time alone (elapsed, ETA, stalls, a flash to expire).
     fn time_visible(&self) -> bool {
         self.flash.is_some()
+            || (self.screen == Screen::Rollout && self.cluster.is_some())
             || (self.screen == Screen::Rollout
                 && self
                     .rollout
@@ -635,6 +657,10 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
         }
         Msg::Notice(text) => {
             state.say(text);
+            Vec::new()
+        }
+        Msg::Cluster(change) => {
+            super::cluster::apply(state, change);
             Vec::new()
         }
     };

@@ -1,8 +1,8 @@
 //! A fixed, realistic state for snapshot tests, screenshots and benchmarks: three nodes (one without
 //! room, one tight, one that fits), two sets (one entry breaking a rule), a survey, a rollout half-way
 //! (pulling, stalled, failed after retries, pinned) and config diffs. Times are relative to `now`, so
-//! everything drawn from it is the same on every run. [`screens`] puts each screen on it, for the snapshot
-//! tests and the screenshots alike.
+//! everything drawn from it is the same on every run. [`cluster_state`] is the same for cluster mode.
+//! [`screens`] puts each screen on them, for the snapshot tests and the screenshots alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -337,11 +337,132 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
     state
 }
 
+/// Cluster mode, as the watchers would feed it: a worker pool of five nodes rolling out generation 2 of
+/// a release set (one done, one pulling, one slow past the daemon's sync window, one failed out of space,
+/// one that has not seen generation 2), lazy pulling on for the pool, the pool's rollup at 1/5. Wall-clock
+/// times are fixed, so it draws the same on every run.
+pub fn cluster_state(now: Instant, theme: Theme) -> State {
+    use serde_json::json;
+
+    use crate::model::cluster::{
+        ClusterUpdate, Connection, DEGRADED, Kind, PROGRESSING, REQUEUE_TIMEOUT, ROLE_LABEL,
+    };
+
+    let wall = std::time::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+    let at = |ago: u64| {
+        k8s_openapi::jiff::Timestamp::try_from(wall - Duration::from_secs(ago))
+            .expect("a valid time")
+            .to_string()
+    };
+    fn from<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+        serde_json::from_value(value).expect("a valid object")
+    }
+    let mut state = State::new("cluster: lab.kubeconfig", theme, false, now);
+    state.start_cluster(None, wall);
+    let pool = json!({"metadata": {"name": "worker", "labels": {"pools.operator.machineconfiguration.openshift.io/worker": ""}},
+        "spec": {"machineConfigSelector": {"matchLabels": {ROLE_LABEL: "worker"}},
+                 "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}}},
+        "status": {"poolSynchronizersStatus": [{"poolSynchronizerType": "PinnedImageSets", "machineCount": 5, "updatedMachineCount": 1}]}});
+    let names = ["worker-0", "worker-1", "worker-2", "worker-3", "worker-4"];
+    let nodes: Vec<k8s_openapi::api::core::v1::Node> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let images: Vec<_> = (0..[12, 50, 31, 8, 27][i])
+                .map(|n| json!({"names": [format!("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{n:064x}")], "sizeBytes": 1}))
+                .collect();
+            from(json!({"metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
+                "status": {"conditions": [{"type": "Ready", "status": if i == 3 { "False" } else { "True" }}],
+                           "capacity": {"ephemeral-storage": format!("{}Gi", [120, 120, 240, 120, 120][i])},
+                           "allocatable": {"ephemeral-storage": format!("{}Gi", [108, 108, 216, 108, 108][i])},
+                           "nodeInfo": {"containerRuntimeVersion": "cri-o://1.33.2", "architecture": "amd64",
+                                        "bootID": "", "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "",
+                                        "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""},
+                           "images": images}}))
+        })
+        .collect();
+    let condition = |type_: &str, on: bool, reason: &str, message: &str, ago: u64| {
+        json!({"type": type_, "status": if on { "True" } else { "False" }, "reason": reason,
+               "message": message, "lastTransitionTime": at(ago)})
+    };
+    let requeue = format!("{REQUEUE_TIMEOUT}: 14 of 121 images left");
+    let no_space = "failed to pull quay.io/openshift-release-dev/ocp-v4.0-art-dev: writing blob: no space left on device";
+    let daemon: [(serde_json::Value, bool, Option<&str>, u64); 5] = [
+        (
+            json!({"desiredGeneration": 2, "currentGeneration": 2}),
+            false,
+            None,
+            900,
+        ),
+        (
+            json!({"desiredGeneration": 2, "currentGeneration": 1}),
+            true,
+            None,
+            185,
+        ),
+        (
+            json!({"desiredGeneration": 2, "currentGeneration": 1, "lastFailedGeneration": 2,
+                "lastFailedGenerationError": requeue}),
+            true,
+            Some(&requeue),
+            420,
+        ),
+        (
+            json!({"desiredGeneration": 2, "currentGeneration": 1, "lastFailedGeneration": 2,
+                "lastFailedGenerationError": no_space}),
+            false,
+            Some("One or more PinnedImageSet is experiencing an error"),
+            60,
+        ),
+        (
+            json!({"desiredGeneration": 1, "currentGeneration": 1}),
+            false,
+            None,
+            86_400,
+        ),
+    ];
+    let mcns = names
+        .iter()
+        .zip(daemon)
+        .map(|(name, (mut entry, progressing, degraded, ago))| {
+            entry["name"] = json!("ocp-4.19-release");
+            from(json!({"metadata": {"name": name}, "spec": {"node": {"name": name}, "pool": {"name": "worker"}},
+                "status": {"pinnedImageSets": [entry], "conditions": [
+                    condition(PROGRESSING, progressing, "ImagePrefetch", &format!("node is prefetching images: {name}"), ago),
+                    condition(DEGRADED, degraded.is_some(), "PrefetchFailed", degraded.unwrap_or(""), ago),
+                ]}}))
+        })
+        .collect();
+    let set = json!({"metadata": {"name": "ocp-4.19-release", "generation": 2, "labels": {ROLE_LABEL: "worker"}},
+        "spec": {"pinnedImages": [{"name": RELEASE}, {"name": ART}, {"name": UBI}]}});
+    let lazy = json!({"metadata": {"name": "pinboard-lazy-worker"}, "spec": {
+        "machineConfigPoolSelector": {"matchLabels": {"pools.operator.machineconfiguration.openshift.io/worker": ""}},
+        "containerRuntimeConfig": {"additionalLayerStores": [{"path": "/var/lib/stargz-store/store:ref"}]}}});
+    let updates = [
+        ClusterUpdate::Pools(vec![from(pool)]),
+        ClusterUpdate::Nodes(nodes.iter().map(Into::into).collect()),
+        ClusterUpdate::MachineConfigNodes(mcns),
+        ClusterUpdate::Sets(vec![from(set)]),
+        ClusterUpdate::RuntimeConfigs(vec![from(lazy)]),
+    ];
+    for update in updates {
+        super::app::update(&mut state, Msg::Cluster(update));
+    }
+    for kind in Kind::ALL {
+        super::app::update(
+            &mut state,
+            Msg::Cluster(ClusterUpdate::Connection(kind, Connection::Synced)),
+        );
+    }
+    state.selected.insert(Pane::RolloutNodes, "worker-2".into());
+    state
+}
+
 /// Every screen as the snapshot tests and the screenshots show it: a name and the demo state after the keys
 /// that put that screen on.
 pub fn screens(now: Instant, theme: &Theme) -> Vec<(&'static str, State)> {
     use KeyCode::{Char, Tab};
-    let screens: [(&str, &[KeyCode]); 7] = [
+    let screens: [(&str, &[KeyCode]); 10] = [
         ("nodes", &[Char('1')]),
         ("sets", &[Char('2')]),
         ("plan", &[Char('3')]),
@@ -350,11 +471,18 @@ pub fn screens(now: Instant, theme: &Theme) -> Vec<(&'static str, State)> {
         ("help", &[Char('4'), Char('?')]),
         // The monitoring set (the one without a broken entry), asking before it applies.
         ("apply", &[Char('2'), Tab, Tab, Char('j'), Char('a')]),
+        ("cluster-nodes", &[Char('1')]),
+        ("cluster-sets", &[Char('2')]),
+        ("cluster-rollout", &[Char('4')]),
     ];
     screens
         .into_iter()
         .map(|(name, keys)| {
-            let mut state = demo_state(now, theme.clone());
+            let mut state = if name.starts_with("cluster-") {
+                cluster_state(now, theme.clone())
+            } else {
+                demo_state(now, theme.clone())
+            };
             for code in keys {
                 update(
                     &mut state,

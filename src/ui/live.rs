@@ -31,18 +31,16 @@ use crate::targets::NodeTarget;
 
 /// Opens the TUI on the nodes and sets of `args`; returns when the operator quits.
 pub async fn run(args: TuiArgs) -> Result<(), Failure> {
+    if let Some(options) = args.targets.cluster_mode() {
+        return super::live_cluster::run(args, options).await;
+    }
     let sets = read_sets(&args.input, false)?;
     let targets = args.targets.resolve()?;
     let platform = args.targets.platform()?;
     let registry = registry_client(&args.registry)?;
     let credentials = Credentials::load(&AuthFiles::from_env(args.registry.authfile.clone()))
         .map_err(|e| Failure::bad_input(e.to_string()))?;
-    let theme = match &args.theme {
-        Some(name) if std::env::var_os("NO_COLOR").is_none() => {
-            Theme::named(name).map_err(Failure::bad_input)?
-        }
-        _ => Theme::from_env(),
-    };
+    let theme = theme_of(&args)?;
     let label = format!(
         "direct: {} node{}",
         targets.len(),
@@ -73,6 +71,16 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     super::run::run(state, backend)
         .await
         .map_err(|e| Failure::bad_input(format!("terminal UI failed: {e:#}")))
+}
+
+/// The theme `--theme` names; monochrome whenever NO_COLOR is set.
+pub(super) fn theme_of(args: &TuiArgs) -> Result<Theme, Failure> {
+    match &args.theme {
+        Some(name) if std::env::var_os("NO_COLOR").is_none() => {
+            Theme::named(name).map_err(Failure::bad_input)
+        }
+        _ => Ok(Theme::from_env()),
+    }
 }
 
 struct Live {

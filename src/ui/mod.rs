@@ -7,13 +7,16 @@
 //! and [`run::run`] connects them to the terminal and a [`run::UiBackend`].
 
 pub mod app;
+pub mod cluster;
 pub mod demo;
 pub mod export;
 pub mod keymap;
 pub mod live;
+pub mod live_cluster;
 pub mod render;
 pub mod run;
 mod screens;
+mod screens_cluster;
 pub mod status;
 pub mod svg;
 pub mod theme;

@@ -17,6 +17,7 @@ use super::keymap::KEYMAP;
 use super::screens;
 use super::status::Tone;
 use super::theme::{Role, Theme};
+use crate::model::cluster::Connection;
 
 /// Help's lines flow into columns at least this wide; what does not fit then scrolls.
 const HELP_COLUMN_WIDTH: u16 = 36;
@@ -158,6 +159,18 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
             fg(theme.tone(tone)),
         ),
     ];
+    if let Some(session) = &state.cluster {
+        let connection = session.view.connection();
+        let tone = match connection {
+            Connection::Synced => Tone::Ok,
+            Connection::Connecting => Tone::Active,
+            Connection::Reconnecting { .. } => Tone::Warn,
+        };
+        spans.push(Span::styled(
+            format!("API {connection} "),
+            fg(theme.tone(tone)),
+        ));
+    }
     if state.readonly {
         spans.push(Span::styled(
             "read-only ",

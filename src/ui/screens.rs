@@ -28,12 +28,12 @@ fn right(text: String) -> Line<'static> {
     Line::from(text).right_aligned()
 }
 
-fn dim(theme: &Theme, text: impl Into<String>) -> Line<'static> {
+pub(super) fn dim(theme: &Theme, text: impl Into<String>) -> Line<'static> {
     Line::styled(text.into(), fg(theme.role(Role::Dim)))
 }
 
 /// A screen with nothing to show yet, saying how to get something.
-fn empty(theme: &Theme, frame: &mut Frame, area: Rect, title: &str, text: &str) {
+pub(super) fn empty(theme: &Theme, frame: &mut Frame, area: Rect, title: &str, text: &str) {
     let block = pane(theme, Line::from(format!(" {title} ")), true);
     frame.render_widget(Paragraph::new(dim(theme, text)).block(block), area);
 }
@@ -55,7 +55,12 @@ pub(super) fn nodes(state: &State, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
     let cursor = state.cursor(Pane::Nodes);
     let filter = state.filter(Screen::Nodes);
-    let title = table_title("Nodes", cursor, filter);
+    // In cluster mode space figures are the Node's ephemeral-storage, not the image filesystem.
+    let name = match state.cluster {
+        Some(_) => "Nodes (space: ephemeral-storage capacity / allocatable)",
+        None => "Nodes",
+    };
+    let title = table_title(name, cursor, filter);
     let rows = state
         .nodes
         .iter()
@@ -457,6 +462,9 @@ const ROLLOUT_IMAGE_COLUMNS: [Column; 6] = [
 ];
 
 pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
+    if let Some(session) = &state.cluster {
+        return super::screens_cluster::rollout(state, session, frame, area);
+    }
     let theme = &state.theme;
     let (now, stall_after) = (state.now, state.stall_after);
     if state.rollout.nodes().is_empty() {

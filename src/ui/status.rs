@@ -1,5 +1,6 @@
 //! Glyph and word for every status pinboard shows; the tone picks the theme color.
 
+use crate::model::cluster::NodeSetState;
 use crate::model::plan::Verdict;
 use crate::model::rollout::{ImageState, NodeState, PinMethod};
 
@@ -92,5 +93,18 @@ pub fn pin_method_label(method: Option<PinMethod>) -> &'static str {
         Some(PinMethod::CrioDropIn) => "CRI-O drop-in",
         Some(PinMethod::ContainerdLabel) => "containerd label",
         None => "unknown",
+    }
+}
+
+/// Where a node is with a set, in cluster mode. `slow` is the daemon's sync window ending while it still
+/// pulls: a warning, not a failure.
+pub fn set_state_status(state: &NodeSetState) -> Status {
+    match state {
+        NodeSetState::Done => status("✓", "done", Tone::Ok),
+        NodeSetState::Progressing { .. } => status("↓", "pulling", Tone::Active),
+        NodeSetState::Waiting => status("·", "waiting", Tone::Idle),
+        NodeSetState::SlowButWorking { .. } => status("↻", "slow", Tone::Warn),
+        NodeSetState::Failed { .. } => status("✗", "failed", Tone::Error),
+        NodeSetState::Unknown => status("?", "unknown", Tone::Idle),
     }
 }

@@ -469,4 +469,7 @@ snapshots! {
     config_screen: "config";
     help_screen: "help";
     apply_confirmation: "apply";
+    cluster_nodes_screen: "cluster-nodes";
+    cluster_sets_screen: "cluster-sets";
+    cluster_rollout_screen: "cluster-rollout";
 }

@@ -1,0 +1,229 @@
+//! The TUI's backend in cluster mode: the screens are the direct mode's, fed by the cluster. The watchers
+//! ([`crate::cluster::watch`]) send every change as [`Msg::Cluster`]; commands become API writes:
+//! applying a set is a server-side apply of its PinnedImageSet, unpinning deletes it, lazy pulling is a
+//! ContainerRuntimeConfig per pool, and the Plan comes from [`crate::survey::survey_cluster`], as in
+//! `pinboard plan --kubeconfig`. The machine-config daemons pull and pin; the Rollout screen follows them.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
+
+use super::app::{Cmd, ConfigView, Msg, SetDraft, State};
+use super::export::pinned_image_set_yaml;
+use super::live::theme_of;
+use super::run::{UiBackend, execute_file_cmd};
+use crate::backend::registry::Registry;
+use crate::cli::{TuiArgs, read_sets, registry_client};
+use crate::cluster::{Cluster, ConnectOptions, connect, watch};
+use crate::error::Failure;
+use crate::model::cluster::{ClusterView, pool_warning, pools_for_set};
+use crate::model::diff;
+use crate::model::image::Platform;
+use crate::model::plan::Limits;
+use crate::model::set::ImageSet;
+use crate::survey::survey_cluster;
+
+/// Opens the TUI on the cluster `options` names; returns when the operator quits.
+pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> {
+    let sets = read_sets(&args.input, false)?;
+    let platform = args.targets.platform()?;
+    let registry = registry_client(&args.registry)?;
+    let theme = theme_of(&args)?;
+    let cluster = Cluster::discover(connect(&options).await?).await?;
+    let denied = if args.readonly {
+        None
+    } else {
+        cluster.write_denied().await
+    };
+    let mut state = State::new(
+        cluster_label(&options),
+        theme,
+        args.readonly,
+        Instant::now(),
+    );
+    state.start_cluster(denied, std::time::SystemTime::now());
+    state.sets = sets
+        .into_iter()
+        .map(|set| SetDraft::new(set, Default::default()))
+        .collect();
+    let backend = ClusterUi {
+        cluster,
+        view: Arc::default(),
+        registry: Arc::new(registry),
+        platform,
+        limits: args.limits.limits(),
+        lazy_store: args.targets.lazy_store.clone(),
+        watching: None,
+    };
+    super::run::run(state, backend)
+        .await
+        .map_err(|e| Failure::bad_input(format!("terminal UI failed: {e:#}")))
+}
+
+/// `cluster: ~/.kube/config (context admin)` for the status line.
+fn cluster_label(options: &ConnectOptions) -> String {
+    let file = options.kubeconfig.as_ref().map_or_else(
+        || "kubeconfig from the environment".to_owned(),
+        |p| p.display().to_string(),
+    );
+    match &options.context {
+        Some(context) => format!("cluster: {file} (context {context})"),
+        None => format!("cluster: {file}"),
+    }
+}
+
+pub struct ClusterUi {
+    cluster: Cluster,
+    /// The watched view, for commands that need it (pools, nodes); the UI keeps its own copy.
+    view: Arc<Mutex<ClusterView>>,
+    registry: Arc<Registry>,
+    platform: Platform,
+    limits: Limits,
+    lazy_store: String,
+    watching: Option<JoinHandle<()>>,
+}
+
+impl Drop for ClusterUi {
+    fn drop(&mut self) {
+        if let Some(task) = &self.watching {
+            task.abort();
+        }
+    }
+}
+
+impl ClusterUi {
+    fn view(&self) -> ClusterView {
+        self.view.lock().expect("view lock").clone()
+    }
+
+    /// Runs `work` on a task and shows its outcome as a notice.
+    fn notify(
+        &self,
+        tx: &UnboundedSender<Msg>,
+        work: impl Future<Output = String> + Send + 'static,
+    ) {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(Msg::Notice(work.await));
+        });
+    }
+}
+
+impl UiBackend for ClusterUi {
+    fn start(&mut self, tx: &UnboundedSender<Msg>) {
+        let (cluster, view, tx) = (self.cluster.clone(), self.view.clone(), tx.clone());
+        self.watching = Some(tokio::spawn(async move {
+            let mut watch = watch(&cluster);
+            while let Some(update) = watch.updates.recv().await {
+                view.lock().expect("view lock").apply(update.clone());
+                if tx.send(Msg::Cluster(update)).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+
+    fn execute(&mut self, cmd: Cmd, tx: &UnboundedSender<Msg>) {
+        let Some(cmd) = execute_file_cmd(cmd, tx) else {
+            return;
+        };
+        let cluster = self.cluster.clone();
+        match cmd {
+            Cmd::Quit | Cmd::ReadFile(..) | Cmd::WriteFile(..) => {}
+            Cmd::Survey { sets, .. } => {
+                let view = self.view();
+                let _ = tx.send(Msg::ConfigViews(config_views(&view, &sets)));
+                let (registry, platform, limits, tx) = (
+                    self.registry.clone(),
+                    self.platform.clone(),
+                    self.limits,
+                    tx.clone(),
+                );
+                tokio::spawn(async move {
+                    let result =
+                        survey_cluster(&cluster, &view, &sets, &registry, &platform, limits).await;
+                    let _ = tx.send(Msg::SurveyDone(
+                        result.map_err(|e| Failure::from(e).to_string()),
+                    ));
+                });
+            }
+            Cmd::Apply { set, force, .. } => {
+                let pools = pools_for_set(&set.labels, &self.view().pools);
+                let warning = pool_warning(&set.name, &pools);
+                if pools.is_empty() && !force {
+                    let warning = warning.unwrap_or_default();
+                    let _ = tx.send(Msg::Notice(format!("not applied: {warning}")));
+                    return;
+                }
+                self.notify(tx, async move {
+                    match cluster.apply_set(&set).await {
+                        Ok(stored) => format!(
+                            "applied PinnedImageSet {} (generation {}){}: the machine-config daemons pull \
+                             and pin it; the Rollout screen follows them",
+                            set.name,
+                            stored.generation(),
+                            warning.map_or_else(String::new, |w| format!("; warning: {w}"))
+                        ),
+                        Err(e) => format!("not applied: {e}"),
+                    }
+                });
+            }
+            Cmd::Unpin { set, .. } => self.notify(tx, async move {
+                match cluster.delete_set(&set.name).await {
+                    Ok(()) => format!(
+                        "deleted PinnedImageSet {}: the daemons unpin its images; the images stay",
+                        set.name
+                    ),
+                    Err(e) => format!("not deleted: {e}"),
+                }
+            }),
+            Cmd::ToggleLazy { node, enable } => {
+                let Some(pool) = self.view().pool_of(&node).map(str::to_owned) else {
+                    let _ = tx.send(Msg::Notice(format!(
+                        "{node} is in no MachineConfigPool: lazy pulling is set per pool"
+                    )));
+                    return;
+                };
+                let store = self.lazy_store.clone();
+                self.notify(tx, async move {
+                    match cluster.set_lazy(&pool, &store, enable).await {
+                        Ok(()) if enable => format!(
+                            "lazy pulling on for pool {pool}: ContainerRuntimeConfig written with \
+                             additionalLayerStores {store}; the machine-config operator rolls it out"
+                        ),
+                        Ok(()) => format!("lazy pulling off for pool {pool}: pinboard's config removed"),
+                        Err(e) => format!("lazy pulling for pool {pool} not changed: {e}"),
+                    }
+                });
+            }
+            Cmd::Retry { .. } | Cmd::Cancel { .. } => {
+                let _ = tx.send(Msg::Notice(
+                    "in cluster mode the machine-config daemons pull: there is no pull to retry or \
+                     cancel from here"
+                        .into(),
+                ));
+            }
+        }
+    }
+}
+
+/// Per set, its PinnedImageSet as the cluster stores it against what applying the draft writes, keyed
+/// `PinnedImageSet/<name>`.
+fn config_views(view: &ClusterView, sets: &[ImageSet]) -> BTreeMap<String, ConfigView> {
+    sets.iter()
+        .map(|set| {
+            let stored = view
+                .set(&set.name)
+                .map(|s| pinned_image_set_yaml(&s.to_image_set()));
+            let wanted = pinned_image_set_yaml(set);
+            let view = ConfigView {
+                path: format!("pinnedimagesets/{} on the cluster", set.name),
+                lines: diff::lines(stored.as_deref(), Some(&wanted)),
+            };
+            (format!("PinnedImageSet/{}", set.name), view)
+        })
+        .collect()
+}
