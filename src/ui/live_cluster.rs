@@ -49,15 +49,14 @@ pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> 
         .into_iter()
         .map(|set| SetDraft::new(set, Default::default()))
         .collect();
-    let backend = ClusterUi {
+    let lazy_store = args.targets.lazy_store.clone();
+    let backend = ClusterUi::new(
         cluster,
-        view: Arc::default(),
-        registry: Arc::new(registry),
+        registry,
         platform,
-        limits: args.limits.limits(),
-        lazy_store: args.targets.lazy_store.clone(),
-        watching: None,
-    };
+        args.limits.limits(),
+        lazy_store,
+    );
     super::run::run(state, backend)
         .await
         .map_err(|e| Failure::bad_input(format!("terminal UI failed: {e:#}")))
@@ -95,6 +94,26 @@ impl Drop for ClusterUi {
 }
 
 impl ClusterUi {
+    /// A backend on `cluster`; it starts watching when the UI starts it. `lazy_store` is the additional
+    /// layer store lazy pulling configures.
+    pub fn new(
+        cluster: Cluster,
+        registry: Registry,
+        platform: Platform,
+        limits: Limits,
+        lazy_store: String,
+    ) -> ClusterUi {
+        ClusterUi {
+            cluster,
+            view: Arc::default(),
+            registry: Arc::new(registry),
+            platform,
+            limits,
+            lazy_store,
+            watching: None,
+        }
+    }
+
     fn view(&self) -> ClusterView {
         self.view.lock().expect("view lock").clone()
     }

@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::wait::{await_condition, conditions};
 use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, connect};
-use pinboard::model::cluster::{DEGRADED, PROGRESSING, ROLE_LABEL};
+use pinboard::model::cluster::{DEGRADED, PROGRESSING, ROLE_LABEL, pool_label};
 use serde_json::{Value, json};
 
 /// How long the API server gets for anything a test waits on.
@@ -111,15 +111,18 @@ impl Writer {
             .unwrap_or_else(|e| panic!("apply {} {name}: {e}", resource.kind));
     }
 
-    /// A pool selecting sets labelled with its role and nodes labelled `node-role.kubernetes.io/<name>`.
+    /// A pool selecting sets labelled with its role and nodes labelled `node-role.kubernetes.io/<name>`, itself
+    /// labelled as OpenShift labels pools.
     pub async fn pool(&self, name: &str) {
         let role = json!({"matchLabels": {ROLE_LABEL: name}});
         let nodes = json!({"matchLabels": {format!("node-role.kubernetes.io/{name}"): ""}});
         let resource = &self.cluster.resources().pool;
+        let labels = json!({pool_label(name): ""});
         self.apply(
             resource,
             name,
-            json!({"spec": {"machineConfigSelector": role, "nodeSelector": nodes}}),
+            json!({"metadata": {"name": name, "labels": labels},
+                   "spec": {"machineConfigSelector": role, "nodeSelector": nodes}}),
         )
         .await;
     }
