@@ -384,7 +384,11 @@ impl State {
                     .flat_map(|s| s.set.references())
                     .filter(by(Screen::Sets)),
             ),
-            Pane::Targets => Box::new(self.nodes.iter().map(|n| n.name.as_str())),
+            Pane::Targets => match &self.cluster {
+                // In cluster mode a set targets a pool, through its role label.
+                Some(session) => Box::new(session.view.pools.iter().map(|p| p.name())),
+                None => Box::new(self.nodes.iter().map(|n| n.name.as_str())),
+            },
             Pane::Plan => Box::new(
                 self.survey
                     .iter()
@@ -444,7 +448,7 @@ impl State {
             .or(self.sets.first())
     }
 
-    fn selected_set_mut(&mut self) -> Option<&mut SetDraft> {
+    pub(super) fn selected_set_mut(&mut self) -> Option<&mut SetDraft> {
         let name = self.selected_set()?.set.name.clone();
         self.sets.iter_mut().find(|s| s.set.name == name)
     }
@@ -1124,12 +1128,15 @@ fn remove(state: &mut State) {
 
 fn toggle_target(state: &mut State) {
     if state.sets_pane != Pane::Targets {
-        state.say("Tab to the targets pane to choose nodes");
+        state.say("Tab to the targets pane to choose nodes (a pool in cluster mode)");
         return;
     }
     let Some(node) = state.selected(Pane::Targets).map(str::to_string) else {
         return;
     };
+    if state.cluster.is_some() {
+        return super::cluster::toggle_pool(state, &node);
+    }
     if let Some(draft) = state.selected_set_mut()
         && !draft.targets.remove(&node)
     {

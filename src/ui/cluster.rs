@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Instant, SystemTime};
 
 use super::app::{NodeInfo, SetDraft, State};
-use crate::model::cluster::{ClusterUpdate, ClusterView};
+use crate::model::cluster::{ClusterUpdate, ClusterView, ROLE_LABEL};
 use crate::model::rollout::PinMethod;
 
 /// The cluster as the TUI holds it.
@@ -119,4 +119,84 @@ pub fn followed_set(state: &State) -> Option<&str> {
     selected
         .filter(|name| view.set(name).is_some())
         .or_else(|| view.sets.first().map(|s| s.name()))
+}
+
+/// Targets the selected set at `pool` (its role label), or at none when it already was; the set's nodes
+/// follow.
+pub(super) fn toggle_pool(state: &mut State, pool: &str) {
+    let (Some(session), Some(draft)) = (state.cluster.as_ref(), state.selected_set()) else {
+        return;
+    };
+    let mut labels = draft.set.labels.clone();
+    if labels.get(ROLE_LABEL).map(String::as_str) == Some(pool) {
+        labels.remove(ROLE_LABEL);
+    } else {
+        labels.insert(ROLE_LABEL.to_owned(), pool.to_owned());
+    }
+    let targets = session.view.nodes_of(&labels).into_iter().collect();
+    if let Some(draft) = state.selected_set_mut() {
+        draft.set.labels = labels;
+        draft.targets = targets;
+    }
+}
+
+/// The pool a draft targets, through its role label.
+pub fn targeted_pool(draft: &SetDraft) -> Option<&str> {
+    draft.set.labels.get(ROLE_LABEL).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+    use super::super::app::{Msg, Pane, update};
+    use super::super::demo::cluster_state;
+    use super::super::theme::Theme;
+    use super::*;
+
+    fn press(state: &mut State, code: KeyCode) {
+        update(state, Msg::Key(KeyEvent::new(code, KeyModifiers::NONE)));
+    }
+
+    #[test]
+    fn in_cluster_mode_a_set_targets_a_pool_and_its_nodes_follow() {
+        let mut state = cluster_state(Instant::now(), Theme::named("monochrome").unwrap());
+        for code in [KeyCode::Char('2'), KeyCode::Tab] {
+            press(&mut state, code);
+        }
+        assert_eq!(
+            state.selected(Pane::Targets),
+            Some("worker"),
+            "pools, not nodes"
+        );
+        let draft = || state.selected_set().unwrap().clone();
+        assert_eq!(targeted_pool(&draft()), Some("worker"));
+        assert_eq!(draft().targets.len(), 5);
+        press(&mut state, KeyCode::Char(' '));
+        let untargeted = state.selected_set().unwrap();
+        assert_eq!(targeted_pool(untargeted), None);
+        assert!(untargeted.targets.is_empty(), "no pool, no nodes");
+        press(&mut state, KeyCode::Char(' '));
+        let retargeted = state.selected_set().unwrap();
+        assert_eq!(targeted_pool(retargeted), Some("worker"));
+        assert_eq!(retargeted.targets.len(), 5);
+    }
+
+    #[test]
+    fn watch_updates_refresh_nodes_sets_and_members() {
+        let state = cluster_state(Instant::now(), Theme::named("monochrome").unwrap());
+        let session = state.cluster.as_ref().unwrap();
+        assert_eq!(state.nodes.len(), 5);
+        assert_eq!(
+            state.nodes[3].reachable,
+            Some(false),
+            "worker-3 is NotReady"
+        );
+        assert!(state.nodes.iter().all(|n| n.lazy_pulling == Some(true)));
+        assert_eq!(session.members["ocp-4.19-release"].len(), 5);
+        assert_eq!(state.sets.len(), 1, "the cluster's set joined the composer");
+        assert_eq!(followed_set(&state), Some("ocp-4.19-release"));
+    }
 }

@@ -102,6 +102,7 @@ pub(super) fn nodes(state: &State, frame: &mut Frame, area: Rect) {
 
 const ENTRY_COLUMNS: [Column; 2] = [col("OK", 2, 0), flex("REFERENCE", 20)];
 const TARGET_COLUMNS: [Column; 2] = [col("ON", 3, 0), flex("NODE", 8)];
+const POOL_COLUMNS: [Column; 2] = [col("ON", 3, 0), flex("POOL", 8)];
 
 pub(super) fn sets(state: &State, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
@@ -170,23 +171,44 @@ pub(super) fn sets(state: &State, frame: &mut Frame, area: Rect) {
     );
 
     let cursor = state.cursor(Pane::Targets);
-    let title = table_title("Targets", cursor, "");
-    table(
-        frame,
-        targets_area,
-        theme,
-        pane(theme, title, focus == Pane::Targets),
-        &TARGET_COLUMNS,
-        cursor,
-        state.nodes.iter(),
-        |node, _| {
-            let on = draft.is_some_and(|d| d.targets.contains(&node.name));
-            [
-                Line::from(if on { "[x]" } else { "[ ]" }),
-                Line::from(node.name.clone()),
-            ]
-        },
-    );
+    let focused = focus == Pane::Targets;
+    match &state.cluster {
+        Some(session) => {
+            let pool = draft.and_then(super::cluster::targeted_pool);
+            table(
+                frame,
+                targets_area,
+                theme,
+                pane(theme, table_title("Target pool", cursor, ""), focused),
+                &POOL_COLUMNS,
+                cursor,
+                session.view.pools.iter(),
+                |p, _| {
+                    let on = pool == Some(p.name());
+                    [
+                        Line::from(if on { "(x)" } else { "( )" }),
+                        Line::from(p.name().to_owned()),
+                    ]
+                },
+            );
+        }
+        None => table(
+            frame,
+            targets_area,
+            theme,
+            pane(theme, table_title("Targets", cursor, ""), focused),
+            &TARGET_COLUMNS,
+            cursor,
+            state.nodes.iter(),
+            |node, _| {
+                let on = draft.is_some_and(|d| d.targets.contains(&node.name));
+                [
+                    Line::from(if on { "[x]" } else { "[ ]" }),
+                    Line::from(node.name.clone()),
+                ]
+            },
+        ),
+    }
 
     // The selected entry's rule and fix; else the set's own problems; else that it is valid.
     let selected = draft.zip(state.selected(Pane::Entries)).and_then(|(d, r)| {
