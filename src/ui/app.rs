@@ -10,7 +10,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use super::cluster::ClusterSession;
 use super::export::pinned_image_set_yaml;
 use super::keymap::{Action, lookup};
-use super::render::HelpFlow;
+use super::render::{HelpFlow, diff_rows};
 use super::theme::Theme;
 use crate::model::cluster::ClusterUpdate;
 pub use crate::model::diff::DiffKind;
@@ -195,6 +195,8 @@ pub enum Pane {
     RolloutNodes,
     RolloutImages,
     Config,
+    /// The selected node's diff on the Config screen: not a table, the moving keys scroll it.
+    ConfigDiff,
 }
 
 /// What a one-line input box is for.
@@ -269,6 +271,7 @@ pub struct State {
     pub(super) mode: Mode,
     pub(super) sets_pane: Pane,
     pub(super) rollout_pane: Pane,
+    pub(super) config_pane: Pane,
     pub(super) selected: HashMap<Pane, String>,
     pub(super) filters: HashMap<Screen, String>,
     pub(super) flash: Option<(String, Instant)>,
@@ -280,6 +283,8 @@ pub struct State {
     pub(super) size: (u16, u16),
     /// Help's first shown line.
     pub(super) help_scroll: usize,
+    /// The Config diffs' first shown lines, by node (a diff never scrolled starts at the top).
+    pub(super) diff_scroll: HashMap<String, usize>,
     /// Counts typed entries, so each has its own origin (duplicates stay distinguishable).
     typed: usize,
     dirty: bool,
@@ -306,6 +311,7 @@ impl State {
             mode: Mode::Normal,
             sets_pane: Pane::Entries,
             rollout_pane: Pane::RolloutNodes,
+            config_pane: Pane::Config,
             selected: HashMap::new(),
             filters: HashMap::new(),
             flash: None,
@@ -313,6 +319,7 @@ impl State {
             page: 10,
             size: (80, 24),
             help_scroll: 0,
+            diff_scroll: HashMap::new(),
             typed: 0,
             dirty: true,
         }
@@ -360,8 +367,16 @@ impl State {
             Screen::Sets => self.sets_pane,
             Screen::Plan => Pane::Plan,
             Screen::Rollout => self.rollout_pane,
-            Screen::Config => Pane::Config,
+            Screen::Config => self.config_pane,
         }
+    }
+
+    /// The Config diff's first shown line for the selected node (may be past the end; drawing clamps it).
+    pub(super) fn diff_scroll(&self) -> usize {
+        self.selected(Pane::Config)
+            .and_then(|node| self.diff_scroll.get(node))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// A pane's rows in display order, filtered: the identities selection is kept by.
@@ -422,6 +437,7 @@ impl State {
                     .map(String::as_str)
                     .filter(by(Screen::Config)),
             ),
+            Pane::ConfigDiff => Box::new(std::iter::empty()),
         }
     }
 
@@ -841,6 +857,16 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
             }
         }
         Action::Goto(screen) => state.goto(screen),
+        Action::Up
+        | Action::Down
+        | Action::PageUp
+        | Action::PageDown
+        | Action::Top
+        | Action::Bottom
+            if pane == Pane::ConfigDiff =>
+        {
+            scroll_diff(state, action)
+        }
         Action::Up => state.move_selection(pane, |at, _| at.saturating_sub(1)),
         Action::Down => state.move_selection(pane, |at, _| at + 1),
         Action::PageUp => state.move_selection(pane, |at, _| at.saturating_sub(page)),
@@ -853,6 +879,12 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
                     Pane::Sets => Pane::Entries,
                     Pane::Entries => Pane::Targets,
                     _ => Pane::Sets,
+                }
+            }
+            Screen::Config => {
+                state.config_pane = match state.config_pane {
+                    Pane::Config => Pane::ConfigDiff,
+                    _ => Pane::Config,
                 }
             }
             _ => {
@@ -905,6 +937,17 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
         Action::Retry | Action::Cancel => return retry_or_cancel(state, action),
     }
     Vec::new()
+}
+
+/// Scrolls the selected node's diff, as far as its last line at the bottom of the pane.
+fn scroll_diff(state: &mut State, action: Action) {
+    let Some(node) = state.selected(Pane::Config).map(str::to_string) else {
+        return;
+    };
+    let rows = diff_rows(state.size);
+    let max = state.config[&node].lines.len().saturating_sub(rows);
+    let at = scrolled(state.diff_scroll(), action, rows.max(1), max);
+    state.diff_scroll.insert(node, at);
 }
 
 fn open(state: &mut State, prompt: Prompt, text: String) {

@@ -74,7 +74,8 @@ pub enum Action {
     PageDown,
     Top,
     Bottom,
-    /// Next pane of a screen with several (Sets: sets, entries, targets; Rollout: nodes, images).
+    /// Next pane of a screen with several (Sets: sets, entries, targets; Rollout: nodes, images; Config:
+    /// nodes, diff).
     NextPane,
     Apply,
     Unpin,
@@ -164,14 +165,14 @@ pub const KEYMAP: &[Binding] = &[
     bind(
         &[code(KeyCode::Up), key('k')],
         Action::Up,
-        "select previous row",
+        "previous row, scroll up",
         ALL,
         None,
     ),
     bind(
         &[code(KeyCode::Down), key('j')],
         Action::Down,
-        "select next row",
+        "next row, scroll down",
         ALL,
         None,
     ),
@@ -192,14 +193,14 @@ pub const KEYMAP: &[Binding] = &[
     bind(
         &[code(KeyCode::Home), key('g')],
         Action::Top,
-        "first row",
+        "first row, top",
         ALL,
         None,
     ),
     bind(
         &[code(KeyCode::End), key('G')],
         Action::Bottom,
-        "last row",
+        "last row, bottom",
         ALL,
         None,
     ),
@@ -207,7 +208,7 @@ pub const KEYMAP: &[Binding] = &[
         &[code(KeyCode::Tab)],
         Action::NextPane,
         "next pane",
-        &[Sets, Rollout],
+        &[Sets, Rollout, Config],
         Some("pane"),
     ),
     bind(

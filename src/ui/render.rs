@@ -209,6 +209,13 @@ fn frame_areas(area: Rect) -> [Rect; 4] {
     .areas(area)
 }
 
+/// Lines the Config screen's diff shows in a terminal of `size` (width × height): how far it scrolls.
+pub(super) fn diff_rows((width, height): (u16, u16)) -> usize {
+    let [_, body, _, _] = frame_areas(Rect::new(0, 0, width, height));
+    let [_, diff] = screens::config_areas(body);
+    usize::from(Block::bordered().inner(diff).height)
+}
+
 /// How help's lines flow into its area: lines per column, columns, and how far they scroll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct HelpFlow {

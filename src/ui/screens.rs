@@ -762,6 +762,12 @@ fn image_detail(
     lines
 }
 
+/// The Config screen's node list and diff.
+pub(super) fn config_areas(area: Rect) -> [Rect; 2] {
+    let side = (area.width / 4).clamp(12, 28);
+    Layout::horizontal([Constraint::Length(side), Constraint::Fill(1)]).areas(area)
+}
+
 pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
     if state.config.is_empty() {
@@ -769,9 +775,8 @@ pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
         empty(theme, frame, area, "Config", text);
         return;
     }
-    let side = (area.width / 4).clamp(12, 28);
-    let [list_area, diff_area] =
-        Layout::horizontal([Constraint::Length(side), Constraint::Fill(1)]).areas(area);
+    let [list_area, diff_area] = config_areas(area);
+    let focus = state.focus();
     let filter = state.filter(Screen::Config);
     let cursor = state.cursor(Pane::Config);
     let rows = state
@@ -782,7 +787,11 @@ pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
         frame,
         list_area,
         theme,
-        pane(theme, table_title("Nodes", cursor, filter), true),
+        pane(
+            theme,
+            table_title("Nodes", cursor, filter),
+            focus == Pane::Config,
+        ),
         &[flex("NODE", 6), col("±", 7, 0)],
         cursor,
         rows,
@@ -801,17 +810,36 @@ pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
     let Some(view) = state.selected(Pane::Config).map(|n| &state.config[n]) else {
         return;
     };
-    let block = pane(theme, Line::from(format!(" {} ", view.path)), false);
-    let width = block.inner(diff_area).width;
-    let lines: Vec<Line> = view
-        .lines
+    let focused = focus == Pane::ConfigDiff;
+    let mut block = pane(theme, Line::from(format!(" {} ", view.path)), focused);
+    let inner = block.inner(diff_area);
+    // Taller than the pane: the lines shown, and how to see the rest, in the bottom border (the path
+    // fills the top one on narrow terminals).
+    let rows = usize::from(inner.height);
+    let total = view.lines.len();
+    let first = state.diff_scroll().min(total.saturating_sub(rows));
+    if total > rows {
+        let how = if focused {
+            "↑/↓ PgUp/PgDn g/G scroll"
+        } else {
+            "Tab, then ↑/↓ scroll"
+        };
+        let shown = format!(
+            " lines {}–{} of {total} · {how} ",
+            first + 1,
+            (first + rows).min(total)
+        );
+        block = block.title_bottom(Line::from(shown));
+    }
+    let lines: Vec<Line> = view.lines[first..]
         .iter()
+        .take(rows)
         .map(|(kind, text)| match kind {
             DiffKind::Added => Line::styled(format!("+ {text}"), fg(theme.role(Role::Added))),
             DiffKind::Removed => Line::styled(format!("- {text}"), fg(theme.role(Role::Removed))),
             DiffKind::Same => Line::from(format!("  {text}")),
         })
-        .map(|line| fit_line(line, width))
+        .map(|line| fit_line(line, inner.width))
         .collect();
     frame.render_widget(Paragraph::new(lines).block(block), diff_area);
 }

@@ -10,7 +10,7 @@ use ratatui::buffer::Buffer;
 use super::app::{Cmd, FilePurpose, Mode, Msg, Pane, Screen, State, update};
 use super::demo::{self, demo_state};
 use super::keymap::KEYMAP;
-use super::render::{HelpFlow, render_to_buffer};
+use super::render::{HelpFlow, diff_rows, render_to_buffer};
 use super::svg::buffer_to_svg;
 use super::theme::Theme;
 use crate::model::rollout::{Event, Rollout};
@@ -152,6 +152,73 @@ fn help_taller_than_the_terminal_scrolls_with_the_moving_keys() {
     assert_eq!(state.help_scroll, (1 + page).min(bottom));
     type_keys(&mut state, "??");
     assert_eq!(state.help_scroll, 0, "help opens at the top");
+}
+
+#[test]
+fn config_diff_scrolls_when_tab_gives_it_the_focus_and_stays_with_its_node() {
+    let mut state = state();
+    let (width, height) = (80, 12);
+    update(&mut state, Msg::Resize { width, height });
+    let shown = |state: &State| text(&render_to_buffer(state, width, height));
+    type_keys(&mut state, "5");
+    let lines: Vec<String> = state.config["worker-1"]
+        .lines
+        .iter()
+        .map(|(_, line)| line.clone())
+        .collect();
+    let rows = diff_rows((width, height));
+    assert!(lines.len() > rows, "the demo diff is taller than the pane");
+    let bottom = lines.len() - rows;
+    assert!(
+        shown(&state).contains(&format!("lines 1–{rows} of {} · Tab", lines.len())),
+        "{}",
+        shown(&state)
+    );
+    // The node list has the focus: j and k select nodes.
+    type_keys(&mut state, "jk");
+    assert_eq!(state.selected(Pane::Config), Some("worker-1"));
+
+    // Tab: the diff has it; the moving keys scroll it and leave the selection.
+    type_keys(&mut state, "<Tab>j");
+    assert_eq!(state.focus(), Pane::ConfigDiff);
+    assert_eq!(state.diff_scroll(), 1);
+    assert_eq!(state.selected(Pane::Config), Some("worker-1"));
+    assert!(
+        shown(&state).contains(&format!("lines 2–{} of {}", rows + 1, lines.len())),
+        "{}",
+        shown(&state)
+    );
+    type_keys(&mut state, "G");
+    assert_eq!(state.diff_scroll(), bottom);
+    let end = shown(&state);
+    assert!(
+        end.contains(lines.last().unwrap()) && !end.contains(&lines[0]),
+        "{end}"
+    );
+    insta::assert_snapshot!("config_diff_scrolled_to_the_end_80x12", end);
+    type_keys(&mut state, "j");
+    assert_eq!(state.diff_scroll(), bottom, "no further than the last line");
+    type_keys(&mut state, "k");
+    assert_eq!(state.diff_scroll(), bottom - 1);
+    type_keys(&mut state, "g<PgDn>");
+    assert_eq!(state.diff_scroll(), rows.min(bottom));
+
+    // A node added before it: the scroll stays with worker-1's diff.
+    let added = state.config["worker-2"].clone();
+    update(
+        &mut state,
+        Msg::ConfigViews([("worker-0".to_string(), added)].into()),
+    );
+    assert_eq!(state.selected(Pane::Config), Some("worker-1"));
+    assert_eq!(state.diff_scroll(), rows.min(bottom));
+
+    // Back to the list: another node's diff starts at its top; worker-1's is where it was left.
+    type_keys(&mut state, "<Tab>j");
+    assert_eq!(state.focus(), Pane::Config);
+    assert_eq!(state.selected(Pane::Config), Some("worker-2"));
+    assert_eq!(state.diff_scroll(), 0);
+    type_keys(&mut state, "k");
+    assert_eq!(state.diff_scroll(), rows.min(bottom));
 }
 
 #[test]
