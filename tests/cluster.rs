@@ -11,23 +11,20 @@ use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, DynamicObject};
-use kube::runtime::wait::{await_condition, conditions};
-use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
+use kube::api::{Api, PostParams};
+use pinboard::cluster::{Cluster, ClusterError, Watch, watch};
 use pinboard::model::cluster::{
     ClusterView, Connection, Kind, NodeSetState, REQUEUE_TIMEOUT, ROLE_LABEL, pool_rollup,
     pool_warning, pools_for_set,
 };
 use pinboard::model::set::{ImageSet, from_flags};
 use serde_json::{Value, json};
+use support::cluster::{
+    WAIT, Writer, apply_crd, client, digest, discover, install_crds, kubeconfig_with_viewer,
+    read_crd,
+};
 use support::{Lab, LabConfig};
-
-const WAIT: Duration = Duration::from_secs(30);
-const TEST_MANAGER: &str = "pinboard-test";
 
 fn start(name: &str) -> Lab {
     pinboard::install_crypto_provider();
@@ -39,189 +36,6 @@ fn start(name: &str) -> Lab {
         },
     )
     .expect("the lab must start")
-}
-
-/// A kubeconfig next to the lab's with two contexts, `lab` (admin) and `viewer`.
-fn kubeconfig_with_viewer(lab: &Lab) -> std::path::PathBuf {
-    let apiserver = lab.apiserver().unwrap();
-    let admin = std::fs::read_to_string(apiserver.kubeconfig()).unwrap();
-    let with_viewer = admin
-        .replace(
-            "users:\n",
-            &format!(
-                "users:\n- name: viewer\n  user:\n    token: {}\n",
-                apiserver.viewer_token()
-            ),
-        )
-        .replace(
-            "contexts:\n",
-            "contexts:\n- name: viewer\n  context:\n    cluster: lab\n    user: viewer\n",
-        );
-    let path = lab.dir().join("kubeconfig-with-viewer");
-    std::fs::write(&path, with_viewer).unwrap();
-    path
-}
-
-async fn client(kubeconfig: &std::path::Path, context: Option<&str>) -> kube::Client {
-    connect(&ConnectOptions {
-        kubeconfig: Some(kubeconfig.to_owned()),
-        context: context.map(str::to_owned),
-    })
-    .await
-    .expect("the lab's kubeconfig works")
-}
-
-fn crd_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds")
-}
-
-fn read_crd(path: &std::path::Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Applies a CRD; returns its name.
-async fn apply_crd(client: &kube::Client, crd: &Value) -> String {
-    let name = crd["metadata"]["name"].as_str().unwrap().to_owned();
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .patch(
-            &name,
-            &PatchParams::apply(TEST_MANAGER).force(),
-            &Patch::Apply(crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
-    name
-}
-
-/// Applies every CRD in tests/fixtures/crds and waits until each is established.
-async fn install_crds(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut names = Vec::new();
-    for entry in std::fs::read_dir(crd_dir()).unwrap() {
-        names.push(apply_crd(client, &read_crd(&entry.unwrap().path())).await);
-    }
-    assert_eq!(names.len(), 4, "one CRD per kind");
-    for name in names {
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(WAIT, established)
-            .await
-            .expect("CRD established in time")
-            .unwrap();
-    }
-}
-
-/// Discovery, retried while the API server's discovery catches up with freshly established CRDs.
-async fn discover(client: &kube::Client) -> Cluster {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match Cluster::discover(client.clone()).await {
-            Ok(cluster) => return cluster,
-            Err(ClusterError::MissingKind(_)) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("discovery failed: {e}"),
-        }
-    }
-}
-
-/// What the cluster stores, written as the test (the controller, the kubelet, the daemon) would.
-struct Writer {
-    cluster: Cluster,
-}
-
-impl Writer {
-    fn api(&self, resource: &ApiResource) -> Api<DynamicObject> {
-        Api::all_with(self.cluster.client().clone(), resource)
-    }
-
-    async fn apply(&self, resource: &ApiResource, name: &str, rest: Value) {
-        let mut body = json!({"apiVersion": resource.api_version, "kind": resource.kind, "metadata": {"name": name}});
-        body.as_object_mut()
-            .unwrap()
-            .extend(rest.as_object().unwrap().clone());
-        self.api(resource)
-            .patch(
-                name,
-                &PatchParams::apply(TEST_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("apply {} {name}: {e}", resource.kind));
-    }
-
-    async fn pool(&self, name: &str) {
-        let role = json!({"matchLabels": {ROLE_LABEL: name}});
-        let nodes = json!({"matchLabels": {format!("node-role.kubernetes.io/{name}"): ""}});
-        let resource = &self.cluster.resources().pool;
-        self.apply(
-            resource,
-            name,
-            json!({"spec": {"machineConfigSelector": role, "nodeSelector": nodes}}),
-        )
-        .await;
-    }
-
-    async fn pool_status(&self, name: &str, updated: i64, machines: i64) {
-        let status = json!({"status": {"poolSynchronizersStatus": [{
-            "poolSynchronizerType": "PinnedImageSets", "machineCount": machines, "updatedMachineCount": updated,
-        }]}});
-        self.api(&self.cluster.resources().pool)
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
-    }
-
-    /// A worker node (Ready, 100 GiB allocatable) and its MachineConfigNode, as the kubelet and the
-    /// machine-config operator create them.
-    async fn worker(&self, name: &str) {
-        let nodes: Api<Node> = Api::all(self.cluster.client().clone());
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
-        }))
-        .unwrap();
-        nodes.create(&PostParams::default(), &node).await.unwrap();
-        let status = json!({"status": {
-            "conditions": [{"type": "Ready", "status": "True"}, {"type": "DiskPressure", "status": "False"}],
-            "allocatable": {"ephemeral-storage": "100Gi"},
-            "images": [{"names": [format!("quay.io/pinboard/{name}@sha256:{}", "a".repeat(64))], "sizeBytes": 1}],
-        }});
-        nodes
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
-        let resource = &self.cluster.resources().machine_config_node;
-        self.apply(
-            resource,
-            name,
-            json!({"spec": {"node": {"name": name}, "pool": {"name": "worker"}}}),
-        )
-        .await;
-    }
-
-    /// Writes a MachineConfigNode's status as the daemon does: the set entry and both conditions. (No
-    /// empty strings or nulls: this API server turns `""` into null in custom resources, which the schema's
-    /// string fields then refuse.)
-    async fn daemon(&self, node: &str, set: Value, progressing: bool, degraded: Option<&str>) {
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let condition = |type_: &str, on: bool, reason: &str, message: &str| {
-            json!({"type": type_, "status": if on { "True" } else { "False" },
-                   "reason": if on { reason } else { "AsExpected" }, "message": message, "lastTransitionTime": now})
-        };
-        let status = json!({"status": {
-            "pinnedImageSets": [set],
-            "conditions": [
-                condition("PinnedImageSetsProgressing", progressing, "ImagePrefetch",
-                          &format!("node is prefetching images: {node}")),
-                condition("PinnedImageSetsDegraded", degraded.is_some(), "PrefetchFailed",
-                          degraded.unwrap_or("no errors")),
-            ],
-        }});
-        self.api(&self.cluster.resources().machine_config_node)
-            .patch_status(node, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap_or_else(|e| panic!("status of MachineConfigNode {node}: {e}"));
-    }
 }
 
 /// Reads updates into `view` until `done` holds; panics with the view after [`WAIT`].
@@ -250,13 +64,6 @@ async fn until_within(
             Err(_) => panic!("timed out waiting for: {what}\n{view:#?}"),
         }
     }
-}
-
-fn digest(n: u8) -> String {
-    format!(
-        "quay.io/openshift/release@sha256:{}",
-        format!("{n:x}").repeat(64)
-    )
 }
 
 fn worker_set(name: &str, images: &[String]) -> ImageSet {
@@ -526,7 +333,7 @@ async fn viewers_are_read_only_and_v1alpha1_clusters_still_work() {
 
     // An older cluster: PinnedImageSet served only as v1alpha1. Discovery falls back, and pinboard
     // applies and watches sets there.
-    let mut alpha = read_crd(&crd_dir().join("pinnedimagesets.yaml"));
+    let mut alpha = read_crd("pinnedimagesets.yaml");
     alpha["spec"]["versions"][0]["served"] = json!(false);
     apply_crd(&admin, &alpha).await;
     let deadline = Instant::now() + WAIT;

@@ -20,14 +20,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, DynamicObject};
-use kube::runtime::wait::{await_condition, conditions};
-use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, connect, watch};
+use kube::core::DynamicObject;
+use pinboard::cluster::{ClusterError, watch};
 use pinboard::model::cluster::{ClusterView, Connection, ROLE_LABEL};
 use pinboard::model::set::{ImageSet, from_flags};
 use serde_json::{Value, json};
+use support::cluster::{client, discover, install_crds, kubeconfig_with_viewer};
 use support::{Lab, LabConfig};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -59,28 +58,6 @@ fn example_bindings() -> Vec<ClusterRoleBinding> {
     documents.into_iter().flatten().collect()
 }
 
-/// Applies every CRD in tests/fixtures/crds as a DynamicObject and waits until each is established.
-async fn install_crds(admin: &kube::Client) {
-    let resource = ApiResource::erase::<CustomResourceDefinition>(&());
-    let dynamic: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
-    let typed: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for entry in std::fs::read_dir(repo_file("tests/fixtures/crds")).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-        let crd: DynamicObject = serde_saphyr::from_str(&text).unwrap();
-        let name = crd.metadata.name.clone().unwrap();
-        let params = PatchParams::apply(MANAGER).force();
-        dynamic
-            .patch(&name, &params, &Patch::Apply(&crd))
-            .await
-            .unwrap();
-        let established = await_condition(typed.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(WAIT, established)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-}
-
 /// Retries `attempt` every 200 ms until it returns `Some` (RBAC and discovery changes reach the API
 /// server's caches a moment after they are written); panics after [`WAIT`].
 async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, attempt: impl Fn() -> F) -> T {
@@ -92,38 +69,6 @@ async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, attempt: impl 
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-async fn discover(client: &kube::Client) -> Cluster {
-    eventually("discovery of the machine-config kinds", || async {
-        Cluster::discover(client.clone()).await.ok()
-    })
-    .await
-}
-
-async fn client(kubeconfig: &Path, context: &str) -> kube::Client {
-    let options = ConnectOptions {
-        kubeconfig: Some(kubeconfig.to_owned()),
-        context: Some(context.to_owned()),
-    };
-    connect(&options).await.unwrap()
-}
-
-/// A kubeconfig with the lab's `lab` (admin) context plus a `viewer` context.
-fn kubeconfig_with_viewer(lab: &Lab) -> PathBuf {
-    let apiserver = lab.apiserver().unwrap();
-    let admin = std::fs::read_to_string(apiserver.kubeconfig()).unwrap();
-    let user = format!(
-        "users:\n- name: viewer\n  user:\n    token: {}\n",
-        apiserver.viewer_token()
-    );
-    let context = "contexts:\n- name: viewer\n  context:\n    cluster: lab\n    user: viewer\n";
-    let text = admin
-        .replace("users:\n", &user)
-        .replace("contexts:\n", context);
-    let path = lab.dir().join("kubeconfig-rbac");
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 /// Whether the client's user may `verb` the resource (`resource/subresource`) in `group`.
@@ -270,7 +215,7 @@ async fn viewer_reads_and_operator_writes_only_sets_and_runtime_configs() {
     )
     .expect("the lab must start");
     let kubeconfig = kubeconfig_with_viewer(&lab);
-    let admin = client(&kubeconfig, "lab").await;
+    let admin = client(&kubeconfig, Some("lab")).await;
     install_crds(&admin).await;
     let admin_cluster = discover(&admin).await;
 
@@ -303,7 +248,7 @@ async fn viewer_reads_and_operator_writes_only_sets_and_runtime_configs() {
         .create(&PostParams::default(), &binding("pinboard-viewer"))
         .await
         .unwrap();
-    let viewer = client(&kubeconfig, "viewer").await;
+    let viewer = client(&kubeconfig, Some("viewer")).await;
     assert_exactly(&viewer, "pinboard-viewer", &viewer_grants()).await;
     let viewer_cluster = discover(&viewer).await;
     let mut viewer_watch = watch(&viewer_cluster);

@@ -14,6 +14,8 @@ use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, connect};
 use pinboard::model::cluster::{DEGRADED, PROGRESSING, ROLE_LABEL, pool_label};
 use serde_json::{Value, json};
 
+use super::Lab;
+
 /// How long the API server gets for anything a test waits on.
 pub const WAIT: Duration = Duration::from_secs(30);
 const TEST_MANAGER: &str = "pinboard-test";
@@ -28,13 +30,47 @@ pub async fn client(kubeconfig: &Path, context: Option<&str>) -> kube::Client {
     .expect("the lab's kubeconfig works")
 }
 
+/// A kubeconfig next to the lab's with two contexts: `lab` (the admin) and `viewer` (the lab's viewer
+/// token, granted nothing until a test binds a role).
+pub fn kubeconfig_with_viewer(lab: &Lab) -> PathBuf {
+    let apiserver = lab.apiserver().expect("the lab runs an API server");
+    let admin = std::fs::read_to_string(apiserver.kubeconfig()).unwrap();
+    let user = format!(
+        "users:\n- name: viewer\n  user:\n    token: {}\n",
+        apiserver.viewer_token()
+    );
+    let context = "contexts:\n- name: viewer\n  context:\n    cluster: lab\n    user: viewer\n";
+    let text = admin
+        .replace("users:\n", &user)
+        .replace("contexts:\n", context);
+    let path = lab.dir().join("kubeconfig-with-viewer");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 fn crd_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds")
 }
 
-fn read_crd(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap();
+/// The CRD in tests/fixtures/crds/`file`.
+pub fn read_crd(file: &str) -> Value {
+    let path = crd_dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Applies a CRD; returns its name.
+pub async fn apply_crd(client: &kube::Client, crd: &Value) -> String {
+    let name = crd["metadata"]["name"].as_str().unwrap().to_owned();
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply(TEST_MANAGER).force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+    name
 }
 
 /// Applies every CRD in tests/fixtures/crds and waits until each is established.
@@ -42,16 +78,8 @@ pub async fn install_crds(client: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut names = Vec::new();
     for entry in std::fs::read_dir(crd_dir()).unwrap() {
-        let crd = read_crd(&entry.unwrap().path());
-        let name = crd["metadata"]["name"].as_str().unwrap().to_owned();
-        crds.patch(
-            &name,
-            &PatchParams::apply(TEST_MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
-        names.push(name);
+        let file = entry.unwrap().file_name();
+        names.push(apply_crd(client, &read_crd(&file.to_string_lossy())).await);
     }
     for name in names {
         let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
