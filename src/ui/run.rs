@@ -4,9 +4,11 @@
 
 use std::io::stdout;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use crossterm::cursor::Show;
 use crossterm::event::{
     DisableBracketedPaste, EnableBracketedPaste, Event as TermEvent, EventStream, KeyEventKind,
 };
@@ -148,6 +150,7 @@ impl TerminalGuard {
             previous(info);
         }));
         enable_raw_mode().context("cannot put the terminal in raw mode")?;
+        ENTERED.store(true, Ordering::SeqCst);
         let guard = TerminalGuard;
         execute!(stdout(), EnterAlternateScreen, EnableBracketedPaste)?;
         Ok(guard)
@@ -160,9 +163,17 @@ impl Drop for TerminalGuard {
     }
 }
 
+/// Whether the terminal is in the TUI's modes. A panic restores it twice (the hook, then the guard while
+/// unwinding); leaving the alternate screen a second time would put the cursor back where the TUI started,
+/// and what follows would be printed over the panic message.
+static ENTERED: AtomicBool = AtomicBool::new(false);
+
 fn restore_terminal() {
+    if !ENTERED.swap(false, Ordering::SeqCst) {
+        return;
+    }
     // Best effort: there is nowhere left to report a failure to.
-    let _ = execute!(stdout(), DisableBracketedPaste, LeaveAlternateScreen);
+    let _ = execute!(stdout(), DisableBracketedPaste, LeaveAlternateScreen, Show);
     let _ = disable_raw_mode();
 }
 
