@@ -21,22 +21,9 @@ use pinboard::model::cluster::{
 use pinboard::model::set::{ImageSet, from_flags};
 use serde_json::{Value, json};
 use support::cluster::{
-    WAIT, Writer, apply_crd, client, digest, discover, install_crds, kubeconfig_with_viewer,
+    WAIT, Writer, apply_crd, client, digest, discover, install_crds, kubeconfig_with_viewer, lab,
     read_crd,
 };
-use support::{Lab, LabConfig};
-
-fn start(name: &str) -> Lab {
-    pinboard::install_crypto_provider();
-    Lab::start(
-        name,
-        LabConfig {
-            nodes: Vec::new(),
-            apiserver: true,
-        },
-    )
-    .expect("the lab must start")
-}
 
 /// Reads updates into `view` until `done` holds; panics with the view after [`WAIT`].
 async fn until(
@@ -85,7 +72,7 @@ fn words(view: &ClusterView, set: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
-    let lab = start("cluster-rollout");
+    let lab = lab("cluster-rollout");
     let admin = client(lab.apiserver().unwrap().kubeconfig(), None).await;
 
     // Before the CRDs, the lab is plain Kubernetes.
@@ -282,7 +269,7 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
 
 #[tokio::test]
 async fn viewers_are_read_only_and_v1alpha1_clusters_still_work() {
-    let lab = start("cluster-viewer");
+    let lab = lab("cluster-viewer");
     let kubeconfig = kubeconfig_with_viewer(&lab);
     let admin = client(&kubeconfig, Some("lab")).await;
     install_crds(&admin).await;
@@ -439,7 +426,7 @@ fn decode(value: &Value) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_restart_mid_watch_resyncs_without_stale_rows() {
-    let lab = start("cluster-restart");
+    let lab = lab("cluster-restart");
     let apiserver = lab.apiserver().unwrap();
     let admin = client(apiserver.kubeconfig(), None).await;
     install_crds(&admin).await;

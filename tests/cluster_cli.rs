@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use pinboard::model::readiness::{NodesStatus, Readiness};
 use serde_json::{Value, json};
 use support::cluster::{NodeStatus, WAIT, Writer, client, digest, discover, install_crds};
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Run, pinboard};
+use support::{ImageSpec, Lab, LayerFormat, LayerSpec, Run, pinboard};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 
@@ -63,15 +63,7 @@ fn explain(run: &Run) -> String {
 
 /// A lab with the machine-config CRDs, pools `worker` and `master`, and worker nodes n1–n3.
 async fn cluster(name: &str) -> (Lab, kube::Client, Writer, PathBuf) {
-    pinboard::install_crypto_provider();
-    let lab = Lab::start(
-        name,
-        LabConfig {
-            nodes: Vec::new(),
-            apiserver: true,
-        },
-    )
-    .expect("the lab must start");
+    let lab = support::cluster::lab(name);
     let kubeconfig = lab.apiserver().unwrap().kubeconfig().to_owned();
     let admin = client(&kubeconfig, None).await;
     install_crds(&admin).await;

@@ -14,12 +14,12 @@ use pinboard::model::plan::{Limits, SpaceSource};
 use pinboard::model::set::from_flags;
 use pinboard::ui::app::{Cmd, Msg, State, update};
 use pinboard::ui::live_cluster::ClusterUi;
-use pinboard::ui::render::render_to_buffer;
+use pinboard::ui::render::{buffer_text, render_to_buffer};
 use pinboard::ui::run::UiBackend;
 use pinboard::ui::theme::Theme;
 use serde_json::json;
 use support::cluster::{WAIT, Writer, client, discover, install_crds};
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec};
+use support::{ImageSpec, LayerFormat, LayerSpec};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 /// A TUI session: the state, the backend, and the channel the backend answers on.
@@ -89,14 +89,7 @@ impl Session {
     }
 
     fn screen(&self) -> String {
-        let buffer = render_to_buffer(&self.state, 120, 30);
-        let width = usize::from(buffer.area.width);
-        let symbols: Vec<&str> = buffer.content().iter().map(|c| c.symbol()).collect();
-        symbols
-            .chunks(width)
-            .map(|row| row.concat().trim_end().to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
+        buffer_text(&render_to_buffer(&self.state, 120, 30))
     }
 
     fn noticed(&self, text: &str) -> bool {
@@ -124,15 +117,7 @@ fn entry(generation: i64, reached: bool) -> serde_json::Value {
 
 #[tokio::test]
 async fn the_tui_follows_and_writes_the_cluster() {
-    pinboard::install_crypto_provider();
-    let lab = Lab::start(
-        "tui-cluster",
-        LabConfig {
-            nodes: Vec::new(),
-            apiserver: true,
-        },
-    )
-    .expect("the lab must start");
+    let lab = support::cluster::lab("tui-cluster");
     let apiserver = lab.apiserver().unwrap();
     let admin = client(apiserver.kubeconfig(), None).await;
     install_crds(&admin).await;

@@ -181,6 +181,15 @@ fn image_readiness(image: &ImageObserved) -> ImageReadiness {
     }
 }
 
+/// The references of the images not ready for `reason`.
+fn with_reason(images: &[ImageReadiness], reason: ImageReason) -> Vec<&str> {
+    images
+        .iter()
+        .filter(|i| i.reason == Some(reason))
+        .map(|i| i.reference.as_str())
+        .collect()
+}
+
 /// `1 image` / `3 images`.
 fn count_images(n: usize) -> String {
     format!("{n} image{}", if n == 1 { "" } else { "s" })
@@ -201,13 +210,7 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
                 "node not ready: the runtime reports {why}; pulls fail until it recovers"
             ));
         }
-        let with = |reason: ImageReason| -> Vec<&str> {
-            images
-                .iter()
-                .filter(|i| i.reason == Some(reason))
-                .map(|i| i.reference.as_str())
-                .collect()
-        };
+        let with = |reason| with_reason(&images, reason);
         let missing = with(ImageReason::Missing);
         if !missing.is_empty() {
             reasons.push(format!(
@@ -379,14 +382,7 @@ fn assess_cluster_node(
             elapsed_seconds: elapsed,
         });
     }
-    let with = |reason: ImageReason| -> Vec<&str> {
-        images
-            .iter()
-            .filter(|i| i.reason == Some(reason))
-            .map(|i| i.reference.as_str())
-            .collect()
-    };
-    let missing = with(ImageReason::Missing);
+    let missing = with_reason(&images, ImageReason::Missing);
     if !missing.is_empty() {
         reasons.push(format!(
             "{} missing from Node.status.images: {}",

@@ -70,6 +70,17 @@ pub fn render_to_buffer(state: &State, width: u16, height: u16) -> Buffer {
     terminal.backend().buffer().clone()
 }
 
+/// A buffer's text, one line per row without trailing spaces: what snapshots and tests compare.
+pub fn buffer_text(buffer: &Buffer) -> String {
+    let width = usize::from(buffer.area.width);
+    let symbols: Vec<&str> = buffer.content().iter().map(|c| c.symbol()).collect();
+    symbols
+        .chunks(width)
+        .map(|row| row.concat().trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn tabs(state: &State, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
     let mut spans = vec![Span::styled(

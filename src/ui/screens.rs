@@ -633,21 +633,36 @@ fn summary(state: &State) -> Line<'static> {
         ),
         Style::new().add_modifier(Modifier::BOLD),
     )];
-    let mut tally: Vec<(super::status::Status, usize)> = Vec::new();
-    for node in state.rollout.nodes().values() {
-        let status = node_status(&node.state, node.stalled(now, stall_after).next().is_some());
-        match tally.iter_mut().find(|(s, _)| *s == status) {
+    let statuses = state
+        .rollout
+        .nodes()
+        .values()
+        .map(|node| node_status(&node.state, node.stalled(now, stall_after).next().is_some()));
+    spans.extend(tally(theme, statuses));
+    Line::from(spans)
+}
+
+/// ` ✓ 3 pinned ↓ 1 pulling`: how many of `statuses` there are of each, in first-seen order.
+pub(super) fn tally(
+    theme: &Theme,
+    statuses: impl Iterator<Item = super::status::Status>,
+) -> Vec<Span<'static>> {
+    let mut counts: Vec<(super::status::Status, usize)> = Vec::new();
+    for status in statuses {
+        match counts.iter_mut().find(|(s, _)| *s == status) {
             Some((_, n)) => *n += 1,
-            None => tally.push((status, 1)),
+            None => counts.push((status, 1)),
         }
     }
-    for (status, n) in tally {
-        spans.push(Span::styled(
-            format!(" {} {n} {}", status.glyph, status.word),
-            fg(theme.tone(status.tone)),
-        ));
-    }
-    Line::from(spans)
+    counts
+        .into_iter()
+        .map(|(status, n)| {
+            Span::styled(
+                format!(" {} {n} {}", status.glyph, status.word),
+                fg(theme.tone(status.tone)),
+            )
+        })
+        .collect()
 }
 
 fn progress(theme: &Theme, done: u64, total: u64, width: u16) -> Line<'static> {

@@ -12,8 +12,8 @@ use ratatui::widgets::{Paragraph, Wrap};
 
 use super::app::{Pane, Screen, State};
 use super::cluster::{ClusterSession, followed_set};
-use super::render::{Column, col, duration, fg, flex, pane, status_span, table, table_title};
-use super::status::{Status, set_state_status};
+use super::render::{Column, col, duration, flex, pane, status_span, table, table_title};
+use super::status::set_state_status;
 use crate::model::cluster::{
     DEGRADED, NodeSetState, PROGRESSING, PinnedImageSet, node_set_state, pool_rollup, pools_for_set,
 };
@@ -157,20 +157,10 @@ fn summary(
         ),
         Style::new().add_modifier(Modifier::BOLD),
     )];
-    let mut tally: Vec<(Status, usize)> = Vec::new();
-    for node in members {
-        let status = set_state_status(&node_state(session, set, node, state));
-        match tally.iter_mut().find(|(s, _)| *s == status) {
-            Some((_, n)) => *n += 1,
-            None => tally.push((status, 1)),
-        }
-    }
-    for (status, n) in tally {
-        spans.push(Span::styled(
-            format!(" {} {n} {}", status.glyph, status.word),
-            fg(theme.tone(status.tone)),
-        ));
-    }
+    let statuses = members
+        .iter()
+        .map(|node| set_state_status(&node_state(session, set, node, state)));
+    spans.extend(super::screens::tally(theme, statuses));
     vec![Line::from(spans)]
 }
 

@@ -48,13 +48,7 @@ fn type_keys(state: &mut State, keys: &str) -> Vec<Cmd> {
 }
 
 fn text(buffer: &Buffer) -> String {
-    let width = usize::from(buffer.area.width);
-    let symbols: Vec<&str> = buffer.content().iter().map(|c| c.symbol()).collect();
-    symbols
-        .chunks(width)
-        .map(|row| row.concat().trim_end().to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
+    super::render::buffer_text(buffer)
 }
 
 fn screen_text(state: &State) -> String {

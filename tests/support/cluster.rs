@@ -14,11 +14,24 @@ use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, connect};
 use pinboard::model::cluster::{DEGRADED, PROGRESSING, ROLE_LABEL, pool_label};
 use serde_json::{Value, json};
 
-use super::Lab;
+use super::{Lab, LabConfig};
 
 /// How long the API server gets for anything a test waits on.
 pub const WAIT: Duration = Duration::from_secs(30);
 const TEST_MANAGER: &str = "pinboard-test";
+
+/// A lab with etcd and kube-apiserver only (no nodes need running for cluster mode).
+pub fn lab(name: &str) -> Lab {
+    pinboard::install_crypto_provider();
+    Lab::start(
+        name,
+        LabConfig {
+            nodes: Vec::new(),
+            apiserver: true,
+        },
+    )
+    .expect("the lab must start")
+}
 
 /// A client for `kubeconfig` (and `context`).
 pub async fn client(kubeconfig: &Path, context: Option<&str>) -> kube::Client {
