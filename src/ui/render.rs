@@ -13,7 +13,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Wrap};
 
 use super::app::{Cursor, Mode, Screen, State};
-use super::keymap::KEYMAP;
+use super::keymap::{Action, Binding, KEYMAP};
 use super::screens;
 use super::status::Tone;
 use super::theme::{Role, Theme};
@@ -192,9 +192,13 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
         spans.push(Span::styled("surveying… ", fg(theme.tone(Tone::Active))));
     }
     spans.push(Span::styled("│", fg(theme.role(Role::Dim))));
+    // The machine-config daemons pull in cluster mode: there is nothing to retry or cancel from here.
+    let engine_only = |b: &&Binding| {
+        state.cluster.is_some() && matches!(b.action, Action::Retry | Action::Cancel)
+    };
     let shown = KEYMAP
         .iter()
-        .filter(|b| b.applies_to(state.screen()))
+        .filter(|b| b.applies_to(state.screen()) && !engine_only(b))
         .filter_map(|b| Some((b, b.status?)));
     for (binding, name) in shown {
         spans.push(Span::styled(
