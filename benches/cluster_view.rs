@@ -5,12 +5,12 @@
 //! MachineConfigPool. Objects are created 32 requests at a time, untimed (the time is printed).
 //!
 //! Measures: (a) from `cluster::connect` through `Cluster::discover` and `watch` to the first complete view
-//! (synced, every Node, MachineConfigNode and set in it, and the first set's rollout computed); (b) from
-//! patching one MachineConfigNode's status (one set failed, Degraded) to the view reflecting it in
-//! `ClusterView::rollout` for that set, `PINBOARD_BENCH_CHANGES` times (median / p95 / max), with where
-//! that time goes; (c) resident memory (VmRSS) before watching and after the first complete view (also once
-//! malloc_trim has returned free heap). Then the lists, decoding and conversion behind (a) and (b), each
-//! timed on its own. Goals: (a) ≤ 3 s; (b) ≤ 250 ms for every change.
+//! (synced, every Node, MachineConfigNode and set in it, folded into the TUI's state and its Rollout screen
+//! drawn); (b) from patching one MachineConfigNode's status (one set failed, Degraded) to the TUI's Rollout
+//! screen, following that set, drawn with it (120×40), `PINBOARD_BENCH_CHANGES` times (median / p95 /
+//! max), with where that time goes; (c) resident memory (VmRSS) before watching and after the first complete
+//! view (also once malloc_trim has returned free heap). Then the lists, decoding and conversion behind (a)
+//! and (b), each timed on its own. Goals: (a) ≤ 3 s; (b) ≤ 250 ms for every change.
 //!
 //!     cargo bench --bench cluster_view     # PINBOARD_BENCH_NODES=2000 PINBOARD_BENCH_SETS=20 PINBOARD_BENCH_CHANGES=20
 //!
@@ -24,6 +24,7 @@ use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -35,6 +36,9 @@ use pinboard::model::cluster::{
     ClusterUpdate, ClusterView, MachineConfigNode, NodeSetState, ROLE_LABEL,
 };
 use pinboard::model::set::from_flags;
+use pinboard::ui;
+use pinboard::ui::app::{Msg, Pane, State};
+use pinboard::ui::render::render_to_buffer;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -47,6 +51,16 @@ const IMAGES_PER_NODE: usize = 30;
 /// How long any wait may take before the bench gives up.
 const WAIT: Duration = Duration::from_secs(120);
 const MANAGER: &str = "pinboard-bench";
+
+/// The TUI's state in cluster mode, on the Rollout screen.
+fn cluster_tui() -> State {
+    let theme = ui::theme::Theme::named("monochrome").expect("a built-in theme");
+    let mut state = State::new("cluster: bench", theme, false, Instant::now());
+    state.start_cluster(None, SystemTime::now());
+    let key = KeyEvent::new(KeyCode::Char('4'), KeyModifiers::NONE);
+    ui::app::update(&mut state, Msg::Key(key));
+    state
+}
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -280,11 +294,17 @@ async fn create_objects(cluster: &Cluster, nodes: usize, sets: usize) {
 
 type Rows = Vec<(String, NodeSetState)>;
 
-/// What the cluster screen does with each update: apply it to the view, then work out the rows it shows
-/// for `set`. (Drawing the screen belongs here too, as one more call.)
-fn show(view: &mut ClusterView, update: ClusterUpdate, set: &str) -> Rows {
-    view.apply(update);
-    view.rollout(set, SystemTime::now())
+/// What the TUI does with each update: fold it into the state (cluster mode, Rollout screen, following
+/// `set`) and draw the frame at 120×40; the rows of `set`'s rollout are returned for the bench's checks.
+fn show(state: &mut State, update: ClusterUpdate, set: &str) -> Rows {
+    ui::app::update(state, Msg::Cluster(update));
+    state.select(Pane::Sets, set);
+    std::hint::black_box(render_to_buffer(state, 120, 40));
+    view(state).rollout(set, SystemTime::now())
+}
+
+fn view(state: &State) -> &ClusterView {
+    &state.cluster.as_ref().expect("cluster mode").view
 }
 
 /// What reading updates until a condition held cost on this side of the channel.
@@ -310,7 +330,7 @@ fn kind_of(update: &ClusterUpdate) -> &'static str {
 /// Feeds updates through [`show`] until `done` holds for the view and the rows shown; panics after [`WAIT`].
 async fn until(
     watch: &mut Watch,
-    view: &mut ClusterView,
+    state: &mut State,
     set: &str,
     what: &str,
     done: impl Fn(&ClusterView, &Rows) -> bool,
@@ -323,14 +343,14 @@ async fn until(
             Ok(None) => panic!("the watchers stopped before: {what}"),
             Err(_) => panic!(
                 "timed out waiting for: {what} (connection: {})",
-                view.connection()
+                view(state).connection()
             ),
         };
         let arrived = Instant::now();
         consumed.arrivals.push((arrived, kind_of(&update)));
-        let rows = show(view, update, set);
+        let rows = show(state, update, set);
         consumed.showing += arrived.elapsed();
-        if done(view, &rows) {
+        if done(view(state), &rows) {
             return consumed;
         }
     }
@@ -441,8 +461,8 @@ fn main() {
             .unwrap();
         let discovered = started.elapsed();
         let mut watch = watch(&cluster);
-        let mut view = ClusterView::default();
-        let consumed = until(&mut watch, &mut view, &first_set, "the first complete view", |v, rows| {
+        let mut state = cluster_tui();
+        let consumed = until(&mut watch, &mut state, &first_set, "the first complete view", |v, rows| {
             v.synced()
                 && v.nodes.len() == nodes
                 && v.machine_config_nodes.len() == nodes
@@ -497,7 +517,7 @@ fn main() {
                 generation: 1,
                 error: error.clone(),
             };
-            let consumed = until(&mut watch, &mut view, &set, "the change shown", |_, rows| {
+            let consumed = until(&mut watch, &mut state, &set, "the change shown", |_, rows| {
                 rows.binary_search_by(|(name, _)| name.cmp(&node))
                     .is_ok_and(|at| rows[at].1 == expected)
             })
@@ -515,7 +535,7 @@ fn main() {
         line("    patch sent → shown in the rollout", &mut latencies);
         line("      patch request round trip       ", &mut patches);
         line("      patch sent → update arrived    ", &mut arrivals);
-        line("      apply + rollout (show)         ", &mut showing);
+        line("      update + draw (show)           ", &mut showing);
         breakdown(&admin).await;
     });
 }

@@ -458,6 +458,12 @@ impl State {
         self.cursor(pane).selected.map(|(_, row)| row)
     }
 
+    /// Selects the row `id` (a node, set or reference) of `pane`, as moving to it with the keys would.
+    pub fn select(&mut self, pane: Pane, id: &str) {
+        self.selected.insert(pane, id.to_owned());
+        self.dirty = true;
+    }
+
     pub fn selected_set(&self) -> Option<&SetDraft> {
         let name = self.selected.get(&Pane::Sets);
         name.and_then(|name| self.sets.iter().find(|s| &s.set.name == name))
