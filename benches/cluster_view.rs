@@ -21,16 +21,13 @@ mod support;
 
 use std::fmt::Debug;
 use std::future::Future;
-use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject};
-use kube::runtime::wait::{await_condition, conditions};
 use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
 use pinboard::model::cluster::{
     ClusterUpdate, ClusterView, MachineConfigNode, NodeSetState, ROLE_LABEL,
@@ -42,6 +39,7 @@ use pinboard::ui::render::render_to_buffer;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
+use support::cluster::{discover, install_crds};
 use support::{Lab, LabConfig};
 
 /// Requests in flight while creating the objects.
@@ -127,41 +125,6 @@ async fn all<F: Future<Output = ()>>(tasks: impl Iterator<Item = F>) {
         .buffer_unordered(IN_FLIGHT)
         .collect::<Vec<()>>()
         .await;
-}
-
-/// Applies every CRD in tests/fixtures/crds, waits until each is established, and discovers the cluster
-/// (retried while discovery catches up with the new CRDs).
-async fn install_crds(client: &kube::Client) -> Cluster {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds");
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let name = crd["metadata"]["name"].as_str().unwrap();
-        crds.patch(
-            name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
-        let established = await_condition(crds.clone(), name, conditions::is_crd_established());
-        tokio::time::timeout(WAIT, established)
-            .await
-            .expect("CRD established in time")
-            .unwrap();
-    }
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match Cluster::discover(client.clone()).await {
-            Ok(cluster) => return cluster,
-            Err(ClusterError::MissingKind(_)) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("discovery failed: {e}"),
-        }
-    }
 }
 
 /// A MachineConfigNode's status as the daemon writes it: every set done at generation 1, except `failed`
@@ -442,7 +405,9 @@ fn main() {
     runtime.block_on(async {
         let admin = Cluster::discover(connect(&options).await.unwrap()).await;
         assert!(matches!(admin, Err(ClusterError::NotOpenShift)));
-        let admin = install_crds(&connect(&options).await.unwrap()).await;
+        let client = connect(&options).await.unwrap();
+        install_crds(&client).await;
+        let admin = discover(&client).await;
         let creating = Instant::now();
         create_objects(&admin, nodes, sets).await;
         println!(
