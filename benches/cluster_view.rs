@@ -16,9 +16,11 @@
 //!
 //! Prints one line per figure; results go in BENCHMARKS.md.
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use common::{env_number, rss_bytes, stats};
 use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
@@ -60,28 +62,6 @@ fn cluster_tui() -> State {
     state
 }
 
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Resident memory of this process, from /proc/self/status, in bytes.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS line");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS value");
-    kib * 1024
-}
-
 /// [`rss_bytes`] once the allocator has given its free memory back to the system.
 fn trimmed_rss() -> u64 {
     // SAFETY: malloc_trim only releases free heap memory.
@@ -95,14 +75,6 @@ fn mb(bytes: u64) -> String {
 
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
-
-/// (median, p95, max) of `times`, nearest rank.
-fn stats(times: &mut [Duration]) -> (Duration, Duration, Duration) {
-    times.sort();
-    let n = times.len();
-    let rank = |p: usize| times[(n * p).div_ceil(100).clamp(1, n) - 1];
-    (rank(50), rank(95), times[n - 1])
 }
 
 /// Digest reference number `i`, as an OpenShift release lists its images.

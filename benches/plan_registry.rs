@@ -6,23 +6,18 @@
 //!
 //! Prints one line per contender and the ratio; results go in BENCHMARKS.md.
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use common::env_number;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    let count = env_number("PINBOARD_BENCH_IMAGES", 500) as usize;
+    let count: usize = env_number("PINBOARD_BENCH_IMAGES", 500);
     let delay = Duration::from_millis(env_number("PINBOARD_BENCH_DELAY_MS", 20));
     let lab = Lab::start(
         "bench-plan",

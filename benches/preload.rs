@@ -18,9 +18,11 @@
 //! RAM at most (native snapshots copy their parent, so a node needs about 3 × the compressed bytes). Prints
 //! one line per figure; results go in BENCHMARKS.md.
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use common::env_number;
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::process::{Command, Stdio};
@@ -42,13 +44,6 @@ use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Pushe
 const MIB: u64 = 1 << 20;
 const IMAGES: u64 = 40;
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
-
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn layer(seed: u64, mib: u64) -> LayerSpec {
     LayerSpec {

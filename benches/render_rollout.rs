@@ -14,6 +14,8 @@
 //!
 //! Prints one line per figure; results go in BENCHMARKS.md.
 
+mod common;
+use common::{env_number, rss_bytes, stats};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -26,28 +28,6 @@ use pinboard::ui::theme::Theme;
 use sha2::{Digest as _, Sha256};
 
 const MI: u64 = 1 << 20;
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Resident memory of this process, from /proc/self/status, in bytes.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS line");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS value");
-    kib * 1024
-}
 
 /// Digest references as an OpenShift release lists them (every payload image in one repository).
 fn image_names(count: usize) -> Vec<String> {
@@ -211,14 +191,6 @@ fn node_events(n: usize, images: &[String], t0: Instant) -> Vec<Event> {
 
 fn key(code: KeyCode) -> Msg {
     Msg::Key(KeyEvent::from(code))
-}
-
-/// (median, p95, max) of `times`, nearest rank.
-fn stats(times: &mut [Duration]) -> (Duration, Duration, Duration) {
-    times.sort();
-    let n = times.len();
-    let rank = |p: usize| times[(n * p).div_ceil(100).clamp(1, n) - 1];
-    (rank(50), rank(95), times[n - 1])
 }
 
 fn ms(d: Duration) -> String {

@@ -9,64 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use support::tmux::Tmux;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 
 const MI: u64 = 1 << 20;
-
-/// A tmux server of the test's own, so nothing else's sessions interfere.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn run(&self, args: &[&str]) -> String {
-        let out = Command::new("tmux")
-            .arg("-L")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .expect("tmux runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        for key in keys {
-            self.run(&["send-keys", "-t", "e2e", key]);
-            std::thread::sleep(Duration::from_millis(150));
-        }
-    }
-
-    fn literal(&self, text: &str) {
-        self.run(&["send-keys", "-t", "e2e", "-l", text]);
-        std::thread::sleep(Duration::from_millis(150));
-    }
-
-    fn screen(&self) -> String {
-        self.run(&["capture-pane", "-t", "e2e", "-p"])
-    }
-
-    /// Waits until the screen shows `text`; panics with the screen when it does not within `limit`.
-    fn wait_for(&self, text: &str, limit: Duration) -> String {
-        let deadline = Instant::now() + limit;
-        loop {
-            let screen = self.screen();
-            if screen.contains(text) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{text:?} did not appear within {limit:?}; screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        self.run(&["kill-server"]);
-    }
-}
 
 /// A process that records every SIGHUP it gets in `log`, standing in for CRI-O.
 fn fake_crio(dir: &Path) -> (Child, PathBuf, PathBuf) {
@@ -143,9 +89,6 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
     .unwrap();
     let n1_before = lab.node("n1").images_ls();
 
-    let tmux = Tmux {
-        socket: format!("pinboard-e2e-{}", std::process::id()),
-    };
     let command = format!(
         "XDG_STATE_HOME={state} {bin} --nodes {nodes} --insecure-registry {registry} --min-free 4Mi; echo EXITED $?; sleep 60",
         state = work.join("state").display(),
@@ -153,17 +96,7 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
         nodes = nodes_file.display(),
         registry = lab.proxy_host(),
     );
-    tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "e2e",
-        "-x",
-        "120",
-        "-y",
-        "40",
-        &command,
-    ]);
+    let tmux = Tmux::start("e2e", 120, 40, &command);
     tmux.wait_for("3/3 reachable", Duration::from_secs(20));
 
     // Compose: Sets screen, new set, paste the references, apply, confirm.

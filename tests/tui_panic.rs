@@ -4,19 +4,20 @@
 //! typed text echoed and read line by line), and the panic message is on the normal screen, at the start
 //! of its line (output processing was back before it was printed).
 
+mod support;
+
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pinboard::ui::app::{Cmd, Msg, NodeInfo, State};
 use pinboard::ui::run::{UiBackend, run};
 use pinboard::ui::theme::Theme;
+use support::tmux::Tmux;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Set in the child's environment: only then does [`child_tui_that_panics`] run the TUI.
 const CHILD: &str = "PINBOARD_TUI_PANIC_CHILD";
 const MESSAGE: &str = "the backend panicked on purpose";
-const SESSION: &str = "panic";
 
 /// Panics on the first command it is given.
 struct PanickingBackend;
@@ -51,57 +52,6 @@ fn child_tui_that_panics() {
     panic!("the TUI returned instead of panicking: {result:?}");
 }
 
-/// A tmux server of the test's own, killed when dropped.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn run(&self, args: &[&str]) -> String {
-        let out = Command::new("tmux")
-            .arg("-L")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .expect("tmux runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn screen(&self) -> String {
-        self.run(&["capture-pane", "-t", SESSION, "-p"])
-    }
-
-    /// A pane variable, e.g. `alternate_on`.
-    fn pane(&self, variable: &str) -> String {
-        let format = format!("#{{{variable}}}");
-        self.run(&["display-message", "-p", "-t", SESSION, &format])
-            .trim()
-            .to_string()
-    }
-
-    /// Waits until the screen shows `text`; panics with the screen when it does not within `limit`.
-    fn wait_for(&self, text: &str, limit: Duration) -> String {
-        let deadline = Instant::now() + limit;
-        loop {
-            let screen = self.screen();
-            if screen.contains(text) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{text:?} did not appear within {limit:?}; screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        self.run(&["kill-server"]);
-    }
-}
-
 /// The child test, then what the terminal is like after it: its `stty` flags, and a line read.
 fn script(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("child.sh");
@@ -126,27 +76,14 @@ fn a_panic_in_the_tui_restores_the_terminal() {
     }
     let dir = tempfile::tempdir().unwrap();
     let script = script(dir.path());
-    let tmux = Tmux {
-        socket: format!("pinboard-panic-{}", std::process::id()),
-    };
     let command = format!("bash --norc --noprofile {}", script.display());
-    tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        SESSION,
-        "-x",
-        "100",
-        "-y",
-        "30",
-        &command,
-    ]);
+    let tmux = Tmux::start("panic", 100, 30, &command);
 
     // The TUI is up: on the alternate screen, the cursor hidden.
     let tui = tmux.wait_for("1/1 reachable", Duration::from_secs(30));
     assert!(tui.contains(" pinboard  1 Nodes"), "{tui}");
     assert_eq!(tmux.pane("alternate_on"), "1", "{tui}");
-    tmux.run(&["send-keys", "-t", SESSION, "L"]);
+    tmux.keys(&["L"]);
 
     let after = tmux.wait_for("STTY", Duration::from_secs(10));
     assert!(after.contains("EXITED 101"), "the child panicked:\n{after}");
@@ -179,8 +116,8 @@ fn a_panic_in_the_tui_restores_the_terminal() {
 
     // The shell after it reads a typed line, echoed as typed.
     let typed = "typed after the panic";
-    tmux.run(&["send-keys", "-t", SESSION, "-l", typed]);
-    tmux.run(&["send-keys", "-t", SESSION, "Enter"]);
+    tmux.literal(typed);
+    tmux.keys(&["Enter"]);
     let read = tmux.wait_for(&format!("READ:{typed}"), Duration::from_secs(10));
     assert!(
         read.lines().any(|l| l == typed),

@@ -20,6 +20,7 @@ mod process;
 mod proxy;
 mod registry;
 mod run;
+pub mod tmux;
 
 // Each including crate uses some of these re-exports, none uses all (see `dead_code` above).
 #[allow(unused_imports)]
