@@ -233,3 +233,94 @@ fn waiting_for_a_set_that_never_gets_ready_times_out_with_exit_1() {
         run.stderr
     );
 }
+
+#[test]
+fn a_pull_in_flight_is_reported_with_its_progress_not_as_plainly_missing() {
+    let lab = Lab::start(
+        "check-pulling",
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 64 * MI)],
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let spec = ImageSpec {
+        layers: vec![LayerSpec {
+            seed: 900,
+            bytes: 4 * MI as usize,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    // Through the proxy, slowed down: the pull is still running while check looks.
+    let image = lab
+        .push_image("check/big", &spec)
+        .expect("push")
+        .reference(&lab.proxy_host());
+    lab.proxy().set_bandwidth(Some(64 * 1024));
+    let check = || {
+        let node = format!("n1={}", lab.node("n1").endpoint());
+        let args = [
+            "check",
+            "--image",
+            &image,
+            "--insecure-registry",
+            &lab.proxy_host(),
+        ];
+        let rest = ["--cri", &node, "--min-free", "1Mi", "-o", "json"];
+        let run = pinboard(args.into_iter().chain(rest));
+        let report: Readiness = serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}\n{}", run.stdout, run.stderr));
+        (run, report)
+    };
+    let endpoint: pinboard::backend::cri::CriEndpoint = lab.node("n1").endpoint().parse().unwrap();
+    std::thread::scope(|scope| {
+        let pulling = scope.spawn(|| lab.node("n1").pull(&image));
+        // Wait until containerd is writing the layer.
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ingests = runtime.block_on(async {
+                let client = CriClient::connect(&endpoint, DEFAULT_TIMEOUT)
+                    .await
+                    .unwrap();
+                pinboard::backend::progress::list_ingests(client.channel())
+                    .await
+                    .unwrap()
+            });
+            if ingests.iter().any(|i| i.offset > 0) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the pull never started writing");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (run, report) = check();
+        lab.proxy().set_bandwidth(None);
+        pulling
+            .join()
+            .unwrap()
+            .expect("the pull finishes once the link is fast");
+
+        assert_eq!(run.code, 1, "{}", run.stderr);
+        let seen = &report.nodes[0].images[0];
+        assert_eq!(seen.reason, Some(ImageReason::Pulling), "{}", run.stdout);
+        let pull = seen.pulling.as_ref().unwrap();
+        assert!(
+            pull.done_bytes > 0 && pull.done_bytes < pull.total_bytes,
+            "{pull:?}"
+        );
+        assert!(pull.total_bytes >= 4 * MI, "{pull:?}");
+        assert!(
+            run.stderr.contains("n1: 1 image pulling now: ") && run.stderr.contains(" in 1 blob, "),
+            "{}",
+            run.stderr
+        );
+    });
+    // And once it is there, it is only not pinned (ctr does not pin).
+    let (run, report) = check();
+    assert_eq!(run.code, 1);
+    assert_eq!(
+        report.nodes[0].images[0].reason,
+        Some(ImageReason::NotPinned)
+    );
+}

@@ -8,18 +8,22 @@
 //! CRI-O has no such API; its pulls have no byte progress.
 
 use std::collections::{HashMap, HashSet};
+use std::time::SystemTime;
 
 use tonic::transport::Channel;
 
 use super::pins::CONTAINERD_NAMESPACE;
 use super::proto::containerd_content::{ListStatusesRequest, content_client::ContentClient};
 use crate::model::image::ImageFacts;
+use crate::model::readiness::PullSeen;
 
-/// One in-progress ingest: the blob's digest and the bytes written so far.
+/// One in-progress ingest: the blob's digest, the bytes written so far, and when it started and last moved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ingest {
     pub digest: String,
     pub offset: u64,
+    pub started: Option<SystemTime>,
+    pub updated: Option<SystemTime>,
 }
 
 /// The blob digest of an ingest ref (`layer-sha256:<hex>`, `config-sha256:<hex>`; other kinds, such as
@@ -45,9 +49,12 @@ pub async fn list_ingests(channel: Channel) -> Result<Vec<Ingest>, tonic::Status
     Ok(statuses
         .into_iter()
         .filter_map(|s| {
+            let time = |t: Option<prost_types::Timestamp>| SystemTime::try_from(t?).ok();
             Some(Ingest {
                 digest: blob_of_ref(&s.r#ref)?.to_string(),
                 offset: u64::try_from(s.offset).unwrap_or(0),
+                started: time(s.started_at),
+                updated: time(s.updated_at),
             })
         })
         .collect())
@@ -58,6 +65,36 @@ pub async fn list_ingests(channel: Channel) -> Result<Vec<Ingest>, tonic::Status
 pub struct Bytes {
     pub done: u64,
     pub total: u64,
+}
+
+/// What the ingests say about a pull of the image made of `facts`: `None` when none of its blobs is
+/// being written; else how long since the first of them started, how long since any last moved, and the
+/// bytes written of the blobs in flight, at `now`.
+pub fn pull_seen(facts: &ImageFacts, ingests: &[Ingest], now: SystemTime) -> Option<PullSeen> {
+    let sizes: HashMap<&str, u64> = blobs(facts).collect();
+    let mine: Vec<&Ingest> = ingests
+        .iter()
+        .filter(|i| sizes.contains_key(i.digest.as_str()))
+        .collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let ago = |t: Option<SystemTime>| t.and_then(|t| now.duration_since(t).ok());
+    Some(PullSeen {
+        running_seconds: mine
+            .iter()
+            .filter_map(|i| ago(i.started))
+            .max()
+            .map(|d| d.as_secs()),
+        idle_seconds: mine
+            .iter()
+            .filter_map(|i| ago(i.updated))
+            .min()
+            .map(|d| d.as_secs()),
+        blobs: mine.len(),
+        done_bytes: mine.iter().map(|i| i.offset).sum(),
+        total_bytes: mine.iter().map(|i| sizes[i.digest.as_str()]).sum(),
+    })
 }
 
 /// Per-node mapping from ingests to images.
@@ -181,7 +218,39 @@ mod tests {
         Ingest {
             digest: digest.into(),
             offset,
+            started: None,
+            updated: None,
         }
+    }
+
+    #[test]
+    fn a_pull_in_flight_is_seen_from_the_ingests_of_its_blobs() {
+        let image = facts("c", &[("l1", 1000), ("l2", 3000)]);
+        let t0 = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let at = |s: u64| Some(t0 + std::time::Duration::from_secs(s));
+        let ingest = |digest: &str, offset, started, updated| Ingest {
+            digest: digest.into(),
+            offset,
+            started: at(started),
+            updated: at(updated),
+        };
+        let ingests = [
+            ingest("l1", 400, 10, 70),
+            ingest("l2", 100, 40, 50),
+            ingest("other", 9, 0, 0),
+        ];
+        let seen = pull_seen(&image, &ingests, t0 + std::time::Duration::from_secs(100)).unwrap();
+        assert_eq!(
+            seen,
+            PullSeen {
+                running_seconds: Some(90),
+                idle_seconds: Some(30),
+                blobs: 2,
+                done_bytes: 500,
+                total_bytes: 4000,
+            }
+        );
+        assert_eq!(pull_seen(&image, &ingests[2..], t0), None, "not its blobs");
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! Observes what [`crate::model::readiness`] judges: on one node reached over its CRI socket, whether each
 //! image is there (ImageStatus), whether the runtime reports it pinned, and what the node's own pin record
 //! says: the CRI-O drop-in's list, or the containerd pin label. How the node pins is resolved exactly as
-//! the engine resolves it when it writes pins ([`crate::engine::resolve`]).
+//! the engine resolves it when it writes pins ([`crate::engine::resolve`]). On containerd, pulls in flight
+//! for missing images are read from its content ingests ([`observe_pulls`]).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
 
 use super::cri::{CriClient, CriError};
-use super::pins;
+use super::{pins, progress};
 use crate::engine::{self, PinTarget};
+use crate::model::image::ImageFacts;
 use crate::model::readiness::{ImageObserved, NodeObserved};
 use crate::model::rollout::PinMethod;
 use crate::targets::NodeTarget;
@@ -109,6 +112,47 @@ pub async fn observe(
         observed.images.push(image);
     }
     observed
+}
+
+/// Adds the pulls in flight to the missing images of a containerd node: its content ingests
+/// (`ListStatuses`) mapped to each image's blobs, as the registry described them in `facts`. CRI-O does not
+/// tell; a node that cannot be asked keeps its images as they were.
+pub async fn observe_pulls(
+    target: &NodeTarget,
+    observed: &mut NodeObserved,
+    facts: &HashMap<String, ImageFacts>,
+    timeout: Duration,
+) {
+    let containerd = observed
+        .runtime
+        .as_deref()
+        .is_some_and(|r| r.starts_with("containerd"));
+    if !containerd || observed.images.iter().all(|i| i.present != Some(false)) {
+        return;
+    }
+    let ingests = match CriClient::connect(&target.node.endpoint, timeout).await {
+        Ok(client) => progress::list_ingests(client.channel())
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let ingests = match ingests {
+        Ok(ingests) => ingests,
+        Err(e) => {
+            tracing::warn!("{}: cannot list containerd's ingests: {e}", observed.node);
+            return;
+        }
+    };
+    let now = SystemTime::now();
+    for image in observed
+        .images
+        .iter_mut()
+        .filter(|i| i.present == Some(false))
+    {
+        if let Some(facts) = facts.get(&image.reference) {
+            image.pulling = progress::pull_seen(facts, &ingests, now);
+        }
+    }
 }
 
 /// Where a node keeps its pins.

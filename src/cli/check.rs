@@ -11,7 +11,7 @@ use clap::Args;
 
 use super::output::{image_matrix, render, table};
 use super::{SetsOnNodes, read_sets, registry_client};
-use crate::backend::readiness::observe;
+use crate::backend::readiness::{observe, observe_pulls};
 use crate::backend::registry::Registry;
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
@@ -74,8 +74,9 @@ impl Checker {
     }
 
     /// Each node judged from `observed`. Nodes that miss images are planned too, so that "no space" can be
-    /// a reason; a registry that cannot answer only leaves that reason out.
+    /// a reason, and asked for the pulls in flight; a registry that cannot answer only leaves those out.
     async fn judge(&self, observed: &[NodeObserved], timeout: Duration) -> Vec<NodeReadiness> {
+        let mut observed = observed.to_vec();
         let missing: Vec<usize> = (0..observed.len())
             .filter(|&i| {
                 observed[i].unreachable.is_none()
@@ -102,6 +103,9 @@ impl Checker {
             .await;
             match surveyed {
                 Ok(s) => {
+                    for &i in &missing {
+                        observe_pulls(&self.targets[i], &mut observed[i], &s.facts, timeout).await;
+                    }
                     for (i, plan) in missing.iter().zip(s.nodes) {
                         plans[*i] = Some(plan);
                     }
@@ -308,6 +312,7 @@ fn image_cell(image: &ImageReadiness) -> String {
         None => "✓ pinned".into(),
         Some(ImageReason::NotPinned) => "! not pinned".into(),
         Some(ImageReason::Missing) => "✗ missing".into(),
+        Some(ImageReason::Pulling) => "↓ pulling".into(),
         Some(ImageReason::Unknown) => "? unknown".into(),
     }
 }

@@ -21,7 +21,7 @@ use super::cluster::{ClusterView, NODE_IMAGES_LIMIT, NodeSetState, Presence};
 use super::plan::{NodePlan, Verdict};
 use super::rollout::PinMethod;
 use super::set::ImageSet;
-use super::units::clock;
+use super::units::{clock, human};
 
 /// What was observed on one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -50,13 +50,35 @@ pub struct ImageObserved {
     pub reported_pinned: Option<bool>,
     /// The node's pin record: listed in the CRI-O drop-in, or the containerd pin label set.
     pub recorded_pinned: Option<bool>,
+    /// A pull of the (missing) image the runtime is running now, where it tells (containerd).
+    pub pulling: Option<PullSeen>,
 }
+
+/// A pull in flight, as the runtime's content ingests show it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PullSeen {
+    /// Since the first of its blobs started.
+    pub running_seconds: Option<u64>,
+    /// Since any of its blobs last got bytes.
+    pub idle_seconds: Option<u64>,
+    /// Blobs being written.
+    pub blobs: usize,
+    /// Written so far of the blobs being written, out of their sizes.
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// A pull without bytes for this long is said to look stuck (the TUI's default `--stall-after`).
+const STUCK_AFTER_SECONDS: u64 = 60;
 
 /// Why an image is not ready on a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ImageReason {
     Missing,
+    /// Missing, and the runtime is pulling it now.
+    Pulling,
     NotPinned,
     /// The node or its pin record could not be asked.
     Unknown,
@@ -67,6 +89,7 @@ impl ImageReason {
     pub fn as_str(self) -> &'static str {
         match self {
             ImageReason::Missing => "missing",
+            ImageReason::Pulling => "pulling",
             ImageReason::NotPinned => "present but not pinned",
             ImageReason::Unknown => "unknown",
         }
@@ -82,6 +105,9 @@ pub struct ImageReadiness {
     pub pinned: Option<bool>,
     /// None when the image is present and pinned.
     pub reason: Option<ImageReason>,
+    /// The pull in flight, when the reason is `pulling`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulling: Option<PullSeen>,
 }
 
 /// One node's readiness, as `status` and `check` print it.
@@ -166,8 +192,13 @@ fn pinned(image: &ImageObserved) -> Option<bool> {
 
 fn image_readiness(image: &ImageObserved) -> ImageReadiness {
     let pinned = pinned(image);
+    let pulling = image
+        .pulling
+        .clone()
+        .filter(|_| image.present == Some(false));
     let reason = match (image.present, pinned) {
         (None, _) => Some(ImageReason::Unknown),
+        (Some(false), _) if pulling.is_some() => Some(ImageReason::Pulling),
         (Some(false), _) => Some(ImageReason::Missing),
         (Some(true), Some(false)) => Some(ImageReason::NotPinned),
         (Some(true), None) => Some(ImageReason::Unknown),
@@ -178,7 +209,32 @@ fn image_readiness(image: &ImageObserved) -> ImageReadiness {
         present: image.present,
         pinned,
         reason,
+        pulling,
     }
+}
+
+/// `for 2m10s, 40.00 MiB of 120.00 MiB in 3 blobs, no bytes for 95s: looks stuck`.
+fn pull_words(pull: &PullSeen) -> String {
+    let mut words = Vec::new();
+    if let Some(running) = pull.running_seconds {
+        words.push(format!("for {}", clock(Duration::from_secs(running))));
+    }
+    words.push(format!(
+        "{} of {} in {} blob{}",
+        human(pull.done_bytes),
+        human(pull.total_bytes),
+        pull.blobs,
+        if pull.blobs == 1 { "" } else { "s" }
+    ));
+    match pull.idle_seconds {
+        Some(idle) if idle >= STUCK_AFTER_SECONDS => words.push(format!(
+            "no bytes for {}: looks stuck, check the node's link to the registry",
+            clock(Duration::from_secs(idle))
+        )),
+        Some(idle) => words.push(format!("last bytes {}s ago", idle)),
+        None => {}
+    }
+    words.join(", ")
 }
 
 /// The references of the images not ready for `reason`.
@@ -217,6 +273,23 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
                 "{} missing: {}; `pinboard apply` pre-loads and pins them",
                 count_images(missing.len()),
                 missing.join(", ")
+            ));
+        }
+        let pulling: Vec<String> = images
+            .iter()
+            .filter_map(|i| {
+                Some(format!(
+                    "{} ({})",
+                    i.reference,
+                    pull_words(i.pulling.as_ref()?)
+                ))
+            })
+            .collect();
+        if !pulling.is_empty() {
+            reasons.push(format!(
+                "{} pulling now: {}",
+                count_images(pulling.len()),
+                pulling.join(", ")
             ));
         }
         if let Some(plan) = plan.filter(|p| p.verdict == Verdict::NoSpace && !missing.is_empty()) {
@@ -424,8 +497,8 @@ fn cluster_image(reference: &str, present: Option<bool>, pinned: bool) -> ImageR
     image_readiness(&ImageObserved {
         reference: reference.to_owned(),
         present,
-        reported_pinned: None,
         recorded_pinned: Some(pinned),
+        ..ImageObserved::default()
     })
 }
 
@@ -493,6 +566,7 @@ impl NodeReadiness {
             .chain(
                 [
                     (ImageReason::Missing, "missing"),
+                    (ImageReason::Pulling, "pulling"),
                     (ImageReason::NotPinned, "not pinned"),
                     (ImageReason::Unknown, "unknown"),
                 ]
@@ -555,6 +629,7 @@ mod tests {
             present,
             reported_pinned: reported,
             recorded_pinned: recorded,
+            pulling: None,
         }
     }
 
@@ -621,6 +696,42 @@ mod tests {
             n.summary(),
             "1 image missing, 1 image not pinned, 2 images unknown"
         );
+    }
+
+    #[test]
+    fn a_missing_image_being_pulled_says_for_how_long_and_whether_it_looks_stuck() {
+        let pull = |idle| PullSeen {
+            running_seconds: Some(130),
+            idle_seconds: Some(idle),
+            blobs: 2,
+            done_bytes: 40 << 20,
+            total_bytes: 120 << 20,
+        };
+        let mut missing = image("a", Some(false), None, Some(false));
+        missing.pulling = Some(pull(3));
+        let n = assess(&node(vec![missing.clone()]), None);
+        assert_eq!(n.images[0].reason, Some(ImageReason::Pulling));
+        assert_eq!(
+            n.reasons,
+            ["1 image pulling now: a (for 2m10s, 40 MiB of 120 MiB in 2 blobs, last bytes 3s ago)"]
+        );
+        assert_eq!(n.summary(), "1 image pulling");
+        missing.pulling = Some(pull(95));
+        let stuck = assess(&node(vec![missing]), None);
+        assert!(
+            stuck.reasons[0].ends_with(
+                "no bytes for 1m35s: looks stuck, check the node's link to the registry)"
+            ),
+            "{}",
+            stuck.reasons[0]
+        );
+        let json = serde_json::to_value(&stuck.images[0]).unwrap();
+        assert_eq!(json["reason"], "pulling");
+        assert_eq!(json["pulling"]["idleSeconds"], 95);
+        // A pull seen for an image that is there after all is not one.
+        let mut there = image("a", Some(true), Some(true), None);
+        there.pulling = Some(pull(1));
+        assert!(assess(&node(vec![there]), None).ready);
     }
 
     #[test]
