@@ -5,6 +5,7 @@
 //! to 30 s), and starts over with a fresh list, which ends in [`Connection::Synced`] again: so a recovered
 //! watch always says so, even when nothing changed meanwhile.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::time::{Duration, SystemTime};
@@ -46,41 +47,41 @@ impl Drop for Watch {
 /// Starts one watcher per [`Kind`] on the cluster. Needs a tokio runtime.
 pub fn watch(cluster: &Cluster) -> Watch {
     let (tx, updates) = mpsc::channel(CHANNEL);
-    let client = &cluster.client;
-    let dynamic =
-        |kind, resource: &ApiResource, to_update: fn(&Snapshot<DynamicObject>) -> ClusterUpdate| {
-            let api = Api::all_with(client.clone(), resource);
-            spawn(
-                kind,
-                api,
-                Writer::new(resource.clone()),
-                to_update,
-                tx.clone(),
-            )
-        };
-    let resources = &cluster.resources;
+    let (client, resources) = (&cluster.client, &cluster.resources);
     let tasks = vec![
-        dynamic(Kind::MachineConfigPool, &resources.pool, |l| {
-            ClusterUpdate::Pools(typed_all(l))
-        }),
-        dynamic(
+        typed_watch(
+            client,
+            Kind::MachineConfigPool,
+            &resources.pool,
+            ClusterUpdate::Pools,
+            &tx,
+        ),
+        typed_watch(
+            client,
             Kind::MachineConfigNode,
             &resources.machine_config_node,
-            |l| ClusterUpdate::MachineConfigNodes(typed_all(l)),
+            ClusterUpdate::MachineConfigNodes,
+            &tx,
         ),
-        dynamic(Kind::PinnedImageSet, &resources.pinned_image_set, |l| {
-            ClusterUpdate::Sets(typed_all(l))
-        }),
-        dynamic(
+        typed_watch(
+            client,
+            Kind::PinnedImageSet,
+            &resources.pinned_image_set,
+            ClusterUpdate::Sets,
+            &tx,
+        ),
+        typed_watch(
+            client,
             Kind::ContainerRuntimeConfig,
             &resources.runtime_config,
-            |l| ClusterUpdate::RuntimeConfigs(typed_all(l)),
+            ClusterUpdate::RuntimeConfigs,
+            &tx,
         ),
         spawn(
             Kind::Node,
             Api::<Node>::all(client.clone()),
             Writer::default(),
-            |nodes| {
+            |nodes: &Snapshot<Node>| {
                 ClusterUpdate::Nodes(nodes.iter().map(|n| NodeView::from(n.as_ref())).collect())
             },
             tx,
@@ -91,8 +92,57 @@ pub fn watch(cluster: &Cluster) -> Watch {
 
 type Snapshot<K> = [std::sync::Arc<K>];
 
-fn typed_all<T: DeserializeOwned>(objects: &Snapshot<DynamicObject>) -> Vec<T> {
-    objects.iter().filter_map(|o| typed(o)).collect()
+/// A watcher of a machine-config kind, sending its objects as typed views (`T`) in `to_update`.
+fn typed_watch<T>(
+    client: &kube::Client,
+    kind: Kind,
+    resource: &ApiResource,
+    to_update: fn(Vec<T>) -> ClusterUpdate,
+    tx: &mpsc::Sender<ClusterUpdate>,
+) -> JoinHandle<()>
+where
+    T: DeserializeOwned + Clone + Send + 'static,
+{
+    let api = Api::all_with(client.clone(), resource);
+    let mut cache = TypedCache::default();
+    let update = move |objects: &Snapshot<DynamicObject>| to_update(cache.all(objects));
+    spawn(kind, api, Writer::new(resource.clone()), update, tx.clone())
+}
+
+/// The typed views of a kind's objects by name, each converted again only when its resourceVersion
+/// changes: after a change to one of 2,000 objects, one is converted, not 2,000.
+struct TypedCache<T> {
+    by_name: HashMap<String, (String, T)>,
+}
+
+impl<T> Default for TypedCache<T> {
+    fn default() -> Self {
+        TypedCache {
+            by_name: HashMap::new(),
+        }
+    }
+}
+
+impl<T: DeserializeOwned + Clone> TypedCache<T> {
+    /// Every object's typed view, in the order given; objects gone are forgotten.
+    fn all(&mut self, objects: &Snapshot<DynamicObject>) -> Vec<T> {
+        let mut kept = HashMap::with_capacity(objects.len());
+        let views = objects
+            .iter()
+            .filter_map(|object| {
+                let name = object.metadata.name.clone().unwrap_or_default();
+                let version = object.metadata.resource_version.clone().unwrap_or_default();
+                let view = match self.by_name.remove(&name) {
+                    Some((seen, view)) if seen == version && !version.is_empty() => view,
+                    _ => typed(object)?,
+                };
+                kept.insert(name, (version, view.clone()));
+                Some(view)
+            })
+            .collect();
+        self.by_name = kept;
+        views
+    }
 }
 
 /// Watches `api` for ever (until the receiver is gone), keeping `writer`'s store and sending `to_update`
@@ -101,7 +151,7 @@ fn spawn<K>(
     kind: Kind,
     api: Api<K>,
     mut writer: Writer<K>,
-    to_update: fn(&Snapshot<K>) -> ClusterUpdate,
+    mut to_update: impl FnMut(&Snapshot<K>) -> ClusterUpdate + Send + 'static,
     tx: mpsc::Sender<ClusterUpdate>,
 ) -> JoinHandle<()>
 where
@@ -161,4 +211,40 @@ where
             retry = (retry * 2).min(LAST_RETRY);
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::cluster::PinnedImageSet;
+
+    fn set(name: &str, version: &str, generation: i64) -> Arc<DynamicObject> {
+        let object = serde_json::json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "PinnedImageSet",
+            "metadata": {"name": name, "resourceVersion": version, "generation": generation},
+        });
+        Arc::new(serde_json::from_value(object).unwrap())
+    }
+
+    #[test]
+    fn typed_views_are_converted_again_only_when_the_resource_version_changes() {
+        let mut cache = TypedCache::<PinnedImageSet>::default();
+        let generations = |views: Vec<PinnedImageSet>| -> Vec<i64> {
+            views.iter().map(PinnedImageSet::generation).collect()
+        };
+        assert_eq!(
+            generations(cache.all(&[set("a", "1", 1), set("b", "1", 1)])),
+            [1, 1]
+        );
+        // Same version, other content: the view converted before stands (no new conversion).
+        assert_eq!(
+            generations(cache.all(&[set("a", "1", 7), set("b", "2", 2)])),
+            [1, 2]
+        );
+        // Gone objects are forgotten: back with the same version, it is converted anew.
+        assert_eq!(generations(cache.all(&[set("b", "2", 2)])), [2]);
+        assert_eq!(generations(cache.all(&[set("a", "1", 9)])), [9]);
+    }
 }
