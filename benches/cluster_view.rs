@@ -343,8 +343,8 @@ async fn breakdown(cluster: &Cluster) {
         .collect();
     println!(
         "timed apart: list {} Nodes {}; list {} MachineConfigNodes {} ({:.1} KB each as JSON, \
-         decoding them {}), from the watch cache {}; convert every MachineConfigNode (the watcher, \
-         per change) {}",
+         decoding them {}), from the watch cache {}; convert every MachineConfigNode (the watcher's \
+         first list; later changes convert only the changed object) {}",
         nodes.len(),
         ms(node_list),
         mcns.len(),
