@@ -2,7 +2,8 @@
 //! registry), with the tests playing the kubelet and the machine-config daemon. For `check`, `status`,
 //! `apply` and `unpin`, each case a pipeline must never get wrong ends in exit 1 with its reason; exit 0
 //! only when every node has really reached the set's generation and lists every image. `plan` plans every
-//! node a set lands on, from what the API tells about its space and images.
+//! node a set lands on, from what the API tells about its space (a stand-in kubelet's summary through the
+//! node proxy, else allocatable ephemeral-storage) and its images.
 
 mod support;
 
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use pinboard::model::readiness::{NodesStatus, Readiness};
 use serde_json::{Value, json};
 use support::cluster::{NodeStatus, WAIT, Writer, client, digest, discover, install_crds};
+use support::kubelet::{FakeKubelet, ImageFs};
 use support::{ImageSpec, Lab, LayerFormat, LayerSpec, Run, pinboard};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -322,6 +324,14 @@ async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
         };
         writer.node_status(node, &status).await;
     }
+    // n1 has a kubelet the node proxy reaches: its figures are the image filesystem's.
+    let image_fs = ImageFs {
+        capacity: 200 << 30,
+        available: 150 << 30,
+        used: 50 << 30,
+    };
+    let kubelet = FakeKubelet::start(&lab.dir().join("kubelet-n1"), "n1", image_fs).unwrap();
+    writer.kubelet("n1", kubelet.port()).await;
     let file = set_file(lab.dir(), "apps", "worker", &pushed);
     let plan = |output: &'static str| {
         let file = file.display().to_string();
@@ -344,15 +354,23 @@ async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
     let survey: Value = serde_json::from_str(&json.stdout).unwrap();
     let nodes = survey["nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 3, "{}", json.stdout);
-    for node in nodes {
+    assert_eq!(nodes[0]["spaceSource"], "kubelet-summary", "{}", nodes[0]);
+    assert_eq!(nodes[0]["capacityBytes"], 200u64 << 30);
+    assert_eq!(nodes[0]["availableBytes"], 150u64 << 30);
+    assert_eq!(nodes[0]["usedBytes"], 50u64 << 30);
+    for node in &nodes[1..] {
         assert_eq!(
             node["spaceSource"], "allocatable-ephemeral-storage",
             "{node}"
         );
         assert_eq!(node["availableBytes"], 100u64 << 30);
         assert_eq!(node["capacityBytes"], 120u64 << 30);
-        assert_eq!(node["verdict"], "fits");
     }
+    assert!(
+        nodes.iter().all(|n| n["verdict"] == "fits"),
+        "{}",
+        json.stdout
+    );
     let present = |n: usize| -> Vec<Value> {
         nodes[n]["images"]
             .as_array()
@@ -381,7 +399,7 @@ async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
     assert!(
         table
             .stdout
-            .contains("space from the allocatable ephemeral-storage"),
+            .contains("(allocatable): the Node's allocatable ephemeral-storage"),
         "{}",
         table.stdout
     );

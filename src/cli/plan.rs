@@ -105,17 +105,23 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         human(survey.min_free_bytes),
         survey.gc_high_percent
     ));
-    if let Some(source) = survey.nodes.iter().find_map(|n| n.space_source) {
-        out.push_str(&format!(
-            "space from the {}{}\n",
-            source.label(),
-            if source == SpaceSource::AllocatableEphemeralStorage {
-                " (what the OpenShift daemon checks, not the image filesystem's free space; the kubelet \
-                 summary needs `get nodes/proxy` and a kubelet that answers)"
-            } else {
-                ""
+    let sources = [
+        SpaceSource::KubeletSummary,
+        SpaceSource::AllocatableEphemeralStorage,
+    ];
+    let used = |source| survey.nodes.iter().any(|n| n.space_source == Some(source));
+    for source in sources.into_iter().filter(|s| used(*s)) {
+        out.push_str(&match source {
+            SpaceSource::KubeletSummary => {
+                "space figures: the kubelet's image filesystem (its summary through the node proxy)\n".into()
             }
-        ));
+            SpaceSource::AllocatableEphemeralStorage => format!(
+                "(allocatable): the Node's {} (what the OpenShift daemon checks), not the image \
+                 filesystem's free space; the kubelet summary needs `get nodes/proxy` and a kubelet that \
+                 answers\n",
+                source.label()
+            ),
+        });
     }
     for node in survey.nodes.iter().filter(|n| !n.reasons.is_empty()) {
         out.push_str(&format!("\n{}:\n", node.node));

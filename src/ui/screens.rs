@@ -388,6 +388,11 @@ fn plan_detail(state: &State, frame: &mut Frame, area: Rect, survey: &Survey, no
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default(),
             )),
+            Span::raw(
+                node.space_source
+                    .map(|s| format!("  space: {}", s.label()))
+                    .unwrap_or_default(),
+            ),
         ]),
         bar_line(
             "before ",

@@ -232,6 +232,19 @@ impl Writer {
             .unwrap_or_else(|e| panic!("status of Node {name}: {e}"));
     }
 
+    /// Points Node `name` at a kubelet listening on 127.0.0.1:`port`, as its status says where its kubelet
+    /// is: the API server's node proxy goes there.
+    pub async fn kubelet(&self, name: &str, port: u16) {
+        let body = json!({"status": {
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+        }});
+        Api::<Node>::all(self.cluster.client().clone())
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .unwrap_or_else(|e| panic!("kubelet address of Node {name}: {e}"));
+    }
+
     /// Writes a MachineConfigNode's status as the daemon does: the set entry and both conditions. (No
     /// empty strings or nulls: this API server turns `""` into null in custom resources, which the schema's
     /// string fields then refuse.)

@@ -14,6 +14,7 @@ pub mod cluster;
 mod cri;
 pub mod http;
 mod images;
+pub mod kubelet;
 mod lab;
 mod node;
 mod process;
