@@ -11,17 +11,27 @@
 //! The nodes file keeps every write inside the lab dir: n1 pins through a CRI-O drop-in there, n2 and n3
 //! with containerd labels, and each node's lazy-pull drop-in lives there too. With `--hold`, prints the
 //! endpoints and waits for Ctrl-C instead. Needs root and the packages of scripts/setup.
+//!
+//! With `--cluster`, the same nodes also stand in an OpenShift cluster: the lab's etcd + kube-apiserver with
+//! the machine-config CRDs, a worker pool, a Node and a MachineConfigNode per node, a stand-in kubelet per
+//! node (its real image filesystem, through the node proxy) and a stand-in machine-config daemon that
+//! pre-loads every set labelled for the worker pool through the node's containerd and reports as the daemon
+//! does. pinboard then runs in cluster mode (`--kubeconfig`) with `<lab>/release.yaml`, a PinnedImageSet of
+//! the samples for the worker pool, which n1 has no room for.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Platform};
+use support::kubelet::{FakeKubelet, ImageFs};
+use support::{
+    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Platform, cluster, daemon,
+};
 use tokio::signal::unix::{SignalKind, signal};
 
 const MIB: usize = 1 << 20;
@@ -37,14 +47,17 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<ExitCode> {
-    let mut hold = false;
+    let (mut hold, mut cluster) = (false, false);
     let mut args = std::env::args().skip(1);
     let mut pinboard_args = Vec::new();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--hold" => hold = true,
+            "--cluster" => cluster = true,
             "--" => pinboard_args.extend(args.by_ref()),
-            _ => bail!("usage: cargo run --example lab -- [--hold] [-- PINBOARD_ARGS...]"),
+            _ => bail!(
+                "usage: cargo run --example lab -- [--hold] [--cluster] [-- PINBOARD_ARGS...]"
+            ),
         }
     }
 
@@ -63,10 +76,14 @@ fn run() -> Result<ExitCode> {
                 NodeSpec::new("n2", 400 << 20),
                 NodeSpec::new("n3", 1 << 30),
             ],
-            apiserver: false,
+            apiserver: cluster,
         },
     )?;
     let images_file = push_samples(&lab)?;
+    let stand_ins = match cluster {
+        true => Some(runtime.block_on(play_cluster(&lab, &images_file))?),
+        false => None,
+    };
 
     if hold {
         println!("lab dir:     {}", lab.dir().display());
@@ -75,6 +92,13 @@ fn run() -> Result<ExitCode> {
         println!("images file: {}", images_file.display());
         for node in lab.nodes() {
             println!("node {}:     {}", node.name, node.endpoint());
+        }
+        if let Some(stand_ins) = &stand_ins {
+            println!(
+                "kubeconfig:  {}",
+                lab.apiserver().expect("cluster lab").kubeconfig().display()
+            );
+            println!("set:         {}", stand_ins.set_file.display());
         }
         println!("Ctrl-C stops the lab.");
         runtime.block_on(interrupt.recv());
@@ -92,22 +116,29 @@ fn run() -> Result<ExitCode> {
         Some((first, rest)) if !first.starts_with('-') => (Some(first), rest),
         _ => (None, pinboard_args.as_slice()),
     };
-    command
-        .args(subcommand)
-        .arg("--images-file")
-        .arg(&images_file)
-        .args([
-            "--insecure-registry",
-            &lab.proxy_host(),
-            "--min-free",
-            "32Mi",
-            "--nodes",
-        ])
-        .arg(&nodes_file);
+    command.args(subcommand).args([
+        "--insecure-registry",
+        &lab.proxy_host(),
+        "--min-free",
+        "32Mi",
+    ]);
+    match &stand_ins {
+        Some(stand_ins) => command
+            .arg("--kubeconfig")
+            .arg(lab.apiserver().expect("cluster lab").kubeconfig())
+            .arg("--set")
+            .arg(&stand_ins.set_file),
+        None => command
+            .arg("--images-file")
+            .arg(&images_file)
+            .arg("--nodes")
+            .arg(&nodes_file),
+    };
     let status = command
         .args(rest)
         .status()
         .with_context(|| format!("running {}", binary.display()))?;
+    drop(stand_ins);
     drop(lab);
     Ok(status
         .code()
@@ -304,4 +335,70 @@ fn write_nodes_file(lab: &Lab) -> Result<PathBuf> {
     let path = lab.dir().join("nodes.yaml");
     std::fs::write(&path, text)?;
     Ok(path)
+}
+
+/// The cluster's stand-ins; dropping them stops them.
+struct StandIns {
+    set_file: PathBuf,
+    _daemon: daemon::Daemon,
+    _kubelets: Vec<FakeKubelet>,
+}
+
+/// Plays an OpenShift cluster on the lab's API server and nodes (see the top of this file), and writes
+/// `<lab>/release.yaml`: every single-platform sample, for the worker pool.
+async fn play_cluster(lab: &Lab, images_file: &Path) -> Result<StandIns> {
+    let kubeconfig = lab
+        .apiserver()
+        .context("the lab runs no API server")?
+        .kubeconfig();
+    let client = cluster::client(kubeconfig, None).await;
+    cluster::install_crds(&client).await;
+    let writer = cluster::Writer {
+        cluster: cluster::discover(&client).await,
+    };
+    writer.pool("worker").await;
+    let mut kubelets = Vec::new();
+    for node in lab.nodes() {
+        writer.worker(&node.name).await;
+        let root = node.root.clone();
+        let image_fs = move || {
+            let stat = nix::sys::statvfs::statvfs(&root).expect("the node's tmpfs");
+            let block = stat.fragment_size();
+            ImageFs {
+                capacity: stat.blocks() * block,
+                available: stat.blocks_available() * block,
+                used: (stat.blocks() - stat.blocks_free()) * block,
+            }
+        };
+        let dir = lab.dir().join("kubelets").join(&node.name);
+        let kubelet = FakeKubelet::start(&dir, &node.name, image_fs)?;
+        writer.kubelet(&node.name, kubelet.port()).await;
+        kubelets.push(kubelet);
+    }
+    let nodes = lab
+        .nodes()
+        .iter()
+        .map(|n| (n.name.clone(), n.endpoint()))
+        .collect();
+    let daemon = daemon::start(kubeconfig.to_owned(), nodes);
+
+    let references: Vec<String> = std::fs::read_to_string(images_file)?
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.contains("multiarch"))
+        .map(|l| format!("    - name: {l}\n"))
+        .collect();
+    let set_file = lab.dir().join("release.yaml");
+    std::fs::write(
+        &set_file,
+        format!(
+            "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: release\n  \
+             labels:\n    machineconfiguration.openshift.io/role: worker\nspec:\n  pinnedImages:\n{}",
+            references.concat()
+        ),
+    )?;
+    Ok(StandIns {
+        set_file,
+        _daemon: daemon,
+        _kubelets: kubelets,
+    })
 }

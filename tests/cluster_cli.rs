@@ -330,7 +330,8 @@ async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
         available: 150 << 30,
         used: 50 << 30,
     };
-    let kubelet = FakeKubelet::start(&lab.dir().join("kubelet-n1"), "n1", image_fs).unwrap();
+    let kubelet =
+        FakeKubelet::start(&lab.dir().join("kubelet-n1"), "n1", move || image_fs).unwrap();
     writer.kubelet("n1", kubelet.port()).await;
     let file = set_file(lab.dir(), "apps", "worker", &pushed);
     let plan = |output: &'static str| {

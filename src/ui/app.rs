@@ -1003,8 +1003,13 @@ fn confirm(state: &mut State, unpin: bool) {
         return;
     }
     if draft.targets.is_empty() {
+        let what = if state.cluster.is_some() {
+            "a pool"
+        } else {
+            "some"
+        };
         state.say(format!(
-            "set {name} targets no node: choose some on the Sets screen (Space)"
+            "set {name} targets no node: choose {what} on the Sets screen (Space)"
         ));
         return;
     }
@@ -1013,7 +1018,9 @@ fn confirm(state: &mut State, unpin: bool) {
         .survey
         .iter()
         .flat_map(|s| &s.nodes)
-        .filter(|n| !unpin && n.verdict == Verdict::NoSpace && draft.targets.contains(&n.node))
+        // The engine skips them; in cluster mode the daemons decide (the Plan shows the risk).
+        .filter(|n| state.cluster.is_none() && !unpin && n.verdict == Verdict::NoSpace)
+        .filter(|n| draft.targets.contains(&n.node))
         .map(|n| n.node.clone())
         .collect();
     state.mode = Mode::Confirm(Confirm {

@@ -67,7 +67,7 @@ pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
     let nodes_changed = change_kind == ChangeKind::Nodes;
     session.view.apply(change);
     let view = &session.view;
-    if !matches!(change_kind, ChangeKind::Connection) {
+    if change_kind != ChangeKind::Connection {
         session.members = view
             .sets
             .iter()
@@ -81,11 +81,16 @@ pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
         // The cluster's sets join the composer; a draft of the same name (being edited) is left alone.
         for set in &view.sets {
             if !state.sets.iter().any(|d| d.set.name == set.name()) {
-                let image_set = set.to_image_set();
-                let targets: BTreeSet<String> =
-                    view.nodes_of(&image_set.labels).into_iter().collect();
-                state.sets.push(SetDraft::new(image_set, targets));
+                state
+                    .sets
+                    .push(SetDraft::new(set.to_image_set(), BTreeSet::new()));
             }
+        }
+    }
+    if change_kind != ChangeKind::Connection {
+        // A set's nodes are those of the pools its labels land in, as they are now.
+        for draft in &mut state.sets {
+            draft.targets = view.nodes_of(&draft.set.labels).into_iter().collect();
         }
     }
 }

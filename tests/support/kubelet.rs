@@ -34,8 +34,13 @@ pub struct FakeKubelet {
 }
 
 impl FakeKubelet {
-    /// Serves node `node`'s summary with `image_fs`; its key and certificate go in `dir`.
-    pub fn start(dir: &Path, node: &str, image_fs: ImageFs) -> Result<FakeKubelet> {
+    /// Serves node `node`'s summary with the image filesystem `image_fs` says at each request; its key and
+    /// certificate go in `dir`.
+    pub fn start(
+        dir: &Path,
+        node: &str,
+        image_fs: impl Fn() -> ImageFs + Send + 'static,
+    ) -> Result<FakeKubelet> {
         std::fs::create_dir_all(dir)?;
         let (key, cert) = (dir.join("kubelet.key"), dir.join("kubelet.crt"));
         run(Command::new("openssl")
@@ -58,7 +63,7 @@ impl FakeKubelet {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let stop = Arc::new(AtomicBool::new(false));
-        let body = summary(node, image_fs);
+        let node = node.to_owned();
         let stopping = stop.clone();
         let thread = std::thread::spawn(move || {
             for stream in listener.incoming() {
@@ -67,7 +72,7 @@ impl FakeKubelet {
                 }
                 if let Ok(stream) = stream {
                     // One bad client (a probe, a reset) must not stop the server.
-                    let _ = answer(&config, stream, &body);
+                    let _ = answer(&config, stream, &summary(&node, image_fs()));
                 }
             }
         });
