@@ -190,6 +190,33 @@ mod tests {
     }
 
     #[test]
+    fn a_set_loaded_before_the_cluster_arrives_targets_its_pool_nodes_once_they_do() {
+        let theme = Theme::named("monochrome").unwrap();
+        let demo = cluster_state(Instant::now(), theme.clone());
+        let view = &demo.cluster.as_ref().unwrap().view;
+        let mut state = State::new("cluster", theme, false, Instant::now());
+        state.start_cluster(None, std::time::SystemTime::now());
+        let mut set = crate::model::set::from_flags("from-file", &["quay.io/a/b@sha256:1".into()]);
+        set.labels.insert(ROLE_LABEL.into(), "worker".into());
+        state.sets.push(SetDraft::new(set, BTreeSet::new()));
+        update(
+            &mut state,
+            Msg::Cluster(ClusterUpdate::Pools(view.pools.clone())),
+        );
+        assert!(state.sets[0].targets.is_empty(), "no nodes yet");
+        update(
+            &mut state,
+            Msg::Cluster(ClusterUpdate::Nodes(view.nodes.clone())),
+        );
+        let mcns = view.machine_config_nodes.clone();
+        update(
+            &mut state,
+            Msg::Cluster(ClusterUpdate::MachineConfigNodes(mcns)),
+        );
+        assert_eq!(state.sets[0].targets.len(), 5, "every worker");
+    }
+
+    #[test]
     fn watch_updates_refresh_nodes_sets_and_members() {
         let state = cluster_state(Instant::now(), Theme::named("monochrome").unwrap());
         let session = state.cluster.as_ref().unwrap();
