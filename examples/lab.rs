@@ -351,15 +351,10 @@ async fn play_cluster(lab: &Lab, images_file: &Path) -> Result<StandIns> {
         .apiserver()
         .context("the lab runs no API server")?
         .kubeconfig();
-    let client = cluster::client(kubeconfig, None).await;
-    cluster::install_crds(&client).await;
-    let writer = cluster::Writer {
-        cluster: cluster::discover(&client).await,
-    };
-    writer.pool("worker").await;
+    let names: Vec<&str> = lab.nodes().iter().map(|n| n.name.as_str()).collect();
+    let (_, writer) = cluster::openshift(lab, &["worker"], &names).await;
     let mut kubelets = Vec::new();
     for node in lab.nodes() {
-        writer.worker(&node.name).await;
         let root = node.root.clone();
         let image_fs = move || {
             let stat = nix::sys::statvfs::statvfs(&root).expect("the node's tmpfs");

@@ -22,7 +22,7 @@ use pinboard::model::set::{ImageSet, from_flags};
 use serde_json::{Value, json};
 use support::cluster::{
     WAIT, Writer, apply_crd, client, digest, discover, install_crds, kubeconfig_with_viewer, lab,
-    read_crd,
+    openshift, read_crd,
 };
 
 /// Reads updates into `view` until `done` holds; panics with the view after [`WAIT`].
@@ -428,13 +428,8 @@ fn decode(value: &Value) -> Vec<u8> {
 async fn an_api_server_restart_mid_watch_resyncs_without_stale_rows() {
     let lab = lab("cluster-restart");
     let apiserver = lab.apiserver().unwrap();
-    let admin = client(apiserver.kubeconfig(), None).await;
-    install_crds(&admin).await;
-    let cluster = discover(&admin).await;
-    let writer = Writer {
-        cluster: cluster.clone(),
-    };
-    writer.pool("worker").await;
+    let (_, writer) = openshift(&lab, &["worker"], &[]).await;
+    let cluster = writer.cluster.clone();
     cluster
         .apply_set(&worker_set("upgrade", &[digest(1)]))
         .await

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use pinboard::model::readiness::{NodesStatus, Readiness};
 use serde_json::{Value, json};
-use support::cluster::{NodeStatus, WAIT, Writer, client, digest, discover, install_crds};
+use support::cluster::{NodeStatus, WAIT, Writer, digest, openshift};
 use support::kubelet::{FakeKubelet, ImageFs};
 use support::{ImageSpec, Lab, LayerFormat, LayerSpec, Run, pinboard};
 
@@ -67,16 +67,7 @@ fn explain(run: &Run) -> String {
 async fn cluster(name: &str) -> (Lab, kube::Client, Writer, PathBuf) {
     let lab = support::cluster::lab(name);
     let kubeconfig = lab.apiserver().unwrap().kubeconfig().to_owned();
-    let admin = client(&kubeconfig, None).await;
-    install_crds(&admin).await;
-    let writer = Writer {
-        cluster: discover(&admin).await,
-    };
-    writer.pool("worker").await;
-    writer.pool("master").await;
-    for node in NODES {
-        writer.worker(node).await;
-    }
+    let (admin, writer) = openshift(&lab, &["worker", "master"], &NODES).await;
     (lab, admin, writer, kubeconfig)
 }
 

@@ -18,7 +18,7 @@ use pinboard::ui::render::{buffer_text, render_to_buffer};
 use pinboard::ui::run::UiBackend;
 use pinboard::ui::theme::Theme;
 use serde_json::json;
-use support::cluster::{WAIT, Writer, client, discover, install_crds};
+use support::cluster::{WAIT, client, discover, openshift};
 use support::{ImageSpec, LayerFormat, LayerSpec};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -119,16 +119,8 @@ fn entry(generation: i64, reached: bool) -> serde_json::Value {
 async fn the_tui_follows_and_writes_the_cluster() {
     let lab = support::cluster::lab("tui-cluster");
     let apiserver = lab.apiserver().unwrap();
-    let admin = client(apiserver.kubeconfig(), None).await;
-    install_crds(&admin).await;
-    let cluster = discover(&admin).await;
-    let writer = Writer {
-        cluster: cluster.clone(),
-    };
-    writer.pool("worker").await;
-    for node in ["n1", "n2", "n3"] {
-        writer.worker(node).await;
-    }
+    let (admin, writer) = openshift(&lab, &["worker"], &["n1", "n2", "n3"]).await;
+    let cluster = writer.cluster.clone();
     assert_eq!(cluster.write_denied().await, None, "the admin may write");
 
     let host = lab.registry_host();

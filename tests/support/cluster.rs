@@ -33,6 +33,28 @@ pub fn lab(name: &str) -> Lab {
     .expect("the lab must start")
 }
 
+/// Makes the lab's API server an OpenShift cluster as far as pinboard can tell: the machine-config CRDs,
+/// `pools` (see [`Writer::pool`]) and a worker Node with its MachineConfigNode for each of `workers`.
+/// Returns the admin's client and a writer.
+pub async fn openshift(lab: &Lab, pools: &[&str], workers: &[&str]) -> (kube::Client, Writer) {
+    let kubeconfig = lab
+        .apiserver()
+        .expect("the lab runs an API server")
+        .kubeconfig();
+    let admin = client(kubeconfig, None).await;
+    install_crds(&admin).await;
+    let writer = Writer {
+        cluster: discover(&admin).await,
+    };
+    for pool in pools {
+        writer.pool(pool).await;
+    }
+    for node in workers {
+        writer.worker(node).await;
+    }
+    (admin, writer)
+}
+
 /// A client for `kubeconfig` (and `context`).
 pub async fn client(kubeconfig: &Path, context: Option<&str>) -> kube::Client {
     connect(&ConnectOptions {
