@@ -7,6 +7,9 @@ use clap::Parser;
 use pinboard::cli::{Cli, Command, run};
 use tracing_subscriber::EnvFilter;
 
+/// Warnings, but not kube's "Server cert bypassed" once per connection: `cluster::connect` says it once.
+const HEADLESS_LOG: &str = "warn,kube_client::client::tls=error";
+
 fn main() -> ExitCode {
     pinboard::install_crypto_provider();
     let cli = Cli::parse();
@@ -27,7 +30,7 @@ fn main() -> ExitCode {
             tracing_subscriber::fmt()
                 .with_env_filter(
                     EnvFilter::try_from_env("PINBOARD_LOG")
-                        .unwrap_or_else(|_| EnvFilter::new("warn")),
+                        .unwrap_or_else(|_| EnvFilter::new(HEADLESS_LOG)),
                 )
                 .with_writer(std::io::stderr)
                 .init();

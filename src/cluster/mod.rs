@@ -83,6 +83,12 @@ pub async fn connect(options: &ConnectOptions) -> Result<Client, ClusterError> {
             .map_err(|e| config_error(&e))?,
         (None, None) => kube::Config::infer().await.map_err(|e| config_error(&e))?,
     };
+    if config.accept_invalid_certs {
+        tracing::warn!(
+            "the kubeconfig turns off TLS verification of the API server {} (insecure-skip-tls-verify)",
+            config.cluster_url
+        );
+    }
     Client::try_from(config).map_err(ClusterError::Api)
 }
 
