@@ -115,16 +115,13 @@ impl ClusterSession {
         }
     }
 
-    /// The sets `--set` names: each a PinnedImageSet YAML file, or the name of a set on the cluster.
-    pub(super) fn wanted(&self, input: &SetInput) -> Result<Vec<WantedSet>, Failure> {
-        if !input.images_files.is_empty() || !input.images.is_empty() {
-            return Err(Failure::bad_input(
-                "in cluster mode sets are PinnedImageSets: name them with --set NAME (a set on the cluster) \
-                 or --set FILE (PinnedImageSet YAML); --images-file and --image have no pool to land in",
-            ));
-        }
-        let (files, names): (Vec<_>, Vec<_>) = input.sets.iter().partition(|p| p.is_file());
-        let mut wanted: Vec<WantedSet> = read_set_files(&files)?
+    /// The sets to check: those read from files, and those `names` names on the cluster (each must be there).
+    pub(super) fn wanted(
+        &self,
+        files: Vec<ImageSet>,
+        names: Vec<String>,
+    ) -> Result<Vec<WantedSet>, Failure> {
+        let mut wanted: Vec<WantedSet> = files
             .into_iter()
             .map(|set| WantedSet {
                 set,
@@ -132,13 +129,13 @@ impl ClusterSession {
             })
             .collect();
         let mut unknown = Vec::new();
-        for name in names.iter().map(|p| p.to_string_lossy()) {
+        for name in names {
             match self.view.set(&name) {
                 Some(set) => wanted.push(WantedSet {
                     set: set.to_image_set(),
                     min_generation: 0,
                 }),
-                None => unknown.push(name.to_string()),
+                None => unknown.push(name),
             }
         }
         if !unknown.is_empty() {
@@ -154,11 +151,6 @@ impl ClusterSession {
                 }
             )));
         }
-        if wanted.is_empty() {
-            return Err(Failure::bad_input(
-                "no sets given: pass --set NAME (a PinnedImageSet on the cluster) or --set FILE",
-            ));
-        }
         Ok(wanted)
     }
 }
@@ -173,15 +165,44 @@ fn quoted_list(items: &[String]) -> String {
     )
 }
 
-fn read_set_files(files: &[&std::path::PathBuf]) -> Result<Vec<ImageSet>, Failure> {
-    if files.is_empty() {
-        return Ok(Vec::new());
+/// What the commands that read sets from the cluster say to pass.
+pub(super) const NAME_OR_FILE: &str = "sets are PinnedImageSets: name them with --set NAME (a set on the \
+     cluster) or --set FILE (PinnedImageSet YAML)";
+
+/// Refuses what cluster mode cannot take, before the cluster is asked anything: no `--set`, or a bare image
+/// list (`--images-file`, `--image`), which has no pool to land in. `usage` says what to pass instead.
+fn pinned_image_sets_only(input: &SetInput, usage: &str) -> Result<(), Failure> {
+    if !input.images_files.is_empty() || !input.images.is_empty() || input.sets.is_empty() {
+        return Err(Failure::bad_input(format!(
+            "in cluster mode {usage}; --images-file and --image have no pool to land in"
+        )));
     }
-    let input = SetInput {
-        sets: files.iter().map(|p| p.to_path_buf()).collect(),
-        ..SetInput::default()
+    Ok(())
+}
+
+/// `--set`'s values in cluster mode: the sets read from the files among them, and the others as the names
+/// of sets on the cluster.
+pub(super) fn files_and_names(
+    input: &SetInput,
+    usage: &str,
+) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
+    pinned_image_sets_only(input, usage)?;
+    let (files, names): (Vec<_>, Vec<_>) = input.sets.iter().cloned().partition(|p| p.is_file());
+    let sets = match files.is_empty() {
+        true => Vec::new(),
+        false => read_sets(
+            &SetInput {
+                sets: files,
+                ..SetInput::default()
+            },
+            true,
+        )?,
     };
-    read_sets(&input, true)
+    let names = names
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    Ok((sets, names))
 }
 
 pub(super) async fn check(
@@ -190,8 +211,9 @@ pub(super) async fn check(
     output: Output,
     wait: Option<Duration>,
 ) -> Result<String, Failure> {
+    let (files, names) = files_and_names(input, NAME_OR_FILE)?;
     let mut session = ClusterSession::open(options).await?;
-    let wanted = session.wanted(input)?;
+    let wanted = session.wanted(files, names)?;
     let readiness = match wait {
         Some(limit) => session.wait(&wanted, limit).await,
         None => session.readiness(&wanted),
@@ -207,8 +229,9 @@ pub(super) async fn status(
     input: &SetInput,
     output: Output,
 ) -> Result<String, Failure> {
+    let (files, names) = files_and_names(input, NAME_OR_FILE)?;
     let session = ClusterSession::open(options).await?;
-    let wanted = session.wanted(input)?;
+    let wanted = session.wanted(files, names)?;
     let status = NodesStatus {
         nodes: session.readiness(&wanted).nodes,
     };
@@ -224,12 +247,9 @@ pub(super) async fn apply(
     force: bool,
     limit: Duration,
 ) -> Result<String, Failure> {
-    if !input.images_files.is_empty() || !input.images.is_empty() || input.sets.is_empty() {
-        return Err(Failure::bad_input(
-            "in cluster mode apply writes PinnedImageSets: pass --set FILE (PinnedImageSet YAML with a \
-             machineconfiguration.openshift.io/role label)",
-        ));
-    }
+    let usage = "apply writes PinnedImageSets: pass --set FILE (PinnedImageSet YAML with a \
+                 machineconfiguration.openshift.io/role label)";
+    pinned_image_sets_only(input, usage)?;
     let sets = read_sets(input, true)?;
     let mut session = ClusterSession::open(options).await?;
     let mut refused = Vec::new();
@@ -275,17 +295,9 @@ pub(super) async fn unpin(
     input: &SetInput,
     output: Output,
 ) -> Result<String, Failure> {
-    if !input.images_files.is_empty() || !input.images.is_empty() || input.sets.is_empty() {
-        return Err(Failure::bad_input(
-            "in cluster mode unpin deletes PinnedImageSets: pass --set NAME or --set FILE",
-        ));
-    }
-    let (files, names): (Vec<_>, Vec<_>) = input.sets.iter().partition(|p| p.is_file());
-    let mut targets: Vec<String> = read_set_files(&files)?
-        .into_iter()
-        .map(|s| s.name)
-        .collect();
-    targets.extend(names.iter().map(|p| p.to_string_lossy().into_owned()));
+    let usage = "unpin deletes PinnedImageSets: pass --set NAME or --set FILE";
+    let (files, names) = files_and_names(input, usage)?;
+    let targets = files.into_iter().map(|s| s.name).chain(names);
     let cluster = Cluster::discover(connect(options).await?).await?;
     let mut rows = Vec::new();
     for name in targets {

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use crossterm::style::{ResetColor, SetForegroundColor};
 use ratatui::backend::IntoCrossterm;
 
-use super::cluster::ClusterSession;
+use super::cluster::{ClusterSession, NAME_OR_FILE, files_and_names};
 use super::output::{image_matrix, table};
 use super::{Output, SetsOnNodes, read_sets, registry_client};
 use crate::backend::node::DirectNode;
@@ -18,18 +18,17 @@ use crate::ui::theme::Theme;
 
 pub async fn run(args: SetsOnNodes) -> Result<String, Failure> {
     if let Some(options) = args.targets.cluster_mode() {
+        let (files, names) = files_and_names(&args.input, NAME_OR_FILE)?;
+        let (registry, platform) = (registry_client(&args.registry)?, args.targets.platform()?);
         let session = ClusterSession::open(&options).await?;
-        let sets: Vec<_> = session
-            .wanted(&args.input)?
-            .into_iter()
-            .map(|w| w.set)
-            .collect();
+        let wanted = session.wanted(files, names)?;
+        let sets: Vec<_> = wanted.into_iter().map(|w| w.set).collect();
         let survey = survey_cluster(
             &session.cluster,
             &session.view,
             &sets,
-            &registry_client(&args.registry)?,
-            &args.targets.platform()?,
+            &registry,
+            &platform,
             args.limits.limits(),
         )
         .await
