@@ -702,6 +702,24 @@ impl NodeRun {
     }
 }
 
+/// Connects to `node` and decides how it pins ([`resolve`]): the client and the decided target.
+pub(crate) async fn connect_resolved(
+    node: &DirectNode,
+    target: PinTarget,
+    timeout: Duration,
+) -> Result<(CriClient, PinTarget), String> {
+    let client = CriClient::connect(&node.endpoint, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    let runtime = client
+        .version()
+        .await
+        .map_err(|e| e.to_string())?
+        .runtime_name;
+    let pin = resolve(target, &runtime, &client)?;
+    Ok((client, pin))
+}
+
 /// The target with `Detect` decided from the runtime's name.
 pub(crate) fn resolve(
     target: PinTarget,
@@ -736,15 +754,8 @@ pub async fn unpin(
     target: PinTarget,
     images: &[String],
 ) -> Result<String, String> {
-    let client = CriClient::connect(&node.endpoint, DEFAULT_TIMEOUT)
-        .await
-        .map_err(|e| e.to_string())?;
-    let runtime = client
-        .version()
-        .await
-        .map_err(|e| e.to_string())?
-        .runtime_name;
-    match resolve(target, &runtime, &client)? {
+    let (client, pin) = connect_resolved(node, target, DEFAULT_TIMEOUT).await?;
+    match pin {
         PinTarget::CrioDropIn { config_dir, reload } => {
             let unpinned = images.to_vec();
             tokio::task::spawn_blocking(move || {

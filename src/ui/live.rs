@@ -279,7 +279,7 @@ impl Observer {
     async fn config_views(&self, sets: &[ImageSet]) -> BTreeMap<String, ConfigView> {
         let wanted: Vec<String> = crate::survey::union_of(sets);
         let views = self.targets.iter().map(|t| async {
-            let view = match resolved(t, self.timeout).await {
+            let view = match engine::connect_resolved(&t.node, t.pin.clone(), self.timeout).await {
                 Ok((_, PinTarget::CrioDropIn { config_dir, .. })) => {
                     crio_view(&config_dir, &wanted)
                 }
@@ -293,23 +293,6 @@ impl Observer {
         });
         futures::future::join_all(views).await.into_iter().collect()
     }
-}
-
-/// Connects to the node and decides how it pins, by the engine's own rule.
-async fn resolved(
-    target: &NodeTarget,
-    timeout: Duration,
-) -> Result<(CriClient, PinTarget), String> {
-    let client = CriClient::connect(&target.node.endpoint, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    let runtime = client
-        .version()
-        .await
-        .map_err(|e| e.to_string())?
-        .runtime_name;
-    let pin = engine::resolve(target.pin.clone(), &runtime, &client)?;
-    Ok((client, pin))
 }
 
 /// The CRI-O drop-in as it is and as pinning `wanted` (added to what is pinned already) would write it.
@@ -382,7 +365,9 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
     if !reachable {
         return info;
     }
-    let Ok((client, pin)) = resolved(target, timeout).await else {
+    let Ok((client, pin)) =
+        engine::connect_resolved(&target.node, target.pin.clone(), timeout).await
+    else {
         return info;
     };
     info.pin_method = Some(match pin {
