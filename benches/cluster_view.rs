@@ -401,8 +401,8 @@ fn main() {
         let mut state = cluster_tui();
         let consumed = until(&mut watch, &mut state, &first_set, "the first complete view", |v, rows| {
             v.synced()
-                && v.nodes.len() == nodes
-                && v.machine_config_nodes.len() == nodes
+                && v.nodes().len() == nodes
+                && v.machine_config_nodes().len() == nodes
                 && v.sets.len() == sets
                 && rows.len() == nodes
                 && rows.iter().all(|(_, s)| *s == NodeSetState::Done)

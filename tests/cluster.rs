@@ -113,9 +113,9 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
         "every watch synced with 3 nodes",
         |v| {
             v.connection() == Connection::Synced
-                && v.nodes.len() == 3
+                && v.nodes().len() == 3
                 && v.runtime_configs.len() == 1
-                && v.machine_config_nodes.len() == 3
+                && v.machine_config_nodes().len() == 3
         },
     )
     .await;
@@ -125,7 +125,7 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
         lazy.additional_layer_stores[0].path,
         "/var/lib/stargz-store/store:ref"
     );
-    let n1 = view.nodes.iter().find(|n| n.name == "n1").unwrap();
+    let n1 = view.nodes().iter().find(|n| n.name == "n1").unwrap();
     assert_eq!(
         (n1.ready, n1.allocatable_ephemeral),
         (Some(true), Some(100 << 30))
@@ -205,7 +205,7 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
     // A node joins mid-rollout.
     writer.worker("n4").await;
     until(&mut watch, &mut view, "n4 appears, waiting", |v| {
-        v.nodes.len() == 4 && words(v, "upgrade").contains(&"n4=waiting".to_owned())
+        v.nodes().len() == 4 && words(v, "upgrade").contains(&"n4=waiting".to_owned())
     })
     .await;
 
@@ -489,15 +489,15 @@ async fn an_api_server_restart_mid_watch_resyncs_without_stale_rows() {
         "resynced: n3 gone, n2 done",
         |v| {
             v.connection() == Connection::Synced
-                && v.nodes.len() == 2
+                && v.nodes().len() == 2
                 && words(v, "upgrade") == ["n1=pulling", "n2=done"]
         },
     )
     .await;
-    let names: Vec<&str> = view.nodes.iter().map(|n| n.name.as_str()).collect();
+    let names: Vec<&str> = view.nodes().iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["n1", "n2"]);
     let mcn_names: Vec<&str> = view
-        .machine_config_nodes
+        .machine_config_nodes()
         .iter()
         .map(|m| m.node_name())
         .collect();

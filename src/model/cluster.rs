@@ -6,7 +6,7 @@
 //! Both the `v1` shapes and the legacy `v1alpha1` ones (plain-string image lists, `lastFailedGenerationErrors`,
 //! `lastPinnedImageSetError`) are read.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -590,9 +590,13 @@ pub enum ClusterUpdate {
 /// Everything pinboard knows about the cluster, kept current by applying [`ClusterUpdate`]s.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterView {
-    pub nodes: Vec<NodeView>,
+    /// By name; replaced only through [`ClusterView::apply`], which keeps the index current.
+    nodes: Vec<NodeView>,
+    node_index: HashMap<String, usize>,
     pub pools: Vec<MachineConfigPool>,
-    pub machine_config_nodes: Vec<MachineConfigNode>,
+    machine_config_nodes: Vec<MachineConfigNode>,
+    /// Node name -> its MachineConfigNode's place in `machine_config_nodes`.
+    mcn_index: HashMap<String, usize>,
     pub sets: Vec<PinnedImageSet>,
     pub runtime_configs: Vec<ContainerRuntimeConfig>,
     /// Per watched kind; a kind not here has not reported yet.
@@ -602,9 +606,15 @@ pub struct ClusterView {
 impl ClusterView {
     pub fn apply(&mut self, update: ClusterUpdate) {
         match update {
-            ClusterUpdate::Nodes(list) => self.nodes = list,
+            ClusterUpdate::Nodes(list) => {
+                self.node_index = index(&list, |n| &n.name);
+                self.nodes = list;
+            }
             ClusterUpdate::Pools(list) => self.pools = list,
-            ClusterUpdate::MachineConfigNodes(list) => self.machine_config_nodes = list,
+            ClusterUpdate::MachineConfigNodes(list) => {
+                self.mcn_index = index(&list, MachineConfigNode::node_name);
+                self.machine_config_nodes = list;
+            }
             ClusterUpdate::Sets(list) => self.sets = list,
             ClusterUpdate::RuntimeConfigs(list) => self.runtime_configs = list,
             ClusterUpdate::Connection(kind, state) => {
@@ -617,8 +627,16 @@ impl ClusterView {
         self.sets.iter().find(|s| s.name() == name)
     }
 
+    pub fn nodes(&self) -> &[NodeView] {
+        &self.nodes
+    }
+
+    pub fn machine_config_nodes(&self) -> &[MachineConfigNode] {
+        &self.machine_config_nodes
+    }
+
     pub fn node(&self, name: &str) -> Option<&NodeView> {
-        self.nodes.iter().find(|n| n.name == name)
+        self.node_index.get(name).map(|&i| &self.nodes[i])
     }
 
     /// Per pool, whether some ContainerRuntimeConfig selecting it turns lazy pulling on.
@@ -651,9 +669,9 @@ impl ClusterView {
 
     /// The MachineConfigNode of node `name`.
     pub fn machine_config_node(&self, name: &str) -> Option<&MachineConfigNode> {
-        self.machine_config_nodes
-            .iter()
-            .find(|m| m.node_name() == name)
+        self.mcn_index
+            .get(name)
+            .map(|&i| &self.machine_config_nodes[i])
     }
 
     /// Every watch synced.
@@ -737,20 +755,24 @@ impl ClusterView {
                     && selector_matches(pool.spec.node_selector.as_ref(), &node.labels)
             })
         };
-        let reporting: HashSet<&str> = self
-            .machine_config_nodes
-            .iter()
-            .map(MachineConfigNode::node_name)
-            .collect();
         let silent = self
             .nodes
             .iter()
-            .filter(|node| !reporting.contains(node.name.as_str()) && in_pool(node))
+            .filter(|node| !self.mcn_index.contains_key(&node.name) && in_pool(node))
             .map(|node| (node.name.as_str(), None));
         let mut rows: Vec<_> = reported.chain(silent).collect();
         rows.sort_by(|a, b| a.0.cmp(b.0));
         rows
     }
+}
+
+/// Each item's place in `list`, by `key` (the first, should a key repeat).
+fn index<T>(list: &[T], key: impl Fn(&T) -> &str) -> HashMap<String, usize> {
+    let mut index = HashMap::with_capacity(list.len());
+    for (i, item) in list.iter().enumerate() {
+        index.entry(key(item).to_owned()).or_insert(i);
+    }
+    index
 }
 
 impl fmt::Display for Connection {

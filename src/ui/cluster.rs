@@ -98,7 +98,7 @@ pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
 /// What the Nodes screen shows of each Node, by name.
 pub fn node_infos(view: &ClusterView) -> Vec<NodeInfo> {
     let lazy = view.lazy_pools();
-    view.nodes
+    view.nodes()
         .iter()
         .map(|node| NodeInfo {
             name: node.name.clone(),
@@ -206,9 +206,9 @@ mod tests {
         assert!(state.sets[0].targets.is_empty(), "no nodes yet");
         update(
             &mut state,
-            Msg::Cluster(ClusterUpdate::Nodes(view.nodes.clone())),
+            Msg::Cluster(ClusterUpdate::Nodes(view.nodes().to_vec())),
         );
-        let mcns = view.machine_config_nodes.clone();
+        let mcns = view.machine_config_nodes().to_vec();
         update(
             &mut state,
             Msg::Cluster(ClusterUpdate::MachineConfigNodes(mcns)),
