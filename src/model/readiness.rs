@@ -338,14 +338,15 @@ pub fn assess_cluster(
     wanted: &[WantedSet],
     now: SystemTime,
 ) -> Vec<NodeReadiness> {
-    let mut per_node: BTreeMap<String, Vec<(&WantedSet, NodeSetState)>> = BTreeMap::new();
-    for set in wanted {
-        let on_cluster = view.set(&set.set.name);
-        let labels = on_cluster.map_or(&set.set.labels, |s| &s.metadata.labels);
-        let generation = on_cluster
-            .map_or(0, |s| s.generation())
-            .max(set.min_generation);
-        for (node, state) in view.rollout_of(&set.set.name, labels, generation, now) {
+    let sets: Vec<SetOnCluster> = wanted.iter().map(|w| SetOnCluster::new(view, w)).collect();
+    let mut per_node: BTreeMap<String, Vec<(&SetOnCluster, NodeSetState)>> = BTreeMap::new();
+    for set in &sets {
+        let name = &set.wanted.set.name;
+        let labels = view
+            .set(name)
+            .map_or(&set.wanted.set.labels, |s| &s.metadata.labels);
+        let generation = set.generation.unwrap_or(set.wanted.min_generation);
+        for (node, state) in view.rollout_of(name, labels, generation, now) {
             per_node.entry(node).or_default().push((set, state));
         }
     }
@@ -355,10 +356,51 @@ pub fn assess_cluster(
         .collect()
 }
 
+/// What is judged the same way on every node a wanted set lands on: worked out once per set.
+struct SetOnCluster<'a> {
+    wanted: &'a WantedSet,
+    /// The generation nodes must reach; None when the set is not on the cluster.
+    generation: Option<i64>,
+    /// The images of the set as the cluster has it.
+    listed: HashSet<&'a str>,
+    /// Why the cluster's set is not the wanted one: it is missing, or lacks some of its images.
+    not_as_wanted: Option<String>,
+}
+
+impl<'a> SetOnCluster<'a> {
+    fn new(view: &'a ClusterView, wanted: &'a WantedSet) -> SetOnCluster<'a> {
+        let name = &wanted.set.name;
+        let on_cluster = view.set(name);
+        let listed: HashSet<&str> = on_cluster.into_iter().flat_map(|s| s.images()).collect();
+        let unlisted: Vec<&str> = wanted
+            .set
+            .references()
+            .filter(|r| !listed.contains(r))
+            .collect();
+        let not_as_wanted = match on_cluster {
+            None => Some(format!(
+                "set {name:?} is not on the cluster: `pinboard apply --set FILE` creates it"
+            )),
+            Some(_) if !unlisted.is_empty() => Some(format!(
+                "set {name:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
+                count_images(unlisted.len()),
+                unlisted.join(", ")
+            )),
+            Some(_) => None,
+        };
+        SetOnCluster {
+            wanted,
+            generation: on_cluster.map(|s| s.generation().max(wanted.min_generation)),
+            listed,
+            not_as_wanted,
+        }
+    }
+}
+
 fn assess_cluster_node(
     view: &ClusterView,
     node: &str,
-    sets: &[(&WantedSet, NodeSetState)],
+    sets: &[(&SetOnCluster, NodeSetState)],
 ) -> NodeReadiness {
     let node_view = view.node(node);
     let mcn = view.machine_config_node(node);
@@ -376,42 +418,20 @@ fn assess_cluster_node(
     let mut on_node = Vec::new();
     let mut images: Vec<ImageReadiness> = Vec::new();
     let mut position: HashMap<String, usize> = HashMap::new();
-    for (wanted, state) in sets {
-        let on_cluster = view.set(&wanted.set.name);
-        let generation = on_cluster.map(|s| s.generation().max(wanted.min_generation));
+    for (on_cluster, state) in sets {
+        let (wanted, generation) = (on_cluster.wanted, on_cluster.generation);
         let entry = mcn.and_then(|m| m.set_status(&wanted.set.name));
-        let on_cluster_images: HashSet<&str> =
-            on_cluster.into_iter().flat_map(|s| s.images()).collect();
-        let listed = |reference: &str| on_cluster_images.contains(reference);
-        match (on_cluster, generation) {
-            (Some(_), Some(generation)) => {
-                if let Some(reason) = set_state_reason(
-                    &wanted.set.name,
-                    generation,
-                    entry.and_then(|e| e.desired_generation),
-                    state,
-                ) {
-                    reasons.push(reason);
-                }
-            }
-            _ => reasons.push(format!(
-                "set {:?} is not on the cluster: `pinboard apply --set FILE` creates it",
-                wanted.set.name
-            )),
-        }
-        let unlisted: Vec<&str> = wanted
-            .set
-            .references()
-            .filter(|r| on_cluster.is_some() && !listed(r))
-            .collect();
-        if !unlisted.is_empty() {
-            reasons.push(format!(
-                "set {:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
-                wanted.set.name,
-                count_images(unlisted.len()),
-                unlisted.join(", ")
+        let listed = |reference: &str| on_cluster.listed.contains(reference);
+        if let Some(generation) = generation {
+            let desired = entry.and_then(|e| e.desired_generation);
+            reasons.extend(set_state_reason(
+                &wanted.set.name,
+                generation,
+                desired,
+                state,
             ));
         }
+        reasons.extend(on_cluster.not_as_wanted.clone());
         let done = *state == NodeSetState::Done;
         for reference in wanted.set.references() {
             let present = node_view.and_then(|n| match n.presence(reference) {
@@ -441,7 +461,7 @@ fn assess_cluster_node(
             desired_generation: entry.and_then(|e| e.desired_generation),
             current_generation: entry.and_then(|e| e.current_generation),
             last_failed_generation: entry.and_then(|e| e.last_failed_generation),
-            state: if on_cluster.is_some() {
+            state: if generation.is_some() {
                 state.word()
             } else {
                 "absent"
