@@ -114,8 +114,9 @@ impl ClusterUi {
         }
     }
 
-    fn view(&self) -> ClusterView {
-        self.view.lock().expect("view lock").clone()
+    /// `read` of the watched view, under its lock (clone what a task needs to keep).
+    fn with_view<T>(&self, read: impl FnOnce(&ClusterView) -> T) -> T {
+        read(&self.view.lock().expect("view lock"))
     }
 
     /// Runs `work` on a task and shows its outcome as a notice.
@@ -153,7 +154,7 @@ impl UiBackend for ClusterUi {
         match cmd {
             Cmd::Quit | Cmd::ReadFile(..) | Cmd::WriteFile(..) => {}
             Cmd::Survey { sets, .. } => {
-                let view = self.view();
+                let view = self.with_view(ClusterView::clone);
                 let _ = tx.send(Msg::ConfigViews(config_views(&view, &sets)));
                 let (registry, platform, limits, tx) = (
                     self.registry.clone(),
@@ -170,7 +171,7 @@ impl UiBackend for ClusterUi {
                 });
             }
             Cmd::Apply { set, force, .. } => {
-                let pools = pools_for_set(&set.labels, &self.view().pools);
+                let pools = self.with_view(|v| pools_for_set(&set.labels, &v.pools));
                 let warning = pool_warning(&set.name, &pools);
                 if pools.is_empty() && !force {
                     let warning = warning.unwrap_or_default();
@@ -200,7 +201,7 @@ impl UiBackend for ClusterUi {
                 }
             }),
             Cmd::ToggleLazy { node, enable } => {
-                let Some(pool) = self.view().pool_of(&node).map(str::to_owned) else {
+                let Some(pool) = self.with_view(|v| v.pool_of(&node).map(str::to_owned)) else {
                     let _ = tx.send(Msg::Notice(format!(
                         "{node} is in no MachineConfigPool: lazy pulling is set per pool"
                     )));
