@@ -331,9 +331,9 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
         update(&mut state, Msg::Rollout(event));
     }
     // Selections that show the interesting parts: the broken entry's rule, the failed image's retries.
-    state.selected.insert(Pane::Entries, TAGGED.into());
-    state.selected.insert(Pane::RolloutNodes, "worker-1".into());
-    state.selected.insert(Pane::RolloutImages, EXPORTER.into());
+    state.select(Pane::Entries, TAGGED);
+    state.select(Pane::RolloutNodes, "worker-1");
+    state.select(Pane::RolloutImages, EXPORTER);
     state
 }
 
@@ -454,7 +454,7 @@ pub fn cluster_state(now: Instant, theme: Theme) -> State {
             Msg::Cluster(ClusterUpdate::Connection(kind, Connection::Synced)),
         );
     }
-    state.selected.insert(Pane::RolloutNodes, "worker-2".into());
+    state.select(Pane::RolloutNodes, "worker-2");
     state
 }
 
