@@ -32,8 +32,9 @@ use std::time::{Duration, Instant};
 
 use pinboard::backend::credentials::Credentials;
 use pinboard::backend::node::DirectNode;
+use pinboard::backend::pins::PinTarget;
 use pinboard::backend::registry::{Registry, RegistryOptions};
-use pinboard::engine::{self, EngineConfig, NodeJob, PinTarget};
+use pinboard::engine::{self, EngineConfig, NodeJob};
 use pinboard::model::image::Platform;
 use pinboard::model::plan::Limits;
 use pinboard::model::rollout::NodeState;

@@ -20,7 +20,7 @@ use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 use crate::backend::credentials::{Credential, Credentials};
 use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
 use crate::backend::node::DirectNode;
-use crate::backend::pins::{self, CRIO_CONFIG_DIR, Reload};
+use crate::backend::pins::{self, PinTarget, Reload, connect_resolved, resolve};
 use crate::backend::progress::{self, Tracker};
 use crate::backend::proto::cri::AuthConfig;
 use crate::model::image::ImageFacts;
@@ -73,21 +73,6 @@ impl EngineConfig {
             .checked_mul(factor)
             .map_or(self.backoff_max, |b| b.min(self.backoff_max))
     }
-}
-
-/// How a node's pins are written.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PinTarget {
-    /// From the runtime's name: containerd -> label, cri-o -> the drop-in in /etc/crio/crio.conf.d and
-    /// `systemctl reload crio`.
-    Detect,
-    /// The drop-in in `config_dir` on the machine pinboard runs on (the node itself), then `reload`. The
-    /// plan's images are added to the pins the file lists already.
-    CrioDropIn {
-        config_dir: PathBuf,
-        reload: Reload,
-    },
-    ContainerdLabel,
 }
 
 /// One node to roll out: where it is, its plan from the survey (verdict and images, in order), and how to
@@ -699,50 +684,6 @@ impl NodeRun {
             }
         }
         false
-    }
-}
-
-/// Connects to `node` and decides how it pins ([`resolve`]): the client and the decided target.
-pub(crate) async fn connect_resolved(
-    node: &DirectNode,
-    target: PinTarget,
-    timeout: Duration,
-) -> Result<(CriClient, PinTarget), String> {
-    let client = CriClient::connect(&node.endpoint, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    let runtime = client
-        .version()
-        .await
-        .map_err(|e| e.to_string())?
-        .runtime_name;
-    let pin = resolve(target, &runtime, &client)?;
-    Ok((client, pin))
-}
-
-/// The target with `Detect` decided from the runtime's name.
-pub(crate) fn resolve(
-    target: PinTarget,
-    runtime: &str,
-    client: &CriClient,
-) -> Result<PinTarget, String> {
-    if target != PinTarget::Detect {
-        return Ok(target);
-    }
-    match runtime {
-        "containerd" => Ok(PinTarget::ContainerdLabel),
-        // The drop-in is a file on the node: only writable when pinboard runs there.
-        "cri-o" if !client.endpoint().is_local() => Err(format!(
-            "CRI-O at {}: its pin drop-in can only be written on the node itself",
-            client.endpoint()
-        )),
-        "cri-o" => Ok(PinTarget::CrioDropIn {
-            config_dir: CRIO_CONFIG_DIR.into(),
-            reload: Reload::Systemctl,
-        }),
-        other => Err(format!(
-            "runtime {other:?}: pinboard pins only on containerd and CRI-O"
-        )),
     }
 }
 

@@ -6,9 +6,11 @@
 //! - [`survey`]: nodes and registry asked at once, every node planned: the path behind every figure.
 //! - [`engine`]: the rollout engine: bounded, retried pulls per node, then pins; reports rollout events.
 //! - [`targets`]: direct-mode nodes from `--cri`, `--nodes FILE` or crictl's default endpoint.
+//! - [`options`]: the argument list every command and the TUI share, turned into checked sets, targets and
+//!   a registry client.
 //! - [`ui`]: how statuses look (glyph, word, theme color); the terminal UI.
 //! - [`cluster`]: an OpenShift cluster's machine-config objects: discovery, watches, PinnedImageSet
-//!   apply and delete (cluster mode; the TUI and commands do not use it yet).
+//!   apply and delete, node space from the kubelet (cluster mode).
 //! - [`cli`]: the command line: the TUI by default, headless commands.
 
 pub mod backend;
@@ -17,6 +19,7 @@ pub mod cluster;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod options;
 pub mod survey;
 pub mod targets;
 pub mod ui;

@@ -20,18 +20,10 @@ use serde::Deserialize;
 
 use crate::backend::cri::CriEndpoint;
 use crate::backend::lazy::LazyConfig;
-use crate::backend::node::DirectNode;
-use crate::backend::pins::{CRIO_CONFIG_DIR, Reload};
-use crate::engine::{NodeJob, PinTarget};
+use crate::backend::node::{DirectNode, NodeTarget};
+use crate::backend::pins::{CRIO_CONFIG_DIR, PinTarget, Reload};
+use crate::engine::NodeJob;
 use crate::model::plan::NodePlan;
-
-/// A node and how pinboard changes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeTarget {
-    pub node: DirectNode,
-    pub pin: PinTarget,
-    pub lazy: LazyConfig,
-}
 
 /// The engine's jobs: each target with its plan from a survey of those targets, in the same order.
 pub fn jobs(targets: &[NodeTarget], plans: Vec<NodePlan>) -> Vec<NodeJob> {

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use pinboard::backend::credentials::Credentials;
 use pinboard::backend::node::{DirectNode, observe};
+use pinboard::backend::pins::PinTarget;
 use pinboard::backend::pins::{CRIO_DROP_IN, Reload};
-use pinboard::engine::{self, Control, EngineConfig, NodeJob, PinTarget};
+use pinboard::engine::{self, Control, EngineConfig, NodeJob};
 use pinboard::model::image::{ImageFacts, Layer};
 use pinboard::model::plan::{Limits, PlannedImage, Verdict, plan_node};
 use pinboard::model::rollout::{Event, ImageState, NodeState, PinMethod, Rollout};

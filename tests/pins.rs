@@ -109,8 +109,9 @@ async fn the_pin_label_is_set_on_every_record_and_removed_again() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unpinning_removes_pins_and_keeps_images() {
     use pinboard::backend::node::DirectNode;
+    use pinboard::backend::pins::PinTarget;
     use pinboard::backend::pins::{Reload, read_crio_pins, write_crio_pins};
-    use pinboard::engine::{PinTarget, unpin};
+    use pinboard::engine::unpin;
 
     let lab = Lab::start(
         "pins-unpin",

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::cri::{CriClient, CriEndpoint, CriError};
+use super::lazy::LazyConfig;
+use super::pins::PinTarget;
 use crate::model::plan::{NodeFacts, Presence};
 
 /// A node named on the command line.
@@ -16,6 +18,14 @@ use crate::model::plan::{NodeFacts, Presence};
 pub struct DirectNode {
     pub name: String,
     pub endpoint: CriEndpoint,
+}
+
+/// A node and how pinboard changes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeTarget {
+    pub node: DirectNode,
+    pub pin: PinTarget,
+    pub lazy: LazyConfig,
 }
 
 #[derive(Clone, Debug, Default)]

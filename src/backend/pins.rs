@@ -14,10 +14,12 @@ use std::io::{self, Write as _};
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use toml_edit::{Array, DocumentMut, Item, Table, TableLike, Value};
 
 use super::cri::{CriClient, CriError};
+use super::node::DirectNode;
 use super::proto::containerd_images::{
     GetImageRequest, Image as ContainerdImage, UpdateImageRequest, images_client::ImagesClient,
 };
@@ -47,6 +49,64 @@ fn file_error(path: &Path) -> impl FnOnce(String) -> PinError + '_ {
     move |cause| PinError::File {
         path: path.to_owned(),
         cause,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Which way a node pins
+
+/// How a node's pins are written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PinTarget {
+    /// From the runtime's name: containerd -> label, cri-o -> the drop-in in /etc/crio/crio.conf.d and
+    /// `systemctl reload crio`.
+    Detect,
+    /// The drop-in in `config_dir` on the machine pinboard runs on (the node itself), then `reload`. The
+    /// plan's images are added to the pins the file lists already.
+    CrioDropIn {
+        config_dir: PathBuf,
+        reload: Reload,
+    },
+    ContainerdLabel,
+}
+
+/// Connects to `node` and decides how it pins ([`resolve`]): the client and the decided target.
+pub async fn connect_resolved(
+    node: &DirectNode,
+    target: PinTarget,
+    timeout: Duration,
+) -> Result<(CriClient, PinTarget), String> {
+    let client = CriClient::connect(&node.endpoint, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    let runtime = client
+        .version()
+        .await
+        .map_err(|e| e.to_string())?
+        .runtime_name;
+    let pin = resolve(target, &runtime, &client)?;
+    Ok((client, pin))
+}
+
+/// The target with `Detect` decided from the runtime's name.
+pub fn resolve(target: PinTarget, runtime: &str, client: &CriClient) -> Result<PinTarget, String> {
+    if target != PinTarget::Detect {
+        return Ok(target);
+    }
+    match runtime {
+        "containerd" => Ok(PinTarget::ContainerdLabel),
+        // The drop-in is a file on the node: only writable when pinboard runs there.
+        "cri-o" if !client.endpoint().is_local() => Err(format!(
+            "CRI-O at {}: its pin drop-in can only be written on the node itself",
+            client.endpoint()
+        )),
+        "cri-o" => Ok(PinTarget::CrioDropIn {
+            config_dir: CRIO_CONFIG_DIR.into(),
+            reload: Reload::Systemctl,
+        }),
+        other => Err(format!(
+            "runtime {other:?}: pinboard pins only on containerd and CRI-O"
+        )),
     }
 }
 

@@ -1,19 +1,19 @@
 //! Observes what [`crate::model::readiness`] judges: on one node reached over its CRI socket, whether each
 //! image is there (ImageStatus), whether the runtime reports it pinned, and what the node's own pin record
 //! says: the CRI-O drop-in's list, or the containerd pin label. How the node pins is resolved exactly as
-//! the engine resolves it when it writes pins ([`crate::engine::resolve`]). On containerd, pulls in flight
+//! the engine resolves it when it writes pins ([`pins::resolve`]). On containerd, pulls in flight
 //! for missing images are read from its content ingests ([`observe_pulls`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::cri::{CriClient, CriError};
-use super::{pins, progress};
-use crate::engine::{self, PinTarget};
+use super::node::NodeTarget;
+use super::pins::{self, PinTarget};
+use super::progress;
 use crate::model::image::ImageFacts;
 use crate::model::readiness::{ImageObserved, NodeObserved};
 use crate::model::rollout::PinMethod;
-use crate::targets::NodeTarget;
 
 /// Observes one node. Never fails: an unreachable node comes back with `unreachable` set.
 pub async fn observe(
@@ -58,7 +58,7 @@ pub async fn observe(
         )),
         ..NodeObserved::default()
     };
-    let record = match engine::resolve(target.pin.clone(), &version.runtime_name, &client) {
+    let record = match pins::resolve(target.pin.clone(), &version.runtime_name, &client) {
         Ok(PinTarget::CrioDropIn { config_dir, .. }) => {
             observed.pin_method = Some(PinMethod::CrioDropIn);
             let read = tokio::task::spawn_blocking(move || pins::read_crio_pins(&config_dir)).await;

@@ -8,50 +8,23 @@ use std::io::{IsTerminal, Write as _};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::check::{Checker, readiness_table, verdict, verdict_line};
 use super::output::{render, short_reference, table};
-use super::{Output, SetInput, SetsOnNodes, TargetArgs, read_sets};
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::engine::{self, EngineConfig};
 use crate::error::{Exit, Failure};
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
-use crate::model::units::{human, parse_duration};
+use crate::model::units::human;
+use crate::options::{APPLY_WAIT, CommonArgs, read_sets};
 use crate::survey::{Survey, survey, union_of};
 use crate::ui::status::{node_status, pin_method_label};
 
 /// How often the progress bar is redrawn at most.
 const REDRAW: Duration = Duration::from_millis(100);
 const BAR_WIDTH: usize = 24;
-
-#[derive(Args, Debug)]
-pub struct ApplyArgs {
-    #[command(flatten)]
-    pub common: SetsOnNodes,
-    /// Pulls at once per node.
-    #[arg(long, value_name = "N", default_value_t = 5)]
-    pub parallel: usize,
-    /// Also start nodes whose plan verdict is no-space (cluster mode: also write a set that lands in no
-    /// pool).
-    #[arg(long)]
-    pub force: bool,
-    /// Cluster mode: how long to wait for the nodes to report the sets done, e.g. 90s, 30m, 2h.
-    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
-    pub timeout: Duration,
-}
-
-#[derive(Args, Debug)]
-pub struct UnpinArgs {
-    #[command(flatten)]
-    pub input: SetInput,
-    #[command(flatten)]
-    pub targets: TargetArgs,
-    #[arg(short, long, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-}
 
 /// How the rollout ended on one node, as `apply` prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,11 +53,13 @@ pub struct ApplyReport {
     pub readiness: Readiness,
 }
 
-pub async fn apply(args: ApplyArgs) -> Result<String, Failure> {
-    let common = &args.common;
+pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
+    let common = &args;
+    let rollout_args = &args.rollout;
     if let Some(options) = common.targets.cluster_mode() {
         let (input, output) = (&common.input, common.output);
-        return super::cluster::apply(&options, input, output, args.force, args.timeout).await;
+        let limit = rollout_args.timeout_or(APPLY_WAIT);
+        return super::cluster::apply(&options, input, output, rollout_args.force, limit).await;
     }
     let checker = Checker::new(common)?;
     let targets = &checker.targets;
@@ -107,8 +82,8 @@ pub async fn apply(args: ApplyArgs) -> Result<String, Failure> {
     .map_err(Failure::from)?;
     let jobs = crate::targets::jobs(targets, plans);
     let config = EngineConfig {
-        parallel: args.parallel.max(1),
-        force: args.force,
+        parallel: rollout_args.parallel.max(1),
+        force: rollout_args.force,
         ..EngineConfig::default()
     };
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
@@ -328,7 +303,7 @@ pub struct Unpinned {
     pub message: String,
 }
 
-pub async fn unpin(args: UnpinArgs) -> Result<String, Failure> {
+pub async fn unpin(args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = args.targets.cluster_mode() {
         return super::cluster::unpin(&options, &args.input, args.output).await;
     }

@@ -7,10 +7,8 @@
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use clap::Args;
-
 use super::output::{image_matrix, render, table};
-use super::{SetsOnNodes, read_sets, registry_client};
+use crate::backend::node::NodeTarget;
 use crate::backend::readiness::{observe, observe_pulls};
 use crate::backend::registry::Registry;
 use crate::error::{Exit, Failure};
@@ -20,24 +18,11 @@ use crate::model::readiness::{
     ImageReadiness, ImageReason, NodeObserved, NodeReadiness, NodesStatus, Readiness, assess,
 };
 use crate::model::set::ImageSet;
-use crate::model::units::parse_duration;
+use crate::options::{CHECK_WAIT, CommonArgs, read_sets, registry_client};
 use crate::survey::{survey, union_of};
-use crate::targets::NodeTarget;
 
 /// How often `check --wait` observes the nodes again.
 const WAIT_INTERVAL: Duration = Duration::from_secs(2);
-
-#[derive(Args, Debug)]
-pub struct CheckArgs {
-    #[command(flatten)]
-    pub common: SetsOnNodes,
-    /// Wait until every node is ready, observing them again every 2s; one line on stderr per change.
-    #[arg(long)]
-    pub wait: bool,
-    /// With --wait: how long to wait for readiness, e.g. 90s, 10m, 1h.
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, requires = "wait")]
-    pub timeout: Duration,
-}
 
 /// Everything a readiness check needs, read and checked from the command line before any node is asked.
 pub(super) struct Checker {
@@ -51,7 +36,7 @@ pub(super) struct Checker {
 }
 
 impl Checker {
-    pub(super) fn new(args: &SetsOnNodes) -> Result<Checker, Failure> {
+    pub(super) fn new(args: &CommonArgs) -> Result<Checker, Failure> {
         let sets = read_sets(&args.input, true)?;
         Ok(Checker {
             targets: args.targets.resolve()?,
@@ -173,24 +158,26 @@ fn all_unreachable(observed: &[NodeObserved]) -> Result<(), Failure> {
     Ok(())
 }
 
-pub async fn check(args: CheckArgs) -> Result<String, Failure> {
-    if let Some(options) = args.common.targets.cluster_mode() {
-        let wait = args.wait.then_some(args.timeout);
-        return super::cluster::check(&options, &args.common.input, args.common.output, wait).await;
+pub async fn check(args: CommonArgs) -> Result<String, Failure> {
+    let wait = args
+        .rollout
+        .wait
+        .then(|| args.rollout.timeout_or(CHECK_WAIT));
+    if let Some(options) = args.targets.cluster_mode() {
+        return super::cluster::check(&options, &args.input, args.output, wait).await;
     }
-    let checker = Checker::new(&args.common)?;
-    let readiness = if args.wait {
-        checker.wait(args.timeout).await?
-    } else {
-        checker.readiness().await?
+    let checker = Checker::new(&args)?;
+    let readiness = match wait {
+        Some(limit) => checker.wait(limit).await?,
+        None => checker.readiness().await?,
     };
-    let text = render(&readiness, args.common.output, || {
+    let text = render(&readiness, args.output, || {
         readiness_table(&readiness.nodes) + &verdict_line(&readiness)
     })?;
     verdict(text, &readiness)
 }
 
-pub async fn status(args: SetsOnNodes) -> Result<String, Failure> {
+pub async fn status(args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = args.targets.cluster_mode() {
         return super::cluster::status(&options, &args.input, args.output).await;
     }

@@ -10,12 +10,12 @@ use tokio::time::Instant;
 
 use super::check::{readiness_table, verdict, verdict_line};
 use super::output::{render, table};
-use super::{Output, SetInput, read_sets};
 use crate::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
 use crate::error::{Exit, Failure};
 use crate::model::cluster::{ClusterView, Connection, pool_warning, pools_for_set};
 use crate::model::readiness::{NodesStatus, Readiness, WantedSet, assess_cluster};
 use crate::model::set::ImageSet;
+use crate::options::{Output, SetInput, read_sets};
 
 /// How long the first complete view of the cluster may take.
 const FIRST_SYNC: Duration = Duration::from_secs(30);

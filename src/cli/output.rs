@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::Output;
 use crate::error::Failure;
+use crate::options::Output;
 
 /// `value` as `output` asks: pretty JSON, YAML, or the table `table` draws.
 pub fn render<T: Serialize>(

@@ -7,16 +7,16 @@ use ratatui::backend::IntoCrossterm;
 
 use super::cluster::{ClusterSession, NAME_OR_FILE, files_and_names};
 use super::output::{image_matrix, table};
-use super::{Output, SetsOnNodes, read_sets, registry_client};
 use crate::backend::node::DirectNode;
 use crate::error::Failure;
 use crate::model::plan::{EstimateBasis, ImagePlan, NodePlan, SpaceSource};
 use crate::model::units::{human, human_signed};
+use crate::options::{CommonArgs, Output, read_sets, registry_client};
 use crate::survey::{Survey, survey, survey_cluster};
 use crate::ui::status::verdict_label;
 use crate::ui::theme::Theme;
 
-pub async fn run(args: SetsOnNodes) -> Result<String, Failure> {
+pub async fn run(args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = args.targets.cluster_mode() {
         let (files, names) = files_and_names(&args.input, NAME_OR_FILE)?;
         let (registry, platform) = (registry_client(&args.registry)?, args.targets.platform()?);

@@ -10,35 +10,37 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::TuiArgs;
 use super::app::{Cmd, ConfigView, DiffKind, Msg, NodeInfo, SetDraft, State};
 use super::run::{UiBackend, execute_file_cmd};
 use super::theme::Theme;
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::cri::CriClient;
 use crate::backend::lazy::{LazyState, read_lazy, set_lazy};
-use crate::backend::node::observe;
+use crate::backend::node::{NodeTarget, observe};
 use crate::backend::pins::{self, CONTAINERD_PIN_VALUE};
+use crate::backend::pins::{PinTarget, connect_resolved};
 use crate::backend::registry::Registry;
-use crate::cli::{TuiArgs, read_sets, registry_client};
-use crate::engine::{self, Control, EngineConfig, PinTarget};
+use crate::engine::{self, Control, EngineConfig};
 use crate::error::Failure;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::rollout::PinMethod;
 use crate::model::set::ImageSet;
+use crate::options::{read_sets, registry_client};
 use crate::survey::{Survey, survey};
-use crate::targets::NodeTarget;
 
 /// Opens the TUI on the nodes and sets of `args`; returns when the operator quits.
 pub async fn run(args: TuiArgs) -> Result<(), Failure> {
-    if let Some(options) = args.targets.cluster_mode() {
+    let common = &args.common;
+    if let Some(options) = common.targets.cluster_mode() {
         return super::live_cluster::run(args, options).await;
     }
-    let sets = read_sets(&args.input, false)?;
-    let targets = args.targets.resolve()?;
-    let platform = args.targets.platform()?;
-    let registry = registry_client(&args.registry)?;
-    let credentials = Credentials::load(&AuthFiles::from_env(args.registry.authfile.clone()))
+    let sets = read_sets(&common.input, false)?;
+    let targets = common.targets.resolve()?;
+    let platform = common.targets.platform()?;
+    let registry = registry_client(&common.registry)?;
+    let credentials = Credentials::load(&AuthFiles::from_env(common.registry.authfile.clone()))
         .map_err(|e| Failure::bad_input(e.to_string()))?;
     let theme = theme_of(&args)?;
     let label = format!(
@@ -58,10 +60,10 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
         registry: Arc::new(registry),
         credentials: Arc::new(credentials),
         platform,
-        limits: args.limits.limits(),
-        timeout: args.targets.timeout(),
+        limits: common.limits.limits(),
+        timeout: common.targets.timeout(),
         engine: EngineConfig {
-            parallel: args.parallel.max(1),
+            parallel: common.rollout.parallel.max(1),
             readonly: args.readonly,
             ..EngineConfig::default()
         },
@@ -279,7 +281,7 @@ impl Observer {
     async fn config_views(&self, sets: &[ImageSet]) -> BTreeMap<String, ConfigView> {
         let wanted: Vec<String> = crate::survey::union_of(sets);
         let views = self.targets.iter().map(|t| async {
-            let view = match engine::connect_resolved(&t.node, t.pin.clone(), self.timeout).await {
+            let view = match connect_resolved(&t.node, t.pin.clone(), self.timeout).await {
                 Ok((_, PinTarget::CrioDropIn { config_dir, .. })) => {
                     crio_view(&config_dir, &wanted)
                 }
@@ -365,8 +367,7 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
     if !reachable {
         return info;
     }
-    let Ok((client, pin)) =
-        engine::connect_resolved(&target.node, target.pin.clone(), timeout).await
+    let Ok((client, pin)) = connect_resolved(&target.node, target.pin.clone(), timeout).await
     else {
         return info;
     };

@@ -11,12 +11,12 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
+use super::TuiArgs;
 use super::app::{Cmd, ConfigView, Msg, SetDraft, State};
 use super::export::pinned_image_set_yaml;
 use super::live::theme_of;
 use super::run::{UiBackend, execute_file_cmd};
 use crate::backend::registry::Registry;
-use crate::cli::{TuiArgs, read_sets, registry_client};
 use crate::cluster::{Cluster, ConnectOptions, connect, watch};
 use crate::error::Failure;
 use crate::model::cluster::{ClusterView, pool_warning, pools_for_set};
@@ -24,13 +24,15 @@ use crate::model::diff;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::set::ImageSet;
+use crate::options::{read_sets, registry_client};
 use crate::survey::survey_cluster;
 
 /// Opens the TUI on the cluster `options` names; returns when the operator quits.
 pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> {
-    let sets = read_sets(&args.input, false)?;
-    let platform = args.targets.platform()?;
-    let registry = registry_client(&args.registry)?;
+    let common = &args.common;
+    let sets = read_sets(&common.input, false)?;
+    let platform = common.targets.platform()?;
+    let registry = registry_client(&common.registry)?;
     let theme = theme_of(&args)?;
     let cluster = Cluster::discover(connect(&options).await?).await?;
     let denied = if args.readonly {
@@ -49,12 +51,12 @@ pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> 
         .into_iter()
         .map(|set| SetDraft::new(set, Default::default()))
         .collect();
-    let lazy_store = args.targets.lazy_store.clone();
+    let lazy_store = common.targets.lazy_store.clone();
     let backend = ClusterUi::new(
         cluster,
         registry,
         platform,
-        args.limits.limits(),
+        common.limits.limits(),
         lazy_store,
     );
     super::run::run(state, backend)

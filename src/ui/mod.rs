@@ -13,6 +13,7 @@ pub mod export;
 pub mod keymap;
 pub mod live;
 pub mod live_cluster;
+mod options;
 pub mod render;
 pub mod run;
 mod screens;
@@ -20,6 +21,8 @@ mod screens_cluster;
 pub mod status;
 pub mod svg;
 pub mod theme;
+
+pub use options::TuiArgs;
 
 #[cfg(test)]
 mod tests;
