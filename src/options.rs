@@ -60,6 +60,10 @@ pub struct RolloutArgs {
     /// How long `check --wait` (default 10m) and cluster-mode `apply` (default 30m) wait, e.g. 90s, 10m, 1h.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+    /// Cluster-mode `check`: also ask the runtimes of the nodes named by --cri or --nodes, and require their
+    /// confirmation.
+    #[arg(long)]
+    pub verify_cri: bool,
 }
 
 impl Default for RolloutArgs {
@@ -69,6 +73,7 @@ impl Default for RolloutArgs {
             force: false,
             wait: false,
             timeout: None,
+            verify_cri: false,
         }
     }
 }
@@ -99,14 +104,14 @@ pub struct SetInput {
 #[derive(Args, Debug, Default)]
 pub struct TargetArgs {
     /// Cluster mode, with this kubeconfig.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["cri", "nodes"])]
+    #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Cluster mode, with this context of the kubeconfig.
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["cri", "nodes"])]
+    #[arg(long, value_name = "NAME")]
     pub context: Option<String>,
     /// Cluster mode, with the kubeconfig from KUBECONFIG or ~/.kube/config, or the pod's service account.
     /// Without any target flag, pinboard uses the local CRI endpoint if there is one, else this.
-    #[arg(long, conflicts_with_all = ["cri", "nodes"])]
+    #[arg(long)]
     pub cluster: bool,
     /// A node's CRI endpoint: [NAME=]unix:///path or [NAME=]tcp://host:port. Repeatable. Without it or
     /// --nodes, the endpoint crictl would use (CONTAINER_RUNTIME_ENDPOINT, /etc/crictl.yaml, the CRI-O and
@@ -154,9 +159,10 @@ pub struct RegistryArgs {
 /// When a node counts as full.
 #[derive(Args, Debug)]
 pub struct LimitArgs {
-    /// Kubelet image GC high threshold, percent: a node above it after pre-loading is `tight`.
-    #[arg(long, value_name = "PERCENT", default_value_t = 85, value_parser = clap::value_parser!(u8).range(1..=100))]
-    pub gc_high_percent: u8,
+    /// Kubelet image GC high threshold, percent: a node above it after pre-loading is `tight`. Default: in
+    /// cluster mode each node's kubelet's own (its configuration), else 85.
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub gc_high_percent: Option<u8>,
     /// Free space that must remain after pre-loading, e.g. 16Gi (the OpenShift daemon's floor).
     #[arg(long, value_name = "BYTES", default_value = "16Gi", value_parser = parse_bytes)]
     pub min_free: u64,
@@ -165,7 +171,10 @@ pub struct LimitArgs {
 impl LimitArgs {
     pub fn limits(&self) -> Limits {
         Limits {
-            gc_high_percent: self.gc_high_percent,
+            gc_high_percent: self
+                .gc_high_percent
+                .unwrap_or(Limits::default().gc_high_percent),
+            gc_high_given: self.gc_high_percent.is_some(),
             min_free_bytes: self.min_free,
         }
     }
@@ -174,8 +183,8 @@ impl LimitArgs {
 impl Default for LimitArgs {
     fn default() -> Self {
         LimitArgs {
-            gc_high_percent: 85,
-            min_free: 16 << 30,
+            gc_high_percent: None,
+            min_free: Limits::default().min_free_bytes,
         }
     }
 }
@@ -200,7 +209,8 @@ pub fn registry_client(args: &RegistryArgs) -> Result<Registry, Failure> {
 
 impl TargetArgs {
     /// How to reach the cluster, when the flags choose cluster mode: `--kubeconfig`, `--context` or
-    /// `--cluster`; or no target flag at all, no local CRI endpoint, and a kubeconfig to be found.
+    /// `--cluster` (then `--cri` and `--nodes` only name the nodes `check --verify-cri` asks); or no target
+    /// flag at all, no local CRI endpoint, and a kubeconfig to be found.
     pub fn cluster_mode(&self) -> Option<ConnectOptions> {
         let options = ConnectOptions {
             kubeconfig: self.kubeconfig.clone(),

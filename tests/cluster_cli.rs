@@ -1,9 +1,10 @@
 //! The headless commands in cluster mode: the real binary against the lab's etcd + kube-apiserver (and
 //! registry), with the tests playing the kubelet and the machine-config daemon. For `check`, `status`,
 //! `apply` and `unpin`, each case a pipeline must never get wrong ends in exit 1 with its reason; exit 0
-//! only when every node has really reached the set's generation and lists every image. `plan` plans every
-//! node a set lands on, from what the API tells about its space (a stand-in kubelet's summary through the
-//! node proxy, else allocatable ephemeral-storage) and its images.
+//! when every node's daemon reports the set's generation done, unless a complete kubelet image list
+//! contradicts it. `plan` plans every node a set lands on, from what the API tells about its space (a
+//! stand-in kubelet's summary through the node proxy, else allocatable ephemeral-storage), its images, and
+//! its kubelet's configuration.
 
 mod support;
 
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 use pinboard::model::readiness::{NodesStatus, Readiness};
 use serde_json::{Value, json};
 use support::cluster::{NodeStatus, WAIT, Writer, digest, openshift};
-use support::kubelet::{FakeKubelet, ImageFs};
+use support::kubelet::{FakeKubelet, ImageFs, KubeletConfig};
 use support::{ImageSpec, Lab, LayerFormat, LayerSpec, Run, pinboard};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -164,7 +165,8 @@ async fn cluster_readiness_gates_what_a_pipeline_must_never_pass() {
     let again = serde_json::to_string_pretty(&parsed).unwrap() + "\n";
     assert_eq!(again, status.stdout, "the JSON round-trips exactly");
 
-    // The cases that must fail, one per node: n1 Degraded, n2 listing 50 images but not ours, n3 not ready.
+    // The cases that must fail, one per node: n1 Degraded, n2 listing 12 images (a complete list) but not
+    // the second of ours, n3 not ready.
     let error = "failed to pull quay.io/openshift/release: no space left on device";
     writer
         .daemon(
@@ -176,12 +178,12 @@ async fn cluster_readiness_gates_what_a_pipeline_must_never_pass() {
         )
         .await;
     let only_first = kubelet_lists(&images[..1]);
-    let full = NodeStatus {
+    let complete = NodeStatus {
         ready: true,
         images: &only_first,
-        entries: 50,
+        entries: 12,
     };
-    writer.node_status("n2", &full).await;
+    writer.node_status("n2", &complete).await;
     let not_ready = NodeStatus {
         ready: false,
         images: &listed,
@@ -203,7 +205,8 @@ async fn cluster_readiness_gates_what_a_pipeline_must_never_pass() {
     );
     assert!(
         stderr.contains(&format!(
-            "n2: 1 image unknown: {}: Node.status.images is full (50 entries",
+            "n2: the kubelet's complete image list (12 of at most 50) lacks 1 image: {}; the machine-config \
+             daemon reported the set done",
             images[1]
         )),
         "{stderr}"
@@ -413,5 +416,226 @@ async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
         nowhere.stderr.contains("the sets land on no node"),
         "{}",
         explain(&nowhere)
+    );
+}
+
+/// Stand-in kubelets for `nodes`, answering `/configz` with `config`, each Node pointed at its own.
+async fn kubelets(
+    lab: &Lab,
+    writer: &Writer,
+    nodes: &[&str],
+    config: KubeletConfig,
+) -> Vec<FakeKubelet> {
+    let mut started = Vec::new();
+    for node in nodes {
+        let image_fs = || ImageFs {
+            capacity: 200 << 30,
+            available: 150 << 30,
+            used: 50 << 30,
+        };
+        let dir = lab
+            .dir()
+            .join(format!("kubelet-{node}-{}", config.node_status_max_images));
+        let kubelet = FakeKubelet::configured(&dir, node, image_fs, config).unwrap();
+        writer.kubelet(node, kubelet.port()).await;
+        started.push(kubelet);
+    }
+    started
+}
+
+/// The images of `check -o json`'s node `n`, as (ref, evidence).
+fn evidence(run: &Run, n: usize) -> Vec<(String, String)> {
+    let verdict: Value =
+        serde_json::from_str(&run.stdout).unwrap_or_else(|_| panic!("{}", explain(run)));
+    verdict["nodes"][n]["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["ref"].as_str().unwrap().to_owned(),
+                i["evidence"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_daemons_report_is_the_proof_and_only_a_complete_kubelet_list_contradicts_it() {
+    let (lab, _admin, writer, kubeconfig) = cluster("cluster-evidence").await;
+    // A release-sized set, 120 images, far more than the kubelet's 50-entry list can name; and a small one.
+    let images: Vec<String> = (1..=120).map(digest).collect();
+    let apps: Vec<String> = (1001..=1012).map(digest).collect();
+    for (name, set) in [("release", &images), ("apps", &apps)] {
+        let entries: Vec<Value> = set.iter().map(|i| json!({"name": i})).collect();
+        writer
+            .apply(
+                &writer.cluster.resources().pinned_image_set,
+                name,
+                json!({"metadata": {"name": name, "labels": {"machineconfiguration.openshift.io/role": "worker"}},
+                       "spec": {"pinnedImages": entries}}),
+            )
+            .await;
+    }
+    let both = |generation| {
+        json!([
+            {"name": "release", "desiredGeneration": generation, "currentGeneration": generation},
+            {"name": "apps", "desiredGeneration": generation, "currentGeneration": generation},
+        ])
+    };
+    // Every node done, Ready, its kubelet listing 50 other images (a full list, silent about the set).
+    let full = NodeStatus {
+        ready: true,
+        images: &[],
+        entries: 50,
+    };
+    for node in NODES {
+        writer.node_status(node, &full).await;
+        writer.daemons(node, both(1)).await;
+    }
+    let defaults = kubelets(&lab, &writer, &NODES, KubeletConfig::default()).await;
+    let check_set = |set: &'static str, extra: &'static [&'static str]| {
+        let mut rest = vec!["check", "--set", set];
+        rest.extend(extra);
+        run(args(&kubeconfig, &rest))
+    };
+    let check = |extra| check_set("release", extra);
+
+    // (a) Ready on the daemon's word.
+    let ok = check(&["-o", "json"]).await;
+    assert_eq!(ok.code, 0, "{}", explain(&ok));
+    for n in 0..3 {
+        assert!(
+            evidence(&ok, n).iter().all(|(_, e)| e == "daemon"),
+            "{}",
+            ok.stdout
+        );
+    }
+    let verdict: Value = serde_json::from_str(&ok.stdout).unwrap();
+    assert_eq!(verdict["nodes"][0]["kubelet"]["nodeStatusMaxImages"], 50);
+    assert_eq!(verdict["nodes"][0]["kubelet"]["imageListComplete"], false);
+    assert!(
+        verdict["nodes"][0]["kubelet"].get("assumed").is_none(),
+        "read from /configz"
+    );
+    let table = check(&[]).await;
+    assert_eq!(table.code, 0, "{}", explain(&table));
+    assert!(
+        table
+            .stdout
+            .contains("✓ ready (daemon's report; the kubelet lists 0 of 120 images)"),
+        "{}",
+        table.stdout
+    );
+
+    // (b) n2's kubelet lists 12 images, fewer than it may: a complete list, and it lacks image 7 of `apps`.
+    let mut listed: Vec<String> = apps.iter().filter(|i| **i != apps[6]).cloned().collect();
+    listed.push(format!("quay.io/pinboard/own@sha256:{}", "a".repeat(64)));
+    let twelve = NodeStatus {
+        ready: true,
+        images: &listed,
+        entries: 12,
+    };
+    writer.node_status("n2", &twelve).await;
+    let contradicted = check_set("apps", &[]).await;
+    assert_eq!(contradicted.code, 1, "{}", explain(&contradicted));
+    assert!(
+        contradicted.stderr.contains(&format!(
+            "n2: the kubelet's complete image list (12 of at most 50) lacks 1 image: {};",
+            apps[6]
+        )),
+        "{}",
+        explain(&contradicted)
+    );
+    assert_eq!(
+        contradicted.stderr.matches("lacks").count(),
+        1,
+        "only n2: {}",
+        contradicted.stderr
+    );
+    // That list is complete for `release` too, and names none of its images.
+    let release = check(&[]).await;
+    assert!(
+        release.stderr.contains(&format!(
+            "n2: the kubelet's complete image list (12 of at most 50) lacks 120 images: {}, {}, {}, {}, {} and 115 more;",
+            images[0], images[1], images[2], images[3], images[4]
+        )),
+        "{}",
+        explain(&release)
+    );
+
+    // (c) An empty list proves nothing: judged by the daemon's report.
+    let empty = NodeStatus {
+        ready: true,
+        images: &[],
+        entries: 0,
+    };
+    writer.node_status("n2", &empty).await;
+    for set in ["release", "apps"] {
+        let ok = check_set(set, &[]).await;
+        assert_eq!(ok.code, 0, "{}", explain(&ok));
+    }
+
+    // (e) A fourth worker joins after the set was applied: named until its daemon reports.
+    writer.worker("n4").await;
+    let joined = check(&[]).await;
+    assert_eq!(joined.code, 1, "{}", explain(&joined));
+    assert!(
+        joined.stderr.contains(
+            "n4: set \"release\": joined pool worker after the set was applied; its machine-config daemon \
+             has not reported on this node yet"
+        ),
+        "{}",
+        explain(&joined)
+    );
+    // Its daemon pulls both sets and reports; its kubelet now lists 50 images, not all of them.
+    writer.node_status("n4", &full).await;
+    writer.daemons("n4", both(1)).await;
+    let reported = check(&[]).await;
+    assert_eq!(reported.code, 0, "{}", explain(&reported));
+    // n4 has no kubelet the proxy reaches: its defaults are assumed, and the output says so.
+    assert!(
+        reported
+            .stderr
+            .contains("warning: n4: the kubelet's configuration could not be read"),
+        "{}",
+        explain(&reported)
+    );
+
+    // An old kubelet ignores pins in image GC: a warning on check and status, not a failure.
+    writer.kubelet_version("n3", "v1.24.17").await;
+    let old = check(&[]).await;
+    assert_eq!(old.code, 0, "{}", explain(&old));
+    let warning = "warning: n3: kubelet v1.24.17 predates pinned-image support in image GC";
+    assert!(old.stderr.contains(warning), "{}", explain(&old));
+    let status = run(args(&kubeconfig, &["status", "--set", "release"])).await;
+    assert!(status.stderr.contains(warning), "{}", explain(&status));
+    assert!(
+        status.stdout.contains("! kubelet v1.24.17 predates"),
+        "{}",
+        explain(&status)
+    );
+
+    // (d) n1's kubelet lists up to 200 images: its 50 entries are everything it has, and none is ours.
+    drop(defaults);
+    let roomy = KubeletConfig {
+        node_status_max_images: 200,
+        ..KubeletConfig::default()
+    };
+    let _roomy = kubelets(&lab, &writer, &["n1"], roomy).await;
+    let complete = check(&["-o", "json"]).await;
+    assert_eq!(complete.code, 1, "{}", explain(&complete));
+    assert!(
+        complete.stderr.contains(&format!(
+            "n1: the kubelet's complete image list (50 of at most 200) lacks 120 images: {}, ",
+            images[0]
+        )),
+        "{}",
+        explain(&complete)
+    );
+    assert!(
+        evidence(&complete, 0)
+            .iter()
+            .all(|(_, e)| e == "kubelet-list")
     );
 }

@@ -56,7 +56,7 @@ pub struct ApplyReport {
 pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
     let common = &args;
     let rollout_args = &args.rollout;
-    if let Some(options) = common.targets.cluster_mode() {
+    if let Some(options) = super::cluster::cluster_mode(&common.targets, false) {
         let (input, output) = (&common.input, common.output);
         let limit = rollout_args.timeout_or(APPLY_WAIT);
         return super::cluster::apply(&options, input, output, rollout_args.force, limit).await;
@@ -304,7 +304,7 @@ pub struct Unpinned {
 }
 
 pub async fn unpin(args: CommonArgs) -> Result<String, Failure> {
-    if let Some(options) = args.targets.cluster_mode() {
+    if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
         return super::cluster::unpin(&options, &args.input, args.output).await;
     }
     let sets = read_sets(&args.input, true)?;

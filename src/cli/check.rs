@@ -163,8 +163,8 @@ pub async fn check(args: CommonArgs) -> Result<String, Failure> {
         .rollout
         .wait
         .then(|| args.rollout.timeout_or(CHECK_WAIT));
-    if let Some(options) = args.targets.cluster_mode() {
-        return super::cluster::check(&options, &args.input, args.output, wait).await;
+    if let Some(options) = super::cluster::cluster_mode(&args.targets, args.rollout.verify_cri) {
+        return super::cluster::check(&options, &args, wait).await;
     }
     let checker = Checker::new(&args)?;
     let readiness = match wait {
@@ -178,7 +178,7 @@ pub async fn check(args: CommonArgs) -> Result<String, Failure> {
 }
 
 pub async fn status(args: CommonArgs) -> Result<String, Failure> {
-    if let Some(options) = args.targets.cluster_mode() {
+    if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
         return super::cluster::status(&options, &args.input, args.output).await;
     }
     let checker = Checker::new(&args)?;
@@ -191,6 +191,7 @@ pub async fn status(args: CommonArgs) -> Result<String, Failure> {
 /// `text` for stdout when ready; otherwise `text` is written to stdout here and the reasons, one per line
 /// and naming the node, end the command with exit 1.
 pub(super) fn verdict(text: String, readiness: &Readiness) -> Result<String, Failure> {
+    warn(&readiness.nodes);
     if readiness.ready {
         return Ok(text);
     }
@@ -203,6 +204,15 @@ pub(super) fn verdict(text: String, readiness: &Readiness) -> Result<String, Fai
         exit: Exit::NotReady,
         lines: readiness.reason_lines(),
     })
+}
+
+/// Each node's warnings on stderr, naming the node: worth knowing, but not why a node is not ready.
+pub(super) fn warn(nodes: &[NodeReadiness]) {
+    for node in nodes {
+        for warning in &node.warnings {
+            eprintln!("warning: {}: {warning}", node.node);
+        }
+    }
 }
 
 pub(super) fn verdict_line(readiness: &Readiness) -> String {
@@ -241,16 +251,31 @@ pub(super) fn readiness_table(nodes: &[NodeReadiness]) -> String {
                 n.pin_method.clone().unwrap_or_else(|| "unknown".into()),
                 count(n, |i| i.present == Some(true)),
                 count(n, |i| i.present == Some(true) && i.pinned == Some(true)),
-                format!("{} {}", if n.ready { "✓" } else { "✗" }, n.summary()),
+                format!(
+                    "{} {}{}",
+                    if n.ready { "✓" } else { "✗" },
+                    n.summary(),
+                    // Cluster nodes: what the judgement rests on (direct mode: always the runtime).
+                    n.kubelet
+                        .as_ref()
+                        .and(n.evidence_words())
+                        .map_or_else(String::new, |words| format!(" ({words})"))
+                ),
             ]
         })
         .collect();
     let plain = |_: usize, _: usize, text: &str| text.to_string();
     let mut out = table(&headers, &rows, &plain);
-    for node in nodes.iter().filter(|n| !n.reasons.is_empty()) {
+    for node in nodes
+        .iter()
+        .filter(|n| !n.reasons.is_empty() || !n.warnings.is_empty())
+    {
         out.push_str(&format!("\n{}:\n", node.node));
         for reason in &node.reasons {
             out.push_str(&format!("  - {reason}\n"));
+        }
+        for warning in &node.warnings {
+            out.push_str(&format!("  ! {warning}\n"));
         }
     }
     let set_rows: Vec<Vec<String>> = nodes

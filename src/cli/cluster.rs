@@ -1,21 +1,41 @@
 //! The headless commands in cluster mode: `check`, `status`, `apply` and `unpin` over PinnedImageSets,
 //! MachineConfigNodes and Nodes read from the API server. They watch (never poll) through
-//! [`crate::cluster::watch`] and judge with [`crate::model::readiness::assess_cluster`], and print the same
-//! tables and JSON shapes as direct mode. `apply` writes the sets with server-side apply, then waits until
+//! [`crate::cluster::watch`], read each target node's kubelet configuration once (`/configz`, for how many
+//! images `Node.status.images` holds at most), judge with [`crate::model::readiness::assess_cluster`], and
+//! print the same tables and JSON shapes as direct mode. `check --verify-cri` also asks the runtimes of the
+//! nodes named by `--cri` or `--nodes` and requires their confirmation. `apply` writes the sets with server-side apply, then waits until
 //! the machine-config daemons report them done; `unpin` deletes the sets (the daemons unpin, images stay).
 
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::check::{readiness_table, verdict, verdict_line};
+use super::check::{readiness_table, verdict, verdict_line, warn};
 use super::output::{render, table};
+use crate::backend::node::NodeTarget;
+use crate::backend::readiness::observe;
 use crate::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
 use crate::error::{Exit, Failure};
-use crate::model::cluster::{ClusterView, Connection, pool_warning, pools_for_set};
-use crate::model::readiness::{NodesStatus, Readiness, WantedSet, assess_cluster};
+use crate::model::cluster::{
+    ClusterView, Connection, KubeletSettings, pool_warning, pools_for_set,
+};
+use crate::model::readiness::{NodesStatus, Readiness, WantedSet, assess, assess_cluster};
 use crate::model::set::ImageSet;
-use crate::options::{Output, SetInput, read_sets};
+use crate::options::{CommonArgs, Output, SetInput, TargetArgs, read_sets};
+
+/// Cluster mode when the flags choose it ([`TargetArgs::cluster_mode`]). `--cri` and `--nodes` then name
+/// nodes only for `check --verify-cri` (`uses_runtimes`); elsewhere they are ignored, with a warning.
+pub(super) fn cluster_mode(targets: &TargetArgs, uses_runtimes: bool) -> Option<ConnectOptions> {
+    let options = targets.cluster_mode()?;
+    if !uses_runtimes && (!targets.cri.is_empty() || targets.nodes.is_some()) {
+        eprintln!(
+            "warning: cluster mode: --cri and --nodes are ignored (only `check --verify-cri` asks the runtimes \
+             they name)"
+        );
+    }
+    Some(options)
+}
 
 /// How long the first complete view of the cluster may take.
 const FIRST_SYNC: Duration = Duration::from_secs(30);
@@ -42,6 +62,8 @@ pub(super) struct ClusterSession {
     pub(super) cluster: Cluster,
     watch: Watch,
     pub(super) view: ClusterView,
+    /// Each target node's kubelet configuration, read once per node.
+    kubelets: HashMap<String, KubeletSettings>,
 }
 
 impl ClusterSession {
@@ -53,6 +75,7 @@ impl ClusterSession {
             watch: watch(&cluster),
             cluster,
             view: ClusterView::default(),
+            kubelets: HashMap::new(),
         };
         let deadline = Instant::now() + FIRST_SYNC;
         while !session.view.synced() {
@@ -86,8 +109,30 @@ impl ClusterSession {
         }
     }
 
-    pub(super) fn readiness(&self, wanted: &[WantedSet]) -> Readiness {
-        Readiness::of(assess_cluster(&self.view, wanted, SystemTime::now()))
+    /// Reads the kubelet configuration of every node the wanted sets land on that was not read yet (a node
+    /// that joins while `wait` follows the cluster is read when it appears).
+    async fn read_kubelets(&mut self, wanted: &[WantedSet]) {
+        let unread: BTreeSet<String> = wanted
+            .iter()
+            .flat_map(|w| self.view.nodes_of(w.labels(&self.view)))
+            .filter(|n| self.view.node(n).is_some() && !self.kubelets.contains_key(n))
+            .collect();
+        if !unread.is_empty() {
+            let unread: Vec<String> = unread.into_iter().collect();
+            let read = self.cluster.kubelet_settings(&unread).await;
+            self.kubelets.extend(read);
+        }
+    }
+
+    /// The wanted sets judged on every node they land on, now.
+    pub(super) async fn readiness(&mut self, wanted: &[WantedSet]) -> Readiness {
+        self.read_kubelets(wanted).await;
+        Readiness::of(assess_cluster(
+            &self.view,
+            wanted,
+            &self.kubelets,
+            SystemTime::now(),
+        ))
     }
 
     /// Follows the cluster until every node is ready or `limit` has passed, one line on stderr per change.
@@ -95,7 +140,7 @@ impl ClusterSession {
         let deadline = Instant::now() + limit;
         let mut last_line = String::new();
         loop {
-            let readiness = self.readiness(wanted);
+            let readiness = self.readiness(wanted).await;
             let connection = self.view.connection();
             let mut line = readiness.progress_line();
             if connection != Connection::Synced {
@@ -109,7 +154,7 @@ impl ClusterSession {
             }
             if !self.next_update(deadline).await {
                 eprintln!("waiting: timed out after {limit:?}: {line}");
-                return self.readiness(wanted);
+                return self.readiness(wanted).await;
             }
             last_line = line;
         }
@@ -207,21 +252,64 @@ pub(super) fn files_and_names(
 
 pub(super) async fn check(
     options: &ConnectOptions,
-    input: &SetInput,
-    output: Output,
+    args: &CommonArgs,
     wait: Option<Duration>,
 ) -> Result<String, Failure> {
-    let (files, names) = files_and_names(input, NAME_OR_FILE)?;
+    let (files, names) = files_and_names(&args.input, NAME_OR_FILE)?;
+    let runtimes = match args.rollout.verify_cri {
+        true => Some(runtime_targets(&args.targets)?),
+        false => None,
+    };
     let mut session = ClusterSession::open(options).await?;
     let wanted = session.wanted(files, names)?;
-    let readiness = match wait {
+    let mut readiness = match wait {
         Some(limit) => session.wait(&wanted, limit).await,
-        None => session.readiness(&wanted),
+        None => session.readiness(&wanted).await,
     };
-    let text = render(&readiness, output, || {
+    if let Some(targets) = runtimes {
+        readiness = confirmed_by_runtimes(readiness, &targets, args.targets.timeout()).await;
+    }
+    let text = render(&readiness, args.output, || {
         readiness_table(&readiness.nodes) + &verdict_line(&readiness)
     })?;
     verdict(text, &readiness)
+}
+
+/// The nodes `--verify-cri` asks: those named by `--cri` or `--nodes` (never crictl's default endpoint).
+fn runtime_targets(targets: &TargetArgs) -> Result<Vec<NodeTarget>, Failure> {
+    if targets.cri.is_empty() && targets.nodes.is_none() {
+        return Err(Failure::bad_input(
+            "--verify-cri asks the nodes' runtimes: name their CRI endpoints with --cri NODE=ENDPOINT (one per \
+             node) or --nodes FILE",
+        ));
+    }
+    targets.resolve()
+}
+
+/// Each node of `readiness` that `targets` names, confirmed by its runtime for the same images; the others
+/// keep the cluster's judgement. A target the sets do not land on is only warned about.
+async fn confirmed_by_runtimes(
+    readiness: Readiness,
+    targets: &[NodeTarget],
+    timeout: Duration,
+) -> Readiness {
+    for target in targets {
+        if !readiness.nodes.iter().any(|n| n.node == target.node.name) {
+            eprintln!(
+                "warning: --verify-cri: the sets do not land on node {:?}; its runtime is not asked",
+                target.node.name
+            );
+        }
+    }
+    let nodes = readiness.nodes.into_iter().map(|node| async move {
+        let Some(target) = targets.iter().find(|t| t.node.name == node.node) else {
+            return node;
+        };
+        let references: Vec<String> = node.images.iter().map(|i| i.reference.clone()).collect();
+        let observed = observe(target, &references, timeout).await;
+        node.confirmed_by(assess(&observed, None))
+    });
+    Readiness::of(futures::future::join_all(nodes).await)
 }
 
 pub(super) async fn status(
@@ -230,11 +318,12 @@ pub(super) async fn status(
     output: Output,
 ) -> Result<String, Failure> {
     let (files, names) = files_and_names(input, NAME_OR_FILE)?;
-    let session = ClusterSession::open(options).await?;
+    let mut session = ClusterSession::open(options).await?;
     let wanted = session.wanted(files, names)?;
     let status = NodesStatus {
-        nodes: session.readiness(&wanted).nodes,
+        nodes: session.readiness(&wanted).await.nodes,
     };
+    warn(&status.nodes);
     render(&status, output, || readiness_table(&status.nodes))
 }
 

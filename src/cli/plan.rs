@@ -17,7 +17,7 @@ use crate::ui::status::verdict_label;
 use crate::ui::theme::Theme;
 
 pub async fn run(args: CommonArgs) -> Result<String, Failure> {
-    if let Some(options) = args.targets.cluster_mode() {
+    if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
         let (files, names) = files_and_names(&args.input, NAME_OR_FILE)?;
         let (registry, platform) = (registry_client(&args.registry)?, args.targets.platform()?);
         let session = ClusterSession::open(&options).await?;

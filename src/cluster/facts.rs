@@ -1,8 +1,10 @@
-//! What the cluster tells about a node's room for images, for the planner: the image filesystem from the
-//! kubelet's summary through the API server's node proxy (`/api/v1/nodes/NAME/proxy/stats/summary`,
-//! `node.runtime.imageFs`) when RBAC allows (`get nodes/proxy`) and the kubelet answers; otherwise the
-//! Node's `ephemeral-storage` capacity and allocatable, labelled as such (what the OpenShift daemon checks).
-//! Presence of images comes from `Node.status.images`; when that list is full, a missing image is unknown.
+//! What the cluster tells about a node's room for images and its kubelet, for the planner and readiness:
+//! the image filesystem from the kubelet's summary through the API server's node proxy
+//! (`/api/v1/nodes/NAME/proxy/stats/summary`, `node.runtime.imageFs`) when RBAC allows (`get nodes/proxy`)
+//! and the kubelet answers, otherwise the Node's `ephemeral-storage` capacity and allocatable, labelled as
+//! such (what the OpenShift daemon checks); and the kubelet's running configuration (`.../proxy/configz`:
+//! `nodeStatusMaxImages` and the image GC thresholds), or its defaults, labelled as assumed, when it does not
+//! answer. Presence of images comes from `Node.status.images`, judged against that `nodeStatusMaxImages`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,12 +14,16 @@ use serde::Deserialize;
 
 use super::Cluster;
 use crate::backend::node::NodeObservation;
-use crate::model::cluster::{NodeView, Presence};
+use crate::model::cluster::{
+    KUBELET_DEFAULT_GC_HIGH, KUBELET_DEFAULT_GC_LOW, KUBELET_DEFAULT_MAX_IMAGES, KubeletSettings,
+    NodeView, Presence,
+};
 use crate::model::plan::{NodeFacts, SpaceSource};
 
 /// Summaries asked at once.
 const CONCURRENCY: usize = 32;
-const SUMMARY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one kubelet is given to answer through the node proxy.
+const KUBELET_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The part of the kubelet's `/stats/summary` pinboard reads.
 #[derive(Debug, Default, Deserialize)]
@@ -46,17 +52,66 @@ struct FsStats {
     used_bytes: Option<u64>,
 }
 
+/// The part of the kubelet's `/configz` pinboard reads: `{"kubeletconfig": {...}}`.
+#[derive(Debug, Deserialize)]
+struct Configz {
+    kubeletconfig: KubeletConfig,
+}
+
+/// A field the kubelet leaves out has its default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct KubeletConfig {
+    node_status_max_images: Option<i64>,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    image_gc_high_threshold_percent: Option<i64>,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    image_gc_low_threshold_percent: Option<i64>,
+}
+
+impl From<KubeletConfig> for KubeletSettings {
+    fn from(config: KubeletConfig) -> KubeletSettings {
+        let percent =
+            |value: Option<i64>, default: u8| value.map_or(default, |v| v.clamp(0, 100) as u8);
+        KubeletSettings {
+            node_status_max_images: config
+                .node_status_max_images
+                .unwrap_or(KUBELET_DEFAULT_MAX_IMAGES),
+            image_gc_high_threshold_percent: percent(
+                config.image_gc_high_threshold_percent,
+                KUBELET_DEFAULT_GC_HIGH,
+            ),
+            image_gc_low_threshold_percent: percent(
+                config.image_gc_low_threshold_percent,
+                KUBELET_DEFAULT_GC_LOW,
+            ),
+            assumed: None,
+        }
+    }
+}
+
 impl Cluster {
-    /// The image filesystem of `node` from its kubelet's summary; Err says why not (403, no kubelet...).
-    async fn image_fs(&self, node: &str) -> Result<FsStats, String> {
-        let request = http::Request::get(format!("/api/v1/nodes/{node}/proxy/stats/summary"))
+    /// `path` of `node`'s kubelet through the API server's node proxy; Err says why not (403, no kubelet...).
+    async fn kubelet<T: serde::de::DeserializeOwned>(
+        &self,
+        node: &str,
+        path: &str,
+    ) -> Result<T, String> {
+        let request = http::Request::get(format!("/api/v1/nodes/{node}/proxy/{path}"))
             .body(Vec::new())
             .map_err(|e| e.to_string())?;
-        let summary =
-            tokio::time::timeout(SUMMARY_TIMEOUT, self.client.request::<Summary>(request))
-                .await
-                .map_err(|_| format!("no answer within {SUMMARY_TIMEOUT:?}"))?
-                .map_err(|e| e.to_string())?;
+        tokio::time::timeout(KUBELET_TIMEOUT, self.client.request::<T>(request))
+            .await
+            .map_err(|_| format!("no answer within {KUBELET_TIMEOUT:?}"))?
+            .map_err(|e| match e {
+                kube::Error::Api(status) => format!("HTTP {}: {}", status.code, status.message),
+                other => other.to_string(),
+            })
+    }
+
+    /// The image filesystem of `node` from its kubelet's summary.
+    async fn image_fs(&self, node: &str) -> Result<FsStats, String> {
+        let summary: Summary = self.kubelet(node, "stats/summary").await?;
         summary
             .node
             .runtime
@@ -64,19 +119,46 @@ impl Cluster {
             .ok_or_else(|| "the summary has no node.runtime.imageFs".into())
     }
 
+    /// `node`'s kubelet configuration, or its defaults labelled with why they are assumed.
+    async fn kubelet_config(&self, node: &str) -> KubeletSettings {
+        match self.kubelet::<Configz>(node, "configz").await {
+            Ok(configz) => configz.kubeletconfig.into(),
+            Err(why) => {
+                tracing::debug!("{node}: kubelet configz unavailable: {why}");
+                KubeletSettings::assumed(format!("/configz through the node proxy: {why}"))
+            }
+        }
+    }
+
+    /// Each named node's kubelet configuration (see [`Cluster::kubelet_config`]), asked concurrently.
+    pub async fn kubelet_settings(&self, nodes: &[String]) -> HashMap<String, KubeletSettings> {
+        futures::stream::iter(nodes.to_vec())
+            .map(|name| {
+                let cluster = self.clone();
+                async move {
+                    let settings = cluster.kubelet_config(&name).await;
+                    (name, settings)
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await
+    }
+
     /// Each node observed for the planner, with the references it must hold, in the order given.
     pub async fn observe(&self, nodes: &[(&NodeView, Vec<String>)]) -> Vec<NodeObservation> {
         // Owned names: a stream of futures borrowing `nodes` is not Send-general enough for tokio::spawn.
         let names: Vec<String> = nodes.iter().map(|(node, _)| node.name.clone()).collect();
-        let summaries: Vec<Option<FsStats>> = futures::stream::iter(names)
+        let asked: Vec<(Option<FsStats>, KubeletSettings)> = futures::stream::iter(names)
             .map(|name| {
                 let cluster = self.clone();
                 async move {
-                    let summary = cluster.image_fs(&name).await;
+                    let (summary, settings) =
+                        tokio::join!(cluster.image_fs(&name), cluster.kubelet_config(&name));
                     if let Err(why) = &summary {
                         tracing::debug!("{name}: kubelet summary unavailable: {why}");
                     }
-                    summary.ok()
+                    (summary.ok(), settings)
                 }
             })
             .buffered(CONCURRENCY)
@@ -84,21 +166,27 @@ impl Cluster {
             .await;
         nodes
             .iter()
-            .zip(summaries)
-            .map(|((node, references), summary)| observation(node, references, summary))
+            .zip(asked)
+            .map(|((node, references), (summary, settings))| {
+                observation(node, references, summary, settings)
+            })
             .collect()
     }
 }
 
-/// `node`'s facts and the presence of `references`, with the space figures of `image_fs` when there is one.
+/// `node`'s facts and the presence of `references`, with the space figures of `image_fs` when there is one
+/// and what its kubelet's configuration says.
 fn observation(
     node: &NodeView,
     references: &[String],
     image_fs: Option<FsStats>,
+    kubelet: KubeletSettings,
 ) -> NodeObservation {
+    let max_images = kubelet.node_status_max_images;
     let mut facts = NodeFacts {
         name: node.name.clone(),
         runtime: node.runtime.clone(),
+        kubelet: Some(kubelet),
         ..NodeFacts::default()
     };
     match image_fs {
@@ -123,7 +211,7 @@ fn observation(
     let presence = references
         .iter()
         .map(|r| {
-            let known = match node.presence(r) {
+            let known = match node.presence(r, max_images) {
                 Presence::Present => Some(true),
                 Presence::Absent => Some(false),
                 Presence::Unknown => None,
@@ -137,7 +225,6 @@ fn observation(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::cluster::NODE_IMAGES_LIMIT;
 
     #[test]
     fn kubelet_summary_wire_format_is_read() {
@@ -159,6 +246,37 @@ mod tests {
     }
 
     #[test]
+    fn kubelet_configz_wire_format_is_read_and_missing_fields_are_the_defaults() {
+        // As the kubelet serves /configz (trimmed): {"kubeletconfig": KubeletConfiguration}.
+        let text = r#"{"kubeletconfig": {"enableServer": true, "nodeStatusMaxImages": 200,
+            "imageGCHighThresholdPercent": 90, "imageGCLowThresholdPercent": 70, "imageMinimumGCAge": "2m0s"}}"#;
+        let settings: KubeletSettings = serde_json::from_str::<Configz>(text)
+            .unwrap()
+            .kubeletconfig
+            .into();
+        assert_eq!(
+            (
+                settings.node_status_max_images,
+                settings.image_gc_high_threshold_percent,
+                settings.image_gc_low_threshold_percent,
+                settings.assumed
+            ),
+            (200, 90, 70, None)
+        );
+        let bare: KubeletSettings = serde_json::from_str::<Configz>(r#"{"kubeletconfig": {}}"#)
+            .unwrap()
+            .kubeletconfig
+            .into();
+        assert_eq!(
+            (
+                bare.node_status_max_images,
+                bare.image_gc_high_threshold_percent
+            ),
+            (50, 85)
+        );
+    }
+
+    #[test]
     fn without_a_summary_the_allocatable_figures_are_used_and_labelled() {
         let mut node = NodeView {
             name: "n1".into(),
@@ -172,7 +290,8 @@ mod tests {
             "quay.io/a@sha256:1".to_string(),
             "quay.io/b@sha256:2".to_string(),
         ];
-        let o = observation(&node, &refs, None);
+        let defaults = || KubeletSettings::assumed("not asked");
+        let o = observation(&node, &refs, None, defaults());
         assert_eq!(
             o.facts.space_source,
             Some(SpaceSource::AllocatableEphemeralStorage)
@@ -183,18 +302,25 @@ mod tests {
         );
         assert_eq!(o.presence[&refs[0]], Some(true));
         assert_eq!(o.presence[&refs[1]], Some(false));
-        node.image_entries = NODE_IMAGES_LIMIT;
+        node.image_entries = 50;
         assert_eq!(
-            observation(&node, &refs, None).presence[&refs[1]],
+            observation(&node, &refs, None, defaults()).presence[&refs[1]],
             None,
             "full list: unknown"
+        );
+        let mut roomy = defaults();
+        roomy.node_status_max_images = 200;
+        assert_eq!(
+            observation(&node, &refs, None, roomy).presence[&refs[1]],
+            Some(false),
+            "50 of at most 200: complete"
         );
         let fs = FsStats {
             available_bytes: Some(1),
             capacity_bytes: Some(2),
             used_bytes: Some(1),
         };
-        let o = observation(&node, &refs, Some(fs));
+        let o = observation(&node, &refs, Some(fs), defaults());
         assert_eq!(o.facts.space_source, Some(SpaceSource::KubeletSummary));
         assert_eq!(o.facts.capacity_bytes, Some(2));
     }

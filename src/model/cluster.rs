@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::set::{ImageSet, from_flags};
 use super::units::parse_bytes;
@@ -26,8 +26,11 @@ pub const DEGRADED: &str = "PinnedImageSetsDegraded";
 /// How the machine-config daemon's error starts when a 5-minute sync window ended before every pull did; it
 /// carries on pulling (OCPBUGS-57177).
 pub const REQUEUE_TIMEOUT: &str = "requeue: prefetching images incomplete after timeout";
-/// How many images the kubelet reports in `Node.status.images` at most (its default).
-pub const NODE_IMAGES_LIMIT: usize = 50;
+/// The kubelet's defaults for what pinboard reads of its configuration, used when `/configz` does not
+/// answer: `nodeStatusMaxImages`, `imageGCHighThresholdPercent`, `imageGCLowThresholdPercent`.
+pub const KUBELET_DEFAULT_MAX_IMAGES: i64 = 50;
+pub const KUBELET_DEFAULT_GC_HIGH: u8 = 85;
+pub const KUBELET_DEFAULT_GC_LOW: u8 = 80;
 
 /// `metadata`: the fields pinboard reads.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -328,8 +331,10 @@ pub struct NodeView {
     pub capacity_ephemeral: Option<u64>,
     /// Every name of every image in `status.images`.
     pub images: BTreeSet<String>,
-    /// How many entries `status.images` has (the kubelet stops at [`NODE_IMAGES_LIMIT`]).
+    /// How many entries `status.images` has (the kubelet stops at its `nodeStatusMaxImages`).
     pub image_entries: usize,
+    /// `status.nodeInfo.kubeletVersion`: `v1.29.4+a1b2c3d`.
+    pub kubelet_version: Option<String>,
 }
 
 impl From<&Node> for NodeView {
@@ -350,6 +355,10 @@ impl From<&Node> for NodeView {
             runtime: status
                 .and_then(|s| s.node_info.as_ref())
                 .map(|info| info.container_runtime_version.clone())
+                .filter(|version| !version.is_empty()),
+            kubelet_version: status
+                .and_then(|s| s.node_info.as_ref())
+                .map(|info| info.kubelet_version.clone())
                 .filter(|version| !version.is_empty()),
             ready: condition("Ready"),
             disk_pressure: condition("DiskPressure"),
@@ -373,20 +382,101 @@ impl From<&Node> for NodeView {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Presence {
     Present,
+    /// Not listed, and the list is complete.
     Absent,
-    /// Not listed, but the list is full: the kubelet may have left it out.
+    /// Not listed, but the list is empty or full: the kubelet may have left it out.
     Unknown,
 }
 
+/// What pinboard reads of a kubelet's running configuration (`/api/v1/nodes/NAME/proxy/configz`), or the
+/// kubelet's defaults when it cannot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletSettings {
+    /// How many images `Node.status.images` lists at most: -1 no limit, 0 none.
+    pub node_status_max_images: i64,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    pub image_gc_high_threshold_percent: u8,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    pub image_gc_low_threshold_percent: u8,
+    /// Why these are the defaults rather than the kubelet's own figures; None when read from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assumed: Option<String>,
+}
+
+impl KubeletSettings {
+    /// The kubelet's defaults, assumed because of `why`.
+    pub fn assumed(why: impl Into<String>) -> KubeletSettings {
+        KubeletSettings {
+            node_status_max_images: KUBELET_DEFAULT_MAX_IMAGES,
+            image_gc_high_threshold_percent: KUBELET_DEFAULT_GC_HIGH,
+            image_gc_low_threshold_percent: KUBELET_DEFAULT_GC_LOW,
+            assumed: Some(why.into()),
+        }
+    }
+
+    /// `at most 50`, `no limit`, `none`, for messages.
+    pub fn max_images_words(&self) -> String {
+        match self.node_status_max_images {
+            n if n < 0 => "no limit".into(),
+            0 => "none: nodeStatusMaxImages is 0".into(),
+            n => format!("at most {n}"),
+        }
+    }
+}
+
+/// How much `Node.status.images` can prove about an image it does not name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageList {
+    /// No entries (the kubelet lists none, or has not reported yet): proves nothing.
+    Empty,
+    /// As many entries as the kubelet lists at most: it may have left images out.
+    Full,
+    /// Shorter than the kubelet's limit (or it has none): it names every image the node holds.
+    Complete,
+}
+
 impl NodeView {
-    pub fn presence(&self, reference: &str) -> Presence {
+    /// The node's image list judged against its kubelet's `nodeStatusMaxImages` (-1: no limit).
+    pub fn image_list(&self, max_images: i64) -> ImageList {
+        let entries = i64::try_from(self.image_entries).unwrap_or(i64::MAX);
+        if entries == 0 {
+            ImageList::Empty
+        } else if max_images < 0 || entries < max_images {
+            ImageList::Complete
+        } else {
+            ImageList::Full
+        }
+    }
+
+    pub fn presence(&self, reference: &str, max_images: i64) -> Presence {
         if self.images.contains(reference) {
             Presence::Present
-        } else if self.image_entries >= NODE_IMAGES_LIMIT {
-            Presence::Unknown
-        } else {
+        } else if self.image_list(max_images) == ImageList::Complete {
             Presence::Absent
+        } else {
+            Presence::Unknown
         }
+    }
+
+    /// Whether this node's kubelet keeps pinned images out of image GC: Kubernetes 1.29, and the backports
+    /// (k8s #119986) to 1.28.2, 1.27.6, 1.26.9 and 1.25.14. None when the version is unknown or unreadable.
+    pub fn kubelet_honours_pins(&self) -> Option<bool> {
+        let version = self.kubelet_version.as_deref()?;
+        let mut numbers = version
+            .trim_start_matches('v')
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|n| n.parse::<u32>().ok());
+        let (major, minor, patch) = (numbers.next()??, numbers.next()??, numbers.next()??);
+        let first_patch = match (major, minor) {
+            (1, 29..) | (2.., _) => return Some(true),
+            (1, 28) => 2,
+            (1, 27) => 6,
+            (1, 26) => 9,
+            (1, 25) => 14,
+            _ => return Some(false),
+        };
+        Some(patch >= first_patch)
     }
 }
 
@@ -1040,7 +1130,7 @@ mod tests {
 
     #[test]
     fn nodes_and_presence() {
-        let mut images: Vec<_> = (0..NODE_IMAGES_LIMIT)
+        let mut images: Vec<_> = (0..KUBELET_DEFAULT_MAX_IMAGES)
             .map(|i| json!({"names": [format!("quay.io/x/i{i}@sha256:{i}")], "sizeBytes": 1}))
             .collect();
         let node = |images: &[serde_json::Value]| -> NodeView {
@@ -1058,15 +1148,51 @@ mod tests {
         assert_eq!(full.ready, Some(true));
         assert_eq!(full.disk_pressure, Some(false));
         assert_eq!(full.allocatable_ephemeral, Some(100 << 30));
-        assert_eq!(full.presence("quay.io/x/i3@sha256:3"), Presence::Present);
-        assert_eq!(full.presence("quay.io/x/other@sha256:0"), Presence::Unknown);
-        images.pop();
+        let other = "quay.io/x/other@sha256:0";
         assert_eq!(
-            node(&images).presence("quay.io/x/other@sha256:0"),
-            Presence::Absent
+            full.presence("quay.io/x/i3@sha256:3", 50),
+            Presence::Present
         );
+        assert_eq!(full.image_list(50), ImageList::Full);
+        assert_eq!(full.presence(other, 50), Presence::Unknown);
+        // A kubelet allowed more, or without a limit, listed everything it has.
+        assert_eq!(full.presence(other, 200), Presence::Absent);
+        assert_eq!(full.presence(other, -1), Presence::Absent);
+        images.pop();
+        assert_eq!(node(&images).presence(other, 50), Presence::Absent);
         let bare = NodeView::from(&Node::default());
         assert_eq!((bare.ready, bare.image_entries), (None, 0));
+        // An empty list proves nothing, whatever the limit.
+        assert_eq!(bare.image_list(50), ImageList::Empty);
+        assert_eq!(bare.presence(other, -1), Presence::Unknown);
+    }
+
+    #[test]
+    fn kubelets_from_1_29_and_the_backports_keep_pinned_images_from_gc() {
+        let honours = |version: &str| {
+            NodeView {
+                kubelet_version: Some(version.into()),
+                ..NodeView::default()
+            }
+            .kubelet_honours_pins()
+        };
+        for yes in [
+            "v1.29.0",
+            "v1.33.2+a1b2c3d",
+            "v1.28.2",
+            "v1.27.6",
+            "v1.26.9",
+            "v1.25.14",
+        ] {
+            assert_eq!(honours(yes), Some(true), "{yes}");
+        }
+        for no in [
+            "v1.28.1", "v1.27.5", "v1.26.8", "v1.25.13", "v1.24.17", "v1.20.2",
+        ] {
+            assert_eq!(honours(no), Some(false), "{no}");
+        }
+        assert_eq!(honours("unknown"), None);
+        assert_eq!(NodeView::default().kubelet_honours_pins(), None);
     }
 
     #[test]

@@ -12,11 +12,14 @@
 //! - `verdict`: against the space left afterwards: `no-space` below the free-space floor (`--min-free`, the
 //!   daemon's 16 GiB), `tight` above the kubelet's image GC high threshold (GC would start removing unpinned
 //!   images), `fits` otherwise, `unknown` when a figure it needs is unknown. pinboard never guesses one.
+//!   The threshold is `--gc-high-percent` when given, else the node's kubelet's own (cluster mode, read from
+//!   its configuration), else the kubelet's default; `gcHighSource` says which.
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
+use super::cluster::KubeletSettings;
 use super::image::{ImageFacts, LazyFormat};
 use super::units::{human, human_signed};
 
@@ -35,6 +38,8 @@ pub struct NodeFacts {
     pub unreachable: Option<String>,
     /// Where the space figures come from, when not from the node's own image filesystem.
     pub space_source: Option<SpaceSource>,
+    /// Cluster mode: what the node's kubelet configuration says (or that its defaults are assumed).
+    pub kubelet: Option<KubeletSettings>,
 }
 
 /// Where a node's space figures come from in cluster mode.
@@ -73,6 +78,9 @@ pub struct PlannedImage<'a> {
 pub struct Limits {
     /// Kubelet image GC high threshold, percent of the image filesystem (default 85).
     pub gc_high_percent: u8,
+    /// Whether `gc_high_percent` was given (`--gc-high-percent`): it then wins over what a node's kubelet
+    /// says.
+    pub gc_high_given: bool,
     /// Free bytes that must remain after pre-loading (default 16 GiB, as the OpenShift daemon).
     pub min_free_bytes: u64,
 }
@@ -81,7 +89,46 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             gc_high_percent: 85,
+            gc_high_given: false,
             min_free_bytes: 16 << 30,
+        }
+    }
+}
+
+/// Where a node's image GC high threshold comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GcSource {
+    /// `--gc-high-percent`.
+    Flag,
+    /// The node's kubelet configuration (`imageGCHighThresholdPercent` from `/configz`).
+    KubeletConfig,
+    /// The kubelet's default (85%): neither given nor read.
+    Default,
+}
+
+impl GcSource {
+    /// How messages name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            GcSource::Flag => "--gc-high-percent",
+            GcSource::KubeletConfig => "the kubelet's imageGCHighThresholdPercent",
+            GcSource::Default => "the kubelet's default; --gc-high-percent sets another",
+        }
+    }
+}
+
+impl Limits {
+    /// The image GC high threshold for `node`, and where it comes from.
+    pub fn gc_high_for(&self, node: &NodeFacts) -> (u8, GcSource) {
+        let read = node.kubelet.as_ref().filter(|k| k.assumed.is_none());
+        match read {
+            _ if self.gc_high_given => (self.gc_high_percent, GcSource::Flag),
+            Some(kubelet) => (
+                kubelet.image_gc_high_threshold_percent,
+                GcSource::KubeletConfig,
+            ),
+            None => (self.gc_high_percent, GcSource::Default),
         }
     }
 }
@@ -147,9 +194,22 @@ pub struct NodePlan {
     pub estimated_disk_bytes: u64,
     pub estimate_basis: EstimateBasis,
     pub available_after_bytes: Option<i64>,
+    /// The image GC high threshold the verdict used, percent, and where it comes from.
+    #[serde(default = "default_gc_high")]
+    pub gc_high_percent: u8,
+    #[serde(default = "default_gc_source")]
+    pub gc_high_source: GcSource,
     pub verdict: Verdict,
     pub reasons: Vec<String>,
     pub images: Vec<ImagePlan>,
+}
+
+fn default_gc_high() -> u8 {
+    Limits::default().gc_high_percent
+}
+
+fn default_gc_source() -> GcSource {
+    GcSource::Default
 }
 
 /// Plans one node. `images` is the union of every set that targets the node, each reference once.
@@ -215,14 +275,25 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
     let available_after_bytes = node
         .available_bytes
         .map(|a| a as i64 - estimated_disk_bytes as i64);
+    let (gc_high_percent, gc_high_source) = limits.gc_high_for(node);
+    if let Some(why) = node.kubelet.as_ref().and_then(|k| k.assumed.as_deref()) {
+        reasons.push(format!(
+            "the kubelet's configuration could not be read ({why}): its defaults are assumed \
+             (image GC at {gc_high_percent}%, nodeStatusMaxImages 50)"
+        ));
+    }
     let verdict = if let Some(why) = &node.unreachable {
         reasons.push(format!("unreachable: {why}"));
         Verdict::Unknown
     } else {
         match (node.capacity_bytes, available_after_bytes) {
-            (Some(capacity), Some(after)) if capacity > 0 => {
-                judge(capacity, after, limits, &mut reasons)
-            }
+            (Some(capacity), Some(after)) if capacity > 0 => judge(
+                capacity,
+                after,
+                limits.min_free_bytes,
+                (gc_high_percent, gc_high_source),
+                &mut reasons,
+            ),
             _ => {
                 let why = node
                     .space_unknown_reason
@@ -244,14 +315,22 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
         estimated_disk_bytes,
         estimate_basis,
         available_after_bytes,
+        gc_high_percent,
+        gc_high_source,
         verdict,
         reasons,
         images: image_plans,
     }
 }
 
-fn judge(capacity: u64, after: i64, limits: &Limits, reasons: &mut Vec<String>) -> Verdict {
-    if after < limits.min_free_bytes as i64 {
+fn judge(
+    capacity: u64,
+    after: i64,
+    min_free_bytes: u64,
+    (gc_high_percent, gc_high_source): (u8, GcSource),
+    reasons: &mut Vec<String>,
+) -> Verdict {
+    if after < min_free_bytes as i64 {
         reasons.push(if after < 0 {
             format!(
                 "needs {} more than the image filesystem has free",
@@ -261,18 +340,18 @@ fn judge(capacity: u64, after: i64, limits: &Limits, reasons: &mut Vec<String>) 
             format!(
                 "would leave {} free, below the {} floor (--min-free)",
                 human_signed(after),
-                human(limits.min_free_bytes)
+                human(min_free_bytes)
             )
         });
         return Verdict::NoSpace;
     }
     let used_after = capacity.saturating_sub(after as u64) as f64;
     let percent = used_after * 100.0 / capacity as f64;
-    if percent > f64::from(limits.gc_high_percent) {
+    if percent > f64::from(gc_high_percent) {
         reasons.push(format!(
-            "would fill the image filesystem to {percent:.0}%, above the image GC high threshold of {}% \
-             (--gc-high-percent): the kubelet would start removing unpinned images",
-            limits.gc_high_percent
+            "would fill the image filesystem to {percent:.0}%, above the image GC high threshold of \
+             {gc_high_percent}% ({}): the kubelet would start removing unpinned images",
+            gc_high_source.label()
         ));
         return Verdict::Tight;
     }
@@ -335,8 +414,8 @@ mod tests {
 
     fn limits(min_free: u64) -> Limits {
         Limits {
-            gc_high_percent: 85,
             min_free_bytes: min_free,
+            ..Limits::default()
         }
     }
 

@@ -7,17 +7,20 @@
 //! node's own pin record says so: the CRI-O drop-in lists it, or its containerd record carries the pin
 //! label (containerd 1.6 does not report `pinned` through CRI). Unknown stays unknown and is never ready.
 //!
-//! Cluster mode ([`assess_cluster`]): a node is ready for a set when its MachineConfigNode reports the
-//! set's current generation as both desired and current with no Degraded condition standing, and
-//! `Node.status.images` lists every image; an image the API cannot prove is there (the list is full and
-//! silent about it) is unknown, so not ready.
+//! Cluster mode ([`assess_cluster`]): the machine-config daemon's report is the proof that a node pulled and
+//! pinned a set. A node is ready for a set when its MachineConfigNode reports the set's current generation
+//! as both desired and current, no Degraded condition stands for it, and the Node is Ready.
+//! `Node.status.images` can only contradict that: when the kubelet's list is complete (shorter than its
+//! `nodeStatusMaxImages`, read from the kubelet's `/configz`, or that is -1) and lacks an image of the set,
+//! the node is not ready. An empty list, or a full one silent about an image, proves nothing either way.
+//! Each image says what decided it ([`Evidence`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{ClusterView, NODE_IMAGES_LIMIT, NodeSetState, Presence};
+use super::cluster::{ClusterView, ImageList, KubeletSettings, NodeSetState, NodeView, Presence};
 use super::plan::{NodePlan, Verdict};
 use super::rollout::PinMethod;
 use super::set::ImageSet;
@@ -108,6 +111,36 @@ pub struct ImageReadiness {
     /// The pull in flight, when the reason is `pulling`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pulling: Option<PullSeen>,
+    /// What the judgement rests on.
+    #[serde(default)]
+    pub evidence: Evidence,
+}
+
+/// What an image's judgement rests on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Evidence {
+    /// The runtime, asked over its CRI socket.
+    Runtime,
+    /// The kubelet's `Node.status.images`, when it names the image or is complete without it.
+    KubeletList,
+    /// The machine-config daemon's report on the node's MachineConfigNode.
+    Daemon,
+    /// Nothing could be asked, or nothing that was asked can tell.
+    #[default]
+    None,
+}
+
+impl Evidence {
+    /// How tables and the TUI say it.
+    pub fn words(self) -> &'static str {
+        match self {
+            Evidence::Runtime => "the runtime's word",
+            Evidence::KubeletList => "the kubelet's image list",
+            Evidence::Daemon => "daemon's report",
+            Evidence::None => "nothing to go by",
+        }
+    }
 }
 
 /// One node's readiness, as `status` and `check` print it.
@@ -126,6 +159,26 @@ pub struct NodeReadiness {
     /// Cluster mode: each set that lands on the node, as its MachineConfigNode reports it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sets: Vec<SetOnNode>,
+    /// Cluster mode: what the node's kubelet lists and how it is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet: Option<KubeletReport>,
+    /// What is worth knowing but does not make the node not ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// Cluster mode: the node's kubelet as far as readiness is concerned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletReport {
+    #[serde(flatten)]
+    pub settings: KubeletSettings,
+    /// Entries in `Node.status.images`.
+    pub image_entries: usize,
+    /// Whether that list names every image the node holds.
+    pub image_list_complete: bool,
+    /// How many of this node's images of the sets it names.
+    pub images_listed: usize,
 }
 
 /// Cluster mode: one set on one node.
@@ -154,6 +207,14 @@ pub struct SetOnNode {
 pub struct WantedSet {
     pub set: ImageSet,
     pub min_generation: i64,
+}
+
+impl WantedSet {
+    /// The labels that decide the set's pools: the cluster's, when the set is there, else its own.
+    pub fn labels<'a>(&'a self, view: &'a ClusterView) -> &'a BTreeMap<String, String> {
+        view.set(&self.set.name)
+            .map_or(&self.set.labels, |s| &s.metadata.labels)
+    }
 }
 
 /// The verdict over every node, as `check` prints it.
@@ -210,6 +271,10 @@ fn image_readiness(image: &ImageObserved) -> ImageReadiness {
         pinned,
         reason,
         pulling,
+        evidence: match image.present {
+            Some(_) => Evidence::Runtime,
+            None => Evidence::None,
+        },
     }
 }
 
@@ -246,6 +311,22 @@ fn with_reason(images: &[ImageReadiness], reason: ImageReason) -> Vec<&str> {
         .collect()
 }
 
+/// How many references a reason names before it says how many more there are (JSON has them all).
+const NAMED_IN_A_REASON: usize = 5;
+
+/// `a, b, c` or, for a long list, its first few and `and 104 more`.
+fn some_of<S: AsRef<str>>(references: &[S]) -> String {
+    let named: Vec<&str> = references
+        .iter()
+        .take(NAMED_IN_A_REASON)
+        .map(AsRef::as_ref)
+        .collect();
+    match references.len().saturating_sub(NAMED_IN_A_REASON) {
+        0 => named.join(", "),
+        more => format!("{} and {more} more", named.join(", ")),
+    }
+}
+
 /// `1 image` / `3 images`.
 fn count_images(n: usize) -> String {
     format!("{n} image{}", if n == 1 { "" } else { "s" })
@@ -272,7 +353,7 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
             reasons.push(format!(
                 "{} missing: {}; `pinboard apply` pre-loads and pins them",
                 count_images(missing.len()),
-                missing.join(", ")
+                some_of(&missing)
             ));
         }
         let pulling: Vec<String> = images
@@ -289,7 +370,7 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
             reasons.push(format!(
                 "{} pulling now: {}",
                 count_images(pulling.len()),
-                pulling.join(", ")
+                some_of(&pulling)
             ));
         }
         if let Some(plan) = plan.filter(|p| p.verdict == Verdict::NoSpace && !missing.is_empty()) {
@@ -303,7 +384,7 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
             reasons.push(format!(
                 "{} present but not pinned: {}; `pinboard apply` pins them",
                 count_images(unpinned.len()),
-                unpinned.join(", ")
+                some_of(&unpinned)
             ));
         }
         let unknown = with(ImageReason::Unknown);
@@ -315,7 +396,7 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
             reasons.push(format!(
                 "{} unknown: {}: {why}",
                 count_images(unknown.len()),
-                unknown.join(", ")
+                some_of(&unknown)
             ));
         }
     }
@@ -328,31 +409,38 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
         reasons,
         images,
         sets: Vec::new(),
+        kubelet: None,
+        warnings: Vec::new(),
     }
 }
 
 /// Cluster mode: every node of every pool a wanted set lands in, judged from the watched view at `now`.
-/// Nodes by name; each node's images are the union of its sets' images, in set order.
+/// `kubelets` holds what each node's kubelet configuration says (read from `/configz`); a node missing from
+/// it is judged with the kubelet's defaults. Nodes by name; each node's images are the union of its sets'
+/// images, in set order.
 pub fn assess_cluster(
     view: &ClusterView,
     wanted: &[WantedSet],
+    kubelets: &HashMap<String, KubeletSettings>,
     now: SystemTime,
 ) -> Vec<NodeReadiness> {
     let sets: Vec<SetOnCluster> = wanted.iter().map(|w| SetOnCluster::new(view, w)).collect();
     let mut per_node: BTreeMap<String, Vec<(&SetOnCluster, NodeSetState)>> = BTreeMap::new();
     for set in &sets {
         let name = &set.wanted.set.name;
-        let labels = view
-            .set(name)
-            .map_or(&set.wanted.set.labels, |s| &s.metadata.labels);
+        let labels = set.wanted.labels(view);
         let generation = set.generation.unwrap_or(set.wanted.min_generation);
         for (node, state) in view.rollout_of(name, labels, generation, now) {
             per_node.entry(node).or_default().push((set, state));
         }
     }
+    let not_asked = KubeletSettings::assumed("its kubelet was not asked");
     per_node
         .into_iter()
-        .map(|(node, sets)| assess_cluster_node(view, &node, &sets))
+        .map(|(node, sets)| {
+            let kubelet = kubelets.get(&node).unwrap_or(&not_asked);
+            assess_cluster_node(view, &node, &sets, kubelet)
+        })
         .collect()
 }
 
@@ -365,6 +453,9 @@ struct SetOnCluster<'a> {
     listed: HashSet<&'a str>,
     /// Why the cluster's set is not the wanted one: it is missing, or lacks some of its images.
     not_as_wanted: Option<String>,
+    /// Whether some node's daemon has reported on the set: a node of its pools that has not was added
+    /// after it was applied.
+    reported_somewhere: bool,
 }
 
 impl<'a> SetOnCluster<'a> {
@@ -384,26 +475,53 @@ impl<'a> SetOnCluster<'a> {
             Some(_) if !unlisted.is_empty() => Some(format!(
                 "set {name:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
                 count_images(unlisted.len()),
-                unlisted.join(", ")
+                some_of(&unlisted)
             )),
             Some(_) => None,
         };
+        let reported_somewhere = view.machine_config_nodes().iter().any(|mcn| {
+            mcn.set_status(name)
+                .is_some_and(|e| e.desired_generation.unwrap_or(0) > 0)
+        });
         SetOnCluster {
             wanted,
             generation: on_cluster.map(|s| s.generation().max(wanted.min_generation)),
             listed,
             not_as_wanted,
+            reported_somewhere,
         }
     }
+}
+
+/// One image on one node in cluster mode: a set done with it (the daemon's report) makes it present and
+/// pinned unless the kubelet's complete list lacks it; otherwise the kubelet's list says what it can.
+fn cluster_image(reference: &str, done: bool, presence: Option<Presence>) -> ImageReadiness {
+    let (present, pinned, evidence) = match (done, presence) {
+        (true, Some(Presence::Absent)) => (Some(false), Some(true), Evidence::KubeletList),
+        (true, _) => (Some(true), Some(true), Evidence::Daemon),
+        (false, Some(Presence::Present)) => (Some(true), Some(false), Evidence::KubeletList),
+        (false, Some(Presence::Absent)) => (Some(false), Some(false), Evidence::KubeletList),
+        (false, Some(Presence::Unknown) | None) => (None, Some(false), Evidence::None),
+    };
+    let mut image = image_readiness(&ImageObserved {
+        reference: reference.to_owned(),
+        present,
+        recorded_pinned: pinned,
+        ..ImageObserved::default()
+    });
+    image.evidence = evidence;
+    image
 }
 
 fn assess_cluster_node(
     view: &ClusterView,
     node: &str,
     sets: &[(&SetOnCluster, NodeSetState)],
+    kubelet: &KubeletSettings,
 ) -> NodeReadiness {
     let node_view = view.node(node);
     let mcn = view.machine_config_node(node);
+    let max_images = kubelet.node_status_max_images;
     let mut reasons = Vec::new();
     match node_view.map(|n| n.ready) {
         None => reasons.push(format!(
@@ -418,35 +536,43 @@ fn assess_cluster_node(
     let mut on_node = Vec::new();
     let mut images: Vec<ImageReadiness> = Vec::new();
     let mut position: HashMap<String, usize> = HashMap::new();
+    let mut lacking_done: Vec<String> = Vec::new();
     for (on_cluster, state) in sets {
         let (wanted, generation) = (on_cluster.wanted, on_cluster.generation);
         let entry = mcn.and_then(|m| m.set_status(&wanted.set.name));
-        let listed = |reference: &str| on_cluster.listed.contains(reference);
         if let Some(generation) = generation {
-            let desired = entry.and_then(|e| e.desired_generation);
-            reasons.extend(set_state_reason(
-                &wanted.set.name,
-                generation,
-                desired,
-                state,
-            ));
+            let joined = on_cluster.reported_somewhere
+                && entry.is_none()
+                && matches!(state, NodeSetState::Waiting | NodeSetState::Unknown);
+            reasons.extend(match joined {
+                true => Some(format!(
+                    "set {:?}: joined pool {} after the set was applied; its machine-config daemon has \
+                     not reported on this node yet",
+                    wanted.set.name,
+                    view.pool_of(node).unwrap_or("?")
+                )),
+                false => {
+                    let desired = entry.and_then(|e| e.desired_generation);
+                    set_state_reason(&wanted.set.name, generation, desired, state)
+                }
+            });
         }
         reasons.extend(on_cluster.not_as_wanted.clone());
-        let done = *state == NodeSetState::Done;
         for reference in wanted.set.references() {
-            let present = node_view.and_then(|n| match n.presence(reference) {
-                Presence::Present => Some(true),
-                Presence::Absent => Some(false),
-                Presence::Unknown => None,
-            });
-            let pinned = done && listed(reference);
+            let done = *state == NodeSetState::Done && on_cluster.listed.contains(reference);
+            let presence = node_view.map(|n| n.presence(reference, max_images));
+            let image = cluster_image(reference, done, presence);
+            if done && image.present == Some(false) && !lacking_done.iter().any(|r| r == reference)
+            {
+                lacking_done.push(reference.to_owned());
+            }
             match position.get(reference) {
                 // An image in several sets is pinned when any of them is done with it.
-                Some(&i) if pinned => images[i] = cluster_image(reference, present, true),
+                Some(&i) if done => images[i] = image,
                 Some(_) => {}
                 None => {
                     position.insert(reference.to_owned(), images.len());
-                    images.push(cluster_image(reference, present, pinned));
+                    images.push(image);
                 }
             }
         }
@@ -475,26 +601,28 @@ fn assess_cluster_node(
             elapsed_seconds: elapsed,
         });
     }
-    let missing = with_reason(&images, ImageReason::Missing);
-    if !missing.is_empty() {
+    let report = node_view.map(|n| kubelet_report(n, kubelet, &images));
+    let list_words = report.as_ref().map_or_else(String::new, |r| {
+        format!("{} of {}", r.image_entries, r.settings.max_images_words())
+    });
+    if !lacking_done.is_empty() {
         reasons.push(format!(
-            "{} missing from Node.status.images: {}",
-            count_images(missing.len()),
-            missing.join(", ")
+            "the kubelet's complete image list ({list_words}) lacks {}: {}; the machine-config daemon \
+             reported the set done, so the image was removed since (image GC, or `crictl rmi`), and the \
+             daemon pulls it again only for a new generation of the set",
+            count_images(lacking_done.len()),
+            some_of(&lacking_done)
         ));
     }
-    let unknown: Vec<&str> = images
-        .iter()
-        .filter(|i| i.present.is_none())
-        .map(|i| i.reference.as_str())
+    let missing: Vec<&str> = with_reason(&images, ImageReason::Missing)
+        .into_iter()
+        .filter(|r| !lacking_done.iter().any(|l| l == r))
         .collect();
-    if !unknown.is_empty() && node_view.is_some() {
+    if !missing.is_empty() {
         reasons.push(format!(
-            "{} unknown: {}: Node.status.images is full ({NODE_IMAGES_LIMIT} entries, the kubelet's limit) and \
-             does not list them, so the API cannot prove they are there; ask the runtime with \
-             `pinboard check --cri {node}=ENDPOINT`",
-            count_images(unknown.len()),
-            unknown.join(", ")
+            "the kubelet's complete image list ({list_words}) lacks {}: {}",
+            count_images(missing.len()),
+            some_of(&missing)
         ));
     }
     NodeReadiness {
@@ -506,21 +634,53 @@ fn assess_cluster_node(
         reasons,
         images,
         sets: on_node,
+        warnings: node_view.map_or_else(Vec::new, |n| kubelet_warnings(n, kubelet)),
+        kubelet: report,
     }
+}
+
+fn kubelet_report(
+    node: &NodeView,
+    settings: &KubeletSettings,
+    images: &[ImageReadiness],
+) -> KubeletReport {
+    KubeletReport {
+        settings: settings.clone(),
+        image_entries: node.image_entries,
+        image_list_complete: node.image_list(settings.node_status_max_images)
+            == ImageList::Complete,
+        images_listed: images
+            .iter()
+            .filter(|i| node.images.contains(&i.reference))
+            .count(),
+    }
+}
+
+/// What a cluster node's kubelet makes worth knowing: its configuration could not be read, or it is too
+/// old to keep pinned images from image GC.
+fn kubelet_warnings(node: &NodeView, settings: &KubeletSettings) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(why) = &settings.assumed {
+        warnings.push(format!(
+            "the kubelet's configuration could not be read ({why}): assumed its defaults \
+             (nodeStatusMaxImages {}, image GC thresholds {}% / {}%)",
+            settings.node_status_max_images,
+            settings.image_gc_high_threshold_percent,
+            settings.image_gc_low_threshold_percent
+        ));
+    }
+    if node.kubelet_honours_pins() == Some(false) {
+        warnings.push(format!(
+            "kubelet {} predates pinned-image support in image GC (Kubernetes 1.29; 1.28.2, 1.27.6, 1.26.9, \
+             1.25.14): pins are written, but its image GC ignores them; upgrade the node",
+            node.kubelet_version.as_deref().unwrap_or("?")
+        ));
+    }
+    warnings
 }
 
 /// How cluster-mode nodes pin: the machine-config daemon writes CRI-O's drop-in from PinnedImageSets.
 pub const MACHINE_CONFIG_PINS: &str = "pinned-image-set";
-
-/// An image in cluster mode: pinned once its set is done on the node.
-fn cluster_image(reference: &str, present: Option<bool>, pinned: bool) -> ImageReadiness {
-    image_readiness(&ImageObserved {
-        reference: reference.to_owned(),
-        present,
-        recorded_pinned: Some(pinned),
-        ..ImageObserved::default()
-    })
-}
 
 /// Why a node is not done with generation `generation` of set `name`; None when it is.
 fn set_state_reason(
@@ -602,6 +762,41 @@ impl NodeReadiness {
         } else {
             parts.join(", ")
         }
+    }
+}
+
+impl NodeReadiness {
+    /// What the judgement rests on, in words, for tables and the TUI: `daemon's report; the kubelet lists
+    /// 50 of 190 images`, `the runtime's word`. None when nothing could be asked.
+    pub fn evidence_words(&self) -> Option<String> {
+        let has = |evidence| self.images.iter().any(|i| i.evidence == evidence);
+        let strongest = [Evidence::Runtime, Evidence::Daemon, Evidence::KubeletList]
+            .into_iter()
+            .find(|e| has(*e))?;
+        Some(match &self.kubelet {
+            Some(kubelet) if strongest != Evidence::Runtime => format!(
+                "{}; the kubelet lists {} of {} images",
+                strongest.words(),
+                kubelet.images_listed,
+                self.images.len()
+            ),
+            _ => strongest.words().to_owned(),
+        })
+    }
+
+    /// `check --verify-cri`: this cluster node's judgement confirmed by its runtime's (`runtime`, judged by
+    /// [`assess`] for the same images): ready only when both are, and the images are the runtime's.
+    pub fn confirmed_by(mut self, runtime: NodeReadiness) -> NodeReadiness {
+        self.ready &= runtime.ready;
+        self.reasons.extend(
+            runtime
+                .reasons
+                .into_iter()
+                .map(|r| format!("its runtime says: {r}")),
+        );
+        self.images = runtime.images;
+        self.runtime = runtime.runtime.or(self.runtime);
+        self
     }
 }
 
@@ -914,6 +1109,27 @@ mod tests {
             Readiness::of(assess_cluster(
                 view,
                 &[wanted(min_generation)],
+                &HashMap::new(),
+                SystemTime::now(),
+            ))
+        }
+
+        /// Judged with each node's kubelet allowing `max_images` entries in its image list.
+        fn judge_with(view: &ClusterView, max_images: i64) -> Readiness {
+            let kubelets = view
+                .nodes()
+                .iter()
+                .map(|n| {
+                    let mut settings = KubeletSettings::assumed("");
+                    settings.node_status_max_images = max_images;
+                    settings.assumed = None;
+                    (n.name.clone(), settings)
+                })
+                .collect();
+            Readiness::of(assess_cluster(
+                view,
+                &[wanted(0)],
+                &kubelets,
                 SystemTime::now(),
             ))
         }
@@ -962,7 +1178,7 @@ mod tests {
             );
             let r = judge(&v, 0);
             assert!(!r.ready);
-            assert_eq!(r.ready_nodes, 0);
+            assert_eq!(r.ready_nodes, 1, "n2: done, its full list proves nothing");
             let reasons = |n: usize| r.nodes[n].reasons.join(" | ");
             assert!(
                 reasons(0).contains(
@@ -971,14 +1187,12 @@ mod tests {
                 "{}",
                 reasons(0)
             );
-            assert!(
-                reasons(1).contains(
-                    "1 image unknown: quay.io/x/b@sha256:bb: Node.status.images is full (50 entries"
-                ),
-                "{}",
-                reasons(1)
+            assert!(r.nodes[1].ready, "{}", reasons(1));
+            assert_eq!(r.nodes[1].images[1].evidence, Evidence::Daemon);
+            assert_eq!(
+                r.nodes[1].evidence_words().as_deref(),
+                Some("daemon's report; the kubelet lists 1 of 2 images")
             );
-            assert_eq!(r.nodes[1].images[1].reason, Some(ImageReason::Unknown));
             assert!(
                 reasons(2).contains(
                     "set \"s\" generation 3 failed: failed to pull quay.io/x/b: no space left"
@@ -989,12 +1203,110 @@ mod tests {
             assert_eq!(r.nodes[2].sets[0].state, "failed");
             assert!(reasons(3).starts_with("node not ready"), "{}", reasons(3));
             assert!(
-                reasons(4).contains("1 image missing from Node.status.images: quay.io/x/b"),
+                reasons(4).starts_with(
+                    "the kubelet's complete image list (2 of at most 50) lacks 1 image: quay.io/x/b@sha256:bb; \
+                     the machine-config daemon reported the set done"
+                ),
                 "{}",
                 reasons(4)
             );
+            assert_eq!(r.nodes[4].images[1].evidence, Evidence::KubeletList);
             assert_eq!(r.nodes[4].summary(), "1 image missing");
             assert_eq!(r.nodes[0].summary(), "s waiting, 2 images not pinned");
+        }
+
+        #[test]
+        fn an_empty_or_full_image_list_proves_nothing_and_a_complete_one_can_contradict() {
+            let v = view(
+                2,
+                vec![node("n1", true, &[], 0), node("n2", true, &[A], 50)],
+                vec![mcn("n1", 2, 2, None), mcn("n2", 2, 2, None)],
+            );
+            let r = judge(&v, 0);
+            assert!(r.ready, "{:#?}", r.nodes);
+            assert!(
+                r.nodes[0]
+                    .images
+                    .iter()
+                    .all(|i| i.evidence == Evidence::Daemon)
+            );
+            // A kubelet allowed 200 entries: n2's 50 are everything it has, and B is not among them.
+            let r = judge_with(&v, 200);
+            assert!(r.nodes[0].ready, "an empty list still proves nothing");
+            assert!(!r.nodes[1].ready);
+            assert!(
+                r.nodes[1].reasons[0].starts_with(
+                    "the kubelet's complete image list (50 of at most 200) lacks 1 image"
+                ),
+                "{:?}",
+                r.nodes[1].reasons
+            );
+            assert!(judge_with(&v, -1).nodes[1].reasons[0].contains("(50 of no limit)"));
+            let json = serde_json::to_value(&r.nodes[1]).unwrap();
+            assert_eq!(json["kubelet"]["nodeStatusMaxImages"], 200);
+            assert_eq!(json["kubelet"]["imageListComplete"], true);
+            assert_eq!(json["images"][1]["evidence"], "kubelet-list");
+            assert_eq!(json["images"][0]["evidence"], "daemon");
+        }
+
+        #[test]
+        fn a_node_that_joined_after_the_set_was_applied_is_named() {
+            let mut v = view(
+                2,
+                vec![node("n1", true, &[A, B], 2), node("w4", true, &[], 0)],
+                vec![mcn("n1", 2, 2, None)],
+            );
+            let r = judge(&v, 0);
+            assert!(!r.ready);
+            let w4 = &r.nodes[1];
+            assert_eq!(w4.node, "w4");
+            assert_eq!(
+                w4.reasons,
+                [
+                    "set \"s\": joined pool worker after the set was applied; its machine-config daemon \
+                  has not reported on this node yet"
+                ]
+            );
+            // Its MachineConfigNode appears, without an entry for the set yet: still named.
+            let mut empty = mcn("w4", 2, 2, None);
+            empty["status"]["pinnedImageSets"] = json!([]);
+            v.apply(ClusterUpdate::MachineConfigNodes(vec![
+                from(mcn("n1", 2, 2, None)),
+                from(empty),
+            ]));
+            assert!(judge(&v, 0).nodes[1].reasons[0].contains("joined pool worker"));
+            v.apply(ClusterUpdate::MachineConfigNodes(vec![
+                from(mcn("n1", 2, 2, None)),
+                from(mcn("w4", 2, 2, None)),
+            ]));
+            assert!(judge(&v, 0).ready);
+        }
+
+        #[test]
+        fn old_kubelets_and_unread_configs_are_warnings_not_failures() {
+            let mut old = node("n1", true, &[A, B], 2);
+            old.status
+                .as_mut()
+                .unwrap()
+                .node_info
+                .as_mut()
+                .unwrap()
+                .kubelet_version = "v1.24.17".into();
+            let v = view(2, vec![old], vec![mcn("n1", 2, 2, None)]);
+            let r = judge(&v, 0);
+            assert!(r.ready, "{:?}", r.nodes[0].reasons);
+            let warnings = r.nodes[0].warnings.join(" | ");
+            assert!(
+                warnings.contains("kubelet v1.24.17 predates pinned-image support"),
+                "{warnings}"
+            );
+            assert!(
+                warnings.contains(
+                    "could not be read (its kubelet was not asked): assumed its defaults"
+                ),
+                "{warnings}"
+            );
+            assert!(judge_with(&v, 50).nodes[0].warnings.len() == 1);
         }
 
         #[test]
@@ -1028,7 +1340,12 @@ mod tests {
             let mut other = wanted(0);
             other.set.name = "t".into();
             other.set.labels = BTreeMap::from([(ROLE_LABEL.into(), "worker".into())]);
-            let r = Readiness::of(assess_cluster(&v, &[other], SystemTime::now()));
+            let r = Readiness::of(assess_cluster(
+                &v,
+                &[other],
+                &HashMap::new(),
+                SystemTime::now(),
+            ));
             assert_eq!(r.nodes[0].sets[0].state, "absent");
             assert!(
                 r.nodes[0].reasons[0].contains("\"t\" is not on the cluster"),

@@ -12,7 +12,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use super::app::{ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
 use super::theme::Theme;
 use crate::model::image::LazyFormat;
-use crate::model::plan::{EstimateBasis, ImagePlan, NodePlan, Verdict};
+use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};
 use crate::survey::{SetSummary, Survey};
@@ -73,6 +73,8 @@ fn node_plan(
         estimated_disk_bytes: 2 * fetch,
         estimate_basis: EstimateBasis::TwiceCompressed,
         available_after_bytes: Some(available as i64 - 2 * fetch as i64),
+        gc_high_percent: 85,
+        gc_high_source: GcSource::Default,
         verdict,
         reasons: reason.into_iter().map(str::to_string).collect(),
         images: images

@@ -254,6 +254,15 @@ impl Writer {
             .unwrap_or_else(|e| panic!("status of Node {name}: {e}"));
     }
 
+    /// Sets the kubelet version Node `name` reports (`status.nodeInfo.kubeletVersion`).
+    pub async fn kubelet_version(&self, name: &str, version: &str) {
+        let body = json!({"status": {"nodeInfo": {"kubeletVersion": version}}});
+        Api::<Node>::all(self.cluster.client().clone())
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .unwrap_or_else(|e| panic!("kubelet version of Node {name}: {e}"));
+    }
+
     /// Points Node `name` at a kubelet listening on 127.0.0.1:`port`, as its status says where its kubelet
     /// is: the API server's node proxy goes there.
     pub async fn kubelet(&self, name: &str, port: u16) {
@@ -271,13 +280,22 @@ impl Writer {
     /// empty strings or nulls: this API server turns `""` into null in custom resources, which the schema's
     /// string fields then refuse.)
     pub async fn daemon(&self, node: &str, set: Value, progressing: bool, degraded: Option<&str>) {
+        self.report(node, json!([set]), progressing, degraded).await;
+    }
+
+    /// As [`Writer::daemon`], for several sets done (`sets`: their entries), nothing progressing or failed.
+    pub async fn daemons(&self, node: &str, sets: Value) {
+        self.report(node, sets, false, None).await;
+    }
+
+    async fn report(&self, node: &str, sets: Value, progressing: bool, degraded: Option<&str>) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let condition = |type_: &str, on: bool, reason: &str, message: &str| {
             json!({"type": type_, "status": if on { "True" } else { "False" },
                    "reason": if on { reason } else { "AsExpected" }, "message": message, "lastTransitionTime": now})
         };
         let status = json!({"status": {
-            "pinnedImageSets": [set],
+            "pinnedImageSets": sets,
             "conditions": [
                 condition(PROGRESSING, progressing, "ImagePrefetch",
                           &format!("node is prefetching images: {node}")),
