@@ -131,7 +131,10 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
         (Some(true), Some(100 << 30))
     );
     assert_eq!(
-        n1.presence(&format!("quay.io/pinboard/n1@sha256:{}", "a".repeat(64))),
+        n1.presence(
+            &format!("quay.io/pinboard/n1@sha256:{}", "a".repeat(64)),
+            50
+        ),
         pinboard::model::cluster::Presence::Present
     );
 

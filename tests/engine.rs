@@ -25,6 +25,7 @@ const MI: u64 = 1 << 20;
 /// Limits under which every lab node fits.
 const NO_FLOOR: Limits = Limits {
     gc_high_percent: 100,
+    gc_high_given: true,
     min_free_bytes: 0,
 };
 
@@ -213,8 +214,8 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
         _ => PinTarget::Detect,
     };
     let limits = Limits {
-        gc_high_percent: 85,
         min_free_bytes: 12 * MI,
+        ..Limits::default()
     };
 
     let started = Instant::now();
