@@ -7,8 +7,9 @@ use clap::Parser;
 use pinboard::cli::{Cli, Command, run};
 use tracing_subscriber::EnvFilter;
 
-/// Warnings, but not kube's "Server cert bypassed" once per connection: `cluster::connect` says it once.
-const HEADLESS_LOG: &str = "warn,kube_client::client::tls=error";
+/// Warnings, but not kube's "Server cert bypassed" once per connection (`cluster::connect` says it once),
+/// nor its error line for every refused request (pinboard says what each refusal means).
+const HEADLESS_LOG: &str = "warn,kube_client::client::tls=error,kube_client::client::builder=off";
 
 fn main() -> ExitCode {
     pinboard::install_crypto_provider();

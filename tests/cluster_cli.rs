@@ -318,32 +318,37 @@ async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
         };
         writer.node_status(node, &status).await;
     }
-    // n1 has a kubelet the node proxy reaches: its figures are the image filesystem's.
+    // n1 has a kubelet the node proxy reaches: its figures are the image filesystem's, and its image GC
+    // starts at 20%, below the 25% it already uses.
     let image_fs = ImageFs {
         capacity: 200 << 30,
         available: 150 << 30,
         used: 50 << 30,
     };
-    let kubelet =
-        FakeKubelet::start(&lab.dir().join("kubelet-n1"), "n1", move || image_fs).unwrap();
+    let eager_gc = KubeletConfig {
+        image_gc_high_threshold_percent: 20,
+        ..KubeletConfig::default()
+    };
+    let dir = lab.dir().join("kubelet-n1");
+    let kubelet = FakeKubelet::configured(&dir, "n1", move || image_fs, eager_gc).unwrap();
     writer.kubelet("n1", kubelet.port()).await;
     let file = set_file(lab.dir(), "apps", "worker", &pushed);
-    let plan = |output: &'static str| {
+    let plan_with = |output: &'static str, extra: &'static [&'static str]| {
         let file = file.display().to_string();
         let host = host.clone();
-        run(args(
-            &kubeconfig,
-            &[
-                "plan",
-                "--set",
-                &file,
-                "--insecure-registry",
-                &host,
-                "-o",
-                output,
-            ],
-        ))
+        let mut rest = vec![
+            "plan",
+            "--set",
+            &file,
+            "--insecure-registry",
+            &host,
+            "-o",
+            output,
+        ];
+        rest.extend(extra);
+        run(args(&kubeconfig, &rest))
     };
+    let plan = |output| plan_with(output, &[]);
     let json = plan("json").await;
     assert_eq!(json.code, 0, "{}", explain(&json));
     let survey: Value = serde_json::from_str(&json.stdout).unwrap();
@@ -361,11 +366,41 @@ async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
         assert_eq!(node["availableBytes"], 100u64 << 30);
         assert_eq!(node["capacityBytes"], 120u64 << 30);
     }
+    // n1's kubelet collects garbage from 20%: already above it, so tight; the others' kubelets do not
+    // answer, so their default (85%) is assumed, and the plan says so.
+    assert_eq!(nodes[0]["gcHighPercent"], 20, "{}", nodes[0]);
+    assert_eq!(nodes[0]["gcHighSource"], "kubelet-config");
+    assert_eq!(nodes[0]["verdict"], "tight", "{}", nodes[0]);
     assert!(
-        nodes.iter().all(|n| n["verdict"] == "fits"),
+        nodes[0]["reasons"][0].as_str().unwrap().contains(
+            "above the image GC high threshold of 20% (the kubelet's imageGCHighThresholdPercent)"
+        ),
         "{}",
-        json.stdout
+        nodes[0]
     );
+    for node in &nodes[1..] {
+        assert_eq!(
+            (&node["gcHighPercent"], &node["gcHighSource"]),
+            (&json!(85), &json!("default"))
+        );
+        assert_eq!(node["verdict"], "fits", "{node}");
+        assert!(
+            node["reasons"]
+                .to_string()
+                .contains("the kubelet's configuration could not be read"),
+            "{node}"
+        );
+    }
+    // An explicit flag wins over every kubelet.
+    let flagged = plan_with("json", &["--gc-high-percent", "90"]).await;
+    let flagged: Value = serde_json::from_str(&flagged.stdout).unwrap();
+    for node in flagged["nodes"].as_array().unwrap() {
+        assert_eq!(
+            (&node["gcHighPercent"], &node["gcHighSource"]),
+            (&json!(90), &json!("flag"))
+        );
+        assert_eq!(node["verdict"], "fits", "{node}");
+    }
     let present = |n: usize| -> Vec<Value> {
         nodes[n]["images"]
             .as_array()
@@ -388,6 +423,13 @@ async fn cluster_plan_uses_the_api_figures_and_says_where_they_come_from() {
     let table = plan("table").await;
     assert!(
         table.stdout.contains("100 GiB (allocatable)"),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table.stdout.contains(
+            "GC high threshold per node: n1 20% (kubelet), n2 85% (default), n3 85% (default)"
+        ),
         "{}",
         table.stdout
     );
@@ -637,5 +679,143 @@ async fn the_daemons_report_is_the_proof_and_only_a_complete_kubelet_list_contra
         evidence(&complete, 0)
             .iter()
             .all(|(_, e)| e == "kubelet-list")
+    );
+}
+
+#[tokio::test]
+async fn verify_cri_requires_the_runtimes_word_where_it_can_be_asked() {
+    pinboard::install_crypto_provider();
+    let lab = Lab::start(
+        "cluster-verify-cri",
+        support::LabConfig {
+            nodes: vec![support::NodeSpec::new("n1", 64 << 20)],
+            apiserver: true,
+        },
+    )
+    .expect("lab starts");
+    let kubeconfig = lab.apiserver().unwrap().kubeconfig().to_owned();
+    let (_admin, writer) = openshift(&lab, &["worker"], &["n1", "n2"]).await;
+    let host = lab.registry_host();
+    let images: Vec<String> = (0..2)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![LayerSpec {
+                    seed: 900 + i,
+                    bytes: 64 << 10,
+                    format: LayerFormat::Gzip,
+                }],
+                ..ImageSpec::default()
+            };
+            lab.push_image(&format!("verify/app{i}"), &spec)
+                .unwrap()
+                .reference(&host)
+        })
+        .collect();
+    let file = set_file(lab.dir(), "release", "worker", &images);
+    let sets = file.display().to_string();
+    writer
+        .apply(
+            &writer.cluster.resources().pinned_image_set,
+            "release",
+            json!({"metadata": {"name": "release", "labels": {"machineconfiguration.openshift.io/role": "worker"}},
+                   "spec": {"pinnedImages": images.iter().map(|i| json!({"name": i})).collect::<Vec<_>>()}}),
+        )
+        .await;
+    // Both daemons report the set done, their kubelets list nothing yet: the cluster alone says ready.
+    for node in ["n1", "n2"] {
+        let empty = NodeStatus {
+            ready: true,
+            images: &[],
+            entries: 0,
+        };
+        writer.node_status(node, &empty).await;
+        writer.daemon(node, entry(1, true), false, None).await;
+    }
+    let endpoint = format!("n1={}", lab.node("n1").endpoint());
+    let verify = |output: &'static str| {
+        run(args(
+            &kubeconfig,
+            &[
+                "check",
+                "--set",
+                "release",
+                "--verify-cri",
+                "--cri",
+                &endpoint,
+                "-o",
+                output,
+            ],
+        ))
+    };
+    let cluster_only = run(args(&kubeconfig, &["check", "--set", "release"])).await;
+    assert_eq!(cluster_only.code, 0, "{}", explain(&cluster_only));
+
+    // n1's runtime does not have them: the daemon's word is not enough there. n2 has no endpoint given.
+    let refuted = verify("table").await;
+    assert_eq!(refuted.code, 1, "{}", explain(&refuted));
+    assert!(
+        refuted
+            .stderr
+            .contains("n1: its runtime says: 2 images missing:"),
+        "{}",
+        explain(&refuted)
+    );
+    assert!(
+        !refuted.stderr.contains("error: n2:"),
+        "{}",
+        explain(&refuted)
+    );
+
+    // Pre-loaded and pinned on n1 (direct mode), the runtime confirms: ready, on the runtime's word.
+    let applied = run(vec![
+        "apply".into(),
+        "--set".into(),
+        sets.clone(),
+        "--cri".into(),
+        endpoint.clone(),
+        "--insecure-registry".into(),
+        host.clone(),
+        "--min-free".into(),
+        "0".into(),
+    ])
+    .await;
+    assert_eq!(applied.code, 0, "{}", explain(&applied));
+    let confirmed = verify("json").await;
+    assert_eq!(confirmed.code, 0, "{}", explain(&confirmed));
+    assert!(
+        evidence(&confirmed, 0).iter().all(|(_, e)| e == "runtime"),
+        "{}",
+        confirmed.stdout
+    );
+    assert!(
+        evidence(&confirmed, 1).iter().all(|(_, e)| e == "daemon"),
+        "{}",
+        confirmed.stdout
+    );
+
+    // --verify-cri without an endpoint to ask is bad input; --cri without --verify-cri is ignored, said so.
+    let nothing = run(args(
+        &kubeconfig,
+        &["check", "--set", "release", "--verify-cri"],
+    ))
+    .await;
+    assert_eq!(nothing.code, 2, "{}", explain(&nothing));
+    assert!(
+        nothing
+            .stderr
+            .contains("--verify-cri asks the nodes' runtimes"),
+        "{}",
+        explain(&nothing)
+    );
+    let ignored = run(args(
+        &kubeconfig,
+        &["status", "--set", "release", "--cri", &endpoint],
+    ))
+    .await;
+    assert_eq!(ignored.code, 0, "{}", explain(&ignored));
+    assert!(
+        ignored.stderr.contains("--cri and --nodes are ignored"),
+        "{}",
+        explain(&ignored)
     );
 }

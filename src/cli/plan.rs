@@ -9,7 +9,7 @@ use super::cluster::{ClusterSession, NAME_OR_FILE, files_and_names};
 use super::output::{image_matrix, table};
 use crate::backend::node::DirectNode;
 use crate::error::Failure;
-use crate::model::plan::{EstimateBasis, ImagePlan, NodePlan, SpaceSource};
+use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, SpaceSource};
 use crate::model::units::{human, human_signed};
 use crate::options::{CommonArgs, Output, read_sets, registry_client};
 use crate::survey::{Survey, survey, survey_cluster};
@@ -98,11 +98,11 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         .map(|s| format!("{} ({} images)", s.name, s.images))
         .collect();
     out.push_str(&format!(
-        "\nsets: {}; floor {} (--min-free), GC high threshold {}% (--gc-high-percent); est. disk is uncompressed \
-         size where the image states it, else 2x compressed\n",
+        "\nsets: {}; floor {} (--min-free), {}; est. disk is uncompressed size where the image states it, else \
+         2x compressed\n",
         sets.join(", "),
         human(survey.min_free_bytes),
-        survey.gc_high_percent
+        gc_thresholds(survey)
     ));
     let sources = [
         SpaceSource::KubeletSummary,
@@ -149,6 +149,35 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         out.push_str(&matrix);
     }
     out
+}
+
+/// `GC high threshold 85% (--gc-high-percent)` when every node has the same, else each node's.
+fn gc_thresholds(survey: &Survey) -> String {
+    let mut thresholds: Vec<(u8, GcSource)> = survey
+        .nodes
+        .iter()
+        .map(|n| (n.gc_high_percent, n.gc_high_source))
+        .collect();
+    thresholds.dedup();
+    match thresholds.as_slice() {
+        [] => format!("GC high threshold {}%", survey.gc_high_percent),
+        [(percent, source)] => format!("GC high threshold {percent}% ({})", source.label()),
+        _ => {
+            let each: Vec<String> = survey
+                .nodes
+                .iter()
+                .map(|n| {
+                    format!(
+                        "{} {}% ({})",
+                        n.node,
+                        n.gc_high_percent,
+                        n.gc_high_source.short()
+                    )
+                })
+                .collect();
+            format!("GC high threshold per node: {}", each.join(", "))
+        }
+    }
 }
 
 fn node_row(node: &NodePlan) -> Vec<String> {

@@ -116,6 +116,15 @@ impl GcSource {
             GcSource::Default => "the kubelet's default; --gc-high-percent sets another",
         }
     }
+
+    /// One word, for narrow places.
+    pub fn short(self) -> &'static str {
+        match self {
+            GcSource::Flag => "flag",
+            GcSource::KubeletConfig => "kubelet",
+            GcSource::Default => "default",
+        }
+    }
 }
 
 impl Limits {

@@ -348,7 +348,7 @@ fn disk_bar(
         0.0
     };
     let floor = 1.0 - survey.min_free_bytes as f64 / capacity;
-    let gc = f64::from(survey.gc_high_percent) / 100.0;
+    let gc = f64::from(node.gc_high_percent) / 100.0;
     bar(
         width,
         &[
@@ -409,8 +409,9 @@ fn plan_detail(state: &State, frame: &mut Frame, area: Rect, survey: &Survey, no
         dim(
             theme,
             format!(
-                "        │ GC threshold {}%   ┃ floor: {} free (--min-free)",
-                survey.gc_high_percent,
+                "        │ GC threshold {}% ({})   ┃ floor: {} free (--min-free)",
+                node.gc_high_percent,
+                node.gc_high_source.short(),
                 human(survey.min_free_bytes)
             ),
         ),
