@@ -478,6 +478,32 @@ impl NodeView {
         };
         Some(patch >= first_patch)
     }
+
+    /// The warning for a kubelet whose image GC ignores pins; None when it honours them or is unknown.
+    pub fn pins_ignored_warning(&self) -> Option<String> {
+        (self.kubelet_honours_pins() == Some(false)).then(|| {
+            format!(
+                "kubelet {} predates pinned-image support in image GC (Kubernetes 1.29; 1.28.2, 1.27.6, \
+                 1.26.9, 1.25.14): pins are written, but its image GC ignores them; upgrade the node",
+                self.kubelet_version.as_deref().unwrap_or("?")
+            )
+        })
+    }
+
+    /// Where this node is with generation `generation` of set `set_name`, as its MachineConfigNode (if any)
+    /// in `view` reports at `now`.
+    pub fn set_state(
+        &self,
+        view: &ClusterView,
+        set_name: &str,
+        generation: i64,
+        now: SystemTime,
+    ) -> NodeSetState {
+        view.machine_config_node(&self.name)
+            .map_or(NodeSetState::Unknown, |mcn| {
+                node_set_state(mcn, set_name, generation, now)
+            })
+    }
 }
 
 /// Whether `labels` satisfy `selector`, as Kubernetes evaluates it: an absent selector matches nothing, an

@@ -439,9 +439,40 @@ pub fn assess_cluster(
         .into_iter()
         .map(|(node, sets)| {
             let kubelet = kubelets.get(&node).unwrap_or(&not_asked);
-            assess_cluster_node(view, &node, &sets, kubelet)
+            assess_node(view, &node, &sets, kubelet)
         })
         .collect()
+}
+
+/// Cluster mode, for one node (the TUI's selected row): [`assess_cluster`] of the wanted sets that land on
+/// it; None when none does.
+pub fn assess_cluster_node(
+    view: &ClusterView,
+    wanted: &[WantedSet],
+    kubelets: &HashMap<String, KubeletSettings>,
+    node: &str,
+    now: SystemTime,
+) -> Option<NodeReadiness> {
+    let node_view = view.node(node)?;
+    let sets: Vec<SetOnCluster> = wanted
+        .iter()
+        .filter(|w| view.nodes_of(w.labels(view)).iter().any(|n| n == node))
+        .map(|w| SetOnCluster::new(view, w))
+        .collect();
+    if sets.is_empty() {
+        return None;
+    }
+    let states: Vec<(&SetOnCluster, NodeSetState)> = sets
+        .iter()
+        .map(|set| {
+            let generation = set.generation.unwrap_or(set.wanted.min_generation);
+            let state = node_view.set_state(view, &set.wanted.set.name, generation, now);
+            (set, state)
+        })
+        .collect();
+    let not_asked = KubeletSettings::assumed("its kubelet was not asked");
+    let kubelet = kubelets.get(node).unwrap_or(&not_asked);
+    Some(assess_node(view, node, &states, kubelet))
 }
 
 /// What is judged the same way on every node a wanted set lands on: worked out once per set.
@@ -513,7 +544,7 @@ fn cluster_image(reference: &str, done: bool, presence: Option<Presence>) -> Ima
     image
 }
 
-fn assess_cluster_node(
+fn assess_node(
     view: &ClusterView,
     node: &str,
     sets: &[(&SetOnCluster, NodeSetState)],
@@ -669,13 +700,7 @@ fn kubelet_warnings(node: &NodeView, settings: &KubeletSettings) -> Vec<String> 
             settings.image_gc_low_threshold_percent
         ));
     }
-    if node.kubelet_honours_pins() == Some(false) {
-        warnings.push(format!(
-            "kubelet {} predates pinned-image support in image GC (Kubernetes 1.29; 1.28.2, 1.27.6, 1.26.9, \
-             1.25.14): pins are written, but its image GC ignores them; upgrade the node",
-            node.kubelet_version.as_deref().unwrap_or("?")
-        ));
-    }
+    warnings.extend(node.pins_ignored_warning());
     warnings
 }
 

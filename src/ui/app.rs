@@ -12,7 +12,7 @@ use super::export::pinned_image_set_yaml;
 use super::keymap::{Action, lookup};
 use super::render::{HelpFlow, diff_rows};
 use super::theme::Theme;
-use crate::model::cluster::ClusterUpdate;
+use crate::model::cluster::{ClusterUpdate, KubeletSettings};
 pub use crate::model::diff::DiffKind;
 use crate::model::plan::Verdict;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, PinMethod, Rollout};
@@ -67,6 +67,8 @@ pub struct NodeInfo {
     pub pin_method: Option<PinMethod>,
     pub lazy_pulling: Option<bool>,
     pub reachable: Option<bool>,
+    /// Worth knowing about the node, though it works (e.g. a kubelet whose image GC ignores pins).
+    pub warning: Option<String>,
 }
 
 /// What pinning writes (or wrote) on one node, against what is there; computed by the backend.
@@ -147,6 +149,8 @@ pub enum Msg {
     Notice(String),
     /// Cluster mode: a change from the watchers.
     Cluster(ClusterUpdate),
+    /// Cluster mode: what some nodes' kubelet configurations say (read once per node).
+    Kubelets(HashMap<String, KubeletSettings>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -687,6 +691,12 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
         }
         Msg::Cluster(change) => {
             super::cluster::apply(state, change);
+            Vec::new()
+        }
+        Msg::Kubelets(read) => {
+            if let Some(session) = state.cluster.as_mut() {
+                session.kubelets.extend(read);
+            }
             Vec::new()
         }
     };

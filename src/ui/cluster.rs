@@ -3,11 +3,12 @@
 //! `status.images`, lazy pulling from the pool's ContainerRuntimeConfigs); the cluster's PinnedImageSets
 //! join the composer's sets; the Rollout screen shows, per node, where it is with the chosen set.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Instant, SystemTime};
 
 use super::app::{NodeInfo, SetDraft, State};
-use crate::model::cluster::{ClusterUpdate, ClusterView, ROLE_LABEL};
+use crate::model::cluster::{ClusterUpdate, ClusterView, KubeletSettings, ROLE_LABEL};
+use crate::model::readiness::{NodeReadiness, WantedSet, assess_cluster_node};
 use crate::model::rollout::PinMethod;
 
 /// The cluster as the TUI holds it.
@@ -16,6 +17,8 @@ pub struct ClusterSession {
     pub view: ClusterView,
     /// Per set on the cluster, the nodes it lands on, by name: the Rollout screen's rows.
     pub members: BTreeMap<String, Vec<String>>,
+    /// What each node's kubelet configuration says, as the backend read it.
+    pub kubelets: HashMap<String, KubeletSettings>,
     /// A wall-clock time and the tick time it was read at: conditions carry wall-clock times, ticks
     /// monotonic ones.
     epoch: (Instant, SystemTime),
@@ -26,6 +29,15 @@ impl ClusterSession {
     pub fn wall(&self, now: Instant) -> SystemTime {
         self.epoch.1 + now.saturating_duration_since(self.epoch.0)
     }
+
+    /// Set `set_name` on `node` judged as `pinboard check` judges it, at tick time `now`.
+    pub fn readiness(&self, set_name: &str, node: &str, now: Instant) -> Option<NodeReadiness> {
+        let wanted = WantedSet {
+            set: self.view.set(set_name)?.to_image_set(),
+            min_generation: 0,
+        };
+        assess_cluster_node(&self.view, &[wanted], &self.kubelets, node, self.wall(now))
+    }
 }
 
 impl State {
@@ -35,6 +47,7 @@ impl State {
         self.cluster = Some(Box::new(ClusterSession {
             view: ClusterView::default(),
             members: BTreeMap::new(),
+            kubelets: HashMap::new(),
             epoch: (self.now, wall),
         }));
         if let Some(why) = denied {
@@ -112,6 +125,7 @@ pub fn node_infos(view: &ClusterView) -> Vec<NodeInfo> {
             pin_method: Some(PinMethod::CrioDropIn),
             lazy_pulling: view.pool_of(&node.name).and_then(|p| lazy.get(p).copied()),
             reachable: node.ready,
+            warning: node.pins_ignored_warning(),
         })
         .collect()
 }

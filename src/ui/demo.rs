@@ -50,6 +50,7 @@ fn node_info(
         pin_method: Some(pin_method),
         lazy_pulling: lazy,
         reachable: Some(true),
+        warning: None,
     }
 }
 
@@ -370,15 +371,25 @@ pub fn cluster_state(now: Instant, theme: Theme) -> State {
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            let images: Vec<_> = (0..[12, 50, 31, 8, 27][i])
-                .map(|n| json!({"names": [format!("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{n:064x}")], "sizeBytes": 1}))
+            // What each kubelet lists: worker-0 holds the whole set, worker-1 its first image so far; the rest
+            // of each list is other images.
+            let held: &[&str] = [&[RELEASE, ART, UBI][..], &[RELEASE], &[], &[], &[]][i];
+            let others = (held.len()..[12, 50, 31, 8, 27][i])
+                .map(|n| format!("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{n:064x}"));
+            let images: Vec<_> = held
+                .iter()
+                .map(|r| r.to_string())
+                .chain(others)
+                .map(|name| json!({"names": [name], "sizeBytes": 1}))
                 .collect();
             from(json!({"metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
                 "status": {"conditions": [{"type": "Ready", "status": if i == 3 { "False" } else { "True" }}],
                            "capacity": {"ephemeral-storage": format!("{}Gi", [120, 120, 240, 120, 120][i])},
                            "allocatable": {"ephemeral-storage": format!("{}Gi", [108, 108, 216, 108, 108][i])},
                            "nodeInfo": {"containerRuntimeVersion": "cri-o://1.33.2", "architecture": "amd64",
-                                        "bootID": "", "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "",
+                                        "bootID": "", "kernelVersion": "", "kubeProxyVersion": "",
+                                        // worker-4's kubelet is older than pinned-image support in image GC.
+                                        "kubeletVersion": if i == 4 { "v1.27.4" } else { "v1.33.2" },
                                         "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""},
                            "images": images}}))
         })

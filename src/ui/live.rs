@@ -363,6 +363,7 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
         pin_method: None,
         lazy_pulling: lazy.map(|s| s == LazyState::On),
         reachable: Some(reachable),
+        warning: None,
     };
     if !reachable {
         return info;

@@ -4,7 +4,7 @@
 //! ContainerRuntimeConfig per pool, and the Plan comes from [`crate::survey::survey_cluster`], as in
 //! `pinboard plan --kubeconfig`. The machine-config daemons pull and pin; the Rollout screen follows them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -19,7 +19,7 @@ use super::run::{UiBackend, execute_file_cmd};
 use crate::backend::registry::Registry;
 use crate::cluster::{Cluster, ConnectOptions, connect, watch};
 use crate::error::Failure;
-use crate::model::cluster::{ClusterView, pool_warning, pools_for_set};
+use crate::model::cluster::{ClusterUpdate, ClusterView, pool_warning, pools_for_set};
 use crate::model::diff;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
@@ -139,7 +139,23 @@ impl UiBackend for ClusterUi {
         let (cluster, view, tx) = (self.cluster.clone(), self.view.clone(), tx.clone());
         self.watching = Some(tokio::spawn(async move {
             let mut watch = watch(&cluster);
+            // Each node's kubelet configuration is read once, when the node first appears.
+            let mut asked = HashSet::new();
             while let Some(update) = watch.updates.recv().await {
+                if let ClusterUpdate::Nodes(nodes) = &update {
+                    let new: Vec<String> = nodes
+                        .iter()
+                        .filter(|n| asked.insert(n.name.clone()))
+                        .map(|n| n.name.clone())
+                        .collect();
+                    if !new.is_empty() {
+                        let (cluster, tx) = (cluster.clone(), tx.clone());
+                        tokio::spawn(async move {
+                            let read = cluster.kubelet_settings(&new).await;
+                            let _ = tx.send(Msg::Kubelets(read));
+                        });
+                    }
+                }
                 view.lock().expect("view lock").apply(update.clone());
                 if tx.send(Msg::Cluster(update)).is_err() {
                     return;

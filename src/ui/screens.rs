@@ -65,6 +65,15 @@ pub(super) fn nodes(state: &State, frame: &mut Frame, area: Rect) {
         .nodes
         .iter()
         .filter(|n| super::app::matches(&n.name, filter));
+    // Warnings (a kubelet whose image GC ignores pins) get a line below the table, for the selected node.
+    let (area, warning_area) = match state.nodes.iter().any(|n| n.warning.is_some()) {
+        true => {
+            let [table_area, warning_area] =
+                Layout::vertical([Constraint::Fill(1), Constraint::Length(2)]).areas(area);
+            (table_area, Some(warning_area))
+        }
+        false => (area, None),
+    };
     table(
         frame,
         area,
@@ -75,6 +84,7 @@ pub(super) fn nodes(state: &State, frame: &mut Frame, area: Rect) {
         rows,
         |n, _| {
             let (glyph, word, tone) = match n.reachable {
+                Some(true) if n.warning.is_some() => ("!", "up", Tone::Warn),
                 Some(true) => ("✓", "up", Tone::Ok),
                 Some(false) => ("✗", "down", Tone::Error),
                 None => ("?", UNKNOWN, Tone::Idle),
@@ -98,6 +108,22 @@ pub(super) fn nodes(state: &State, frame: &mut Frame, area: Rect) {
             ]
         },
     );
+    if let Some(warning_area) = warning_area {
+        let selected = state.selected(Pane::Nodes);
+        let text = match state
+            .nodes
+            .iter()
+            .find(|n| Some(n.name.as_str()) == selected)
+        {
+            Some(node) => node
+                .warning
+                .as_ref()
+                .map_or_else(String::new, |w| format!("! {}: {w}", node.name)),
+            None => String::new(),
+        };
+        let line = Line::styled(text, fg(theme.tone(Tone::Warn)));
+        frame.render_widget(Paragraph::new(line).wrap(Wrap { trim: true }), warning_area);
+    }
 }
 
 const ENTRY_COLUMNS: [Column; 2] = [col("OK", 2, 0), flex("REFERENCE", 20)];

@@ -12,8 +12,8 @@ use ratatui::widgets::{Paragraph, Wrap};
 
 use super::app::{Pane, Screen, State};
 use super::cluster::{ClusterSession, followed_set};
-use super::render::{Column, col, duration, flex, pane, status_span, table, table_title};
-use super::status::set_state_status;
+use super::render::{Column, col, duration, fg, flex, pane, status_span, table, table_title};
+use super::status::{Tone, set_state_status};
 use crate::model::cluster::{
     DEGRADED, NodeSetState, PROGRESSING, PinnedImageSet, node_set_state, pool_rollup, pools_for_set,
 };
@@ -55,7 +55,7 @@ pub(super) fn rollout(state: &State, session: &ClusterSession, frame: &mut Frame
     let [summary_area, nodes_area, detail_area] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Fill(1),
-        Constraint::Length(3),
+        Constraint::Length(4),
     ])
     .areas(area);
     let members = session
@@ -116,7 +116,11 @@ pub(super) fn rollout(state: &State, session: &ClusterSession, frame: &mut Frame
 
     let detail = state
         .selected(Pane::RolloutNodes)
-        .map(|node| conditions(session, node))
+        .map(|node| {
+            let mut lines = conditions(session, node);
+            lines.extend(judged(state, session, set, node));
+            lines
+        })
         .unwrap_or_default();
     frame.render_widget(
         Paragraph::new(detail).wrap(Wrap { trim: true }),
@@ -162,6 +166,35 @@ fn summary(
         .map(|node| set_state_status(&node_state(session, set, node, state)));
     spans.extend(super::screens::tally(theme, statuses));
     vec![Line::from(spans)]
+}
+
+/// The selected node as `pinboard check` judges it: what the judgement rests on, then the first reason it
+/// is not ready or, failing that, the first warning.
+fn judged(
+    state: &State,
+    session: &ClusterSession,
+    set: &PinnedImageSet,
+    node: &str,
+) -> Vec<Line<'static>> {
+    let Some(readiness) = session.readiness(set.name(), node, state.now) else {
+        return Vec::new();
+    };
+    let theme = &state.theme;
+    let verdict = match readiness.ready {
+        true => "ready",
+        false => "not ready",
+    };
+    let evidence = readiness
+        .evidence_words()
+        .map_or_else(String::new, |words| format!(" ({words})"));
+    let mut lines = vec![Line::from(format!("check: {verdict}{evidence}"))];
+    let note = match (readiness.reasons.first(), readiness.warnings.first()) {
+        (Some(reason), _) => Some((format!("✗ {reason}"), Tone::Error)),
+        (None, Some(warning)) => Some((format!("! {warning}"), Tone::Warn)),
+        (None, None) => None,
+    };
+    lines.extend(note.map(|(text, tone)| Line::styled(text, fg(theme.tone(tone)))));
+    lines
 }
 
 /// The selected node's PinnedImageSets conditions: type, status, reason, message.

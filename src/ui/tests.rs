@@ -505,6 +505,39 @@ fn svg_has_every_cell_with_its_color() {
     assert!(svg.trim_end().ends_with("</svg>"));
 }
 
+#[test]
+fn cluster_screens_say_what_check_would_and_warn_of_kubelets_that_ignore_pins() {
+    let mut state = demo::cluster_state(Instant::now(), Theme::named("monochrome").unwrap());
+    type_keys(&mut state, "1");
+    assert!(
+        !screen_text(&state).contains("predates"),
+        "worker-0 is fine"
+    );
+    type_keys(&mut state, "jjjj");
+    assert!(
+        screen_text(&state)
+            .contains("! worker-4: kubelet v1.27.4 predates pinned-image support in image GC"),
+        "{}",
+        screen_text(&state)
+    );
+    // The Rollout screen: worker-0 is done on the daemon's word; worker-2 is still pulling after the
+    // daemon's sync window ended, not failed.
+    type_keys(&mut state, "4");
+    state.select(Pane::RolloutNodes, "worker-0");
+    let shown = screen_text(&state);
+    assert!(
+        shown.contains("check: ready (daemon's report; the kubelet lists 3 of 3 images)"),
+        "{shown}"
+    );
+    state.select(Pane::RolloutNodes, "worker-2");
+    let shown = screen_text(&state);
+    assert!(shown.contains("check: not ready"), "{shown}");
+    assert!(
+        shown.contains("✗ set \"ocp-4.19-release\" generation 2: still pulling for 7m00s"),
+        "{shown}"
+    );
+}
+
 macro_rules! snapshots {
     ($($name:ident: $screen:literal;)*) => {$(
         #[test]
