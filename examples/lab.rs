@@ -17,7 +17,9 @@
 //! node (its real image filesystem, through the node proxy) and a stand-in machine-config daemon that
 //! pre-loads every set labelled for the worker pool through the node's containerd and reports as the daemon
 //! does. pinboard then runs in cluster mode (`--kubeconfig`) with `<lab>/release.yaml`, a PinnedImageSet of
-//! the samples for the worker pool, which n1 has no room for.
+//! the samples for the worker pool, which n1 has no room for (unless PINBOARD_ARGS name a `--set`). For
+//! `check`, `status` and `unpin`, which read a set from the cluster, the demo first applies that set as an
+//! administrator would and lets the stand-in daemons finish with it.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -122,12 +124,20 @@ fn run() -> Result<ExitCode> {
         "--min-free",
         "32Mi",
     ]);
+    let names_a_set = rest.iter().any(|a| a == "--set");
     match &stand_ins {
-        Some(stand_ins) => command
-            .arg("--kubeconfig")
-            .arg(lab.apiserver().expect("cluster lab").kubeconfig())
-            .arg("--set")
-            .arg(&stand_ins.set_file),
+        Some(stand_ins) => {
+            if subcommand.is_some_and(|s| ["check", "status", "unpin"].contains(&s.as_str())) {
+                runtime.block_on(stand_ins.apply_and_settle())?;
+            }
+            command
+                .arg("--kubeconfig")
+                .arg(lab.apiserver().expect("cluster lab").kubeconfig());
+            if !names_a_set {
+                command.arg("--set").arg(&stand_ins.set_file);
+            }
+            &mut command
+        }
         None => command
             .arg("--images-file")
             .arg(&images_file)
@@ -340,8 +350,53 @@ fn write_nodes_file(lab: &Lab) -> Result<PathBuf> {
 /// The cluster's stand-ins; dropping them stops them.
 struct StandIns {
     set_file: PathBuf,
+    writer: cluster::Writer,
     _daemon: daemon::Daemon,
     _kubelets: Vec<FakeKubelet>,
+}
+
+/// How long the stand-in daemons get to pre-load the demo's set.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(180);
+
+impl StandIns {
+    /// Writes the demo's set to the cluster, then waits until every node's daemon has finished with it
+    /// (done or failed), so that a headless command run next shows an outcome rather than a start.
+    async fn apply_and_settle(&self) -> Result<()> {
+        let text = std::fs::read_to_string(&self.set_file)?;
+        let sets = pinboard::model::set::parse_yaml(&text, "release.yaml")
+            .map_err(|problems| anyhow::anyhow!("{problems:?}"))?;
+        let cluster = &self.writer.cluster;
+        let mut generation = 0;
+        for set in &sets {
+            generation = cluster.apply_set(set).await?.generation();
+        }
+        eprintln!("demo: applied PinnedImageSet release (generation {generation}); the stand-in daemons pull it");
+        let api: kube::Api<kube::core::DynamicObject> =
+            kube::Api::all_with(cluster.client().clone(), &cluster.resources().machine_config_node);
+        let deadline = std::time::Instant::now() + SETTLE;
+        loop {
+            let mcns: Vec<pinboard::model::cluster::MachineConfigNode> = api
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .filter_map(|o| serde_json::from_value(serde_json::to_value(o).ok()?).ok())
+                .collect();
+            let settled = |m: &pinboard::model::cluster::MachineConfigNode| {
+                m.set_status("release").is_some_and(|e| {
+                    e.current_generation == Some(generation)
+                        || e.last_failed_generation == Some(generation)
+                })
+            };
+            if !mcns.is_empty() && mcns.iter().all(settled) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the stand-in daemons did not finish the demo's set within {SETTLE:?}");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
 }
 
 /// Plays an OpenShift cluster on the lab's API server and nodes (see the top of this file), and writes
@@ -393,6 +448,7 @@ async fn play_cluster(lab: &Lab, images_file: &Path) -> Result<StandIns> {
     )?;
     Ok(StandIns {
         set_file,
+        writer,
         _daemon: daemon,
         _kubelets: kubelets,
     })

@@ -180,14 +180,19 @@ async fn report(cluster: &Cluster, node: &str, entries: &BTreeMap<String, Entry>
     }
 }
 
+/// How many images the kubelet lists in `Node.status.images` (its default `nodeStatusMaxImages`).
+const LISTED_AT_MOST: usize = 50;
+
 /// Writes the node's images into `Node.status.images`, and its runtime into `nodeInfo`, as the kubelet
-/// does.
+/// does: the largest first, at most [`LISTED_AT_MOST`].
 async fn list_images(cluster: &Cluster, node: &str, client: &CriClient) {
-    let (Ok(images), Ok(version)) = (client.list_images().await, client.version().await) else {
+    let (Ok(mut images), Ok(version)) = (client.list_images().await, client.version().await) else {
         return;
     };
+    images.sort_by(|a, b| b.size.cmp(&a.size));
     let listed: Vec<Value> = images
         .iter()
+        .take(LISTED_AT_MOST)
         .map(|i| {
             let names: Vec<&String> = i.repo_digests.iter().chain(&i.repo_tags).collect();
             json!({"names": names, "sizeBytes": i.size})
