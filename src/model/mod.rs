@@ -1,11 +1,13 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
 pub mod cluster;
+pub mod crio;
 pub mod diff;
 pub mod image;
 pub mod plan;
 pub mod readiness;
 pub mod reference;
 pub mod rollout;
+pub mod runtime;
 pub mod set;
 pub mod units;

@@ -70,6 +70,23 @@ impl ImageRef {
     }
 }
 
+impl ImageRef {
+    /// What a runtime resolves the reference to, as one string: `registry/repository@digest` when it has a
+    /// digest (a tag beside it is ignored, as runtimes do), else `registry/repository:tag` (`latest`
+    /// implied). Two names of one image in a runtime's listing compare equal this way.
+    pub fn identity(&self) -> String {
+        match (&self.digest, &self.tag) {
+            (Some(digest), _) => format!("{}/{}@{digest}", self.registry, self.repository),
+            (None, tag) => format!(
+                "{}/{}:{}",
+                self.registry,
+                self.repository,
+                tag.as_deref().unwrap_or("latest")
+            ),
+        }
+    }
+}
+
 impl fmt::Display for ImageRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.registry, self.repository)?;
@@ -394,5 +411,20 @@ mod tests {
         );
         assert!(ImageRef::parse("quay.io//app").is_err());
         assert!(ImageRef::parse("app:").is_err());
+    }
+
+    #[test]
+    fn identities_compare_names_as_runtimes_resolve_them() {
+        let id = |text: &str| ImageRef::parse(text).unwrap().identity();
+        assert_eq!(
+            id(&format!("docker.io/busybox@{D}")),
+            format!("docker.io/library/busybox@{D}")
+        );
+        assert_eq!(
+            id(&format!("quay.io/org/app:1.0@{D}")),
+            id(&format!("quay.io/org/app@{D}"))
+        );
+        assert_eq!(id("quay.io/org/app"), "quay.io/org/app:latest");
+        assert_ne!(id("quay.io/org/app:1"), id("quay.io/org/app:2"));
     }
 }
