@@ -6,7 +6,11 @@
 //! at a time through CRI PullImage with the image's registry credential, retried with exponential backoff
 //! (never a fixed sleep after a pull) unless the error is permanent, and each is confirmed with ImageStatus.
 //! "No space left on device" stops the node's remaining pulls. Pins are written only after every pull of
-//! the node succeeded, so that image GC can still reclaim space if something fails, then read back.
+//! the node succeeded, so that image GC can still reclaim space if something fails, then verified
+//! through the runtime where it reports pins (CRI `pinned`, [`crate::model::runtime`]): a CRI-O that does
+//! not pin what its drop-in now lists ends the node `pin-failed`, with the cause and the fix
+//! ([`crate::model::crio::explain_unpinned`]), e.g. a reload known not to apply pins (`--crio-reload
+//! restart` then).
 //! Operators can cancel and retry single pulls while it runs ([`Control`]).
 
 use std::collections::{HashMap, VecDeque};
@@ -23,10 +27,17 @@ use crate::backend::node::DirectNode;
 use crate::backend::pins::{self, PinTarget, Reload, connect_resolved, resolve};
 use crate::backend::progress::{self, Tracker};
 use crate::backend::proto::cri::AuthConfig;
+use crate::model::crio::{ReloadPins, Unpinned, explain_unpinned};
 use crate::model::image::ImageFacts;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::ImageRef;
 use crate::model::rollout::{Event, PinMethod, Rollout};
+use crate::model::runtime::{PinReports, Runtime};
+
+/// How long the runtime gets to show written pins as pinned (CRI-O applies a reload asynchronously), and
+/// how often it is asked meanwhile.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
+const CONFIRM_EVERY: Duration = Duration::from_millis(250);
 
 /// How the engine runs. [`Default`] is the OpenShift daemon's schedule, minus its sleep after each pull.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,10 +270,10 @@ async fn run_node(job: NodeJob, shared: Arc<Shared>, mut control: UnboundedRecei
     }
     let connected = async {
         let client = CriClient::connect(&job.node.endpoint, DEFAULT_TIMEOUT).await?;
-        let runtime = client.version().await?.runtime_name;
-        Ok::<_, CriError>((client, runtime))
+        let version = client.version().await?;
+        Ok::<_, CriError>((client, version))
     };
-    let (client, runtime) = match connected.await {
+    let (client, version) = match connected.await {
         Ok(c) => c,
         Err(e) => return refuse(e.to_string()),
     };
@@ -276,8 +287,9 @@ async fn run_node(job: NodeJob, shared: Arc<Shared>, mut control: UnboundedRecei
     let mut node = NodeRun {
         name: name.clone(),
         client,
-        progress: runtime == "containerd",
-        runtime,
+        progress: version.runtime_name == "containerd",
+        runtime: Runtime::identify(&version.runtime_name, &version.runtime_version),
+        runtime_name: version.runtime_name,
         shared: Arc::clone(&shared),
         status: HashMap::new(),
         queue: VecDeque::new(),
@@ -320,7 +332,10 @@ async fn run_node(job: NodeJob, shared: Arc<Shared>, mut control: UnboundedRecei
 struct NodeRun {
     name: String,
     client: CriClient,
-    runtime: String,
+    /// As CRI Version names it, to decide how the node pins.
+    runtime_name: String,
+    /// None for a runtime pinboard does not know: nothing is assumed about what it reports.
+    runtime: Option<Runtime>,
     /// Whether byte progress can be polled (containerd).
     progress: bool,
     shared: Arc<Shared>,
@@ -597,7 +612,7 @@ impl NodeRun {
 
     /// Writes and verifies the pins for every image of the plan (all present now).
     async fn pin(&self, target: PinTarget, images: Vec<String>) {
-        let outcome = match resolve(target, &self.runtime, &self.client) {
+        let outcome = match resolve(target, &self.runtime_name, &self.client) {
             Ok(PinTarget::CrioDropIn { config_dir, reload }) => self
                 .drop_in(config_dir, reload, &images)
                 .await
@@ -633,6 +648,9 @@ impl NodeRun {
         Ok(confirmed)
     }
 
+    /// Adds `images` to the drop-in, reloads CRI-O, and asks the runtime whether they are pinned now:
+    /// true when it confirms, false when it cannot say; an error naming the cause and the fix when it
+    /// reports them not pinned.
     async fn drop_in(
         &self,
         dir: PathBuf,
@@ -640,50 +658,120 @@ impl NodeRun {
         images: &[String],
     ) -> Result<bool, String> {
         let pins = images.to_vec();
-        let written = tokio::task::spawn_blocking(move || {
+        let config_dir = dir.clone();
+        let changed = tokio::task::spawn_blocking(move || {
             // Added to what is pinned already: applying one set must not unpin another.
-            let mut all = pins::read_crio_pins(&dir)?;
+            let mut all = pins::read_crio_pins(&config_dir)?;
             all.extend(pins.iter().cloned());
-            if pins::write_crio_pins(&dir, &all)? {
-                pins::reload_crio(&reload)?;
-            }
-            let back = pins::read_crio_pins(&dir)?;
-            Ok::<_, pins::PinError>(
-                pins.iter()
-                    .filter(|p| !back.contains(p))
-                    .cloned()
-                    .collect::<Vec<_>>(),
-            )
+            let changed = pins::write_crio_pins(&config_dir, &all)?;
+            let back = pins::read_crio_pins(&config_dir)?;
+            let missing: Vec<String> = pins.into_iter().filter(|p| !back.contains(p)).collect();
+            Ok::<_, pins::PinError>((changed, missing))
         })
         .await
         .map_err(|e| format!("writing the CRI-O drop-in: {e}"))?;
-        let missing = written.map_err(|e| e.to_string())?;
+        let (changed, missing) = changed.map_err(|e| e.to_string())?;
         if !missing.is_empty() {
             return Err(format!(
                 "the CRI-O drop-in does not list {} after writing it",
                 missing.join(", ")
             ));
         }
-        Ok(self.reported_pinned(images).await)
+        let reports = self.reports();
+        // Also when the file is as wanted but CRI-O does not pin it yet: a reload that did not take
+        // before, or the restart asked for now.
+        if changed || (reports.any() && !self.not_pinned(images).await.is_empty()) {
+            let how = reload.clone();
+            tokio::task::spawn_blocking(move || pins::reload_crio(&how))
+                .await
+                .map_err(|e| format!("reloading CRI-O: {e}"))?
+                .map_err(|e| e.to_string())?;
+        }
+        if !reports.any() {
+            return Ok(false);
+        }
+        let unpinned = self.confirm(images).await;
+        if unpinned.is_empty() {
+            return Ok(true);
+        }
+        Err(self.why_not_pinned(dir, &unpinned, images.len()).await)
     }
 
-    /// Whether the runtime reports every image pinned (CRI `Image.pinned`). CRI-O applies a reload
-    /// asynchronously, so it is asked a few times.
-    async fn reported_pinned(&self, images: &[String]) -> bool {
-        let tries = if self.runtime == "cri-o" { 10 } else { 1 };
-        for attempt in 1..=tries {
-            let statuses = self.client.image_statuses(images).await;
-            if statuses
-                .iter()
-                .all(|s| matches!(s, Ok(Some(i)) if i.pinned))
-            {
-                return true;
+    /// Which CRI calls carry this runtime's word on pins.
+    fn reports(&self) -> PinReports {
+        self.runtime
+            .as_ref()
+            .map(Runtime::reports_pinned)
+            .unwrap_or_default()
+    }
+
+    /// The images the runtime does not report pinned, each with the names it knows it by (one it could not
+    /// be asked about counts as not pinned, with none).
+    async fn not_pinned(&self, images: &[String]) -> Vec<(String, Vec<String>)> {
+        let records = self
+            .client
+            .image_records(images, self.reports().list_images)
+            .await;
+        images
+            .iter()
+            .zip(records)
+            .filter_map(|(image, record)| match record {
+                Ok(Some(i)) if i.pinned => None,
+                Ok(Some(i)) => Some((image.clone(), [i.repo_tags, i.repo_digests].concat())),
+                _ => Some((image.clone(), Vec::new())),
+            })
+            .collect()
+    }
+
+    /// What is still not pinned once the runtime had time to apply a reload (asynchronous in CRI-O) or to
+    /// come back from a restart.
+    async fn confirm(&self, images: &[String]) -> Vec<(String, Vec<String>)> {
+        let deadline = Instant::now() + CONFIRM_WITHIN;
+        loop {
+            let unpinned = self.not_pinned(images).await;
+            if unpinned.is_empty() || Instant::now() >= deadline {
+                return unpinned;
             }
-            if attempt < tries {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            tokio::time::sleep(CONFIRM_EVERY).await;
         }
-        false
+    }
+
+    /// Why CRI-O does not pin `unpinned` after the drop-in in `dir` listed them and it was reloaded: its
+    /// files and version explain it as `check` does.
+    async fn why_not_pinned(
+        &self,
+        dir: PathBuf,
+        unpinned: &[(String, Vec<String>)],
+        total: usize,
+    ) -> String {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .map_or_else(|| self.runtime_name.clone(), Runtime::to_string);
+        let head = format!(
+            "{} of {total} image(s) not pinned: {runtime} does not report them pinned after the reload",
+            unpinned.len()
+        );
+        let Some(version) = self.runtime.as_ref().and_then(Runtime::crio_version) else {
+            return head;
+        };
+        let config = tokio::task::spawn_blocking(move || pins::read_crio_config(&dir)).await;
+        let Ok(Ok(config)) = config else {
+            return head;
+        };
+        let (explained, _) = explain_unpinned(
+            &runtime,
+            Some(version),
+            &config,
+            unpinned
+                .iter()
+                .map(|(reference, names)| Unpinned { reference, names }),
+        );
+        if explained.is_empty() {
+            head
+        } else {
+            format!("{head}: {}", explained.join("; "))
+        }
     }
 }
 
@@ -699,22 +787,33 @@ pub async fn unpin(
     match pin {
         PinTarget::CrioDropIn { config_dir, reload } => {
             let unpinned = images.to_vec();
-            tokio::task::spawn_blocking(move || {
+            // A reload that ignores removals leaves them pinned until CRI-O restarts: say so.
+            let version = client.version().await.map_err(|e| e.to_string())?;
+            let kept_until_restart =
+                Runtime::identify(&version.runtime_name, &version.runtime_version)
+                    .and_then(|r| r.crio_version())
+                    .and_then(|v| ReloadPins::of(v).removal_note())
+                    .filter(|_| reload != Reload::Restart);
+            let removed = tokio::task::spawn_blocking(move || {
                 let before = pins::read_crio_pins(&config_dir)?;
                 let kept: Vec<String> = before
                     .iter()
                     .filter(|p| !unpinned.contains(p))
                     .cloned()
                     .collect();
-                let removed = before.len() - kept.len();
                 if pins::write_crio_pins(&config_dir, &kept)? {
                     pins::reload_crio(&reload)?;
                 }
-                Ok::<_, pins::PinError>(format!("{removed} pin(s) removed from the CRI-O drop-in"))
+                Ok::<_, pins::PinError>(before.len() - kept.len())
             })
             .await
             .map_err(|e| format!("rewriting the CRI-O drop-in: {e}"))?
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+            let done = format!("{removed} pin(s) removed from the CRI-O drop-in");
+            Ok(match kept_until_restart {
+                Some(note) if removed > 0 => format!("{done}; {note}"),
+                _ => done,
+            })
         }
         _ => {
             let mut removed = 0;

@@ -130,7 +130,8 @@ pub struct TargetArgs {
     /// CRI-O nodes: where the 50-pinned-images drop-in goes. Default /etc/crio/crio.conf.d.
     #[arg(long, value_name = "DIR")]
     pub crio_config_dir: Option<PathBuf>,
-    /// CRI-O nodes: how CRI-O re-reads its config: signal:PIDFILE, systemctl or none. Default systemctl.
+    /// CRI-O nodes: how CRI-O re-reads its config: signal:PIDFILE, systemctl (reload), restart
+    /// (`systemctl restart crio`, for versions whose reload does not apply pins) or none. Default systemctl.
     #[arg(long, value_name = "HOW", value_parser = parse_reload)]
     pub crio_reload: Option<crate::backend::pins::Reload>,
     /// The lazy-pull storage drop-in.

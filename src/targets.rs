@@ -7,7 +7,7 @@
 //!   endpoint: unix:///run/crio/crio.sock
 //!   pin: crio-drop-in            # or containerd-label; default: from the runtime's name
 //!   crioConfigDir: /etc/crio/crio.conf.d
-//!   crioReload: signal:/var/run/crio/crio.pid   # or systemctl, none
+//!   crioReload: signal:/var/run/crio/crio.pid   # or systemctl, restart, none
 //!   lazyDropIn: /etc/containers/storage.conf.d/lazy-image-pull.conf
 //!   lazyStore: /var/lib/stargz-store/store:ref
 //! ```
@@ -64,17 +64,18 @@ impl NodeDefaults {
     }
 }
 
-/// `signal:PIDFILE`, `systemctl` or `none`, as `--crio-reload` takes it.
+/// `signal:PIDFILE`, `systemctl`, `restart` or `none`, as `--crio-reload` takes it.
 pub fn parse_reload(text: &str) -> Result<Reload, String> {
     match text {
         "systemctl" => Ok(Reload::Systemctl),
+        "restart" => Ok(Reload::Restart),
         "none" => Ok(Reload::None),
         _ => match text.strip_prefix("signal:") {
             Some(pidfile) if !pidfile.is_empty() => Ok(Reload::Signal {
                 pidfile: pidfile.into(),
             }),
             _ => Err(format!(
-                "CRI-O reload {text:?} is not signal:PIDFILE, systemctl or none"
+                "CRI-O reload {text:?} is not signal:PIDFILE, systemctl, restart or none"
             )),
         },
     }
@@ -401,7 +402,10 @@ mod tests {
         );
         assert_eq!(
             parse_reload("signal:"),
-            Err("CRI-O reload \"signal:\" is not signal:PIDFILE, systemctl or none".into())
+            Err(
+                "CRI-O reload \"signal:\" is not signal:PIDFILE, systemctl, restart or none".into()
+            )
         );
+        assert_eq!(parse_reload("restart"), Ok(Reload::Restart));
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! Replies are decoded up to 64 MiB: busy nodes overflow gRPC's default 4 MiB on ListImages.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -17,6 +18,7 @@ use super::proto::cri::{
     PullImageRequest, RemoveImageRequest, VersionRequest, VersionResponse,
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
+use crate::model::reference::ImageRef;
 
 pub const MAX_DECODE_BYTES: usize = 64 << 20;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -89,7 +91,7 @@ impl fmt::Display for CriEndpoint {
 }
 
 /// What went wrong, and whether it means the node could not be reached at all.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("CRI endpoint {endpoint}: {rpc}: {cause}")]
 pub struct CriError {
     pub endpoint: String,
@@ -246,6 +248,40 @@ impl CriClient {
             .buffered(STATUS_CONCURRENCY)
             .collect()
             .await
+    }
+
+    /// Each image's record, in the order given: from one ListImages when `listed` (the runtime's pins are
+    /// reported there, and one call serves a whole set), else one ImageStatus per image. A listed record
+    /// is an image's when one of its names resolves to the same thing ([`ImageRef::identity`]).
+    pub async fn image_records(
+        &self,
+        references: &[String],
+        listed: bool,
+    ) -> Vec<Result<Option<Image>, CriError>> {
+        if !listed {
+            return self.image_statuses(references).await;
+        }
+        let listing = match self.list_images().await {
+            Ok(listing) => listing,
+            Err(e) => return references.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let identity = |name: &str| ImageRef::parse(name).ok().map(|r| r.identity());
+        let mut by_name = HashMap::new();
+        for (i, image) in listing.iter().enumerate() {
+            for name in image.repo_digests.iter().chain(&image.repo_tags) {
+                if let Some(key) = identity(name) {
+                    by_name.entry(key).or_insert(i);
+                }
+            }
+        }
+        references
+            .iter()
+            .map(|r| {
+                Ok(identity(r)
+                    .and_then(|key| by_name.get(&key))
+                    .map(|&i| listing[i].clone()))
+            })
+            .collect()
     }
 
     pub async fn list_images(&self) -> Result<Vec<Image>, CriError> {

@@ -1,8 +1,10 @@
 //! Writing pins on a node, the two ways runtimes enforce them:
 //!
 //! - CRI-O: `pinned_images` in the drop-in `50-pinned-images`, in the exact shape the OpenShift daemon
-//!   writes, then a reload (CRI-O re-reads its config on SIGHUP). The file is edited with `toml_edit` so an
-//!   administrator's comments and other keys survive, written atomically and only when its content changes.
+//!   writes, then a reload (CRI-O re-reads its config on SIGHUP) or a restart. The file is edited with
+//!   `toml_edit` so an administrator's comments and other keys survive, written atomically and only when
+//!   its content changes. What CRI-O makes of all its files together is read by [`read_crio_config`] and
+//!   judged by [`crate::model::crio`].
 //! - containerd: the label `io.cri-containerd.pinned=pinned` on every image record of the image, through
 //!   containerd's images service on the CRI socket. Unpinning removes the label; images are never deleted.
 //!
@@ -24,6 +26,7 @@ use super::proto::containerd_images::{
     GetImageRequest, Image as ContainerdImage, UpdateImageRequest, images_client::ImagesClient,
 };
 use super::proto::cri::Image;
+use crate::model::crio::{self, CrioConfig};
 
 pub const CRIO_CONFIG_DIR: &str = "/etc/crio/crio.conf.d";
 /// The OpenShift daemon's file name: sorts after CRI-O's own drop-ins, before the administrator's `99-*`.
@@ -132,25 +135,59 @@ pub fn read_crio_pins(config_dir: &Path) -> Result<Vec<String>, PinError> {
     let Some(text) = read_optional(&path)? else {
         return Ok(Vec::new());
     };
-    let doc = parse(Some(&text)).map_err(file_error(&path))?;
-    let pins = doc
-        .get("crio")
-        .and_then(|c| c.get("image"))
-        .and_then(|i| i.get("pinned_images"));
-    let Some(pins) = pins else {
-        return Ok(Vec::new());
+    Ok(crio::pinned_images_in(&text)
+        .map_err(file_error(&path))?
+        .unwrap_or_default())
+}
+
+/// CRI-O's main configuration file for a drop-in directory: `crio.conf` beside it, as in CRI-O's own
+/// layout (`/etc/crio/crio.conf` and `/etc/crio/crio.conf.d`).
+pub fn crio_conf(config_dir: &Path) -> PathBuf {
+    config_dir
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("crio.conf")
+}
+
+/// What CRI-O reads for `pinned_images`: [`crio_conf`], then every file under `config_dir`, recursively,
+/// in CRI-O's order ([`crio::drop_in_order`]), whatever its name. Missing files and directories count as
+/// empty. Blocking: call from `spawn_blocking`.
+pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
+    let main = crio_conf(config_dir);
+    let mut files: Vec<(String, String)> = read_optional(&main)?
+        .map(|text| (main.display().to_string(), text))
+        .into_iter()
+        .collect();
+    let mut drop_ins = Vec::new();
+    collect_files(config_dir, Path::new(""), &mut drop_ins)?;
+    crio::drop_in_order(&mut drop_ins);
+    for relative in drop_ins {
+        let path = config_dir.join(&relative);
+        let text = fs::read_to_string(&path).map_err(|e| file_error(&path)(e.to_string()))?;
+        files.push((relative.display().to_string(), text));
+    }
+    CrioConfig::read(files).map_err(file_error(config_dir))
+}
+
+/// Every file under `dir` (whose path below the drop-in directory is `relative`), as CRI-O's walk finds
+/// them: directories are entered (not through symlinks), anything else that reads as a file is one.
+fn collect_files(dir: &Path, relative: &Path, out: &mut Vec<PathBuf>) -> Result<(), PinError> {
+    let err = |e: io::Error| file_error(dir)(e.to_string());
+    let entries = match fs::read_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        entries => entries.map_err(err)?,
     };
-    let array = pins
-        .as_array()
-        .ok_or_else(|| file_error(&path)("crio.image.pinned_images is not an array".into()))?;
-    array
-        .iter()
-        .map(|v| {
-            v.as_str().map(str::to_string).ok_or_else(|| {
-                file_error(&path)(format!("pinned_images entry {v} is not a string"))
-            })
-        })
-        .collect()
+    for entry in entries {
+        let entry = entry.map_err(err)?;
+        let path = entry.path();
+        let name = relative.join(entry.file_name());
+        if entry.file_type().map_err(err)?.is_dir() {
+            collect_files(&path, &name, out)?;
+        } else if fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            out.push(name);
+        }
+    }
+    Ok(())
 }
 
 /// Writes the drop-in in `config_dir` for `pins` when its content changes; returns whether it changed.
@@ -171,6 +208,9 @@ pub enum Reload {
     },
     /// `systemctl reload crio`, as the OpenShift daemon does.
     Systemctl,
+    /// `systemctl restart crio`: for the versions whose reload does not apply pins. Running containers
+    /// keep running (conmon holds them, not CRI-O).
+    Restart,
     None,
 }
 
@@ -192,21 +232,25 @@ pub fn reload_crio(reload: &Reload) -> Result<(), PinError> {
             )
             .map_err(|e| named(format!("pid {pid} is stale or not ours: {e}")))
         }
-        Reload::Systemctl => {
-            let out = std::process::Command::new("systemctl")
-                .args(["reload", "crio"])
-                .output()
-                .map_err(|e| PinError::Reload(format!("systemctl reload crio: {e}")))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(PinError::Reload(format!(
-                    "systemctl reload crio: {}: {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )))
-            }
-        }
+        Reload::Systemctl => systemctl("reload"),
+        Reload::Restart => systemctl("restart"),
+    }
+}
+
+/// `systemctl VERB crio`.
+fn systemctl(verb: &str) -> Result<(), PinError> {
+    let out = std::process::Command::new("systemctl")
+        .args([verb, "crio"])
+        .output()
+        .map_err(|e| PinError::Reload(format!("systemctl {verb} crio: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(PinError::Reload(format!(
+            "systemctl {verb} crio: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
     }
 }
 
@@ -536,6 +580,42 @@ mod tests {
             fs::read_dir(dir.path()).unwrap().count(),
             0,
             "no temporary files left"
+        );
+    }
+
+    #[test]
+    fn crio_config_is_read_from_crio_conf_then_every_file_under_the_drop_in_dir() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("crio.conf.d");
+        let set = |path: &Path, patterns: &str| {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(
+                path,
+                format!("[crio.image]\npinned_images = [{patterns}]\n"),
+            )
+            .unwrap();
+        };
+        // Nothing there at all: no setting, no error.
+        assert_eq!(read_crio_config(&dir).unwrap(), CrioConfig::default());
+        set(&root.path().join("crio.conf"), "\"base/*\"");
+        set(&dir.join("10-site.conf"), "\"site/*\"");
+        // No extension filter, subdirectories read in place: `a/x` before `a-b`.
+        set(&dir.join("a").join("x"), "\"a-x\"");
+        set(&dir.join("a-b"), "\"a-b\"");
+        fs::write(dir.join("05-log.conf"), "[crio]\nlog_level = \"debug\"\n").unwrap();
+        let files: Vec<String> = read_crio_config(&dir)
+            .unwrap()
+            .settings
+            .into_iter()
+            .map(|s| s.file)
+            .collect();
+        let main = root.path().join("crio.conf").display().to_string();
+        assert_eq!(files, [main.as_str(), "10-site.conf", "a/x", "a-b"]);
+        fs::write(dir.join("20-bad.conf"), "[crio.image").unwrap();
+        let err = read_crio_config(&dir).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("{}: 20-bad.conf: not valid TOML", dir.display())),
+            "{err}"
         );
     }
 

@@ -1,8 +1,13 @@
-//! Observes what [`crate::model::readiness`] judges: on one node reached over its CRI socket, whether each
-//! image is there (ImageStatus), whether the runtime reports it pinned, and what the node's own pin record
-//! says: the CRI-O drop-in's list, or the containerd pin label. How the node pins is resolved exactly as
-//! the engine resolves it when it writes pins ([`pins::resolve`]). On containerd, pulls in flight
-//! for missing images are read from its content ingests ([`observe_pulls`]).
+//! Observes what [`crate::model::readiness`] judges, on one node reached over its CRI socket: whether each
+//! image is there, whether the runtime reports it pinned, and what the node's own pin record says.
+//!
+//! Where the runtime reports pins ([`Runtime::reports_pinned`]: CRI-O, containerd from 1.6.22 / 1.7.3),
+//! one ListImages per node gives presence and `pinned` on CRI-O and any runtime that reports there;
+//! otherwise ImageStatus per image, as it always works. The record is CRI-O's configuration as CRI-O
+//! reads it ([`pins::read_crio_config`]: the effective `pinned_images`, so an administrator's glob
+//! counts), or the containerd pin label, read only where the runtime cannot report it. How the node pins
+//! is resolved exactly as the engine resolves it when it writes pins ([`pins::resolve`]). On containerd,
+//! pulls in flight for missing images are read from its content ingests ([`observe_pulls`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -11,9 +16,11 @@ use super::cri::{CriClient, CriError};
 use super::node::NodeTarget;
 use super::pins::{self, PinTarget};
 use super::progress;
+use crate::model::crio::CrioConfig;
 use crate::model::image::ImageFacts;
-use crate::model::readiness::{ImageObserved, NodeObserved};
+use crate::model::readiness::{CrioObserved, ImageObserved, NodeObserved};
 use crate::model::rollout::PinMethod;
+use crate::model::runtime::{Runtime, RuntimeKind};
 
 /// Observes one node. Never fails: an unreachable node comes back with `unreachable` set.
 pub async fn observe(
@@ -44,7 +51,12 @@ pub async fn observe(
             };
         }
     };
-    let statuses = client.image_statuses(references).await;
+    let runtime = Runtime::identify(&version.runtime_name, &version.runtime_version);
+    let reports = runtime
+        .as_ref()
+        .map(Runtime::reports_pinned)
+        .unwrap_or_default();
+    let records = client.image_records(references, reports.list_images).await;
     let not_ready = client.not_ready().await.unwrap_or_else(|e| {
         tracing::warn!("{name}: cannot ask whether the runtime is ready: {e}");
         None
@@ -61,11 +73,12 @@ pub async fn observe(
     let record = match pins::resolve(target.pin.clone(), &version.runtime_name, &client) {
         Ok(PinTarget::CrioDropIn { config_dir, .. }) => {
             observed.pin_method = Some(PinMethod::CrioDropIn);
-            let read = tokio::task::spawn_blocking(move || pins::read_crio_pins(&config_dir)).await;
-            match read {
-                Ok(Ok(listed)) => Record::DropIn(listed),
-                Ok(Err(e)) => Record::Unreadable(format!("reading the CRI-O drop-in: {e}")),
-                Err(e) => Record::Unreadable(format!("reading the CRI-O drop-in: {e}")),
+            let read =
+                tokio::task::spawn_blocking(move || pins::read_crio_config(&config_dir)).await;
+            match read.map_err(|e| e.to_string()) {
+                Ok(Ok(config)) => Record::Crio(config),
+                Ok(Err(e)) => Record::Unreadable(format!("reading CRI-O's configuration: {e}")),
+                Err(e) => Record::Unreadable(format!("reading CRI-O's configuration: {e}")),
             }
         }
         Ok(_) => {
@@ -74,12 +87,21 @@ pub async fn observe(
         }
         Err(e) => Record::Unreadable(e),
     };
-    for (reference, status) in references.iter().zip(statuses) {
+    if let (Some(runtime), Record::Crio(config)) = (&runtime, &record)
+        && runtime.kind == RuntimeKind::Crio
+    {
+        observed.crio = Some(CrioObserved {
+            runtime: runtime.to_string(),
+            version: runtime.version,
+            config: config.clone(),
+        });
+    }
+    for (reference, record_of) in references.iter().zip(records) {
         let mut image = ImageObserved {
             reference: reference.clone(),
             ..ImageObserved::default()
         };
-        let status = match status {
+        let status = match record_of {
             Ok(status) => status,
             Err(e) => {
                 observed.error.get_or_insert(e.to_string());
@@ -88,9 +110,25 @@ pub async fn observe(
             }
         };
         image.present = Some(status.is_some());
-        image.reported_pinned = status.as_ref().map(|s| s.pinned);
+        if let Some(status) = &status {
+            image.names = status
+                .repo_tags
+                .iter()
+                .chain(&status.repo_digests)
+                .cloned()
+                .collect();
+        }
+        // Only where the call used carries the runtime's word; otherwise `false` would mean nothing.
+        image.reported_pinned = status.as_ref().filter(|_| reports.any()).map(|s| s.pinned);
         image.recorded_pinned = match &record {
-            Record::DropIn(listed) => Some(listed.contains(reference)),
+            Record::Crio(config) => {
+                let names: Vec<&str> = std::iter::once(reference.as_str())
+                    .chain(image.names.iter().map(String::as_str))
+                    .collect();
+                Some(config.pins(&names))
+            }
+            // The runtime reports the label itself: nothing more to read.
+            Record::Labels if reports.any() => None,
             Record::Labels => match &status {
                 // A missing image has no record to carry a label.
                 None => Some(false),
@@ -105,7 +143,11 @@ pub async fn observe(
                 },
             },
             Record::Unreadable(e) => {
-                observed.error.get_or_insert(e.clone());
+                if reports.any() {
+                    tracing::warn!("{}: {e}", observed.node);
+                } else {
+                    observed.error.get_or_insert(e.clone());
+                }
                 None
             }
         };
@@ -157,8 +199,8 @@ pub async fn observe_pulls(
 
 /// Where a node keeps its pins.
 enum Record {
-    /// The CRI-O drop-in's `pinned_images`.
-    DropIn(Vec<String>),
+    /// What CRI-O's files pin together.
+    Crio(CrioConfig),
     /// The containerd pin label, read per image.
     Labels,
     /// Could not be read: why.

@@ -3,9 +3,11 @@
 //! was observed to hold ([`NodeObserved`]) goes in, per node and per image facts with reasons come out
 //! ([`NodeReadiness`]), and [`Readiness::of`] gives the overall verdict. Pure: no I/O.
 //!
-//! Direct mode: an image counts as pinned when the runtime reports it pinned (CRI `pinned`) or when the
-//! node's own pin record says so: the CRI-O drop-in lists it, or its containerd record carries the pin
-//! label (containerd 1.6 does not report `pinned` through CRI). Unknown stays unknown and is never ready.
+//! Direct mode: where the runtime reports pins (CRI `pinned`: CRI-O, containerd from 1.6.22 / 1.7.3, see
+//! [`super::runtime`]), its word decides; the node's pin record (the CRI-O files' effective
+//! `pinned_images`, [`super::crio`]) then only explains a disagreement. Where it cannot report, the record
+//! decides: the effective CRI-O config, or the containerd pin label. Unknown stays unknown and is never
+//! ready.
 //!
 //! Cluster mode ([`assess_cluster`]): the machine-config daemon's report is the proof that a node pulled and
 //! pinned a set. A node is ready for a set when its MachineConfigNode reports the set's current generation
@@ -21,6 +23,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterView, ImageList, KubeletSettings, NodeSetState, NodeView, Presence};
+use super::crio::{CrioConfig, Unpinned, explain_unpinned};
 use super::plan::{NodePlan, Verdict};
 use super::rollout::PinMethod;
 use super::set::ImageSet;
@@ -37,22 +40,36 @@ pub struct NodeObserved {
     /// Why the runtime says it is not ready (CRI Status), when it does.
     pub not_ready: Option<String>,
     pub pin_method: Option<PinMethod>,
+    /// CRI-O nodes: what its files pin, to judge from or to explain a disagreement with the runtime.
+    pub crio: Option<CrioObserved>,
     /// Why some image could not be observed (ImageStatus failed, the pin record could not be read).
     pub error: Option<String>,
     /// In set order.
     pub images: Vec<ImageObserved>,
 }
 
+/// A CRI-O node's configuration as pinboard read it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CrioObserved {
+    /// `CRI-O 1.29.2`.
+    pub runtime: String,
+    pub version: Option<super::runtime::Version>,
+    pub config: CrioConfig,
+}
+
 /// One image on one node. None: could not be asked.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImageObserved {
     pub reference: String,
-    /// CRI ImageStatus found it.
+    /// The runtime has it (ListImages or ImageStatus).
     pub present: Option<bool>,
-    /// CRI ImageStatus's `pinned` (only known for a present image).
+    /// The runtime's `pinned`: only set where the runtime reports pins, and only for a present image.
     pub reported_pinned: Option<bool>,
-    /// The node's pin record: listed in the CRI-O drop-in, or the containerd pin label set.
+    /// The node's pin record: the effective CRI-O `pinned_images` matches it, or the containerd pin label
+    /// is set.
     pub recorded_pinned: Option<bool>,
+    /// Every name the runtime knows it by (repo tags and digests); empty when it is missing.
+    pub names: Vec<String>,
     /// A pull of the (missing) image the runtime is running now, where it tells (containerd).
     pub pulling: Option<PullSeen>,
 }
@@ -74,6 +91,16 @@ pub struct PullSeen {
 
 /// A pull without bytes for this long is said to look stuck (the TUI's default `--stall-after`).
 const STUCK_AFTER_SECONDS: u64 = 60;
+
+/// What decided whether a node's images are pinned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PinnedBy {
+    /// The runtime's own word (CRI `pinned`).
+    Runtime,
+    /// pinboard's record: the effective CRI-O config or the containerd label (the runtime cannot report).
+    Record,
+}
 
 /// Why an image is not ready on a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +179,9 @@ pub struct NodeReadiness {
     pub reachable: bool,
     /// `crio-drop-in` or `containerd-label`, as a nodes file names them; None when unknown.
     pub pin_method: Option<String>,
+    /// What decided `pinned`; None when nothing could (unreachable, or no image present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_by: Option<PinnedBy>,
     pub ready: bool,
     /// Why the node is not ready, one sentence each, with what to do.
     pub reasons: Vec<String>,
@@ -241,14 +271,10 @@ pub fn pin_method_name(method: PinMethod) -> &'static str {
     }
 }
 
-/// Whether an image is pinned: the runtime saying so, or the node's pin record, is enough; a record that
-/// says no is a no unless the runtime says yes; otherwise unknown.
+/// Whether an image is pinned: the runtime's word where it reports pins (the observation leaves it unset
+/// where it cannot), else the node's pin record; otherwise unknown.
 fn pinned(image: &ImageObserved) -> Option<bool> {
-    match (image.reported_pinned, image.recorded_pinned) {
-        (Some(true), _) | (_, Some(true)) => Some(true),
-        (_, Some(false)) => Some(false),
-        (_, None) => None,
-    }
+    image.reported_pinned.or(image.recorded_pinned)
 }
 
 fn image_readiness(image: &ImageObserved) -> ImageReadiness {
@@ -332,6 +358,19 @@ fn count_images(n: usize) -> String {
     format!("{n} image{}", if n == 1 { "" } else { "s" })
 }
 
+/// What decided the pins of a node's present images.
+fn pinned_by(images: &[ImageObserved]) -> Option<PinnedBy> {
+    let present = images.iter().filter(|i| i.present == Some(true));
+    present
+        .map(|i| match (i.reported_pinned, i.recorded_pinned) {
+            (Some(_), _) => Some(PinnedBy::Runtime),
+            (None, Some(_)) => Some(PinnedBy::Record),
+            (None, None) => None,
+        })
+        .find(Option::is_some)
+        .flatten()
+}
+
 /// One node's readiness from what was observed there. `plan`, when given, is the node's plan for the same
 /// images: a `no-space` verdict says why missing images cannot be pre-loaded.
 pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness {
@@ -380,6 +419,24 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
             ));
         }
         let unpinned = with(ImageReason::NotPinned);
+        // CRI-O: images its files list but it does not pin are explained by file, cause and fix.
+        let unpinned = match &observed.crio {
+            Some(crio) if !unpinned.is_empty() => {
+                let images = observed
+                    .images
+                    .iter()
+                    .filter(|i| unpinned.contains(&i.reference.as_str()))
+                    .map(|i| Unpinned {
+                        reference: &i.reference,
+                        names: &i.names,
+                    });
+                let (explained, rest) =
+                    explain_unpinned(&crio.runtime, crio.version, &crio.config, images);
+                reasons.extend(explained);
+                rest
+            }
+            _ => unpinned,
+        };
         if !unpinned.is_empty() {
             reasons.push(format!(
                 "{} present but not pinned: {}; `pinboard apply` pins them",
@@ -405,6 +462,7 @@ pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness
         runtime: observed.runtime.clone(),
         reachable: observed.unreachable.is_none(),
         pin_method: observed.pin_method.map(|m| pin_method_name(m).to_string()),
+        pinned_by: pinned_by(&observed.images),
         ready: reasons.is_empty(),
         reasons,
         images,
@@ -661,6 +719,7 @@ fn assess_node(
         runtime: node_view.and_then(|n| n.runtime.clone()),
         reachable: true,
         pin_method: Some(MACHINE_CONFIG_PINS.into()),
+        pinned_by: None,
         ready: reasons.is_empty(),
         reasons,
         images,
@@ -869,6 +928,7 @@ mod tests {
             present,
             reported_pinned: reported,
             recorded_pinned: recorded,
+            names: Vec::new(),
             pulling: None,
         }
     }
@@ -884,11 +944,11 @@ mod tests {
     }
 
     #[test]
-    fn present_and_pinned_by_runtime_or_record_is_ready() {
+    fn the_runtimes_word_wins_and_the_record_decides_only_where_it_cannot_report() {
         let n = assess(
             &node(vec![
-                image("a", Some(true), Some(false), Some(true)),
-                image("b", Some(true), Some(true), None),
+                image("a", Some(true), Some(true), Some(false)),
+                image("b", Some(true), None, Some(true)),
             ]),
             None,
         );
@@ -896,10 +956,108 @@ mod tests {
         assert!(n.reasons.is_empty());
         assert_eq!(n.summary(), "ready");
         assert_eq!(n.pin_method.as_deref(), Some("containerd-label"));
+        assert_eq!(n.pinned_by, Some(PinnedBy::Runtime));
         assert!(
             n.images
                 .iter()
                 .all(|i| i.pinned == Some(true) && i.reason.is_none())
+        );
+        // The record says pinned, the runtime says no: not pinned.
+        let n = assess(
+            &node(vec![image("a", Some(true), Some(false), Some(true))]),
+            None,
+        );
+        assert_eq!(n.images[0].reason, Some(ImageReason::NotPinned));
+        assert!(!n.ready);
+        let by_record = assess(&node(vec![image("a", Some(true), None, Some(true))]), None);
+        assert_eq!(by_record.pinned_by, Some(PinnedBy::Record));
+        assert!(by_record.ready);
+    }
+
+    /// A CRI-O node whose files set `pinned_images` as given.
+    fn crio_node(
+        version: &str,
+        files: &[(&str, &str)],
+        images: Vec<ImageObserved>,
+    ) -> NodeObserved {
+        let config = CrioConfig::read(files.iter().map(|(file, patterns)| {
+            (
+                file.to_string(),
+                format!("[crio.image]\npinned_images = [{patterns}]\n"),
+            )
+        }))
+        .unwrap();
+        NodeObserved {
+            node: "n2".into(),
+            runtime: Some(format!("cri-o {version}")),
+            pin_method: Some(PinMethod::CrioDropIn),
+            crio: Some(CrioObserved {
+                runtime: format!("CRI-O {version}"),
+                version: super::super::runtime::Version::parse(version),
+                config,
+            }),
+            images,
+            ..NodeObserved::default()
+        }
+    }
+
+    #[test]
+    fn crio_says_why_it_does_not_pin_what_its_files_list() {
+        let listed = |r: &str| {
+            let mut i = image(r, Some(true), Some(false), Some(true));
+            i.names = vec![r.to_string()];
+            i
+        };
+        let quoted = r#""q.io/a@sha256:1", "q.io/b@sha256:2", "q.io/c@sha256:3""#;
+        let mut unlisted = image("q.io/d@sha256:4", Some(true), Some(false), Some(false));
+        unlisted.names = vec!["q.io/d@sha256:4".into()];
+        let n = assess(
+            &crio_node(
+                "1.29.2",
+                &[("50-pinned-images", quoted)],
+                vec![
+                    listed("q.io/a@sha256:1"),
+                    listed("q.io/b@sha256:2"),
+                    listed("q.io/c@sha256:3"),
+                    unlisted,
+                ],
+            ),
+            None,
+        );
+        let lines = Readiness::of(vec![n]).reason_lines();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].starts_with(
+                "n2: 3 images listed in 50-pinned-images are not pinned by CRI-O 1.29.2: its reload did \
+                 not apply pinned_images (cri-o #7954, fixed in 1.29.4); restart CRI-O"
+            ),
+            "{lines:?}"
+        );
+        assert_eq!(
+            lines[1],
+            "n2: 1 image present but not pinned: q.io/d@sha256:4; `pinboard apply` pins them"
+        );
+
+        // A later file replaces the list: named, with the fix.
+        let mut replaced = image("q.io/a@sha256:1", Some(true), Some(false), Some(false));
+        replaced.names = vec!["q.io/a@sha256:1".into()];
+        let n = assess(
+            &crio_node(
+                "1.31.0",
+                &[
+                    ("10-site.conf", r#""q.io/*""#),
+                    ("99-override.conf", r#""other.io/*""#),
+                ],
+                vec![replaced],
+            ),
+            None,
+        );
+        assert_eq!(
+            n.reasons,
+            [
+                "1 image listed in 10-site.conf is not pinned by CRI-O 1.31.0: 99-override.conf replaces \
+              pinned_images; add them to 99-override.conf or remove pinned_images from it"
+            ]
         );
     }
 
@@ -908,7 +1066,7 @@ mod tests {
         let mut observed = node(vec![
             image("a", Some(false), None, Some(false)),
             image("b", Some(true), Some(false), Some(false)),
-            image("c", Some(true), Some(false), None),
+            image("c", Some(true), None, None),
             image("d", None, None, None),
         ]);
         observed.error = Some("containerd images service: Get c: boom".into());
@@ -1040,6 +1198,7 @@ mod tests {
         assert_eq!(json["images"][0]["ref"], "a");
         assert_eq!(json["images"][0]["reason"], "not-pinned");
         assert_eq!(json["pinMethod"], "containerd-label");
+        assert_eq!(json["pinnedBy"], "runtime");
         let back: NodeReadiness = serde_json::from_value(json).unwrap();
         assert_eq!(back, n);
     }

@@ -13,6 +13,7 @@ use super::keymap::{Action, lookup};
 use super::render::{HelpFlow, diff_rows};
 use super::theme::Theme;
 use crate::model::cluster::{ClusterUpdate, KubeletSettings};
+use crate::model::crio::CrioConfig;
 pub use crate::model::diff::DiffKind;
 use crate::model::plan::Verdict;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, PinMethod, Rollout};
@@ -75,7 +76,61 @@ pub struct NodeInfo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigView {
     pub path: String,
+    /// Shown above the diff: what is in force once written and which file it comes from (CRI-O's
+    /// effective `pinned_images`).
+    pub notes: Vec<ConfigNote>,
     pub lines: Vec<(DiffKind, String)>,
+}
+
+/// One line above a diff; a warning when the pins written would not be in force.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigNote {
+    pub text: String,
+    pub warning: bool,
+}
+
+impl ConfigNote {
+    /// CRI-O's effective `pinned_images` in `config` once `written` (the drop-in the diff shows) is
+    /// written: which file it comes from and, when that is another file, its entries; a warning when it
+    /// does not pin every one of `wanted`.
+    pub fn in_force(config: &CrioConfig, written: &str, wanted: &[String]) -> Vec<ConfigNote> {
+        /// Entries of another file shown; the rest are counted.
+        const SHOWN: usize = 4;
+        let Some(effective) = config.effective() else {
+            return Vec::new();
+        };
+        let note = |text: String| ConfigNote {
+            text,
+            warning: false,
+        };
+        let patterns = &effective.patterns;
+        let entries = match patterns.len() {
+            1 => "1 entry".to_string(),
+            n => format!("{n} entries"),
+        };
+        let mut notes = vec![note(format!(
+            "in force: pinned_images from {} ({entries})",
+            effective.file
+        ))];
+        if effective.file != written {
+            notes.extend(patterns.iter().take(SHOWN).map(|p| note(format!("  {p}"))));
+            if patterns.len() > SHOWN {
+                notes.push(note(format!("  … {} more", patterns.len() - SHOWN)));
+            }
+        }
+        let unpinned = wanted.iter().filter(|w| !config.pins(&[w])).count();
+        if unpinned > 0 {
+            notes.push(ConfigNote {
+                text: format!(
+                    "{} replaces pinned_images: {unpinned} of these images would not be pinned; add them \
+                     there or remove its pinned_images",
+                    effective.file
+                ),
+                warning: true,
+            });
+        }
+        notes
+    }
 }
 
 /// A set being composed, with the nodes it targets and its validation, kept current on every edit.
@@ -960,8 +1015,10 @@ fn scroll_diff(state: &mut State, action: Action) {
     let Some(node) = state.selected(Pane::Config).map(str::to_string) else {
         return;
     };
-    let rows = diff_rows(state.size);
-    let max = state.config[&node].lines.len().saturating_sub(rows);
+    let view = &state.config[&node];
+    // The notes above the diff take rows of their own.
+    let rows = diff_rows(state.size).saturating_sub(view.notes.len());
+    let max = view.lines.len().saturating_sub(rows);
     let at = scrolled(state.diff_scroll(), action, rows.max(1), max);
     state.diff_scroll.insert(node, at);
 }

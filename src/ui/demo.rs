@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::app::{ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
+use super::app::{ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
 use super::theme::Theme;
+use crate::model::crio::{CrioConfig, PinnedImagesSetting};
 use crate::model::image::LazyFormat;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
@@ -222,9 +223,22 @@ fn rollout_events(t0: Instant) -> Vec<Event> {
 }
 
 fn config_views() -> BTreeMap<String, ConfigView> {
+    const DROP_IN: &str = "50-pinboard-pinned-images.conf";
     let line = |kind, text: String| (kind, text);
+    let wanted: Vec<String> = ROLLOUT.iter().map(|r| r.to_string()).collect();
+    let site = CrioConfig {
+        settings: vec![PinnedImagesSetting {
+            file: "10-site.conf".into(),
+            patterns: vec!["registry.redhat.io/ubi9/*".into()],
+        }],
+    };
     let crio = ConfigView {
         path: "/etc/crio/crio.conf.d/50-pinboard-pinned-images.conf".into(),
+        notes: ConfigNote::in_force(
+            &site.with_drop_in(DROP_IN, wanted.clone()),
+            DROP_IN,
+            &wanted,
+        ),
         lines: [
             line(DiffKind::Same, "# written by pinboard: images pinned on this node".into()),
             line(DiffKind::Same, "[crio.image]".into()),
@@ -238,6 +252,7 @@ fn config_views() -> BTreeMap<String, ConfigView> {
     };
     let containerd = ConfigView {
         path: "containerd image labels (io.cri-containerd.pinned=pinned)".into(),
+        notes: Vec::new(),
         lines: ROLLOUT
             .iter()
             .map(|r| {

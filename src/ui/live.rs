@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::TuiArgs;
-use super::app::{Cmd, ConfigView, DiffKind, Msg, NodeInfo, SetDraft, State};
+use super::app::{Cmd, ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, SetDraft, State};
 use super::run::{UiBackend, execute_file_cmd};
 use super::theme::Theme;
 use crate::backend::credentials::{AuthFiles, Credentials};
@@ -26,6 +26,7 @@ use crate::error::Failure;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::rollout::PinMethod;
+use crate::model::runtime::Runtime;
 use crate::model::set::ImageSet;
 use crate::options::{read_sets, registry_client};
 use crate::survey::{Survey, survey};
@@ -288,6 +289,7 @@ impl Observer {
                 Ok((client, _)) => containerd_view(&client, &wanted).await,
                 Err(e) => ConfigView {
                     path: format!("pin method unknown: {e}"),
+                    notes: Vec::new(),
                     lines: Vec::new(),
                 },
             };
@@ -297,18 +299,32 @@ impl Observer {
     }
 }
 
-/// The CRI-O drop-in as it is and as pinning `wanted` (added to what is pinned already) would write it.
+/// The CRI-O drop-in as it is and as pinning `wanted` (added to what is pinned already) would write it,
+/// under what CRI-O would then have in force.
 fn crio_view(config_dir: &Path, wanted: &[String]) -> ConfigView {
     let path = config_dir.join(pins::CRIO_DROP_IN);
     let old = std::fs::read_to_string(&path).ok();
     let mut all = pins::read_crio_pins(config_dir).unwrap_or_default();
     all.extend(wanted.iter().cloned());
+    all.sort();
+    all.dedup();
     let lines = match pins::crio_drop_in(old.as_deref(), &all) {
         Ok(new) => crate::model::diff::lines(old.as_deref(), new.as_deref()),
         Err(e) => vec![(DiffKind::Removed, format!("cannot edit: {e}"))],
     };
+    let notes = match pins::read_crio_config(config_dir) {
+        Ok(config) => {
+            let written = config.with_drop_in(pins::CRIO_DROP_IN, all);
+            ConfigNote::in_force(&written, pins::CRIO_DROP_IN, wanted)
+        }
+        Err(e) => vec![ConfigNote {
+            text: format!("what CRI-O has in force is unknown: {e}"),
+            warning: true,
+        }],
+    };
     ConfigView {
         path: path.display().to_string(),
+        notes,
         lines,
     }
 }
@@ -338,7 +354,11 @@ async fn containerd_view(client: &CriClient, wanted: &[String]) -> ConfigView {
             image.clone(),
         ));
     }
-    ConfigView { path, lines }
+    ConfigView {
+        path,
+        notes: Vec::new(),
+        lines,
+    }
 }
 
 /// What the Nodes screen shows for one node. Unknown stays unknown.
@@ -376,13 +396,36 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
         PinTarget::CrioDropIn { .. } => PinMethod::CrioDropIn,
         _ => PinMethod::ContainerdLabel,
     });
-    if let Ok(images) = client.list_images().await {
-        info.images = Some(images.len());
-        info.pinned = Some(match &pin {
+    let reports = match client.version().await {
+        Ok(v) => Runtime::identify(&v.runtime_name, &v.runtime_version)
+            .map(|r| r.reports_pinned())
+            .unwrap_or_default(),
+        Err(_) => return info,
+    };
+    let Ok(images) = client.list_images().await else {
+        return info;
+    };
+    info.images = Some(images.len());
+    // The runtime's word where it reports pins; otherwise the record: CRI-O's files, containerd's label.
+    info.pinned = if reports.list_images {
+        Some(images.iter().filter(|i| i.pinned).count())
+    } else {
+        match &pin {
             PinTarget::CrioDropIn { config_dir, .. } => {
-                pins::read_crio_pins(config_dir).map_or(0, |p| p.len())
+                let dir = config_dir.clone();
+                tokio::task::spawn_blocking(move || pins::read_crio_config(&dir))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|config| {
+                        images
+                            .iter()
+                            .filter(|i| {
+                                config.pins(&[&i.repo_tags[..], &i.repo_digests[..]].concat())
+                            })
+                            .count()
+                    })
             }
-            // containerd 1.6 does not report `pinned`: count the labels it keeps instead.
             _ => {
                 let mut count = 0;
                 for image in &images {
@@ -398,9 +441,9 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
                         count += 1;
                     }
                 }
-                count
+                Some(count)
             }
-        });
-    }
+        }
+    };
     info
 }

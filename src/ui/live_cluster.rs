@@ -259,6 +259,7 @@ fn config_views(view: &ClusterView, sets: &[ImageSet]) -> BTreeMap<String, Confi
             let wanted = pinned_image_set_yaml(set);
             let view = ConfigView {
                 path: format!("pinnedimagesets/{} on the cluster", set.name),
+                notes: Vec::new(),
                 lines: diff::lines(stored.as_deref(), Some(&wanted)),
             };
             (format!("PinnedImageSet/{}", set.name), view)

@@ -860,9 +860,22 @@ pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
     let focused = focus == Pane::ConfigDiff;
     let mut block = pane(theme, Line::from(format!(" {} ", view.path)), focused);
     let inner = block.inner(diff_area);
+    // What is in force heads the pane and stays while the diff scrolls below it.
+    let notes: Vec<Line> = view
+        .notes
+        .iter()
+        .map(|note| {
+            if note.warning {
+                Line::styled(format!("! {}", note.text), fg(theme.tone(Tone::Warn)))
+            } else {
+                Line::styled(format!("  {}", note.text), fg(theme.role(Role::Dim)))
+            }
+        })
+        .map(|line| fit_line(line, inner.width))
+        .collect();
     // Taller than the pane: the lines shown, and how to see the rest, in the bottom border (the path
     // fills the top one on narrow terminals).
-    let rows = usize::from(inner.height);
+    let rows = usize::from(inner.height).saturating_sub(notes.len());
     let total = view.lines.len();
     let first = state.diff_scroll().min(total.saturating_sub(rows));
     if total > rows {
@@ -878,15 +891,23 @@ pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
         );
         block = block.title_bottom(Line::from(shown));
     }
-    let lines: Vec<Line> = view.lines[first..]
-        .iter()
-        .take(rows)
-        .map(|(kind, text)| match kind {
-            DiffKind::Added => Line::styled(format!("+ {text}"), fg(theme.role(Role::Added))),
-            DiffKind::Removed => Line::styled(format!("- {text}"), fg(theme.role(Role::Removed))),
-            DiffKind::Same => Line::from(format!("  {text}")),
-        })
-        .map(|line| fit_line(line, inner.width))
+    let lines: Vec<Line> = notes
+        .into_iter()
+        .chain(
+            view.lines[first..]
+                .iter()
+                .take(rows)
+                .map(|(kind, text)| match kind {
+                    DiffKind::Added => {
+                        Line::styled(format!("+ {text}"), fg(theme.role(Role::Added)))
+                    }
+                    DiffKind::Removed => {
+                        Line::styled(format!("- {text}"), fg(theme.role(Role::Removed)))
+                    }
+                    DiffKind::Same => Line::from(format!("  {text}")),
+                })
+                .map(|line| fit_line(line, inner.width)),
+        )
         .collect();
     frame.render_widget(Paragraph::new(lines).block(block), diff_area);
 }
