@@ -749,7 +749,8 @@ impl NodeRun {
             .as_ref()
             .map_or_else(|| self.runtime_name.clone(), Runtime::to_string);
         let head = format!(
-            "{} of {total} image(s) not pinned: {runtime} does not report them pinned after the reload",
+            "{runtime} does not report {} of {total} image(s) pinned after writing the drop-in and \
+             reloading",
             unpinned.len()
         );
         let Some(version) = self.runtime.as_ref().and_then(Runtime::crio_version) else {
@@ -770,7 +771,7 @@ impl NodeRun {
         if explained.is_empty() {
             head
         } else {
-            format!("{head}: {}", explained.join("; "))
+            explained.join("; ")
         }
     }
 }

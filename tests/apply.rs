@@ -1,12 +1,13 @@
 //! Headless `apply` and `unpin` against the lab, judged by `check`: a node that pins through a CRI-O
 //! drop-in (a nodes file with `pin: crio-drop-in`, a temporary config dir, no reload) next to one that pins
-//! with the containerd label. An image is pinned there only when the drop-in lists it; unpinning keeps the
-//! images.
+//! with the containerd label. The lab's containerd 1.6.20 cannot report pins, so on the drop-in node the
+//! record decides: CRI-O's effective `pinned_images`, so an image is pinned there only when the files
+//! list it, an administrator's glob included. Unpinning keeps the images.
 
 mod support;
 
 use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
-use pinboard::model::readiness::{ImageReason, Readiness};
+use pinboard::model::readiness::{ImageReason, PinnedBy, Readiness};
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 
 const MI: u64 = 1 << 20;
@@ -159,4 +160,18 @@ fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
         2,
         "{stderr}"
     );
+
+    // With no pinboard drop-in left, an administrator's glob is what CRI-O would apply: it counts.
+    std::fs::write(
+        crio.path().join("10-site.conf"),
+        format!(
+            "[crio.image]\npinned_images = [\"{}/apply/*\"]\n",
+            lab.registry_host()
+        ),
+    )
+    .unwrap();
+    let (_, globbed, _) = readiness(&common);
+    let n2 = &globbed.nodes[1];
+    assert!(n2.ready, "{n2:?}");
+    assert_eq!(n2.pinned_by, Some(PinnedBy::Record));
 }

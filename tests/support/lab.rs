@@ -195,7 +195,7 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// Creates `<root>/<name>-<pid>-<n>` for the first `n` not taken yet in this process.
-fn create_unique_dir(root: &Path, name: &str) -> Result<(PathBuf, usize)> {
+pub(crate) fn create_unique_dir(root: &Path, name: &str) -> Result<(PathBuf, usize)> {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
     loop {

@@ -12,6 +12,7 @@
 mod apiserver;
 pub mod cluster;
 mod cri;
+pub mod crio;
 pub mod daemon;
 pub mod http;
 mod images;

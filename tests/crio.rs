@@ -1,0 +1,294 @@
+//! Pins on CRI-O as CRI-O enforces them, through the real `pinboard` binary against the CRI-O stand-in
+//! (`tests/support/crio.rs`, as CRI-O cannot run here): its version decides which calls report `pinned`
+//! and whether a reload applies pin changes, and it reads its drop-ins as CRI-O does.
+//!
+//! - A reload CRI-O 1.29.2 ignores (cri-o #7954): the drop-in lists the images, CRI-O does not pin them,
+//!   `check` says so with the fix; after a restart it is ready, though 1.29.2's ImageStatus never reports
+//!   pins (the word comes from one ListImages).
+//! - An administrator's glob pins the set; a later drop-in replaces it, and `check` names that file.
+//! - `apply` writes the drop-in, signals the pidfile's process and ends pinned as the runtime confirms; on
+//!   1.29.2 it ends not pinned, with the fix.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use pinboard::backend::cri::CriClient;
+use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
+use pinboard::model::readiness::{ImageReason, PinnedBy, Readiness};
+use support::crio::CrioStandIn;
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Run, pinboard};
+
+/// The CRI-O stand-in's process: `support::crio` runs this binary again with only this test.
+#[test]
+#[ignore = "the CRI-O stand-in's process, started by tests/support/crio.rs"]
+fn crio_stand_in() {
+    support::crio::serve();
+}
+
+/// `registry.example.com/ns/appN@sha256:…`: names only the stand-in's storage holds.
+fn example_images(count: u64) -> Vec<String> {
+    (0..count)
+        .map(|i| format!("registry.example.com/ns/app{i}@sha256:{:064x}", 0xc0de + i))
+        .collect()
+}
+
+/// `check -o json` on the stand-in as node n1, its drop-ins in its config dir.
+fn check(crio: &CrioStandIn, images: &[String]) -> (Run, Readiness) {
+    let mut args = vec![
+        "check".to_string(),
+        "--cri".into(),
+        format!("n1={}", crio.endpoint()),
+        "--crio-config-dir".into(),
+        crio.config_dir().display().to_string(),
+        "-o".into(),
+        "json".into(),
+    ];
+    for image in images {
+        args.extend(["--image".into(), image.clone()]);
+    }
+    let run = pinboard(&args);
+    let readiness = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("check -o json ({e}): {}\n{}", run.stdout, run.stderr));
+    (run, readiness)
+}
+
+/// Writes `file` in the config dir setting `pinned_images` to `patterns`, in the daemon's shape.
+fn set_pins(dir: &Path, file: &str, patterns: &[&str]) {
+    let quoted: Vec<String> = patterns.iter().map(|p| format!("{p:?}")).collect();
+    std::fs::write(
+        dir.join(file),
+        format!(
+            "[crio]\n  [crio.image]\n    pinned_images = [{}]\n",
+            quoted.join(", ")
+        ),
+    )
+    .unwrap();
+}
+
+/// Per image, `pinned` as ListImages and as ImageStatus report it.
+fn reported(crio: &CrioStandIn, images: &[String]) -> Vec<(bool, bool)> {
+    let endpoint = crio.endpoint().parse().unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let client = CriClient::connect(&endpoint, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let listed = client.list_images().await.unwrap();
+        let mut both = Vec::new();
+        for image in images {
+            let in_list = listed
+                .iter()
+                .find(|i| i.repo_digests.contains(image))
+                .unwrap_or_else(|| panic!("{image} is listed"));
+            let status = client.image_status(image).await.unwrap().unwrap();
+            both.push((in_list.pinned, status.pinned));
+        }
+        both
+    })
+}
+
+#[test]
+fn a_reload_crio_1_29_2_ignores_is_caught_and_a_restart_makes_it_ready() {
+    let mut crio = CrioStandIn::start("crio-reload-ignored", "1.29.2", &[]).expect("stand-in");
+    let images = example_images(3);
+    for image in &images {
+        crio.store(&[image]).unwrap();
+    }
+    // What the OpenShift daemon does: the drop-in, then `systemctl reload crio` (SIGHUP).
+    let refs: Vec<&str> = images.iter().map(String::as_str).collect();
+    set_pins(crio.config_dir(), CRIO_DROP_IN, &refs);
+    crio.reload().unwrap();
+
+    let (run, report) = check(&crio, &images);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let line = "error: n1: 3 images listed in 50-pinned-images are not pinned by CRI-O 1.29.2: its reload \
+                did not apply pinned_images (cri-o #7954, fixed in 1.29.4); restart CRI-O \
+                (`systemctl restart crio` keeps running containers";
+    assert!(run.stderr.contains(line), "{}", run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    let n1 = &report.nodes[0];
+    assert_eq!(n1.pinned_by, Some(PinnedBy::Runtime));
+    assert!(
+        n1.images.iter().all(|i| i.present == Some(true)
+            && i.pinned == Some(false)
+            && i.reason == Some(ImageReason::NotPinned)),
+        "{n1:?}"
+    );
+    // Presence and pins of the whole set came from one ListImages, not one ImageStatus per image.
+    let calls = crio.counts().calls;
+    assert_eq!(calls.get("ListImages"), Some(&1), "{calls:?}");
+    assert_eq!(calls.get("ImageStatus"), None, "{calls:?}");
+
+    // A restart reads the files again: pinned, though 1.29.2's ImageStatus still never says so.
+    crio.restart().unwrap();
+    assert!(
+        reported(&crio, &images)
+            .iter()
+            .all(|&both| both == (true, false)),
+        "ListImages pinned, ImageStatus not"
+    );
+    let (run, report) = check(&crio, &images);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        report.ready
+            && report.nodes[0]
+                .images
+                .iter()
+                .all(|i| i.pinned == Some(true))
+    );
+}
+
+#[test]
+fn an_admin_glob_pins_the_set_and_a_later_drop_in_that_replaces_it_is_named() {
+    let crio = CrioStandIn::start("crio-admin-glob", "1.31.0", &[]).expect("stand-in");
+    let images = example_images(2);
+    for image in &images {
+        crio.store(&[image]).unwrap();
+    }
+    // Another image the glob does not reach, pinned by nothing: not in the set, not judged.
+    crio.store(&["quay.io/other/tool@sha256:0000000000000000000000000000000000000000000000000000000000000001"])
+        .unwrap();
+    set_pins(
+        crio.config_dir(),
+        "10-site.conf",
+        &["registry.example.com/ns/*"],
+    );
+    crio.reload().unwrap();
+
+    let (run, report) = check(&crio, &images);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(report.nodes[0].pinned_by, Some(PinnedBy::Runtime));
+    assert!(
+        !crio.config_dir().join(CRIO_DROP_IN).exists(),
+        "check writes nothing"
+    );
+
+    // A later file that sets pinned_images replaces the array: nothing merged.
+    set_pins(crio.config_dir(), "99-override.conf", &["quay.io/other/*"]);
+    crio.reload().unwrap();
+    let (run, report) = check(&crio, &images);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains(
+            "error: n1: 2 images listed in 10-site.conf are not pinned by CRI-O 1.31.0: 99-override.conf \
+             replaces pinned_images; add them to 99-override.conf or remove pinned_images from it"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(!report.ready);
+}
+
+/// A lab with only its registry, `count` small images pushed to it, and a stand-in of `version` that
+/// pulls from it.
+fn pull_lab(name: &str, version: &str, count: u64) -> (Lab, CrioStandIn, Vec<String>) {
+    let lab = Lab::start(name, LabConfig::default()).expect("lab starts");
+    let images = (0..count)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![LayerSpec {
+                    seed: 1300 + i,
+                    bytes: 64 * 1024,
+                    format: LayerFormat::Gzip,
+                }],
+                ..ImageSpec::default()
+            };
+            lab.push_image(&format!("crio/app{i}"), &spec)
+                .expect("push")
+                .reference(&lab.registry_host())
+        })
+        .collect();
+    let crio = CrioStandIn::start(name, version, &[lab.registry_host()]).expect("stand-in");
+    (lab, crio, images)
+}
+
+/// `apply -o json` onto the stand-in, reloading it through its pidfile.
+fn apply(lab: &Lab, crio: &CrioStandIn, images: &[String]) -> (Run, serde_json::Value) {
+    let mut args = vec![
+        "apply".to_string(),
+        "--cri".into(),
+        format!("n1={}", crio.endpoint()),
+        "--crio-config-dir".into(),
+        crio.config_dir().display().to_string(),
+        "--crio-reload".into(),
+        format!("signal:{}", crio.pidfile().display()),
+        "--insecure-registry".into(),
+        lab.registry_host(),
+        "--min-free".into(),
+        "1Mi".into(),
+        "-o".into(),
+        "json".into(),
+    ];
+    for image in images {
+        args.extend(["--image".into(), image.clone()]);
+    }
+    let run = pinboard(&args);
+    let report = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("apply -o json ({e}): {}\n{}", run.stdout, run.stderr));
+    (run, report)
+}
+
+#[test]
+fn apply_onto_crio_1_31_writes_the_drop_in_signals_it_and_ends_pinned_as_crio_confirms() {
+    let (lab, crio, images) = pull_lab("crio-apply-1-31", "1.31.0", 2);
+    let (run, report) = apply(&lab, &crio, &images);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &report["rollout"][0];
+    assert_eq!(n1["state"], "pinned", "{n1}");
+    assert_eq!(n1["confirmed"], true, "confirmed by the runtime: {n1}");
+    assert_eq!(
+        crio.counts().calls.get("PullImage"),
+        Some(&2),
+        "pulled through the stand-in"
+    );
+    assert_eq!(report["readiness"]["ready"], true);
+    let mut listed = read_crio_pins(crio.config_dir()).unwrap();
+    listed.sort();
+    let mut wanted = images.clone();
+    wanted.sort();
+    assert_eq!(listed, wanted, "the drop-in lists the set");
+    assert_eq!(crio.counts().reloads, 1, "one SIGHUP, through the pidfile");
+    assert!(reported(&crio, &images).iter().all(|&b| b == (true, true)));
+
+    // A second apply changes nothing: no write, no reload.
+    let (run, _) = apply(&lab, &crio, &images);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(crio.counts().reloads, 1);
+}
+
+#[test]
+fn apply_onto_crio_1_29_2_ends_not_pinned_with_the_restart_as_the_fix() {
+    let (lab, crio, images) = pull_lab("crio-apply-1-29-2", "1.29.2", 2);
+    let (run, report) = apply(&lab, &crio, &images);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &report["rollout"][0];
+    assert_eq!(n1["state"], "pin-failed", "{n1}");
+    let reason = n1["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "2 images listed in 50-pinned-images are not pinned by CRI-O 1.29.2: its reload did not apply \
+             pinned_images (cri-o #7954, fixed in 1.29.4); restart CRI-O"
+        ) && reason.contains("--crio-reload restart"),
+        "{reason}"
+    );
+    assert!(
+        run.stderr
+            .contains("n1: pinning failed: 2 images listed in 50-pinned-images are not pinned"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        read_crio_pins(crio.config_dir()).unwrap().len(),
+        2,
+        "written"
+    );
+    assert_eq!(crio.counts().reloads, 1, "signalled through the pidfile");
+    assert_eq!(report["readiness"]["ready"], false);
+
+    // The file is as wanted now, but CRI-O still does not pin it: apply reloads again rather than
+    // trusting the file.
+    let (run, _) = apply(&lab, &crio, &images);
+    assert_eq!(run.code, 1);
+    assert_eq!(crio.counts().reloads, 2);
+}

@@ -1,0 +1,757 @@
+//! A CRI-O stand-in, as CRI-O cannot run here: a tonic server on a unix socket speaking the real CRI
+//! runtime.v1 messages (Version, Status, ListImages, ImageStatus, ImageFsInfo, PullImage, RemoveImage) and
+//! behaving as CRI-O does with pins, by the version the test chooses (domain notes §4), written from
+//! those facts and not from pinboard's model:
+//!
+//! - It reads `crio.conf`, then every file under `crio.conf.d` (a walk, each directory's entries sorted by
+//!   name, subdirectories entered in place, no extension filter); the last file that sets
+//!   `crio.image.pinned_images` wins. It does so at start and on SIGHUP.
+//! - Its version decides what a SIGHUP does with pins: nothing before 1.28 (no `pinned_images`) and on
+//!   1.28.x (applied at start only), nothing on 1.29.0–1.29.3 (the startup patterns stay, cri-o #7954),
+//!   additions only on 1.29.4–1.29.6 and 1.30.0–1.30.2 (removals and `[]` ignored, cri-o #8202), the new
+//!   list from 1.29.7 / 1.30.3 / 1.31.0 on.
+//! - Its version decides which calls report `pinned`: ListImages from 1.28, ImageStatus only from
+//!   1.29.7 / 1.30.6 / 1.31.0. Patterns match as CRI-O's regexes do: case-insensitive; exact; `prefix*`
+//!   unanchored; `*keyword*` contains; against every name of the image.
+//! - PullImage really resolves the image against the registries it is given (plain HTTP, as a
+//!   registries.conf `insecure` entry): manifest (an index resolved to linux/amd64), config and layers,
+//!   each checked against its digest, so a missing image fails with c/image's `manifest unknown`. The
+//!   image is then recorded in its storage (`images.json`, re-read on every call as c/storage does, so a
+//!   test can also put an image there under any name, as a `podman pull` into the same storage would).
+//!   Sizes are the compressed ones (real CRI-O reports uncompressed sizes).
+//!
+//! It is a separate process, as CRI-O is: `--crio-reload signal:PIDFILE` reaches it as it reaches CRI-O,
+//! a SIGHUP to the pid its pidfile names, and a restart is a new process reading its files again. In one
+//! test process shared by several tests, a signal would reach every test's stand-in. The process is the
+//! test binary itself, run again with only its ignored test [`ENTRY`] and [`ENV`] naming the stand-in's
+//! settings; that test calls [`serve`]. So the stand-in is always built from the same source as the test,
+//! with nothing else to build. A test file using it declares the entry:
+//!
+//! ```ignore
+//! #[test]
+//! #[ignore = "the CRI-O stand-in's process, started by tests/support/crio.rs"]
+//! fn crio_stand_in() {
+//!     support::crio::serve();
+//! }
+//! ```
+//!
+//! What it did is counted in `status.json` (reloads handled, calls per RPC), for tests to read.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use pinboard::backend::proto::cri::{
+    FilesystemIdentifier, FilesystemUsage, Image, ImageFsInfoRequest, ImageFsInfoResponse,
+    ImageStatusRequest, ImageStatusResponse, ListImagesRequest, ListImagesResponse,
+    PullImageRequest, PullImageResponse, RemoveImageRequest, RemoveImageResponse, RuntimeCondition,
+    RuntimeStatus, StatusRequest, StatusResponse, UInt64Value, VersionRequest, VersionResponse,
+    image_service_server::{ImageService, ImageServiceServer},
+    runtime_service_server::{RuntimeService, RuntimeServiceServer},
+};
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Response, Status};
+
+use super::http;
+use super::images::sha256_digest;
+use super::lab::{create_unique_dir, target_dir};
+use super::process::{Proc, stop_all};
+
+/// The name of the test that runs the stand-in in a test binary.
+pub const ENTRY: &str = "crio_stand_in";
+/// Names the stand-in's settings file in its process.
+const ENV: &str = "PINBOARD_CRIO_STAND_IN";
+
+/// The stand-in's settings, shared by the test and the stand-in's process.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Settings {
+    /// As CRI Version reports it, e.g. `1.29.2`.
+    version: String,
+    socket: PathBuf,
+    crio_conf: PathBuf,
+    config_dir: PathBuf,
+    pidfile: PathBuf,
+    /// Its image storage: `images.json`, and the image filesystem ImageFsInfo reports.
+    storage: PathBuf,
+    status: PathBuf,
+    /// `127.0.0.1:PORT` registries it pulls from over plain HTTP.
+    registries: Vec<String>,
+}
+
+/// An image in the stand-in's storage.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Stored {
+    /// The config digest's hex, as CRI-O's image ids are.
+    id: String,
+    /// Repo tags and repo digests.
+    names: Vec<String>,
+    size: u64,
+}
+
+/// What the stand-in did, for tests.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Counts {
+    /// SIGHUPs handled.
+    pub reloads: u64,
+    /// Calls per RPC name (`ListImages`, `ImageStatus`, ...).
+    pub calls: BTreeMap<String, u64>,
+}
+
+/// A running stand-in; dropping it stops its process.
+pub struct CrioStandIn {
+    dir: PathBuf,
+    settings: Settings,
+    settings_file: PathBuf,
+    socket_dir: PathBuf,
+    procs: Vec<Proc>,
+}
+
+impl CrioStandIn {
+    /// Starts a stand-in reporting CRI-O `version`, pulling from `registries`, in
+    /// `target/lab/<name>-<pid>-<n>/`, with an empty `crio.conf.d` and a `crio.conf` beside it that sets
+    /// no pins; returns once it serves CRI. Write drop-ins before [`CrioStandIn::restart`] to have them read
+    /// at start.
+    pub fn start(name: &str, version: &str, registries: &[String]) -> Result<CrioStandIn> {
+        let (dir, unique) = create_unique_dir(&target_dir().join("lab"), name)?;
+        eprintln!("crio stand-in {name}: logs and state in {}", dir.display());
+        let etc = dir.join("etc/crio");
+        std::fs::create_dir_all(etc.join("crio.conf.d"))?;
+        std::fs::write(
+            etc.join("crio.conf"),
+            "[crio.image]\npause_image = \"registry.k8s.io/pause:3.9\"\n",
+        )?;
+        // Unix socket paths are short (108 bytes): under /tmp, not the lab directory.
+        let socket_dir =
+            std::env::temp_dir().join(format!("pinboard-crio-{}-{unique}", std::process::id()));
+        std::fs::create_dir_all(&socket_dir)?;
+        let settings = Settings {
+            version: version.to_string(),
+            socket: socket_dir.join("crio.sock"),
+            crio_conf: etc.join("crio.conf"),
+            config_dir: etc.join("crio.conf.d"),
+            pidfile: dir.join("crio.pid"),
+            storage: dir.join("storage"),
+            status: dir.join("status.json"),
+            registries: registries.to_vec(),
+        };
+        std::fs::create_dir_all(&settings.storage)?;
+        let settings_file = dir.join("stand-in.json");
+        std::fs::write(&settings_file, serde_json::to_string_pretty(&settings)?)?;
+        let mut stand_in = CrioStandIn {
+            dir,
+            settings,
+            settings_file,
+            socket_dir,
+            procs: Vec::new(),
+        };
+        stand_in.launch()?;
+        Ok(stand_in)
+    }
+
+    fn launch(&mut self) -> Result<()> {
+        let _ = std::fs::remove_file(&self.settings.pidfile);
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .args([
+                "--exact",
+                ENTRY,
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ENV, &self.settings_file);
+        let log = self.dir.join("crio.log");
+        let mut proc = Proc::spawn("crio stand-in", command, &log)?;
+        let (socket, pidfile) = (&self.settings.socket, &self.settings.pidfile);
+        let ready = proc.wait_ready(Duration::from_secs(30), || {
+            pidfile.exists() && std::os::unix::net::UnixStream::connect(socket).is_ok()
+        });
+        self.procs.push(proc);
+        ready
+    }
+
+    /// Stops the process and starts a new one on the same files and storage, as `systemctl restart crio`.
+    pub fn restart(&mut self) -> Result<()> {
+        stop_all(&mut self.procs);
+        self.procs.clear();
+        self.launch()
+    }
+
+    /// `unix:///…/crio.sock`.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.settings.socket.display())
+    }
+
+    /// `…/etc/crio/crio.conf.d`; `crio.conf` is beside it.
+    pub fn config_dir(&self) -> &Path {
+        &self.settings.config_dir
+    }
+
+    pub fn pidfile(&self) -> &Path {
+        &self.settings.pidfile
+    }
+
+    /// Puts an image known by `names` into the stand-in's storage, as a `podman pull` into the same
+    /// storage would; returns its id.
+    pub fn store(&self, names: &[&str]) -> Result<String> {
+        let id = sha256_digest(names.join(",").as_bytes())["sha256:".len()..].to_string();
+        let image = Stored {
+            id: id.clone(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+            size: 1 << 20,
+        };
+        record(&self.settings.storage, image).map_err(anyhow::Error::msg)?;
+        Ok(id)
+    }
+
+    /// What it did so far.
+    pub fn counts(&self) -> Counts {
+        std::fs::read_to_string(&self.settings.status)
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default()
+    }
+
+    /// Sends SIGHUP to the pid in its pidfile, as `systemctl reload crio` does, and waits until handled.
+    pub fn reload(&self) -> Result<()> {
+        let pid: i32 = std::fs::read_to_string(&self.settings.pidfile)?
+            .trim()
+            .parse()?;
+        let before = self.counts().reloads;
+        // SAFETY: kill(2) takes no pointers; the pid is our stand-in's, which is still running.
+        if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
+            bail!("SIGHUP to {pid}: {}", std::io::Error::last_os_error());
+        }
+        self.wait_reloads(before + 1)
+    }
+
+    /// Waits until it has handled `count` SIGHUPs since it started.
+    pub fn wait_reloads(&self, count: u64) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.counts().reloads < count {
+            if Instant::now() > deadline {
+                bail!(
+                    "the stand-in handled {} reloads, not {count}",
+                    self.counts().reloads
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CrioStandIn {
+    fn drop(&mut self) {
+        stop_all(&mut self.procs);
+        let _ = std::fs::remove_dir_all(&self.socket_dir);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The stand-in's process
+
+/// Runs the stand-in named by [`ENV`] until it is killed. Only for its process: the test [`ENTRY`].
+pub fn serve() {
+    let Some(file) = std::env::var_os(ENV) else {
+        panic!(
+            "{ENTRY} is the CRI-O stand-in's process: tests/support/crio.rs starts it with {ENV} set"
+        )
+    };
+    let settings: Settings = serde_json::from_str(
+        &std::fs::read_to_string(&file).expect("the stand-in's settings file"),
+    )
+    .expect("the stand-in's settings");
+    tokio::runtime::Runtime::new()
+        .expect("a runtime")
+        .block_on(run(settings))
+        .expect("the stand-in serves");
+}
+
+async fn run(settings: Settings) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Before the pidfile exists: a SIGHUP must never find the default action (exit).
+    let mut hangups = signal(SignalKind::hangup())?;
+    let version = parse_version(&settings.version).context("the stand-in's version")?;
+    let pins = if version >= (1, 28, 0) {
+        read_pinned_images(&settings).map_err(anyhow::Error::msg)?
+    } else {
+        Vec::new()
+    };
+    eprintln!(
+        "CRI-O {} starting; pinned_images {pins:?}",
+        settings.version
+    );
+    let _ = std::fs::remove_file(&settings.socket);
+    let listener = tokio::net::UnixListener::bind(&settings.socket)?;
+    let state = Arc::new(StandIn {
+        version,
+        pins: Mutex::new(pins),
+        counts: Mutex::new(Counts::default()),
+        settings,
+    });
+    state.save_counts();
+    std::fs::write(&state.settings.pidfile, std::process::id().to_string())?;
+    let runtime = RuntimeServiceServer::new(Shared(state.clone()));
+    let images = ImageServiceServer::new(Shared(state.clone()));
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = accepted?;
+                tokio::spawn(serve_connection(stream, runtime.clone(), images.clone()));
+            }
+            _ = hangups.recv() => state.reload(),
+        }
+    }
+}
+
+/// gRPC over HTTP/2 on one connection, each call to the service its path names (tonic's router would
+/// need axum: this is the whole of it).
+async fn serve_connection(
+    stream: tokio::net::UnixStream,
+    runtime: RuntimeServiceServer<Shared>,
+    images: ImageServiceServer<Shared>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::service::TowerToHyperService;
+    use tower::Service as _;
+    let route = tower::service_fn(move |request: ::http::Request<hyper::body::Incoming>| {
+        let (mut runtime, mut images) = (runtime.clone(), images.clone());
+        async move {
+            let request = request.map(tonic::body::Body::new);
+            if request
+                .uri()
+                .path()
+                .starts_with("/runtime.v1.RuntimeService/")
+            {
+                runtime.call(request).await
+            } else {
+                images.call(request).await
+            }
+        }
+    });
+    let served = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+        .http2_only()
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(route))
+        .await;
+    if let Err(e) = served {
+        eprintln!("a CRI connection ended: {e}");
+    }
+}
+
+type Semver = (u32, u32, u32);
+
+fn parse_version(text: &str) -> Option<Semver> {
+    let mut parts = text.split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
+struct StandIn {
+    settings: Settings,
+    version: Semver,
+    /// The patterns in force.
+    pins: Mutex<Vec<String>>,
+    counts: Mutex<Counts>,
+}
+
+/// The state as the generated servers take it.
+#[derive(Clone)]
+struct Shared(Arc<StandIn>);
+
+impl StandIn {
+    fn count(&self, rpc: &str) {
+        *self
+            .counts
+            .lock()
+            .unwrap()
+            .calls
+            .entry(rpc.to_string())
+            .or_default() += 1;
+        self.save_counts();
+    }
+
+    fn save_counts(&self) {
+        let text = serde_json::to_string(&*self.counts.lock().unwrap()).expect("json");
+        let tmp = self.settings.status.with_extension("tmp");
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.settings.status);
+        }
+    }
+
+    /// SIGHUP: what this version does with `pinned_images` on reload.
+    fn reload(&self) {
+        match read_pinned_images(&self.settings) {
+            Err(e) => eprintln!("reload: {e}; keeping the configuration"),
+            Ok(new) => {
+                let mut pins = self.pins.lock().unwrap();
+                match self.version {
+                    // No pinned_images before 1.28; 1.28 applies them at start only; 1.29.0-1.29.3 keep
+                    // the startup regexes (cri-o #7954).
+                    v if v < (1, 29, 4) => {}
+                    // cri-o #8202: removals and `[]` ignored, additions applied.
+                    (1, 29, 4..=6) | (1, 30, 0..=2) => {
+                        for pattern in new {
+                            if !pins.contains(&pattern) {
+                                pins.push(pattern);
+                            }
+                        }
+                    }
+                    _ => *pins = new,
+                }
+                eprintln!("reload: pinned_images in force {:?}", *pins);
+            }
+        }
+        self.counts.lock().unwrap().reloads += 1;
+        self.save_counts();
+    }
+
+    fn pinned(&self, image: &Stored) -> bool {
+        let pins = self.pins.lock().unwrap();
+        pins.iter()
+            .any(|pattern| image.names.iter().any(|name| regex_matches(pattern, name)))
+    }
+
+    /// The image as CRI shows it; `report` says whether this call reports `pinned`.
+    fn cri_image(&self, image: &Stored, report: bool) -> Image {
+        let (digests, tags): (Vec<String>, Vec<String>) =
+            image.names.iter().cloned().partition(|n| n.contains('@'));
+        Image {
+            id: image.id.clone(),
+            repo_tags: tags,
+            repo_digests: digests,
+            size: image.size,
+            pinned: report && self.pinned(image),
+            ..Image::default()
+        }
+    }
+
+    fn find(&self, name: &str) -> Result<Option<Stored>, Status> {
+        let images = load(&self.settings.storage).map_err(Status::internal)?;
+        let id = name.strip_prefix("sha256:").unwrap_or(name);
+        Ok(images
+            .into_iter()
+            .find(|i| i.id == id || i.names.iter().any(|n| n == name)))
+    }
+}
+
+/// CRI-O's regex for a `pinned_images` entry, matched against one name.
+fn regex_matches(pattern: &str, name: &str) -> bool {
+    let (pattern, name) = (pattern.to_lowercase(), name.to_lowercase());
+    if pattern.len() > 1 && pattern.starts_with('*') && pattern.ends_with('*') {
+        name.contains(&pattern[1..pattern.len() - 1])
+    } else if let Some(prefix) = pattern.strip_suffix('*') {
+        // `prefix.*` without `^`: found anywhere.
+        name.contains(prefix)
+    } else {
+        name == pattern
+    }
+}
+
+/// `pinned_images` as CRI-O reads its files now: `crio.conf`, then the drop-in walk; the last one wins.
+fn read_pinned_images(settings: &Settings) -> Result<Vec<String>, String> {
+    let mut files = vec![settings.crio_conf.clone()];
+    walk(&settings.config_dir, &mut files).map_err(|e| e.to_string())?;
+    let mut pins = Vec::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let doc: toml_edit::DocumentMut = text
+            .parse()
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+        if let Some(list) = doc
+            .get("crio")
+            .and_then(|c| c.get("image"))
+            .and_then(|i| i.get("pinned_images"))
+        {
+            let array = list
+                .as_array()
+                .ok_or_else(|| format!("{}: pinned_images is not a list", file.display()))?;
+            pins = array
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+        }
+    }
+    Ok(pins)
+}
+
+/// Go's `filepath.Walk`: each directory's names sorted, directories entered where they sort.
+fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut names: Vec<_> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<std::io::Result<_>>()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    names.sort();
+    for name in names {
+        let path = dir.join(name);
+        if std::fs::symlink_metadata(&path)?.is_dir() {
+            walk(&path, files)?;
+        } else {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn load(storage: &Path) -> Result<Vec<Stored>, String> {
+    match std::fs::read_to_string(storage.join("images.json")) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| e.to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Adds `image` to the storage (its names joining an image with the same id), atomically.
+fn record(storage: &Path, image: Stored) -> Result<(), String> {
+    let mut images = load(storage)?;
+    match images.iter_mut().find(|i| i.id == image.id) {
+        Some(old) => {
+            for name in image.names {
+                if !old.names.contains(&name) {
+                    old.names.push(name);
+                }
+            }
+        }
+        None => images.push(image),
+    }
+    save(storage, &images)
+}
+
+/// Writes the storage's image list atomically.
+fn save(storage: &Path, images: &[Stored]) -> Result<(), String> {
+    let tmp = storage.join(format!("images.json.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_string_pretty(images).expect("json"))
+        .and_then(|()| std::fs::rename(&tmp, storage.join("images.json")))
+        .map_err(|e| e.to_string())
+}
+
+const MANIFEST_TYPES: &str = "application/vnd.oci.image.manifest.v1+json, \
+    application/vnd.oci.image.index.v1+json, \
+    application/vnd.docker.distribution.manifest.v2+json, \
+    application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// Pulls `image` from a registry of `registries`: (the stored image, the digest reference pulled).
+fn pull(registries: &[String], image: &str) -> Result<(Stored, String), String> {
+    let source = |cause: String| format!("initializing source docker://{image}: {cause}");
+    let (host, rest) = image
+        .split_once('/')
+        .ok_or_else(|| source("not a fully qualified reference".into()))?;
+    let (repo, reference) = match rest.split_once('@') {
+        Some((repo, digest)) => (repo, digest),
+        None => match rest.rsplit_once(':') {
+            Some((repo, tag)) => (repo, tag),
+            None => (rest, "latest"),
+        },
+    };
+    if !registries.iter().any(|r| r == host) {
+        return Err(source(format!(
+            "pinging container registry {host}: the stand-in reaches only the lab registry"
+        )));
+    }
+    let agent = http::agent();
+    let get = |path: &str, accept: &str| -> Result<Vec<u8>, String> {
+        let url = format!("http://{host}/v2/{repo}/{path}");
+        let mut response = agent
+            .get(&url)
+            .header("Accept", accept)
+            .call()
+            .map_err(|e| format!("{url}: {e}"))?;
+        match response.status().as_u16() {
+            200 => response
+                .body_mut()
+                .read_to_vec()
+                .map_err(|e| format!("{url}: {e}")),
+            404 if path.starts_with("manifests/") => Err(source(format!(
+                "reading manifest {reference} in {host}/{repo}: manifest unknown"
+            ))),
+            status => Err(format!("{url}: {status}")),
+        }
+    };
+    let verified = |bytes: Vec<u8>, digest: &str| {
+        if sha256_digest(&bytes) == digest {
+            Ok(bytes)
+        } else {
+            Err(format!(
+                "{host}/{repo}@{digest}: the content does not match its digest"
+            ))
+        }
+    };
+    let top = get(&format!("manifests/{reference}"), MANIFEST_TYPES)?;
+    let digest = sha256_digest(&top);
+    if reference.starts_with("sha256:") && digest != reference {
+        return Err(format!("{image}: the manifest does not match its digest"));
+    }
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&top).map_err(|e| e.to_string())?;
+    if let Some(entries) = manifest["manifests"].as_array() {
+        let child = entries
+            .iter()
+            .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == "amd64")
+            .and_then(|m| m["digest"].as_str())
+            .ok_or_else(|| format!("{image}: no linux/amd64 image in the index"))?
+            .to_string();
+        let bytes = verified(get(&format!("manifests/{child}"), MANIFEST_TYPES)?, &child)?;
+        manifest = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    }
+    let mut size = 0;
+    let blobs = std::iter::once(&manifest["config"])
+        .chain(manifest["layers"].as_array().into_iter().flatten());
+    for blob in blobs {
+        let blob_digest = blob["digest"].as_str().ok_or("a blob without digest")?;
+        size += verified(get(&format!("blobs/{blob_digest}"), "*/*")?, blob_digest)?.len() as u64;
+    }
+    let config = manifest["config"]["digest"].as_str().ok_or("no config")?;
+    let by_digest = format!("{host}/{repo}@{digest}");
+    let names = if reference.starts_with("sha256:") {
+        vec![by_digest.clone()]
+    } else {
+        vec![format!("{host}/{repo}:{reference}"), by_digest.clone()]
+    };
+    let stored = Stored {
+        id: config.trim_start_matches("sha256:").to_string(),
+        names,
+        size,
+    };
+    Ok((stored, by_digest))
+}
+
+#[tonic::async_trait]
+impl RuntimeService for Shared {
+    async fn version(
+        &self,
+        _: Request<VersionRequest>,
+    ) -> Result<Response<VersionResponse>, Status> {
+        self.0.count("Version");
+        Ok(Response::new(VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "cri-o".into(),
+            runtime_version: self.0.settings.version.clone(),
+            runtime_api_version: "v1".into(),
+        }))
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        self.0.count("Status");
+        let ready = |kind: &str| RuntimeCondition {
+            r#type: kind.into(),
+            status: true,
+            ..RuntimeCondition::default()
+        };
+        Ok(Response::new(StatusResponse {
+            status: Some(RuntimeStatus {
+                conditions: vec![ready("RuntimeReady"), ready("NetworkReady")],
+            }),
+            ..StatusResponse::default()
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl ImageService for Shared {
+    async fn list_images(
+        &self,
+        _: Request<ListImagesRequest>,
+    ) -> Result<Response<ListImagesResponse>, Status> {
+        let state = &self.0;
+        state.count("ListImages");
+        let images = load(&state.settings.storage).map_err(Status::internal)?;
+        // ListImages reports pins from 1.28 on.
+        let report = state.version >= (1, 28, 0);
+        Ok(Response::new(ListImagesResponse {
+            images: images.iter().map(|i| state.cri_image(i, report)).collect(),
+        }))
+    }
+
+    async fn image_status(
+        &self,
+        request: Request<ImageStatusRequest>,
+    ) -> Result<Response<ImageStatusResponse>, Status> {
+        let state = &self.0;
+        state.count("ImageStatus");
+        let name = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
+        // ImageStatus reports pins only from 1.29.7 / 1.30.6 / 1.31.0 on.
+        let report = match state.version {
+            (1, 29, patch) => patch >= 7,
+            (1, 30, patch) => patch >= 6,
+            v => v >= (1, 31, 0),
+        };
+        Ok(Response::new(ImageStatusResponse {
+            image: state.find(&name)?.map(|i| state.cri_image(&i, report)),
+            ..ImageStatusResponse::default()
+        }))
+    }
+
+    async fn pull_image(
+        &self,
+        request: Request<PullImageRequest>,
+    ) -> Result<Response<PullImageResponse>, Status> {
+        let state = self.0.clone();
+        state.count("PullImage");
+        let image = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
+        let registries = state.settings.registries.clone();
+        let pulled = tokio::task::spawn_blocking(move || pull(&registries, &image))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let (stored, image_ref) = pulled.map_err(Status::unknown)?;
+        record(&state.settings.storage, stored).map_err(Status::internal)?;
+        Ok(Response::new(PullImageResponse { image_ref }))
+    }
+
+    async fn remove_image(
+        &self,
+        request: Request<RemoveImageRequest>,
+    ) -> Result<Response<RemoveImageResponse>, Status> {
+        let state = &self.0;
+        state.count("RemoveImage");
+        let name = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
+        if let Some(gone) = state.find(&name)? {
+            let mut images = load(&state.settings.storage).map_err(Status::internal)?;
+            images.retain(|i| i.id != gone.id);
+            save(&state.settings.storage, &images).map_err(Status::internal)?;
+        }
+        Ok(Response::new(RemoveImageResponse {}))
+    }
+
+    async fn image_fs_info(
+        &self,
+        _: Request<ImageFsInfoRequest>,
+    ) -> Result<Response<ImageFsInfoResponse>, Status> {
+        let state = &self.0;
+        state.count("ImageFsInfo");
+        let used: u64 = load(&state.settings.storage)
+            .map_err(Status::internal)?
+            .iter()
+            .map(|i| i.size)
+            .sum();
+        let usage = FilesystemUsage {
+            fs_id: Some(FilesystemIdentifier {
+                mountpoint: state.settings.storage.display().to_string(),
+            }),
+            used_bytes: Some(UInt64Value { value: used }),
+            ..FilesystemUsage::default()
+        };
+        Ok(Response::new(ImageFsInfoResponse {
+            image_filesystems: vec![usage],
+            ..ImageFsInfoResponse::default()
+        }))
+    }
+}
