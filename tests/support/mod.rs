@@ -1,5 +1,6 @@
 //! The lab: real containerd nodes, a real docker-registry behind a controllable TCP proxy, and (optionally) a
-//! real etcd + kube-apiserver, all started as local processes for integration tests and the `lab` example.
+//! real etcd + kube-apiserver, all started as local processes for integration tests and the `lab` example;
+//! stand-ins, speaking the real formats, for what cannot run here (kubelet, machine-config daemon, CRI-O).
 //!
 //! Tests include it with `mod support;`, the example with `#[path = "../tests/support/mod.rs"] mod support;`.
 //! Start with [`Lab::start`]; everything it starts is stopped when the [`Lab`] is dropped. How the pieces are
