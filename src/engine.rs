@@ -694,7 +694,7 @@ impl NodeRun {
         if unpinned.is_empty() {
             return Ok(true);
         }
-        Err(self.why_not_pinned(dir, &unpinned, images.len()).await)
+        Err(self.why_not_pinned(dir, &unpinned).await)
     }
 
     /// Which CRI calls carry this runtime's word on pins.
@@ -737,42 +737,35 @@ impl NodeRun {
     }
 
     /// Why CRI-O does not pin `unpinned` after the drop-in in `dir` listed them and it was reloaded: its
-    /// files and version explain it as `check` does.
-    async fn why_not_pinned(
-        &self,
-        dir: PathBuf,
-        unpinned: &[(String, Vec<String>)],
-        total: usize,
-    ) -> String {
+    /// files and version explain it as `check` does; what they do not explain is listed.
+    async fn why_not_pinned(&self, dir: PathBuf, unpinned: &[(String, Vec<String>)]) -> String {
         let runtime = self
             .runtime
             .as_ref()
             .map_or_else(|| self.runtime_name.clone(), Runtime::to_string);
-        let head = format!(
-            "{runtime} does not report {} of {total} image(s) pinned after writing the drop-in and \
-             reloading",
-            unpinned.len()
-        );
-        let Some(version) = self.runtime.as_ref().and_then(Runtime::crio_version) else {
-            return head;
+        let version = self.runtime.as_ref().and_then(Runtime::crio_version);
+        let config = match version {
+            Some(_) => tokio::task::spawn_blocking(move || pins::read_crio_config(&dir))
+                .await
+                .ok()
+                .and_then(Result::ok),
+            None => None,
         };
-        let config = tokio::task::spawn_blocking(move || pins::read_crio_config(&dir)).await;
-        let Ok(Ok(config)) = config else {
-            return head;
+        let images = unpinned
+            .iter()
+            .map(|(reference, names)| Unpinned { reference, names });
+        let (mut reasons, rest) = match &config {
+            Some(config) => explain_unpinned(&runtime, version, config, images),
+            None => (Vec::new(), images.map(|i| i.reference).collect()),
         };
-        let (explained, _) = explain_unpinned(
-            &runtime,
-            Some(version),
-            &config,
-            unpinned
-                .iter()
-                .map(|(reference, names)| Unpinned { reference, names }),
-        );
-        if explained.is_empty() {
-            head
-        } else {
-            explained.join("; ")
+        if !rest.is_empty() {
+            reasons.push(format!(
+                "{runtime} does not report {} image(s) pinned after writing the drop-in and reloading: {}",
+                rest.len(),
+                rest.join(", ")
+            ));
         }
+        reasons.join("; ")
     }
 }
 

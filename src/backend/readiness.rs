@@ -144,7 +144,7 @@ pub async fn observe(
             },
             Record::Unreadable(e) => {
                 if reports.any() {
-                    tracing::warn!("{}: {e}", observed.node);
+                    tracing::debug!("{}: {e}", observed.node);
                 } else {
                     observed.error.get_or_insert(e.clone());
                 }
