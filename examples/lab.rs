@@ -370,9 +370,13 @@ impl StandIns {
         for set in &sets {
             generation = cluster.apply_set(set).await?.generation();
         }
-        eprintln!("demo: applied PinnedImageSet release (generation {generation}); the stand-in daemons pull it");
-        let api: kube::Api<kube::core::DynamicObject> =
-            kube::Api::all_with(cluster.client().clone(), &cluster.resources().machine_config_node);
+        eprintln!(
+            "demo: applied PinnedImageSet release (generation {generation}); the stand-in daemons pull it"
+        );
+        let api: kube::Api<kube::core::DynamicObject> = kube::Api::all_with(
+            cluster.client().clone(),
+            &cluster.resources().machine_config_node,
+        );
         let deadline = std::time::Instant::now() + SETTLE;
         loop {
             let mcns: Vec<pinboard::model::cluster::MachineConfigNode> = api

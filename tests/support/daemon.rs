@@ -189,7 +189,7 @@ async fn list_images(cluster: &Cluster, node: &str, client: &CriClient) {
     let (Ok(mut images), Ok(version)) = (client.list_images().await, client.version().await) else {
         return;
     };
-    images.sort_by(|a, b| b.size.cmp(&a.size));
+    images.sort_by_key(|i| std::cmp::Reverse(i.size));
     let listed: Vec<Value> = images
         .iter()
         .take(LISTED_AT_MOST)
