@@ -879,6 +879,7 @@ impl NodeReadiness {
                 .map(|r| format!("its runtime says: {r}")),
         );
         self.images = runtime.images;
+        self.pinned_by = runtime.pinned_by;
         self.runtime = runtime.runtime.or(self.runtime);
         self
     }
