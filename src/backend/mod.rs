@@ -1,5 +1,7 @@
-//! The outside world: CRI and containerd sockets, registries and their credentials.
+//! The outside world: CRI and containerd sockets, registries and their credentials, the blob cache and the
+//! registry endpoint over it.
 
+pub mod blobs;
 pub mod credentials;
 pub mod cri;
 pub mod lazy;

@@ -9,6 +9,11 @@
 //! content is the same everywhere, but existence in one repository says nothing about another.) A registry
 //! that cannot be reached is remembered for a few seconds, so the rest of a large set fails fast instead of
 //! waiting out one timeout per image.
+//!
+//! Blobs are fetched here too, for the blob cache ([`crate::backend::blobs`]): one GET per call, from a byte
+//! offset, with the same credentials and the same TLS and proxy settings as manifests (one [`ClientConfig`]
+//! feeds both HTTP clients). oci-client hides the status line and headers of blob responses, and the cache
+//! needs them: whether a `Range` was honoured (206 and `Content-Range`) and how long `Retry-After` asks to wait.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -17,9 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::stream::{self, StreamExt};
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, StreamExt};
+use oci_client::client::{Certificate, ClientConfig, ClientProtocol};
+use oci_client::errors::{DigestError, OciDistributionError, OciEnvelope, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use serde::Deserialize;
@@ -29,6 +35,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use crate::backend::credentials::{AuthFiles, Credentials, CredentialsError};
 use crate::backend::truncate;
 use crate::model::image::{ImageFacts, Layer, Platform};
+use crate::model::mirror::Source;
 
 pub const MEDIA_TYPE_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const MEDIA_TYPE_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -217,6 +224,8 @@ pub type PlatformFacts = Vec<(Platform, ImageFacts)>;
 /// A registry client for inspecting many images. Cheap to share behind `&`; all methods take `&self`.
 pub struct Registry {
     client: Client,
+    /// For blobs: built from the same [`ClientConfig`] as `client` (see [`blob_http_client`]).
+    http: reqwest::Client,
     credentials: Arc<Credentials>,
     insecure: Vec<String>,
     timeout: Duration,
@@ -247,6 +256,9 @@ impl fmt::Debug for Registry {
 struct AuthState {
     auth: RegistryAuth,
     described: String,
+    /// The bearer token the registry's token service issued for pulling this repository, if it uses one;
+    /// renewed when a blob request is refused with 401 (tokens expire). Never logged.
+    token: Mutex<Option<String>>,
 }
 
 /// A manifest as fetched and verified.
@@ -255,6 +267,33 @@ struct Fetched {
     digest: String,
     size: u64,
     manifest: Manifest,
+    /// The bytes exactly as the registry sent them, and their media type: what a mirror serves.
+    body: Bytes,
+    media_type: String,
+}
+
+/// A manifest's bytes as its registry sent them (their digest verified), with its media type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestBytes {
+    pub body: Bytes,
+    pub media_type: String,
+}
+
+/// One blob response under way: its body from byte `start` of the blob.
+pub struct BlobBody {
+    /// Where the body starts in the blob: the offset asked for when the registry answered 206, 0 when it
+    /// answered 200 (it ignored the `Range`, or none was sent).
+    pub start: u64,
+    /// The body as it arrives. An error means the transfer broke off (reset, closed early).
+    pub stream: BoxStream<'static, Result<Bytes, String>>,
+}
+
+/// Why a blob request failed, and how long the registry asked to be left alone (`Retry-After` of a 429 or
+/// 503).
+#[derive(Clone, Debug)]
+pub struct BlobFailure {
+    pub error: RegistryError,
+    pub retry_after: Option<Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -319,11 +358,13 @@ impl Registry {
             user_agent: USER_AGENT,
             ..ClientConfig::default()
         };
+        let http = blob_http_client(&config)?;
         let client = Client::try_from(config).map_err(|e| RegistryError::Setup {
             cause: e.to_string(),
         })?;
         Ok(Registry {
             client,
+            http,
             credentials: Arc::new(credentials),
             insecure,
             timeout,
@@ -398,13 +439,7 @@ impl Registry {
         } else {
             platforms.to_vec()
         };
-        let parsed: Reference = reference
-            .trim()
-            .parse()
-            .map_err(|e| RegistryError::Invalid {
-                reference: reference.to_string(),
-                cause: format!("not a valid image reference ({e})"),
-            })?;
+        let parsed = parse_reference(reference.trim()).map_err(|e| e.for_reference(reference))?;
         let top = self.manifest(&parsed, reference).await?;
         let entries = match &top.manifest {
             Manifest::Image { .. } => {
@@ -545,7 +580,9 @@ impl Registry {
         Ok(Arc::new(Fetched {
             digest,
             size: body.len() as u64,
+            media_type: media_type(&body, &manifest),
             manifest,
+            body,
         }))
     }
 
@@ -593,7 +630,11 @@ impl Registry {
                 .expect("open registries lock")
                 .contains(registry)
             {
-                return Ok(Arc::new(AuthState { auth, described }));
+                return Ok(Arc::new(AuthState {
+                    auth,
+                    described,
+                    token: Mutex::default(),
+                }));
             }
             let context = self.context(label, registry, &described);
             let _permit = self
@@ -608,7 +649,7 @@ impl Registry {
             )
             .await;
             let elapsed_ms = started.elapsed().as_millis() as u64;
-            match outcome {
+            let token = match outcome {
                 // The token itself is never logged.
                 Ok(Ok(token)) => {
                     tracing::debug!(
@@ -624,14 +665,137 @@ impl Registry {
                             .expect("open registries lock")
                             .insert(registry.to_string());
                     }
+                    token
                 }
                 Ok(Err(e)) => return Err(self.failed(map_error(e, &context), elapsed_ms)),
                 Err(_) => return Err(self.failed(timeout_error(&context), elapsed_ms)),
-            }
-            Ok(Arc::new(AuthState { auth, described }))
+            };
+            Ok(Arc::new(AuthState {
+                auth,
+                described,
+                token: Mutex::new(token),
+            }))
         })
         .await
         .cloned()
+    }
+
+    /// A manifest or index of `source` by digest, exactly as the registry sent it (its digest verified), with
+    /// its media type: from memory when a survey fetched it already, else fetched now.
+    pub async fn manifest_bytes(
+        &self,
+        source: &Source,
+        digest: &str,
+    ) -> Result<ManifestBytes, RegistryError> {
+        let label = format!("{source}@{digest}");
+        let reference = parse_reference(&label)?;
+        let fetched = self.manifest(&reference, &label).await?;
+        Ok(ManifestBytes {
+            body: fetched.body.clone(),
+            media_type: fetched.media_type.clone(),
+        })
+    }
+
+    /// One GET of blob `digest` from `source`, from byte `offset` (with `Range: bytes=<offset>-` when it is
+    /// not 0), with the repository's credentials; a 401 renews its token once. The body is not verified
+    /// here: the caller hashes the whole blob. A 206 whose `Content-Range` does not start at `offset` is
+    /// refused, so bytes never land in the wrong place.
+    pub async fn blob(
+        &self,
+        source: &Source,
+        digest: &str,
+        offset: u64,
+    ) -> Result<BlobBody, BlobFailure> {
+        let fail = |error| BlobFailure {
+            error,
+            retry_after: None,
+        };
+        let label = format!("blob {digest} of {source}");
+        let reference = parse_reference(&format!("{source}@{digest}")).map_err(fail)?;
+        let auth = self.auth(&reference, &label).await.map_err(fail)?;
+        let registry = reference.resolve_registry();
+        let context = self.context(&label, registry, &auth.described);
+        let scheme = if context.insecure { "http" } else { "https" };
+        let url = format!(
+            "{scheme}://{registry}/v2/{}/blobs/{digest}",
+            reference.repository()
+        );
+        let mut renewed = false;
+        let response = loop {
+            let token = auth.token.lock().expect("token lock").clone();
+            let mut request = self.http.get(&url);
+            if offset > 0 {
+                request = request.header(http::header::RANGE, format!("bytes={offset}-"));
+            }
+            request = match (token.as_ref(), &auth.auth) {
+                (Some(token), _) | (None, RegistryAuth::Bearer(token)) => request.bearer_auth(token),
+                (None, RegistryAuth::Basic(user, password)) => {
+                    request.basic_auth(user, Some(password))
+                }
+                (None, RegistryAuth::Anonymous) => request,
+            };
+            let response = request.send().await.map_err(|e| {
+                fail(if e.is_timeout() {
+                    timeout_error(&context)
+                } else {
+                    RegistryError::Unreachable {
+                        reference: label.clone(),
+                        registry: registry.to_string(),
+                        cause: transport_cause(&e, registry, context.insecure),
+                    }
+                })
+            })?;
+            if response.status() != http::StatusCode::UNAUTHORIZED || renewed {
+                break response;
+            }
+            // Tokens expire (often after 5 minutes), and a long mirror session outlives them.
+            renewed = true;
+            match self
+                .client
+                .auth(&reference, &auth.auth, RegistryOperation::Pull)
+                .await
+            {
+                Ok(Some(token)) => *auth.token.lock().expect("token lock") = Some(token),
+                Ok(None) => break response,
+                Err(e) => return Err(fail(map_error(e, &context))),
+            }
+        };
+        let status = response.status();
+        match status {
+            http::StatusCode::OK | http::StatusCode::PARTIAL_CONTENT => {
+                let start = if status == http::StatusCode::OK {
+                    0
+                } else {
+                    let start = content_range_start(response.headers());
+                    if start != Some(offset) {
+                        return Err(fail(RegistryError::Server {
+                            reference: label.clone(),
+                            registry: registry.to_string(),
+                            cause: format!(
+                                "it answered a request for bytes {offset}- with {:?}",
+                                response.headers().get(http::header::CONTENT_RANGE)
+                            ),
+                        }));
+                    }
+                    offset
+                };
+                let (registry, insecure) = (registry.to_string(), context.insecure);
+                let stream = response
+                    .bytes_stream()
+                    .map(move |chunk| chunk.map_err(|e| transport_cause(&e, &registry, insecure)))
+                    .boxed();
+                Ok(BlobBody { start, stream })
+            }
+            _ => {
+                let retry_after = retry_after(response.headers(), std::time::SystemTime::now());
+                let url = response.url().to_string();
+                let body = response.bytes().await.unwrap_or_default();
+                Err(BlobFailure {
+                    error: map_error(status_error(status, &body, url), &context),
+                    retry_after,
+                })
+            }
+        }
     }
 
     fn context<'a>(
@@ -676,6 +840,108 @@ impl Registry {
             None => Ok(()),
         }
     }
+}
+
+/// The HTTP client for blobs, configured as oci-client configures its own from `config`: the same roots of
+/// trust, certificate checks, proxies, connect timeout and user agent. No read timeout: the blob cache
+/// detects stalls itself. No decompression: blobs are content-addressed bytes.
+fn blob_http_client(config: &ClientConfig) -> Result<reqwest::Client, RegistryError> {
+    let setup = |cause: String| RegistryError::Setup { cause };
+    let certificates = |list: &[Certificate]| {
+        list.iter()
+            .map(reqwest::Certificate::try_from)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| setup(e.to_string()))
+    };
+    let mut builder = reqwest::Client::builder()
+        .user_agent(config.user_agent)
+        .danger_accept_invalid_certs(config.accept_invalid_certificates)
+        .tls_certs_merge(certificates(&config.extra_root_certificates)?);
+    if !config.tls_certs_only.is_empty() {
+        builder = builder.tls_certs_only(certificates(&config.tls_certs_only)?);
+    }
+    if let Some(timeout) = config.connect_timeout {
+        builder = builder.connect_timeout(timeout);
+    }
+    let no_proxy = || {
+        config
+            .no_proxy
+            .as_deref()
+            .and_then(reqwest::NoProxy::from_string)
+    };
+    if let Some(address) = &config.https_proxy {
+        let proxy = reqwest::Proxy::https(address).map_err(|e| setup(e.to_string()))?;
+        builder = builder.proxy(proxy.no_proxy(no_proxy()));
+    }
+    if let Some(address) = &config.http_proxy {
+        let proxy = reqwest::Proxy::http(address).map_err(|e| setup(e.to_string()))?;
+        builder = builder.proxy(proxy.no_proxy(no_proxy()));
+    }
+    builder.build().map_err(|e| setup(e.to_string()))
+}
+
+fn parse_reference(text: &str) -> Result<Reference, RegistryError> {
+    text.parse().map_err(|e| RegistryError::Invalid {
+        reference: text.to_string(),
+        cause: format!("not a valid image reference ({e})"),
+    })
+}
+
+/// What oci-client makes of an unsuccessful response: the registry's error envelope for a 4xx that has
+/// one, else the status and body.
+fn status_error(status: http::StatusCode, body: &[u8], url: String) -> OciDistributionError {
+    if status == http::StatusCode::UNAUTHORIZED {
+        return OciDistributionError::UnauthorizedError { url };
+    }
+    match serde_json::from_slice::<OciEnvelope>(body) {
+        Ok(envelope) if status.is_client_error() => {
+            OciDistributionError::RegistryError { envelope, url }
+        }
+        _ => OciDistributionError::ServerError {
+            code: status.as_u16(),
+            url,
+            message: String::from_utf8_lossy(body).into_owned(),
+        },
+    }
+}
+
+/// The first byte of a 206's `Content-Range: bytes START-END/TOTAL`.
+fn content_range_start(headers: &http::HeaderMap) -> Option<u64> {
+    let value = headers.get(http::header::CONTENT_RANGE)?.to_str().ok()?;
+    let range = value.trim().strip_prefix("bytes ")?;
+    range.split_once('-')?.0.trim().parse().ok()
+}
+
+/// How long `Retry-After` asks to wait: a number of seconds, or an HTTP date (a date already past: 0).
+fn retry_after(headers: &http::HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    match value.parse::<u64>() {
+        Ok(seconds) => Some(Duration::from_secs(seconds)),
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            Some(at.duration_since(now).unwrap_or_default())
+        }
+    }
+}
+
+/// The media type a manifest declares, else the OCI one of its kind (OCI allows leaving it out).
+fn media_type(body: &[u8], manifest: &Manifest) -> String {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Declared {
+        media_type: Option<String>,
+    }
+    let declared = serde_json::from_slice::<Declared>(body)
+        .ok()
+        .and_then(|d| d.media_type)
+        .filter(|m| !m.is_empty());
+    declared.unwrap_or_else(|| {
+        match manifest {
+            Manifest::Image { .. } => MEDIA_TYPE_OCI_MANIFEST,
+            Manifest::Index { .. } => MEDIA_TYPE_OCI_INDEX,
+        }
+        .to_string()
+    })
 }
 
 /// `http://host:port/` or `host:port` as oci-client spells registries (Docker Hub is `index.docker.io`).
@@ -1131,14 +1397,21 @@ mod tests {
         );
         assert_eq!(layers[1].annotations[ANNOTATION_ESTARGZ_TOC], D4);
         assert_eq!(annotations["org.opencontainers.image.title"], "web");
+        let manifest = Manifest::Image {
+            config,
+            layers,
+            annotations,
+        };
+        assert_eq!(
+            media_type(body.to_string().as_bytes(), &manifest),
+            MEDIA_TYPE_OCI_MANIFEST
+        );
         let fetched = Fetched {
             digest: D4.into(),
             size: 300,
-            manifest: Manifest::Image {
-                config,
-                layers,
-                annotations,
-            },
+            manifest,
+            body: Bytes::from(body.to_string()),
+            media_type: MEDIA_TYPE_OCI_MANIFEST.into(),
         };
         let facts = image_facts(&fetched, None);
         assert_eq!(facts.lazy_format(), LazyFormat::Estargz);
@@ -1403,5 +1676,75 @@ mod tests {
         );
         let e = e.for_reference("other");
         assert_eq!(e.reference(), Some("other"));
+    }
+
+    #[test]
+    fn manifests_without_a_media_type_get_the_oci_one_of_their_kind() {
+        let bare_index = br#"{"schemaVersion": 2, "manifests": []}"#;
+        let parsed = parse_manifest(bare_index).unwrap();
+        assert_eq!(media_type(bare_index, &parsed), MEDIA_TYPE_OCI_INDEX);
+        let docker = serde_json::json!({"schemaVersion": 2, "mediaType": MEDIA_TYPE_DOCKER_MANIFEST,
+            "config": {"mediaType": "x", "digest": D1, "size": 1}, "layers": []})
+        .to_string();
+        let parsed = parse_manifest(docker.as_bytes()).unwrap();
+        assert_eq!(
+            media_type(docker.as_bytes(), &parsed),
+            MEDIA_TYPE_DOCKER_MANIFEST
+        );
+    }
+
+    fn headers(pairs: &[(http::HeaderName, &str)]) -> http::HeaderMap {
+        pairs
+            .iter()
+            .map(|(name, value)| (name.clone(), value.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let after = |value: &str| retry_after(&headers(&[(http::header::RETRY_AFTER, value)]), now);
+        assert_eq!(after("7"), Some(Duration::from_secs(7)));
+        assert_eq!(after(" 0 "), Some(Duration::ZERO));
+        let in_ten = httpdate::fmt_http_date(now + Duration::from_secs(10));
+        assert_eq!(after(&in_ten), Some(Duration::from_secs(10)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(10));
+        assert_eq!(after(&past), Some(Duration::ZERO));
+        assert_eq!(after("soon"), None);
+        assert_eq!(retry_after(&http::HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn content_range_gives_where_a_partial_body_starts() {
+        let start = |value: &str| content_range_start(&headers(&[(http::header::CONTENT_RANGE, value)]));
+        assert_eq!(start("bytes 1048576-4194303/4194304"), Some(1_048_576));
+        assert_eq!(start("bytes 0-0/1"), Some(0));
+        assert_eq!(start("bytes */4194304"), None);
+        assert_eq!(start("items 1-2/3"), None);
+    }
+
+    #[test]
+    fn blob_statuses_map_like_manifest_statuses() {
+        let ctx = context();
+        let error = |status: u16, body: &str| {
+            map_error(
+                status_error(
+                    http::StatusCode::from_u16(status).unwrap(),
+                    body.as_bytes(),
+                    "u".into(),
+                ),
+                &ctx,
+            )
+        };
+        assert_eq!(
+            error(404, r#"{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}"#).kind(),
+            "not-found"
+        );
+        assert_eq!(error(401, "").kind(), "unauthorized");
+        assert_eq!(error(429, "slow down").kind(), "rate-limited");
+        let unavailable = error(503, "maintenance");
+        assert!(unavailable.is_transient());
+        assert!(unavailable.to_string().ends_with("HTTP 503: maintenance"), "{unavailable}");
+        assert!(!error(416, "").is_transient());
     }
 }

@@ -4,6 +4,7 @@ pub mod cluster;
 pub mod crio;
 pub mod diff;
 pub mod image;
+pub mod mirror;
 pub mod plan;
 pub mod readiness;
 pub mod reference;

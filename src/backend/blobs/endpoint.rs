@@ -1,0 +1,493 @@
+//! A read-only registry endpoint over the blob cache: the pull side of the OCI distribution API, for the
+//! digests of the sets only.
+//!
+//! - `GET /v2/`: 200, so clients know a registry is there.
+//! - `HEAD|GET /v2/<name>/manifests/<digest>`: from the cache (fetched and stored on first use), with the
+//!   manifest's own media type.
+//! - `HEAD|GET /v2/<name>/blobs/<digest>`: from the cache, streamed as the bytes land, with `Range`.
+//!
+//! Which source: containerd asks a mirror with `?ns=<registry host>` and the repository as `<name>`;
+//! containers-image (CRI-O, podman) and OpenShift's ImageDigestMirrorSet use a mirror location with a path,
+//! so `<name>` is `<registry host>/<repository>`. Both are accepted. A repository, digest or tag the sets do
+//! not name gets 404: the endpoint is never an open proxy to private images, and a runtime that gets a 404
+//! goes on to its next host (containerd's `server`, CRI-O's source). Everything else is 405.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use http::header::{
+    ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderValue, RANGE,
+};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::backend::blobs::cache::{BlobCache, BlobError};
+use crate::model::mirror::{Allowed, Content, Source};
+
+type Body = UnsyncBoxBody<Bytes, BlobError>;
+
+const DIGEST_HEADER: &str = "docker-content-digest";
+const API_VERSION_HEADER: &str = "docker-distribution-api-version";
+
+/// What the endpoint did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStats {
+    /// Bytes the cache took from the source registries ([`BlobCache::link_bytes`]).
+    pub link_bytes: u64,
+    /// Body bytes sent to clients (manifests and blobs).
+    pub served_bytes: u64,
+    /// Requests answered.
+    pub requests: u64,
+    /// Requests answered 404 because the sets do not name what they asked for.
+    pub refused: u64,
+}
+
+/// A running endpoint. Stop it with [`Endpoint::stop`]; dropping it stops it too.
+pub struct Endpoint {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    cache: Arc<BlobCache>,
+    allowed: Allowed,
+    served_bytes: AtomicU64,
+    requests: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Endpoint {
+    /// Listens on `listen` (port 0: any free port) and serves `allowed` from `cache` until stopped.
+    pub async fn start(
+        listen: SocketAddr,
+        cache: Arc<BlobCache>,
+        allowed: Allowed,
+    ) -> std::io::Result<Endpoint> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            cache,
+            allowed,
+            served_bytes: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        });
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(serve(listener, Arc::clone(&shared), stopped));
+        tracing::debug!(%addr, "blob endpoint listening");
+        Ok(Endpoint {
+            addr,
+            shared,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on (with the port chosen when asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`: what a node's mirror configuration names.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn stats(&self) -> EndpointStats {
+        EndpointStats {
+            link_bytes: self.shared.cache.link_bytes(),
+            served_bytes: self.shared.served_bytes.load(Ordering::Relaxed),
+            requests: self.shared.requests.load(Ordering::Relaxed),
+            refused: self.shared.refused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops listening and closes every connection; returns the final figures. Downloads under way in the
+    /// cache go on (their partial files stay for next time).
+    pub async fn stop(mut self) -> EndpointStats {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        self.stats()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Accepts connections until told to stop; dropping the set of connections closes them all.
+async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: oneshot::Receiver<()>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut stopped => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors or similar: back off instead of spinning.
+                tracing::warn!(error = %e, "blob endpoint cannot accept a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let shared = Arc::clone(&shared);
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(handle(&shared, request).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "blob endpoint connection ended");
+            }
+        });
+    }
+}
+
+async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Body> {
+    shared.requests.fetch_add(1, Ordering::Relaxed);
+    let method = request.method().clone();
+    let path = percent_decode(request.uri().path());
+    let ns = request
+        .uri()
+        .query()
+        .and_then(|q| query_param(q, "ns"));
+    tracing::debug!(%method, path, ns, "blob endpoint request");
+    let head = method == Method::HEAD;
+    if method != Method::GET && !head {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "UNSUPPORTED",
+            "this mirror is read-only: it serves pulls by digest",
+        );
+    }
+    if path == "/v2/" || path == "/v2" {
+        return response(StatusCode::OK)
+            .header(CONTENT_TYPE, "application/json")
+            .body(full(head, Bytes::from_static(b"{}")))
+            .expect("a valid response");
+    }
+    let Some((name, kind, reference)) = split_path(&path) else {
+        return refuse(shared, "NAME_UNKNOWN", format!("{path} is not a pull of a manifest or blob"));
+    };
+    let Some(source) = shared.allowed.source_of(ns.as_deref(), name) else {
+        let named = ns.map_or_else(|| name.to_string(), |ns| format!("{ns}/{name}"));
+        return refuse(
+            shared,
+            "NAME_UNKNOWN",
+            format!("{named} is not a repository of the sets this mirror serves"),
+        );
+    };
+    match (kind, shared.allowed.get(&source, reference)) {
+        (Kind::Manifest, Some(Content::Manifest { .. })) => {
+            manifest(shared, &source, reference, head).await
+        }
+        (Kind::Blob, Some(Content::Blob { size })) => {
+            let range = request
+                .headers()
+                .get(RANGE)
+                .and_then(|v| v.to_str().ok());
+            blob(shared, &source, reference, size, range, head).await
+        }
+        (Kind::Manifest, _) => refuse(
+            shared,
+            "MANIFEST_UNKNOWN",
+            format!(
+                "{reference} is not a manifest of the sets this mirror serves in {source} (tags are never served)"
+            ),
+        ),
+        (Kind::Blob, _) => refuse(
+            shared,
+            "BLOB_UNKNOWN",
+            format!("{reference} is not a blob of the sets this mirror serves in {source}"),
+        ),
+    }
+}
+
+async fn manifest(shared: &Shared, source: &Source, digest: &str, head: bool) -> Response<Body> {
+    let manifest = match shared.cache.manifest(source, digest).await {
+        Ok(manifest) => manifest,
+        Err(e) => return upstream_failed(&e, "MANIFEST_UNKNOWN"),
+    };
+    if !head {
+        shared
+            .served_bytes
+            .fetch_add(manifest.body.len() as u64, Ordering::Relaxed);
+    }
+    let content_type = HeaderValue::from_str(&manifest.media_type)
+        .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
+    response(StatusCode::OK)
+        .header(CONTENT_TYPE, content_type)
+        .header(DIGEST_HEADER, digest)
+        .header(CONTENT_LENGTH, manifest.body.len())
+        .body(full(head, manifest.body))
+        .expect("a valid response")
+}
+
+async fn blob(
+    shared: &Arc<Shared>,
+    source: &Source,
+    digest: &str,
+    size: u64,
+    range: Option<&str>,
+    head: bool,
+) -> Response<Body> {
+    let wanted = match parse_range(range, size) {
+        Ok(wanted) => wanted,
+        Err(()) => {
+            return response(StatusCode::RANGE_NOT_SATISFIABLE)
+                .header(CONTENT_RANGE, format!("bytes */{size}"))
+                .body(empty())
+                .expect("a valid response");
+        }
+    };
+    let (status, bytes) = match &wanted {
+        Some(range) => (StatusCode::PARTIAL_CONTENT, range.clone()),
+        None => (StatusCode::OK, 0..size),
+    };
+    let mut builder = response(status)
+        .header(CONTENT_TYPE, "application/octet-stream")
+        .header(DIGEST_HEADER, digest)
+        .header(ACCEPT_RANGES, "bytes")
+        .header(CONTENT_LENGTH, bytes.end - bytes.start);
+    if wanted.is_some() {
+        builder = builder.header(
+            CONTENT_RANGE,
+            format!("bytes {}-{}/{size}", bytes.start, bytes.end.saturating_sub(1)),
+        );
+    }
+    if head {
+        return builder.body(empty()).expect("a valid response");
+    }
+    let reader = match shared.cache.blob(source, digest, size) {
+        Ok(reader) => reader,
+        Err(e) => return upstream_failed(&e, "BLOB_UNKNOWN"),
+    };
+    let mut stream = reader.stream(bytes);
+    // Headers wait for the first byte: a blob that cannot be had gets an error status, not a cut body.
+    let first = match stream.next().await {
+        Some(Err(e)) => return upstream_failed(&e, "BLOB_UNKNOWN"),
+        first => first,
+    };
+    let shared = Arc::clone(shared);
+    let body = futures::stream::iter(first).chain(stream).map(move |chunk| {
+        let chunk = chunk?;
+        shared
+            .served_bytes
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        Ok(Frame::data(chunk))
+    });
+    builder
+        .body(StreamBody::new(body).boxed_unsync())
+        .expect("a valid response")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Manifest,
+    Blob,
+}
+
+/// `/v2/<name>/(manifests|blobs)/<reference>` → (name, kind, reference).
+fn split_path(path: &str) -> Option<(&str, Kind, &str)> {
+    let rest = path.strip_prefix("/v2/")?;
+    let (rest, reference) = rest.rsplit_once('/')?;
+    let (name, kind) = rest.rsplit_once('/')?;
+    let kind = match kind {
+        "manifests" => Kind::Manifest,
+        "blobs" => Kind::Blob,
+        _ => return None,
+    };
+    (!name.is_empty() && !reference.is_empty()).then_some((name, kind, reference))
+}
+
+/// A `Range: bytes=...` header against a blob of `size` bytes: `Ok(None)` for the whole blob (no header,
+/// or one this endpoint serves whole, such as several ranges), `Err` when it cannot be satisfied.
+fn parse_range(header: Option<&str>, size: u64) -> Result<Option<Range<u64>>, ()> {
+    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((first, last)) = spec.split_once('-') else {
+        return Ok(None);
+    };
+    let number = |text: &str| text.trim().parse::<u64>().map_err(|_| ());
+    let range = match (first.trim().is_empty(), last.trim().is_empty()) {
+        // `bytes=-N`: the last N bytes.
+        (true, false) => {
+            let n = number(last)?.min(size);
+            if n == 0 {
+                return Err(());
+            }
+            size - n..size
+        }
+        (false, true) => number(first)?..size,
+        (false, false) => number(first)?..number(last)?.saturating_add(1).min(size),
+        (true, true) => return Ok(None),
+    };
+    if range.start >= size || range.start >= range.end {
+        return Err(());
+    }
+    Ok(Some(range))
+}
+
+/// The value of `name` in a query string, percent-decoded.
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| percent_decode(value))
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (byte, _, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn response(status: StatusCode) -> http::response::Builder {
+    Response::builder()
+        .status(status)
+        .header(API_VERSION_HEADER, "registry/2.0")
+}
+
+fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+fn full(head: bool, bytes: Bytes) -> Body {
+    if head {
+        empty()
+    } else {
+        Full::new(bytes)
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+}
+
+/// An error in the distribution API's envelope.
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    let body = serde_json::json!({"errors": [{"code": code, "message": message, "detail": null}]});
+    response(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(full(false, Bytes::from(body.to_string())))
+        .expect("a valid response")
+}
+
+fn refuse(shared: &Shared, code: &str, message: String) -> Response<Body> {
+    shared.refused.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(message, "blob endpoint refused a request");
+    error(StatusCode::NOT_FOUND, code, &message)
+}
+
+/// What a client sees when the cache could not get something the sets do name: 404 when the source
+/// registry does not have it, else 502 with the cause.
+fn upstream_failed(failure: &BlobError, not_found_code: &str) -> Response<Body> {
+    tracing::warn!(error = %failure, "blob endpoint could not serve a request");
+    let message = failure.to_string();
+    match failure {
+        BlobError::Registry(e) if e.kind() == "not-found" => {
+            error(StatusCode::NOT_FOUND, not_found_code, &message)
+        }
+        _ => error(StatusCode::BAD_GATEWAY, "UNKNOWN", &message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_split_into_name_kind_and_reference() {
+        let digest = "sha256:0123";
+        assert_eq!(
+            split_path(&format!("/v2/team/app/blobs/{digest}")),
+            Some(("team/app", Kind::Blob, digest))
+        );
+        assert_eq!(
+            split_path(&format!("/v2/127.0.0.1:5000/app/manifests/{digest}")),
+            Some(("127.0.0.1:5000/app", Kind::Manifest, digest))
+        );
+        assert_eq!(split_path("/v2/app/blobs/uploads/"), None);
+        assert_eq!(split_path("/v2/app/tags/list"), None);
+        assert_eq!(split_path("/v2/manifests/sha256:0"), None);
+        assert_eq!(split_path("/v1/app/blobs/sha256:0"), None);
+    }
+
+    #[test]
+    fn ranges_are_read_as_http_says() {
+        assert_eq!(parse_range(None, 100), Ok(None));
+        assert_eq!(parse_range(Some("bytes=10-"), 100), Ok(Some(10..100)));
+        assert_eq!(parse_range(Some("bytes=10-19"), 100), Ok(Some(10..20)));
+        assert_eq!(parse_range(Some("bytes=90-500"), 100), Ok(Some(90..100)));
+        assert_eq!(parse_range(Some("bytes=-30"), 100), Ok(Some(70..100)));
+        assert_eq!(parse_range(Some("bytes=-300"), 100), Ok(Some(0..100)));
+        assert_eq!(parse_range(Some("bytes=0-0"), 100), Ok(Some(0..1)));
+        // Several ranges, or another unit: served whole.
+        assert_eq!(parse_range(Some("bytes=0-1,5-6"), 100), Ok(None));
+        assert_eq!(parse_range(Some("items=0-1"), 100), Ok(None));
+        assert_eq!(parse_range(Some("bytes=100-"), 100), Err(()));
+        assert_eq!(parse_range(Some("bytes=20-10"), 100), Err(()));
+        assert_eq!(parse_range(Some("bytes=-0"), 100), Err(()));
+        assert_eq!(parse_range(Some("bytes=x-"), 100), Err(()));
+    }
+
+    #[test]
+    fn containerds_ns_parameter_is_decoded() {
+        assert_eq!(
+            query_param("ns=127.0.0.1%3A5000", "ns").as_deref(),
+            Some("127.0.0.1:5000")
+        );
+        assert_eq!(
+            query_param("a=b&ns=quay.io", "ns").as_deref(),
+            Some("quay.io")
+        );
+        assert_eq!(query_param("nsx=quay.io", "ns"), None);
+        assert_eq!(percent_decode("100%"), "100%");
+    }
+}
