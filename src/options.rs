@@ -1,6 +1,6 @@
 //! The argument list every command and the terminal UI share: which sets (`--set`, `--images-file`,
-//! `--image`), which nodes (`--cri`, `--nodes`, or a cluster), how to reach registries, when a node counts
-//! as full, and how a rollout runs. `plan`, `check`, `status`, `apply`, `unpin` and the TUI all take the
+//! `--image`), which nodes (`--cri`, `--nodes`, or a cluster), how to reach registries, where fetched blobs
+//! are kept, when a node counts as full, and how a rollout runs. `plan`, `check`, `status`, `apply`, `unpin` and the TUI all take the
 //! whole list, so an operator can reuse one argument list for every command: a flag a command does not
 //! need is accepted and ignored. Also turning those arguments into checked sets, targets and a registry
 //! client, before anything is touched.
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::backend::blobs::cache::{self, CacheOptions};
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
 use crate::backend::node::NodeTarget;
 use crate::backend::registry::{Registry, RegistryOptions};
@@ -35,6 +36,8 @@ pub struct CommonArgs {
     pub targets: TargetArgs,
     #[command(flatten)]
     pub registry: RegistryArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
@@ -155,6 +158,47 @@ pub struct RegistryArgs {
     /// Manifest requests in flight at once.
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub registry_concurrency: usize,
+}
+
+/// Where blobs fetched from registries are kept (`pinboard mirror`).
+#[derive(Args, Debug)]
+pub struct CacheArgs {
+    /// The blob cache. Default $XDG_CACHE_HOME/pinboard/blobs, else ~/.cache/pinboard/blobs.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Bytes of complete blobs the cache keeps; the least recently used go first, e.g. 100Gi.
+    #[arg(long, value_name = "SIZE", default_value = "50Gi", value_parser = parse_bytes)]
+    pub cache_max: u64,
+}
+
+impl Default for CacheArgs {
+    fn default() -> Self {
+        CacheArgs {
+            cache_dir: None,
+            cache_max: cache::DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
+impl CacheArgs {
+    /// `--cache-dir`, else the default; bad input when there is no default (no XDG_CACHE_HOME nor HOME).
+    pub fn dir(&self) -> Result<PathBuf, Failure> {
+        self.cache_dir
+            .clone()
+            .or_else(cache::default_dir)
+            .ok_or_else(|| {
+                Failure::bad_input(
+                    "no place for the blob cache: neither XDG_CACHE_HOME nor HOME is set; pass --cache-dir DIR",
+                )
+            })
+    }
+
+    pub fn options(&self) -> CacheOptions {
+        CacheOptions {
+            max_bytes: self.cache_max,
+            ..CacheOptions::default()
+        }
+    }
 }
 
 /// When a node counts as full.

@@ -110,13 +110,23 @@ async fn survey_nodes(
     platform: &Platform,
     limits: Limits,
 ) -> Result<Survey, SurveyError> {
+    let facts = image_facts(sets, registry, platform).await?;
+    let planned = nodes.iter().map(|(o, refs)| (o, refs.as_slice()));
+    Ok(summarize(sets, limits, planned, facts))
+}
+
+/// Every image of the sets, resolved for `platform`, by reference; or every reference the registry could not
+/// resolve.
+pub async fn image_facts(
+    sets: &[ImageSet],
+    registry: &Registry,
+    platform: &Platform,
+) -> Result<HashMap<String, ImageFacts>, SurveyError> {
     let references = union_of(sets);
     let inspected = registry
         .inspect_all(&references, std::slice::from_ref(platform))
         .await;
-    let facts = resolved(&references, inspected)?;
-    let planned = nodes.iter().map(|(o, refs)| (o, refs.as_slice()));
-    Ok(summarize(sets, limits, planned, facts))
+    resolved(&references, inspected)
 }
 
 /// Cluster mode: every node the sets land on (by their labels, as they would be applied), each planned for

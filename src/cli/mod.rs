@@ -1,11 +1,13 @@
 //! The command line: `pinboard` alone opens the terminal UI; `pinboard plan`, `check`, `status`, `apply`
-//! and `unpin` run headless. Every command takes the same argument list ([`CommonArgs`]). Each reads its
+//! and `unpin` run headless; `pinboard mirror` serves the sets' images as a registry mirror. Every command
+//! takes the same argument list ([`CommonArgs`]; `mirror` also needs `--listen`). Each reads its
 //! input completely and checks it before touching anything, so bad input ends with one clear message per
 //! problem, exit code 2, and nothing done.
 
 mod apply;
 mod check;
 mod cluster;
+mod mirror;
 mod output;
 mod plan;
 
@@ -42,6 +44,9 @@ pub enum Command {
     Apply(CommonArgs),
     /// Remove the pins of the images on every node (the images stay).
     Unpin(CommonArgs),
+    /// Serve the sets' images as a read-only registry mirror (digests of the sets only) until interrupted;
+    /// every blob is fetched from its registry once, into the blob cache.
+    Mirror(mirror::MirrorArgs),
     /// The terminal UI (the same as `pinboard` without a subcommand).
     Tui(TuiArgs),
 }
@@ -54,6 +59,7 @@ pub async fn run(command: Command) -> Result<String, Failure> {
         Command::Status(args) => check::status(args).await,
         Command::Apply(args) => apply::apply(args).await,
         Command::Unpin(args) => apply::unpin(args).await,
+        Command::Mirror(args) => mirror::run(args).await,
         Command::Tui(args) => crate::ui::live::run(args).await.map(|()| String::new()),
     }
 }
@@ -86,6 +92,10 @@ mod tests {
         "127.0.0.1:5000",
         "--registry-concurrency",
         "8",
+        "--cache-dir",
+        "/var/cache/pinboard",
+        "--cache-max",
+        "100Gi",
         "--gc-high-percent",
         "80",
         "--min-free",
@@ -102,8 +112,13 @@ mod tests {
 
     #[test]
     fn every_command_takes_the_same_argument_list() {
-        for command in ["plan", "check", "status", "apply", "unpin", "tui"] {
-            let start = ["pinboard", command];
+        for command in ["plan", "check", "status", "apply", "unpin", "mirror", "tui"] {
+            let start = ["pinboard", command, "--listen", "127.0.0.1:5050"];
+            let start = if command == "mirror" {
+                &start[..]
+            } else {
+                &start[..2]
+            };
             let line = start.iter().chain(APPLY_ARGS);
             let parsed = Cli::try_parse_from(line).unwrap_or_else(|e| panic!("{command}: {e}"));
             let common = match parsed.command.expect("a subcommand") {
@@ -112,17 +127,42 @@ mod tests {
                 | Command::Status(c)
                 | Command::Apply(c)
                 | Command::Unpin(c) => c,
+                Command::Mirror(m) => m.common,
                 Command::Tui(t) => t.common,
             };
             assert_eq!(common.rollout.parallel, 3, "{command}");
             assert_eq!(common.limits.min_free, 1 << 30, "{command}");
             assert_eq!(common.registry.insecure_registries, ["127.0.0.1:5000"]);
+            assert_eq!(common.cache.cache_max, 100 << 30, "{command}");
         }
         // The TUI without a subcommand takes it too.
         let line = ["pinboard"].iter().chain(APPLY_ARGS);
         let parsed = Cli::try_parse_from(line).unwrap();
         assert!(parsed.command.is_none());
         assert!(parsed.tui.common.rollout.force);
+    }
+
+    #[test]
+    fn the_cache_bound_defaults_to_the_documented_size() {
+        let parsed = Cli::try_parse_from(["pinboard", "plan"]).unwrap();
+        let Some(Command::Plan(common)) = parsed.command else {
+            panic!("plan")
+        };
+        assert_eq!(
+            common.cache.cache_max,
+            crate::backend::blobs::cache::DEFAULT_MAX_BYTES
+        );
+        assert_eq!(common.cache.cache_dir, None);
+    }
+
+    #[test]
+    fn mirror_needs_an_address_to_listen_on() {
+        let err = Cli::try_parse_from(["pinboard", "mirror", "--image", "quay.io/a/b@sha256:0"])
+            .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(err.to_string().contains("--listen"), "{err}");
+        let err = Cli::try_parse_from(["pinboard", "mirror", "--listen", "localhost"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
     }
 
     #[test]

@@ -97,6 +97,16 @@ impl Lab {
         self.registry.host().to_owned()
     }
 
+    /// Where the registry keeps the bytes of blob `digest` (`sha256:...`), for tests that corrupt them.
+    pub fn registry_blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+        self.dir()
+            .join("registry/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
     /// `127.0.0.1:PORT` of the proxy in front of the registry.
     pub fn proxy_host(&self) -> String {
         self.proxy.host().to_owned()

@@ -1,9 +1,12 @@
-//! A loopback TCP proxy in front of the registry that can slow traffic down, for tests of progress,
-//! timeouts and scheduling. It runs on its own thread with its own tokio runtime, so it works the same under
-//! sync tests and `#[tokio::test]`.
+//! A loopback TCP proxy in front of the registry that slows traffic down and breaks it, for tests of
+//! progress, timeouts, scheduling and recovery. It runs on its own thread with its own tokio runtime, so it
+//! works the same under sync tests and `#[tokio::test]`.
 //!
 //! Faults are read from [`Faults`] for every chunk forwarded, so a change applies to connections already
-//! open; new kinds of fault (a reset after N bytes, a stall) are new fields there plus a check in `forward`.
+//! open. Besides a delay per request and a bandwidth cap, it can reset a connection (TCP RST) after N
+//! response bytes, stall one (stop sending, keep it open) after N bytes, answer requests itself with an
+//! error status and `Retry-After`, trickle responses in small pieces, and drop `Range` headers so the
+//! registry answers 200 with the whole blob. It records every request head it sees, as the client sent it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +18,7 @@ use anyhow::Result;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 /// Request lines start with one of these; a client->server chunk that does is a new HTTP request.
@@ -34,12 +37,53 @@ const BUFFER: usize = 64 * 1024;
 const CATCH_UP: Duration = Duration::from_millis(50);
 
 /// What the proxy currently does to traffic.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Faults {
     /// Held before forwarding each new HTTP request.
     delay: Duration,
     /// Shared cap on server->client bytes per second over all connections.
     bandwidth: Option<u64>,
+    /// Connections reset once they have sent this many response bytes.
+    reset: Option<Cut>,
+    /// Connections that stop sending (and stay open) once they have sent this many response bytes.
+    stall: Option<Cut>,
+    /// Requests the proxy answers itself.
+    errors: Option<ErrorReply>,
+    /// Responses sent in pieces of at most this many bytes, each after the pause.
+    trickle: Option<(usize, Duration)>,
+    /// `Range` headers removed from requests.
+    ignore_range: bool,
+}
+
+/// A connection-level fault: after how many response bytes, and for how many more connections (`None`:
+/// every connection until cleared).
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    after: u64,
+    connections: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ErrorReply {
+    status: u16,
+    retry_after: Option<u64>,
+    requests: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CutKind {
+    Reset,
+    Stall,
+}
+
+/// Where a proxied connection stands, shared by its two directions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    Open,
+    /// The client closed its side (or it broke): a stalled response may stop waiting.
+    ClientGone,
+    /// The proxy ended the connection (a reset, or an error it answered itself): both directions stop.
+    Cut,
 }
 
 /// Controls and counters of a running proxy. Cheap to clone; all clones control the same proxy.
@@ -56,12 +100,13 @@ struct Shared {
     next_send: Mutex<Option<Instant>>,
     requests: AtomicU64,
     bytes_down: AtomicU64,
+    heads: Mutex<Vec<String>>,
 }
 
 impl ProxyControl {
     /// Holds each new HTTP request back for `delay` before forwarding it (zero: no delay).
     pub fn set_delay(&self, delay: Duration) {
-        self.shared.faults.lock().expect("faults").delay = delay;
+        self.update(|f| f.delay = delay);
     }
 
     /// Limits registry->client bytes per second, shared over all connections (`None`: unlimited).
@@ -71,7 +116,62 @@ impl ProxyControl {
             Some(0),
             "a bandwidth of 0 would stall forever"
         );
-        self.shared.faults.lock().expect("faults").bandwidth = bytes_per_second;
+        self.update(|f| f.bandwidth = bytes_per_second);
+    }
+
+    /// Resets connections (TCP RST) once they have sent `after_bytes` response bytes, headers included:
+    /// the next `connections` that get that far, or every one (`None`) until cleared.
+    pub fn reset_after(&self, after_bytes: u64, connections: Option<u64>) {
+        self.update(|f| {
+            f.reset = Some(Cut {
+                after: after_bytes,
+                connections,
+            })
+        });
+    }
+
+    /// Stops forwarding responses on connections once they have sent `after_bytes` bytes, keeping them
+    /// open until the client gives up: the next `connections` that get that far, or every one (`None`).
+    pub fn stall_after(&self, after_bytes: u64, connections: Option<u64>) {
+        self.update(|f| {
+            f.stall = Some(Cut {
+                after: after_bytes,
+                connections,
+            })
+        });
+    }
+
+    /// Answers the next `requests` requests itself with `status` (and `Retry-After: <seconds>` when
+    /// given) and closes their connections; the registry never sees them.
+    pub fn fail_requests(&self, status: u16, requests: u64, retry_after: Option<u64>) {
+        self.update(|f| {
+            f.errors = Some(ErrorReply {
+                status,
+                retry_after,
+                requests,
+            })
+        });
+    }
+
+    /// Sends responses in pieces of at most `piece` bytes, each after `pause` (`None`: off).
+    pub fn set_trickle(&self, trickle: Option<(usize, Duration)>) {
+        assert!(trickle.is_none_or(|(piece, _)| piece > 0), "pieces of 0 bytes");
+        self.update(|f| f.trickle = trickle);
+    }
+
+    /// Removes `Range` headers from requests, so the registry answers 200 with the whole blob.
+    pub fn set_ignore_range(&self, on: bool) {
+        self.update(|f| f.ignore_range = on);
+    }
+
+    /// Back to forwarding everything as it comes.
+    pub fn clear_faults(&self) {
+        self.update(|f| *f = Faults::default());
+    }
+
+    /// The head (request line and headers) of every request seen so far, as the client sent it.
+    pub fn request_heads(&self) -> Vec<String> {
+        self.shared.heads.lock().expect("heads").clone()
     }
 
     /// HTTP requests seen so far.
@@ -84,8 +184,42 @@ impl ProxyControl {
         self.shared.bytes_down.load(Ordering::Relaxed)
     }
 
+    fn update(&self, change: impl FnOnce(&mut Faults)) {
+        change(&mut self.shared.faults.lock().expect("faults"));
+    }
+
     fn faults(&self) -> Faults {
-        *self.shared.faults.lock().expect("faults")
+        self.shared.faults.lock().expect("faults").clone()
+    }
+
+    /// The cut a connection that has sent `sent` bytes meets in its next `n` bytes, if a fault (with
+    /// connections left to cut) says so, and how many of those bytes go out before it.
+    fn claim_cut(&self, sent: u64, n: usize) -> Option<(CutKind, usize)> {
+        let mut guard = self.shared.faults.lock().expect("faults");
+        let faults = &mut *guard;
+        for (kind, cut) in [
+            (CutKind::Reset, &mut faults.reset),
+            (CutKind::Stall, &mut faults.stall),
+        ] {
+            let Some(fault) = cut.as_mut() else { continue };
+            if sent + n as u64 <= fault.after || fault.connections == Some(0) {
+                continue;
+            }
+            if let Some(left) = fault.connections.as_mut() {
+                *left -= 1;
+            }
+            let keep = usize::try_from(fault.after.saturating_sub(sent)).unwrap_or(n);
+            return Some((kind, keep.min(n)));
+        }
+        None
+    }
+
+    /// The error the proxy answers this request with, if it should.
+    fn claim_error(&self) -> Option<ErrorReply> {
+        let mut faults = self.shared.faults.lock().expect("faults");
+        let reply = faults.errors.as_mut().filter(|e| e.requests > 0)?;
+        reply.requests -= 1;
+        Some(*reply)
     }
 
     /// Waits until `bytes` more may be sent under `limit` bytes/s.
@@ -181,68 +315,205 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, control: Proxy
             };
             let (client_read, client_write) = client.into_split();
             let (server_read, server_write) = server.into_split();
+            let client_write = tokio::sync::Mutex::new(Some(client_write));
+            let (link, _) = watch::channel(Link::Open);
             tokio::join!(
-                forward(client_read, server_write, &control, Direction::Up),
-                forward(server_read, client_write, &control, Direction::Down),
+                requests(client_read, server_write, &client_write, &control, &link),
+                responses(server_read, &client_write, &control, &link),
             );
         });
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Direction {
-    /// Client to registry: requests.
-    Up,
-    /// Registry to client: responses.
-    Down,
-}
-
-/// Copies one direction of a connection, applying the current [`Faults`] to each chunk, until EOF or an
-/// error; then shuts the write side down so the peer sees the end too.
-async fn forward(
+/// Client to registry: counts and records requests, applies the delay, answers the faulted ones itself,
+/// drops `Range` headers when asked; until the client closes or the proxy cuts the connection.
+async fn requests(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
+    client: &tokio::sync::Mutex<Option<OwnedWriteHalf>>,
     control: &ProxyControl,
-    direction: Direction,
+    link: &watch::Sender<Link>,
 ) {
+    let mut cut = link.subscribe();
     let mut buffer = vec![0u8; BUFFER];
     loop {
-        let faults = control.faults();
-        // Under a bandwidth limit, read at most ~1/20 s worth at a time so the pace stays smooth.
-        let chunk = match (direction, faults.bandwidth) {
-            (Direction::Down, Some(limit)) => usize::try_from(limit / 20)
-                .unwrap_or(BUFFER)
-                .clamp(512, BUFFER),
-            _ => BUFFER,
+        let n = tokio::select! {
+            read = from.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            _ = cut.wait_for(|l| *l == Link::Cut) => return,
         };
-        let n = match from.read(&mut buffer[..chunk]).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let data = &buffer[..n];
-        match direction {
-            Direction::Up => {
-                if METHODS.iter().any(|method| data.starts_with(method)) {
-                    control.shared.requests.fetch_add(1, Ordering::Relaxed);
-                    if !faults.delay.is_zero() {
-                        tokio::time::sleep(faults.delay).await;
-                    }
-                }
+        let mut data = buffer[..n].to_vec();
+        if METHODS.iter().any(|method| data.starts_with(method)) {
+            control.shared.requests.fetch_add(1, Ordering::Relaxed);
+            let head_end = data
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map_or(data.len(), |i| i + 4);
+            control
+                .shared
+                .heads
+                .lock()
+                .expect("heads")
+                .push(String::from_utf8_lossy(&data[..head_end]).into_owned());
+            let faults = control.faults();
+            if !faults.delay.is_zero() {
+                tokio::time::sleep(faults.delay).await;
             }
-            Direction::Down => {
-                if let Some(limit) = faults.bandwidth {
-                    control.throttle(n, limit).await;
-                }
-                // Counted before the write: once written, the client may finish before we count.
-                control
-                    .shared
-                    .bytes_down
-                    .fetch_add(n as u64, Ordering::Relaxed);
+            if let Some(reply) = control.claim_error() {
+                answer_with_error(client, reply).await;
+                link.send_replace(Link::Cut);
+                return;
+            }
+            if faults.ignore_range {
+                data = without_range(&data, head_end);
             }
         }
-        if to.write_all(data).await.is_err() {
+        if to.write_all(&data).await.is_err() {
             break;
         }
     }
     let _ = to.shutdown().await;
+    link.send_if_modified(|l| {
+        let open = *l == Link::Open;
+        if open {
+            *l = Link::ClientGone;
+        }
+        open
+    });
+}
+
+/// Registry to client: applies bandwidth, trickle, resets and stalls, and counts the bytes.
+async fn responses(
+    mut from: OwnedReadHalf,
+    client: &tokio::sync::Mutex<Option<OwnedWriteHalf>>,
+    control: &ProxyControl,
+    link: &watch::Sender<Link>,
+) {
+    let mut state = link.subscribe();
+    let mut buffer = vec![0u8; BUFFER];
+    let mut sent: u64 = 0;
+    loop {
+        let faults = control.faults();
+        // Under a bandwidth limit, read at most ~1/20 s worth at a time so the pace stays smooth.
+        let chunk = faults.bandwidth.map_or(BUFFER, |limit| {
+            usize::try_from(limit / 20)
+                .unwrap_or(BUFFER)
+                .clamp(512, BUFFER)
+        });
+        let n = tokio::select! {
+            read = from.read(&mut buffer[..chunk]) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            _ = state.wait_for(|l| *l == Link::Cut) => return,
+        };
+        let cut = control.claim_cut(sent, n);
+        let data = &buffer[..cut.map_or(n, |(_, keep)| keep)];
+        if send(client, data, &faults, control).await.is_err() {
+            break;
+        }
+        sent += data.len() as u64;
+        match cut {
+            None => {}
+            Some((CutKind::Reset, _)) => {
+                if let Some(half) = client.lock().await.take() {
+                    // The bytes before the cut reach the client first: a reset discards what is still queued.
+                    drained(half.as_ref()).await;
+                    // Linger 0 makes the close a reset; forget() keeps the write half from sending a FIN
+                    // first. The socket closes when the request direction, told below, drops its half.
+                    let _ = half.as_ref().set_zero_linger();
+                    half.forget();
+                }
+                link.send_replace(Link::Cut);
+                return;
+            }
+            Some((CutKind::Stall, _)) => {
+                let _ = state.wait_for(|l| *l != Link::Open).await;
+                link.send_replace(Link::Cut);
+                return;
+            }
+        }
+    }
+    if let Some(half) = client.lock().await.as_mut() {
+        let _ = half.shutdown().await;
+    }
+}
+
+/// Waits (up to a few seconds) until the peer has acknowledged everything written to `stream`.
+async fn drained(stream: &TcpStream) {
+    use std::os::fd::AsRawFd as _;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ writes one int, the bytes not yet acknowledged, into `queued`.
+        let failed = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut queued) } != 0;
+        if failed || queued == 0 || Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Writes response bytes to the client, in trickled pieces and under the bandwidth cap if set.
+async fn send(
+    client: &tokio::sync::Mutex<Option<OwnedWriteHalf>>,
+    data: &[u8],
+    faults: &Faults,
+    control: &ProxyControl,
+) -> std::io::Result<()> {
+    let piece = faults.trickle.map_or(data.len().max(1), |(piece, _)| piece);
+    for part in data.chunks(piece) {
+        if let Some((_, pause)) = faults.trickle {
+            tokio::time::sleep(pause).await;
+        }
+        if let Some(limit) = faults.bandwidth {
+            control.throttle(part.len(), limit).await;
+        }
+        // Counted before the write: once written, the client may finish before we count.
+        control
+            .shared
+            .bytes_down
+            .fetch_add(part.len() as u64, Ordering::Relaxed);
+        let mut guard = client.lock().await;
+        let Some(half) = guard.as_mut() else {
+            return Err(std::io::ErrorKind::NotConnected.into());
+        };
+        half.write_all(part).await?;
+    }
+    Ok(())
+}
+
+/// Answers a request with `reply`'s status, an error envelope and `Connection: close`, then closes.
+async fn answer_with_error(client: &tokio::sync::Mutex<Option<OwnedWriteHalf>>, reply: ErrorReply) {
+    let body = format!(
+        "{{\"errors\":[{{\"code\":\"UNAVAILABLE\",\"message\":\"lab proxy fault: HTTP {}\"}}]}}",
+        reply.status
+    );
+    let retry_after = reply
+        .retry_after
+        .map_or_else(String::new, |s| format!("Retry-After: {s}\r\n"));
+    let response = format!(
+        "HTTP/1.1 {} Lab Fault\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{retry_after}\
+         Connection: close\r\n\r\n{body}",
+        reply.status,
+        body.len()
+    );
+    if let Some(mut half) = client.lock().await.take() {
+        let _ = half.write_all(response.as_bytes()).await;
+        let _ = half.shutdown().await;
+    }
+}
+
+/// `data` (a request starting with its head of `head_end` bytes) without its `Range` header.
+fn without_range(data: &[u8], head_end: usize) -> Vec<u8> {
+    let head = String::from_utf8_lossy(&data[..head_end]);
+    let kept: String = head
+        .split_inclusive("\r\n")
+        .filter(|line| !line.to_ascii_lowercase().starts_with("range:"))
+        .collect();
+    let mut out = kept.into_bytes();
+    out.extend_from_slice(&data[head_end..]);
+    out
 }

@@ -18,7 +18,8 @@
 //!
 //! Nothing unverified is ever served as complete: a reader holds back the last byte of its range until the
 //! whole blob has been verified. A blob whose sha256 does not match is discarded and fetched once more, then
-//! failed naming both digests. Whenever a download starts over from byte 0 (a mismatch, or a 200), readers
+//! failed naming both digests; for a minute after that, asking for it again gets the same error at once,
+//! so nodes that retry do not pull the corrupt bytes over the link again and again. Whenever a download starts over from byte 0 (a mismatch, or a 200), readers
 //! that had already sent bytes of the earlier attempt end in an error, so the runtime discards what it got
 //! and asks again.
 //!
@@ -33,7 +34,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt as _;
@@ -57,6 +58,8 @@ const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// A `Retry-After` longer than this is cut to it: a node's pull should fail with the reason, not hang.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
+/// How long a blob that failed verification twice is refused without asking the registry again.
+const REFUSED_FOR: Duration = Duration::from_secs(60);
 /// The most a reader sends at once.
 const CHUNK: usize = 256 * 1024;
 const COMPLETE_DIR: &str = "sha256";
@@ -171,6 +174,8 @@ struct State {
     in_use: HashMap<String, usize>,
     /// Downloads under way, by hex digest.
     downloads: HashMap<String, watch::Receiver<Progress>>,
+    /// Blobs that failed verification twice, and when.
+    refused: HashMap<String, (BlobError, Instant)>,
 }
 
 struct Stored {
@@ -452,6 +457,12 @@ impl BlobCache {
         if let Some(progress) = state.downloads.get(hex) {
             return Ok(progress.clone());
         }
+        if let Some((error, when)) = state.refused.get(hex) {
+            if when.elapsed() < REFUSED_FOR {
+                return Err(error.clone());
+            }
+            state.refused.remove(hex);
+        }
         let path = self.partial_path(hex);
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -500,6 +511,9 @@ impl BlobCache {
                     // Corrupt bytes go; sound ones stay for the next attempt to resume from.
                     if matches!(error, BlobError::DigestMismatch { .. }) {
                         let _ = std::fs::remove_file(&partial);
+                        state
+                            .refused
+                            .insert(job.hex.clone(), (error.clone(), Instant::now()));
                     }
                     Err(error)
                 }
@@ -509,11 +523,11 @@ impl BlobCache {
             Ok(()) => tracing::debug!(digest = job.digest, size = job.size, "blob complete"),
             Err(error) => tracing::debug!(%error, "blob download failed"),
         }
-        let ok = outcome.is_ok();
-        progress.send_modify(|p| p.outcome = Some(outcome));
-        if ok {
+        if outcome.is_ok() {
+            // Before telling anyone: whoever waited for the blob sees the cache within its bound.
             self.evict();
         }
+        progress.send_modify(|p| p.outcome = Some(outcome));
     }
 
     /// Fills the partial file until it holds the verified blob.

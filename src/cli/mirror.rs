@@ -1,0 +1,102 @@
+//! `pinboard mirror --listen ADDR`: the blob cache's read-only registry endpoint on its own, for nodes that
+//! pinboard does not wire itself (an OpenShift ImageDigestMirrorSet, a hosts.toml or registries.conf written
+//! by hand). It surveys the sets' images in their registries (no node needed), serves their digests until
+//! SIGINT or SIGTERM, then prints the bytes fetched over the link and the bytes served.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::output;
+use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
+use crate::error::Failure;
+use crate::model::mirror::Allowed;
+use crate::model::units::human;
+use crate::options::{CommonArgs, read_sets, registry_client};
+use crate::survey::image_facts;
+
+/// `mirror`'s arguments: the common list, and where to listen.
+#[derive(Args, Debug)]
+pub struct MirrorArgs {
+    /// Address to serve the registry endpoint on, e.g. 0.0.0.0:5050 (port 0: any free port).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// What `mirror` prints on exit.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Summary {
+    images: usize,
+    #[serde(flatten)]
+    stats: EndpointStats,
+}
+
+pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
+    let common = &args.common;
+    let sets = read_sets(&common.input, true)?;
+    let platform = common.targets.platform()?;
+    let cache_dir = common.cache.dir()?;
+    let registry = Arc::new(registry_client(&common.registry)?);
+    let facts = image_facts(&sets, &registry, &platform)
+        .await
+        .map_err(Failure::from)?;
+    let allowed = Allowed::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
+    let cache = BlobCache::open(&cache_dir, common.cache.options(), registry)
+        .map_err(|e| Failure::bad_input(format!("{e}; pass another --cache-dir")))?;
+    let blobs = allowed.blobs();
+    let serving = format!(
+        "{} images ({} blobs, {}; {} already cached) of {}",
+        facts.len(),
+        blobs.len(),
+        human(blobs.iter().map(|(_, _, size)| size).sum()),
+        blobs.iter().filter(|(_, digest, _)| cache.has(digest)).count(),
+        allowed.registries().into_iter().collect::<Vec<_>>().join(", "),
+    );
+    let endpoint = Endpoint::start(args.listen, Arc::clone(&cache), allowed)
+        .await
+        .map_err(|e| {
+            Failure::bad_input(format!(
+                "cannot listen on {}: {e}; pass another --listen",
+                args.listen
+            ))
+        })?;
+    eprintln!(
+        "pinboard mirror: serving {serving} at {} (cache {}); Ctrl-C stops",
+        endpoint.url(),
+        cache_dir.display(),
+    );
+    wait_for_signal().await?;
+    let summary = Summary {
+        images: facts.len(),
+        stats: endpoint.stop().await,
+    };
+    output::render(&summary, common.output, || {
+        format!(
+            "fetched from the link: {} ({} bytes)\nserved: {} ({} bytes) in {} requests, {} refused\n",
+            human(summary.stats.link_bytes),
+            summary.stats.link_bytes,
+            human(summary.stats.served_bytes),
+            summary.stats.served_bytes,
+            summary.stats.requests,
+            summary.stats.refused,
+        )
+    })
+}
+
+/// Returns on SIGINT (Ctrl-C) or SIGTERM.
+async fn wait_for_signal() -> Result<(), Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let cannot = |e: std::io::Error| Failure::bad_input(format!("cannot wait for signals: {e}"));
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(cannot)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(cannot)?;
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
