@@ -179,7 +179,10 @@ fn a_reset_connection_is_resumed_with_range_and_the_blob_crosses_the_link_once()
         .expect("fetched despite the resets");
 
     let gets = setup.gets_of(&digest);
-    assert!(gets.len() >= 4, "a 4 MiB blob through 1 MiB connections: {gets:?}");
+    assert!(
+        gets.len() >= 4,
+        "a 4 MiB blob through 1 MiB connections: {gets:?}"
+    );
     assert!(!gets[0].contains("range:"), "{}", gets[0]);
     assert!(
         gets[1..].iter().all(|h| h.contains("range: bytes=")),
@@ -204,7 +207,11 @@ fn a_registry_that_answers_200_to_a_range_is_restarted_from_zero_and_the_log_say
 
     let gets = setup.gets_of(&digest);
     assert_eq!(gets.len(), 2, "{gets:?}");
-    assert!(gets[1].contains("range: bytes="), "asked to resume: {}", gets[1]);
+    assert!(
+        gets[1].contains("range: bytes="),
+        "asked to resume: {}",
+        gets[1]
+    );
     let logged = logs();
     let restart = logged
         .lines()
@@ -236,7 +243,11 @@ fn answers_503_and_429_are_retried_after_their_retry_after_and_bounded() {
     rt.block_on(cache.fetch(&setup.source, &first, size))
         .expect("fetched after two 503s");
     // Two waits of Retry-After: 1 (the backoff alone would wait 0.5 s, then 1 s).
-    assert!(started.elapsed() >= Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(setup.gets_of(&first).len(), 3);
 
     let (second, size) = setup.layer(1);
@@ -251,9 +262,15 @@ fn answers_503_and_429_are_retried_after_their_retry_after_and_bounded() {
     let error = rt
         .block_on(cache.fetch(&setup.source, &third, size))
         .expect_err("gives up");
-    assert!(matches!(error, BlobError::GaveUp { attempts: 3, .. }), "{error:?}");
+    assert!(
+        matches!(error, BlobError::GaveUp { attempts: 3, .. }),
+        "{error:?}"
+    );
     let message = error.to_string();
-    assert!(message.contains(&third) && message.contains("HTTP 503"), "{message}");
+    assert!(
+        message.contains(&third) && message.contains("HTTP 503"),
+        "{message}"
+    );
     assert_eq!(setup.gets_of(&third).len(), 3);
     assert!(!cache.has(&third));
 }
@@ -269,7 +286,10 @@ fn a_stalled_connection_is_dropped_and_resumed() {
         .expect("fetched despite the stalls");
     let gets = setup.gets_of(&digest);
     assert!(gets.len() >= 4, "{gets:?}");
-    assert!(gets[1..].iter().all(|h| h.contains("range: bytes=")), "{gets:?}");
+    assert!(
+        gets[1..].iter().all(|h| h.contains("range: bytes=")),
+        "{gets:?}"
+    );
     setup.assert_fetched_once(&cache, &digest, size, 0);
 }
 
@@ -286,7 +306,11 @@ fn a_trickle_is_slow_but_not_a_stall() {
     runtime()
         .block_on(cache.fetch(&setup.source, &digest, size))
         .expect("fetched");
-    assert_eq!(setup.gets_of(&digest).len(), 1, "one request, never resumed");
+    assert_eq!(
+        setup.gets_of(&digest).len(),
+        1,
+        "one request, never resumed"
+    );
     setup.assert_fetched_once(&cache, &digest, size, 0);
 }
 
@@ -314,7 +338,11 @@ fn a_partial_download_outlives_the_cache_and_is_resumed_after_a_restart() {
     // The download task may finish dropping a moment after the runtime is told to stop.
     let deadline = Instant::now() + Duration::from_secs(10);
     let cache = loop {
-        match BlobCache::open(setup.dir.path(), CacheOptions::default(), Arc::clone(&setup.registry)) {
+        match BlobCache::open(
+            setup.dir.path(),
+            CacheOptions::default(),
+            Arc::clone(&setup.registry),
+        ) {
             Ok(cache) => break cache,
             Err(e) => {
                 assert!(Instant::now() < deadline, "{e}");
@@ -415,12 +443,16 @@ fn eviction_removes_the_least_recently_used_blobs_that_no_reader_holds() {
     }
     // Use A again, and hold B open: C is now the least recently used that is free.
     let _ = rt.block_on(async {
-        let a = cache.blob(&setup.source, &layers[0].0, layers[0].1).unwrap();
+        let a = cache
+            .blob(&setup.source, &layers[0].0, layers[0].1)
+            .unwrap();
         a.stream(0..1).collect::<Vec<_>>().await
     });
     let held_b = {
         let _guard = rt.enter();
-        cache.blob(&setup.source, &layers[1].0, layers[1].1).unwrap()
+        cache
+            .blob(&setup.source, &layers[1].0, layers[1].1)
+            .unwrap()
     };
     fetch(3);
     assert_eq!(present(), [true, true, false, true], "C went, B was held");
@@ -461,7 +493,10 @@ fn a_blob_corrupted_in_the_registry_is_refused_fetched_once_more_and_never_kept(
         .expect_err("refused");
     let chunks = rt.block_on(reader).unwrap();
     let (last, sent) = chunks.split_last().expect("something came");
-    assert!(!sent.is_empty() && sent.iter().all(Result::is_ok), "bytes came first");
+    assert!(
+        !sent.is_empty() && sent.iter().all(Result::is_ok),
+        "bytes came first"
+    );
     assert!(last.is_err(), "the stream ends in an error: {last:?}");
     let received: u64 = sent.iter().map(|c| c.as_ref().unwrap().len() as u64).sum();
     assert!(received < size, "the last byte was never sent");
@@ -475,10 +510,21 @@ fn a_blob_corrupted_in_the_registry_is_refused_fetched_once_more_and_never_kept(
         }
     );
     let message = error.to_string();
-    assert!(message.contains("digest mismatch") && message.contains(&digest) && message.contains(&corrupt));
-    assert_eq!(setup.gets_of(&digest).len(), 2, "discarded, fetched once more, failed");
+    assert!(
+        message.contains("digest mismatch")
+            && message.contains(&digest)
+            && message.contains(&corrupt)
+    );
+    assert_eq!(
+        setup.gets_of(&digest).len(),
+        2,
+        "discarded, fetched once more, failed"
+    );
     assert!(!cache.has(&digest));
-    assert!(!setup.cached(&digest).exists() && !setup.partial(&digest).exists(), "nothing corrupt kept");
+    assert!(
+        !setup.cached(&digest).exists() && !setup.partial(&digest).exists(),
+        "nothing corrupt kept"
+    );
 
     // Asked again, the cache answers with the same error at once: the corrupt bytes do not cross again.
     let again = rt
@@ -499,7 +545,11 @@ fn a_blob_corrupted_in_the_registry_is_refused_fetched_once_more_and_never_kept(
     let reference = format!("{}@{}", setup.source, setup.image.manifest_digest);
     let allowed = Allowed::from_facts([(reference.as_str(), &facts[0].1)]);
     let endpoint = rt
-        .block_on(Endpoint::start("127.0.0.1:0".parse().unwrap(), Arc::clone(&cache), allowed))
+        .block_on(Endpoint::start(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::clone(&cache),
+            allowed,
+        ))
         .expect("endpoint");
     let agent = support::http::agent();
     let url = |digest: &str| {
@@ -513,15 +563,24 @@ fn a_blob_corrupted_in_the_registry_is_refused_fetched_once_more_and_never_kept(
     let mut refused = agent.get(url(&digest)).call().unwrap();
     assert_eq!(refused.status(), 502);
     let body = refused.body_mut().read_to_string().unwrap();
-    assert!(body.contains("digest mismatch") && body.contains(&digest), "{body}");
+    assert!(
+        body.contains("digest mismatch") && body.contains(&digest),
+        "{body}"
+    );
     let (good, good_size) = setup.layer(1);
     let mut served = agent.get(url(&good)).call().unwrap();
     assert_eq!(served.status(), 200);
     let served = served.body_mut().read_to_vec().unwrap();
-    assert_eq!((sha256(&served), served.len() as u64), (good.clone(), good_size));
+    assert_eq!(
+        (sha256(&served), served.len() as u64),
+        (good.clone(), good_size)
+    );
     let elsewhere = format!("sha256:{}", "0".repeat(64));
     assert_eq!(agent.get(url(&elsewhere)).call().unwrap().status(), 404);
     let stats = rt.block_on(endpoint.stop());
-    assert_eq!((stats.requests, stats.refused, stats.served_bytes), (3, 1, good_size));
+    assert_eq!(
+        (stats.requests, stats.refused, stats.served_bytes),
+        (3, 1, good_size)
+    );
     assert!(!setup.cached(&digest).exists() && !setup.partial(&digest).exists());
 }

@@ -728,7 +728,9 @@ impl Registry {
                 request = request.header(http::header::RANGE, format!("bytes={offset}-"));
             }
             request = match (token.as_ref(), &auth.auth) {
-                (Some(token), _) | (None, RegistryAuth::Bearer(token)) => request.bearer_auth(token),
+                (Some(token), _) | (None, RegistryAuth::Bearer(token)) => {
+                    request.bearer_auth(token)
+                }
                 (None, RegistryAuth::Basic(user, password)) => {
                     request.basic_auth(user, Some(password))
                 }
@@ -914,7 +916,11 @@ fn content_range_start(headers: &http::HeaderMap) -> Option<u64> {
 
 /// How long `Retry-After` asks to wait: a number of seconds, or an HTTP date (a date already past: 0).
 fn retry_after(headers: &http::HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
-    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let value = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
     match value.parse::<u64>() {
         Ok(seconds) => Some(Duration::from_secs(seconds)),
         Err(_) => {
@@ -1683,9 +1689,10 @@ mod tests {
         let bare_index = br#"{"schemaVersion": 2, "manifests": []}"#;
         let parsed = parse_manifest(bare_index).unwrap();
         assert_eq!(media_type(bare_index, &parsed), MEDIA_TYPE_OCI_INDEX);
-        let docker = serde_json::json!({"schemaVersion": 2, "mediaType": MEDIA_TYPE_DOCKER_MANIFEST,
+        let docker =
+            serde_json::json!({"schemaVersion": 2, "mediaType": MEDIA_TYPE_DOCKER_MANIFEST,
             "config": {"mediaType": "x", "digest": D1, "size": 1}, "layers": []})
-        .to_string();
+            .to_string();
         let parsed = parse_manifest(docker.as_bytes()).unwrap();
         assert_eq!(
             media_type(docker.as_bytes(), &parsed),
@@ -1716,7 +1723,8 @@ mod tests {
 
     #[test]
     fn content_range_gives_where_a_partial_body_starts() {
-        let start = |value: &str| content_range_start(&headers(&[(http::header::CONTENT_RANGE, value)]));
+        let start =
+            |value: &str| content_range_start(&headers(&[(http::header::CONTENT_RANGE, value)]));
         assert_eq!(start("bytes 1048576-4194303/4194304"), Some(1_048_576));
         assert_eq!(start("bytes 0-0/1"), Some(0));
         assert_eq!(start("bytes */4194304"), None);
@@ -1737,14 +1745,21 @@ mod tests {
             )
         };
         assert_eq!(
-            error(404, r#"{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}"#).kind(),
+            error(
+                404,
+                r#"{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}"#
+            )
+            .kind(),
             "not-found"
         );
         assert_eq!(error(401, "").kind(), "unauthorized");
         assert_eq!(error(429, "slow down").kind(), "rate-limited");
         let unavailable = error(503, "maintenance");
         assert!(unavailable.is_transient());
-        assert!(unavailable.to_string().ends_with("HTTP 503: maintenance"), "{unavailable}");
+        assert!(
+            unavailable.to_string().ends_with("HTTP 503: maintenance"),
+            "{unavailable}"
+        );
         assert!(!error(416, "").is_transient());
     }
 }

@@ -54,8 +54,15 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
         facts.len(),
         blobs.len(),
         human(blobs.iter().map(|(_, _, size)| size).sum()),
-        blobs.iter().filter(|(_, digest, _)| cache.has(digest)).count(),
-        allowed.registries().into_iter().collect::<Vec<_>>().join(", "),
+        blobs
+            .iter()
+            .filter(|(_, digest, _)| cache.has(digest))
+            .count(),
+        allowed
+            .registries()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join(", "),
     );
     let endpoint = Endpoint::start(args.listen, Arc::clone(&cache), allowed)
         .await

@@ -138,6 +138,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         })
     }
 
+    /// The `hosts.toml` through which this node's containerd reaches `registry_host` (`HOST:PORT`), in its
+    /// registry `config_path`: what an administrator edits to add a mirror.
+    pub fn hosts_toml(&self, registry_host: &str) -> PathBuf {
+        self.root
+            .parent()
+            .expect("the root is in the node's directory")
+            .join("certs.d")
+            .join(registry_host)
+            .join("hosts.toml")
+    }
+
     /// `unix:///abs/path/containerd.sock`
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())

@@ -155,7 +155,10 @@ impl ProxyControl {
 
     /// Sends responses in pieces of at most `piece` bytes, each after `pause` (`None`: off).
     pub fn set_trickle(&self, trickle: Option<(usize, Duration)>) {
-        assert!(trickle.is_none_or(|(piece, _)| piece > 0), "pieces of 0 bytes");
+        assert!(
+            trickle.is_none_or(|(piece, _)| piece > 0),
+            "pieces of 0 bytes"
+        );
         self.update(|f| f.trickle = trickle);
     }
 

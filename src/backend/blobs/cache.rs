@@ -641,9 +641,7 @@ impl BlobCache {
             cause: format!("no byte for {}s", stall.as_secs_f32()),
             wait: None,
         };
-        let request = self
-            .registry
-            .blob(&job.source, &job.digest, partial.have);
+        let request = self.registry.blob(&job.source, &job.digest, partial.have);
         let body = match tokio::time::timeout(stall, request).await {
             Err(_) => return Err(stalled()),
             Ok(Err(failure)) if failure.error.is_transient() => {
@@ -886,7 +884,11 @@ impl Reader {
                 }
             }
             // Wait for more bytes (or for the bytes of a download that started over).
-            let progress = self.blob.progress.as_mut().expect("complete blobs never wait");
+            let progress = self
+                .blob
+                .progress
+                .as_mut()
+                .expect("complete blobs never wait");
             if progress.changed().await.is_err() {
                 return Err(BlobError::Stopped {
                     digest: self.blob.digest.clone(),
@@ -924,7 +926,9 @@ impl Drop for InUse {
 fn sha256_hex(digest: &str) -> Result<&str, BlobError> {
     digest
         .strip_prefix("sha256:")
-        .filter(|hex| hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .filter(|hex| {
+            hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
         .ok_or_else(|| BlobError::InvalidDigest {
             digest: digest.to_string(),
         })

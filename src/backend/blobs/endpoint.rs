@@ -176,10 +176,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
     shared.requests.fetch_add(1, Ordering::Relaxed);
     let method = request.method().clone();
     let path = percent_decode(request.uri().path());
-    let ns = request
-        .uri()
-        .query()
-        .and_then(|q| query_param(q, "ns"));
+    let ns = request.uri().query().and_then(|q| query_param(q, "ns"));
     tracing::debug!(%method, path, ns, "blob endpoint request");
     let head = method == Method::HEAD;
     if method != Method::GET && !head {
@@ -196,7 +193,11 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
             .expect("a valid response");
     }
     let Some((name, kind, reference)) = split_path(&path) else {
-        return refuse(shared, "NAME_UNKNOWN", format!("{path} is not a pull of a manifest or blob"));
+        return refuse(
+            shared,
+            "NAME_UNKNOWN",
+            format!("{path} is not a pull of a manifest or blob"),
+        );
     };
     let Some(source) = shared.allowed.source_of(ns.as_deref(), name) else {
         let named = ns.map_or_else(|| name.to_string(), |ns| format!("{ns}/{name}"));
@@ -211,10 +212,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
             manifest(shared, &source, reference, head).await
         }
         (Kind::Blob, Some(Content::Blob { size })) => {
-            let range = request
-                .headers()
-                .get(RANGE)
-                .and_then(|v| v.to_str().ok());
+            let range = request.headers().get(RANGE).and_then(|v| v.to_str().ok());
             blob(shared, &source, reference, size, range, head).await
         }
         (Kind::Manifest, _) => refuse(
@@ -281,7 +279,11 @@ async fn blob(
     if wanted.is_some() {
         builder = builder.header(
             CONTENT_RANGE,
-            format!("bytes {}-{}/{size}", bytes.start, bytes.end.saturating_sub(1)),
+            format!(
+                "bytes {}-{}/{size}",
+                bytes.start,
+                bytes.end.saturating_sub(1)
+            ),
         );
     }
     if head {
@@ -298,13 +300,15 @@ async fn blob(
         first => first,
     };
     let shared = Arc::clone(shared);
-    let body = futures::stream::iter(first).chain(stream).map(move |chunk| {
-        let chunk = chunk?;
-        shared
-            .served_bytes
-            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-        Ok(Frame::data(chunk))
-    });
+    let body = futures::stream::iter(first)
+        .chain(stream)
+        .map(move |chunk| {
+            let chunk = chunk?;
+            shared
+                .served_bytes
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            Ok(Frame::data(chunk))
+        });
     builder
         .body(StreamBody::new(body).boxed_unsync())
         .expect("a valid response")

@@ -1,0 +1,373 @@
+//! `pinboard mirror` on its own, in front of real containerd nodes whose `hosts.toml` the test writes as an
+//! administrator would (the mirror first, the source registry as `server`). The source is the lab registry
+//! behind the lab proxy, so every request and byte that crosses the link is seen there.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage};
+
+const KI: u64 = 1 << 10;
+const MI: u64 = 1 << 20;
+
+/// A `pinboard mirror` process; killed if the test ends before it is stopped.
+struct Mirror {
+    child: Option<Child>,
+    /// `127.0.0.1:PORT`
+    addr: String,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Mirror {
+    /// Starts `pinboard mirror --listen 127.0.0.1:0 ARGS` and waits for the line saying where it serves.
+    fn start(args: &[String]) -> Mirror {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pinboard"))
+            .args(["mirror", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("pinboard mirror starts");
+        let (send, stderr) = mpsc::channel();
+        let pipe = child.stderr.take().expect("stderr is piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                eprintln!("mirror: {line}");
+                let _ = send.send(line);
+            }
+        });
+        let mut mirror = Mirror {
+            child: Some(child),
+            addr: String::new(),
+            stderr,
+        };
+        let ready = mirror.wait_for_line("at http://");
+        mirror.addr = ready
+            .split("at http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("an address")
+            .to_string();
+        mirror
+    }
+
+    /// The next line of stderr containing `text` (lines before it are skipped).
+    fn wait_for_line(&self, text: &str) -> String {
+        loop {
+            let line = self
+                .stderr
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("pinboard mirror never said {text:?}"));
+            if line.contains(text) {
+                return line;
+            }
+        }
+    }
+
+    /// Every stderr line printed so far.
+    fn stderr_so_far(&self) -> Vec<String> {
+        self.stderr.try_iter().collect()
+    }
+
+    /// SIGTERM, as a service manager stops it; its exit code and stdout.
+    fn stop(mut self) -> (i32, String) {
+        let mut child = self.child.take().expect("running");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        // SAFETY: kill(2) takes no pointers; the PID is our own unreaped child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let status = child.wait().expect("it exits");
+        let mut stdout = String::new();
+        child
+            .stdout
+            .take()
+            .expect("piped")
+            .read_to_string(&mut stdout)
+            .expect("stdout");
+        (status.code().expect("exited, not killed"), stdout)
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn layer(seed: u64, bytes: u64) -> LayerSpec {
+    LayerSpec {
+        seed,
+        bytes: bytes as usize,
+        format: LayerFormat::Gzip,
+    }
+}
+
+/// hosts.toml as an administrator writes it for a mirror: the mirror first, then the registry itself.
+fn wire_to_mirror(lab: &Lab, mirror: &Mirror) {
+    let source = lab.proxy_host();
+    for node in lab.nodes() {
+        std::fs::write(
+            node.hosts_toml(&source),
+            format!(
+                "server = \"http://{source}\"\n\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+                mirror.addr
+            ),
+        )
+        .expect("hosts.toml");
+    }
+}
+
+/// `pinboard apply` of `images` onto every lab node; (exit code, stdout, stderr).
+fn apply(lab: &Lab, images: &[String]) -> support::Run {
+    let mut args = vec!["apply".to_string()];
+    for node in lab.nodes() {
+        args.extend(["--cri".into(), format!("{}={}", node.name, node.endpoint())]);
+    }
+    for image in images {
+        args.extend(["--image".into(), image.clone()]);
+    }
+    args.extend([
+        "--insecure-registry".into(),
+        lab.proxy_host(),
+        "--min-free".into(),
+        "1Mi".into(),
+    ]);
+    support::pinboard(args)
+}
+
+/// The blobs of `images` (configs and layers), each once, with their sizes.
+fn unique_blobs(images: &[PushedImage]) -> Vec<(String, u64)> {
+    let mut seen = BTreeSet::new();
+    images
+        .iter()
+        .flat_map(|i| {
+            std::iter::once((i.config_digest.clone(), i.config_size))
+                .chain(i.layers.iter().map(|l| (l.digest.clone(), l.size)))
+        })
+        .filter(|(digest, _)| seen.insert(digest.clone()))
+        .collect()
+}
+
+#[test]
+fn mirror_serves_containerd_nodes_each_blob_crossing_once_and_refuses_other_digests() {
+    let lab = Lab::start(
+        "mirror",
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 64 * MI), NodeSpec::new("n2", 64 * MI)],
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let images: Vec<PushedImage> = (0..4u64)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![layer(900, 2 * MI), layer(910 + i, 512 * KI)],
+                ..ImageSpec::default()
+            };
+            lab.push_image(&format!("mirror/app{i}"), &spec)
+                .expect("push")
+        })
+        .collect();
+    let outsider = lab
+        .push_image(
+            "mirror/outsider",
+            &ImageSpec {
+                layers: vec![layer(990, 256 * KI)],
+                ..ImageSpec::default()
+            },
+        )
+        .expect("push");
+    let proxy = lab.proxy_host();
+    let references: Vec<String> = images.iter().map(|i| i.reference(&proxy)).collect();
+    let cache = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "--insecure-registry".to_string(),
+        proxy.clone(),
+        "--cache-dir".into(),
+        cache.path().display().to_string(),
+        "-o".into(),
+        "json".into(),
+    ];
+    for reference in &references {
+        args.extend(["--image".into(), reference.clone()]);
+    }
+    let mirror = Mirror::start(&args);
+    wire_to_mirror(&lab, &mirror);
+    let heads_before = lab.proxy().request_heads().len();
+
+    let run = apply(&lab, &references);
+    assert_eq!(
+        run.code,
+        0,
+        "{}\n{}\nlab: {}",
+        run.stdout,
+        run.stderr,
+        lab.dir().display()
+    );
+    assert!(run.stdout.contains("2/2 nodes ready"), "{}", run.stdout);
+
+    // At the source: every blob of the sets was asked for once, by the mirror; containerd asked for none.
+    let heads: Vec<String> = lab.proxy().request_heads()[heads_before..]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    let blobs = unique_blobs(&images);
+    for (digest, _) in &blobs {
+        let gets: Vec<&String> = heads
+            .iter()
+            .filter(|h| h.starts_with("get ") && h.contains(&format!("/blobs/{digest}")))
+            .collect();
+        assert_eq!(gets.len(), 1, "{digest}: {gets:?}");
+        assert!(gets[0].contains("user-agent: pinboard/"), "{}", gets[0]);
+    }
+    assert!(
+        !heads.iter().any(|h| h.contains("user-agent: containerd")),
+        "containerd went to the source: {heads:?}"
+    );
+
+    // Digests outside the sets, tags and other repositories: 404, never fetched for the asker.
+    let agent = support::http::agent();
+    let get = |path: &str| {
+        agent
+            .get(format!("http://{}/v2/{path}", mirror.addr))
+            .call()
+            .expect("the mirror answers")
+            .status()
+            .as_u16()
+    };
+    let outsider_layer = &outsider.layers[0].digest;
+    assert_eq!(
+        get(&format!("mirror/app0/blobs/{outsider_layer}?ns={proxy}")),
+        404
+    );
+    assert_eq!(
+        get(&format!(
+            "mirror/outsider/blobs/{outsider_layer}?ns={proxy}"
+        )),
+        404
+    );
+    assert_eq!(
+        get(&format!(
+            "mirror/outsider/manifests/{}?ns={proxy}",
+            outsider.manifest_digest
+        )),
+        404
+    );
+    assert_eq!(
+        get(&format!("mirror/app0/manifests/latest?ns={proxy}")),
+        404
+    );
+    assert_eq!(
+        get(&format!(
+            "mirror/app0/blobs/{}?ns=quay.io",
+            images[0].layers[1].digest
+        )),
+        404
+    );
+    // The same blob named the containers-image way (the source host as the first path segment): served.
+    assert_eq!(
+        get(&format!(
+            "{proxy}/mirror/app0/blobs/{}",
+            images[0].layers[1].digest
+        )),
+        200
+    );
+    assert_eq!(get(""), 200);
+    // A node still pulls an image the mirror refuses: containerd goes on to `server`.
+    let refused = apply(&lab, &[outsider.reference(&proxy)]);
+    assert_eq!(refused.code, 0, "{}\n{}", refused.stdout, refused.stderr);
+
+    let (code, stdout) = mirror.stop();
+    assert_eq!(code, 0, "{stdout}");
+    let summary: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on exit");
+    let blob_bytes: u64 = blobs.iter().map(|(_, size)| size).sum();
+    let manifest_bytes: u64 = images.iter().map(|i| i.manifest_size).sum();
+    assert_eq!(summary["images"], 4);
+    assert_eq!(
+        summary["linkBytes"].as_u64(),
+        Some(blob_bytes + manifest_bytes),
+        "each blob and manifest once: {summary}"
+    );
+    let served = summary["servedBytes"].as_u64().unwrap();
+    let per_node: u64 = blob_bytes + manifest_bytes;
+    assert!(
+        served >= 2 * per_node - KI && served <= 2 * per_node + 2 * 512 * KI,
+        "both nodes got every byte from the mirror: {summary}"
+    );
+    assert!(summary["refused"].as_u64().unwrap() >= 5, "{summary}");
+}
+
+#[test]
+fn a_blob_corrupted_in_the_registry_fails_the_pull_naming_the_mismatch_and_is_not_cached() {
+    let lab = Lab::start(
+        "mirror-corrupt",
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 32 * MI)],
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let image = lab
+        .push_image(
+            "mirror/corrupt",
+            &ImageSpec {
+                layers: vec![layer(700, 512 * KI), layer(701, 128 * KI)],
+                ..ImageSpec::default()
+            },
+        )
+        .expect("push");
+    let bad = &image.layers[0].digest;
+    let stored = lab.registry_blob_file(bad);
+    let mut bytes = std::fs::read(&stored).expect("the registry's copy");
+    bytes[1000] ^= 0x55;
+    std::fs::write(&stored, &bytes).expect("corrupt it");
+
+    let proxy = lab.proxy_host();
+    let reference = image.reference(&proxy);
+    let cache = tempfile::tempdir().unwrap();
+    let mirror = Mirror::start(&[
+        "--insecure-registry".into(),
+        proxy.clone(),
+        "--cache-dir".into(),
+        cache.path().display().to_string(),
+        "--image".into(),
+        reference.clone(),
+    ]);
+    wire_to_mirror(&lab, &mirror);
+    let run = apply(&lab, std::slice::from_ref(&reference));
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let output = format!("{}\n{}", run.stdout, run.stderr);
+    assert!(
+        output.contains(bad) && output.contains("digest"),
+        "the pull fails naming the blob and its digest: {output}"
+    );
+    let said = mirror.wait_for_line("digest mismatch");
+    assert!(said.contains(bad), "{said}");
+    let _ = mirror.stderr_so_far();
+    let hex = bad.trim_start_matches("sha256:");
+    for place in ["sha256", "partial"] {
+        assert!(
+            !cache.path().join(place).join(hex).exists(),
+            "nothing of the corrupt blob stays in {place}/"
+        );
+    }
+    let good = &image.layers[1].digest;
+    assert!(
+        cache
+            .path()
+            .join("sha256")
+            .join(good.trim_start_matches("sha256:"))
+            .exists(),
+        "the intact layer is cached"
+    );
+    let (code, _) = mirror.stop();
+    assert_eq!(code, 0);
+}
