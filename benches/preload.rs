@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 use pinboard::backend::credentials::Credentials;
 use pinboard::backend::node::DirectNode;
 use pinboard::backend::pins::PinTarget;
-use pinboard::backend::registry::{Registry, RegistryOptions};
 use pinboard::engine::{self, EngineConfig, NodeJob};
 use pinboard::model::image::Platform;
 use pinboard::model::plan::Limits;
@@ -209,14 +208,7 @@ fn pinboard_run(lab: &Lab, references: &[String]) -> Run {
         .expect("tokio runtime");
     let before = lab.proxy().bytes_down();
     let (time, rollout) = runtime.block_on(async {
-        let registry = Registry::with_credentials(
-            RegistryOptions {
-                insecure_registries: vec![lab.proxy_host()],
-                ..RegistryOptions::default()
-            },
-            Credentials::none(),
-        )
-        .expect("registry client");
+        let registry = lab.registry_client();
         let nodes: Vec<DirectNode> = lab
             .nodes()
             .iter()

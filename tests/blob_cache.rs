@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use pinboard::backend::blobs::{BlobCache, BlobError, CacheOptions, Endpoint};
-use pinboard::backend::credentials::Credentials;
-use pinboard::backend::registry::{Registry, RegistryOptions};
+use pinboard::backend::registry::Registry;
 use pinboard::model::mirror::{Allowed, Source};
 use sha2::Digest as _;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, PushedImage};
@@ -46,14 +45,7 @@ fn setup(name: &str, layers: &[u64]) -> Setup {
         ..ImageSpec::default()
     };
     let image = lab.push_image("cache/app", &spec).expect("push");
-    let registry = Registry::with_credentials(
-        RegistryOptions {
-            insecure_registries: vec![lab.proxy_host()],
-            ..RegistryOptions::default()
-        },
-        Credentials::none(),
-    )
-    .expect("registry client");
+    let registry = lab.registry_client();
     Setup {
         source: Source {
             registry: lab.proxy_host(),

@@ -793,7 +793,7 @@ impl Registry {
                 let url = response.url().to_string();
                 let body = response.bytes().await.unwrap_or_default();
                 Err(BlobFailure {
-                    error: map_error(status_error(status, &body, url), &context),
+                    error: blob_error(status, &body, url, &context),
                     retry_after,
                 })
             }
@@ -904,6 +904,24 @@ fn status_error(status: http::StatusCode, body: &[u8], url: String) -> OciDistri
             url,
             message: String::from_utf8_lossy(body).into_owned(),
         },
+    }
+}
+
+/// What an unsuccessful answer to a blob request means: as for manifests, except that a client error other
+/// than 408 and 429 is final, since asking again the same way gets the same answer (416, 400, ...).
+fn blob_error(
+    status: http::StatusCode,
+    body: &[u8],
+    url: String,
+    context: &Context<'_>,
+) -> RegistryError {
+    match map_error(status_error(status, body, url), context) {
+        RegistryError::Server {
+            reference, cause, ..
+        } if status.is_client_error() && status != http::StatusCode::REQUEST_TIMEOUT => {
+            RegistryError::Invalid { reference, cause }
+        }
+        error => error,
     }
 }
 
@@ -1732,15 +1750,13 @@ mod tests {
     }
 
     #[test]
-    fn blob_statuses_map_like_manifest_statuses() {
+    fn blob_statuses_map_like_manifest_statuses_and_other_client_errors_are_final() {
         let ctx = context();
         let error = |status: u16, body: &str| {
-            map_error(
-                status_error(
-                    http::StatusCode::from_u16(status).unwrap(),
-                    body.as_bytes(),
-                    "u".into(),
-                ),
+            blob_error(
+                http::StatusCode::from_u16(status).unwrap(),
+                body.as_bytes(),
+                "u".into(),
                 &ctx,
             )
         };
@@ -1760,6 +1776,7 @@ mod tests {
             unavailable.to_string().ends_with("HTTP 503: maintenance"),
             "{unavailable}"
         );
-        assert!(!error(416, "").is_transient());
+        assert!(!error(416, "").is_transient(), "final");
+        assert!(error(408, "").is_transient());
     }
 }

@@ -112,6 +112,19 @@ impl Lab {
         self.proxy.host().to_owned()
     }
 
+    /// pinboard's registry client as a test or benchmark uses it: through the proxy (so what it fetches is
+    /// counted there), plain HTTP, no credentials.
+    pub fn registry_client(&self) -> pinboard::backend::registry::Registry {
+        pinboard::backend::registry::Registry::with_credentials(
+            pinboard::backend::registry::RegistryOptions {
+                insecure_registries: vec![self.proxy_host()],
+                ..Default::default()
+            },
+            pinboard::backend::credentials::Credentials::none(),
+        )
+        .expect("registry client")
+    }
+
     pub fn proxy(&self) -> &ProxyControl {
         self.proxy.control()
     }

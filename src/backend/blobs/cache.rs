@@ -28,6 +28,7 @@
 //! restarts. Downloads under way come on top of the bound.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::io::SeekFrom;
 use std::ops::Range;
@@ -90,10 +91,15 @@ impl Default for CacheOptions {
 
 /// `$XDG_CACHE_HOME/pinboard/blobs`, else `$HOME/.cache/pinboard/blobs`; `None` without either variable.
 pub fn default_dir() -> Option<PathBuf> {
-    let non_empty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-    let base = non_empty("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| non_empty("HOME").map(|home| Path::new(&home).join(".cache")))?;
+    dir_from(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+}
+
+fn dir_from(xdg_cache_home: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    let base = match (xdg_cache_home.filter(|v| !v.is_empty()), home) {
+        (Some(xdg), _) => PathBuf::from(xdg),
+        (None, Some(home)) if !home.is_empty() => Path::new(&home).join(".cache"),
+        _ => return None,
+    };
     Some(base.join("pinboard").join("blobs"))
 }
 
@@ -1032,16 +1038,17 @@ mod tests {
 
     #[test]
     fn the_default_dir_follows_xdg() {
-        // Read-only check of the rule on whatever environment the test has.
-        let dir = default_dir();
-        match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-            Some(xdg) => assert_eq!(dir, Some(Path::new(&xdg).join("pinboard/blobs"))),
-            None => {
-                if let Some(home) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-                    assert_eq!(dir, Some(Path::new(&home).join(".cache/pinboard/blobs")));
-                }
-            }
-        }
+        let os = |text: &str| Some(OsString::from(text));
+        assert_eq!(
+            dir_from(os("/var/cache/me"), os("/home/me")),
+            Some(PathBuf::from("/var/cache/me/pinboard/blobs"))
+        );
+        assert_eq!(
+            dir_from(os(""), os("/home/me")),
+            Some(PathBuf::from("/home/me/.cache/pinboard/blobs"))
+        );
+        assert_eq!(dir_from(None, None), None);
+        assert_eq!(dir_from(None, os("")), None);
     }
 
     #[test]
