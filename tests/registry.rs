@@ -10,15 +10,17 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use futures::StreamExt as _;
 use pinboard::backend::credentials::{AuthFiles, Credentials};
 use pinboard::backend::registry::{
-    MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_DOCKER_MANIFEST_LIST, MEDIA_TYPE_OCI_INDEX,
+    BlobFailure, MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_DOCKER_MANIFEST_LIST, MEDIA_TYPE_OCI_INDEX,
     MEDIA_TYPE_OCI_MANIFEST, Registry, RegistryError, RegistryOptions,
 };
 use pinboard::model::image::{
     ANNOTATION_ESTARGZ_TOC, ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, ImageFacts, Layer, LazyFormat,
     Platform,
 };
+use pinboard::model::mirror::Source;
 use serde_json::json;
 use sha2::Digest as _;
 
@@ -746,6 +748,23 @@ async fn credentials_from_an_authfile_open_a_protected_registry() {
     let facts = with_login.inspect(&reference, &amd64).await.unwrap();
     assert_eq!(facts[0].1, web);
 
+    // Blobs (for the blob cache) come with the same credentials, whole or from an offset; not without them.
+    let source = Source {
+        registry: host.clone(),
+        repository: "app/web".into(),
+    };
+    let layer = &web.layers[0].digest;
+    let (start, whole) = blob_bytes(&with_login, &source, layer, 0).await.unwrap();
+    assert_eq!((start, sha256(&whole)), (0, layer.clone()));
+    let (start, rest) = blob_bytes(&with_login, &source, layer, 10).await.unwrap();
+    assert_eq!((start, rest.as_slice()), (10, &whole[10..]));
+    let refused = blob_bytes(&anonymous, &source, layer, 0).await.unwrap_err();
+    assert!(
+        matches!(refused.error, RegistryError::Unauthorized { .. }),
+        "{:?}",
+        refused.error
+    );
+
     // Through Registry::new and --authfile, with a wrong password: the file is named, the password never.
     let wrong_password = "wrong-password-123";
     let bad = authfile("bad.json", wrong_password);
@@ -784,6 +803,19 @@ async fn credentials_from_an_authfile_open_a_protected_registry() {
             broken.display()
         )
     );
+}
+
+/// Blob `digest` of `source` from byte `offset`: where the body starts in the blob, and its bytes.
+async fn blob_bytes(
+    registry: &Registry,
+    source: &Source,
+    digest: &str,
+    offset: u64,
+) -> Result<(u64, Vec<u8>), BlobFailure> {
+    let body = registry.blob(source, digest, offset).await?;
+    let chunks: Vec<_> = body.stream.collect().await;
+    let bytes = chunks.into_iter().map(|c| c.unwrap()).collect::<Vec<_>>();
+    Ok((body.start, bytes.concat()))
 }
 
 /// Everything logged (every target, TRACE) while a protected registry is used with right and wrong
@@ -833,6 +865,13 @@ async fn logs_never_contain_credentials() {
             .inspect(&reference, &[platform("linux/amd64")])
             .await;
         assert_eq!(result.is_ok(), password == PASSWORD, "{result:?}");
+        // Blob requests too (the blob cache's): their Authorization header is never logged.
+        let source = Source {
+            registry: host.clone(),
+            repository: "app/web".into(),
+        };
+        let blob = blob_bytes(&registry, &source, &web.layers[0].digest, 0).await;
+        assert_eq!(blob.is_ok(), password == PASSWORD);
     }
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(

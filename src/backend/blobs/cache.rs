@@ -13,7 +13,7 @@
 //! as the bytes land, up to what is written. A dropped, reset or stalled connection (no byte for
 //! [`CacheOptions::stall_after`]) is resumed from what is on disk; a registry that answers the range with
 //! the whole blob (200) is restarted from byte 0, with a warning in the log; 429 and 503 are retried after
-//! their `Retry-After` (else with a backoff). Attempts are bounded by [`CacheOptions::retries`] in a row
+//! their `Retry-After` (else with a backoff). Retries are bounded by [`CacheOptions::retries`] in a row
 //! without a byte of progress, so a connection that breaks every megabyte still completes.
 //!
 //! Nothing unverified is ever served as complete: a reader holds back the last byte of its range until the
@@ -52,7 +52,7 @@ use crate::model::mirror::Source;
 pub const DEFAULT_MAX_BYTES: u64 = 50 << 30;
 /// How long an upstream connection may go without a byte before it is dropped and resumed.
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(30);
-/// Attempts in a row without a byte of progress before a download fails.
+/// Retries in a row without a byte of progress before a download fails.
 pub const DEFAULT_RETRIES: u32 = 8;
 
 const BACKOFF_START: Duration = Duration::from_millis(500);
@@ -75,7 +75,7 @@ pub struct CacheOptions {
     pub max_bytes: u64,
     /// No byte for this long: the upstream connection is dropped and resumed.
     pub stall_after: Duration,
-    /// Attempts in a row without progress before a download fails.
+    /// Retries in a row without a byte of progress before a download fails (1 + `retries` attempts).
     pub retries: u32,
 }
 
