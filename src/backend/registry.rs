@@ -918,7 +918,12 @@ fn blob_error(
     match map_error(status_error(status, body, url), context) {
         RegistryError::Server {
             reference, cause, ..
-        } if status.is_client_error() && status != http::StatusCode::REQUEST_TIMEOUT => {
+        } if status.is_client_error()
+            && !matches!(
+                status,
+                http::StatusCode::REQUEST_TIMEOUT | http::StatusCode::TOO_MANY_REQUESTS
+            ) =>
+        {
             RegistryError::Invalid { reference, cause }
         }
         error => error,
@@ -1778,5 +1783,7 @@ mod tests {
         );
         assert!(!error(416, "").is_transient(), "final");
         assert!(error(408, "").is_transient());
+        let busy = r#"{"errors":[{"code":"SLOW_DOWN","message":"busy"}]}"#;
+        assert!(error(429, busy).is_transient(), "whatever the body says");
     }
 }
