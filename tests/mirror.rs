@@ -371,3 +371,52 @@ fn a_blob_corrupted_in_the_registry_fails_the_pull_naming_the_mismatch_and_is_no
     let (code, _) = mirror.stop();
     assert_eq!(code, 0);
 }
+
+#[test]
+fn bad_input_stops_the_mirror_before_it_serves_or_asks_a_registry() {
+    // Nothing listens on this registry: each refusal below comes before any request.
+    let image = format!("127.0.0.1:19/app@sha256:{}", "a".repeat(64));
+    let mirror = |extra: &[&str]| {
+        let args = ["mirror", "--listen", "127.0.0.1:0", "--image", &image];
+        support::pinboard(args.iter().chain(extra))
+    };
+
+    let run = support::pinboard([
+        "mirror",
+        "--listen",
+        "127.0.0.1:0",
+        "--image",
+        "quay.io/a/b:latest",
+    ]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("quay.io/a/b:latest"), "{}", run.stderr);
+
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let inside_a_file = file.path().join("cache");
+    let run = mirror(&["--cache-dir", inside_a_file.to_str().unwrap()]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(file.path().to_str().unwrap())
+            && run.stderr.contains("pass another --cache-dir"),
+        "{}",
+        run.stderr
+    );
+
+    // Another pinboard holds the cache: refused, not shared.
+    let cache = tempfile::tempdir().unwrap();
+    let lock = std::fs::File::create(cache.path().join("lock")).unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns; released when `lock` is dropped.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) },
+        0
+    );
+    let run = mirror(&["--cache-dir", cache.path().to_str().unwrap()]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("another pinboard process is using this cache"),
+        "{}",
+        run.stderr
+    );
+    drop(lock);
+}

@@ -42,12 +42,13 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
     let platform = common.targets.platform()?;
     let cache_dir = common.cache.dir()?;
     let registry = Arc::new(registry_client(&common.registry)?);
+    // The cache first: a directory that cannot be used is known before any registry is asked.
+    let cache = BlobCache::open(&cache_dir, common.cache.options(), Arc::clone(&registry))
+        .map_err(|e| Failure::bad_input(e.to_string()))?;
     let facts = image_facts(&sets, &registry, &platform)
         .await
         .map_err(Failure::from)?;
     let allowed = Allowed::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
-    let cache = BlobCache::open(&cache_dir, common.cache.options(), registry)
-        .map_err(|e| Failure::bad_input(format!("{e}; pass another --cache-dir")))?;
     let blobs = allowed.blobs();
     let serving = format!(
         "{} images ({} blobs, {}; {} already cached) of {}",

@@ -255,9 +255,12 @@ impl BlobCache {
         options: CacheOptions,
         registry: Arc<Registry>,
     ) -> Result<Arc<BlobCache>, BlobError> {
+        let unusable = |path: &Path, e: std::io::Error| {
+            BlobError::io(path, format!("{e}; pass another --cache-dir"))
+        };
         for sub in [COMPLETE_DIR, PARTIAL_DIR] {
             let path = dir.join(sub);
-            std::fs::create_dir_all(&path).map_err(|e| BlobError::io(&path, e))?;
+            std::fs::create_dir_all(&path).map_err(|e| unusable(&path, e))?;
         }
         let lock_path = dir.join("lock");
         let lock_file = std::fs::OpenOptions::new()
@@ -265,7 +268,7 @@ impl BlobCache {
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(|e| BlobError::io(&lock_path, e))?;
+            .map_err(|e| unusable(&lock_path, e))?;
         let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
             BlobError::io(
                 dir,
