@@ -51,8 +51,9 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
     let allowed = Allowed::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
     let blobs = allowed.blobs();
     let serving = format!(
-        "{} images ({} blobs, {}; {} already cached) of {}",
+        "{} images ({} manifests, {} blobs of {}, {} of them cached) of {}",
         facts.len(),
+        allowed.manifest_count(),
         blobs.len(),
         human(blobs.iter().map(|(_, _, size)| size).sum()),
         blobs
@@ -74,9 +75,10 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
             ))
         })?;
     eprintln!(
-        "pinboard mirror: serving {serving} at {} (cache {}); Ctrl-C stops",
+        "pinboard mirror: serving {serving} at {} (cache {}, {} stored); Ctrl-C stops",
         endpoint.url(),
-        cache_dir.display(),
+        cache.dir().display(),
+        human(cache.stored_bytes()),
     );
     wait_for_signal().await?;
     let summary = Summary {

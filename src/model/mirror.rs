@@ -57,12 +57,8 @@ impl Allowed {
     pub fn from_facts<'a>(facts: impl IntoIterator<Item = (&'a str, &'a ImageFacts)>) -> Allowed {
         let mut allowed = Allowed::default();
         for (reference, facts) in facts {
-            let Ok(parsed) = ImageRef::parse(reference) else {
+            let Ok(source) = Source::of(reference) else {
                 continue;
-            };
-            let source = Source {
-                registry: parsed.registry,
-                repository: parsed.repository,
             };
             let digests = allowed.repos.entry(source).or_default();
             if let Some(index) = &facts.index_digest {

@@ -791,10 +791,6 @@ impl fmt::Debug for Blob {
 }
 
 impl Blob {
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
     /// Bytes `range` of the blob (clamped to its size), as they land. The last byte comes only once the
     /// whole blob is verified; a failed download, or one that started over after this reader sent bytes,
     /// ends the stream with the error.
