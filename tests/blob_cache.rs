@@ -576,3 +576,47 @@ fn a_blob_corrupted_in_the_registry_is_refused_fetched_once_more_and_never_kept(
     );
     assert!(!setup.cached(&digest).exists() && !setup.partial(&digest).exists());
 }
+
+#[test]
+fn manifests_are_stored_with_their_media_type_once_however_many_ask_at_once() {
+    let setup = setup("cache-manifests", &[16 * KI]);
+    let digest = setup.image.manifest_digest.clone();
+    let rt = runtime();
+    {
+        let cache = setup.cache(CacheOptions::default());
+        let asks: Vec<_> = (0..8)
+            .map(|_| {
+                let (cache, source, digest) =
+                    (Arc::clone(&cache), setup.source.clone(), digest.clone());
+                rt.spawn(async move { cache.manifest(&source, &digest).await })
+            })
+            .collect();
+        for ask in asks {
+            let manifest = rt.block_on(ask).unwrap().expect("served");
+            assert_eq!(sha256(&manifest.body), digest);
+            assert_eq!(
+                manifest.media_type,
+                "application/vnd.oci.image.manifest.v1+json"
+            );
+        }
+        assert_eq!(
+            cache.link_bytes(),
+            setup.image.manifest_size,
+            "counted once"
+        );
+        assert!(cache.has(&digest));
+    }
+    // Reopened: from disk, media type included, without asking the registry.
+    let requests = setup.lab.proxy().requests();
+    let cache = setup.cache(CacheOptions::default());
+    let manifest = rt
+        .block_on(cache.manifest(&setup.source, &digest))
+        .expect("served");
+    assert_eq!(sha256(&manifest.body), digest);
+    assert_eq!(
+        manifest.media_type,
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(setup.lab.proxy().requests(), requests);
+    assert_eq!(cache.link_bytes(), 0);
+}

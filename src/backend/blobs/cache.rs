@@ -5,7 +5,8 @@
 //! - `sha256/<hex>`: complete blobs and manifests, each renamed into place only after its sha256 matched;
 //!   `sha256/<hex>.media-type` beside each manifest;
 //! - `partial/<hex>`: downloads under way. They survive pinboard: the next download of the blob hashes what
-//!   is there and asks the registry for the rest with `Range: bytes=N-`;
+//!   is there and asks the registry for the rest with `Range: bytes=N-`. One untouched for a week is
+//!   removed when a cache opens;
 //! - `lock`: held while a cache is open, so two pinboard processes never write the same partial file.
 //!
 //! One download per digest: the first reader starts it, on a task of its own (it goes on when readers leave,
@@ -61,6 +62,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 /// How long a blob that failed verification twice is refused without asking the registry again.
 const REFUSED_FOR: Duration = Duration::from_secs(60);
+/// A partial download untouched for this long is removed when a cache opens.
+const ABANDONED_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The most a reader sends at once.
 const CHUNK: usize = 256 * 1024;
 const COMPLETE_DIR: &str = "sha256";
@@ -275,6 +278,7 @@ impl BlobCache {
                 "another pinboard process is using this cache; stop it or pass another --cache-dir",
             )
         })?;
+        remove_abandoned(&dir.join(PARTIAL_DIR), SystemTime::now());
         let state = index(&dir.join(COMPLETE_DIR))?;
         let cache = Arc::new(BlobCache {
             dir: dir.to_path_buf(),
@@ -964,6 +968,20 @@ fn index(dir: &Path) -> Result<State, BlobError> {
     Ok(state)
 }
 
+/// Removes partial downloads nobody has resumed for [`ABANDONED_AFTER`] (their blob left every set).
+fn remove_abandoned(dir: &Path, now: SystemTime) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let written = entry.metadata().and_then(|m| m.modified());
+        if written.is_ok_and(|w| now.duration_since(w).unwrap_or_default() > ABANDONED_AFTER) {
+            tracing::debug!(path = %entry.path().display(), "removing an abandoned partial download");
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn media_type_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(MEDIA_TYPE_SUFFIX);
@@ -981,10 +999,15 @@ fn mark_used(path: &Path) {
     }
 }
 
-/// Writes a small file whole: a temporary file, fsync, then rename into place.
+/// Writes a small file whole: a temporary file of its own (two writers of the same manifest may race),
+/// fsync, then rename into place.
 fn write_atomically(path: &Path, content: &[u8]) -> Result<(), BlobError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let mut temp = path.as_os_str().to_owned();
-    temp.push(TEMP_SUFFIX);
+    temp.push(format!(
+        ".{}{TEMP_SUFFIX}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     let temp = PathBuf::from(temp);
     let written = (|| {
         use std::io::Write as _;
@@ -1048,6 +1071,20 @@ mod tests {
         );
         assert_eq!(dir_from(None, None), None);
         assert_eq!(dir_from(None, os("")), None);
+    }
+
+    #[test]
+    fn partial_downloads_untouched_for_a_week_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, recent) = (dir.path().join("old"), dir.path().join("recent"));
+        std::fs::write(&old, b"half").unwrap();
+        std::fs::write(&recent, b"half").unwrap();
+        let now = SystemTime::now();
+        let file = std::fs::File::options().write(true).open(&old).unwrap();
+        file.set_modified(now - ABANDONED_AFTER - Duration::from_secs(60))
+            .unwrap();
+        remove_abandoned(dir.path(), now);
+        assert!(!old.exists() && recent.exists());
     }
 
     #[test]
