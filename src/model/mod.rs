@@ -3,11 +3,14 @@
 pub mod cluster;
 pub mod crio;
 pub mod diff;
+pub mod export;
 pub mod image;
 pub mod mirror;
+pub mod mirror_rules;
 pub mod plan;
 pub mod readiness;
 pub mod reference;
+pub mod release;
 pub mod rollout;
 pub mod runtime;
 pub mod set;

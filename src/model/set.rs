@@ -28,6 +28,11 @@ pub enum Origin {
     Flag {
         index: usize,
     },
+    /// A release payload (by digest), and the component of its `image-references`, if any.
+    Release {
+        image: String,
+        component: Option<String>,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -39,6 +44,14 @@ impl fmt::Display for Origin {
             } => write!(f, "{path}:{line}"),
             Origin::File { path, line: None } => write!(f, "{path}"),
             Origin::Flag { index } => write!(f, "--image #{index}"),
+            Origin::Release {
+                image,
+                component: Some(component),
+            } => write!(f, "release {image}, component {component}"),
+            Origin::Release {
+                image,
+                component: None,
+            } => write!(f, "release {image}"),
         }
     }
 }

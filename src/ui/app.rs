@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::cluster::ClusterSession;
-use super::export::pinned_image_set_yaml;
 use super::keymap::{Action, lookup};
 use super::render::{HelpFlow, diff_rows};
 use super::theme::Theme;
 use crate::model::cluster::{ClusterUpdate, KubeletSettings};
 use crate::model::crio::CrioConfig;
 pub use crate::model::diff::DiffKind;
+use crate::model::export::pinned_image_set_yaml;
 use crate::model::plan::Verdict;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, PinMethod, Rollout};
 use crate::model::set::{self, Entry, ImageSet, Origin, Problem};

@@ -13,7 +13,6 @@ use tokio::task::JoinHandle;
 
 use super::TuiArgs;
 use super::app::{Cmd, ConfigView, Msg, SetDraft, State};
-use super::export::pinned_image_set_yaml;
 use super::live::theme_of;
 use super::run::{UiBackend, execute_file_cmd};
 use crate::backend::registry::Registry;
@@ -21,6 +20,7 @@ use crate::cluster::{Cluster, ConnectOptions, connect, watch};
 use crate::error::Failure;
 use crate::model::cluster::{ClusterUpdate, ClusterView, pool_warning, pools_for_set};
 use crate::model::diff;
+use crate::model::export::pinned_image_set_yaml;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::set::ImageSet;

@@ -9,7 +9,6 @@
 pub mod app;
 pub mod cluster;
 pub mod demo;
-pub mod export;
 pub mod keymap;
 pub mod live;
 pub mod live_cluster;

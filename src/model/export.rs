@@ -1,15 +1,16 @@
-//! A set as PinnedImageSet YAML, for the Sets screen's export: pure, so the text can be tested and the
-//! backend only writes it.
+//! A set as a PinnedImageSet document, in YAML (the TUI's export, `pinboard release`) or JSON: pure, so the
+//! text can be tested and callers only write it.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::set::{API_GROUP, ImageSet, KIND};
+use super::set::{API_GROUP, ImageSet, KIND};
 
+/// A PinnedImageSet as the API server stores it (the fields pinboard writes).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Document<'a> {
+pub struct Document<'a> {
     api_version: String,
     kind: &'static str,
     metadata: Metadata<'a>,
@@ -37,7 +38,13 @@ struct Name<'a> {
 /// `apiVersion: machineconfiguration.openshift.io/v1`, `kind: PinnedImageSet`, the set's name and labels,
 /// and `spec.pinnedImages[].name` in entry order. The serializer quotes whatever needs quoting.
 pub fn pinned_image_set_yaml(set: &ImageSet) -> String {
-    let document = Document {
+    // Strings and maps of strings always serialize.
+    serde_saphyr::to_string(&document(set)).expect("a PinnedImageSet serializes")
+}
+
+/// The set as a PinnedImageSet document.
+pub fn document(set: &ImageSet) -> Document<'_> {
+    Document {
         api_version: format!("{API_GROUP}/v1"),
         kind: KIND,
         metadata: Metadata {
@@ -47,7 +54,5 @@ pub fn pinned_image_set_yaml(set: &ImageSet) -> String {
         spec: Spec {
             pinned_images: set.references().map(|name| Name { name }).collect(),
         },
-    };
-    // Strings and maps of strings always serialize.
-    serde_saphyr::to_string(&document).expect("a PinnedImageSet serializes")
+    }
 }
