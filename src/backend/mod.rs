@@ -11,6 +11,7 @@ pub mod progress;
 pub mod proto;
 pub mod readiness;
 pub mod registry;
+pub mod release;
 
 /// At most `max` characters of `text`, with `...` when cut: remote error bodies can be long.
 pub(crate) fn truncate(text: &str, max: usize) -> String {
