@@ -370,7 +370,7 @@ pull-from-mirror = "tag-only"
         );
         // A prefix matches on a path boundary only; other registries are fetched as they are.
         let other = format!("quay.io/openshift-release-devel/x{D}");
-        assert_eq!(places(&mirrors, &other), [other.clone()]);
+        assert_eq!(places(&mirrors, &other), std::slice::from_ref(&other));
         assert_eq!(
             mirrors.candidates(&by_digest)[0].to_string(),
             "mirror mirror.example.com:5000/ocp"
@@ -416,7 +416,7 @@ pull-from-mirror = "tag-only"
             [format!("m.local/cache/a/b{D}"), under.clone()]
         );
         let apex = format!("example.com/a{D}");
-        assert_eq!(places(&mirrors, &apex), [apex.clone()]);
+        assert_eq!(places(&mirrors, &apex), std::slice::from_ref(&apex));
     }
 
     #[test]
