@@ -6,6 +6,7 @@
 //! - [`survey`]: nodes and registry asked at once, every node planned: the path behind every figure.
 //! - [`engine`]: the rollout engine: bounded, retried pulls per node, then pins; reports rollout events.
 //! - [`targets`]: direct-mode nodes from `--cri`, `--nodes FILE` or crictl's default endpoint.
+//! - [`release`]: an OpenShift release payload read (without downloading it) and made PinnedImageSets.
 //! - [`options`]: the argument list every command and the TUI share, turned into checked sets, targets and
 //!   a registry client.
 //! - [`ui`]: how statuses look (glyph, word, theme color); the terminal UI.
@@ -20,6 +21,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod options;
+pub mod release;
 pub mod survey;
 pub mod targets;
 pub mod ui;

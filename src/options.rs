@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use regex::Regex;
 
 use crate::backend::blobs::cache::{self, CacheOptions};
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
@@ -18,6 +19,7 @@ use crate::cluster::ConnectOptions;
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
+use crate::model::release::{ReleaseSets, SetOptions};
 use crate::model::set::{self, ImageSet};
 use crate::model::units::{parse_bytes, parse_duration};
 use crate::targets::{self, NodeDefaults, parse_reload};
@@ -100,6 +102,40 @@ pub struct SetInput {
     /// One image reference (HOST/[NAMESPACE/]NAME@sha256:DIGEST). Repeatable.
     #[arg(long = "image", value_name = "REF")]
     pub images: Vec<String>,
+    /// An OpenShift release image, by tag or digest: its components and the release image itself, as the
+    /// PinnedImageSet `pinboard release` prints. Repeatable.
+    #[arg(long = "release", value_name = "PULLSPEC")]
+    pub releases: Vec<String>,
+    #[command(flatten)]
+    pub release: ReleaseArgs,
+}
+
+/// How a release becomes sets (`pinboard release` and `--release`).
+#[derive(Args, Debug, Default)]
+pub struct ReleaseArgs {
+    /// The pool a release's sets land in: their machineconfiguration.openshift.io/role label.
+    #[arg(long, value_name = "POOL", default_value = "worker")]
+    pub pool: String,
+    /// Leave out a release's components whose tag name or pull spec matches REGEX. Repeatable.
+    #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
+    pub exclude: Vec<Regex>,
+    /// A release's set name (default release-VERSION; over 500 images, numbered from 1).
+    #[arg(long = "release-name", visible_alias = "name", value_name = "NAME")]
+    pub release_name: Option<String>,
+}
+
+impl ReleaseArgs {
+    pub fn set_options(&self) -> SetOptions {
+        SetOptions {
+            name: self.release_name.clone(),
+            pool: self.pool.clone(),
+            exclude: self.exclude.clone(),
+        }
+    }
+}
+
+fn parse_regex(text: &str) -> Result<Regex, String> {
+    Regex::new(text).map_err(|e| format!("not a regular expression: {e}"))
 }
 
 /// Which nodes: reached directly over their CRI sockets (and how pinboard changes them), or through a
@@ -328,9 +364,9 @@ pub fn read_sets(input: &SetInput, required: bool) -> Result<Vec<ImageSet>, Fail
     if !input.images.is_empty() {
         sets.push(set::from_flags("command-line", &input.images));
     }
-    if required && sets.is_empty() && problems.is_empty() {
+    if required && sets.is_empty() && problems.is_empty() && input.releases.is_empty() {
         return Err(Failure::bad_input(
-            "no images given: pass --set FILE, --images-file FILE or --image REF",
+            "no images given: pass --set FILE, --images-file FILE, --image REF or --release PULLSPEC",
         ));
     }
     problems.extend(
@@ -346,6 +382,54 @@ pub fn read_sets(input: &SetInput, required: bool) -> Result<Vec<ImageSet>, Fail
             lines: problems,
         })
     }
+}
+
+/// Every set of `input`: those [`read_sets`] reads, then each `--release`'s, read from its payload through
+/// `registry` for `platform`. Also what to tell about each release (its version, what was folded or left
+/// out, a split).
+pub async fn resolve_sets(
+    input: &SetInput,
+    required: bool,
+    registry: &Registry,
+    platform: &Platform,
+) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
+    let mut sets = read_sets(input, required)?;
+    let mut notes = Vec::new();
+    let options = input.release.set_options();
+    for pullspec in &input.releases {
+        let (resolved, made) = crate::release::sets(registry, pullspec, platform, &options).await?;
+        notes.push(release_note(&resolved, &made));
+        sets.extend(made.sets);
+    }
+    Ok((sets, notes))
+}
+
+/// `release 4.19.3 (quay.io/…@sha256:…): 188 images in set release-4.19.3; 3 tags share a digest; 2
+/// components excluded`.
+pub fn release_note(resolved: &crate::release::Resolved, made: &ReleaseSets) -> String {
+    let images: usize = made.sets.iter().map(|s| s.entries.len()).sum();
+    let names: Vec<&str> = made.sets.iter().map(|s| s.name.as_str()).collect();
+    let mut note = format!(
+        "release {} ({}): {images} images in {} {}",
+        resolved.release.version,
+        resolved.image,
+        if names.len() == 1 { "set" } else { "sets" },
+        names.join(", ")
+    );
+    if names.len() > 1 {
+        note.push_str(&format!(
+            " (a PinnedImageSet holds at most {})",
+            set::MAX_ENTRIES
+        ));
+    }
+    if made.folded > 0 {
+        note.push_str(&format!("; {} tags share a digest with another", made.folded));
+    }
+    if !made.excluded.is_empty() {
+        let names: Vec<&str> = made.excluded.iter().map(|c| c.name.as_str()).collect();
+        note.push_str(&format!("; excluded: {}", names.join(", ")));
+    }
+    note
 }
 
 /// Whether kube's config inference would find something: KUBECONFIG, ~/.kube/config, or a pod's service
