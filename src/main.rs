@@ -3,8 +3,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::Parser;
-use pinboard::cli::{Cli, Command, run};
+use pinboard::cli::{Command, parse, run};
 use tracing_subscriber::EnvFilter;
 
 /// Warnings, but not kube's "Server cert bypassed" once per connection (`cluster::connect` says it once),
@@ -13,7 +12,7 @@ const HEADLESS_LOG: &str = "warn,kube_client::client::tls=error,kube_client::cli
 
 fn main() -> ExitCode {
     pinboard::install_crypto_provider();
-    let cli = Cli::parse();
+    let cli = parse();
     let command = cli.command.unwrap_or(Command::Tui(cli.tui));
     // The TUI owns the terminal: it logs to a file. Headless commands log to stderr (warnings by default;
     // PINBOARD_LOG=debug for more) and keep stdout for their output.

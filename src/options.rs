@@ -44,9 +44,16 @@ pub struct CommonArgs {
     pub limits: LimitArgs,
     #[command(flatten)]
     pub rollout: RolloutArgs,
-    /// Output format of the headless commands.
-    #[arg(short, long, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
+    /// Output format of the headless commands: table (`release`: yaml), json, yaml.
+    #[arg(short, long, value_enum)]
+    pub output: Option<Output>,
+}
+
+impl CommonArgs {
+    /// `-o`, else a table.
+    pub fn output(&self) -> Output {
+        self.output.unwrap_or_default()
+    }
 }
 
 /// How a rollout runs and how long readiness is waited for.
@@ -91,7 +98,7 @@ impl RolloutArgs {
 }
 
 /// Which images: any mix of these, each set checked against the PinnedImageSet rules.
-#[derive(Args, Debug, Default)]
+#[derive(Args, Clone, Debug, Default)]
 pub struct SetInput {
     /// PinnedImageSet YAML (several documents allowed). Repeatable.
     #[arg(long = "set", value_name = "FILE")]
@@ -111,7 +118,7 @@ pub struct SetInput {
 }
 
 /// How a release becomes sets (`pinboard release` and `--release`).
-#[derive(Args, Debug, Default)]
+#[derive(Args, Clone, Debug, Default)]
 pub struct ReleaseArgs {
     /// The pool a release's sets land in: their machineconfiguration.openshift.io/role label.
     #[arg(long, value_name = "POOL", default_value = "worker")]
@@ -384,9 +391,8 @@ pub fn read_sets(input: &SetInput, required: bool) -> Result<Vec<ImageSet>, Fail
     }
 }
 
-/// Every set of `input`: those [`read_sets`] reads, then each `--release`'s, read from its payload through
-/// `registry` for `platform`. Also what to tell about each release (its version, what was folded or left
-/// out, a split).
+/// Every set of `input`: those [`read_sets`] reads, then [`release_sets`]. Also what to tell about each
+/// release.
 pub async fn resolve_sets(
     input: &SetInput,
     required: bool,
@@ -394,7 +400,19 @@ pub async fn resolve_sets(
     platform: &Platform,
 ) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
     let mut sets = read_sets(input, required)?;
-    let mut notes = Vec::new();
+    let (releases, notes) = release_sets(input, registry, platform).await?;
+    sets.extend(releases);
+    Ok((sets, notes))
+}
+
+/// Each `--release`'s sets, read from its payload through `registry` for `platform`, and what to tell
+/// about it (its version, what was folded or left out, a split).
+pub async fn release_sets(
+    input: &SetInput,
+    registry: &Registry,
+    platform: &Platform,
+) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
+    let (mut sets, mut notes) = (Vec::new(), Vec::new());
     let options = input.release.set_options();
     for pullspec in &input.releases {
         let (resolved, made) = crate::release::sets(registry, pullspec, platform, &options).await?;
@@ -402,6 +420,20 @@ pub async fn resolve_sets(
         sets.extend(made.sets);
     }
     Ok((sets, notes))
+}
+
+/// [`resolve_sets`] for the commands: the registry client made from `args`, each release's note on stderr.
+pub async fn command_sets(
+    args: &CommonArgs,
+    required: bool,
+) -> Result<(Vec<ImageSet>, Registry), Failure> {
+    let registry = registry_client(&args.registry)?;
+    let platform = args.targets.platform()?;
+    let (sets, notes) = resolve_sets(&args.input, required, &registry, &platform).await?;
+    for note in notes {
+        eprintln!("{note}");
+    }
+    Ok((sets, registry))
 }
 
 /// `release 4.19.3 (quay.io/…@sha256:…): 188 images in set release-4.19.3; 3 tags share a digest; 2

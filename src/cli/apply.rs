@@ -18,7 +18,7 @@ use crate::error::{Exit, Failure};
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
 use crate::model::units::human;
-use crate::options::{APPLY_WAIT, CommonArgs, read_sets};
+use crate::options::{APPLY_WAIT, CommonArgs, command_sets};
 use crate::survey::{Survey, survey, union_of};
 use crate::ui::status::{node_status, pin_method_label};
 
@@ -57,11 +57,10 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
     let common = &args;
     let rollout_args = &args.rollout;
     if let Some(options) = super::cluster::cluster_mode(&common.targets, false) {
-        let (input, output) = (&common.input, common.output);
         let limit = rollout_args.timeout_or(APPLY_WAIT);
-        return super::cluster::apply(&options, input, output, rollout_args.force, limit).await;
+        return super::cluster::apply(&options, common, rollout_args.force, limit).await;
     }
-    let checker = Checker::new(common)?;
+    let checker = Checker::new(common).await?;
     let targets = &checker.targets;
     let credentials = Credentials::load(&AuthFiles::from_env(common.registry.authfile.clone()))
         .map_err(|e| Failure::bad_input(e.to_string()))?;
@@ -107,7 +106,7 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
             .collect(),
         readiness: checker.readiness().await?,
     };
-    let text = render(&report, common.output, || {
+    let text = render(&report, common.output(), || {
         rollout_table(&report.rollout)
             + "\n"
             + &readiness_table(&report.readiness.nodes)
@@ -305,10 +304,10 @@ pub struct Unpinned {
 
 pub async fn unpin(args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
-        return super::cluster::unpin(&options, &args.input, args.output).await;
+        return super::cluster::unpin(&options, &args).await;
     }
-    let sets = read_sets(&args.input, true)?;
     let targets = args.targets.resolve()?;
+    let (sets, _) = command_sets(&args, true).await?;
     let images = union_of(&sets);
     let results = futures::future::join_all(targets.iter().map(|t| async {
         let outcome = engine::unpin(&t.node, t.pin.clone(), &images).await;
@@ -319,7 +318,7 @@ pub async fn unpin(args: CommonArgs) -> Result<String, Failure> {
         }
     }))
     .await;
-    let text = render(&results, args.output, || {
+    let text = render(&results, args.output(), || {
         let rows: Vec<Vec<String>> = results
             .iter()
             .map(|u| {

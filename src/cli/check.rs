@@ -18,7 +18,7 @@ use crate::model::readiness::{
     ImageReadiness, ImageReason, NodeObserved, NodeReadiness, NodesStatus, Readiness, assess,
 };
 use crate::model::set::ImageSet;
-use crate::options::{CHECK_WAIT, CommonArgs, read_sets, registry_client};
+use crate::options::{CHECK_WAIT, CommonArgs, command_sets};
 use crate::survey::{survey, union_of};
 
 /// How often `check --wait` observes the nodes again.
@@ -36,13 +36,14 @@ pub(super) struct Checker {
 }
 
 impl Checker {
-    pub(super) fn new(args: &CommonArgs) -> Result<Checker, Failure> {
-        let sets = read_sets(&args.input, true)?;
+    pub(super) async fn new(args: &CommonArgs) -> Result<Checker, Failure> {
+        let targets = args.targets.resolve()?;
+        let (sets, registry) = command_sets(args, true).await?;
         Ok(Checker {
-            targets: args.targets.resolve()?,
+            targets,
             references: union_of(&sets),
             sets,
-            registry: registry_client(&args.registry)?,
+            registry,
             platform: args.targets.platform()?,
             limits: args.limits.limits(),
             timeout: args.targets.timeout(),
@@ -166,12 +167,12 @@ pub async fn check(args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = super::cluster::cluster_mode(&args.targets, args.rollout.verify_cri) {
         return super::cluster::check(&options, &args, wait).await;
     }
-    let checker = Checker::new(&args)?;
+    let checker = Checker::new(&args).await?;
     let readiness = match wait {
         Some(limit) => checker.wait(limit).await?,
         None => checker.readiness().await?,
     };
-    let text = render(&readiness, args.output, || {
+    let text = render(&readiness, args.output(), || {
         readiness_table(&readiness.nodes) + &verdict_line(&readiness)
     })?;
     verdict(text, &readiness)
@@ -179,13 +180,13 @@ pub async fn check(args: CommonArgs) -> Result<String, Failure> {
 
 pub async fn status(args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
-        return super::cluster::status(&options, &args.input, args.output).await;
+        return super::cluster::status(&options, &args).await;
     }
-    let checker = Checker::new(&args)?;
+    let checker = Checker::new(&args).await?;
     let status = NodesStatus {
         nodes: checker.readiness().await?.nodes,
     };
-    render(&status, args.output, || readiness_table(&status.nodes))
+    render(&status, args.output(), || readiness_table(&status.nodes))
 }
 
 /// `text` for stdout when ready; otherwise `text` is written to stdout here and the reasons, one per line

@@ -22,7 +22,9 @@ use crate::model::cluster::{
 };
 use crate::model::readiness::{NodesStatus, Readiness, WantedSet, assess, assess_cluster};
 use crate::model::set::ImageSet;
-use crate::options::{CommonArgs, Output, SetInput, TargetArgs, read_sets};
+use crate::options::{
+    CommonArgs, SetInput, TargetArgs, command_sets, registry_client, resolve_sets,
+};
 
 /// Cluster mode when the flags choose it ([`TargetArgs::cluster_mode`]). `--cri` and `--nodes` then name
 /// nodes only for `check --verify-cri` (`uses_runtimes`); elsewhere they are ignored, with a warning.
@@ -217,7 +219,8 @@ pub(super) const NAME_OR_FILE: &str = "sets are PinnedImageSets: name them with 
 /// Refuses what cluster mode cannot take, before the cluster is asked anything: no `--set`, or a bare image
 /// list (`--images-file`, `--image`), which has no pool to land in. `usage` says what to pass instead.
 fn pinned_image_sets_only(input: &SetInput, usage: &str) -> Result<(), Failure> {
-    if !input.images_files.is_empty() || !input.images.is_empty() || input.sets.is_empty() {
+    let nothing = input.sets.is_empty() && input.releases.is_empty();
+    if !input.images_files.is_empty() || !input.images.is_empty() || nothing {
         return Err(Failure::bad_input(format!(
             "in cluster mode {usage}; --images-file and --image have no pool to land in"
         )));
@@ -225,23 +228,31 @@ fn pinned_image_sets_only(input: &SetInput, usage: &str) -> Result<(), Failure> 
     Ok(())
 }
 
-/// `--set`'s values in cluster mode: the sets read from the files among them, and the others as the names
-/// of sets on the cluster.
-pub(super) fn files_and_names(
-    input: &SetInput,
+/// `--set`'s values in cluster mode: the sets read from the files among them and `--release`'s, and the
+/// other values as the names of sets on the cluster.
+pub(super) async fn files_and_names(
+    args: &CommonArgs,
     usage: &str,
 ) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
+    let input = &args.input;
     pinned_image_sets_only(input, usage)?;
     let (files, names): (Vec<_>, Vec<_>) = input.sets.iter().cloned().partition(|p| p.is_file());
-    let sets = match files.is_empty() {
-        true => Vec::new(),
-        false => read_sets(
-            &SetInput {
-                sets: files,
-                ..SetInput::default()
-            },
-            true,
-        )?,
+    let only_files = SetInput {
+        sets: files,
+        ..input.clone()
+    };
+    let read_any = !only_files.sets.is_empty() || !only_files.releases.is_empty();
+    let sets = match read_any {
+        true => {
+            let registry = registry_client(&args.registry)?;
+            let platform = args.targets.platform()?;
+            let (sets, notes) = resolve_sets(&only_files, true, &registry, &platform).await?;
+            for note in notes {
+                eprintln!("{note}");
+            }
+            sets
+        }
+        false => Vec::new(),
     };
     let names = names
         .iter()
@@ -255,7 +266,7 @@ pub(super) async fn check(
     args: &CommonArgs,
     wait: Option<Duration>,
 ) -> Result<String, Failure> {
-    let (files, names) = files_and_names(&args.input, NAME_OR_FILE)?;
+    let (files, names) = files_and_names(args, NAME_OR_FILE).await?;
     let runtimes = match args.rollout.verify_cri {
         true => Some(runtime_targets(&args.targets)?),
         false => None,
@@ -269,7 +280,7 @@ pub(super) async fn check(
     if let Some(targets) = runtimes {
         readiness = confirmed_by_runtimes(readiness, &targets, args.targets.timeout()).await;
     }
-    let text = render(&readiness, args.output, || {
+    let text = render(&readiness, args.output(), || {
         readiness_table(&readiness.nodes) + &verdict_line(&readiness)
     })?;
     verdict(text, &readiness)
@@ -314,10 +325,10 @@ async fn confirmed_by_runtimes(
 
 pub(super) async fn status(
     options: &ConnectOptions,
-    input: &SetInput,
-    output: Output,
+    args: &CommonArgs,
 ) -> Result<String, Failure> {
-    let (files, names) = files_and_names(input, NAME_OR_FILE)?;
+    let output = args.output();
+    let (files, names) = files_and_names(args, NAME_OR_FILE).await?;
     let mut session = ClusterSession::open(options).await?;
     let wanted = session.wanted(files, names)?;
     let status = NodesStatus {
@@ -331,15 +342,15 @@ pub(super) async fn status(
 /// A set that would land in no pool is refused unless `force`; one landing in several pools is a warning.
 pub(super) async fn apply(
     options: &ConnectOptions,
-    input: &SetInput,
-    output: Output,
+    args: &CommonArgs,
     force: bool,
     limit: Duration,
 ) -> Result<String, Failure> {
+    let output = args.output();
     let usage = "apply writes PinnedImageSets: pass --set FILE (PinnedImageSet YAML with a \
-                 machineconfiguration.openshift.io/role label)";
-    pinned_image_sets_only(input, usage)?;
-    let sets = read_sets(input, true)?;
+                 machineconfiguration.openshift.io/role label) or --release PULLSPEC";
+    pinned_image_sets_only(&args.input, usage)?;
+    let (sets, _) = command_sets(args, true).await?;
     let mut session = ClusterSession::open(options).await?;
     let mut refused = Vec::new();
     for set in &sets {
@@ -379,13 +390,10 @@ pub(super) async fn apply(
 }
 
 /// Deletes the named sets; a set already gone is reported, not an error.
-pub(super) async fn unpin(
-    options: &ConnectOptions,
-    input: &SetInput,
-    output: Output,
-) -> Result<String, Failure> {
-    let usage = "unpin deletes PinnedImageSets: pass --set NAME or --set FILE";
-    let (files, names) = files_and_names(input, usage)?;
+pub(super) async fn unpin(options: &ConnectOptions, args: &CommonArgs) -> Result<String, Failure> {
+    let output = args.output();
+    let usage = "unpin deletes PinnedImageSets: pass --set NAME, --set FILE or --release PULLSPEC";
+    let (files, names) = files_and_names(args, usage).await?;
     let targets = files.into_iter().map(|s| s.name).chain(names);
     let cluster = Cluster::discover(connect(options).await?).await?;
     let mut rows = Vec::new();

@@ -14,7 +14,7 @@ use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
 use crate::error::Failure;
 use crate::model::mirror::Allowed;
 use crate::model::units::human;
-use crate::options::{CommonArgs, read_sets, registry_client};
+use crate::options::{CommonArgs, read_sets, registry_client, release_sets};
 use crate::survey::image_facts;
 
 /// `mirror`'s arguments: the common list, and where to listen.
@@ -45,6 +45,11 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
     // The cache first: a directory that cannot be used is known before any registry is asked.
     let cache = BlobCache::open(&cache_dir, common.cache.options(), Arc::clone(&registry))
         .map_err(|e| Failure::bad_input(e.to_string()))?;
+    let (releases, notes) = release_sets(&common.input, &registry, &platform).await?;
+    for note in notes {
+        eprintln!("{note}");
+    }
+    let sets = [sets, releases].concat();
     let facts = image_facts(&sets, &registry, &platform)
         .await
         .map_err(Failure::from)?;
@@ -85,7 +90,7 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
         images: facts.len(),
         stats: endpoint.stop().await,
     };
-    output::render(&summary, common.output, || {
+    output::render(&summary, common.output(), || {
         format!(
             "fetched from the link: {} ({} bytes)\nserved: {} ({} bytes) in {} requests, {} refused\n",
             human(summary.stats.link_bytes),

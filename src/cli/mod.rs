@@ -10,8 +10,10 @@ mod cluster;
 mod mirror;
 mod output;
 mod plan;
+mod release;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap_complete::Shell;
 
 use crate::error::Failure;
 use crate::options::CommonArgs;
@@ -47,8 +49,48 @@ pub enum Command {
     /// Serve the sets' images as a read-only registry mirror (digests of the sets only) until interrupted;
     /// every blob is fetched from its registry once, into the blob cache.
     Mirror(mirror::MirrorArgs),
+    /// An OpenShift release as PinnedImageSets: its components and the release image, by digest.
+    Release(release::ReleaseCommand),
+    /// Prints the shell completion script: `source <(pinboard completion bash)`.
+    Completion {
+        #[arg(value_enum)]
+        shell: Shell,
+    },
     /// The terminal UI (the same as `pinboard` without a subcommand).
     Tui(TuiArgs),
+}
+
+/// How the program was invoked: `kubectl pinboard` or `oc pinboard` when run as a kubectl/oc plugin (a binary
+/// or symlink named `kubectl-pinboard` / `oc-pinboard` on PATH), else `pinboard`.
+pub fn program_name() -> String {
+    let invoked = std::env::args_os()
+        .next()
+        .and_then(|arg| {
+            std::path::Path::new(&arg)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    match invoked.as_str() {
+        "kubectl-pinboard" => "kubectl pinboard".into(),
+        "oc-pinboard" => "oc pinboard".into(),
+        _ => "pinboard".into(),
+    }
+}
+
+/// The command line, parsed with usage and help naming the program as it was invoked.
+pub fn parse() -> Cli {
+    let matches = Cli::command().bin_name(program_name()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// The completion script for `shell`, completing `name`'s subcommands and flags.
+fn completion(shell: Shell, name: &str) -> String {
+    let mut script = Vec::new();
+    // Completion scripts complete one word: a plugin's is registered for its binary name.
+    let binary = name.replace(' ', "-");
+    clap_complete::generate(shell, &mut Cli::command(), binary, &mut script);
+    String::from_utf8_lossy(&script).into_owned()
 }
 
 /// Runs a command; returns what to print on stdout, or the failure.
@@ -60,6 +102,8 @@ pub async fn run(command: Command) -> Result<String, Failure> {
         Command::Apply(args) => apply::apply(args).await,
         Command::Unpin(args) => apply::unpin(args).await,
         Command::Mirror(args) => mirror::run(args).await,
+        Command::Release(args) => release::run(args).await,
+        Command::Completion { shell } => Ok(completion(shell, &program_name())),
         Command::Tui(args) => crate::ui::live::run(args).await.map(|()| String::new()),
     }
 }

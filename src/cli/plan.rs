@@ -11,14 +11,14 @@ use crate::backend::node::DirectNode;
 use crate::error::Failure;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, SpaceSource};
 use crate::model::units::{human, human_signed};
-use crate::options::{CommonArgs, Output, read_sets, registry_client};
+use crate::options::{CommonArgs, Output, command_sets, registry_client};
 use crate::survey::{Survey, survey, survey_cluster};
 use crate::ui::status::verdict_label;
 use crate::ui::theme::Theme;
 
 pub async fn run(args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
-        let (files, names) = files_and_names(&args.input, NAME_OR_FILE)?;
+        let (files, names) = files_and_names(&args, NAME_OR_FILE).await?;
         let (registry, platform) = (registry_client(&args.registry)?, args.targets.platform()?);
         let session = ClusterSession::open(&options).await?;
         let wanted = session.wanted(files, names)?;
@@ -33,9 +33,8 @@ pub async fn run(args: CommonArgs) -> Result<String, Failure> {
         )
         .await
         .map_err(Failure::from)?;
-        return render(&survey, args.output);
+        return render(&survey, args.output());
     }
-    let sets = read_sets(&args.input, true)?;
     let nodes: Vec<DirectNode> = args
         .targets
         .resolve()?
@@ -43,7 +42,7 @@ pub async fn run(args: CommonArgs) -> Result<String, Failure> {
         .map(|t| t.node)
         .collect();
     let platform = args.targets.platform()?;
-    let registry = registry_client(&args.registry)?;
+    let (sets, registry) = command_sets(&args, true).await?;
     let survey = survey(
         &nodes,
         &sets,
@@ -54,7 +53,7 @@ pub async fn run(args: CommonArgs) -> Result<String, Failure> {
     )
     .await
     .map_err(Failure::from)?;
-    render(&survey, args.output)
+    render(&survey, args.output())
 }
 
 fn render(survey: &Survey, output: Output) -> Result<String, Failure> {

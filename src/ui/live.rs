@@ -28,7 +28,7 @@ use crate::model::plan::Limits;
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::Runtime;
 use crate::model::set::ImageSet;
-use crate::options::{read_sets, registry_client};
+use crate::options::{registry_client, resolve_sets};
 use crate::survey::{Survey, survey};
 
 /// Opens the TUI on the nodes and sets of `args`; returns when the operator quits.
@@ -37,10 +37,10 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     if let Some(options) = common.targets.cluster_mode() {
         return super::live_cluster::run(args, options).await;
     }
-    let sets = read_sets(&common.input, false)?;
     let targets = common.targets.resolve()?;
     let platform = common.targets.platform()?;
     let registry = registry_client(&common.registry)?;
+    let (sets, notes) = resolve_sets(&common.input, false, &registry, &platform).await?;
     let credentials = Credentials::load(&AuthFiles::from_env(common.registry.authfile.clone()))
         .map_err(|e| Failure::bad_input(e.to_string()))?;
     let theme = theme_of(&args)?;
@@ -51,6 +51,9 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     );
     let mut state = State::new(label, theme, args.readonly, Instant::now());
     state.stall_after = Duration::from_secs(args.stall_after.max(1));
+    if !notes.is_empty() {
+        state.say(notes.join("; "));
+    }
     let every_node: BTreeSet<String> = targets.iter().map(|t| t.node.name.clone()).collect();
     state.sets = sets
         .into_iter()

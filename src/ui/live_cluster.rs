@@ -24,15 +24,15 @@ use crate::model::export::pinned_image_set_yaml;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::set::ImageSet;
-use crate::options::{read_sets, registry_client};
+use crate::options::{registry_client, resolve_sets};
 use crate::survey::survey_cluster;
 
 /// Opens the TUI on the cluster `options` names; returns when the operator quits.
 pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> {
     let common = &args.common;
-    let sets = read_sets(&common.input, false)?;
     let platform = common.targets.platform()?;
     let registry = registry_client(&common.registry)?;
+    let (sets, notes) = resolve_sets(&common.input, false, &registry, &platform).await?;
     let theme = theme_of(&args)?;
     let cluster = Cluster::discover(connect(&options).await?).await?;
     let denied = if args.readonly {
@@ -47,6 +47,9 @@ pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> 
         Instant::now(),
     );
     state.start_cluster(denied, std::time::SystemTime::now());
+    if !notes.is_empty() {
+        state.say(notes.join("; "));
+    }
     state.sets = sets
         .into_iter()
         .map(|set| SetDraft::new(set, Default::default()))
