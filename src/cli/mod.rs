@@ -156,13 +156,17 @@ mod tests {
 
     #[test]
     fn every_command_takes_the_same_argument_list() {
-        for command in ["plan", "check", "status", "apply", "unpin", "mirror", "tui"] {
-            let start = ["pinboard", command, "--listen", "127.0.0.1:5050"];
-            let start = if command == "mirror" {
-                &start[..]
-            } else {
-                &start[..2]
+        let commands = [
+            "plan", "check", "status", "apply", "unpin", "mirror", "release", "tui",
+        ];
+        for command in commands {
+            // What a command takes besides the list: mirror's address, release's pull spec.
+            let own: &[&str] = match command {
+                "mirror" => &["--listen", "127.0.0.1:5050"],
+                "release" => &["quay.io/openshift-release-dev/ocp-release:4.19.3-x86_64"],
+                _ => &[],
             };
+            let start: Vec<&str> = ["pinboard", command].iter().chain(own).copied().collect();
             let line = start.iter().chain(APPLY_ARGS);
             let parsed = Cli::try_parse_from(line).unwrap_or_else(|e| panic!("{command}: {e}"));
             let common = match parsed.command.expect("a subcommand") {
@@ -172,7 +176,9 @@ mod tests {
                 | Command::Apply(c)
                 | Command::Unpin(c) => c,
                 Command::Mirror(m) => m.common,
+                Command::Release(r) => r.common,
                 Command::Tui(t) => t.common,
+                other => panic!("{other:?} takes no argument list"),
             };
             assert_eq!(common.rollout.parallel, 3, "{command}");
             assert_eq!(common.limits.min_free, 1 << 30, "{command}");
