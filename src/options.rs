@@ -455,7 +455,10 @@ pub fn release_note(resolved: &crate::release::Resolved, made: &ReleaseSets) -> 
         ));
     }
     if made.folded > 0 {
-        note.push_str(&format!("; {} tags share a digest with another", made.folded));
+        note.push_str(&format!(
+            "; {} tags share a digest with another",
+            made.folded
+        ));
     }
     if !made.excluded.is_empty() {
         let names: Vec<&str> = made.excluded.iter().map(|c| c.name.as_str()).collect();

@@ -54,7 +54,10 @@ pub async fn resolve(
     let repository = format!("{}/{}", parsed.registry, parsed.repository);
     let image = format!(
         "{repository}@{}",
-        facts.index_digest.as_deref().unwrap_or(&facts.manifest_digest)
+        facts
+            .index_digest
+            .as_deref()
+            .unwrap_or(&facts.manifest_digest)
     );
     let last = facts
         .layers
@@ -68,7 +71,9 @@ pub async fn resolve(
         .blob(&source, &last.digest, 0)
         .await
         .map_err(|failure| failure.error)?;
-    let bytes = layer.stream.map(|chunk| chunk.map_err(std::io::Error::other));
+    let bytes = layer
+        .stream
+        .map(|chunk| chunk.map_err(std::io::Error::other));
     let files = read_payload_layer(bytes).await.map_err(not_a_release)?;
     let release = Release::parse(&files.image_references, &files.release_metadata)
         .map_err(|why| not_a_release(format!("not a release payload: {why}")))?;

@@ -323,10 +323,7 @@ async fn confirmed_by_runtimes(
     Readiness::of(futures::future::join_all(nodes).await)
 }
 
-pub(super) async fn status(
-    options: &ConnectOptions,
-    args: &CommonArgs,
-) -> Result<String, Failure> {
+pub(super) async fn status(options: &ConnectOptions, args: &CommonArgs) -> Result<String, Failure> {
     let output = args.output();
     let (files, names) = files_and_names(args, NAME_OR_FILE).await?;
     let mut session = ClusterSession::open(options).await?;

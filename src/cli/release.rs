@@ -140,7 +140,9 @@ fn components_table(
             vec![
                 component,
                 reference.to_owned(),
-                sizes.get(reference).map_or_else(|| "-".into(), |s| human(*s)),
+                sizes
+                    .get(reference)
+                    .map_or_else(|| "-".into(), |s| human(*s)),
                 set.name.clone(),
             ]
         })

@@ -145,6 +145,37 @@ pub(crate) fn sha256_digest(bytes: &[u8]) -> String {
 #[derive(Default)]
 pub(crate) struct LayerCache(Mutex<HashMap<LayerSpec, LayerMeta>>);
 
+/// A layer built elsewhere (e.g. a release payload's manifests), pushed as it is after the generated ones.
+#[derive(Clone, Debug)]
+pub struct BuiltLayer {
+    pub blob: Vec<u8>,
+    /// The uncompressed tar's digest.
+    pub diff_id: String,
+    pub uncompressed_size: u64,
+    pub media_type: &'static str,
+}
+
+impl BuiltLayer {
+    /// A gzip tar of `tar`.
+    pub fn gzip(tar: &[u8]) -> Result<BuiltLayer> {
+        Ok(BuiltLayer {
+            blob: gzip(tar)?,
+            diff_id: sha256_digest(tar),
+            uncompressed_size: len_u64(tar),
+            media_type: GZIP_TYPE,
+        })
+    }
+}
+
+/// What an image is made of beyond its generated layers: built layers on top, and config labels.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Extras<'a> {
+    pub built: &'a [BuiltLayer],
+    pub labels: BTreeMap<String, String>,
+    /// Also push the manifest under this tag.
+    pub tag: Option<&'a str>,
+}
+
 /// Builds the image's blobs and pushes them (each blob once per registry) and its manifest.
 pub(crate) fn push_image(
     registry: &Registry,
@@ -153,12 +184,49 @@ pub(crate) fn push_image(
     spec: &ImageSpec,
     platform: &Platform,
 ) -> Result<PushedImage> {
+    push_image_with(registry, cache, repo, spec, platform, &Extras::default())
+}
+
+/// [`push_image`] with `extras` on top.
+pub(crate) fn push_image_with(
+    registry: &Registry,
+    cache: &LayerCache,
+    repo: &str,
+    spec: &ImageSpec,
+    platform: &Platform,
+    extras: &Extras<'_>,
+) -> Result<PushedImage> {
     let mut layers = Vec::new();
     let mut descriptors = Vec::new();
     let mut diff_ids = Vec::new();
     let mut history = Vec::new();
-    for layer_spec in &spec.layers {
+    let built = extras.built.iter().map(|layer| {
+        let digest = sha256_digest(&layer.blob);
+        registry.push_blob(repo, &digest, &layer.blob)?;
+        Ok::<_, anyhow::Error>((
+            LayerMeta {
+                digest,
+                size: len_u64(&layer.blob),
+                diff_id: layer.diff_id.clone(),
+                uncompressed_size: layer.uncompressed_size,
+                media_type: layer.media_type,
+                annotations: BTreeMap::new(),
+            },
+            "pinboard lab layer: built".to_owned(),
+        ))
+    });
+    let generated = spec.layers.iter().map(|layer_spec| {
         let layer = push_layer(registry, cache, repo, layer_spec)?;
+        Ok((
+            layer,
+            format!(
+                "pinboard lab layer: seed {}, {} bytes, {:?}",
+                layer_spec.seed, layer_spec.bytes, layer_spec.format
+            ),
+        ))
+    });
+    for pushed in generated.chain(built) {
+        let (layer, created_by) = pushed?;
         let mut descriptor = json!({
             "mediaType": layer.media_type,
             "digest": layer.digest,
@@ -169,13 +237,7 @@ pub(crate) fn push_image(
         }
         descriptors.push(descriptor);
         diff_ids.push(layer.diff_id.clone());
-        history.push(json!({
-            "created": CREATED,
-            "created_by": format!(
-                "pinboard lab layer: seed {}, {} bytes, {:?}",
-                layer_spec.seed, layer_spec.bytes, layer_spec.format
-            ),
-        }));
+        history.push(json!({"created": CREATED, "created_by": created_by}));
         layers.push(PushedLayer {
             digest: layer.digest,
             size: layer.size,
@@ -186,10 +248,12 @@ pub(crate) fn push_image(
 
     let mut config = platform.to_json();
     config.insert("created".into(), CREATED.into());
-    config.insert(
-        "config".into(),
-        json!({"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}),
-    );
+    let mut image_config =
+        json!({"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]});
+    if !extras.labels.is_empty() {
+        image_config["Labels"] = json!(extras.labels);
+    }
+    config.insert("config".into(), image_config);
     config.insert(
         "rootfs".into(),
         json!({"type": "layers", "diff_ids": diff_ids}),
@@ -209,7 +273,7 @@ pub(crate) fn push_image(
         manifest["annotations"] = json!(spec.annotations);
     }
     let manifest = serde_json::to_vec(&manifest)?;
-    let manifest_digest = registry.put_manifest(repo, MANIFEST_TYPE, &manifest)?;
+    let manifest_digest = registry.put_manifest_as(repo, extras.tag, MANIFEST_TYPE, &manifest)?;
     Ok(PushedImage {
         repo: repo.to_owned(),
         manifest_digest,
@@ -227,10 +291,25 @@ pub(crate) fn push_index(
     repo: &str,
     images: &[(Platform, ImageSpec)],
 ) -> Result<PushedIndex> {
+    let images: Vec<_> = images
+        .iter()
+        .map(|(platform, spec)| (platform.clone(), spec.clone(), Extras::default()))
+        .collect();
+    push_index_with(registry, cache, repo, &images, None)
+}
+
+/// [`push_index`] with extras per image, and the index also pushed under `tag`.
+pub(crate) fn push_index_with(
+    registry: &Registry,
+    cache: &LayerCache,
+    repo: &str,
+    images: &[(Platform, ImageSpec, Extras<'_>)],
+    tag: Option<&str>,
+) -> Result<PushedIndex> {
     let mut manifests = Vec::new();
     let mut entries = Vec::new();
-    for (platform, spec) in images {
-        let image = push_image(registry, cache, repo, spec, platform)?;
+    for (platform, spec, extras) in images {
+        let image = push_image_with(registry, cache, repo, spec, platform, extras)?;
         entries.push(json!({
             "mediaType": MANIFEST_TYPE,
             "digest": image.manifest_digest,
@@ -244,7 +323,7 @@ pub(crate) fn push_index(
         "mediaType": INDEX_TYPE,
         "manifests": entries,
     }))?;
-    let digest = registry.put_manifest(repo, INDEX_TYPE, &index)?;
+    let digest = registry.put_manifest_as(repo, tag, INDEX_TYPE, &index)?;
     Ok(PushedIndex {
         repo: repo.to_owned(),
         digest,
@@ -368,7 +447,7 @@ fn len_u64(bytes: &[u8]) -> u64 {
 }
 
 /// `len` bytes from a splitmix64 generator seeded with `seed`.
-fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+pub(crate) fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut state = seed;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {

@@ -156,6 +156,14 @@ impl Lab {
         )
     }
 
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub(crate) fn layer_cache(&self) -> &LayerCache {
+        &self.layers
+    }
+
     /// Pushes one image per platform and an OCI index over them.
     pub fn push_index(&self, repo: &str, images: &[(Platform, ImageSpec)]) -> Result<PushedIndex> {
         images::push_index(&self.registry, &self.layers, repo, images)

@@ -23,6 +23,7 @@ mod node;
 mod process;
 mod proxy;
 mod registry;
+pub mod release;
 mod run;
 pub mod tmux;
 

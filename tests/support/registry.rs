@@ -140,10 +140,25 @@ impl Registry {
         media_type: &str,
         bytes: &[u8],
     ) -> Result<String> {
+        self.put_manifest_as(repo, None, media_type, bytes)
+    }
+
+    /// Stores a manifest by digest, or under `tag` when given; returns its digest.
+    pub(crate) fn put_manifest_as(
+        &self,
+        repo: &str,
+        tag: Option<&str>,
+        media_type: &str,
+        bytes: &[u8],
+    ) -> Result<String> {
         let digest = sha256_digest(bytes);
+        let reference = tag.unwrap_or(&digest);
         let mut response = self
             .agent
-            .put(format!("http://{}/v2/{repo}/manifests/{digest}", self.host))
+            .put(format!(
+                "http://{}/v2/{repo}/manifests/{reference}",
+                self.host
+            ))
             .header("Content-Type", media_type)
             .send(bytes)?;
         ensure!(
