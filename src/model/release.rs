@@ -146,6 +146,7 @@ pub fn release_sets(release_image: &str, release: &Release, options: &SetOptions
         .unwrap_or_else(|| format!("release-{}", release.version));
     let origin = |component: Option<&str>| Origin::Release {
         image: release_image.to_owned(),
+        version: release.version.clone(),
         component: component.map(str::to_owned),
     };
     let mut seen = HashSet::from([release_image.to_owned()]);
@@ -283,7 +284,7 @@ mod tests {
         assert_eq!(refs, [RELEASE_IMAGE, &digest(1), &digest(2), &digest(3)]);
         assert_eq!(
             set.entries[1].origin.to_string(),
-            format!("release {RELEASE_IMAGE}, component etcd")
+            format!("release 4.19.3 ({RELEASE_IMAGE}), component etcd")
         );
     }
 

@@ -28,9 +28,10 @@ pub enum Origin {
     Flag {
         index: usize,
     },
-    /// A release payload (by digest), and the component of its `image-references`, if any.
+    /// A release payload (by digest) of `version`, and the component of its `image-references`, if any.
     Release {
         image: String,
+        version: String,
         component: Option<String>,
     },
 }
@@ -46,12 +47,14 @@ impl fmt::Display for Origin {
             Origin::Flag { index } => write!(f, "--image #{index}"),
             Origin::Release {
                 image,
+                version,
                 component: Some(component),
-            } => write!(f, "release {image}, component {component}"),
+            } => write!(f, "release {version} ({image}), component {component}"),
             Origin::Release {
                 image,
+                version,
                 component: None,
-            } => write!(f, "release {image}"),
+            } => write!(f, "release {version} ({image})"),
         }
     }
 }

@@ -206,6 +206,8 @@ pub enum Msg {
     Cluster(ClusterUpdate),
     /// Cluster mode: what some nodes' kubelet configurations say (read once per node).
     Kubelets(HashMap<String, KubeletSettings>),
+    /// A release read for import: its sets and what to say of it, or why it could not be read.
+    ReleaseRead(Result<(Vec<ImageSet>, String), String>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -236,6 +238,8 @@ pub enum Cmd {
         image: String,
     },
     ReadFile(PathBuf, FilePurpose),
+    /// Read a release payload's sets (a pull spec typed at the import prompt).
+    ImportRelease(String),
     WriteFile(PathBuf, String),
     ToggleLazy {
         node: String,
@@ -272,7 +276,9 @@ impl Prompt {
     pub fn label(self) -> &'static str {
         match self {
             Prompt::AddImages => "add images (paste or type, space/newline separated)",
-            Prompt::ImportPath => "import file (list or PinnedImageSet YAML)",
+            Prompt::ImportPath => {
+                "import: a file (list or PinnedImageSet YAML) or a release pull spec"
+            }
             Prompt::ExportPath => "export PinnedImageSet YAML to",
             Prompt::NewSet => "new set name",
             Prompt::Rename => "rename set to",
@@ -754,6 +760,19 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             }
             Vec::new()
         }
+        Msg::ReleaseRead(read) => {
+            match read {
+                Ok((sets, note)) => {
+                    for mut set in sets {
+                        set.name = state.unique_set_name(&set.name);
+                        state.add_set(set);
+                    }
+                    state.say(note);
+                }
+                Err(err) => state.say(format!("cannot read the release: {err}")),
+            }
+            Vec::new()
+        }
     };
     state.dirty |= dirty;
     cmds
@@ -1136,6 +1155,10 @@ fn submit(state: &mut State, prompt: Prompt, text: &str) -> Vec<Cmd> {
     }
     match prompt {
         Prompt::AddImages => add_images(state, text),
+        Prompt::ImportPath if is_pullspec(text) => {
+            state.say(format!("reading release {text}…"));
+            return vec![Cmd::ImportRelease(text.to_owned())];
+        }
         Prompt::ImportPath => {
             return vec![Cmd::ReadFile(PathBuf::from(text), FilePurpose::ImportSet)];
         }
@@ -1185,6 +1208,17 @@ fn add_images(state: &mut State, text: &str) {
         let text = format!("added {added} image(s); {broken} entry problem(s) in the set");
         state.say(text);
     }
+}
+
+/// Whether what was typed at the import prompt names a release image rather than a file: a registry host,
+/// and a tag or a digest.
+fn is_pullspec(text: &str) -> bool {
+    let host = text.split('/').next().unwrap_or("");
+    let last = text.rsplit('/').next().unwrap_or("");
+    text.contains('/')
+        && host.contains('.')
+        && !text.starts_with(['.', '/', '~'])
+        && (last.contains(':') || last.contains('@'))
 }
 
 fn import(state: &mut State, path: &Path, text: &str) {

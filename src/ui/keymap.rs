@@ -242,7 +242,7 @@ pub const KEYMAP: &[Binding] = &[
     bind(
         &[key('I')],
         Action::Import,
-        "import list or YAML file",
+        "import a list, YAML file or release",
         &[Sets],
         Some("import"),
     ),

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::TuiArgs;
 use super::app::{Cmd, ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, SetDraft, State};
-use super::run::{UiBackend, execute_file_cmd};
+use super::run::{UiBackend, execute_file_cmd, read_release};
 use super::theme::Theme;
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::cri::CriClient;
@@ -25,6 +25,7 @@ use crate::engine::{self, Control, EngineConfig};
 use crate::error::Failure;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
+use crate::model::release::SetOptions;
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::Runtime;
 use crate::model::set::ImageSet;
@@ -73,6 +74,7 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
         },
         control: None,
         initial_sets: state.sets.iter().map(|d| d.set.clone()).collect(),
+        release_options: common.input.release.set_options(),
     };
     super::run::run(state, backend)
         .await
@@ -100,6 +102,8 @@ struct Live {
     /// The running rollout's controls; None when no rollout runs.
     control: Option<UnboundedSender<Control>>,
     initial_sets: Vec<ImageSet>,
+    /// How a release typed at the import prompt becomes sets (`--pool`, `--exclude`, `--release-name`).
+    release_options: SetOptions,
 }
 
 impl UiBackend for Live {
@@ -113,6 +117,13 @@ impl UiBackend for Live {
         };
         match cmd {
             Cmd::Quit | Cmd::ReadFile(..) | Cmd::WriteFile(..) => {}
+            Cmd::ImportRelease(pullspec) => read_release(
+                self.registry.clone(),
+                self.platform.clone(),
+                self.release_options.clone(),
+                pullspec,
+                tx,
+            ),
             Cmd::Survey { sets, nodes } => {
                 let (targets, registry, tx) =
                     (self.chosen(&nodes), self.registry.clone(), tx.clone());

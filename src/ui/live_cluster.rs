@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use super::TuiArgs;
 use super::app::{Cmd, ConfigView, Msg, SetDraft, State};
 use super::live::theme_of;
-use super::run::{UiBackend, execute_file_cmd};
+use super::run::{UiBackend, execute_file_cmd, read_release};
 use crate::backend::registry::Registry;
 use crate::cluster::{Cluster, ConnectOptions, connect, watch};
 use crate::error::Failure;
@@ -23,6 +23,7 @@ use crate::model::diff;
 use crate::model::export::pinned_image_set_yaml;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
+use crate::model::release::SetOptions;
 use crate::model::set::ImageSet;
 use crate::options::{registry_client, resolve_sets};
 use crate::survey::survey_cluster;
@@ -61,7 +62,8 @@ pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> 
         platform,
         common.limits.limits(),
         lazy_store,
-    );
+    )
+    .with_release_options(common.input.release.set_options());
     super::run::run(state, backend)
         .await
         .map_err(|e| Failure::bad_input(format!("terminal UI failed: {e:#}")))
@@ -88,6 +90,8 @@ pub struct ClusterUi {
     limits: Limits,
     lazy_store: String,
     watching: Option<JoinHandle<()>>,
+    /// How a release typed at the import prompt becomes sets.
+    release_options: SetOptions,
 }
 
 impl Drop for ClusterUi {
@@ -116,7 +120,17 @@ impl ClusterUi {
             limits,
             lazy_store,
             watching: None,
+            release_options: SetOptions {
+                pool: "worker".into(),
+                ..SetOptions::default()
+            },
         }
+    }
+
+    /// How a release imported in the UI becomes sets (the command line's `--pool`, `--exclude`...).
+    pub fn with_release_options(mut self, options: SetOptions) -> ClusterUi {
+        self.release_options = options;
+        self
     }
 
     /// `read` of the watched view, under its lock (clone what a task needs to keep).
@@ -174,6 +188,13 @@ impl UiBackend for ClusterUi {
         let cluster = self.cluster.clone();
         match cmd {
             Cmd::Quit | Cmd::ReadFile(..) | Cmd::WriteFile(..) => {}
+            Cmd::ImportRelease(pullspec) => read_release(
+                self.registry.clone(),
+                self.platform.clone(),
+                self.release_options.clone(),
+                pullspec,
+                tx,
+            ),
             Cmd::Survey { sets, .. } => {
                 let view = self.with_view(ClusterView::clone);
                 let _ = tx.send(Msg::ConfigViews(config_views(&view, &sets)));

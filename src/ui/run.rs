@@ -4,6 +4,7 @@
 
 use std::io::stdout;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,10 @@ use tracing_subscriber::EnvFilter;
 
 use super::app::{Cmd, Msg, State, update};
 use super::render::render;
+use crate::backend::registry::Registry;
+use crate::model::image::Platform;
+use crate::model::release::SetOptions;
+use crate::options::release_note;
 
 /// Messages handled before a redraw at most: a burst of engine events gives one frame, not thousands.
 const BATCH: usize = 1024;
@@ -66,6 +71,28 @@ pub fn execute_file_cmd(cmd: Cmd, tx: &UnboundedSender<Msg>) -> Option<Cmd> {
         }
         other => Some(other),
     }
+}
+
+/// Reads the sets of the release `pullspec` for the import prompt, off the UI task, and sends them (or why
+/// not) as [`Msg::ReleaseRead`]. The same path as `--release`.
+pub fn read_release(
+    registry: Arc<Registry>,
+    platform: Platform,
+    options: SetOptions,
+    pullspec: String,
+    tx: &UnboundedSender<Msg>,
+) {
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        let read = crate::release::sets(&registry, &pullspec, &platform, &options)
+            .await
+            .map(|(resolved, made)| {
+                let note = release_note(&resolved, &made);
+                (made.sets, note)
+            })
+            .map_err(|e| e.to_string());
+        let _ = tx.send(Msg::ReleaseRead(read));
+    });
 }
 
 /// Runs the TUI until `:q`, `q` or Ctrl-C.

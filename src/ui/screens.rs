@@ -276,6 +276,10 @@ pub(super) fn sets(state: &State, frame: &mut Frame, area: Rect) {
                     fg(theme.tone(Tone::Ok)),
                 ));
             }
+            // A release's set says which release it pins.
+            if let crate::model::set::Origin::Release { .. } = &d.set.origin {
+                lines.push(Line::from(format!("  from {}", d.set.origin)));
+            }
             lines
         }
     };

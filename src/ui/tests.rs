@@ -443,6 +443,46 @@ fn unpin_asks_first_and_keeps_the_images() {
 }
 
 #[test]
+fn a_release_pull_spec_at_the_import_prompt_reads_the_release() {
+    let mut state = state();
+    type_keys(&mut state, "2I");
+    let pullspec = "quay.io/openshift-release-dev/ocp-release:4.19.3-x86_64";
+    let cmds = type_keys(&mut state, &format!("{pullspec}<Enter>"));
+    assert_eq!(cmds, [Cmd::ImportRelease(pullspec.into())]);
+    let mut set = crate::model::set::from_flags("release-4.19.3", &[demo::UBI.into()]);
+    set.origin = crate::model::set::Origin::Release {
+        image: "quay.io/openshift-release-dev/ocp-release@sha256:ab".into(),
+        version: "4.19.3".into(),
+        component: None,
+    };
+    let note = "release 4.19.3 (quay.io/…): 1 images in set release-4.19.3".to_owned();
+    update(&mut state, Msg::ReleaseRead(Ok((vec![set], note.clone()))));
+    let draft = state.selected_set().unwrap();
+    assert_eq!(draft.set.name, "release-4.19.3");
+    let shown = screen_text(&state);
+    assert!(shown.contains(&note), "the note is said: {shown}");
+    assert!(
+        shown.contains("from release 4.19.3 (quay.io/openshift-release-dev/ocp-release@sha256:ab)"),
+        "{shown}"
+    );
+    // Paths stay files, even with a colon in the name.
+    type_keys(&mut state, "I");
+    let cmds = type_keys(&mut state, "./backups/sets:old.yaml<Enter>");
+    assert_eq!(
+        cmds,
+        [Cmd::ReadFile(
+            "./backups/sets:old.yaml".into(),
+            FilePurpose::ImportSet
+        )]
+    );
+    update(
+        &mut state,
+        Msg::ReleaseRead(Err("manifest not found".into())),
+    );
+    assert!(screen_text(&state).contains("cannot read the release: manifest not found"));
+}
+
+#[test]
 fn import_reads_the_file_and_adds_its_entries() {
     let mut state = state();
     type_keys(&mut state, "2I");
