@@ -283,7 +283,7 @@ async fn run_node(job: NodeJob, shared: Arc<Shared>, mut control: UnboundedRecei
         .iter()
         .map(|i| i.reference.clone())
         .collect();
-    let statuses = client.image_statuses(&order).await;
+    let statuses = client.image_records(&order, true).await;
     let mut node = NodeRun {
         name: name.clone(),
         client,

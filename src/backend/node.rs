@@ -97,7 +97,8 @@ async fn observe_reachable(
             }
         },
     }
-    let statuses = client.image_statuses(references).await;
+    // One ListImages answers for the whole set: a release's ~190 ImageStatus calls cost more than it.
+    let statuses = client.image_records(references, true).await;
     let mut presence = HashMap::with_capacity(references.len());
     for (reference, status) in references.iter().zip(statuses) {
         presence.insert(reference.clone(), Some(status?.is_some()));
