@@ -336,3 +336,72 @@ fn plan_and_apply_take_a_release() {
     let check = common("check");
     assert_eq!(check.code, 0, "{}", explain(&check));
 }
+
+#[tokio::test]
+async fn cluster_mode_plans_a_release_for_the_pool_it_names() {
+    let lab = Lab::start(
+        "release-cluster",
+        LabConfig {
+            nodes: Vec::new(),
+            apiserver: true,
+        },
+    )
+    .expect("the lab starts");
+    let kubeconfig = lab.apiserver().unwrap().kubeconfig().to_owned();
+    let (_admin, _writer) =
+        support::cluster::openshift(&lab, &["worker", "master"], &["w1", "w2"]).await;
+    let parts = components(&lab, 4);
+    let pushed = lab
+        .push_release(
+            "openshift-release-dev/ocp-release",
+            "4.19.3-x86_64",
+            &release_spec("4.19.3", &parts),
+        )
+        .unwrap();
+    let plan = |pool: &'static str| {
+        let args: Vec<String> = [
+            "plan",
+            "--release",
+            &pushed.tag_reference,
+            "--pool",
+            pool,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--insecure-registry",
+            &lab.registry_host(),
+            "-o",
+            "json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        tokio::task::spawn_blocking(move || pinboard(args))
+    };
+    let workers = plan("worker").await.unwrap();
+    assert_eq!(workers.code, 0, "{}", explain(&workers));
+    let survey: Value = serde_json::from_str(&workers.stdout).unwrap();
+    let nodes: Vec<(&str, usize)> = survey["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap(),
+                n["images"].as_array().unwrap().len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        nodes,
+        [("w1", 5), ("w2", 5)],
+        "every worker, every component and the release image"
+    );
+    // The master pool has no nodes here: the release lands nowhere.
+    let masters = plan("master").await.unwrap();
+    assert_eq!(masters.code, 3, "{}", explain(&masters));
+    assert!(
+        masters.stderr.contains("the sets land on no node"),
+        "{}",
+        explain(&masters)
+    );
+}
