@@ -21,12 +21,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
-use crate::backend::credentials::{Credential, Credentials};
+use crate::backend::credentials::{Credential, Credentials, Found};
 use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
 use crate::backend::node::DirectNode;
 use crate::backend::pins::{self, PinTarget, Reload, connect_resolved, resolve};
 use crate::backend::progress::{self, Tracker};
-use crate::backend::proto::cri::AuthConfig;
 use crate::model::crio::{ReloadPins, Unpinned, explain_unpinned};
 use crate::model::image::ImageFacts;
 use crate::model::plan::{NodePlan, Verdict};
@@ -552,6 +551,7 @@ impl NodeRun {
         let handle = running.tasks.spawn(pull(
             self.client.clone(),
             self.name.clone(),
+            self.runtime_name.clone(),
             image.clone(),
             Arc::clone(&self.shared),
         ));
@@ -825,17 +825,20 @@ pub async fn unpin(
     }
 }
 
-/// Pulls one image with retries; every success is confirmed with ImageStatus.
+/// Pulls one image with retries; every success is confirmed with ImageStatus. The image's registry
+/// credential goes with every attempt; a refused one says which credential was sent and what the runtime
+/// makes of it.
 async fn pull(
     client: CriClient,
     node: String,
+    runtime: String,
     image: String,
     shared: Arc<Shared>,
 ) -> Result<(), Failure> {
     let credentials = Arc::clone(&shared.credentials);
     let reference = image.clone();
     // A credential helper may run: off the async threads.
-    let auth = tokio::task::spawn_blocking(move || auth_config(&credentials, &reference))
+    let found = tokio::task::spawn_blocking(move || find_credential(&credentials, &reference))
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r)
@@ -843,6 +846,7 @@ async fn pull(
             reason,
             no_space: false,
         })?;
+    let auth = found.as_ref().and_then(|f| f.credential.to_cri_auth());
     let config = &shared.config;
     let mut attempt = 1;
     loop {
@@ -869,6 +873,8 @@ async fn pull(
         if kind != Kind::Transient || attempt >= config.attempts {
             let reason = if kind == Kind::Transient && attempt > 1 {
                 format!("{reason} (gave up after {attempt} attempts)")
+            } else if refused_access(&reason) {
+                format!("{reason}; {}", sent_credential(&runtime, found.as_ref()))
             } else {
                 reason
             };
@@ -928,27 +934,46 @@ fn classify(reason: &str) -> Kind {
     }
 }
 
-/// The image's registry credential in CRI's form (None: anonymous).
-fn auth_config(credentials: &Credentials, image: &str) -> Result<Option<AuthConfig>, String> {
+/// The credential for the image's registry and repository (None: anonymous).
+fn find_credential(credentials: &Credentials, image: &str) -> Result<Option<Found>, String> {
     let reference = ImageRef::parse(image)?;
-    let found = credentials
+    credentials
         .lookup(&reference.registry, &reference.repository)
-        .map_err(|e| e.to_string())?;
-    let server_address = reference.registry;
-    Ok(match found.map(|f| f.credential) {
-        None | Some(Credential::Anonymous) => None,
-        Some(Credential::Basic { username, password }) => Some(AuthConfig {
-            username,
-            password,
-            server_address,
-            ..AuthConfig::default()
-        }),
-        Some(Credential::IdentityToken(identity_token)) => Some(AuthConfig {
-            identity_token,
-            server_address,
-            ..AuthConfig::default()
-        }),
-    })
+        .map_err(|e| e.to_string())
+}
+
+fn refused_access(reason: &str) -> bool {
+    let lower = reason.to_lowercase();
+    ["unauthorized", "denied", "forbidden"]
+        .iter()
+        .any(|p| lower.contains(p))
+}
+
+/// For a refused pull: which credential went to the node, and what its runtime does with that kind.
+fn sent_credential(runtime: &str, found: Option<&Found>) -> String {
+    let Some(found) = found.filter(|f| f.credential != Credential::Anonymous) else {
+        return "pinboard found no credentials for it in the auth files and pulled anonymously; \
+                pass --authfile or log in with podman login"
+            .into();
+    };
+    let sent = format!(
+        "pinboard sent the {} from {}",
+        found.credential, found.source
+    );
+    let ignored = match (&found.credential, runtime) {
+        (Credential::IdentityToken(_), "cri-o") => {
+            Some("CRI-O takes only a user name and password")
+        }
+        (Credential::RegistryToken(_), _) => Some("runtimes do not use registry tokens yet"),
+        _ => None,
+    };
+    match ignored {
+        Some(why) => format!(
+            "{sent}, but {why} from CRI: put a user name and password for the registry in the auth file, \
+             or in the node's own (/var/lib/kubelet/config.json)"
+        ),
+        None => format!("{sent}; the registry refused it: log in again or check its access"),
+    }
 }
 
 #[cfg(test)]
@@ -994,34 +1019,39 @@ mod tests {
     }
 
     #[test]
-    fn credentials_become_cri_auth_and_anonymous_none() {
+    fn a_refused_pull_says_which_credential_went_and_what_the_runtime_makes_of_it() {
         let credentials = Credentials::from_text(
             "/auth.json",
-            r#"{"auths": {"quay.io": {"auth": "dTpw"}, "ghcr.io": {"identitytoken": "tok"}}}"#,
+            r#"{"auths": {"quay.io": {"auth": "dTpw"}, "ghcr.io": {"identitytoken": "tok"},
+                          "reg.example.com": {"registrytoken": "rt"}}}"#,
         )
         .unwrap();
-        let basic = auth_config(&credentials, "quay.io/org/app@sha256:1")
-            .unwrap()
-            .unwrap();
+        let note = |runtime: &str, image: &str| {
+            let found = find_credential(&credentials, image).unwrap();
+            sent_credential(runtime, found.as_ref())
+        };
         assert_eq!(
-            (
-                basic.username.as_str(),
-                basic.password.as_str(),
-                basic.server_address.as_str()
-            ),
-            ("u", "p", "quay.io")
+            note("containerd", "quay.io/org/app@sha256:1"),
+            "pinboard sent the user \"u\" from entry \"quay.io\" of /auth.json; the registry refused it: \
+             log in again or check its access"
         );
-        let token = auth_config(&credentials, "ghcr.io/org/app:1")
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (token.identity_token.as_str(), token.username.as_str()),
-            ("tok", "")
+        assert!(
+            note("containerd", "ghcr.io/org/app:1")
+                .ends_with("the registry refused it: log in again or check its access")
         );
-        assert_eq!(
-            auth_config(&credentials, "registry.example.com/app:1").unwrap(),
-            None
+        assert!(
+            note("cri-o", "ghcr.io/org/app:1")
+                .contains("identity token from entry \"ghcr.io\" of /auth.json, but CRI-O takes only a user name and password")
         );
+        assert!(
+            note("containerd", "reg.example.com/app:1")
+                .contains("runtimes do not use registry tokens yet")
+        );
+        assert!(
+            note("containerd", "other.example.com/app:1")
+                .starts_with("pinboard found no credentials")
+        );
+        assert!(refused_access("PullImage: ... 401 Unauthorized") && !refused_access("not found"));
     }
 
     fn job(name: &str, endpoint: &str, verdict: &str) -> NodeJob {

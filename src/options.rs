@@ -198,6 +198,10 @@ pub struct RegistryArgs {
     /// Talk plain HTTP to this registry (HOST[:PORT]). Repeatable. All others use HTTPS.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
     pub insecure_registries: Vec<String>,
+    /// Registry CAs (*.crt) and client certificates (*.cert + *.key) in DIR/HOST[:PORT]/, instead of
+    /// /etc/containers/certs.d, /etc/docker/certs.d and ~/.config/containers/certs.d.
+    #[arg(long, value_name = "DIR")]
+    pub certs_dir: Option<PathBuf>,
     /// Manifest requests in flight at once.
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub registry_concurrency: usize,
@@ -289,6 +293,7 @@ pub fn registry_client(args: &RegistryArgs) -> Result<Registry, Failure> {
     Registry::new(RegistryOptions {
         authfile: args.authfile.clone(),
         insecure_registries: args.insecure_registries.clone(),
+        certs_dir: args.certs_dir.clone(),
         concurrency: args.registry_concurrency.max(1),
         ..RegistryOptions::default()
     })

@@ -723,7 +723,8 @@ async fn credentials_from_an_authfile_open_a_protected_registry() {
     assert_eq!(
         err.to_string(),
         format!(
-            "registry {host} refused access to {reference} (no credentials found for it); log in with \
+            "registry {host} refused access to {reference} (no credentials found for it: no auth file \
+             was found); log in with \
              `podman login {host}` or `docker login {host}`, or pass --authfile"
         )
     );

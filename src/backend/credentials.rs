@@ -7,7 +7,10 @@
 //! `/var/lib/kubelet/config.json`, and the first file with an entry for the registry wins. All use docker's
 //! config format; keys are matched by host and, when they carry a path, by the longest path prefix of the
 //! repository. `credHelpers` and `credsStore` run a `docker-credential-*` helper through the
-//! `docker_credential` crate. Secrets never reach Debug, Display, logs or errors.
+//! `docker_credential` crate. An entry holds a user and password (`auth`, or `username` and `password`), an
+//! `identitytoken` (an OAuth2 refresh token) or a `registrytoken` (a bearer token for the registry itself).
+//! [`Credential::to_cri_auth`] is what a node is handed for a pull. Secrets never reach Debug, Display, logs
+//! or errors.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -16,9 +19,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use oci_client::secrets::RegistryAuth;
 use serde::Deserialize;
 
+use super::proto::cri::AuthConfig;
 use super::truncate;
 
 /// Docker Hub's canonical host, as image references spell it.
@@ -37,8 +40,11 @@ pub enum Credential {
         username: String,
         password: String,
     },
-    /// An identity (refresh) token, as `docker login` stores for some registries.
+    /// An identity token: an OAuth2 refresh token, as `docker login` stores for some registries (ACR, ECR,
+    /// Artifactory), exchanged at the registry's token service for access tokens.
     IdentityToken(String),
+    /// A registry token: a bearer token sent to the registry as it is.
+    RegistryToken(String),
 }
 
 impl fmt::Debug for Credential {
@@ -54,6 +60,10 @@ impl fmt::Debug for Credential {
                 .debug_tuple("IdentityToken")
                 .field(&format_args!("<redacted>"))
                 .finish(),
+            Credential::RegistryToken(_) => f
+                .debug_tuple("RegistryToken")
+                .field(&format_args!("<redacted>"))
+                .finish(),
         }
     }
 }
@@ -64,27 +74,36 @@ impl fmt::Display for Credential {
             Credential::Anonymous => f.write_str("anonymous"),
             Credential::Basic { username, .. } => write!(f, "user {username:?}"),
             Credential::IdentityToken(_) => f.write_str("identity token"),
+            Credential::RegistryToken(_) => f.write_str("registry token"),
         }
     }
 }
 
 impl Credential {
-    /// The form oci-client sends. An identity token goes out as a bearer token: oci-client has no OAuth2
-    /// refresh-token exchange, so registries that insist on one answer 401 (use username/password there).
-    pub fn to_registry_auth(&self) -> RegistryAuth {
+    /// What a node's runtime is handed with CRI `PullImage` (None: anonymous). `server_address` stays
+    /// empty: the credential is already the one for this image's registry and repository, and containerd
+    /// (1.6 to 2.x) parses a set `server_address` as a URL and compares its host with the registry's, so a
+    /// bare `host:port` fails to parse and a bare `host` never matches (it then pulls anonymously). CRI-O
+    /// ignores the field. containerd uses user/password and the identity token (as an OAuth2 refresh
+    /// token); CRI-O only user/password; neither uses `registry_token` yet, which is sent for runtimes
+    /// that do.
+    pub fn to_cri_auth(&self) -> Option<AuthConfig> {
         match self {
-            Credential::Anonymous => RegistryAuth::Anonymous,
-            Credential::Basic { username, password } => {
-                RegistryAuth::Basic(username.clone(), password.clone())
-            }
-            Credential::IdentityToken(token) => RegistryAuth::Bearer(token.clone()),
+            Credential::Anonymous => None,
+            Credential::Basic { username, password } => Some(AuthConfig {
+                username: username.clone(),
+                password: password.clone(),
+                ..AuthConfig::default()
+            }),
+            Credential::IdentityToken(token) => Some(AuthConfig {
+                identity_token: token.clone(),
+                ..AuthConfig::default()
+            }),
+            Credential::RegistryToken(token) => Some(AuthConfig {
+                registry_token: token.clone(),
+                ..AuthConfig::default()
+            }),
         }
-    }
-}
-
-impl From<&Credential> for RegistryAuth {
-    fn from(credential: &Credential) -> Self {
-        credential.to_registry_auth()
     }
 }
 
@@ -277,6 +296,7 @@ struct RawAuth {
     username: Option<String>,
     password: Option<String>,
     identitytoken: Option<String>,
+    registrytoken: Option<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -490,7 +510,10 @@ impl AuthFile {
 impl RawAuth {
     fn has_credentials(&self) -> bool {
         let set = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
-        set(&self.auth) || set(&self.identitytoken) || (set(&self.username) && set(&self.password))
+        set(&self.auth)
+            || set(&self.identitytoken)
+            || set(&self.registrytoken)
+            || (set(&self.username) && set(&self.password))
     }
 
     /// The credential this entry holds. Errors describe the problem without quoting any of it.
@@ -498,6 +521,9 @@ impl RawAuth {
         let set = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
         if let Some(token) = set(&self.identitytoken) {
             return Ok(Credential::IdentityToken(token));
+        }
+        if let Some(token) = set(&self.registrytoken) {
+            return Ok(Credential::RegistryToken(token));
         }
         if let Some(auth) = set(&self.auth) {
             let engine = base64::engine::GeneralPurpose::new(
@@ -876,6 +902,8 @@ mod tests {
                 "colon.io": {{"auth": "{}"}},
                 "plain.io": {{"username": "u", "password": "p"}},
                 "token.io": {{"identitytoken": "tok"}},
+                "regtoken.io": {{"registrytoken": "rtok"}},
+                "both.io": {{"auth": "{}", "identitytoken": "itok"}},
                 "empty.io": {{}},
                 "emptyauth.io": {{"auth": ""}},
                 "bad.io": {{"auth": "%%%not base64"}},
@@ -884,6 +912,7 @@ mod tests {
             STANDARD.encode("user:pa"),
             STANDARD_NO_PAD.encode("user:pa"),
             auth("user:pass:with:colons"),
+            auth("<token>:x"),
             auth("justuser")
         );
         let credentials = Credentials::from_text("/x/auth.json", &text).unwrap();
@@ -903,6 +932,15 @@ mod tests {
         assert_eq!(
             cred(&credentials, "token.io", "a"),
             Some(Credential::IdentityToken("tok".into()))
+        );
+        assert_eq!(
+            cred(&credentials, "regtoken.io", "a"),
+            Some(Credential::RegistryToken("rtok".into()))
+        );
+        // docker writes `auth` beside an identity token; the token is the credential.
+        assert_eq!(
+            cred(&credentials, "both.io", "a"),
+            Some(Credential::IdentityToken("itok".into()))
         );
         // Entries without credentials (docker writes `{}` when a store holds them) are not matches.
         assert_eq!(cred(&credentials, "empty.io", "a"), None);
@@ -963,11 +1001,12 @@ mod tests {
         for credential in [
             basic("admin", secret),
             Credential::IdentityToken(secret.into()),
+            Credential::RegistryToken(secret.into()),
         ] {
             let debug = format!("{credential:?}");
             let display = format!("{credential}");
-            let auth = format!("{:?}", credential.to_registry_auth());
-            for shown in [&debug, &display, &auth] {
+            let cri = format!("{:?}", credential.to_cri_auth());
+            for shown in [&debug, &display, &cri] {
                 assert!(!shown.contains(secret), "{shown}");
             }
         }
@@ -990,18 +1029,34 @@ mod tests {
     }
 
     #[test]
-    fn converts_to_oci_client_auth() {
+    fn runtimes_get_each_kind_without_a_server_address() {
+        assert_eq!(Credential::Anonymous.to_cri_auth(), None);
+        let auth = basic("u", "p").to_cri_auth().unwrap();
         assert_eq!(
-            Credential::Anonymous.to_registry_auth(),
-            RegistryAuth::Anonymous
+            (
+                auth.username.as_str(),
+                auth.password.as_str(),
+                auth.server_address.as_str()
+            ),
+            ("u", "p", "")
         );
+        // containerd takes a user name as meaning user/password: none goes with a token.
+        let identity = Credential::IdentityToken("it".into())
+            .to_cri_auth()
+            .unwrap();
         assert_eq!(
-            RegistryAuth::from(&basic("u", "p")),
-            RegistryAuth::Basic("u".into(), "p".into())
+            (identity.identity_token.as_str(), identity.username.as_str()),
+            ("it", "")
         );
+        let registry = Credential::RegistryToken("rt".into())
+            .to_cri_auth()
+            .unwrap();
         assert_eq!(
-            Credential::IdentityToken("t".into()).to_registry_auth(),
-            RegistryAuth::Bearer("t".into())
+            (
+                registry.registry_token.as_str(),
+                registry.server_address.as_str()
+            ),
+            ("rt", "")
         );
     }
 }

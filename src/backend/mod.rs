@@ -1,9 +1,11 @@
-//! The outside world: CRI and containerd sockets, registries and their credentials, the blob cache and the
-//! registry endpoint over it.
+//! The outside world: CRI and containerd sockets, registries, their credentials and certificates, the blob
+//! cache and the registry endpoint over it.
 
 pub mod blobs;
+pub mod certs;
 pub mod credentials;
 pub mod cri;
+pub mod distribution;
 pub mod lazy;
 pub mod node;
 pub mod pins;

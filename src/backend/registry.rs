@@ -2,8 +2,9 @@
 //! platform, turned into [`ImageFacts`].
 //!
 //! Sizes come from manifest descriptors only; no blob is downloaded, so a 500-image set costs a few hundred
-//! small requests. One HTTP client serves every request (connection and token reuse), a semaphore bounds the
-//! requests in flight so a large set does not hammer the registry, every manifest is checked against the
+//! small requests. The HTTP side is [`super::distribution`] (one client per registry, with the site's CAs
+//! and client certificate from certs.d; the registry's `/v2/` asked once; one token per repository), a
+//! semaphore bounds the requests in flight so a large set does not hammer the registry, every manifest is checked against the
 //! digest it was asked for, and parsed manifests are cached by `registry/repository@digest`, so a digest
 //! shared by several references or platforms is fetched once. (The repository is part of the key on purpose:
 //! content is the same everywhere, but existence in one repository says nothing about another.) A registry
@@ -11,11 +12,11 @@
 //! waiting out one timeout per image.
 //!
 //! Blobs are fetched here too, for the blob cache ([`crate::backend::blobs`]): one GET per call, from a byte
-//! offset, with the same credentials and the same TLS and proxy settings as manifests (one [`ClientConfig`]
-//! feeds both HTTP clients). oci-client hides the status line and headers of blob responses, and the cache
-//! needs them: whether a `Range` was honoured (206 and `Content-Range`) and how long `Retry-After` asks to wait.
+//! offset, with the same client, credentials and certificates as manifests, and the answer's status line and
+//! headers kept: whether a `Range` was honoured (206 and `Content-Range`) and how long `Retry-After` asks to
+//! wait.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,18 +25,17 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
-use oci_client::client::{Certificate, ClientConfig, ClientProtocol};
-use oci_client::errors::{DigestError, OciDistributionError, OciEnvelope, OciErrorCode};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference, RegistryOperation};
 use serde::Deserialize;
 use sha2::Digest as _;
 use tokio::sync::{OnceCell, Semaphore};
 
-use crate::backend::credentials::{AuthFiles, Credentials, CredentialsError};
+use crate::backend::certs::{CertDirs, CertsError};
+use crate::backend::credentials::{AuthFiles, Credential, Credentials, CredentialsError};
+use crate::backend::distribution::{Access, Distribution, Host, HttpError};
 use crate::backend::truncate;
 use crate::model::image::{ImageFacts, Layer, Platform};
 use crate::model::mirror::Source;
+use crate::model::reference::ImageRef;
 
 pub const MEDIA_TYPE_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const MEDIA_TYPE_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -54,7 +54,8 @@ pub const ACCEPTED_MEDIA_TYPES: [&str; 4] = [
     MEDIA_TYPE_DOCKER_MANIFEST,
 ];
 
-const USER_AGENT: &str = concat!("pinboard/", env!("CARGO_PKG_VERSION"));
+/// The largest manifest accepted, as containerd limits them.
+const MAX_MANIFEST_BYTES: usize = 4 << 20;
 /// How long an unreachable registry is answered from memory before it is tried again.
 const DOWN_FOR: Duration = Duration::from_secs(10);
 
@@ -65,6 +66,8 @@ pub struct RegistryOptions {
     pub authfile: Option<PathBuf>,
     /// `HOST[:PORT]` of registries reached over plain HTTP; every other registry is HTTPS only.
     pub insecure_registries: Vec<String>,
+    /// `--certs-dir`: the only certs.d directory read when set (see [`crate::backend::certs`]).
+    pub certs_dir: Option<PathBuf>,
     /// Requests in flight at most, over all references and platforms (default 32).
     pub concurrency: usize,
     /// Per request: connect, read, and the whole exchange (default 30 s).
@@ -76,6 +79,7 @@ impl Default for RegistryOptions {
         RegistryOptions {
             authfile: None,
             insecure_registries: Vec::new(),
+            certs_dir: None,
             concurrency: 32,
             timeout: Duration::from_secs(30),
         }
@@ -144,6 +148,8 @@ pub enum RegistryError {
     },
     #[error(transparent)]
     Credentials(#[from] CredentialsError),
+    #[error("registry certificates: {0}")]
+    Certs(CertsError),
     #[error("cannot set up the registry client: {cause}")]
     Setup { cause: String },
 }
@@ -170,6 +176,7 @@ impl RegistryError {
             RegistryError::RateLimited { .. } => "rate-limited",
             RegistryError::Server { .. } => "server",
             RegistryError::Credentials(_) => "credentials",
+            RegistryError::Certs(_) => "certs",
             RegistryError::Setup { .. } => "setup",
         }
     }
@@ -186,7 +193,9 @@ impl RegistryError {
             | RegistryError::Timeout { reference, .. }
             | RegistryError::RateLimited { reference, .. }
             | RegistryError::Server { reference, .. } => Some(reference),
-            RegistryError::Credentials(_) | RegistryError::Setup { .. } => None,
+            RegistryError::Credentials(_)
+            | RegistryError::Certs(_)
+            | RegistryError::Setup { .. } => None,
         }
     }
 
@@ -212,7 +221,9 @@ impl RegistryError {
             | RegistryError::Timeout { reference, .. }
             | RegistryError::RateLimited { reference, .. }
             | RegistryError::Server { reference, .. } => *reference = label.to_string(),
-            RegistryError::Credentials(_) | RegistryError::Setup { .. } => {}
+            RegistryError::Credentials(_)
+            | RegistryError::Certs(_)
+            | RegistryError::Setup { .. } => {}
         }
         self
     }
@@ -223,19 +234,13 @@ pub type PlatformFacts = Vec<(Platform, ImageFacts)>;
 
 /// A registry client for inspecting many images. Cheap to share behind `&`; all methods take `&self`.
 pub struct Registry {
-    client: Client,
-    /// For blobs: built from the same [`ClientConfig`] as `client` (see [`blob_http_client`]).
-    http: reqwest::Client,
+    distribution: Distribution,
     credentials: Arc<Credentials>,
-    insecure: Vec<String>,
     timeout: Duration,
     concurrency: usize,
     permits: Semaphore,
     manifests: Mutex<HashMap<String, Arc<OnceCell<Arc<Fetched>>>>>,
     auths: Mutex<HashMap<String, Arc<OnceCell<Arc<AuthState>>>>>,
-    /// Registries whose `/v2/` asks for no authentication. That answer is registry-wide, so other
-    /// repositories there skip the auth round trip (oci-client already pings before every manifest).
-    open_registries: Mutex<HashSet<String>>,
     down: Mutex<HashMap<String, (RegistryError, Instant)>>,
     requests: AtomicU64,
 }
@@ -243,7 +248,7 @@ pub struct Registry {
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registry")
-            .field("insecure", &self.insecure)
+            .field("certs_dirs", &self.distribution.certs().dirs())
             .field("timeout", &self.timeout)
             .field("concurrency", &self.concurrency)
             .field("auth_files", &self.credentials.files())
@@ -252,13 +257,10 @@ impl fmt::Debug for Registry {
     }
 }
 
-/// The credential chosen for one repository, and how to describe it in messages.
+/// The access to one repository, and how to describe its credential in messages.
 struct AuthState {
-    auth: RegistryAuth,
+    access: Access,
     described: String,
-    /// The bearer token the registry's token service issued for pulling this repository, if it uses one;
-    /// renewed when a blob request is refused with 401 (tokens expire). Never logged.
-    token: Mutex<Option<String>>,
 }
 
 /// A manifest as fetched and verified.
@@ -324,6 +326,9 @@ struct Context<'a> {
     insecure: bool,
     credentials: &'a str,
     timeout: Duration,
+    certs: &'a CertDirs,
+    /// What certs.d gave the registry, once it was reached.
+    host: Option<&'a Host>,
 }
 
 impl Registry {
@@ -350,32 +355,26 @@ impl Registry {
             options.timeout
         };
         let concurrency = options.concurrency.max(1);
-        let config = ClientConfig {
-            protocol: ClientProtocol::HttpsExcept(insecure.clone()),
-            platform_resolver: None,
-            read_timeout: Some(timeout),
-            connect_timeout: Some(timeout),
-            user_agent: USER_AGENT,
-            ..ClientConfig::default()
-        };
-        let http = blob_http_client(&config)?;
-        let client = Client::try_from(config).map_err(|e| RegistryError::Setup {
-            cause: e.to_string(),
-        })?;
         Ok(Registry {
-            client,
-            http,
+            distribution: Distribution::new(
+                CertDirs::from_env(options.certs_dir),
+                insecure,
+                timeout,
+            ),
             credentials: Arc::new(credentials),
-            insecure,
             timeout,
             concurrency,
             permits: Semaphore::new(concurrency),
             manifests: Mutex::default(),
             auths: Mutex::default(),
-            open_registries: Mutex::default(),
             down: Mutex::default(),
             requests: AtomicU64::new(0),
         })
+    }
+
+    /// The credentials it reads, for whatever else must authenticate the same way (the runtimes' pulls).
+    pub fn credentials(&self) -> Arc<Credentials> {
+        Arc::clone(&self.credentials)
     }
 
     /// How many manifest requests went to registries so far (cache hits and token requests not counted).
@@ -439,7 +438,7 @@ impl Registry {
         } else {
             platforms.to_vec()
         };
-        let parsed = parse_reference(reference.trim()).map_err(|e| e.for_reference(reference))?;
+        let parsed = parse_reference(reference)?;
         let top = self.manifest(&parsed, reference).await?;
         let entries = match &top.manifest {
             Manifest::Image { .. } => {
@@ -467,9 +466,12 @@ impl Registry {
                     .as_ref()
                     .map_or_else(|| platform.to_string(), Platform::to_string);
                 let label = format!("{reference} ({shown} manifest {})", entry.digest);
-                let child = self
-                    .manifest(&parsed.clone_with_digest(entry.digest.clone()), &label)
-                    .await?;
+                let by_digest = ImageRef {
+                    tag: None,
+                    digest: Some(entry.digest.clone()),
+                    ..parsed.clone()
+                };
+                let child = self.manifest(&by_digest, &label).await?;
                 if child.size != entry.size {
                     return Err(RegistryError::Invalid {
                         reference: label,
@@ -494,18 +496,13 @@ impl Registry {
     /// A manifest from the cache, or fetched once however many callers ask for it at the same time.
     async fn manifest(
         &self,
-        reference: &Reference,
+        reference: &ImageRef,
         label: &str,
     ) -> Result<Arc<Fetched>, RegistryError> {
-        let Some(digest) = reference.digest() else {
+        let Some(digest) = &reference.digest else {
             return self.fetch(reference, label).await;
         };
-        let key = format!(
-            "{}/{}@{}",
-            reference.resolve_registry(),
-            reference.repository(),
-            digest
-        );
+        let key = format!("{}/{}@{digest}", reference.registry, reference.repository);
         let cell = self
             .manifests
             .lock()
@@ -520,13 +517,14 @@ impl Registry {
 
     async fn fetch(
         &self,
-        reference: &Reference,
+        reference: &ImageRef,
         label: &str,
     ) -> Result<Arc<Fetched>, RegistryError> {
-        let registry = reference.resolve_registry();
-        let auth = self.auth(reference, label).await?;
+        let registry = reference.registry.as_str();
+        let host = self.host(registry, label).await?;
+        let auth = self.auth(&host, reference, label).await?;
         self.check_down(registry, label)?;
-        let context = self.context(label, registry, &auth.described);
+        let context = self.context(label, registry, &auth.described, Some(&host));
         let _permit = self
             .permits
             .acquire()
@@ -534,15 +532,26 @@ impl Registry {
             .expect("the semaphore is never closed");
         self.requests.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
+        let target = reference
+            .digest
+            .as_deref()
+            .or(reference.tag.as_deref())
+            .unwrap_or("latest");
+        let path = format!("{}/manifests/{target}", reference.repository);
         let outcome = tokio::time::timeout(
             self.timeout,
-            self.client
-                .pull_manifest_raw(reference, &auth.auth, &ACCEPTED_MEDIA_TYPES),
+            self.distribution.get(
+                &host,
+                &path,
+                &auth.access,
+                &ACCEPTED_MEDIA_TYPES.join(", "),
+                MAX_MANIFEST_BYTES,
+            ),
         )
         .await;
         let elapsed_ms = started.elapsed().as_millis() as u64;
         let body = match outcome {
-            Ok(Ok((body, _))) => body,
+            Ok(Ok(body)) => body,
             Ok(Err(e)) => return Err(self.failed(map_error(e, &context), elapsed_ms)),
             Err(_) => return Err(self.failed(timeout_error(&context), elapsed_ms)),
         };
@@ -554,14 +563,14 @@ impl Registry {
             bytes = body.len(),
             "fetched manifest"
         );
-        let digest = match reference.digest() {
+        let digest = match &reference.digest {
             Some(expected) => {
                 let actual =
                     content_digest(&body, expected).ok_or_else(|| RegistryError::Invalid {
                         reference: label.to_string(),
                         cause: format!("unsupported digest algorithm in {expected}"),
                     })?;
-                if actual != expected {
+                if actual != *expected {
                     return Err(RegistryError::DigestMismatch {
                         reference: label.to_string(),
                         registry: registry.to_string(),
@@ -582,61 +591,68 @@ impl Registry {
             size: body.len() as u64,
             media_type: media_type(&body, &manifest),
             manifest,
-            body,
+            body: Bytes::from(body),
         }))
     }
 
-    /// The credential for the reference's repository, looked up and (if the registry wants tokens)
-    /// exchanged once per repository.
+    /// The registry's client, its `/v2/` asked once.
+    async fn host(&self, registry: &str, label: &str) -> Result<Arc<Host>, RegistryError> {
+        self.check_down(registry, label)?;
+        let context = self.context(label, registry, "", None);
+        let started = Instant::now();
+        let outcome = {
+            let _permit = self
+                .permits
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
+            tokio::time::timeout(self.timeout, self.distribution.host(registry)).await
+        };
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        match outcome {
+            Ok(Ok(host)) => Ok(host),
+            Ok(Err(e)) => Err(self.failed(map_error(e, &context), elapsed_ms)),
+            Err(_) => Err(self.failed(timeout_error(&context), elapsed_ms)),
+        }
+    }
+
+    /// The access to the reference's repository: its credential looked up and (if the registry wants
+    /// tokens) exchanged once per repository, again when the token runs out.
     async fn auth(
         &self,
-        reference: &Reference,
+        host: &Host,
+        reference: &ImageRef,
         label: &str,
     ) -> Result<Arc<AuthState>, RegistryError> {
-        let registry = reference.resolve_registry();
-        let key = format!("{registry}/{}", reference.repository());
-        let cell = self
-            .auths
-            .lock()
-            .expect("auth lock")
-            .entry(key)
-            .or_default()
-            .clone();
+        let registry = reference.registry.as_str();
+        let key = format!("{registry}/{}", reference.repository);
+        let cell = {
+            let mut auths = self.auths.lock().expect("auth lock");
+            let cell = auths.entry(key).or_default();
+            if cell.get().is_some_and(|state| state.access.expired()) {
+                *cell = Arc::default();
+            }
+            cell.clone()
+        };
         cell.get_or_try_init(|| async {
-            self.check_down(registry, label)?;
             let credentials = Arc::clone(&self.credentials);
-            let (host, repository) = (
-                reference.registry().to_string(),
-                reference.repository().to_string(),
-            );
-            let found = tokio::task::spawn_blocking(move || credentials.lookup(&host, &repository))
-                .await
-                .map_err(|e| RegistryError::Setup {
-                    cause: format!("credential lookup failed: {e}"),
-                })??;
-            let (auth, described) = match found {
+            let (lookup_registry, repository) =
+                (registry.to_string(), reference.repository.clone());
+            let found = tokio::task::spawn_blocking(move || {
+                credentials.lookup(&lookup_registry, &repository)
+            })
+            .await
+            .map_err(|e| RegistryError::Setup {
+                cause: format!("credential lookup failed: {e}"),
+            })??;
+            let (credential, described) = match found {
                 Some(found) => (
-                    found.credential.to_registry_auth(),
+                    found.credential,
                     format!("with the credentials from {}", found.source),
                 ),
-                None => (
-                    RegistryAuth::Anonymous,
-                    "no credentials found for it".to_string(),
-                ),
+                None => (Credential::Anonymous, self.no_credentials()),
             };
-            if self
-                .open_registries
-                .lock()
-                .expect("open registries lock")
-                .contains(registry)
-            {
-                return Ok(Arc::new(AuthState {
-                    auth,
-                    described,
-                    token: Mutex::default(),
-                }));
-            }
-            let context = self.context(label, registry, &described);
+            let context = self.context(label, registry, &described, Some(host));
             let _permit = self
                 .permits
                 .acquire()
@@ -645,39 +661,40 @@ impl Registry {
             let started = Instant::now();
             let outcome = tokio::time::timeout(
                 self.timeout,
-                self.client.auth(reference, &auth, RegistryOperation::Pull),
+                self.distribution
+                    .access(host, &reference.repository, &credential),
             )
             .await;
             let elapsed_ms = started.elapsed().as_millis() as u64;
-            let token = match outcome {
+            let access = match outcome {
                 // The token itself is never logged.
-                Ok(Ok(token)) => {
-                    tracing::debug!(
-                        registry,
-                        repository = reference.repository(),
-                        elapsed_ms,
-                        token = token.is_some(),
-                        "authenticated"
-                    );
-                    if token.is_none() {
-                        self.open_registries
-                            .lock()
-                            .expect("open registries lock")
-                            .insert(registry.to_string());
-                    }
-                    token
-                }
+                Ok(Ok(access)) => access,
                 Ok(Err(e)) => return Err(self.failed(map_error(e, &context), elapsed_ms)),
                 Err(_) => return Err(self.failed(timeout_error(&context), elapsed_ms)),
             };
-            Ok(Arc::new(AuthState {
-                auth,
-                described,
-                token: Mutex::new(token),
-            }))
+            tracing::debug!(
+                registry,
+                repository = reference.repository,
+                elapsed_ms,
+                credential = %credential,
+                authorized = access.authorized(),
+                "repository access"
+            );
+            Ok(Arc::new(AuthState { access, described }))
         })
         .await
         .cloned()
+    }
+
+    /// "no credentials found for it", and in which files none was.
+    fn no_credentials(&self) -> String {
+        let files = self.credentials.files();
+        if files.is_empty() {
+            "no credentials found for it: no auth file was found".into()
+        } else {
+            let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            format!("no credentials found for it in {}", files.join(", "))
+        }
     }
 
     /// A manifest or index of `source` by digest, exactly as the registry sent it (its digest verified), with
@@ -697,9 +714,9 @@ impl Registry {
     }
 
     /// One GET of blob `digest` from `source`, from byte `offset` (with `Range: bytes=<offset>-` when it is
-    /// not 0), with the repository's credentials; a 401 renews its token once. The body is not verified
+    /// not 0), with the repository's credentials; a 401 to a token renews it once. The body is not verified
     /// here: the caller hashes the whole blob. A 206 whose `Content-Range` does not start at `offset` is
-    /// refused, so bytes never land in the wrong place.
+    /// refused, so bytes never land in the wrong place. No read timeout: the blob cache detects stalls.
     pub async fn blob(
         &self,
         source: &Source,
@@ -712,56 +729,30 @@ impl Registry {
         };
         let label = format!("blob {digest} of {source}");
         let reference = parse_reference(&format!("{source}@{digest}")).map_err(fail)?;
-        let auth = self.auth(&reference, &label).await.map_err(fail)?;
-        let registry = reference.resolve_registry();
-        let context = self.context(&label, registry, &auth.described);
-        let scheme = if context.insecure { "http" } else { "https" };
-        let url = format!(
-            "{scheme}://{registry}/v2/{}/blobs/{digest}",
-            reference.repository()
-        );
+        let registry = reference.registry.as_str();
+        let host = self.host(registry, &label).await.map_err(fail)?;
+        let path = format!("{}/blobs/{digest}", reference.repository);
+        let range = (offset > 0).then(|| format!("bytes={offset}-"));
         let mut renewed = false;
-        let response = loop {
-            let token = auth.token.lock().expect("token lock").clone();
-            let mut request = self.http.get(&url);
-            if offset > 0 {
-                request = request.header(http::header::RANGE, format!("bytes={offset}-"));
-            }
-            request = match (token.as_ref(), &auth.auth) {
-                (Some(token), _) | (None, RegistryAuth::Bearer(token)) => {
-                    request.bearer_auth(token)
-                }
-                (None, RegistryAuth::Basic(user, password)) => {
-                    request.basic_auth(user, Some(password))
-                }
-                (None, RegistryAuth::Anonymous) => request,
-            };
-            let response = request.send().await.map_err(|e| {
-                fail(if e.is_timeout() {
-                    timeout_error(&context)
-                } else {
-                    RegistryError::Unreachable {
-                        reference: label.clone(),
-                        registry: registry.to_string(),
-                        cause: transport_cause(&e, registry, context.insecure),
-                    }
-                })
-            })?;
-            if response.status() != http::StatusCode::UNAUTHORIZED || renewed {
-                break response;
+        let (response, auth) = loop {
+            let auth = self.auth(&host, &reference, &label).await.map_err(fail)?;
+            let context = self.context(&label, registry, &auth.described, Some(&host));
+            let response = self
+                .distribution
+                .send(&host, &path, &auth.access, None, range.as_deref())
+                .await
+                .map_err(|e| fail(map_error(e, &context)))?;
+            if response.status() != http::StatusCode::UNAUTHORIZED
+                || renewed
+                || !auth.access.authorized()
+            {
+                break (response, auth);
             }
             // Tokens expire (often after 5 minutes), and a long mirror session outlives them.
             renewed = true;
-            match self
-                .client
-                .auth(&reference, &auth.auth, RegistryOperation::Pull)
-                .await
-            {
-                Ok(Some(token)) => *auth.token.lock().expect("token lock") = Some(token),
-                Ok(None) => break response,
-                Err(e) => return Err(fail(map_error(e, &context))),
-            }
+            self.forget_auth(&reference);
         };
+        let context = self.context(&label, registry, &auth.described, Some(&host));
         let status = response.status();
         match status {
             http::StatusCode::OK | http::StatusCode::PARTIAL_CONTENT => {
@@ -781,23 +772,45 @@ impl Registry {
                     }
                     offset
                 };
-                let (registry, insecure) = (registry.to_string(), context.insecure);
+                let (registry, insecure, certs) = (
+                    registry.to_string(),
+                    context.insecure,
+                    self.distribution.certs().clone(),
+                );
                 let stream = response
                     .bytes_stream()
-                    .map(move |chunk| chunk.map_err(|e| transport_cause(&e, &registry, insecure)))
+                    .map(move |chunk| {
+                        chunk.map_err(|e| {
+                            let context = Context {
+                                label: &label,
+                                registry: &registry,
+                                insecure,
+                                credentials: "",
+                                timeout: Duration::ZERO,
+                                certs: &certs,
+                                host: Some(&host),
+                            };
+                            transport_cause(&e, &context)
+                        })
+                    })
                     .boxed();
                 Ok(BlobBody { start, stream })
             }
             _ => {
                 let retry_after = retry_after(response.headers(), std::time::SystemTime::now());
-                let url = response.url().to_string();
                 let body = response.bytes().await.unwrap_or_default();
                 Err(BlobFailure {
-                    error: blob_error(status, &body, url, &context),
+                    error: blob_error(status, &body, &context),
                     retry_after,
                 })
             }
         }
+    }
+
+    /// Drops what authorizes the reference's repository, so the next request asks again.
+    fn forget_auth(&self, reference: &ImageRef) {
+        let key = format!("{}/{}", reference.registry, reference.repository);
+        self.auths.lock().expect("auth lock").remove(&key);
     }
 
     fn context<'a>(
@@ -805,13 +818,16 @@ impl Registry {
         label: &'a str,
         registry: &'a str,
         credentials: &'a str,
+        host: Option<&'a Host>,
     ) -> Context<'a> {
         Context {
             label,
             registry,
-            insecure: self.insecure.iter().any(|r| r == registry),
+            insecure: self.distribution.is_insecure(registry),
             credentials,
             timeout: self.timeout,
+            certs: self.distribution.certs(),
+            host,
         }
     }
 
@@ -844,78 +860,34 @@ impl Registry {
     }
 }
 
-/// The HTTP client for blobs, configured as oci-client configures its own from `config`: the same roots of
-/// trust, certificate checks, proxies, connect timeout and user agent. No read timeout: the blob cache
-/// detects stalls itself. No decompression: blobs are content-addressed bytes.
-fn blob_http_client(config: &ClientConfig) -> Result<reqwest::Client, RegistryError> {
-    let setup = |cause: String| RegistryError::Setup { cause };
-    let certificates = |list: &[Certificate]| {
-        list.iter()
-            .map(reqwest::Certificate::try_from)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| setup(e.to_string()))
-    };
-    let mut builder = reqwest::Client::builder()
-        .user_agent(config.user_agent)
-        .danger_accept_invalid_certs(config.accept_invalid_certificates)
-        .tls_certs_merge(certificates(&config.extra_root_certificates)?);
-    if !config.tls_certs_only.is_empty() {
-        builder = builder.tls_certs_only(certificates(&config.tls_certs_only)?);
+/// The media type a manifest declares, else the OCI one of its kind (OCI allows leaving it out).
+fn media_type(body: &[u8], manifest: &Manifest) -> String {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Declared {
+        media_type: Option<String>,
     }
-    if let Some(timeout) = config.connect_timeout {
-        builder = builder.connect_timeout(timeout);
-    }
-    let no_proxy = || {
-        config
-            .no_proxy
-            .as_deref()
-            .and_then(reqwest::NoProxy::from_string)
-    };
-    if let Some(address) = &config.https_proxy {
-        let proxy = reqwest::Proxy::https(address).map_err(|e| setup(e.to_string()))?;
-        builder = builder.proxy(proxy.no_proxy(no_proxy()));
-    }
-    if let Some(address) = &config.http_proxy {
-        let proxy = reqwest::Proxy::http(address).map_err(|e| setup(e.to_string()))?;
-        builder = builder.proxy(proxy.no_proxy(no_proxy()));
-    }
-    builder.build().map_err(|e| setup(e.to_string()))
-}
-
-fn parse_reference(text: &str) -> Result<Reference, RegistryError> {
-    text.parse().map_err(|e| RegistryError::Invalid {
-        reference: text.to_string(),
-        cause: format!("not a valid image reference ({e})"),
-    })
-}
-
-/// What oci-client makes of an unsuccessful response: the registry's error envelope for a 4xx that has
-/// one, else the status and body.
-fn status_error(status: http::StatusCode, body: &[u8], url: String) -> OciDistributionError {
-    if status == http::StatusCode::UNAUTHORIZED {
-        return OciDistributionError::UnauthorizedError { url };
-    }
-    match serde_json::from_slice::<OciEnvelope>(body) {
-        Ok(envelope) if status.is_client_error() => {
-            OciDistributionError::RegistryError { envelope, url }
+    let declared = serde_json::from_slice::<Declared>(body)
+        .ok()
+        .and_then(|d| d.media_type)
+        .filter(|m| !m.is_empty());
+    declared.unwrap_or_else(|| {
+        match manifest {
+            Manifest::Image { .. } => MEDIA_TYPE_OCI_MANIFEST,
+            Manifest::Index { .. } => MEDIA_TYPE_OCI_INDEX,
         }
-        _ => OciDistributionError::ServerError {
-            code: status.as_u16(),
-            url,
-            message: String::from_utf8_lossy(body).into_owned(),
-        },
-    }
+        .to_string()
+    })
 }
 
 /// What an unsuccessful answer to a blob request means: as for manifests, except that a client error other
 /// than 408 and 429 is final, since asking again the same way gets the same answer (416, 400, ...).
-fn blob_error(
-    status: http::StatusCode,
-    body: &[u8],
-    url: String,
-    context: &Context<'_>,
-) -> RegistryError {
-    match map_error(status_error(status, body, url), context) {
+fn blob_error(status: http::StatusCode, body: &[u8], context: &Context<'_>) -> RegistryError {
+    let answer = HttpError::Status {
+        status: status.as_u16(),
+        body: String::from_utf8_lossy(body).into_owned(),
+    };
+    match map_error(answer, context) {
         RegistryError::Server {
             reference, cause, ..
         } if status.is_client_error()
@@ -953,27 +925,7 @@ fn retry_after(headers: &http::HeaderMap, now: std::time::SystemTime) -> Option<
     }
 }
 
-/// The media type a manifest declares, else the OCI one of its kind (OCI allows leaving it out).
-fn media_type(body: &[u8], manifest: &Manifest) -> String {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Declared {
-        media_type: Option<String>,
-    }
-    let declared = serde_json::from_slice::<Declared>(body)
-        .ok()
-        .and_then(|d| d.media_type)
-        .filter(|m| !m.is_empty());
-    declared.unwrap_or_else(|| {
-        match manifest {
-            Manifest::Image { .. } => MEDIA_TYPE_OCI_MANIFEST,
-            Manifest::Index { .. } => MEDIA_TYPE_OCI_INDEX,
-        }
-        .to_string()
-    })
-}
-
-/// `http://host:port/` or `host:port` as oci-client spells registries (Docker Hub is `index.docker.io`).
+/// `http://host:port/` or `host:port` as image references spell registries (Docker Hub is `docker.io`).
 fn normalize_registry(text: &str) -> String {
     let text = text.trim();
     let text = text
@@ -982,8 +934,61 @@ fn normalize_registry(text: &str) -> String {
         .unwrap_or(text);
     let host = text.split('/').next().unwrap_or(text);
     match host {
-        "docker.io" | "registry-1.docker.io" => "index.docker.io".to_string(),
+        "index.docker.io" | "registry-1.docker.io" => "docker.io".to_string(),
         other => other.to_string(),
+    }
+}
+
+/// A reference as the registry client takes it: parsed, and spelled as the distribution spec allows.
+fn parse_reference(text: &str) -> Result<ImageRef, RegistryError> {
+    ImageRef::parse(text)
+        .and_then(|r| well_formed(&r).map(|()| r))
+        .map_err(|e| RegistryError::Invalid {
+            reference: text.to_string(),
+            cause: format!("not a valid image reference ({e})"),
+        })
+}
+
+/// Whether every part of the reference is spelled as the distribution spec allows, so nothing else is
+/// sent to a registry: host, lower-case path components, tag and digest.
+fn well_formed(reference: &ImageRef) -> Result<(), String> {
+    let host_ok = !reference.registry.is_empty()
+        && reference
+            .registry
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'));
+    if !host_ok {
+        return Err(format!("bad registry host {:?}", reference.registry));
+    }
+    let component_ok = |c: &str| {
+        c.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && c.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+            && c.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+            })
+    };
+    if !reference.repository.split('/').all(component_ok) {
+        return Err(format!(
+            "bad repository {:?}: lower-case letters, digits and . _ - only",
+            reference.repository
+        ));
+    }
+    if let Some(tag) = &reference.tag {
+        let ok = tag.len() <= 128
+            && tag
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !ok {
+            return Err(format!("bad tag {tag:?}"));
+        }
+    }
+    match &reference.digest {
+        Some(digest) if !valid_digest(digest) => Err(format!("bad digest {digest:?}")),
+        _ => Ok(()),
     }
 }
 
@@ -1200,8 +1205,21 @@ fn timeout_error(context: &Context<'_>) -> RegistryError {
     }
 }
 
-/// Turns what oci-client reports into one of our classes, with a cause a person can act on.
-fn map_error(error: OciDistributionError, context: &Context<'_>) -> RegistryError {
+/// A registry's error answer: `{"errors": [{"code", "message", "detail"}]}`.
+#[derive(Deserialize)]
+struct Envelope {
+    errors: Vec<EnvelopeError>,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeError {
+    code: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// Turns a failed request into one of our classes, with a cause a person can act on.
+fn map_error(error: HttpError, context: &Context<'_>) -> RegistryError {
     let reference = context.label.to_string();
     let registry = context.registry.to_string();
     let not_found = || RegistryError::NotFound {
@@ -1225,97 +1243,71 @@ fn map_error(error: OciDistributionError, context: &Context<'_>) -> RegistryErro
         registry: registry.clone(),
         cause,
     };
-    let invalid = |cause: String| RegistryError::Invalid {
-        reference: reference.clone(),
-        cause,
-    };
     match error {
-        OciDistributionError::RegistryError { envelope, .. } => {
-            let Some(first) = envelope.errors.first() else {
-                return server("the registry returned an empty error list".into());
-            };
-            match &first.code {
-                OciErrorCode::ManifestUnknown
-                | OciErrorCode::NotFound
-                | OciErrorCode::NameUnknown
-                | OciErrorCode::BlobUnknown
-                | OciErrorCode::ManifestBlobUnknown => not_found(),
-                OciErrorCode::Unauthorized | OciErrorCode::Denied => unauthorized(None),
-                OciErrorCode::Toomanyrequests => rate_limited(),
-                OciErrorCode::NameInvalid => {
-                    invalid("the registry says the repository name is invalid".into())
+        HttpError::Status { status, body } => {
+            let first = serde_json::from_str::<Envelope>(&body)
+                .ok()
+                .and_then(|e| e.errors.into_iter().next());
+            match (status, first) {
+                (_, Some(first)) => match first.code.as_str() {
+                    "MANIFEST_UNKNOWN"
+                    | "NOT_FOUND"
+                    | "NAME_UNKNOWN"
+                    | "BLOB_UNKNOWN"
+                    | "MANIFEST_BLOB_UNKNOWN" => not_found(),
+                    "UNAUTHORIZED" | "DENIED" => unauthorized(None),
+                    "TOOMANYREQUESTS" => rate_limited(),
+                    "NAME_INVALID" => RegistryError::Invalid {
+                        reference,
+                        cause: "the registry says the repository name is invalid".into(),
+                    },
+                    code => server(format!("{code}: {}", truncate(&first.message, 200))),
+                },
+                (404, None) => not_found(),
+                (401 | 403, None) => unauthorized(None),
+                (429, None) => rate_limited(),
+                (400, None) if body.contains("HTTP request to an HTTPS server") => {
+                    RegistryError::Unreachable {
+                        reference,
+                        registry: registry.clone(),
+                        cause: format!(
+                            "it speaks HTTPS, but {registry} is listed as a plain-HTTP (insecure) registry; \
+                             remove it from --insecure-registry"
+                        ),
+                    }
                 }
-                code => {
-                    let name = serde_json::to_value(code)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string));
-                    let name = name.unwrap_or_else(|| format!("{code:?}"));
-                    server(format!("{name}: {}", truncate(&first.message, 200)))
-                }
+                (status, None) => server(format!("HTTP {status}: {}", truncate(body.trim(), 200))),
             }
         }
-        OciDistributionError::ServerError { code, message, .. } => match code {
-            404 => not_found(),
-            401 | 403 => unauthorized(None),
-            429 => rate_limited(),
-            400 if message.contains("HTTP request to an HTTPS server") => {
-                RegistryError::Unreachable {
-                    reference,
-                    registry: registry.clone(),
-                    cause: format!(
-                        "it speaks HTTPS, but {registry} is listed as a plain-HTTP (insecure) registry; \
-                     remove it from --insecure-registry"
-                    ),
-                }
-            }
-            code => server(format!("HTTP {code}: {}", truncate(message.trim(), 200))),
-        },
-        OciDistributionError::UnauthorizedError { .. } => unauthorized(None),
-        OciDistributionError::AuthenticationFailure(reason) => {
-            unauthorized(Some(truncate(reason.trim(), 200)).filter(|r| !r.is_empty()))
-        }
-        OciDistributionError::RequestError(e) if e.is_timeout() => timeout_error(context),
-        OciDistributionError::RequestError(e) => RegistryError::Unreachable {
-            reference,
-            cause: transport_cause(&e, &registry, context.insecure),
-            registry,
-        },
-        OciDistributionError::DigestError(DigestError::VerificationError { expected, actual }) => {
-            RegistryError::DigestMismatch {
-                reference,
-                registry,
-                expected,
-                actual,
+        HttpError::Token { status, body } => {
+            let said = Some(truncate(body.trim(), 200)).filter(|b| !b.is_empty());
+            match status {
+                401 | 403 => unauthorized(said),
+                status => server(format!(
+                    "its token service answered HTTP {status}{}",
+                    said.map(|s| format!(": {s}")).unwrap_or_default()
+                )),
             }
         }
-        OciDistributionError::DigestError(e) => invalid(format!("unusable digest ({e})")),
-        OciDistributionError::RegistryTokenDecodeError(_) => {
+        HttpError::NotAToken(_) => {
             server("its token service answered with something that is not a token".into())
         }
-        e @ (OciDistributionError::ManifestParsingError(_)
-        | OciDistributionError::VersionedParsingError(_)
-        | OciDistributionError::UnsupportedMediaTypeError(_)
-        | OciDistributionError::UnsupportedSchemaVersionError(_)
-        | OciDistributionError::ManifestEncodingError(_)
-        | OciDistributionError::JsonError(_)
-        | OciDistributionError::SpecViolationError(_)) => server(format!(
-            "it sent an unusable answer ({})",
-            truncate(&e.to_string(), 200)
-        )),
-        OciDistributionError::UrlParseError(e) => {
-            invalid(format!("cannot form a registry URL ({e})"))
-        }
-        other => server(truncate(&other.to_string(), 200)),
+        HttpError::Transport(e) if e.is_timeout() => timeout_error(context),
+        HttpError::Transport(e) => RegistryError::Unreachable {
+            reference,
+            cause: transport_cause(&e, context),
+            registry,
+        },
+        HttpError::Certs(e) => RegistryError::Certs(e),
+        HttpError::Setup(cause) => RegistryError::Setup { cause },
     }
 }
 
-/// The innermost useful cause of a transport failure, with a hint where one helps. Walks into the
-/// `io::Error`s hyper and rustls wrap (whose `source()` skips the wrapped error).
-fn transport_cause(
-    error: &(dyn std::error::Error + 'static),
-    registry: &str,
-    insecure: bool,
-) -> String {
+/// The innermost useful cause of a transport failure, with the fix where one helps: a TLS failure says
+/// where the registry's CA or client certificate goes. Walks into the `io::Error`s hyper and rustls wrap
+/// (whose `source()` skips the wrapped error).
+fn transport_cause(error: &(dyn std::error::Error + 'static), context: &Context<'_>) -> String {
+    let (registry, insecure) = (context.registry, context.insecure);
     let mut chain: Vec<&(dyn std::error::Error + 'static)> = Vec::new();
     let mut next = Some(error);
     while let Some(e) = next {
@@ -1329,17 +1321,7 @@ fn transport_cause(
     }
     let innermost = chain.last().map(|e| e.to_string()).unwrap_or_default();
     if let Some(tls) = chain.iter().find_map(|e| e.downcast_ref::<rustls::Error>()) {
-        let plain_http = matches!(tls, rustls::Error::InvalidMessage(_))
-            || tls.to_string().contains("corrupt message")
-            || tls.to_string().contains("InvalidContentType");
-        return if plain_http && !insecure {
-            format!(
-                "TLS handshake failed ({tls}); the registry seems to speak plain HTTP: if that is intended, \
-                 pass --insecure-registry {registry}"
-            )
-        } else {
-            format!("TLS handshake failed ({tls})")
-        };
+        return tls_cause(tls, context);
     }
     if let Some(io) = chain
         .iter()
@@ -1364,11 +1346,84 @@ fn transport_cause(
     truncate(&innermost, 300)
 }
 
+/// What went wrong in a TLS handshake, and where the file that fixes it goes (containers-certs.d).
+fn tls_cause(tls: &rustls::Error, context: &Context<'_>) -> String {
+    use rustls::AlertDescription as Alert;
+    use rustls::CertificateError as Cert;
+    let registry = context.registry;
+    let dir = |name: &str| match context.certs.registry_dir(registry) {
+        Some(dir) => dir.join(name).display().to_string(),
+        None => format!("CERTS_DIR/{registry}/{name}"),
+    };
+    let searched = context
+        .certs
+        .dirs()
+        .iter()
+        .map(|d| d.join(registry).display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let ca_files = context
+        .host
+        .map(|h| h.tls.ca_files.clone())
+        .unwrap_or_default();
+    let client = context.host.and_then(|h| h.tls.client.as_ref());
+    match tls {
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. }
+            if !context.insecure =>
+        {
+            format!(
+                "TLS handshake failed ({tls}); the registry seems to speak plain HTTP: if that is intended, \
+                 pass --insecure-registry {registry}"
+            )
+        }
+        rustls::Error::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => {
+            let trusted = match ca_files.as_slice() {
+                [] => "the system's CAs".to_string(),
+                files => format!(
+                    "the system's CAs and {}",
+                    files
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            format!(
+                "TLS handshake failed ({tls}): its certificate is not signed by a CA this machine trusts ({trusted}); \
+                 put the registry's CA certificate (PEM) in {} (pinboard reads *.crt from {searched}, as podman \
+                 and CRI-O do), or pass --certs-dir DIR with the CA in DIR/{registry}/ca.crt",
+                dir("ca.crt")
+            )
+        }
+        rustls::Error::InvalidCertificate(
+            Cert::NotValidForName | Cert::NotValidForNameContext { .. },
+        ) => format!(
+            "TLS handshake failed ({tls}): its certificate does not name {registry}; the registry needs a \
+             certificate for the name clients use"
+        ),
+        rustls::Error::AlertReceived(
+            Alert::CertificateRequired | Alert::BadCertificate | Alert::HandshakeFailure,
+        ) if client.is_none() => format!(
+            "TLS handshake failed ({tls}): the registry asks for a client certificate; put it and its key in \
+             {} and {} (pinboard reads *.cert with *.key from {searched})",
+            dir("client.cert"),
+            dir("client.key")
+        ),
+        rustls::Error::AlertReceived(_) if client.is_some() => format!(
+            "TLS handshake failed ({tls}): the registry refused the client certificate {}; check that the \
+             registry trusts its CA and that it has not expired",
+            client
+                .map(|c| c.cert.display().to_string())
+                .unwrap_or_default()
+        ),
+        _ => format!("TLS handshake failed ({tls})"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::image::{ANNOTATION_ESTARGZ_TOC, LazyFormat};
-    use oci_client::errors::{OciEnvelope, OciError};
 
     const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
     const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
@@ -1426,19 +1481,14 @@ mod tests {
         );
         assert_eq!(layers[1].annotations[ANNOTATION_ESTARGZ_TOC], D4);
         assert_eq!(annotations["org.opencontainers.image.title"], "web");
-        let manifest = Manifest::Image {
-            config,
-            layers,
-            annotations,
-        };
-        assert_eq!(
-            media_type(body.to_string().as_bytes(), &manifest),
-            MEDIA_TYPE_OCI_MANIFEST
-        );
         let fetched = Fetched {
             digest: D4.into(),
             size: 300,
-            manifest,
+            manifest: Manifest::Image {
+                config,
+                layers,
+                annotations,
+            },
             body: Bytes::from(body.to_string()),
             media_type: MEDIA_TYPE_OCI_MANIFEST.into(),
         };
@@ -1544,95 +1594,84 @@ mod tests {
     }
 
     #[test]
-    fn insecure_registry_names_are_normalized_like_oci_client() {
+    fn insecure_registry_names_are_normalized_as_references_spell_them() {
         assert_eq!(
             normalize_registry("http://127.0.0.1:5000/"),
             "127.0.0.1:5000"
         );
         assert_eq!(normalize_registry(" registry.local "), "registry.local");
-        assert_eq!(normalize_registry("docker.io"), "index.docker.io");
+        assert_eq!(normalize_registry("index.docker.io"), "docker.io");
     }
 
-    fn context() -> Context<'static> {
+    fn context(certs: &CertDirs) -> Context<'_> {
         Context {
             label: "127.0.0.1:5000/app/web@sha256:11",
             registry: "127.0.0.1:5000",
             insecure: false,
             credentials: "no credentials found for it",
             timeout: Duration::from_secs(30),
+            certs,
+            host: None,
         }
     }
 
-    fn envelope(code: OciErrorCode) -> OciDistributionError {
-        OciDistributionError::RegistryError {
-            envelope: OciEnvelope {
-                errors: vec![OciError {
-                    code,
-                    message: "some message".into(),
-                    detail: serde_json::Value::Null,
-                }],
-            },
-            url: "http://127.0.0.1:5000/v2/app/web/manifests/sha256:11".into(),
+    fn envelope(code: &str) -> HttpError {
+        HttpError::Status {
+            status: 400,
+            body: serde_json::json!({"errors": [{"code": code, "message": "some message", "detail": null}]})
+                .to_string(),
         }
     }
 
     #[test]
-    fn oci_errors_map_to_classes_with_clear_messages() {
-        let ctx = context();
-        let e = map_error(envelope(OciErrorCode::ManifestUnknown), &ctx);
+    fn registry_answers_map_to_classes_with_clear_messages() {
+        let certs = CertDirs::only(vec!["/etc/containers/certs.d".into()]);
+        let ctx = context(&certs);
+        let e = map_error(envelope("MANIFEST_UNKNOWN"), &ctx);
         assert_eq!(e.kind(), "not-found");
         assert_eq!(
             e.to_string(),
             "manifest 127.0.0.1:5000/app/web@sha256:11 does not exist in registry 127.0.0.1:5000"
         );
         assert_eq!(
-            map_error(envelope(OciErrorCode::NameUnknown), &ctx).kind(),
+            map_error(envelope("NAME_UNKNOWN"), &ctx).kind(),
             "not-found"
         );
-        let e = map_error(envelope(OciErrorCode::Denied), &ctx);
+        let e = map_error(envelope("DENIED"), &ctx);
         assert_eq!(
             e.to_string(),
             "registry 127.0.0.1:5000 refused access to 127.0.0.1:5000/app/web@sha256:11 (no credentials found for it); \
              log in with `podman login 127.0.0.1:5000` or `docker login 127.0.0.1:5000`, or pass --authfile"
         );
         assert_eq!(
-            map_error(envelope(OciErrorCode::Unauthorized), &ctx).kind(),
+            map_error(envelope("UNAUTHORIZED"), &ctx).kind(),
             "unauthorized"
         );
         assert_eq!(
-            map_error(envelope(OciErrorCode::Toomanyrequests), &ctx).kind(),
+            map_error(envelope("TOOMANYREQUESTS"), &ctx).kind(),
             "rate-limited"
         );
-        let e = map_error(
-            envelope(OciErrorCode::Other("ARTIFACT_LOCKED".into())),
-            &ctx,
-        );
+        let e = map_error(envelope("ARTIFACT_LOCKED"), &ctx);
         assert_eq!(
             e.to_string(),
             "registry 127.0.0.1:5000 failed for 127.0.0.1:5000/app/web@sha256:11: ARTIFACT_LOCKED: some message"
         );
-        let e = map_error(envelope(OciErrorCode::ManifestInvalid), &ctx);
-        assert!(
-            e.to_string().ends_with("MANIFEST_INVALID: some message"),
-            "{e}"
-        );
 
-        let server = |code: u16, message: &str| OciDistributionError::ServerError {
-            code,
-            url: "u".into(),
-            message: message.into(),
+        let status = |status: u16, body: &str| HttpError::Status {
+            status,
+            body: body.into(),
         };
         assert_eq!(
-            map_error(server(404, "404 page not found"), &ctx).kind(),
+            map_error(status(404, "404 page not found"), &ctx).kind(),
             "not-found"
         );
-        assert_eq!(map_error(server(403, ""), &ctx).kind(), "unauthorized");
-        assert_eq!(map_error(server(429, ""), &ctx).kind(), "rate-limited");
-        let e = map_error(server(503, "upstream down\n"), &ctx);
+        assert_eq!(map_error(status(403, ""), &ctx).kind(), "unauthorized");
+        assert_eq!(map_error(status(429, ""), &ctx).kind(), "rate-limited");
+        let e = map_error(status(503, "upstream down\n"), &ctx);
         assert!(e.is_transient());
         assert!(e.to_string().ends_with("HTTP 503: upstream down"), "{e}");
         let e = map_error(
-            server(400, "Client sent an HTTP request to an HTTPS server.\n"),
+            status(400, "Client sent an HTTP request to an HTTPS server.\n"),
             &ctx,
         );
         assert_eq!(e.kind(), "unreachable");
@@ -1641,46 +1680,69 @@ mod tests {
             "{e}"
         );
 
-        assert_eq!(
-            map_error(
-                OciDistributionError::UnauthorizedError { url: "u".into() },
-                &ctx
-            )
-            .kind(),
-            "unauthorized"
-        );
+        // The token service's refusal is the registry's refusal, with what it said.
         let e = map_error(
-            OciDistributionError::AuthenticationFailure(
-                "{\"details\":\"incorrect username or password\"}".into(),
-            ),
+            HttpError::Token {
+                status: 401,
+                body: "{\"details\":\"incorrect username or password\"}".into(),
+            },
             &ctx,
         );
+        assert_eq!(e.kind(), "unauthorized");
         assert!(
             e.to_string()
                 .contains("it said: {\"details\":\"incorrect username or password\"}"),
             "{e}"
         );
         let e = map_error(
-            OciDistributionError::DigestError(DigestError::VerificationError {
-                expected: D1.into(),
-                actual: D2.into(),
-            }),
+            HttpError::Token {
+                status: 500,
+                body: String::new(),
+            },
             &ctx,
         );
-        assert_eq!(
-            e,
-            RegistryError::DigestMismatch {
-                reference: ctx.label.into(),
-                registry: ctx.registry.into(),
-                expected: D1.into(),
-                actual: D2.into()
-            }
-        );
         assert!(
-            e.to_string().starts_with(
-                "content of 127.0.0.1:5000/app/web@sha256:11 does not match its digest"
-            )
+            e.is_transient()
+                && e.to_string()
+                    .ends_with("its token service answered HTTP 500"),
+            "{e}"
         );
+        let e = map_error(HttpError::NotAToken("eof".into()), &ctx);
+        assert!(
+            e.to_string()
+                .ends_with("answered with something that is not a token"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_failures_say_where_the_ca_or_client_certificate_goes() {
+        let certs = CertDirs::only(vec!["/site/certs.d".into(), "/etc/docker/certs.d".into()]);
+        let ctx = context(&certs);
+        let unknown = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        assert_eq!(
+            tls_cause(&unknown, &ctx),
+            "TLS handshake failed (invalid peer certificate: UnknownIssuer): its certificate is not signed by a \
+             CA this machine trusts (the system's CAs); put the registry's CA certificate (PEM) in \
+             /site/certs.d/127.0.0.1:5000/ca.crt (pinboard reads *.crt from /site/certs.d/127.0.0.1:5000, \
+             /etc/docker/certs.d/127.0.0.1:5000, as podman and CRI-O do), or pass --certs-dir DIR with the CA \
+             in DIR/127.0.0.1:5000/ca.crt"
+        );
+        let required = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        assert!(
+            tls_cause(&required, &ctx).ends_with(
+                "the registry asks for a client certificate; put it and its key in \
+                 /site/certs.d/127.0.0.1:5000/client.cert and /site/certs.d/127.0.0.1:5000/client.key \
+                 (pinboard reads *.cert with *.key from /site/certs.d/127.0.0.1:5000, \
+                 /etc/docker/certs.d/127.0.0.1:5000)"
+            ),
+            "{}",
+            tls_cause(&required, &ctx)
+        );
+        let name = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
+        assert!(tls_cause(&name, &ctx).contains("its certificate does not name 127.0.0.1:5000"));
+        let plain = rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType);
+        assert!(tls_cause(&plain, &ctx).ends_with("pass --insecure-registry 127.0.0.1:5000"));
     }
 
     #[test]
@@ -1756,12 +1818,12 @@ mod tests {
 
     #[test]
     fn blob_statuses_map_like_manifest_statuses_and_other_client_errors_are_final() {
-        let ctx = context();
+        let certs = CertDirs::only(Vec::new());
+        let ctx = context(&certs);
         let error = |status: u16, body: &str| {
             blob_error(
                 http::StatusCode::from_u16(status).unwrap(),
                 body.as_bytes(),
-                "u".into(),
                 &ctx,
             )
         };

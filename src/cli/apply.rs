@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{Checker, readiness_table, verdict, verdict_line};
 use super::output::{render, short_reference, table};
-use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::engine::{self, EngineConfig};
 use crate::error::{Exit, Failure};
 use crate::model::readiness::Readiness;
@@ -62,8 +61,6 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
     }
     let checker = Checker::new(common).await?;
     let targets = &checker.targets;
-    let credentials = Credentials::load(&AuthFiles::from_env(common.registry.authfile.clone()))
-        .map_err(|e| Failure::bad_input(e.to_string()))?;
     let nodes: Vec<_> = targets.iter().map(|t| t.node.clone()).collect();
     let Survey {
         nodes: plans,
@@ -86,7 +83,12 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
         ..EngineConfig::default()
     };
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    let mut engine = engine::start(jobs, Arc::new(facts), Arc::new(credentials), config);
+    let mut engine = engine::start(
+        jobs,
+        Arc::new(facts),
+        checker.registry.credentials(),
+        config,
+    );
     // No operator retries headless: nodes with failures finish instead of waiting.
     drop(engine.control);
     let mut rollout = Rollout::expecting(&names);

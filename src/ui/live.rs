@@ -14,7 +14,7 @@ use super::TuiArgs;
 use super::app::{Cmd, ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, SetDraft, State};
 use super::run::{UiBackend, execute_file_cmd, read_release};
 use super::theme::Theme;
-use crate::backend::credentials::{AuthFiles, Credentials};
+use crate::backend::credentials::Credentials;
 use crate::backend::cri::CriClient;
 use crate::backend::lazy::{LazyState, read_lazy, set_lazy};
 use crate::backend::node::{NodeTarget, observe};
@@ -42,8 +42,6 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     let platform = common.targets.platform()?;
     let registry = registry_client(&common.registry)?;
     let (sets, notes) = resolve_sets(&common.input, false, &registry, &platform).await?;
-    let credentials = Credentials::load(&AuthFiles::from_env(common.registry.authfile.clone()))
-        .map_err(|e| Failure::bad_input(e.to_string()))?;
     let theme = theme_of(&args)?;
     let label = format!(
         "direct: {} node{}",
@@ -62,8 +60,8 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
         .collect();
     let backend = Live {
         targets: Arc::new(targets),
+        credentials: registry.credentials(),
         registry: Arc::new(registry),
-        credentials: Arc::new(credentials),
         platform,
         limits: common.limits.limits(),
         timeout: common.targets.timeout(),

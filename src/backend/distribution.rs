@@ -1,0 +1,533 @@
+//! The client side of the OCI distribution protocol, as far as pinboard needs it: one HTTP client per
+//! registry, the registry's `/v2/` challenge asked once, access to a repository from a credential, and
+//! authenticated GETs. [`super::registry`] builds manifests on it; anything else that reads a registry (a
+//! blob cache, say) can share it.
+//!
+//! - **Transport.** HTTPS trusting the system store (or `SSL_CERT_FILE`) plus the registry's certs.d CAs,
+//!   presenting its certs.d client certificate ([`super::certs`]); plain HTTP only for registries named
+//!   insecure. The token service is reached with the registry's own client, as containerd and
+//!   containers/image do.
+//! - **Access.** An open registry gets no credential at all. A `Basic` challenge gets the user and
+//!   password. A `Bearer` challenge gets a token for `repository:NAME:pull` from the realm: with basic
+//!   auth by GET (the distribution token protocol), an identity token by the OAuth2 refresh-token grant
+//!   (POST), anonymously by GET; a registry token is the bearer token itself.
+//!
+//! Passwords and tokens never reach logs, errors or Debug: headers carrying them are marked sensitive and
+//! [`Access`] redacts its Debug.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use http::header::{ACCEPT, AUTHORIZATION, HeaderValue, RANGE, WWW_AUTHENTICATE};
+use serde::Deserialize;
+use tokio::sync::OnceCell;
+
+use super::certs::{CertDirs, CertsError, SiteTls};
+use super::credentials::Credential;
+
+const USER_AGENT: &str = concat!("pinboard/", env!("CARGO_PKG_VERSION"));
+/// The OAuth2 client id pinboard names itself with at token services.
+const CLIENT_ID: &str = "pinboard";
+/// A token's lifetime when the token service does not say (the distribution token spec's default).
+const DEFAULT_TOKEN_SECONDS: u64 = 60;
+/// Error bodies are read up to this size, for messages.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// How to reach registries: their certs.d, which ones speak plain HTTP, and the connect timeout.
+pub struct Distribution {
+    certs: CertDirs,
+    insecure: Vec<String>,
+    timeout: Duration,
+    hosts: Mutex<HashMap<String, Arc<OnceCell<Arc<Host>>>>>,
+}
+
+/// One registry: its client and what its `/v2/` asks for.
+pub struct Host {
+    /// `HOST[:PORT]` as image references spell it.
+    pub name: String,
+    /// What certs.d gave it.
+    pub tls: SiteTls,
+    /// `https://endpoint` or `http://endpoint`.
+    base: String,
+    http: reqwest::Client,
+    challenge: Challenge,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Challenge {
+    /// `/v2/` answered without asking for credentials.
+    Open,
+    Basic,
+    Bearer {
+        realm: String,
+        service: Option<String>,
+    },
+}
+
+/// What authorizes requests to one repository, until `expires`.
+#[derive(Clone, Default)]
+pub struct Access {
+    header: Option<HeaderValue>,
+    expires: Option<Instant>,
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Access")
+            .field("authorized", &self.header.is_some())
+            .field("expires", &self.expires)
+            .finish()
+    }
+}
+
+impl Access {
+    /// Whether it must be renewed before the next request (a little before the token service's expiry).
+    pub fn expired(&self) -> bool {
+        self.expires.is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Whether requests carry a credential or token.
+    pub fn authorized(&self) -> bool {
+        self.header.is_some()
+    }
+}
+
+/// Why a request failed, before it is put in words for a reference (see [`super::registry`]).
+#[derive(Debug)]
+pub enum HttpError {
+    /// No connection, or it broke: DNS, refused, reset, TLS.
+    Transport(reqwest::Error),
+    /// The registry answered with an error status.
+    Status { status: u16, body: String },
+    /// The token service refused or failed.
+    Token { status: u16, body: String },
+    /// The token service answered 200 with something that is not a token.
+    NotAToken(String),
+    /// The registry's certs.d holds a file that cannot be used.
+    Certs(CertsError),
+    /// The HTTP client could not be built from certs.d's files.
+    Setup(String),
+}
+
+#[derive(Deserialize)]
+struct TokenAnswer {
+    token: Option<String>,
+    access_token: Option<String>,
+    expires_in: Option<u64>,
+}
+
+impl Distribution {
+    pub fn new(certs: CertDirs, insecure: Vec<String>, timeout: Duration) -> Distribution {
+        Distribution {
+            certs,
+            insecure,
+            timeout,
+            hosts: Mutex::default(),
+        }
+    }
+
+    /// Where certs.d files are read from.
+    pub fn certs(&self) -> &CertDirs {
+        &self.certs
+    }
+
+    /// Whether `registry` is reached over plain HTTP.
+    pub fn is_insecure(&self, registry: &str) -> bool {
+        self.insecure.iter().any(|r| r == registry)
+    }
+
+    /// The registry's client, its `/v2/` asked once per process however many callers ask at once.
+    pub async fn host(&self, registry: &str) -> Result<Arc<Host>, HttpError> {
+        let cell = self
+            .hosts
+            .lock()
+            .expect("hosts lock")
+            .entry(registry.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.connect(registry))
+            .await
+            .cloned()
+    }
+
+    async fn connect(&self, registry: &str) -> Result<Arc<Host>, HttpError> {
+        let tls = self
+            .certs
+            .for_registry(registry)
+            .map_err(HttpError::Certs)?;
+        // No read timeout: callers bound manifest and token exchanges as a whole, and the blob cache
+        // detects stalled bodies itself.
+        let mut builder = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .connect_timeout(self.timeout)
+            .tls_certs_merge(
+                tls.cas
+                    .iter()
+                    .filter_map(|der| reqwest::Certificate::from_der(der).ok()),
+            );
+        if let Some(client) = &tls.client {
+            let identity = reqwest::Identity::from_pem(&client.pem).map_err(|e| {
+                HttpError::Setup(format!(
+                    "client certificate {} with key {}: {e}",
+                    client.cert.display(),
+                    client.key.display()
+                ))
+            })?;
+            builder = builder.identity(identity);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| HttpError::Setup(e.to_string()))?;
+        let scheme = if self.is_insecure(registry) {
+            "http"
+        } else {
+            "https"
+        };
+        let base = format!("{scheme}://{}", endpoint(registry));
+        let started = Instant::now();
+        let response = http
+            .get(format!("{base}/v2/"))
+            .send()
+            .await
+            .map_err(HttpError::Transport)?;
+        let status = response.status().as_u16();
+        let challenge = match (status, response.headers().get(WWW_AUTHENTICATE)) {
+            (200..=299, _) => Challenge::Open,
+            (401, Some(header)) => parse_challenge(header.to_str().unwrap_or_default())
+                .ok_or_else(|| HttpError::Status {
+                    status,
+                    body: format!(
+                        "its /v2/ asks for an unknown authentication scheme ({})",
+                        header.to_str().unwrap_or("unreadable")
+                    ),
+                })?,
+            _ => {
+                return Err(HttpError::Status {
+                    status,
+                    body: error_body(response).await,
+                });
+            }
+        };
+        tracing::debug!(
+            registry,
+            base,
+            ?challenge,
+            ca_files = ?tls.ca_files,
+            client_certificate = ?tls.client.as_ref().map(|c| &c.cert),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "registry pinged"
+        );
+        Ok(Arc::new(Host {
+            name: registry.to_string(),
+            tls,
+            base,
+            http,
+            challenge,
+        }))
+    }
+
+    /// What authorizes pulls from `repository` on `host` with `credential`: nothing for an open registry,
+    /// the credential for `Basic`, a token from the token service for `Bearer`.
+    pub async fn access(
+        &self,
+        host: &Host,
+        repository: &str,
+        credential: &Credential,
+    ) -> Result<Access, HttpError> {
+        let (realm, service) = match (&host.challenge, credential) {
+            (Challenge::Open, _) => return Ok(Access::default()),
+            (_, Credential::RegistryToken(token)) => return Ok(bearer(token, None)),
+            (Challenge::Basic, Credential::Basic { username, password }) => {
+                return Ok(basic(username, password));
+            }
+            // The registry will refuse the request; its answer says why.
+            (Challenge::Basic, _) => return Ok(Access::default()),
+            (Challenge::Bearer { realm, service }, _) => (realm, service),
+        };
+        let scope = format!("repository:{repository}:pull");
+        let mut query = vec![("scope", scope.as_str())];
+        query.extend(service.as_deref().map(|s| ("service", s)));
+        let request = match credential {
+            Credential::IdentityToken(token) => {
+                let mut form = vec![
+                    ("grant_type", "refresh_token"),
+                    ("refresh_token", token.as_str()),
+                    ("client_id", CLIENT_ID),
+                ];
+                form.extend(query);
+                host.http
+                    .post(realm)
+                    .header(
+                        http::header::CONTENT_TYPE,
+                        "application/x-www-form-urlencoded",
+                    )
+                    .body(form_urlencoded(&form))
+            }
+            Credential::Basic { username, password } => host.http.get(realm).query(&query).header(
+                AUTHORIZATION,
+                basic(username, password).header.expect("set"),
+            ),
+            Credential::Anonymous | Credential::RegistryToken(_) => {
+                host.http.get(realm).query(&query)
+            }
+        };
+        let response = request.send().await.map_err(HttpError::Transport)?;
+        let status = response.status().as_u16();
+        if !response.status().is_success() {
+            return Err(HttpError::Token {
+                status,
+                body: error_body(response).await,
+            });
+        }
+        let body = response.bytes().await.map_err(HttpError::Transport)?;
+        let answer: TokenAnswer =
+            serde_json::from_slice(&body).map_err(|e| HttpError::NotAToken(e.to_string()))?;
+        let token = answer
+            .access_token
+            .or(answer.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| HttpError::NotAToken("no token in the answer".into()))?;
+        let lifetime = Duration::from_secs(answer.expires_in.unwrap_or(DEFAULT_TOKEN_SECONDS));
+        Ok(bearer(&token, Some(lifetime)))
+    }
+
+    /// `GET base/v2/PATH` with `access`, and `Accept` and `Range` when given: the answer as it comes, whatever
+    /// its status.
+    pub async fn send(
+        &self,
+        host: &Host,
+        path: &str,
+        access: &Access,
+        accept: Option<&str>,
+        range: Option<&str>,
+    ) -> Result<reqwest::Response, HttpError> {
+        let mut request = host.http.get(format!("{}/v2/{path}", host.base));
+        if let Some(accept) = accept {
+            request = request.header(ACCEPT, accept);
+        }
+        if let Some(range) = range {
+            request = request.header(RANGE, range);
+        }
+        if let Some(header) = &access.header {
+            request = request.header(AUTHORIZATION, header.clone());
+        }
+        request.send().await.map_err(HttpError::Transport)
+    }
+
+    /// `GET base/v2/PATH` with `access` and `accept`; the body of a 2xx answer, up to `limit` bytes.
+    pub async fn get(
+        &self,
+        host: &Host,
+        path: &str,
+        access: &Access,
+        accept: &str,
+        limit: usize,
+    ) -> Result<Vec<u8>, HttpError> {
+        let mut response = self.send(host, path, access, Some(accept), None).await?;
+        let status = response.status().as_u16();
+        if !response.status().is_success() {
+            return Err(HttpError::Status {
+                status,
+                body: error_body(response).await,
+            });
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(HttpError::Transport)? {
+            if body.len() + chunk.len() > limit {
+                return Err(HttpError::Status {
+                    status,
+                    body: format!("the answer is larger than {limit} bytes"),
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+}
+
+/// The host that serves a registry's API: Docker Hub's images are named `docker.io` but served elsewhere.
+fn endpoint(registry: &str) -> &str {
+    match registry {
+        "docker.io" => "registry-1.docker.io",
+        other => other,
+    }
+}
+
+fn sensitive(value: String) -> HeaderValue {
+    let mut header = HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static(""));
+    header.set_sensitive(true);
+    header
+}
+
+fn basic(username: &str, password: &str) -> Access {
+    let encoded =
+        base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
+    Access {
+        header: Some(sensitive(format!("Basic {encoded}"))),
+        expires: None,
+    }
+}
+
+/// A bearer token, renewed a little before `lifetime` runs out (a tenth of it, at most 30 s).
+fn bearer(token: &str, lifetime: Option<Duration>) -> Access {
+    Access {
+        header: Some(sensitive(format!("Bearer {token}"))),
+        expires: lifetime.map(|l| Instant::now() + l - (l / 10).min(Duration::from_secs(30))),
+    }
+}
+
+/// A failed answer's body, for messages (cut at [`MAX_ERROR_BODY`]).
+async fn error_body(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        body.extend_from_slice(&chunk);
+        if body.len() >= MAX_ERROR_BODY {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// `Bearer realm="...",service="..."` or `Basic realm="..."` (RFC 7235); None for another scheme.
+fn parse_challenge(header: &str) -> Option<Challenge> {
+    let header = header.trim();
+    let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
+    let params = parse_params(rest);
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "basic" => Some(Challenge::Basic),
+        "bearer" => Some(Challenge::Bearer {
+            realm: param("realm")?,
+            service: param("service"),
+        }),
+        _ => None,
+    }
+}
+
+/// `key="value", key=token` pairs; quoted values may hold commas and `\"`.
+fn parse_params(text: &str) -> Vec<(String, String)> {
+    let mut params = Vec::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() {
+            return params;
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next()),
+                    '"' => break,
+                    c => value.push(c),
+                }
+            }
+        } else {
+            value = chars.by_ref().take_while(|c| *c != ',').collect();
+        }
+        params.push((key.trim().to_string(), value.trim().to_string()));
+    }
+}
+
+/// `application/x-www-form-urlencoded`: unreserved characters as they are, everything else escaped.
+fn form_urlencoded(pairs: &[(&str, &str)]) -> String {
+    let escape = |text: &str| {
+        text.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    (b as char).to_string()
+                }
+                b => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn challenges_are_read_as_registries_send_them() {
+        assert_eq!(
+            parse_challenge(
+                r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io""#
+            ),
+            Some(Challenge::Bearer {
+                realm: "https://auth.docker.io/token".into(),
+                service: Some("registry.docker.io".into())
+            })
+        );
+        // quay.io's order and spacing, and a scope with a comma inside quotes.
+        assert_eq!(
+            parse_challenge(
+                r#"bearer service="quay.io", scope="repository:a/b:pull,push", realm="https://quay.io/v2/auth""#
+            ),
+            Some(Challenge::Bearer {
+                realm: "https://quay.io/v2/auth".into(),
+                service: Some("quay.io".into())
+            })
+        );
+        assert_eq!(
+            parse_challenge(r#"Basic realm="Registry Realm""#),
+            Some(Challenge::Basic)
+        );
+        assert_eq!(parse_challenge("Bearer service=x"), None, "no realm");
+        assert_eq!(parse_challenge("Negotiate"), None);
+        assert_eq!(
+            parse_params(r#"a="x\"y", b=plain ,c="""#),
+            [
+                ("a".to_string(), "x\"y".to_string()),
+                ("b".into(), "plain".into()),
+                ("c".into(), String::new())
+            ]
+        );
+    }
+
+    #[test]
+    fn forms_escape_everything_but_unreserved_characters() {
+        assert_eq!(
+            form_urlencoded(&[("scope", "repository:a/b:pull"), ("t", "x+y z~")]),
+            "scope=repository%3Aa%2Fb%3Apull&t=x%2By%20z~"
+        );
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug() {
+        let access = basic("user", "hunter2");
+        let debug = format!("{access:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("aHVudGVyMg"),
+            "{debug}"
+        );
+        assert!(access.authorized() && !access.expired());
+        let token = bearer("tok-secret", Some(Duration::from_secs(300)));
+        assert!(!format!("{token:?}").contains("tok-secret"));
+        assert!(token.header.as_ref().unwrap().is_sensitive());
+        // A token with no time left is renewed at once.
+        assert!(bearer("t", Some(Duration::ZERO)).expired());
+    }
+
+    #[test]
+    fn docker_hub_is_served_by_its_registry_host() {
+        assert_eq!(endpoint("docker.io"), "registry-1.docker.io");
+        assert_eq!(endpoint("127.0.0.1:5000"), "127.0.0.1:5000");
+    }
+}
