@@ -366,6 +366,7 @@ fn main() {
         LabConfig {
             nodes: Vec::new(),
             apiserver: true,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

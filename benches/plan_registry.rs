@@ -24,6 +24,7 @@ fn main() {
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 64 << 20)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

@@ -61,6 +61,7 @@ fn lab_with_images(name: &str, imagefs: u64) -> (Lab, Vec<String>, Vec<PushedIma
         LabConfig {
             nodes: NODES.iter().map(|n| NodeSpec::new(n, imagefs)).collect(),
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

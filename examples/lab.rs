@@ -79,6 +79,7 @@ fn run() -> Result<ExitCode> {
                 NodeSpec::new("n3", 1 << 30),
             ],
             apiserver: cluster,
+            ..LabConfig::default()
         },
     )?;
     let images_file = push_samples(&lab)?;

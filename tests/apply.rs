@@ -35,6 +35,7 @@ fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 32 * MI), NodeSpec::new("n2", 32 * MI)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

@@ -20,6 +20,7 @@ fn lab(name: &str, nodes: &[&str], count: u64) -> (Lab, Vec<String>) {
         LabConfig {
             nodes: nodes.iter().map(|n| NodeSpec::new(n, 32 * MI)).collect(),
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");
@@ -241,6 +242,7 @@ fn a_pull_in_flight_is_reported_with_its_progress_not_as_plainly_missing() {
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 64 * MI)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

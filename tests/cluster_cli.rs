@@ -690,6 +690,7 @@ async fn verify_cri_requires_the_runtimes_word_where_it_can_be_asked() {
         support::LabConfig {
             nodes: vec![support::NodeSpec::new("n1", 64 << 20)],
             apiserver: true,
+            ..support::LabConfig::default()
         },
     )
     .expect("lab starts");

@@ -39,6 +39,7 @@ fn lab(name: &str, nodes: &[(&str, u64)]) -> Lab {
         LabConfig {
             nodes,
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("the lab must start")

@@ -18,7 +18,15 @@ fn start(name: &str, nodes: &[(&str, u64)], apiserver: bool) -> Lab {
         .iter()
         .map(|&(name, bytes)| NodeSpec::new(name, bytes))
         .collect();
-    Lab::start(name, LabConfig { nodes, apiserver }).expect("the lab must start")
+    Lab::start(
+        name,
+        LabConfig {
+            nodes,
+            apiserver,
+            ..LabConfig::default()
+        },
+    )
+    .expect("the lab must start")
 }
 
 fn layer(seed: u64, bytes: usize, format: LayerFormat) -> LayerSpec {

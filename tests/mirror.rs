@@ -163,6 +163,7 @@ fn mirror_serves_containerd_nodes_each_blob_crossing_once_and_refuses_other_dige
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 64 * MI), NodeSpec::new("n2", 64 * MI)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");
@@ -312,6 +313,7 @@ fn a_blob_corrupted_in_the_registry_fails_the_pull_naming_the_mismatch_and_is_no
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 32 * MI)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

@@ -28,6 +28,7 @@ async fn the_pin_label_is_set_on_every_record_and_removed_again() {
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 64 << 20)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("the lab must start");
@@ -118,6 +119,7 @@ async fn unpinning_removes_pins_and_keeps_images() {
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 64 << 20)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("the lab must start");

@@ -35,6 +35,7 @@ fn scenario() -> Scenario {
                 NodeSpec::new("n3", 94 * MI),
             ],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");
@@ -247,6 +248,7 @@ fn a_multi_platform_index_resolves_to_the_nodes_platform() {
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 64 * MI)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

@@ -197,6 +197,7 @@ fn unknown_registries_and_missing_manifests_are_bad_input() {
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 32 << 20)],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

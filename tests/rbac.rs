@@ -211,6 +211,7 @@ async fn viewer_reads_and_operator_writes_only_sets_and_runtime_configs() {
         LabConfig {
             nodes: Vec::new(),
             apiserver: true,
+            ..LabConfig::default()
         },
     )
     .expect("the lab must start");

@@ -20,6 +20,7 @@ fn lab(name: &str, nodes: &[&str]) -> Lab {
         LabConfig {
             nodes: nodes.iter().map(|n| NodeSpec::new(n, 64 << 20)).collect(),
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("the lab starts")
@@ -344,6 +345,7 @@ async fn cluster_mode_plans_a_release_for_the_pool_it_names() {
         LabConfig {
             nodes: Vec::new(),
             apiserver: true,
+            ..LabConfig::default()
         },
     )
     .expect("the lab starts");

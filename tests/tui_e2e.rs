@@ -42,6 +42,7 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
                 NodeSpec::new("n3", 256 * MI),
             ],
             apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

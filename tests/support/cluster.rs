@@ -28,6 +28,7 @@ pub fn lab(name: &str) -> Lab {
         LabConfig {
             nodes: Vec::new(),
             apiserver: true,
+            ..LabConfig::default()
         },
     )
     .expect("the lab must start")

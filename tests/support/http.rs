@@ -1,13 +1,35 @@
 //! The one HTTP client setup for talking to the lab's loopback servers (registry, proxy, kube-apiserver).
 
+use std::path::Path;
 use std::time::Duration;
+
+use anyhow::Result;
 
 /// A blocking HTTP client for the lab: plain HTTP, TLS without certificate verification (the apiserver's
 /// certificate is self-signed), no proxy from the environment, and non-2xx statuses returned as responses
 /// rather than errors. Blocking and runtime-free, so it works from sync tests and inside tokio tests alike.
 pub fn agent() -> ureq::Agent {
+    agent_presenting(None)
+}
+
+/// [`agent`], presenting the client certificate `cert` with its key `key` (PEM) to TLS servers.
+pub fn agent_with_client_certificate(cert: &Path, key: &Path) -> Result<ureq::Agent> {
+    let chain = ureq::tls::parse_pem(&std::fs::read(cert)?)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    let key = ureq::tls::PrivateKey::from_pem(&std::fs::read(key)?)?;
+    Ok(agent_presenting(Some(
+        ureq::tls::ClientCert::new_with_certs(&chain, key),
+    )))
+}
+
+fn agent_presenting(client: Option<ureq::tls::ClientCert>) -> ureq::Agent {
     let tls = ureq::tls::TlsConfig::builder()
         .disable_verification(true)
+        .client_cert(client)
         .build();
     ureq::Agent::config_builder()
         .tls_config(tls)

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -11,9 +12,11 @@ use anyhow::{Context, Result, ensure};
 use super::apiserver::ApiServer;
 use super::images::{self, ImageSpec, LayerCache, Platform, PushedImage, PushedIndex};
 use super::node::{Node, NodeEnv, NodeSpec};
+use super::pki::SitePki;
 use super::process::{Proc, run, stop_all};
 use super::proxy::{Proxy, ProxyControl};
-use super::registry::Registry;
+use super::registry::{Registry, RegistrySetup, RegistryTls};
+use super::token::TokenService;
 
 /// What to start.
 #[derive(Clone, Debug, Default)]
@@ -21,6 +24,10 @@ pub struct LabConfig {
     pub nodes: Vec<NodeSpec>,
     /// Also start etcd and kube-apiserver.
     pub apiserver: bool,
+    /// How the registry guards itself (default: open, plain HTTP). The nodes' hosts.toml trust the lab's
+    /// CA and present its client certificate as the setup needs; clients outside the lab are given the
+    /// files by the test ([`Lab::pki`]).
+    pub registry: RegistrySetup,
 }
 
 /// A running lab. Dropping it stops every process it started and unmounts the nodes' image filesystems;
@@ -29,6 +36,8 @@ pub struct Lab {
     // Declared (and so dropped) before `resources`: the proxy thread stops before the processes do.
     proxy: Proxy,
     registry: Registry,
+    tokens: Option<Arc<TokenService>>,
+    pki: Option<SitePki>,
     layers: LayerCache,
     nodes: Vec<Node>,
     apiserver: Option<ApiServer>,
@@ -55,11 +64,32 @@ impl Lab {
         };
         let context = || format!("lab {name} did not start; logs in {}", dir.display());
 
-        let registry = Registry::start(&dir, &mut resources.procs).with_context(context)?;
+        let setup = &config.registry;
+        let tokens = match &setup.tokens {
+            Some(users) => Some(Arc::new(
+                TokenService::start(&dir.join("token"), users.clone()).with_context(context)?,
+            )),
+            None => None,
+        };
+        let pki = match setup.tls {
+            RegistryTls::Off => None,
+            _ => Some(SitePki::make(&dir.join("pki")).with_context(context)?),
+        };
+        let registry = Registry::start(
+            &dir,
+            &mut resources.procs,
+            tokens.clone(),
+            setup.tls,
+            pki.as_ref(),
+        )
+        .with_context(context)?;
         let proxy = Proxy::start(registry.host().parse()?)?;
         let env = NodeEnv {
             lab_dir: &dir,
             registry_hosts: &[registry.host(), proxy.host()],
+            scheme: registry.scheme(),
+            pki: pki.as_ref(),
+            client_certificate: setup.tls == RegistryTls::ClientCertificates,
             short_socket_dir: &resources.short_socket_dir,
         };
         let nodes = config
@@ -80,6 +110,8 @@ impl Lab {
         Ok(Lab {
             proxy,
             registry,
+            tokens,
+            pki,
             layers: LayerCache::default(),
             nodes,
             apiserver,
@@ -113,20 +145,51 @@ impl Lab {
     }
 
     /// pinboard's registry client as a test or benchmark uses it: through the proxy (so what it fetches is
-    /// counted there), plain HTTP, no credentials.
+    /// counted there), no credentials.
     pub fn registry_client(&self) -> pinboard::backend::registry::Registry {
-        pinboard::backend::registry::Registry::with_credentials(
-            pinboard::backend::registry::RegistryOptions {
-                insecure_registries: vec![self.proxy_host()],
-                ..Default::default()
-            },
-            pinboard::backend::credentials::Credentials::none(),
-        )
-        .expect("registry client")
+        self.registry_client_with(pinboard::backend::credentials::Credentials::none())
+    }
+
+    /// [`Lab::registry_client`] with `credentials` (for a registry behind the token service). Over plain
+    /// HTTP, or, when the registry speaks TLS, trusting the lab's CA and presenting its client certificate
+    /// from a certs.d directory in the lab dir.
+    pub fn registry_client_with(
+        &self,
+        credentials: pinboard::backend::credentials::Credentials,
+    ) -> pinboard::backend::registry::Registry {
+        let mut options = pinboard::backend::registry::RegistryOptions::default();
+        match &self.pki {
+            None => options.insecure_registries = vec![self.proxy_host()],
+            Some(pki) => {
+                let certs = self.dir().join("client-certs.d");
+                let dir = certs.join(self.proxy_host());
+                std::fs::create_dir_all(&dir).expect("certs.d in the lab dir");
+                for (from, name) in [
+                    (&pki.ca, "ca.crt"),
+                    (&pki.client_cert, "client.cert"),
+                    (&pki.client_key, "client.key"),
+                ] {
+                    std::fs::copy(from, dir.join(name)).expect("certs.d file");
+                }
+                options.certs_dir = Some(certs);
+            }
+        }
+        pinboard::backend::registry::Registry::with_credentials(options, credentials)
+            .expect("registry client")
     }
 
     pub fn proxy(&self) -> &ProxyControl {
         self.proxy.control()
+    }
+
+    /// The registry's token service, when it uses bearer tokens.
+    pub fn token_service(&self) -> Option<&TokenService> {
+        self.tokens.as_deref()
+    }
+
+    /// The site CA and the certificates it signed, when the registry speaks TLS.
+    pub fn pki(&self) -> Option<&SitePki> {
+        self.pki.as_ref()
     }
 
     pub fn nodes(&self) -> &[Node] {

@@ -1,5 +1,6 @@
-//! The lab: real containerd nodes, a real docker-registry behind a controllable TCP proxy, and (optionally) a
-//! real etcd + kube-apiserver, all started as local processes for integration tests and the `lab` example;
+//! The lab: real containerd nodes, a real docker-registry behind a controllable TCP proxy (optionally behind
+//! a token service, over TLS with a site CA, or asking for client certificates), and (optionally) a real
+//! etcd + kube-apiserver, all started as local processes for integration tests and the `lab` example;
 //! stand-ins, speaking the real formats, for what cannot run here (kubelet, machine-config daemon, CRI-O).
 //!
 //! Tests include it with `mod support;`, the example with `#[path = "../tests/support/mod.rs"] mod support;`.
@@ -20,12 +21,14 @@ mod images;
 pub mod kubelet;
 mod lab;
 mod node;
+mod pki;
 mod process;
 mod proxy;
 mod registry;
 pub mod release;
 mod run;
 pub mod tmux;
+mod token;
 
 // Each including crate uses some of these re-exports, none uses all (see `dead_code` above).
 #[allow(unused_imports)]
@@ -39,8 +42,14 @@ pub use lab::{Lab, LabConfig, target_dir};
 #[allow(unused_imports)]
 pub use node::{Node, NodeSpec};
 #[allow(unused_imports)]
+pub use pki::SitePki;
+#[allow(unused_imports)]
 pub use process::free_port;
 #[allow(unused_imports)]
 pub use proxy::ProxyControl;
 #[allow(unused_imports)]
-pub use run::{Run, pinboard};
+pub use registry::{RegistrySetup, RegistryTls};
+#[allow(unused_imports)]
+pub use run::{Run, isolated, pinboard, pinboard_with};
+#[allow(unused_imports)]
+pub use token::{TokenConfig, TokenRequest, TokenService, TokenUser};

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::cri;
+use super::pki::SitePki;
 use super::process::{Proc, run};
 
 /// Unix socket paths are limited to 108 bytes, and containerd adds `.ttrpc` to its socket path.
@@ -44,8 +45,14 @@ pub struct Node {
 /// What a node needs from the lab to start.
 pub(crate) struct NodeEnv<'a> {
     pub(crate) lab_dir: &'a Path,
-    /// Registry hosts (`127.0.0.1:PORT`) the node pulls from over plain HTTP.
+    /// Registry hosts (`127.0.0.1:PORT`) the node pulls from.
     pub(crate) registry_hosts: &'a [&'a str],
+    /// `http` or `https`.
+    pub(crate) scheme: &'a str,
+    /// The site CA the registry's certificate comes from (`ca = ` in hosts.toml), for HTTPS.
+    pub(crate) pki: Option<&'a SitePki>,
+    /// Whether the node presents the site's client certificate (`client = ` in hosts.toml).
+    pub(crate) client_certificate: bool,
     /// Where to put the socket if the path under the lab dir is too long for a unix socket.
     pub(crate) short_socket_dir: &'a Path,
 }
@@ -76,13 +83,23 @@ impl Node {
         for host in env.registry_hosts {
             let host_dir = certs.join(host);
             std::fs::create_dir_all(&host_dir)?;
-            std::fs::write(
-                host_dir.join("hosts.toml"),
-                format!(
-                    "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  \
-                     capabilities = [\"pull\", \"resolve\"]\n"
-                ),
-            )?;
+            let scheme = env.scheme;
+            let mut text = format!(
+                "server = \"{scheme}://{host}\"\n\n[host.\"{scheme}://{host}\"]\n  \
+                 capabilities = [\"pull\", \"resolve\"]\n"
+            );
+            // What an administrator writes for a registry signed by the site's CA.
+            if let Some(pki) = env.pki {
+                text.push_str(&format!("  ca = \"{}\"\n", pki.ca.display()));
+                if env.client_certificate {
+                    text.push_str(&format!(
+                        "  client = [[\"{}\", \"{}\"]]\n",
+                        pki.client_cert.display(),
+                        pki.client_key.display()
+                    ));
+                }
+            }
+            std::fs::write(host_dir.join("hosts.toml"), text)?;
         }
 
         run(Command::new("mount")
