@@ -364,10 +364,11 @@ impl Shared {
         if request.method == "GET" {
             body["token"] = json!(body["access_token"]);
         }
-        if grant == "password" && one("access_type") == Some("offline") {
-            if let Some(identity) = user.and_then(|u| u.identity_token.as_ref()) {
-                body["refresh_token"] = json!(identity);
-            }
+        if grant == "password"
+            && one("access_type") == Some("offline")
+            && let Some(identity) = user.and_then(|u| u.identity_token.as_ref())
+        {
+            body["refresh_token"] = json!(identity);
         }
         (200, body, log(grant, Some(subject), 200))
     }
