@@ -12,10 +12,12 @@ use clap::{Args, ValueEnum};
 use regex::Regex;
 
 use crate::backend::blobs::cache::{self, CacheOptions};
+use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
 use crate::backend::node::NodeTarget;
 use crate::backend::registry::{Registry, RegistryOptions};
 use crate::cluster::ConnectOptions;
+use crate::cluster::pull_secret::{self, PULL_SECRET_NAME, PULL_SECRET_NAMESPACE, PullSecret};
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
@@ -205,6 +207,10 @@ pub struct RegistryArgs {
     /// Manifest requests in flight at once.
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub registry_concurrency: usize,
+    /// Cluster mode: do not read the cluster's global pull secret (openshift-config/pull-secret), which is
+    /// otherwise used before the default auth files when no --authfile is given.
+    #[arg(long)]
+    pub no_pull_secret: bool,
 }
 
 /// Where blobs fetched from registries are kept (`pinboard mirror`).
@@ -289,15 +295,62 @@ pub enum Output {
     Yaml,
 }
 
-pub fn registry_client(args: &RegistryArgs) -> Result<Registry, Failure> {
-    Registry::new(RegistryOptions {
+fn registry_options(args: &RegistryArgs) -> RegistryOptions {
+    RegistryOptions {
         authfile: args.authfile.clone(),
         insecure_registries: args.insecure_registries.clone(),
         certs_dir: args.certs_dir.clone(),
         concurrency: args.registry_concurrency.max(1),
         ..RegistryOptions::default()
-    })
-    .map_err(|e| Failure::bad_input(e.to_string()))
+    }
+}
+
+pub fn registry_client(args: &RegistryArgs) -> Result<Registry, Failure> {
+    Registry::new(registry_options(args)).map_err(|e| Failure::bad_input(e.to_string()))
+}
+
+/// Cluster mode's registry client: without `--authfile` or `--no-pull-secret`, the cluster's global pull
+/// secret comes first (what the nodes pull with), then the default auth files. Also returns, when the
+/// secret could not be used, a warning that says why and what to grant.
+pub async fn cluster_registry_client(
+    args: &RegistryArgs,
+    cluster: &kube::Client,
+) -> Result<(Registry, Option<String>), Failure> {
+    let bad_input = |e: &dyn std::fmt::Display| Failure::bad_input(e.to_string());
+    let files = Credentials::load(&AuthFiles::from_env(args.authfile.clone()))
+        .map_err(|e| bad_input(&e))?;
+    let (credentials, warning) = if args.authfile.is_some() || args.no_pull_secret {
+        (files, None)
+    } else {
+        let secret = format!("{PULL_SECRET_NAMESPACE}/{PULL_SECRET_NAME}");
+        let cannot = |why: String| {
+            format!(
+                "cannot use the cluster's pull secret {secret}: {why}; images that need its credentials \
+                 will be refused. Grant `get` on it with the Role pinboard-pull-secret in deploy/rbac.yaml \
+                 (bound in {PULL_SECRET_NAMESPACE}), or pass --authfile FILE (--no-pull-secret stops this \
+                 warning)"
+            )
+        };
+        match pull_secret::read(cluster).await {
+            Ok(PullSecret::Found(text)) => {
+                match Credentials::from_text(format!("secret {secret}"), &text) {
+                    Ok(from_secret) => (from_secret.then(files), None),
+                    Err(e) => (files, Some(cannot(e.to_string()))),
+                }
+            }
+            Ok(PullSecret::Forbidden(message)) => {
+                (files, Some(cannot(format!("forbidden ({message})"))))
+            }
+            Ok(PullSecret::Missing(why)) => {
+                tracing::debug!(secret, why, "no cluster pull secret");
+                (files, None)
+            }
+            Err(e) => (files, Some(cannot(e.to_string()))),
+        }
+    };
+    let registry = Registry::with_credentials(registry_options(args), credentials)
+        .map_err(|e| bad_input(&e))?;
+    Ok((registry, warning))
 }
 
 impl TargetArgs {
@@ -433,12 +486,22 @@ pub async fn command_sets(
     required: bool,
 ) -> Result<(Vec<ImageSet>, Registry), Failure> {
     let registry = registry_client(&args.registry)?;
-    let platform = args.targets.platform()?;
-    let (sets, notes) = resolve_sets(&args.input, required, &registry, &platform).await?;
+    let sets = noted_sets(&args.input, required, &registry, &args.targets.platform()?).await?;
+    Ok((sets, registry))
+}
+
+/// [`resolve_sets`], each release's note on stderr.
+pub async fn noted_sets(
+    input: &SetInput,
+    required: bool,
+    registry: &Registry,
+    platform: &Platform,
+) -> Result<Vec<ImageSet>, Failure> {
+    let (sets, notes) = resolve_sets(input, required, registry, platform).await?;
     for note in notes {
         eprintln!("{note}");
     }
-    Ok((sets, registry))
+    Ok(sets)
 }
 
 /// `release 4.19.3 (quay.io/…@sha256:…): 188 images in set release-4.19.3; 3 tags share a digest; 2

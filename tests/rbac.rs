@@ -1,12 +1,14 @@
 //! deploy/rbac.yaml against the lab's real kube-apiserver (RBAC authorization on): the CRDs from
-//! tests/fixtures/crds are installed, the file's ClusterRoles applied as the admin, and each role bound in
-//! turn to the lab's `viewer` user (the lab has only the admin and viewer tokens).
+//! tests/fixtures/crds are installed, the file's ClusterRoles and its Role applied as the admin, and each
+//! role bound in turn to the lab's `viewer` user (the lab has only the admin and viewer tokens).
 //!
 //! - `pinboard-viewer`: pinboard's watches all reach Synced; applying or deleting a PinnedImageSet fails
 //!   with the read-only error naming `pinboard-operator`; `get nodes/proxy` (kubelet stats) is allowed and
 //!   the proxied request fails for want of a kubelet, not with 403; nothing else is granted.
 //! - `pinboard-operator`: pinboard applies (creating) and deletes sets; it still may not patch a
 //!   MachineConfigPool or a Node (403 from the API server).
+//! - `pinboard-pull-secret` (a Role in openshift-config): pinboard reads the cluster's pull secret with it,
+//!   is refused without it, and it grants `get` on that one Secret and nothing else.
 //!
 //! Every grant is also checked with SelfSubjectAccessReviews, both what each role may do and a list of
 //! what it must not.
@@ -14,75 +16,38 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
+use pinboard::cluster::pull_secret::PullSecret;
 use pinboard::cluster::{ClusterError, watch};
 use pinboard::model::cluster::{ClusterView, Connection, ROLE_LABEL};
 use pinboard::model::set::{ImageSet, from_flags};
 use serde_json::{Value, json};
-use support::cluster::{client, discover, install_crds, kubeconfig_with_viewer};
+use support::cluster::{
+    WAIT, allowed, apply_rbac, bind_viewer, client, discover, eventually, install_crds,
+    kubeconfig_with_viewer, pull_secret, rbac_documents,
+};
 use support::{Lab, LabConfig};
 
-const WAIT: Duration = Duration::from_secs(30);
 const MANAGER: &str = "pinboard-rbac-test";
 const GROUP: &str = "machineconfiguration.openshift.io";
-
-fn repo_file(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
-/// The documents of deploy/rbac.yaml (the commented-out example bindings are not documents).
-fn rbac_documents() -> Vec<Value> {
-    let text = std::fs::read_to_string(repo_file("deploy/rbac.yaml")).unwrap();
-    let documents: Vec<Option<Value>> = serde_saphyr::from_multiple(&text).unwrap();
-    documents.into_iter().flatten().collect()
-}
+const PULL_SECRET_ROLE: &str = "pinboard-pull-secret";
 
 /// The example bindings at the end of deploy/rbac.yaml, uncommented.
-fn example_bindings() -> Vec<ClusterRoleBinding> {
-    let text = std::fs::read_to_string(repo_file("deploy/rbac.yaml")).unwrap();
+fn example_bindings() -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
     let (_, examples) = text.split_once("# Example bindings").unwrap();
     let uncommented: String = examples
         .lines()
         .skip(1)
         .map(|line| format!("{}\n", line.strip_prefix("# ").unwrap_or("")))
         .collect();
-    let documents: Vec<Option<ClusterRoleBinding>> =
-        serde_saphyr::from_multiple(&uncommented).unwrap();
+    let documents: Vec<Option<Value>> = serde_saphyr::from_multiple(&uncommented).unwrap();
     documents.into_iter().flatten().collect()
-}
-
-/// Retries `attempt` every 200 ms until it returns `Some` (RBAC and discovery changes reach the API
-/// server's caches a moment after they are written); panics after [`WAIT`].
-async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, attempt: impl Fn() -> F) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = attempt().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Whether the client's user may `verb` the resource (`resource/subresource`) in `group`.
-async fn allowed(client: &kube::Client, verb: &str, group: &str, resource: &str) -> bool {
-    let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
-    let review: SelfSubjectAccessReview = serde_json::from_value(json!({"spec": {
-        "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "subresource": subresource},
-    }}))
-    .unwrap();
-    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .unwrap();
-    answer.status.unwrap().allowed
 }
 
 /// `(verb, group, resource)` the role grants.
@@ -139,26 +104,19 @@ fn operator_grants() -> Vec<Access> {
 async fn assert_exactly(client: &kube::Client, role: &str, grants: &[Access]) {
     let (verb, group, resource) = *grants.last().unwrap();
     eventually(&format!("{role} in force"), || async {
-        allowed(client, verb, group, resource).await.then_some(())
+        allowed(client, verb, group, resource, None, None)
+            .await
+            .then_some(())
     })
     .await;
     let mut wrong = Vec::new();
     for probe @ (verb, group, resource) in probes() {
         let expected = grants.contains(&probe);
-        if allowed(client, verb, group, resource).await != expected {
+        if allowed(client, verb, group, resource, None, None).await != expected {
             wrong.push(format!("{verb} {group}/{resource}: expected {expected}"));
         }
     }
     assert!(wrong.is_empty(), "{role}:\n{}", wrong.join("\n"));
-}
-
-fn binding(role: &str) -> ClusterRoleBinding {
-    serde_json::from_value(json!({
-        "metadata": {"name": format!("{role}-test")},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer"}],
-    }))
-    .unwrap()
 }
 
 fn worker_set(name: &str) -> ImageSet {
@@ -175,7 +133,12 @@ fn is_forbidden(result: Result<impl std::fmt::Debug, kube::Error>) -> bool {
 #[test]
 fn the_file_parses_and_its_examples_bind_the_roles() {
     let documents = rbac_documents();
-    let roles: Vec<ClusterRole> = documents
+    let kinds: Vec<_> = documents
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["ClusterRole", "ClusterRole", "Role"]);
+    let roles: Vec<ClusterRole> = documents[..2]
         .iter()
         .map(|d| serde_json::from_value(d.clone()).unwrap())
         .collect();
@@ -193,14 +156,56 @@ fn the_file_parses_and_its_examples_bind_the_roles() {
             assert!(!rule.verbs.iter().any(|v| v == "*"), "{rule:?}");
         }
     }
+    // The optional Role: `get` on the one Secret, in its namespace, nothing else.
+    let role: Role = serde_json::from_value(documents[2].clone()).unwrap();
+    assert_eq!(
+        (
+            role.metadata.name.as_deref(),
+            role.metadata.namespace.as_deref()
+        ),
+        (Some(PULL_SECRET_ROLE), Some("openshift-config"))
+    );
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].api_groups.as_deref(), Some(&[String::new()][..]));
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["secrets".to_string()][..])
+    );
+    assert_eq!(
+        rules[0].resource_names.as_deref(),
+        Some(&["pull-secret".to_string()][..])
+    );
+    assert_eq!(rules[0].verbs, ["get"]);
+
     let bindings = example_bindings();
-    let bound: Vec<_> = bindings.iter().map(|b| b.role_ref.name.as_str()).collect();
-    assert_eq!(bound, ["pinboard-viewer", "pinboard-operator"]);
-    let kinds: Vec<_> = bindings
+    let bound: Vec<_> = bindings
         .iter()
-        .map(|b| b.subjects.as_ref().unwrap()[0].kind.as_str())
+        .map(|b| {
+            (
+                b["kind"].as_str().unwrap(),
+                b["roleRef"]["name"].as_str().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(kinds, ["User", "ServiceAccount"]);
+    assert_eq!(
+        bound,
+        [
+            ("ClusterRoleBinding", "pinboard-viewer"),
+            ("ClusterRoleBinding", "pinboard-operator"),
+            ("RoleBinding", PULL_SECRET_ROLE)
+        ]
+    );
+    let subjects: Vec<_> = bindings
+        .iter()
+        .map(|b| b["subjects"][0]["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(subjects, ["User", "ServiceAccount", "User"]);
+    let _: Vec<ClusterRoleBinding> = bindings[..2]
+        .iter()
+        .map(|b| serde_json::from_value(b.clone()).unwrap())
+        .collect();
+    assert_eq!(bindings[2]["metadata"]["namespace"], "openshift-config");
 }
 
 #[tokio::test]
@@ -221,15 +226,8 @@ async fn viewer_reads_and_operator_writes_only_sets_and_runtime_configs() {
     let admin_cluster = discover(&admin).await;
 
     // The roles, as an administrator applies the file.
+    apply_rbac(&admin).await;
     let params = PatchParams::apply(MANAGER).force();
-    let roles: Api<ClusterRole> = Api::all(admin.clone());
-    for document in rbac_documents() {
-        let name = document["metadata"]["name"].as_str().unwrap().to_owned();
-        roles
-            .patch(&name, &params, &Patch::Apply(&document))
-            .await
-            .unwrap();
-    }
 
     // Something to read and to be refused on: a pool, a node.
     let pools: Api<DynamicObject> = Api::all_with(admin.clone(), &admin_cluster.resources().pool);
@@ -245,10 +243,7 @@ async fn viewer_reads_and_operator_writes_only_sets_and_runtime_configs() {
 
     // pinboard-viewer.
     let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
-    bindings
-        .create(&PostParams::default(), &binding("pinboard-viewer"))
-        .await
-        .unwrap();
+    bind_viewer(&admin, "pinboard-viewer", None).await;
     let viewer = client(&kubeconfig, Some("viewer")).await;
     assert_exactly(&viewer, "pinboard-viewer", &viewer_grants()).await;
     let viewer_cluster = discover(&viewer).await;
@@ -290,15 +285,51 @@ async fn viewer_reads_and_operator_writes_only_sets_and_runtime_configs() {
     .unwrap();
     assert!(status != 403 && status != 401 && status >= 400, "{status}");
 
+    // The cluster's pull secret: refused to the viewer, then readable with pinboard-pull-secret bound, and
+    // exactly that one Secret.
+    pull_secret(
+        &admin,
+        &json!({"auths": {"registry.example.com": {"auth": "dTpw"}}}),
+    )
+    .await;
+    assert!(matches!(
+        viewer_cluster.pull_secret().await.unwrap(),
+        PullSecret::Forbidden(_)
+    ));
+    bind_viewer(&admin, PULL_SECRET_ROLE, Some("openshift-config")).await;
+    let may = |verb: &'static str, namespace: &'static str, name: Option<&'static str>| {
+        let viewer = viewer.clone();
+        async move { allowed(&viewer, verb, "", "secrets", Some(namespace), name).await }
+    };
+    eventually("pinboard-pull-secret in force", || async {
+        may("get", "openshift-config", Some("pull-secret"))
+            .await
+            .then_some(())
+    })
+    .await;
+    for (verb, namespace, name) in [
+        ("get", "openshift-config", Some("other")),
+        ("list", "openshift-config", None),
+        ("watch", "openshift-config", Some("pull-secret")),
+        ("update", "openshift-config", Some("pull-secret")),
+        ("get", "default", Some("pull-secret")),
+    ] {
+        assert!(
+            !may(verb, namespace, name).await,
+            "{verb} {namespace}/{name:?}"
+        );
+    }
+    match viewer_cluster.pull_secret().await.unwrap() {
+        PullSecret::Found(config) => assert!(config.contains("registry.example.com"), "{config}"),
+        _ => panic!("the viewer cannot read the pull secret with the Role bound"),
+    }
+
     // pinboard-operator, bound to the same user in place of the viewer role.
     bindings
         .delete("pinboard-viewer-test", &DeleteParams::default())
         .await
         .unwrap();
-    bindings
-        .create(&PostParams::default(), &binding("pinboard-operator"))
-        .await
-        .unwrap();
+    bind_viewer(&admin, "pinboard-operator", None).await;
     assert_exactly(&viewer, "pinboard-operator", &operator_grants()).await;
     let operator = discover(&viewer).await;
     let stored = operator.apply_set(&worker_set("upgrade")).await.unwrap();

@@ -349,6 +349,12 @@ impl Credentials {
         })
     }
 
+    /// These credentials, then `rest`'s for registries these have none for.
+    pub fn then(mut self, rest: Credentials) -> Credentials {
+        self.files.extend(rest.files);
+        self
+    }
+
     /// The files that were read, in order.
     pub fn files(&self) -> Vec<&Path> {
         self.files.iter().map(|f| f.path.as_path()).collect()

@@ -15,6 +15,7 @@ use super::check::{readiness_table, verdict, verdict_line, warn};
 use super::output::{render, table};
 use crate::backend::node::NodeTarget;
 use crate::backend::readiness::observe;
+use crate::backend::registry::Registry;
 use crate::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
 use crate::error::{Exit, Failure};
 use crate::model::cluster::{
@@ -23,7 +24,7 @@ use crate::model::cluster::{
 use crate::model::readiness::{NodesStatus, Readiness, WantedSet, assess, assess_cluster};
 use crate::model::set::ImageSet;
 use crate::options::{
-    CommonArgs, SetInput, TargetArgs, command_sets, registry_client, resolve_sets,
+    CommonArgs, SetInput, TargetArgs, cluster_registry_client, noted_sets, registry_client,
 };
 
 /// Cluster mode when the flags choose it ([`TargetArgs::cluster_mode`]). `--cri` and `--nodes` then name
@@ -228,11 +229,31 @@ fn pinned_image_sets_only(input: &SetInput, usage: &str) -> Result<(), Failure> 
     Ok(())
 }
 
-/// `--set`'s values in cluster mode: the sets read from the files among them and `--release`'s, and the
-/// other values as the names of sets on the cluster.
+/// The registry client of a cluster-mode command. Where it reads registries for the cluster — `plan`
+/// (`always`), or a `--release` payload — the cluster's global pull secret comes first (see
+/// [`cluster_registry_client`]), with a warning on stderr when it cannot be used; otherwise the auth files.
+pub(super) async fn cluster_registry(
+    args: &CommonArgs,
+    options: &ConnectOptions,
+    always: bool,
+) -> Result<Registry, Failure> {
+    if !always && args.input.releases.is_empty() {
+        return registry_client(&args.registry);
+    }
+    let client = connect(options).await?;
+    let (registry, warning) = cluster_registry_client(&args.registry, &client).await?;
+    if let Some(warning) = warning {
+        eprintln!("warning: {warning}");
+    }
+    Ok(registry)
+}
+
+/// `--set`'s values in cluster mode: the sets read from the files among them and `--release`'s (through
+/// `registry`), and the other values as the names of sets on the cluster.
 pub(super) async fn files_and_names(
     args: &CommonArgs,
     usage: &str,
+    registry: &Registry,
 ) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
     let input = &args.input;
     pinned_image_sets_only(input, usage)?;
@@ -243,15 +264,7 @@ pub(super) async fn files_and_names(
     };
     let read_any = !only_files.sets.is_empty() || !only_files.releases.is_empty();
     let sets = match read_any {
-        true => {
-            let registry = registry_client(&args.registry)?;
-            let platform = args.targets.platform()?;
-            let (sets, notes) = resolve_sets(&only_files, true, &registry, &platform).await?;
-            for note in notes {
-                eprintln!("{note}");
-            }
-            sets
-        }
+        true => noted_sets(&only_files, true, registry, &args.targets.platform()?).await?,
         false => Vec::new(),
     };
     let names = names
@@ -266,7 +279,8 @@ pub(super) async fn check(
     args: &CommonArgs,
     wait: Option<Duration>,
 ) -> Result<String, Failure> {
-    let (files, names) = files_and_names(args, NAME_OR_FILE).await?;
+    let registry = cluster_registry(args, options, false).await?;
+    let (files, names) = files_and_names(args, NAME_OR_FILE, &registry).await?;
     let runtimes = match args.rollout.verify_cri {
         true => Some(runtime_targets(&args.targets)?),
         false => None,
@@ -325,7 +339,8 @@ async fn confirmed_by_runtimes(
 
 pub(super) async fn status(options: &ConnectOptions, args: &CommonArgs) -> Result<String, Failure> {
     let output = args.output();
-    let (files, names) = files_and_names(args, NAME_OR_FILE).await?;
+    let registry = cluster_registry(args, options, false).await?;
+    let (files, names) = files_and_names(args, NAME_OR_FILE, &registry).await?;
     let mut session = ClusterSession::open(options).await?;
     let wanted = session.wanted(files, names)?;
     let status = NodesStatus {
@@ -347,7 +362,8 @@ pub(super) async fn apply(
     let usage = "apply writes PinnedImageSets: pass --set FILE (PinnedImageSet YAML with a \
                  machineconfiguration.openshift.io/role label) or --release PULLSPEC";
     pinned_image_sets_only(&args.input, usage)?;
-    let (sets, _) = command_sets(args, true).await?;
+    let registry = cluster_registry(args, options, false).await?;
+    let sets = noted_sets(&args.input, true, &registry, &args.targets.platform()?).await?;
     let mut session = ClusterSession::open(options).await?;
     let mut refused = Vec::new();
     for set in &sets {
@@ -390,7 +406,8 @@ pub(super) async fn apply(
 pub(super) async fn unpin(options: &ConnectOptions, args: &CommonArgs) -> Result<String, Failure> {
     let output = args.output();
     let usage = "unpin deletes PinnedImageSets: pass --set NAME, --set FILE or --release PULLSPEC";
-    let (files, names) = files_and_names(args, usage).await?;
+    let registry = cluster_registry(args, options, false).await?;
+    let (files, names) = files_and_names(args, usage, &registry).await?;
     let targets = files.into_iter().map(|s| s.name).chain(names);
     let cluster = Cluster::discover(connect(options).await?).await?;
     let mut rows = Vec::new();

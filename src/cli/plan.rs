@@ -5,21 +5,22 @@ use std::io::IsTerminal;
 use crossterm::style::{ResetColor, SetForegroundColor};
 use ratatui::backend::IntoCrossterm;
 
-use super::cluster::{ClusterSession, NAME_OR_FILE, files_and_names};
+use super::cluster::{ClusterSession, NAME_OR_FILE, cluster_registry, files_and_names};
 use super::output::{image_matrix, table};
 use crate::backend::node::DirectNode;
 use crate::error::Failure;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, SpaceSource};
 use crate::model::units::{human, human_signed};
-use crate::options::{CommonArgs, Output, command_sets, registry_client};
+use crate::options::{CommonArgs, Output, command_sets};
 use crate::survey::{Survey, survey, survey_cluster};
 use crate::ui::status::verdict_label;
 use crate::ui::theme::Theme;
 
 pub async fn run(args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
-        let (files, names) = files_and_names(&args, NAME_OR_FILE).await?;
-        let (registry, platform) = (registry_client(&args.registry)?, args.targets.platform()?);
+        let registry = cluster_registry(&args, &options, true).await?;
+        let (files, names) = files_and_names(&args, NAME_OR_FILE, &registry).await?;
+        let platform = args.targets.platform()?;
         let session = ClusterSession::open(&options).await?;
         let wanted = session.wanted(files, names)?;
         let sets: Vec<_> = wanted.into_iter().map(|w| w.set).collect();

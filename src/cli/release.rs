@@ -1,7 +1,8 @@
 //! `pinboard release PULLSPEC`: the PinnedImageSets that pre-load and pin an OpenShift upgrade — every unique
 //! component of the release payload plus the release image itself, by digest — as YAML (the default, ready
 //! for `oc apply -f` or `--set`), JSON, or a table with each image's compressed size. The payload's last
-//! layer is read as it streams in; nothing else of it is downloaded.
+//! layer is read as it streams in; nothing else of it is downloaded. In cluster mode it is read with the
+//! cluster's global pull secret, as for `plan`.
 
 use std::collections::BTreeMap;
 
@@ -36,7 +37,11 @@ struct List<T> {
 
 pub async fn run(args: ReleaseCommand) -> Result<String, Failure> {
     let common = &args.common;
-    let registry = registry_client(&common.registry)?;
+    // In cluster mode the payload is read with the cluster's pull secret, as its nodes will pull it.
+    let registry = match super::cluster::cluster_mode(&common.targets, false) {
+        Some(options) => super::cluster::cluster_registry(common, &options, true).await?,
+        None => registry_client(&common.registry)?,
+    };
     let platform = common.targets.platform()?;
     let options = common.input.release.set_options();
     let (resolved, made) = sets(&registry, &args.pullspec, &platform, &options).await?;

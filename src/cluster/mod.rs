@@ -4,10 +4,12 @@
 //! [`Cluster::discover`] finds which versions of the machine-config kinds the cluster serves (`v1`, else
 //! `v1alpha1`) and tells a plain Kubernetes cluster plainly, [`watch`] keeps a
 //! [`ClusterView`](crate::model::cluster::ClusterView) current without polling, and [`Cluster::apply_set`] /
-//! [`Cluster::delete_set`] write PinnedImageSets with server-side apply (field manager `pinboard`), and
-//! [`Cluster::observe`] gathers what the planner needs about nodes.
+//! [`Cluster::delete_set`] write PinnedImageSets with server-side apply (field manager `pinboard`),
+//! [`Cluster::observe`] gathers what the planner needs about nodes, and [`Cluster::pull_secret`] reads the
+//! registry credentials the nodes pull with.
 
 mod facts;
+pub mod pull_secret;
 mod sets;
 mod watch;
 

@@ -25,17 +25,18 @@ use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::release::SetOptions;
 use crate::model::set::ImageSet;
-use crate::options::{registry_client, resolve_sets};
+use crate::options::{cluster_registry_client, resolve_sets};
 use crate::survey::survey_cluster;
 
 /// Opens the TUI on the cluster `options` names; returns when the operator quits.
 pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> {
     let common = &args.common;
     let platform = common.targets.platform()?;
-    let registry = registry_client(&common.registry)?;
-    let (sets, notes) = resolve_sets(&common.input, false, &registry, &platform).await?;
     let theme = theme_of(&args)?;
     let cluster = Cluster::discover(connect(&options).await?).await?;
+    let (registry, pull_secret_warning) =
+        cluster_registry_client(&common.registry, cluster.client()).await?;
+    let (sets, mut notes) = resolve_sets(&common.input, false, &registry, &platform).await?;
     let denied = if args.readonly {
         None
     } else {
@@ -48,6 +49,10 @@ pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> 
         Instant::now(),
     );
     state.start_cluster(denied, std::time::SystemTime::now());
+    if let Some(warning) = pull_secret_warning {
+        tracing::warn!("{warning}");
+        notes.push(warning);
+    }
     if !notes.is_empty() {
         state.say(notes.join("; "));
     }

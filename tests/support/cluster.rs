@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject};
@@ -314,4 +316,135 @@ impl Writer {
 /// `quay.io/openshift/release@sha256:00…0n`, a valid digest reference per `n`.
 pub fn digest(n: u32) -> String {
     format!("quay.io/openshift/release@sha256:{n:064x}")
+}
+
+/// The documents of deploy/rbac.yaml (the commented-out example bindings are not documents).
+pub fn rbac_documents() -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let documents: Vec<Option<Value>> = serde_saphyr::from_multiple(&text).unwrap();
+    documents.into_iter().flatten().collect()
+}
+
+/// Applies deploy/rbac.yaml as an administrator would: its ClusterRoles, and its Roles in their namespaces
+/// (created first if need be, as OpenShift has them).
+pub async fn apply_rbac(admin: &kube::Client) {
+    let params = PatchParams::apply(TEST_MANAGER).force();
+    for document in rbac_documents() {
+        let name = document["metadata"]["name"].as_str().unwrap().to_owned();
+        match document["kind"].as_str().unwrap() {
+            "ClusterRole" => {
+                Api::<ClusterRole>::all(admin.clone())
+                    .patch(&name, &params, &Patch::Apply(&document))
+                    .await
+                    .unwrap();
+            }
+            "Role" => {
+                let namespace = document["metadata"]["namespace"].as_str().unwrap();
+                ensure_namespace(admin, namespace).await;
+                Api::<Role>::namespaced(admin.clone(), namespace)
+                    .patch(&name, &params, &Patch::Apply(&document))
+                    .await
+                    .unwrap();
+            }
+            other => panic!("deploy/rbac.yaml holds a {other}"),
+        }
+    }
+}
+
+async fn ensure_namespace(admin: &kube::Client, name: &str) {
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    Api::<Namespace>::all(admin.clone())
+        .patch(
+            name,
+            &PatchParams::apply(TEST_MANAGER).force(),
+            &Patch::Apply(&namespace),
+        )
+        .await
+        .unwrap();
+}
+
+/// Binds ClusterRole `role` (or, with `namespace`, the Role of that name there) to the lab's `viewer` user,
+/// as `<role>-test`.
+pub async fn bind_viewer(admin: &kube::Client, role: &str, namespace: Option<&str>) {
+    let subject =
+        json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer"}]);
+    let metadata = json!({"name": format!("{role}-test")});
+    match namespace {
+        None => {
+            let binding: ClusterRoleBinding = serde_json::from_value(json!({"metadata": metadata,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": subject}))
+            .unwrap();
+            Api::<ClusterRoleBinding>::all(admin.clone())
+                .create(&PostParams::default(), &binding)
+                .await
+                .unwrap();
+        }
+        Some(namespace) => {
+            let binding: RoleBinding = serde_json::from_value(json!({"metadata": metadata,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                "subjects": subject}))
+            .unwrap();
+            Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+                .create(&PostParams::default(), &binding)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// Whether the client's user may `verb` the resource (`resource/subresource`) in `group`, across the
+/// cluster or, with `namespace` (and `name`), there.
+pub async fn allowed(
+    client: &kube::Client,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> bool {
+    let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+    let review: SelfSubjectAccessReview = serde_json::from_value(json!({"spec": {
+        "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "subresource": subresource,
+                               "namespace": namespace.unwrap_or(""), "name": name.unwrap_or("")},
+    }}))
+    .unwrap();
+    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    answer.status.unwrap().allowed
+}
+
+/// Retries `attempt` every 200 ms until it returns `Some` (RBAC and discovery changes reach the API
+/// server's caches a moment after they are written); panics after [`WAIT`].
+pub async fn eventually<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    attempt: impl Fn() -> F,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = attempt().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Stores `docker_config` (`{"auths": ...}`) as the cluster's global pull secret,
+/// `openshift-config/pull-secret`, as OpenShift keeps it.
+pub async fn pull_secret(admin: &kube::Client, docker_config: &Value) {
+    ensure_namespace(admin, "openshift-config").await;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "pull-secret", "namespace": "openshift-config"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": docker_config.to_string()},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), "openshift-config")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
 }
