@@ -1,13 +1,15 @@
 //! The lab demo: three real containerd nodes with image filesystems of different sizes, a real registry
-//! (behind the lab proxy) holding a dozen sample images, a few of them pre-loaded on some nodes, and then
-//! pinboard run against it all.
+//! (behind the lab proxy and the lab's token service) holding a dozen sample images, a few of them
+//! pre-loaded on some nodes, and then pinboard run against it all. The `shop/*` images are private: pulling
+//! them takes the demo user's password, which `<lab>/auth.json` holds (and, with `--cluster`, the cluster's
+//! pull secret).
 //!
 //! ```text
 //! cargo run --example lab -- [--hold] [-- [SUBCOMMAND] PINBOARD_ARGS...]
 //! ```
 //! Without `--hold`, runs `$PINBOARD_BIN` (default `target/debug/pinboard`) — the TUI, or SUBCOMMAND
-//! (e.g. `plan`) — with `--images-file <lab>/images.txt --insecure-registry <proxy> --min-free 32Mi
-//! --nodes <lab>/nodes.yaml` and then PINBOARD_ARGS, stops the lab and exits with pinboard's exit code.
+//! (e.g. `plan`) — with `--images-file <lab>/images.txt --authfile <lab>/auth.json --insecure-registry
+//! <proxy> --min-free 32Mi --nodes <lab>/nodes.yaml` and then PINBOARD_ARGS, stops the lab and exits with pinboard's exit code.
 //! The nodes file keeps every write inside the lab dir: n1 pins through a CRI-O drop-in there, n2 and n3
 //! with containerd labels, and each node's lazy-pull drop-in lives there too. With `--hold`, prints the
 //! endpoints and waits for Ctrl-C instead. Needs root and the packages of scripts/setup.
@@ -19,7 +21,8 @@
 //! does. pinboard then runs in cluster mode (`--kubeconfig`) with `<lab>/release.yaml`, a PinnedImageSet of
 //! the samples for the worker pool, which n1 has no room for (unless PINBOARD_ARGS name a `--set`). For
 //! `check`, `status` and `unpin`, which read a set from the cluster, the demo first applies that set as an
-//! administrator would and lets the stand-in daemons finish with it.
+//! administrator would and lets the stand-in daemons finish with it. The demo user's credentials are the
+//! cluster's pull secret (`openshift-config/pull-secret`), which both pinboard and the stand-in daemon read.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -30,13 +33,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
+use base64::Engine as _;
+use serde_json::{Value, json};
 use support::kubelet::{FakeKubelet, ImageFs};
 use support::{
-    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Platform, cluster, daemon,
+    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Platform, RegistrySetup,
+    TokenConfig, TokenUser, cluster, daemon,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
 const MIB: usize = 1 << 20;
+/// The lab's one registry user, who may pull everything; a lab password, not a secret.
+const DEMO_USER: &str = "demo";
+const DEMO_PASSWORD: &str = "pinboard-demo";
+/// Sample repositories under this prefix are private: pulling them takes the demo user's credentials.
+const PRIVATE: &str = "shop/";
 
 fn main() -> ExitCode {
     match run() {
@@ -70,6 +81,11 @@ fn run() -> Result<ExitCode> {
         .build()?;
     let mut interrupt = runtime.block_on(async { signal(SignalKind::interrupt()) })?;
 
+    let public = samples()
+        .iter()
+        .filter(|s| !s.repo.starts_with(PRIVATE))
+        .map(|s| s.repo.to_owned())
+        .collect();
     let lab = Lab::start(
         "demo",
         LabConfig {
@@ -79,12 +95,21 @@ fn run() -> Result<ExitCode> {
                 NodeSpec::new("n3", 1 << 30),
             ],
             apiserver: cluster,
-            ..LabConfig::default()
+            registry: RegistrySetup {
+                tokens: Some(TokenConfig {
+                    users: vec![TokenUser::new(DEMO_USER, DEMO_PASSWORD, &["*"])],
+                    public,
+                }),
+                ..RegistrySetup::default()
+            },
         },
     )?;
     let images_file = push_samples(&lab)?;
+    let auth = auth_config(&lab);
+    let auth_file = lab.dir().join("auth.json");
+    std::fs::write(&auth_file, auth.to_string())?;
     let stand_ins = match cluster {
-        true => Some(runtime.block_on(play_cluster(&lab, &images_file))?),
+        true => Some(runtime.block_on(play_cluster(&lab, &images_file, &auth))?),
         false => None,
     };
 
@@ -93,6 +118,10 @@ fn run() -> Result<ExitCode> {
         println!("registry:    {}", lab.registry_host());
         println!("proxy:       {}", lab.proxy_host());
         println!("images file: {}", images_file.display());
+        println!(
+            "auth file:   {} (the shop/* images are private)",
+            auth_file.display()
+        );
         for node in lab.nodes() {
             println!("node {}:     {}", node.name, node.endpoint());
         }
@@ -142,6 +171,8 @@ fn run() -> Result<ExitCode> {
         None => command
             .arg("--images-file")
             .arg(&images_file)
+            .arg("--authfile")
+            .arg(&auth_file)
             .arg("--nodes")
             .arg(&nodes_file),
     };
@@ -261,12 +292,21 @@ fn samples() -> Vec<Sample> {
     ]
 }
 
-/// Pushes the samples, pre-loads them where the sample says, and writes their references (through the
-/// proxy) to `<lab>/images.txt`, which it returns.
+/// The demo user's credentials for the registry (through the proxy), as `podman login` writes them.
+fn auth_config(lab: &Lab) -> Value {
+    let login =
+        base64::engine::general_purpose::STANDARD.encode(format!("{DEMO_USER}:{DEMO_PASSWORD}"));
+    json!({"auths": {(lab.proxy_host()): {"auth": login}}})
+}
+
+/// Pushes the samples, pre-loads them where the sample says (private ones with the demo login), and writes
+/// their references (through the proxy) to `<lab>/images.txt`, which it returns.
 fn push_samples(lab: &Lab) -> Result<PathBuf> {
     let proxy = lab.proxy_host();
+    let login = format!("{DEMO_USER}:{DEMO_PASSWORD}");
     let mut text = format!(
-        "# pinboard lab sample images, pushed to the registry at {} and referenced through the lab proxy\n",
+        "# pinboard lab sample images, pushed to the registry at {} and referenced through the lab proxy;\n\
+         # the {PRIVATE}* ones are private (auth.json holds the login)\n",
         lab.registry_host()
     );
     for sample in samples() {
@@ -295,12 +335,19 @@ fn push_samples(lab: &Lab) -> Result<PathBuf> {
                 (pushed.reference(&proxy), bytes)
             }
         };
+        let private = sample.repo.starts_with(PRIVATE);
         for node in sample.preloaded_on {
-            lab.node(node).pull(&reference)?;
+            lab.node(node)
+                .pull_as(&reference, private.then_some(login.as_str()))?;
         }
         let preloaded = match sample.preloaded_on {
             [] => String::new(),
             nodes => format!(", pre-loaded on {}", nodes.join(", ")),
+        };
+        let preloaded = if private {
+            format!("{preloaded}, private")
+        } else {
+            preloaded
         };
         let mib = bytes as f64 / MIB as f64;
         writeln!(
@@ -404,15 +451,17 @@ impl StandIns {
     }
 }
 
-/// Plays an OpenShift cluster on the lab's API server and nodes (see the top of this file), and writes
-/// `<lab>/release.yaml`: every single-platform sample, for the worker pool.
-async fn play_cluster(lab: &Lab, images_file: &Path) -> Result<StandIns> {
+/// Plays an OpenShift cluster on the lab's API server and nodes (see the top of this file), with `auth` as
+/// its global pull secret, and writes `<lab>/release.yaml`: every single-platform sample, for the worker
+/// pool.
+async fn play_cluster(lab: &Lab, images_file: &Path, auth: &Value) -> Result<StandIns> {
     let kubeconfig = lab
         .apiserver()
         .context("the lab runs no API server")?
         .kubeconfig();
     let names: Vec<&str> = lab.nodes().iter().map(|n| n.name.as_str()).collect();
-    let (_, writer) = cluster::openshift(lab, &["worker"], &names).await;
+    let (admin, writer) = cluster::openshift(lab, &["worker"], &names).await;
+    cluster::pull_secret(&admin, auth).await;
     let mut kubelets = Vec::new();
     for node in lab.nodes() {
         let root = node.root.clone();

@@ -3,7 +3,9 @@
 //! PullImage), and reports as the daemon does, in the node's MachineConfigNode status (desired, current and
 //! last-failed generation, the error, the Progressing and Degraded conditions) and, as the kubelet would,
 //! the images the node holds in `Node.status.images`. A node out of space fails the set with the runtime's
-//! error, as on a real cluster. Pinning itself is not played: the demo's nodes are containerd.
+//! error, as on a real cluster. It pulls with the cluster's global pull secret, as the daemon pulls with the
+//! kubelet's config.json that the machine-config operator writes from it. Pinning itself is not played: the
+//! demo's nodes are containerd.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,9 +17,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::DynamicObject;
+use pinboard::backend::credentials::{Credentials, KUBELET_CONFIG};
 use pinboard::backend::cri::{CriClient, CriEndpoint};
+use pinboard::backend::proto::cri::AuthConfig;
 use pinboard::cluster::Cluster;
+use pinboard::cluster::pull_secret::PullSecret;
 use pinboard::model::cluster::{DEGRADED, PROGRESSING, PinnedImageSet, ROLE_LABEL};
+use pinboard::model::reference::ImageRef;
 use serde_json::{Value, json};
 
 const PULL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -98,8 +104,10 @@ async fn node_loop(cluster: Cluster, node: String, endpoint: String, stop: Arc<A
             entry.desired = set.generation();
             report(&cluster, &node, &entries, true).await;
             let mut failure = None;
+            let credentials = node_credentials(&cluster).await;
             for image in set.images() {
-                if let Err(e) = client.pull_image(image, None, PULL_TIMEOUT).await {
+                let auth = auth_for(&credentials, image);
+                if let Err(e) = client.pull_image(image, auth, PULL_TIMEOUT).await {
                     failure = Some(format!("failed to pull {image}: {e}"));
                     break;
                 }
@@ -117,6 +125,27 @@ async fn node_loop(cluster: Cluster, node: String, endpoint: String, stop: Arc<A
         }
         tokio::time::sleep(EVERY).await;
     }
+}
+
+/// What the node's kubelet config.json holds: the cluster's pull secret (none when there is none).
+async fn node_credentials(cluster: &Cluster) -> Credentials {
+    match cluster.pull_secret().await {
+        Ok(PullSecret::Found(text)) => Credentials::from_text(KUBELET_CONFIG, &text)
+            .unwrap_or_else(|e| {
+                eprintln!("stand-in daemon: the pull secret: {e}");
+                Credentials::none()
+            }),
+        _ => Credentials::none(),
+    }
+}
+
+/// The CRI credential for `image`, as the daemon hands it to the runtime.
+fn auth_for(credentials: &Credentials, image: &str) -> Option<AuthConfig> {
+    let reference = ImageRef::parse(image).ok()?;
+    let found = credentials
+        .lookup(&reference.registry, &reference.repository)
+        .ok()??;
+    found.credential.to_cri_auth()
 }
 
 /// The PinnedImageSets labelled for the worker pool.

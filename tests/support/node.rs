@@ -196,10 +196,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     /// administrator would, then waits until the node's CRI ImageStatus reports it (CRI picks up images
     /// created in that namespace from containerd's events, asynchronously).
     pub fn pull(&self, reference: &str) -> Result<()> {
-        run(ctr(&self.socket)
-            .args(["images", "pull", "--plain-http", "--snapshotter", "native"])
-            .arg(reference))
-        .with_context(|| format!("node {}: ctr pull {reference}", self.name))?;
+        self.pull_as(reference, None)
+    }
+
+    /// [`Node::pull`] with `login` (`USER:PASSWORD`) for a registry that wants credentials.
+    pub fn pull_as(&self, reference: &str, login: Option<&str>) -> Result<()> {
+        let mut command = ctr(&self.socket);
+        command.args(["images", "pull", "--plain-http", "--snapshotter", "native"]);
+        if let Some(login) = login {
+            command.args(["--user", login]);
+        }
+        run(command.arg(reference))
+            .with_context(|| format!("node {}: ctr pull {reference}", self.name))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if cri::image_id(&self.socket, reference)?.is_some() {
