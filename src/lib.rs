@@ -2,7 +2,8 @@
 //!
 //! - [`model`]: pure domain logic, no I/O: image references and PinnedImageSet rules, image facts,
 //!   disk-impact planning.
-//! - [`backend`]: the outside world: CRI and containerd sockets, registries and their credentials.
+//! - [`backend`]: the outside world: CRI and containerd sockets, registries, their credentials and
+//!   certificates.
 //! - [`survey`]: nodes and registry asked at once, every node planned: the path behind every figure.
 //! - [`engine`]: the rollout engine: bounded, retried pulls per node, then pins; reports rollout events.
 //! - [`targets`]: direct-mode nodes from `--cri`, `--nodes FILE` or crictl's default endpoint.
@@ -26,8 +27,9 @@ pub mod survey;
 pub mod targets;
 pub mod ui;
 
-/// Installs rustls' ring provider as the process default. kube and oci-client each enable rustls; without
-/// one explicit provider, the first TLS connection panics. Call first thing in `main` and in tests.
+/// Installs rustls' ring provider as the process default. kube and the registry client (reqwest) each
+/// enable rustls; without one explicit provider, the first TLS connection panics. Call first thing in
+/// `main` and in tests.
 pub fn install_crypto_provider() {
     // Err only means a provider is already installed, which is what we want.
     let _ = rustls::crypto::ring::default_provider().install_default();
