@@ -10,16 +10,15 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::process::run;
+use super::pki::self_signed;
 
 /// The image filesystem the stand-in reports, in bytes.
 #[derive(Clone, Copy, Debug)]
@@ -74,15 +73,7 @@ impl FakeKubelet {
     ) -> Result<FakeKubelet> {
         std::fs::create_dir_all(dir)?;
         let (key, cert) = (dir.join("kubelet.key"), dir.join("kubelet.crt"));
-        run(Command::new("openssl")
-            .args([
-                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            ])
-            .args(["-subj", "/CN=127.0.0.1", "-keyout"])
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert))
-        .context("openssl makes the kubelet's certificate")?;
+        self_signed(&key, &cert, "/CN=127.0.0.1")?;
         let certs = CertificateDer::pem_file_iter(&cert)?.collect::<Result<Vec<_>, _>>()?;
         let key = PrivateKeyDer::from_pem_file(&key)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -75,6 +75,20 @@ impl SitePki {
     }
 }
 
+/// A self-signed RSA certificate `cert` for `subject` (`/CN=…`) and its key `key`, both PEM.
+pub(crate) fn self_signed(key: &Path, cert: &Path, subject: &str) -> Result<()> {
+    run(Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args(["-subj", subject, "-keyout"])
+        .arg(key)
+        .arg("-out")
+        .arg(cert))
+    .with_context(|| format!("openssl makes a self-signed certificate for {subject}"))?;
+    Ok(())
+}
+
 /// `openssl req -newkey ec (P-256) -nodes -keyout KEY`, to be completed by the caller.
 fn new_key_and(key: &Path) -> Command {
     let mut command = Command::new("openssl");

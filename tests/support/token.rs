@@ -18,13 +18,12 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use ring::signature::{RSA_PKCS1_SHA256, RsaKeyPair};
@@ -32,7 +31,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 
-use super::process::run;
+use super::pki::self_signed;
 
 /// The `service` the registry names in its challenge and expects as the tokens' audience.
 pub const SERVICE: &str = "pinboard-lab-registry";
@@ -106,15 +105,7 @@ impl TokenService {
     pub fn start(dir: &Path, config: TokenConfig) -> Result<TokenService> {
         std::fs::create_dir_all(dir)?;
         let (key_path, cert) = (dir.join("token-signer.key"), dir.join("token-signer.crt"));
-        run(Command::new("openssl")
-            .args([
-                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            ])
-            .args(["-subj", "/CN=pinboard lab token signer", "-keyout"])
-            .arg(&key_path)
-            .arg("-out")
-            .arg(&cert))
-        .context("openssl makes the token signing key")?;
+        self_signed(&key_path, &cert, "/CN=pinboard lab token signer")?;
         let key = match PrivateKeyDer::from_pem_file(&key_path)? {
             PrivateKeyDer::Pkcs8(der) => RsaKeyPair::from_pkcs8(der.secret_pkcs8_der())
                 .map_err(|e| anyhow::anyhow!("the token signing key: {e}"))?,
