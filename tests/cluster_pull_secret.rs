@@ -6,6 +6,7 @@
 //! - The admin's `plan` reads the secret and plans the private image; `--no-pull-secret` turns that off.
 //! - The viewer's `plan` says it could not read the secret and what to grant, then refuses the image for
 //!   want of credentials (exit 2); with the optional Role `pinboard-pull-secret` bound, it plans.
+//! - With `PINBOARD_LOG=debug`, the secret's password appears in no output.
 
 mod support;
 
@@ -25,9 +26,15 @@ const PASSWORD: &str = "pull-secret-pass-5eb1";
 
 async fn plan(home: &Path, args: Vec<String>) -> Run {
     let home = home.to_owned();
-    tokio::task::spawn_blocking(move || pinboard_with(args, isolated(&home)))
-        .await
-        .unwrap()
+    tokio::task::spawn_blocking(move || {
+        pinboard_with(args, |command| {
+            isolated(&home)(command);
+            // Whatever kube and the registry client log must not hold the secret either.
+            command.env("PINBOARD_LOG", "debug");
+        })
+    })
+    .await
+    .unwrap()
 }
 
 fn explain(run: &Run) -> String {
