@@ -7,21 +7,27 @@
 //!   `apply` and `check` too (through the token service: TLS and bearer tokens together).
 //! - A registry that admits only clients with a certificate from the CA: refused with where `client.cert`
 //!   and `client.key` go, then planned and applied once they are there.
+//! - pinboard's registry client, as the blob cache uses it upstream, reads a blob whole from the TLS and
+//!   token registry ([`support::Lab::registry_client_with`]).
 
 mod support;
 
 use std::path::Path;
 
 use base64::Engine as _;
+use futures::StreamExt;
+use pinboard::backend::credentials::Credentials;
+use pinboard::model::mirror::Source;
 use serde_json::json;
+use sha2::Digest as _;
 use support::{
-    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, RegistrySetup, RegistryTls, Run,
-    TokenConfig, TokenUser, isolated, pinboard_with,
+    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup,
+    RegistryTls, Run, TokenConfig, TokenUser, isolated, pinboard_with,
 };
 
 const MI: u64 = 1 << 20;
 
-fn push(lab: &Lab, repo: &str, seed: u64) -> String {
+fn push(lab: &Lab, repo: &str, seed: u64) -> PushedImage {
     let spec = ImageSpec {
         layers: vec![LayerSpec {
             seed,
@@ -30,9 +36,7 @@ fn push(lab: &Lab, repo: &str, seed: u64) -> String {
         }],
         ..ImageSpec::default()
     };
-    lab.push_image(repo, &spec)
-        .expect("push")
-        .reference(&lab.proxy_host())
+    lab.push_image(repo, &spec).expect("push")
 }
 
 /// `pinboard COMMAND` on every node of the lab for `image`, in an isolated HOME, with `extra` arguments and
@@ -83,16 +87,14 @@ fn a_registry_signed_by_a_site_ca_is_used_once_its_ca_is_where_containers_look()
     )
     .expect("lab starts");
     let proxy = lab.proxy_host();
-    let image = push(&lab, "private/app", 1301);
+    let pushed = push(&lab, "private/app", 1301);
+    let image = pushed.reference(&proxy);
     let ca = lab.pki().unwrap().ca.clone();
     let home = tempfile::tempdir().unwrap();
     let authfile = home.path().join("auth.json");
     let encoded = base64::engine::general_purpose::STANDARD.encode("alice:alice-pass");
-    std::fs::write(
-        &authfile,
-        json!({"auths": {(proxy.clone()): {"auth": encoded}}}).to_string(),
-    )
-    .unwrap();
+    let auth = json!({"auths": {(proxy.clone()): {"auth": encoded}}}).to_string();
+    std::fs::write(&authfile, &auth).unwrap();
     let authfile = authfile.display().to_string();
     let certs = home.path().join("certs");
     std::fs::create_dir_all(&certs).unwrap();
@@ -153,6 +155,30 @@ fn a_registry_signed_by_a_site_ca_is_used_once_its_ca_is_where_containers_look()
         );
     }
 
+    // pinboard's registry client as other parts build on it (the blob cache's upstream fetch): TLS with the
+    // site CA, a token for the user, a blob read whole and its digest right.
+    let client = lab.registry_client_with(Credentials::from_text("/lab/auth.json", &auth).unwrap());
+    let layer = &pushed.layers[0];
+    let source = Source::of(&image).unwrap();
+    let bytes = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let body = client
+            .blob(&source, &layer.digest, 0)
+            .await
+            .map_err(|f| f.error)
+            .unwrap();
+        assert_eq!(body.start, 0);
+        let chunks: Vec<_> = body.stream.collect().await;
+        chunks
+            .into_iter()
+            .flat_map(Result::unwrap)
+            .collect::<Vec<u8>>()
+    });
+    assert_eq!(bytes.len() as u64, layer.size);
+    assert_eq!(
+        format!("sha256:{:x}", sha2::Sha256::digest(&bytes)),
+        layer.digest
+    );
+
     // In the user's own certs.d, without --certs-dir.
     let user_home = tempfile::tempdir().unwrap();
     copy_into(
@@ -199,7 +225,7 @@ fn a_client_certificate_registry_works_once_client_cert_and_key_are_in_the_direc
     )
     .expect("lab starts");
     let proxy = lab.proxy_host();
-    let image = push(&lab, "internal/app", 1302);
+    let image = push(&lab, "internal/app", 1302).reference(&proxy);
     let pki = lab.pki().unwrap().clone();
     let home = tempfile::tempdir().unwrap();
     let certs = home.path().join("certs");

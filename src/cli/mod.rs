@@ -132,6 +132,9 @@ mod tests {
         "none",
         "--authfile",
         "auth.json",
+        "--certs-dir",
+        "/etc/pinboard/certs.d",
+        "--no-pull-secret",
         "--insecure-registry",
         "127.0.0.1:5000",
         "--registry-concurrency",
@@ -183,6 +186,11 @@ mod tests {
             assert_eq!(common.rollout.parallel, 3, "{command}");
             assert_eq!(common.limits.min_free, 1 << 30, "{command}");
             assert_eq!(common.registry.insecure_registries, ["127.0.0.1:5000"]);
+            assert_eq!(
+                common.registry.certs_dir.as_deref(),
+                Some(std::path::Path::new("/etc/pinboard/certs.d"))
+            );
+            assert!(common.registry.no_pull_secret);
             assert_eq!(common.cache.cache_max, 100 << 30, "{command}");
         }
         // The TUI without a subcommand takes it too.
