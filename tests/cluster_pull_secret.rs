@@ -126,7 +126,14 @@ async fn plan_reads_the_clusters_pull_secret_or_says_what_to_grant() {
     assert_eq!(admin_plan.code, 0, "{}", explain(&admin_plan));
     planned(&admin_plan);
     assert!(
-        !admin_plan.stderr.contains("warning"),
+        !admin_plan
+            .stderr
+            .contains("cannot use the cluster's pull secret"),
+        "{}",
+        explain(&admin_plan)
+    );
+    assert!(
+        admin_plan.stderr.contains("DEBUG"),
         "{}",
         explain(&admin_plan)
     );
