@@ -6,6 +6,7 @@
 //! - The admin's `plan` reads the secret and plans the private image; `--no-pull-secret` turns that off.
 //! - The viewer's `plan` says it could not read the secret and what to grant, then refuses the image for
 //!   want of credentials (exit 2); with the optional Role `pinboard-pull-secret` bound, it plans.
+//! - `pinboard release` reads a release payload kept behind the same credentials with the secret too.
 //! - With `PINBOARD_LOG=debug`, the secret's password appears in no output.
 
 mod support;
@@ -17,6 +18,7 @@ use serde_json::{Value, json};
 use support::cluster::{
     allowed, apply_rbac, bind_viewer, eventually, kubeconfig_with_viewer, openshift, pull_secret,
 };
+use support::release::ReleaseSpec;
 use support::{
     ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, RegistrySetup, Run, TokenConfig, TokenUser,
     isolated, pinboard_with,
@@ -76,6 +78,21 @@ async fn plan_reads_the_clusters_pull_secret_or_says_what_to_grant() {
         .push_image("release/operator", &spec)
         .unwrap()
         .reference(&proxy);
+    // A release payload behind the same credentials, naming the image as a component.
+    let payload = lab
+        .push_release(
+            "release/ocp-release",
+            "4.19.3-x86_64",
+            &ReleaseSpec {
+                version: "4.19.3".into(),
+                tags: vec![("operator".into(), "DockerImage".into(), image.clone())],
+                base_bytes: 64 << 10,
+                manifests_bytes: 4 << 10,
+            },
+        )
+        .unwrap()
+        .tag_reference
+        .replace(&lab.registry_host(), &proxy);
     let encoded = base64::engine::general_purpose::STANDARD.encode(format!("cluster:{PASSWORD}"));
     pull_secret(
         &admin,
@@ -138,6 +155,22 @@ async fn plan_reads_the_clusters_pull_secret_or_says_what_to_grant() {
         explain(&admin_plan)
     );
 
+    // `release` in cluster mode reads the payload with the secret: the set holds the component.
+    let mut release_args: Vec<String> = [
+        "release",
+        payload.as_str(),
+        "--context",
+        "lab",
+        "--kubeconfig",
+    ]
+    .map(String::from)
+    .to_vec();
+    release_args.push(kubeconfig.display().to_string());
+    release_args.extend(["--insecure-registry".into(), proxy.clone()]);
+    let release = plan(home.path(), release_args).await;
+    assert_eq!(release.code, 0, "{}", explain(&release));
+    assert!(release.stdout.contains(&image), "{}", explain(&release));
+
     // --no-pull-secret: only the (absent) auth files.
     let off = plan(home.path(), args("lab", &["--no-pull-secret"])).await;
     assert_eq!(off.code, 2, "{}", explain(&off));
@@ -194,7 +227,7 @@ async fn plan_reads_the_clusters_pull_secret_or_says_what_to_grant() {
     assert_eq!(granted.code, 0, "{}", explain(&granted));
     planned(&granted);
 
-    for run in [&admin_plan, &off, &refused, &granted] {
+    for run in [&admin_plan, &release, &off, &refused, &granted] {
         for secret in [PASSWORD, encoded.as_str()] {
             assert!(
                 !run.stdout.contains(secret) && !run.stderr.contains(secret),
