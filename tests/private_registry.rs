@@ -10,6 +10,9 @@
 //!   grant and the refresh-token grant, both by POST, as containerd sends them).
 //! - With `PINBOARD_LOG=debug`, neither the password, its base64, the identity token nor any token the
 //!   service issued appears in stdout or stderr.
+//! - A CRI-O node (the stand-in, taking credentials as CRI-O does: user and password only) pulls the image
+//!   the password opens; the one only an identity token opens fails, and the reason says that CRI-O takes
+//!   only a user name and password over CRI and where to put one.
 
 mod support;
 
@@ -17,6 +20,7 @@ use std::path::Path;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
+use support::crio::CrioStandIn;
 use support::{
     ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, RegistrySetup, Run, TokenConfig,
     TokenUser, isolated, pinboard_with,
@@ -26,6 +30,50 @@ const MI: u64 = 1 << 20;
 const USER: &str = "alice";
 const PASSWORD: &str = "alice-s3cret-pass";
 const IDENTITY_TOKEN: &str = "robot-identity-token-7f3a";
+
+#[test]
+#[ignore = "the CRI-O stand-in's process, started by tests/support/crio.rs"]
+fn crio_stand_in() {
+    support::crio::serve();
+}
+
+/// The lab's registry behind the token service: `alice` pulls `private/*` with a password, `robot` only
+/// `private/robot`, with an identity token; `public/*` is open.
+fn token_lab(name: &str, nodes: Vec<NodeSpec>) -> Lab {
+    let mut robot = TokenUser::new("robot", "robot-unused-password", &["private/robot"]);
+    robot.identity_token = Some(IDENTITY_TOKEN.into());
+    Lab::start(
+        name,
+        LabConfig {
+            nodes,
+            registry: RegistrySetup {
+                tokens: Some(TokenConfig {
+                    users: vec![TokenUser::new(USER, PASSWORD, &["private/*"]), robot],
+                    public: vec!["public/*".into()],
+                }),
+                ..RegistrySetup::default()
+            },
+            ..LabConfig::default()
+        },
+    )
+    .expect("lab starts")
+}
+
+/// An auth file for `host`: the password for the registry, the identity token for `private/robot`.
+fn auth_file(dir: &Path, host: &str) -> String {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    let path = dir.join("auth.json");
+    std::fs::write(
+        &path,
+        json!({"auths": {
+            host: {"auth": encoded},
+            (format!("{host}/private/robot")): {"identitytoken": IDENTITY_TOKEN},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    path.display().to_string()
+}
 
 fn image(lab: &Lab, repo: &str, seed: u64) -> String {
     let spec = ImageSpec {
@@ -57,26 +105,8 @@ fn run(home: &Path, args: &[String], env: &[(&str, &str)]) -> Run {
 
 #[test]
 fn private_images_are_planned_applied_and_pinned_with_the_auth_file_which_never_leaks() {
-    let mut robot = TokenUser::new("robot", "robot-unused-password", &["private/robot"]);
-    robot.identity_token = Some(IDENTITY_TOKEN.into());
-    let lab = Lab::start(
-        "private-registry",
-        LabConfig {
-            nodes: ["n1", "n2", "n3"]
-                .iter()
-                .map(|n| NodeSpec::new(n, 32 * MI))
-                .collect(),
-            registry: RegistrySetup {
-                tokens: Some(TokenConfig {
-                    users: vec![TokenUser::new(USER, PASSWORD, &["private/*"]), robot],
-                    public: vec!["public/*".into()],
-                }),
-                ..RegistrySetup::default()
-            },
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
+    let nodes = ["n1", "n2", "n3"].map(|n| NodeSpec::new(n, 32 * MI));
+    let lab = token_lab("private-registry", nodes.to_vec());
     let proxy = lab.proxy_host();
     let app = image(&lab, "private/app", 1201);
     let robot_image = image(&lab, "private/robot", 1202);
@@ -125,18 +155,8 @@ fn private_images_are_planned_applied_and_pinned_with_the_auth_file_which_never_
     assert!(denied.stdout.is_empty(), "{}", denied.stdout);
 
     // The auth file: a password for the registry, an identity token for one repository.
+    let authfile = auth_file(home.path(), &proxy);
     let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
-    let authfile = home.path().join("auth.json");
-    std::fs::write(
-        &authfile,
-        json!({"auths": {
-            (proxy.clone()): {"auth": encoded},
-            (format!("{proxy}/private/robot")): {"identitytoken": IDENTITY_TOKEN},
-        }})
-        .to_string(),
-    )
-    .unwrap();
-    let authfile = authfile.display().to_string();
     let debug = [("PINBOARD_LOG", "debug")];
 
     let plan = run(
@@ -237,4 +257,56 @@ fn private_images_are_planned_applied_and_pinned_with_the_auth_file_which_never_
             }
         }
     }
+}
+
+#[test]
+fn a_crio_node_pulls_with_the_password_and_is_told_what_it_cannot_use() {
+    let lab = token_lab("private-crio", Vec::new());
+    let host = lab.registry_host();
+    let app = image(&lab, "private/app", 1211).replace(&lab.proxy_host(), &host);
+    let robot = image(&lab, "private/robot", 1212).replace(&lab.proxy_host(), &host);
+    let crio = CrioStandIn::start("private-crio", "1.31.0", std::slice::from_ref(&host))
+        .expect("stand-in");
+    let home = tempfile::tempdir().unwrap();
+    let authfile = auth_file(home.path(), &host);
+    let mut args: Vec<String> = vec![
+        "apply".into(),
+        "--cri".into(),
+        format!("n1={}", crio.endpoint()),
+        "--crio-config-dir".into(),
+        crio.config_dir().display().to_string(),
+        "--crio-reload".into(),
+        format!("signal:{}", crio.pidfile().display()),
+        "--insecure-registry".into(),
+        host.clone(),
+        "--min-free".into(),
+        "1Mi".into(),
+        "--authfile".into(),
+        authfile,
+        "-o".into(),
+        "json".into(),
+    ];
+    for reference in [&app, &robot] {
+        args.extend(["--image".into(), reference.clone()]);
+    }
+    let applied = run(home.path(), &args, &[]);
+    assert_eq!(applied.code, 1, "{}{}", applied.stdout, applied.stderr);
+    let report: Value = serde_json::from_str(&applied.stdout).unwrap();
+    let n1 = &report["rollout"][0];
+    assert_eq!(n1["pulled"], 1, "the password opened private/app: {n1}");
+    let failed: Vec<&str> = n1["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(failed.len(), 1, "{n1}");
+    assert!(failed[0].starts_with(&robot), "{n1}");
+    assert!(
+        failed[0].contains(&format!(
+            "pinboard sent the identity token from entry \"{host}/private/robot\""
+        )) && failed[0].contains("but CRI-O takes only a user name and password from CRI"),
+        "{n1}"
+    );
+    assert!(!applied.stdout.contains(IDENTITY_TOKEN) && !applied.stderr.contains(IDENTITY_TOKEN));
 }

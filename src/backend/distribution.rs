@@ -46,8 +46,6 @@ pub struct Distribution {
 
 /// One registry: its client and what its `/v2/` asks for.
 pub struct Host {
-    /// `HOST[:PORT]` as image references spell it.
-    pub name: String,
     /// What certs.d gave it.
     pub tls: SiteTls,
     /// `https://endpoint` or `http://endpoint`.
@@ -221,7 +219,6 @@ impl Distribution {
             "registry pinged"
         );
         Ok(Arc::new(Host {
-            name: registry.to_string(),
             tls,
             base,
             http,

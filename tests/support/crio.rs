@@ -19,6 +19,10 @@
 //!   image is then recorded in its storage (`images.json`, re-read on every call as c/storage does, so a
 //!   test can also put an image there under any name, as a `podman pull` into the same storage would).
 //!   Sizes are the compressed ones (real CRI-O reports uncompressed sizes).
+//! - PullImage's credentials are taken as CRI-O takes them: the user and password (`username` and
+//!   `password`, or `auth` decoded), nothing else (`identity_token`, `registry_token` and `server_address`
+//!   are ignored). A registry that asks for a bearer token gets one from its realm by GET with those
+//!   credentials, as containers/image asks.
 //!
 //! It is a separate process, as CRI-O is: `--crio-reload signal:PIDFILE` reaches it as it reaches CRI-O,
 //! a SIGHUP to the pid its pidfile names, and a restart is a new process reading its files again. In one
@@ -44,11 +48,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use base64::Engine as _;
 use pinboard::backend::proto::cri::{
-    FilesystemIdentifier, FilesystemUsage, Image, ImageFsInfoRequest, ImageFsInfoResponse,
-    ImageStatusRequest, ImageStatusResponse, ListImagesRequest, ListImagesResponse,
-    PullImageRequest, PullImageResponse, RemoveImageRequest, RemoveImageResponse, RuntimeCondition,
-    RuntimeStatus, StatusRequest, StatusResponse, UInt64Value, VersionRequest, VersionResponse,
+    AuthConfig, FilesystemIdentifier, FilesystemUsage, Image, ImageFsInfoRequest,
+    ImageFsInfoResponse, ImageStatusRequest, ImageStatusResponse, ListImagesRequest,
+    ListImagesResponse, PullImageRequest, PullImageResponse, RemoveImageRequest,
+    RemoveImageResponse, RuntimeCondition, RuntimeStatus, StatusRequest, StatusResponse,
+    UInt64Value, VersionRequest, VersionResponse,
     image_service_server::{ImageService, ImageServiceServer},
     runtime_service_server::{RuntimeService, RuntimeServiceServer},
 };
@@ -537,8 +543,85 @@ const MANIFEST_TYPES: &str = "application/vnd.oci.image.manifest.v1+json, \
     application/vnd.docker.distribution.manifest.v2+json, \
     application/vnd.docker.distribution.manifest.list.v2+json";
 
-/// Pulls `image` from a registry of `registries`: (the stored image, the digest reference pulled).
-fn pull(registries: &[String], image: &str) -> Result<(Stored, String), String> {
+/// The user and password CRI-O takes from a PullImage's `AuthConfig`: `auth` (base64 `user:password`)
+/// when set, else `username` and `password`; no user, no credentials.
+fn crio_login(auth: Option<&AuthConfig>) -> Option<(String, String)> {
+    let auth = auth?;
+    let (user, password) = match auth.auth.as_str() {
+        "" => (auth.username.clone(), auth.password.clone()),
+        encoded => {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .ok()?;
+            let text = String::from_utf8(decoded).ok()?;
+            let (user, password) = text.split_once(':')?;
+            (user.to_owned(), password.trim_end_matches('\0').to_owned())
+        }
+    };
+    (!user.is_empty()).then_some((user, password))
+}
+
+/// What answers a registry's 401: `Authorization` for the retry, from its `WWW-Authenticate` challenge
+/// (`Basic`, or `Bearer realm=…,service=…`: a token by GET from the realm, with `login` when given).
+fn authorize(
+    agent: &ureq::Agent,
+    challenge: &str,
+    repo: &str,
+    login: Option<&(String, String)>,
+) -> Result<String, String> {
+    let basic = |(user, password): &(String, String)| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let param = |name: &str| {
+        let start = challenge.find(&format!("{name}=\""))? + name.len() + 2;
+        let end = challenge[start..].find('"')? + start;
+        Some(challenge[start..end].to_owned())
+    };
+    if challenge.to_ascii_lowercase().starts_with("basic") {
+        return login
+            .map(basic)
+            .ok_or_else(|| "authentication required".to_owned());
+    }
+    let realm = param("realm").ok_or_else(|| format!("unreadable challenge {challenge:?}"))?;
+    let mut request = agent
+        .get(&realm)
+        .query("scope", format!("repository:{repo}:pull"));
+    if let Some(service) = param("service") {
+        request = request.query("service", service);
+    }
+    if let Some(login) = login {
+        request = request.header("Authorization", basic(login));
+    }
+    let mut response = request.call().map_err(|e| format!("{realm}: {e}"))?;
+    if response.status() != 200 {
+        return Err(format!(
+            "requesting bearer token: invalid status code from registry {} (Unauthorized)",
+            response.status().as_u16()
+        ));
+    }
+    let body = response
+        .body_mut()
+        .read_to_vec()
+        .map_err(|e| format!("{realm}: {e}"))?;
+    let answer: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| format!("{realm}: {e}"))?;
+    let token = answer["token"]
+        .as_str()
+        .or(answer["access_token"].as_str())
+        .ok_or("the token service sent no token")?;
+    Ok(format!("Bearer {token}"))
+}
+
+/// Pulls `image` from a registry of `registries` with `login`: (the stored image, the digest reference
+/// pulled).
+fn pull(
+    registries: &[String],
+    image: &str,
+    login: Option<(String, String)>,
+) -> Result<(Stored, String), String> {
     let source = |cause: String| format!("initializing source docker://{image}: {cause}");
     let (host, rest) = image
         .split_once('/')
@@ -556,13 +639,28 @@ fn pull(registries: &[String], image: &str) -> Result<(Stored, String), String> 
         )));
     }
     let agent = http::agent();
+    let authorization = std::cell::RefCell::new(None::<String>);
     let get = |path: &str, accept: &str| -> Result<Vec<u8>, String> {
         let url = format!("http://{host}/v2/{repo}/{path}");
-        let mut response = agent
-            .get(&url)
-            .header("Accept", accept)
-            .call()
-            .map_err(|e| format!("{url}: {e}"))?;
+        let send = |authorization: Option<&String>| {
+            let mut request = agent.get(&url).header("Accept", accept);
+            if let Some(value) = authorization {
+                request = request.header("Authorization", value);
+            }
+            request.call().map_err(|e| format!("{url}: {e}"))
+        };
+        let mut response = send(authorization.borrow().as_ref())?;
+        if response.status() == 401 {
+            let challenge = response
+                .headers()
+                .get("WWW-Authenticate")
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let value = authorize(&agent, &challenge, repo, login.as_ref())?;
+            response = send(Some(&value))?;
+            *authorization.borrow_mut() = Some(value);
+        }
         match response.status().as_u16() {
             200 => response
                 .body_mut()
@@ -570,6 +668,9 @@ fn pull(registries: &[String], image: &str) -> Result<(Stored, String), String> 
                 .map_err(|e| format!("{url}: {e}")),
             404 if path.starts_with("manifests/") => Err(source(format!(
                 "reading manifest {reference} in {host}/{repo}: manifest unknown"
+            ))),
+            401 | 403 => Err(source(format!(
+                "reading manifest {reference} in {host}/{repo}: unauthorized: authentication required"
             ))),
             status => Err(format!("{url}: {status}")),
         }
@@ -698,13 +799,11 @@ impl ImageService for Shared {
     ) -> Result<Response<PullImageResponse>, Status> {
         let state = self.0.clone();
         state.count("PullImage");
-        let image = request
-            .into_inner()
-            .image
-            .map(|i| i.image)
-            .unwrap_or_default();
+        let request = request.into_inner();
+        let login = crio_login(request.auth.as_ref());
+        let image = request.image.map(|i| i.image).unwrap_or_default();
         let registries = state.settings.registries.clone();
-        let pulled = tokio::task::spawn_blocking(move || pull(&registries, &image))
+        let pulled = tokio::task::spawn_blocking(move || pull(&registries, &image, login))
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
         let (stored, image_ref) = pulled.map_err(Status::unknown)?;
