@@ -205,21 +205,16 @@ fn pull_lab(name: &str, version: &str, count: u64) -> (Lab, CrioStandIn, Vec<Str
 
 /// `apply -o json` onto the stand-in, reloading it through its pidfile.
 fn apply(lab: &Lab, crio: &CrioStandIn, images: &[String]) -> (Run, serde_json::Value) {
-    let mut args = vec![
-        "apply".to_string(),
-        "--cri".into(),
-        format!("n1={}", crio.endpoint()),
-        "--crio-config-dir".into(),
-        crio.config_dir().display().to_string(),
-        "--crio-reload".into(),
-        format!("signal:{}", crio.pidfile().display()),
+    let mut args = vec!["apply".to_string()];
+    args.extend(crio.node_args("n1"));
+    args.extend([
         "--insecure-registry".into(),
         lab.registry_host(),
         "--min-free".into(),
         "1Mi".into(),
         "-o".into(),
         "json".into(),
-    ];
+    ]);
     for image in images {
         args.extend(["--image".into(), image.clone()]);
     }

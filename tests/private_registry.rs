@@ -269,23 +269,21 @@ fn a_crio_node_pulls_with_the_password_and_is_told_what_it_cannot_use() {
         .expect("stand-in");
     let home = tempfile::tempdir().unwrap();
     let authfile = auth_file(home.path(), &host);
-    let mut args: Vec<String> = vec![
-        "apply".into(),
-        "--cri".into(),
-        format!("n1={}", crio.endpoint()),
-        "--crio-config-dir".into(),
-        crio.config_dir().display().to_string(),
-        "--crio-reload".into(),
-        format!("signal:{}", crio.pidfile().display()),
-        "--insecure-registry".into(),
-        host.clone(),
-        "--min-free".into(),
-        "1Mi".into(),
-        "--authfile".into(),
-        authfile,
-        "-o".into(),
-        "json".into(),
-    ];
+    let mut args = vec!["apply".to_string()];
+    args.extend(crio.node_args("n1"));
+    args.extend(
+        [
+            "--insecure-registry",
+            &host,
+            "--min-free",
+            "1Mi",
+            "--authfile",
+            &authfile,
+            "-o",
+            "json",
+        ]
+        .map(String::from),
+    );
     for reference in [&app, &robot] {
         args.extend(["--image".into(), reference.clone()]);
     }

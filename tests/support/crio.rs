@@ -200,6 +200,19 @@ impl CrioStandIn {
         &self.settings.pidfile
     }
 
+    /// pinboard's arguments for this stand-in as node `name`: its endpoint, its drop-in directory, and its
+    /// reload through its pidfile.
+    pub fn node_args(&self, name: &str) -> Vec<String> {
+        vec![
+            "--cri".into(),
+            format!("{name}={}", self.endpoint()),
+            "--crio-config-dir".into(),
+            self.config_dir().display().to_string(),
+            "--crio-reload".into(),
+            format!("signal:{}", self.pidfile().display()),
+        ]
+    }
+
     /// Puts an image known by `names` into the stand-in's storage, as a `podman pull` into the same
     /// storage would; returns its id.
     pub fn store(&self, names: &[&str]) -> Result<String> {
