@@ -34,6 +34,7 @@ use pinboard::backend::credentials::Credentials;
 use pinboard::backend::node::DirectNode;
 use pinboard::backend::pins::PinTarget;
 use pinboard::engine::{self, EngineConfig, NodeJob};
+use pinboard::model::holders::holders_of;
 use pinboard::model::image::Platform;
 use pinboard::model::plan::Limits;
 use pinboard::model::rollout::NodeState;
@@ -235,6 +236,7 @@ fn pinboard_run(lab: &Lab, references: &[String]) -> Run {
         )
         .await
         .unwrap_or_else(|e| panic!("survey: {}", pinboard::error::Failure::from(e)));
+        let holders = Arc::new(holders_of(&sets));
         let jobs = nodes
             .into_iter()
             .zip(planned.nodes)
@@ -242,6 +244,7 @@ fn pinboard_run(lab: &Lab, references: &[String]) -> Run {
                 node,
                 plan,
                 pin: PinTarget::ContainerdLabel,
+                holders: Arc::clone(&holders),
             })
             .collect();
         let engine = engine::start(

@@ -13,7 +13,7 @@
 //! restart` then).
 //! Operators can cancel and retry single pulls while it runs ([`Control`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +27,7 @@ use crate::backend::node::DirectNode;
 use crate::backend::pins::{self, PinTarget, Reload, connect_resolved, resolve};
 use crate::backend::progress::{self, Tracker};
 use crate::model::crio::{ReloadPins, Unpinned, explain_unpinned};
+use crate::model::holders::{Holder, Holders, PinChange, Release};
 use crate::model::image::ImageFacts;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::ImageRef;
@@ -85,13 +86,14 @@ impl EngineConfig {
     }
 }
 
-/// One node to roll out: where it is, its plan from the survey (verdict and images, in order), and how to
-/// pin.
+/// One node to roll out: where it is, its plan from the survey (verdict and images, in order), how to
+/// pin, and which sets hold each image's pin ([`crate::model::holders::holders_of`]).
 #[derive(Clone, Debug)]
 pub struct NodeJob {
     pub node: DirectNode,
     pub plan: NodePlan,
     pub pin: PinTarget,
+    pub holders: Arc<BTreeMap<String, BTreeSet<String>>>,
 }
 
 /// What an operator can do while the engine runs.
@@ -323,7 +325,14 @@ async fn run_node(job: NodeJob, shared: Arc<Shared>, mut control: UnboundedRecei
         node.status.insert(image.clone(), Status::Queued);
     }
     if node.pull_all(&mut control).await {
-        node.pin(job.pin, order).await;
+        let holds = order
+            .into_iter()
+            .map(|image| {
+                let sets = job.holders.get(&image).cloned().unwrap_or_default();
+                (image, sets)
+            })
+            .collect();
+        node.pin(job.pin, holds).await;
     }
 }
 
@@ -610,17 +619,17 @@ impl NodeRun {
         }
     }
 
-    /// Writes and verifies the pins for every image of the plan (all present now).
-    async fn pin(&self, target: PinTarget, images: Vec<String>) {
+    /// Writes and verifies the pins for every image of the plan (all present now), each held by its sets.
+    async fn pin(&self, target: PinTarget, holds: BTreeMap<String, BTreeSet<String>>) {
         let outcome = match resolve(target, &self.runtime_name, &self.client) {
             Ok(PinTarget::CrioDropIn { config_dir, reload }) => self
-                .drop_in(config_dir, reload, &images)
+                .drop_in(config_dir, reload, holds)
                 .await
                 .map(|confirmed| (PinMethod::CrioDropIn, confirmed)),
-            Ok(_) => self
-                .label(&images)
+            Ok(_) => pins::hold_containerd(&self.client, &holds)
                 .await
-                .map(|confirmed| (PinMethod::ContainerdLabel, confirmed)),
+                .map(|held| (PinMethod::ContainerdLabel, held.confirmed))
+                .map_err(|e| format!("labelling: {e}")),
             Err(e) => Err(e),
         };
         let at = Instant::now();
@@ -636,36 +645,34 @@ impl NodeRun {
         });
     }
 
-    /// Labels every image; whether CRI confirms them all.
-    async fn label(&self, images: &[String]) -> Result<bool, String> {
-        let mut confirmed = true;
-        for image in images {
-            let labelled = pins::label_containerd(&self.client, image, true)
-                .await
-                .map_err(|e| format!("labelling {image}: {e}"))?;
-            confirmed &= labelled.confirmed;
-        }
-        Ok(confirmed)
-    }
-
-    /// Adds `images` to the drop-in, reloads CRI-O, and asks the runtime whether they are pinned now:
-    /// true when it confirms, false when it cannot say; an error naming the cause and the fix when it
-    /// reports them not pinned.
+    /// Holds the images in the drop-in for their sets, reloads CRI-O, and asks the runtime whether they are
+    /// pinned now: true when it confirms, false when it cannot say; an error naming the cause and the fix
+    /// when it reports them not pinned.
     async fn drop_in(
         &self,
         dir: PathBuf,
         reload: Reload,
-        images: &[String],
+        holds: BTreeMap<String, BTreeSet<String>>,
     ) -> Result<bool, String> {
-        let pins = images.to_vec();
+        let images: Vec<String> = holds.keys().cloned().collect();
+        let images = images.as_slice();
         let config_dir = dir.clone();
         let changed = tokio::task::spawn_blocking(move || {
-            // Added to what is pinned already: applying one set must not unpin another.
-            let mut all = pins::read_crio_pins(&config_dir)?;
-            all.extend(pins.iter().cloned());
-            let changed = pins::write_crio_pins(&config_dir, &all)?;
-            let back = pins::read_crio_pins(&config_dir)?;
-            let missing: Vec<String> = pins.into_iter().filter(|p| !back.contains(p)).collect();
+            // Added to what holds them already: applying one set must not unpin another.
+            let changed = pins::hold_crio_pins(&config_dir, &holds)?;
+            let back = pins::read_drop_in(&config_dir)?;
+            let missing: Vec<String> = holds
+                .into_iter()
+                .filter(|(image, sets)| {
+                    !back.iter().any(|e| {
+                        e.pattern == *image
+                            && sets
+                                .iter()
+                                .all(|s| e.holders.contains(&Holder::Set(s.clone())))
+                    })
+                })
+                .map(|(image, _)| image)
+                .collect();
             Ok::<_, pins::PinError>((changed, missing))
         })
         .await
@@ -673,7 +680,7 @@ impl NodeRun {
         let (changed, missing) = changed.map_err(|e| e.to_string())?;
         if !missing.is_empty() {
             return Err(format!(
-                "the CRI-O drop-in does not list {} after writing it",
+                "the CRI-O drop-in does not list {} for its sets after writing it",
                 missing.join(", ")
             ));
         }
@@ -769,18 +776,26 @@ impl NodeRun {
     }
 }
 
-/// Unpins `images` on one node: CRI-O's drop-in loses those entries (rewritten only if it changes, then
-/// CRI-O is reloaded; an empty list removes the file), containerd's records lose the pin label. Images
-/// are never deleted. Returns what was done, for the operator.
+/// What unpinning did on one node: each pin it released a holder of or was asked about, and, on a CRI-O
+/// whose reload ignores removals, that the pins stay until it restarts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeUnpinned {
+    pub changes: Vec<PinChange>,
+    pub note: Option<String>,
+}
+
+/// Unpins on one node what `release` releases: CRI-O's drop-in entries lose those holders and an entry
+/// goes with its last one (rewritten only if it changes, then CRI-O is reloaded; no entry left removes the
+/// key, and the file when nothing else is in it), containerd's records lose those holder labels and the
+/// pin label with the last one. An administrator's entries stay; images are never deleted.
 pub async fn unpin(
     node: &DirectNode,
     target: PinTarget,
-    images: &[String],
-) -> Result<String, String> {
+    release: &Release,
+) -> Result<NodeUnpinned, String> {
     let (client, pin) = connect_resolved(node, target, DEFAULT_TIMEOUT).await?;
     match pin {
         PinTarget::CrioDropIn { config_dir, reload } => {
-            let unpinned = images.to_vec();
             // A reload that ignores removals leaves them pinned until CRI-O restarts: say so.
             let version = client.version().await.map_err(|e| e.to_string())?;
             let kept_until_restart =
@@ -788,41 +803,63 @@ pub async fn unpin(
                     .and_then(|r| r.crio_version())
                     .and_then(|v| ReloadPins::of(v).removal_note())
                     .filter(|_| reload != Reload::Restart);
-            let removed = tokio::task::spawn_blocking(move || {
-                let before = pins::read_crio_pins(&config_dir)?;
-                let kept: Vec<String> = before
-                    .iter()
-                    .filter(|p| !unpinned.contains(p))
-                    .cloned()
-                    .collect();
-                if pins::write_crio_pins(&config_dir, &kept)? {
+            let release = release.clone();
+            let changes = tokio::task::spawn_blocking(move || {
+                let (changed, changes) = pins::release_crio_pins(&config_dir, &release)?;
+                if changed {
                     pins::reload_crio(&reload)?;
                 }
-                Ok::<_, pins::PinError>(before.len() - kept.len())
+                Ok::<_, pins::PinError>(changes)
             })
             .await
             .map_err(|e| format!("rewriting the CRI-O drop-in: {e}"))?
             .map_err(|e| e.to_string())?;
-            let done = format!("{removed} pin(s) removed from the CRI-O drop-in");
-            Ok(match kept_until_restart {
-                Some(note) if removed > 0 => format!("{done}; {note}"),
-                _ => done,
+            let removed = changes.iter().any(PinChange::removed);
+            Ok(NodeUnpinned {
+                changes,
+                note: kept_until_restart.filter(|_| removed).map(str::to_string),
             })
         }
-        _ => {
-            let mut removed = 0;
-            for image in images {
-                // An image the node no longer has carries no label to remove.
-                if matches!(client.image_status(image).await, Ok(Some(_))) {
-                    pins::label_containerd(&client, image, false)
-                        .await
-                        .map_err(|e| format!("unlabelling {image}: {e}"))?;
-                    removed += 1;
-                }
-            }
-            Ok(format!("pin label removed from {removed} image(s)"))
-        }
+        _ => Ok(NodeUnpinned {
+            changes: pins::release_containerd(&client, release)
+                .await
+                .map_err(|e| format!("unlabelling: {e}"))?,
+            note: None,
+        }),
     }
+}
+
+/// The sets that hold some pin on one node, as its record says (drop-in marks, holder labels).
+pub async fn sets_holding(
+    node: &DirectNode,
+    target: PinTarget,
+) -> Result<BTreeSet<String>, String> {
+    let (client, pin) = connect_resolved(node, target, DEFAULT_TIMEOUT).await?;
+    let holders: Vec<Holders> = match pin {
+        PinTarget::CrioDropIn { config_dir, .. } => {
+            tokio::task::spawn_blocking(move || pins::read_drop_in(&config_dir))
+                .await
+                .map_err(|e| format!("reading the CRI-O drop-in: {e}"))?
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|e| e.holders)
+                .collect()
+        }
+        _ => pins::containerd_images(&client)
+            .await
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(pins::ContainerdImage::holders)
+            .collect(),
+    };
+    Ok(holders
+        .into_iter()
+        .flatten()
+        .filter_map(|h| match h {
+            Holder::Set(name) => Some(name),
+            _ => None,
+        })
+        .collect())
 }
 
 /// Pulls one image with retries; every success is confirmed with ImageStatus. The image's registry
@@ -1069,6 +1106,7 @@ mod tests {
             },
             plan,
             pin: PinTarget::Detect,
+            holders: Arc::default(),
         }
     }
 

@@ -46,6 +46,8 @@ pub struct CommonArgs {
     pub limits: LimitArgs,
     #[command(flatten)]
     pub rollout: RolloutArgs,
+    #[command(flatten)]
+    pub unpin: UnpinArgs,
     /// Output format of the headless commands: table (`release`: yaml), json, yaml.
     #[arg(short, long, value_enum)]
     pub output: Option<Output>,
@@ -97,6 +99,18 @@ impl RolloutArgs {
     pub fn timeout_or(&self, default: Duration) -> Duration {
         self.timeout.unwrap_or(default)
     }
+}
+
+/// What `unpin` releases in direct mode besides the holds of the sets it names (README "unpin").
+#[derive(Args, Debug, Default)]
+pub struct UnpinArgs {
+    /// `unpin`: release every set's hold on the nodes; an administrator's entries and unowned pins stay.
+    #[arg(long)]
+    pub all_sets: bool,
+    /// `unpin`: also release the pins of the named sets' images that no set holds (pinned before pinboard
+    /// recorded holders, or by someone else).
+    #[arg(long)]
+    pub release_unowned: bool,
 }
 
 /// Which images: any mix of these, each set checked against the PinnedImageSet rules.
@@ -417,17 +431,13 @@ pub fn read_sets(input: &SetInput, required: bool) -> Result<Vec<ImageSet>, Fail
         }
     }
     for path in &input.images_files {
-        let name = path
-            .file_stem()
-            .map_or("images".into(), |s| s.to_string_lossy().into_owned());
         sets.push(set::parse_list(
             &read_file(path)?,
             &path.display().to_string(),
-            &name,
         ));
     }
     if !input.images.is_empty() {
-        sets.push(set::from_flags("command-line", &input.images));
+        sets.push(set::from_image_flags(&input.images));
     }
     if required && sets.is_empty() && problems.is_empty() && input.releases.is_empty() {
         return Err(Failure::bad_input(
@@ -533,6 +543,27 @@ pub fn release_note(resolved: &crate::release::Resolved, made: &ReleaseSets) -> 
         note.push_str(&format!("; excluded: {}", names.join(", ")));
     }
     note
+}
+
+/// Takes the `--set` values that are no file out of `input`, as the names of sets whose pins the nodes
+/// hold (direct-mode `unpin --set NAME`). A value that is neither a file nor a set name is a file that
+/// cannot be read.
+pub fn take_set_names(input: &mut SetInput) -> Result<Vec<String>, Failure> {
+    let (files, names): (Vec<PathBuf>, Vec<PathBuf>) =
+        input.sets.drain(..).partition(|p| p.is_file());
+    input.sets = files;
+    names
+        .into_iter()
+        .map(|path| {
+            let name = path.to_string_lossy().into_owned();
+            match set::name_problem(&name) {
+                None => Ok(name),
+                Some(_) => Err(Failure::bad_input(format!(
+                    "cannot read {name}: no such file, and it is not a set name either"
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// Whether kube's config inference would find something: KUBECONFIG, ~/.kube/config, or a pod's service

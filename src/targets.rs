@@ -15,6 +15,7 @@
 //! `--lazy-drop-in` and `--lazy-store`, then from the defaults.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -23,10 +24,14 @@ use crate::backend::lazy::LazyConfig;
 use crate::backend::node::{DirectNode, NodeTarget};
 use crate::backend::pins::{CRIO_CONFIG_DIR, PinTarget, Reload};
 use crate::engine::NodeJob;
+use crate::model::holders::holders_of;
 use crate::model::plan::NodePlan;
+use crate::model::set::ImageSet;
 
-/// The engine's jobs: each target with its plan from a survey of those targets, in the same order.
-pub fn jobs(targets: &[NodeTarget], plans: Vec<NodePlan>) -> Vec<NodeJob> {
+/// The engine's jobs: each target with its plan from a survey of those targets, in the same order, its
+/// images' pins held by the `sets` that list them.
+pub fn jobs(targets: &[NodeTarget], plans: Vec<NodePlan>, sets: &[ImageSet]) -> Vec<NodeJob> {
+    let holders = Arc::new(holders_of(sets));
     targets
         .iter()
         .zip(plans)
@@ -34,6 +39,7 @@ pub fn jobs(targets: &[NodeTarget], plans: Vec<NodePlan>) -> Vec<NodeJob> {
             node: t.node.clone(),
             plan,
             pin: t.pin.clone(),
+            holders: Arc::clone(&holders),
         })
         .collect()
 }

@@ -2,12 +2,13 @@
 //! drop-in (a nodes file with `pin: crio-drop-in`, a temporary config dir, no reload) next to one that pins
 //! with the containerd label. The lab's containerd 1.6.20 cannot report pins, so on the drop-in node the
 //! record decides: CRI-O's effective `pinned_images`, so an image is pinned there only when the files
-//! list it, an administrator's glob included. Unpinning keeps the images.
+//! list it, an administrator's glob included. Unpinning keeps the images, and releases only the named
+//! sets' holds: a pin another set holds stays, and so does an administrator's entry.
 
 mod support;
 
 use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
-use pinboard::model::readiness::{ImageReason, PinnedBy, Readiness};
+use pinboard::model::readiness::{ImageReason, NodesStatus, PinnedBy, Readiness};
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 
 const MI: u64 = 1 << 20;
@@ -114,15 +115,16 @@ fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
     assert_eq!(code, 0, "{stderr}");
     assert!(after.ready);
 
-    // The drop-in alone decides on n2: take one image out of it by hand.
-    std::fs::write(
-        crio.path().join(CRIO_DROP_IN),
-        format!(
-            "[crio]\n  [crio.image]\n    pinned_images = [\"{}\"]\n",
-            images[0]
-        ),
-    )
-    .unwrap();
+    // The drop-in alone decides on n2: take one image's line out of it by hand.
+    let drop_in = crio.path().join(CRIO_DROP_IN);
+    let text = std::fs::read_to_string(&drop_in).unwrap();
+    let edited: String = text
+        .lines()
+        .filter(|l| !l.contains(&images[1]))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(edited.lines().count() + 1, text.lines().count(), "{text}");
+    std::fs::write(&drop_in, edited).unwrap();
     let (code, edited, stderr) = readiness(&common);
     assert_eq!(code, 1);
     assert_eq!(edited.nodes[1].images[0].reason, None);
@@ -135,12 +137,26 @@ fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
         "{stderr}"
     );
 
-    // unpin: every node loses its pins, keeps its images.
-    let (code, stdout, stderr) = pinboard("unpin", &unpin_args, &[]);
+    // unpin: every node loses its pins, keeps its images. The set from --image flags has the same
+    // name as when it was applied: named after its images.
+    let (code, stdout, stderr) = pinboard("unpin", &unpin_args, &["-o", "json"]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let unpinned: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert!(
-        stdout.contains("pin label removed from 2 image(s)"),
-        "{stdout}"
+        unpinned["sets"][0]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("images-"),
+        "{unpinned}"
+    );
+    assert_eq!(
+        unpinned["nodes"][0]["unpinned"].as_array().unwrap().len(),
+        2
+    );
+    assert_eq!(
+        unpinned["nodes"][1]["unpinned"].as_array().unwrap().len(),
+        1,
+        "the entry taken out by hand was not there"
     );
     assert!(
         !crio.path().join(CRIO_DROP_IN).exists(),
@@ -175,4 +191,224 @@ fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
     let n2 = &globbed.nodes[1];
     assert!(n2.ready, "{n2:?}");
     assert_eq!(n2.pinned_by, Some(PinnedBy::Record));
+}
+
+/// A PinnedImageSet file named `name` listing `images`.
+fn set_file(dir: &std::path::Path, name: &str, images: &[&String]) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    let entries: String = images.iter().map(|i| format!("  - name: {i}\n")).collect();
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  \
+             name: {name}\nspec:\n  pinnedImages:\n{entries}"
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+/// How many rows of `unpin`'s table say an image lost its pin.
+fn unpinned_rows(table: &str) -> usize {
+    table
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("unpinned"))
+        .count()
+}
+
+/// Per node, each image's holders as `status -o json` lists them: `(sets, admin)`.
+fn held_by(common: &[String]) -> Vec<Vec<(Vec<String>, bool)>> {
+    let (code, stdout, stderr) = pinboard("status", common, &["-o", "json"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let status: NodesStatus = serde_json::from_str(&stdout).unwrap();
+    status
+        .nodes
+        .iter()
+        .map(|n| {
+            n.images
+                .iter()
+                .map(|i| {
+                    let held = i.held_by.clone().expect("heldBy in direct mode");
+                    (held.sets, held.admin)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn unpinning_one_set_keeps_the_pins_another_set_holds() {
+    let lab = Lab::start(
+        "apply-holders",
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 32 * MI), NodeSpec::new("n2", 32 * MI)],
+            apiserver: false,
+            ..LabConfig::default()
+        },
+    )
+    .expect("lab starts");
+    let [x, y, z, admins]: [String; 4] = ["x", "y", "z", "admins"].map(|name| {
+        let spec = ImageSpec {
+            layers: vec![LayerSpec {
+                seed: 900 + name.len() as u64 + name.as_bytes()[0] as u64,
+                bytes: 32 * 1024,
+                format: LayerFormat::Gzip,
+            }],
+            ..ImageSpec::default()
+        };
+        lab.push_image(&format!("holders/{name}"), &spec)
+            .expect("push")
+            .reference(&lab.registry_host())
+    });
+    let crio = tempfile::tempdir().unwrap();
+    let nodes_file = lab.dir().join("nodes.yaml");
+    std::fs::write(
+        &nodes_file,
+        format!(
+            "- name: n1\n  endpoint: {}\n- name: n2\n  endpoint: {}\n  pin: crio-drop-in\n  \
+             crioConfigDir: {}\n  crioReload: none\n",
+            lab.node("n1").endpoint(),
+            lab.node("n2").endpoint(),
+            crio.path().display()
+        ),
+    )
+    .unwrap();
+    let base: Vec<String> = [
+        "--nodes",
+        &nodes_file.display().to_string(),
+        "--insecure-registry",
+        &lab.registry_host(),
+        "--min-free",
+        "1Mi",
+    ]
+    .map(String::from)
+    .to_vec();
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter()
+            .cloned()
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect()
+    };
+    let a = set_file(lab.dir(), "set-a", &[&x, &y]);
+    let b = set_file(lab.dir(), "set-b", &[&y, &z]);
+    // The argument list an operator's script passes to apply, reused for unpin and check.
+    let (set_a, set_b) = (with(&["--set", &a]), with(&["--set", &b]));
+    let both = with(&["--set", &a, "--set", &b]);
+
+    for args in [&set_a, &set_b] {
+        let (code, stdout, stderr) = pinboard("apply", args, &[]);
+        assert_eq!(code, 0, "{stdout}\n{stderr}\nlab: {}", lab.dir().display());
+    }
+    // The administrator's own entry for an image of theirs, in pinboard's drop-in, without a mark.
+    lab.node("n2").pull(&admins).expect("ctr pull");
+    let drop_in = crio.path().join(CRIO_DROP_IN);
+    let text = std::fs::read_to_string(&drop_in).unwrap();
+    let admin_line = format!("      \"{admins}\",\n");
+    std::fs::write(
+        &drop_in,
+        text.replace(
+            "    pinned_images = [\n",
+            &format!("    pinned_images = [\n{admin_line}"),
+        ),
+    )
+    .unwrap();
+
+    // Who holds what, on both nodes: images in the order of the sets (x, y, z).
+    let sets = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    for node in held_by(&both) {
+        assert_eq!(
+            node,
+            [
+                (sets(&["set-a"]), false),
+                (sets(&["set-a", "set-b"]), false),
+                (sets(&["set-b"]), false)
+            ]
+        );
+    }
+
+    // unpin set-a: x loses its pin, y stays pinned for set-b, on both nodes; the output says so.
+    let (code, stdout, stderr) = pinboard("unpin", &set_a, &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with(&format!("set set-a ({a})\n")),
+        "{stdout}"
+    );
+    for node in ["n1", "n2"] {
+        let row = |image: &str, rest: &str| {
+            let short = &image[..image.find("@sha256:").unwrap() + 20];
+            stdout.lines().any(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells.len() > 2
+                    && cells[0] == node
+                    && cells[1].starts_with(short)
+                    && cells[2..].join(" ") == rest
+            })
+        };
+        assert!(row(&x, "unpinned -"), "{node}: x\n{stdout}");
+        assert!(row(&y, "stays pinned set-b"), "{node}: y\n{stdout}");
+    }
+    let (code, after_a, stderr) = readiness(&set_a);
+    assert_eq!(code, 1, "{stderr}");
+    for node in &after_a.nodes {
+        assert_eq!(
+            node.images[0].reason,
+            Some(ImageReason::NotPinned),
+            "{node:?}"
+        );
+        assert_eq!(node.images[1].reason, None, "y stays pinned: {node:?}");
+        assert_eq!(node.images[1].held_by.as_ref().unwrap().sets, ["set-b"]);
+    }
+    let (code, _, stderr) = readiness(&set_b);
+    assert_eq!(code, 0, "set-b is whole: {stderr}");
+
+    // unpin set-b: y and z go too; the administrator's entry stays, as written, and still pins.
+    let (code, stdout, stderr) = pinboard("unpin", &set_b, &["-o", "json"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (code, after_b, _) = readiness(&both);
+    assert_eq!(code, 1);
+    for node in &after_b.nodes {
+        assert!(
+            node.images
+                .iter()
+                .all(|i| i.present == Some(true) && i.pinned == Some(false)),
+            "{node:?}"
+        );
+    }
+    let text = std::fs::read_to_string(&drop_in).unwrap();
+    assert!(text.contains(&admin_line), "{text}");
+    assert_eq!(read_crio_pins(crio.path()).unwrap(), [admins.clone()]);
+    let (_, admin_view, _) = readiness(&with(&["--image", &admins]));
+    let n2 = &admin_view.nodes[1];
+    assert_eq!(n2.images[0].reason, None, "{n2:?}");
+    assert!(n2.images[0].held_by.as_ref().unwrap().admin);
+
+    // A set without a name is named after its images; that name unpins it, from any machine.
+    let list = lab.dir().join("list.txt");
+    std::fs::write(&list, format!("{x}\n")).unwrap();
+    let listed = with(&["--images-file", &list.display().to_string()]);
+    let (code, stdout, stderr) = pinboard("apply", &listed, &["-o", "json"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let applied: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let name = applied["sets"][0]["name"].as_str().unwrap().to_string();
+    assert!(name.starts_with("images-"), "{applied}");
+    assert_eq!(applied["sets"][0]["namedAfterImages"], true);
+    let (code, stdout, stderr) = pinboard("unpin", &with(&["--set", &name]), &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(unpinned_rows(&stdout), 2, "{stdout}");
+    let (code, _, stderr) = pinboard("unpin", &with(&["--set", "no-such-set"]), &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr
+            .contains("no-such-set: no such file, and no node holds a pin for a set of that name"),
+        "{stderr}"
+    );
+
+    // --all-sets releases every set's hold and nothing else.
+    for args in [&set_a, &listed] {
+        assert_eq!(pinboard("apply", args, &[]).0, 0);
+    }
+    let (code, stdout, stderr) = pinboard("unpin", &with(&["--all-sets"]), &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(unpinned_rows(&stdout), 4, "x and y on two nodes:\n{stdout}");
+    assert_eq!(read_crio_pins(crio.path()).unwrap(), [admins]);
 }

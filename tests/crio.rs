@@ -8,6 +8,7 @@
 //! - An administrator's glob pins the set; a later drop-in replaces it, and `check` names that file.
 //! - `apply` writes the drop-in, signals the pidfile's process and ends pinned as the runtime confirms; on
 //!   1.29.2 it ends not pinned, with the fix.
+//! - Unpinning one of two sets keeps, as CRI-O itself reports, the pins the other set holds.
 
 mod support;
 
@@ -205,7 +206,17 @@ fn pull_lab(name: &str, version: &str, count: u64) -> (Lab, CrioStandIn, Vec<Str
 
 /// `apply -o json` onto the stand-in, reloading it through its pidfile.
 fn apply(lab: &Lab, crio: &CrioStandIn, images: &[String]) -> (Run, serde_json::Value) {
-    let mut args = vec!["apply".to_string()];
+    run_json("apply", lab, crio, images)
+}
+
+/// `COMMAND -o json` onto the stand-in with apply's argument list, reloading it through its pidfile.
+fn run_json(
+    command: &str,
+    lab: &Lab,
+    crio: &CrioStandIn,
+    images: &[String],
+) -> (Run, serde_json::Value) {
+    let mut args = vec![command.to_string()];
     args.extend(crio.node_args("n1"));
     args.extend([
         "--insecure-registry".into(),
@@ -220,7 +231,7 @@ fn apply(lab: &Lab, crio: &CrioStandIn, images: &[String]) -> (Run, serde_json::
     }
     let run = pinboard(&args);
     let report = serde_json::from_str(&run.stdout)
-        .unwrap_or_else(|e| panic!("apply -o json ({e}): {}\n{}", run.stdout, run.stderr));
+        .unwrap_or_else(|e| panic!("{command} -o json ({e}): {}\n{}", run.stdout, run.stderr));
     (run, report)
 }
 
@@ -286,4 +297,40 @@ fn apply_onto_crio_1_29_2_ends_not_pinned_with_the_restart_as_the_fix() {
     let (run, _) = apply(&lab, &crio, &images);
     assert_eq!(run.code, 1);
     assert_eq!(crio.counts().reloads, 2);
+}
+
+#[test]
+fn unpinning_one_set_on_crio_1_31_keeps_what_crio_pins_for_the_other() {
+    let (lab, crio, images) = pull_lab("crio-unpin-holders", "1.31.0", 3);
+    // Two sets without a name, from --image flags: x, y and y, z.
+    let (a, b) = (&images[..2], &images[1..]);
+    for set in [a, b] {
+        let (run, report) = apply(&lab, &crio, set);
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        assert_eq!(report["rollout"][0]["confirmed"], true, "{report}");
+    }
+    assert!(reported(&crio, &images).iter().all(|&b| b == (true, true)));
+
+    // Unpinning the first, with the argument list that applied it: CRI-O itself still pins y and z.
+    let (run, report) = run_json("unpin", &lab, &crio, a);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(
+        report["nodes"][0]["unpinned"],
+        serde_json::json!([images[0]])
+    );
+    let b_name = &report["nodes"][0]["kept"][0]["heldBy"]["sets"][0];
+    assert_eq!(report["nodes"][0]["kept"][0]["ref"], images[1].as_str());
+    assert!(b_name.as_str().unwrap().starts_with("images-"), "{report}");
+    assert_eq!(
+        crio.counts().reloads,
+        3,
+        "two applies and one unpin, one SIGHUP each"
+    );
+    assert_eq!(
+        reported(&crio, &images),
+        [(false, false), (true, true), (true, true)],
+        "as CRI-O reports them after the reload"
+    );
+    let (run, _) = run_json("check", &lab, &crio, b);
+    assert_eq!(run.code, 0, "{}", run.stderr);
 }

@@ -16,9 +16,11 @@ use pinboard::backend::node::{DirectNode, observe};
 use pinboard::backend::pins::PinTarget;
 use pinboard::backend::pins::{CRIO_DROP_IN, Reload};
 use pinboard::engine::{self, Control, EngineConfig, NodeJob};
+use pinboard::model::holders::holders_of;
 use pinboard::model::image::{ImageFacts, Layer};
 use pinboard::model::plan::{Limits, PlannedImage, Verdict, plan_node};
 use pinboard::model::rollout::{Event, ImageState, NodeState, PinMethod, Rollout};
+use pinboard::model::set::from_flags;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage};
 
 const MI: u64 = 1 << 20;
@@ -125,6 +127,7 @@ async fn jobs(
             node: direct,
             plan,
             pin: pin(&node.name),
+            holders: Arc::new(holders_of(&[from_flags("engine", references)])),
         });
     }
     jobs
@@ -276,7 +279,7 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
                 id.is_some() || r == &refs[0],
                 "{node}: no id record for {r}"
             );
-            // Only the containerd-label node carries the label, on every record of the image.
+            // Only the containerd-label node carries the labels, on every record of the image.
             let labelled = node == "n1";
             for l in std::iter::once(line).chain(id) {
                 assert_eq!(
@@ -284,25 +287,37 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
                     labelled,
                     "{node}: {l}"
                 );
+                assert_eq!(
+                    l.contains("pinboard.dev/set.engine=engine"),
+                    labelled,
+                    "{node}: held by the set: {l}"
+                );
             }
         }
     }
     assert!(!lab.node("small").images_ls().contains("engine/"));
 
-    // The drop-in: the daemon's shape, sorted, the administrator's comment and pin kept; CRI-O told once.
-    // Added to the pins already there.
+    // The drop-in: sorted, one entry per line marked with the set holding it; the pin that was there
+    // before holders were recorded adopted as unowned, the administrator's comment kept; CRI-O told once.
     let mut sorted = refs.clone();
     sorted.push("old@sha256:0".into());
     sorted.sort();
     let expected = format!(
-        "# pinned for the 4.19 upgrade, see OPS-123\n[crio]\n  [crio.image]\n    pinned_images = [{}]\n",
+        "# pinned for the 4.19 upgrade, see OPS-123\n[crio]\n  [crio.image]\n    pinned_images = [\n{}    ]\n",
         sorted
             .iter()
-            .map(|r| format!("\"{r}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
+            .map(|r| match r.as_str() {
+                "old@sha256:0" => format!("      \"{r}\", # pinboard: (unowned)\n"),
+                _ => format!("      \"{r}\", # pinboard: engine\n"),
+            })
+            .collect::<String>()
     );
-    assert_eq!(std::fs::read_to_string(&drop_in).unwrap(), expected);
+    let written = std::fs::read_to_string(&drop_in).unwrap();
+    assert!(
+        written.starts_with("# pinboard marks each entry it pinned")
+            && written.ends_with(&expected),
+        "{written}"
+    );
     assert_eq!(
         HupRecorder::hups(&hup_log),
         1,

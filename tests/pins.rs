@@ -1,13 +1,18 @@
-//! Pinning on a real containerd (the lab's 1.6): the label `io.cri-containerd.pinned=pinned` is set on every
-//! image record of an image and removed again through containerd's images service, as `ctr` sees it; the
-//! image itself is never touched. containerd 1.6 does not report pins through CRI, so nothing is confirmed.
+//! Pinning on a real containerd (the lab's 1.6): the pin label `io.cri-containerd.pinned=pinned` and one
+//! holder label per set (`pinboard.dev/set.<name>=<name>`) are set on every image record of an image and
+//! removed again through containerd's images service, as `ctr` sees it: the pin goes with its last holder,
+//! and a pin someone else set stays unless it is released on purpose. The image itself is never touched.
+//! containerd 1.6 does not report pins through CRI, so nothing is confirmed. Then unpinning through the
+//! engine on containerd and on a CRI-O drop-in, with a reload only when the drop-in changed.
 
 mod support;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use pinboard::backend::cri::CriClient;
-use pinboard::backend::pins::{containerd_label, label_containerd};
+use pinboard::backend::pins::{hold_containerd, record_labels, release_containerd};
+use pinboard::model::holders::{Holder, Holders, Release, Sets};
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 
 const PINNED: &str = "io.cri-containerd.pinned=pinned";
@@ -21,8 +26,43 @@ fn records(lab: &Lab) -> Vec<String> {
         .collect()
 }
 
+/// The `ctr images ls` line of the record `name`.
+fn record(lab: &Lab, name: &str) -> String {
+    records(lab)
+        .into_iter()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no record {name}"))
+}
+
+fn holds(images: &[&str], sets: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
+    images
+        .iter()
+        .map(|i| (i.to_string(), sets.iter().map(|s| s.to_string()).collect()))
+        .collect()
+}
+
+fn release(sets: &[&str], images: &[&str], release_unowned: bool) -> Release {
+    Release {
+        sets: Sets::Named(sets.iter().map(|s| s.to_string()).collect()),
+        images: images.iter().map(|s| s.to_string()).collect(),
+        release_unowned,
+    }
+}
+
+fn image(lab: &Lab, repo: &str, seed: u64) -> support::PushedImage {
+    let spec = ImageSpec {
+        layers: vec![LayerSpec {
+            seed,
+            bytes: 128 << 10,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    lab.push_image(repo, &spec).expect("push")
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn the_pin_label_is_set_on_every_record_and_removed_again() {
+async fn each_set_holds_the_pin_by_a_label_and_the_pin_goes_with_the_last() {
     let lab = Lab::start(
         "pins-label",
         LabConfig {
@@ -32,15 +72,7 @@ async fn the_pin_label_is_set_on_every_record_and_removed_again() {
         },
     )
     .expect("the lab must start");
-    let spec = ImageSpec {
-        layers: vec![LayerSpec {
-            seed: 41,
-            bytes: 256 << 10,
-            format: LayerFormat::Gzip,
-        }],
-        ..ImageSpec::default()
-    };
-    let pushed = lab.push_image("pins/app", &spec).expect("push");
+    let pushed = image(&lab, "pins/app", 41);
     let reference = pushed.reference(&lab.registry_host());
     let client = CriClient::connect(
         &lab.node("n1").endpoint().parse().unwrap(),
@@ -54,38 +86,55 @@ async fn the_pin_label_is_set_on_every_record_and_removed_again() {
         .await
         .unwrap();
 
-    let pinned = label_containerd(&client, &reference, true).await.unwrap();
-    assert_eq!(
-        pinned.records,
-        [reference.clone(), pushed.config_digest.clone()]
-    );
+    let held = hold_containerd(&client, &holds(&[&reference], &["set-a", "set-b"]))
+        .await
+        .unwrap();
+    let mut names = held.records[0].clone();
+    names.sort();
+    let mut wanted = vec![reference.clone(), pushed.config_digest.clone()];
+    wanted.sort();
+    assert_eq!(names, wanted, "every record of the image");
     assert!(
-        !pinned.confirmed,
+        !held.confirmed,
         "containerd 1.6 does not report Image.pinned"
     );
-    for name in [&reference, &pushed.config_digest] {
-        assert_eq!(
-            containerd_label(&client, name).await.unwrap().as_deref(),
-            Some("pinned")
+    for name in &names {
+        let line = record(&lab, name);
+        for label in [
+            PINNED,
+            "pinboard.dev/set.set-a=set-a",
+            "pinboard.dev/set.set-b=set-b",
+        ] {
+            assert!(line.contains(label), "{label} missing: {line}");
+        }
+    }
+
+    // Releasing set-a keeps the pin for set-b, on every record.
+    let changes = release_containerd(&client, &release(&["set-a"], &[], false))
+        .await
+        .unwrap();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].pin, reference);
+    assert_eq!(
+        changes[0].after,
+        Holders::from([Holder::Set("set-b".into())])
+    );
+    for name in &names {
+        let line = record(&lab, name);
+        assert!(line.contains(PINNED) && !line.contains("set-a"), "{line}");
+    }
+    // The last holder takes the pin label with it; the image stays.
+    let changes = release_containerd(&client, &release(&["set-b"], &[], false))
+        .await
+        .unwrap();
+    assert!(changes[0].removed());
+    for name in &names {
+        let line = record(&lab, name);
+        assert!(
+            !line.contains(PINNED) && !line.contains("pinboard.dev"),
+            "{line}"
         );
     }
-    let listing = records(&lab);
-    let ours: Vec<&String> = listing
-        .iter()
-        .filter(|l| l.starts_with(&reference) || l.starts_with(&pushed.config_digest))
-        .collect();
-    assert_eq!(ours.len(), 2, "{listing:?}");
-    assert!(ours.iter().all(|l| l.contains(PINNED)), "{ours:?}");
-
-    // Pinning twice changes nothing; unpinning removes the label and keeps the image.
-    assert_eq!(
-        label_containerd(&client, &reference, true).await.unwrap(),
-        pinned
-    );
-    let unpinned = label_containerd(&client, &reference, false).await.unwrap();
-    assert_eq!(unpinned.records, pinned.records);
-    assert_eq!(containerd_label(&client, &reference).await.unwrap(), None);
-    assert!(!records(&lab).iter().any(|l| l.contains(PINNED)));
     assert!(
         client.image_status(&reference).await.unwrap().is_some(),
         "never deleted"
@@ -97,21 +146,79 @@ async fn the_pin_label_is_set_on_every_record_and_removed_again() {
         lab.registry_host(),
         "0".repeat(64)
     );
-    let err = label_containerd(&client, &missing, true)
+    let err = hold_containerd(&client, &holds(&[&missing], &["set-a"]))
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("is not on the node"), "{err}");
-    assert_eq!(containerd_label(&client, &missing).await.unwrap(), None);
+    assert_eq!(record_labels(&client, &missing).await.unwrap(), None);
 }
 
-/// Unpinning a set: containerd loses the label, the CRI-O drop-in loses exactly those entries (keeping an
-/// administrator's comment and another set's pin) and CRI-O is reloaded; every image stays on the node.
 #[tokio::test(flavor = "multi_thread")]
-async fn unpinning_removes_pins_and_keeps_images() {
+async fn a_pin_someone_else_set_is_adopted_and_stays_until_released_on_purpose() {
+    let lab = Lab::start(
+        "pins-adopt",
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 64 << 20)],
+            apiserver: false,
+            ..LabConfig::default()
+        },
+    )
+    .expect("the lab must start");
+    let reference = image(&lab, "pins/admin", 42).reference(&lab.registry_host());
+    // An administrator (or pinboard before holders) pinned it by hand.
+    lab.node("n1").pull(&reference).unwrap();
+    lab.node("n1").label(&reference, PINNED);
+    let client = CriClient::connect(
+        &lab.node("n1").endpoint().parse().unwrap(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+
+    // Releasing a set that does not hold it, even one that lists it: the pin stays, reported as unowned.
+    let changes = release_containerd(&client, &release(&["set-a"], &[&reference], false))
+        .await
+        .unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].after, Holders::from([Holder::Unowned]));
+    assert!(record(&lab, &reference).contains(PINNED));
+
+    // A set holds it too: the earlier pin is kept as unowned beside it, so releasing the set keeps it.
+    hold_containerd(&client, &holds(&[&reference], &["set-a"]))
+        .await
+        .unwrap();
+    let line = record(&lab, &reference);
+    assert!(
+        line.contains("pinboard.dev/unowned=adopted") && line.contains("pinboard.dev/set.set-a"),
+        "{line}"
+    );
+    release_containerd(&client, &release(&["set-a"], &[&reference], false))
+        .await
+        .unwrap();
+    let line = record(&lab, &reference);
+    assert!(line.contains(PINNED) && !line.contains("set-a"), "{line}");
+
+    // --release-unowned, for an image the command names, takes it; for others it does nothing.
+    let other = release_containerd(&client, &release(&[], &["quay.io/x@sha256:1"], true))
+        .await
+        .unwrap();
+    assert!(other.is_empty(), "{other:?}");
+    assert!(record(&lab, &reference).contains(PINNED));
+    let changes = release_containerd(&client, &release(&[], &[&reference], true))
+        .await
+        .unwrap();
+    assert!(changes[0].removed());
+    assert!(!record(&lab, &reference).contains(PINNED));
+}
+
+/// Unpinning a set through the engine: containerd loses its labels, the CRI-O drop-in loses exactly that
+/// set's entries (keeping an administrator's comment and another set's pin) and CRI-O is reloaded;
+/// every image stays on the node.
+#[tokio::test(flavor = "multi_thread")]
+async fn unpinning_releases_the_set_and_keeps_images() {
     use pinboard::backend::node::DirectNode;
-    use pinboard::backend::pins::PinTarget;
-    use pinboard::backend::pins::{Reload, read_crio_pins, write_crio_pins};
+    use pinboard::backend::pins::{PinTarget, Reload, hold_crio_pins, read_crio_pins};
     use pinboard::engine::unpin;
 
     let lab = Lab::start(
@@ -123,22 +230,11 @@ async fn unpinning_removes_pins_and_keeps_images() {
         },
     )
     .expect("the lab must start");
-    let spec = |seed| ImageSpec {
-        layers: vec![LayerSpec {
-            seed,
-            bytes: 128 << 10,
-            format: LayerFormat::Gzip,
-        }],
-        ..ImageSpec::default()
-    };
     let refs: Vec<String> = [51, 52]
         .iter()
-        .map(|&s| {
-            lab.push_image(&format!("unpin/app{s}"), &spec(s))
-                .unwrap()
-                .reference(&lab.registry_host())
-        })
+        .map(|&s| image(&lab, &format!("unpin/app{s}"), s).reference(&lab.registry_host()))
         .collect();
+    let refs_str: Vec<&str> = refs.iter().map(String::as_str).collect();
     let endpoint = lab.node("n1").endpoint().parse().unwrap();
     let client = CriClient::connect(&endpoint, Duration::from_secs(10))
         .await
@@ -148,17 +244,21 @@ async fn unpinning_removes_pins_and_keeps_images() {
             .pull_image(r, None, Duration::from_secs(30))
             .await
             .unwrap();
-        label_containerd(&client, r, true).await.unwrap();
     }
+    hold_containerd(&client, &holds(&refs_str, &["set-a"]))
+        .await
+        .unwrap();
     let node = DirectNode {
         name: "n1".into(),
         endpoint,
     };
+    let unpin_a = release(&["set-a"], &refs_str, false);
 
-    let done = unpin(&node, PinTarget::ContainerdLabel, &refs)
+    let done = unpin(&node, PinTarget::ContainerdLabel, &unpin_a)
         .await
         .unwrap();
-    assert_eq!(done, "pin label removed from 2 image(s)");
+    assert!(done.changes.iter().all(|c| c.removed()));
+    assert_eq!(done.changes.len(), 2);
     let listing = records(&lab);
     for r in &refs {
         let line = listing
@@ -172,9 +272,8 @@ async fn unpinning_removes_pins_and_keeps_images() {
     let dir = tempfile::tempdir().unwrap();
     let other =
         "quay.io/other/app@sha256:0000000000000000000000000000000000000000000000000000000000000000";
-    let mut all = refs.clone();
-    all.push(other.to_string());
-    write_crio_pins(dir.path(), &all).unwrap();
+    hold_crio_pins(dir.path(), &holds(&refs_str, &["set-a"])).unwrap();
+    hold_crio_pins(dir.path(), &holds(&[other], &["set-b"])).unwrap();
     let file = dir.path().join("50-pinned-images");
     let text = std::fs::read_to_string(&file).unwrap();
     std::fs::write(&file, format!("# pinned for the 4.19 upgrade\n{text}")).unwrap();
@@ -194,8 +293,8 @@ async fn unpinning_removes_pins_and_keeps_images() {
         reload: Reload::Signal { pidfile },
     };
 
-    let done = unpin(&node, target.clone(), &refs).await.unwrap();
-    assert_eq!(done, "2 pin(s) removed from the CRI-O drop-in");
+    let done = unpin(&node, target.clone(), &unpin_a).await.unwrap();
+    assert_eq!(done.changes.iter().filter(|c| c.removed()).count(), 2);
     assert_eq!(read_crio_pins(dir.path()).unwrap(), [other]);
     assert!(
         std::fs::read_to_string(&file)
@@ -214,10 +313,8 @@ async fn unpinning_removes_pins_and_keeps_images() {
     }
     // Nothing left to remove: the file is not rewritten and CRI-O is not reloaded again.
     let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&file).unwrap());
-    assert_eq!(
-        unpin(&node, target, &refs).await.unwrap(),
-        "0 pin(s) removed from the CRI-O drop-in"
-    );
+    let again = unpin(&node, target, &unpin_a).await.unwrap();
+    assert!(again.changes.is_empty(), "{:?}", again.changes);
     assert_eq!(
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&file).unwrap()),
         inode

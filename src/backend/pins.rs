@@ -1,16 +1,24 @@
-//! Writing pins on a node, the two ways runtimes enforce them:
+//! Writing pins on a node, the two ways runtimes enforce them, each with a record of which sets hold each
+//! pin ([`crate::model::holders`]) kept on the node itself, so any pinboard on any machine sees the same:
 //!
-//! - CRI-O: `pinned_images` in the drop-in `50-pinned-images`, in the exact shape the OpenShift daemon
-//!   writes, then a reload (CRI-O re-reads its config on SIGHUP) or a restart. The file is edited with
-//!   `toml_edit` so an administrator's comments and other keys survive, written atomically and only when
-//!   its content changes. What CRI-O makes of all its files together is read by [`read_crio_config`] and
-//!   judged by [`crate::model::crio`].
-//! - containerd: the label `io.cri-containerd.pinned=pinned` on every image record of the image, through
-//!   containerd's images service on the CRI socket. Unpinning removes the label; images are never deleted.
+//! - CRI-O: `pinned_images` in the one drop-in `50-pinned-images` (a second file would replace the array,
+//!   not add to it), then a reload (CRI-O re-reads its config on SIGHUP) or a restart. Each entry pinboard
+//!   holds carries a TOML comment after its comma, invisible to CRI-O: `"ref", # pinboard: set-a, set-b`
+//!   (`(unowned)` for a pin adopted from before holders were recorded). A note on top says the file is
+//!   marked; in a marked file an entry without a mark is the administrator's and is never removed. A file
+//!   without the note predates marks: its entries are unowned. The file is edited with `toml_edit`, one
+//!   entry per line so that each can carry its mark, keeping an administrator's comments and other keys,
+//!   written atomically and only when its content changes. What CRI-O makes of all its files together is
+//!   read by [`read_crio_config`] and judged by [`crate::model::crio`].
+//! - containerd: the label `io.cri-containerd.pinned=pinned` on every image record of the image, and one
+//!   label per holding set ([`set_label`]: `pinboard.dev/set.<name>=<name>`), through containerd's images
+//!   service on the CRI socket. The pin label stays while any holder does. A pin label without holder
+//!   labels is unowned; when a set holds such an image, `pinboard.dev/unowned=adopted` keeps it unowned
+//!   beside the set. Images are never deleted.
 //!
 //! Also the pieces `lazy.rs` shares: nested-table edits that keep formatting, and the atomic write.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, Write as _};
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
@@ -20,13 +28,17 @@ use std::time::Duration;
 
 use toml_edit::{Array, DocumentMut, Item, Table, TableLike, Value};
 
+use sha2::{Digest as _, Sha256};
+
 use super::cri::{CriClient, CriError};
 use super::node::DirectNode;
 use super::proto::containerd_images::{
-    GetImageRequest, Image as ContainerdImage, UpdateImageRequest, images_client::ImagesClient,
+    GetImageRequest, Image as ContainerdRecord, ListImagesRequest, UpdateImageRequest,
+    images_client::ImagesClient,
 };
 use super::proto::cri::Image;
 use crate::model::crio::{self, CrioConfig};
+use crate::model::holders::{CrioEntry, Holder, Holders, PinChange, Release};
 
 pub const CRIO_CONFIG_DIR: &str = "/etc/crio/crio.conf.d";
 /// The OpenShift daemon's file name: sorts after CRI-O's own drop-ins, before the administrator's `99-*`.
@@ -116,28 +128,349 @@ pub fn resolve(target: PinTarget, runtime: &str, client: &CriClient) -> Result<P
 // ---------------------------------------------------------------------------------------------------------
 // CRI-O drop-in
 
-/// The drop-in's new content for `pins` (sorted, de-duplicated), given its old content: `None` means the
-/// file should not exist (no pins). Pure, for previews; everything else in an old file is kept.
-pub fn crio_drop_in(old: Option<&str>, pins: &[String]) -> Result<Option<String>, String> {
-    let pins: BTreeSet<&str> = pins.iter().map(String::as_str).collect();
-    if pins.is_empty() {
-        return Ok(None);
-    }
-    let mut doc = parse(old)?;
-    let image = table_at(&mut doc, &["crio", "image"], Some("  "))?;
-    set_array(image, "pinned_images", pins, "    ");
-    Ok(Some(doc.to_string()))
+/// The first line of the note pinboard puts at the top of its drop-in. A drop-in without it was written
+/// before pinboard marked the entries it holds: its entries are then unowned, not the administrator's.
+const MARKED: &str =
+    "# pinboard marks each entry it pinned with the sets holding it: \"ref\", # pinboard: SET, ...";
+const HEADER: &str =
+    "# Entries without that mark are the administrator's; pinboard never removes them.\n";
+/// How the mark of an entry begins, and how an unowned holder is written in it (not a set name).
+const MARK: &str = "# pinboard:";
+const UNOWNED_MARK: &str = "(unowned)";
+
+/// The drop-in as pinboard edits it: the document, and each `pinned_images` entry with who holds it and the
+/// comments around it, so that a rewrite keeps them.
+struct DropIn {
+    doc: DocumentMut,
+    /// Written since pinboard marks its entries: an entry without a mark is the administrator's.
+    marked: bool,
+    entries: Vec<DropInEntry>,
+    /// Comment lines after the last entry, before `]`.
+    closing: Vec<String>,
 }
 
-/// The pins the drop-in in `config_dir` lists (empty when there is no file).
-pub fn read_crio_pins(config_dir: &Path) -> Result<Vec<String>, PinError> {
+struct DropInEntry {
+    /// As written (a literal or basic string).
+    value: Value,
+    entry: CrioEntry,
+    /// The comment after the entry that is not pinboard's mark.
+    comment: Option<String>,
+    /// Comment lines above the entry.
+    above: Vec<String>,
+}
+
+impl DropInEntry {
+    fn new(pattern: &str, holders: Holders) -> DropInEntry {
+        DropInEntry {
+            value: Value::from(pattern),
+            entry: CrioEntry {
+                pattern: pattern.to_string(),
+                holders,
+            },
+            comment: None,
+            above: Vec::new(),
+        }
+    }
+
+    fn is_admins(&self) -> bool {
+        self.entry.holders.contains(&Holder::Admin)
+    }
+
+    /// What follows the entry's comma: pinboard's mark, or the administrator's comment.
+    fn trailing(&self) -> Option<String> {
+        if self.is_admins() {
+            return self.comment.clone();
+        }
+        let names: Vec<&str> = self
+            .entry
+            .holders
+            .iter()
+            .map(|h| match h {
+                Holder::Set(name) => name.as_str(),
+                _ => UNOWNED_MARK,
+            })
+            .collect();
+        Some(format!("{MARK} {}", names.join(", ")))
+    }
+}
+
+/// The first line of `text`, and the lines after it.
+fn first_line(text: &str) -> (&str, &str) {
+    text.split_once('\n').unwrap_or((text, ""))
+}
+
+/// The comment on the first line of `text`, if any.
+fn comment_in(text: &str) -> Option<String> {
+    let (line, _) = first_line(text);
+    let line = line.trim();
+    line.starts_with('#').then(|| line.to_string())
+}
+
+/// Every comment line of `text`, trimmed.
+fn comment_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn decor_text(raw: Option<&toml_edit::RawString>) -> &str {
+    raw.and_then(toml_edit::RawString::as_str).unwrap_or("")
+}
+
+/// Who holds an entry, from the text after `# pinboard:`. An empty mark cannot be released by any set:
+/// unowned, never dropped.
+fn parse_mark(mark: &str) -> Holders {
+    let holders: Holders = mark
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| match n {
+            UNOWNED_MARK => Holder::Unowned,
+            name => Holder::Set(name.to_string()),
+        })
+        .collect();
+    if holders.is_empty() {
+        Holders::from([Holder::Unowned])
+    } else {
+        holders
+    }
+}
+
+impl DropIn {
+    /// Reads the drop-in's text (None: no file). toml_edit keeps the comment after an entry's comma in the
+    /// next entry's prefix, or, after the last entry, in the array's trailing text.
+    fn parse(old: Option<&str>) -> Result<DropIn, String> {
+        let doc = parse(old)?;
+        let marked = old.is_some_and(|text| text.lines().any(|l| l.trim_end() == MARKED));
+        let mut entries = Vec::new();
+        let mut closing = Vec::new();
+        if let Some(item) = doc
+            .get("crio")
+            .and_then(|c| c.get("image"))
+            .and_then(|i| i.get("pinned_images"))
+        {
+            let array = item
+                .as_array()
+                .ok_or("crio.image.pinned_images is not an array")?;
+            let values: Vec<&Value> = array.iter().collect();
+            let trailing = decor_text(Some(array.trailing()));
+            for (i, value) in values.iter().enumerate() {
+                let pattern = value.as_str().ok_or_else(|| {
+                    format!(
+                        "pinned_images entry {} is not a string",
+                        value.to_string().trim()
+                    )
+                })?;
+                let prefix = decor_text(value.decor().prefix());
+                let above = if i == 0 {
+                    comment_lines(prefix)
+                } else {
+                    comment_lines(first_line(prefix).1)
+                };
+                let after = values
+                    .get(i + 1)
+                    .map_or(trailing, |next| decor_text(next.decor().prefix()));
+                let comment =
+                    comment_in(after).or_else(|| comment_in(decor_text(value.decor().suffix())));
+                let (holders, comment) = match comment.as_deref().map(|c| c.strip_prefix(MARK)) {
+                    Some(Some(mark)) => (parse_mark(mark), None),
+                    _ if marked => (Holders::from([Holder::Admin]), comment),
+                    _ => (Holders::from([Holder::Unowned]), comment),
+                };
+                let mut value = (*value).clone();
+                value.decor_mut().clear();
+                entries.push(DropInEntry {
+                    value,
+                    entry: CrioEntry {
+                        pattern: pattern.to_string(),
+                        holders,
+                    },
+                    comment,
+                    above,
+                });
+            }
+            if !values.is_empty() {
+                closing = comment_lines(first_line(trailing).1);
+            }
+        }
+        Ok(DropIn {
+            doc,
+            marked,
+            entries,
+            closing,
+        })
+    }
+
+    /// The new text: entries sorted (stable, so an administrator's duplicate keeps its place), one per line
+    /// with its mark, comments kept; the note on top. None when no entry and nothing else is left.
+    fn render(mut self) -> Result<Option<String>, String> {
+        self.entries
+            .sort_by(|a, b| a.entry.pattern.cmp(&b.entry.pattern));
+        let image = table_at(&mut self.doc, &["crio", "image"], Some("  "))?;
+        if self.entries.is_empty() {
+            image.remove("pinned_images");
+            let anything_left = self.doc.iter().any(|(_, item)| has_values(item));
+            return Ok(anything_left.then(|| self.with_header()));
+        }
+        let indent = image
+            .key("pinned_images")
+            .and_then(|k| k.leaf_decor().prefix())
+            .map_or("    ", |p| {
+                let text = decor_text(Some(p));
+                &text[text.rfind('\n').map_or(0, |i| i + 1)..]
+            })
+            .to_string();
+        let inner = format!("{indent}  ");
+        let mut array = Array::new();
+        let mut after_previous = String::new();
+        for mut entry in std::mem::take(&mut self.entries) {
+            // A mark replaces a comment after the entry: the comment moves above it.
+            if !entry.is_admins()
+                && let Some(comment) = entry.comment.take()
+            {
+                entry.above.push(comment);
+            }
+            let mut prefix = format!("{after_previous}\n");
+            for line in &entry.above {
+                prefix.push_str(&format!("{inner}{line}\n"));
+            }
+            prefix.push_str(&inner);
+            after_previous = entry
+                .trailing()
+                .map_or_else(String::new, |t| format!(" {t}"));
+            let mut value = entry.value;
+            value.decor_mut().set_prefix(prefix);
+            array.push_formatted(value);
+        }
+        let mut trailing = format!("{after_previous}\n");
+        for line in &self.closing {
+            trailing.push_str(&format!("{inner}{line}\n"));
+        }
+        trailing.push_str(&indent);
+        array.set_trailing(trailing);
+        array.set_trailing_comma(true);
+        set_value(image, "pinned_images", Value::Array(array), &indent);
+        Ok(Some(self.with_header()))
+    }
+
+    fn with_header(&self) -> String {
+        let text = self.doc.to_string();
+        if self.marked {
+            text
+        } else {
+            format!("{MARKED}\n{HEADER}{text}")
+        }
+    }
+}
+
+/// Whether `item` sets anything (a table counts only for the keys under it).
+fn has_values(item: &Item) -> bool {
+    match item.as_table_like() {
+        Some(table) => table.iter().any(|(_, i)| has_values(i)),
+        None => !item.is_none(),
+    }
+}
+
+/// Every `pinned_images` entry of a drop-in's text, with who holds it.
+pub fn crio_entries(text: &str) -> Result<Vec<CrioEntry>, String> {
+    Ok(DropIn::parse(Some(text))?
+        .entries
+        .into_iter()
+        .map(|e| e.entry)
+        .collect())
+}
+
+/// The drop-in's new content once each image of `holds` is held by its sets (added to what holds it
+/// already; a new entry where pinboard has none for it), given its old content. Pure, for previews; an
+/// administrator's entries, comments and other keys are kept.
+pub fn hold_in_drop_in(
+    old: Option<&str>,
+    holds: &BTreeMap<String, BTreeSet<String>>,
+) -> Result<Option<String>, String> {
+    let mut drop_in = DropIn::parse(old)?;
+    for (image, sets) in holds {
+        let sets = sets.iter().map(|s| Holder::Set(s.clone()));
+        match drop_in
+            .entries
+            .iter_mut()
+            .find(|e| !e.is_admins() && e.entry.pattern == *image)
+        {
+            Some(entry) => entry.entry.holders.extend(sets),
+            None => drop_in
+                .entries
+                .push(DropInEntry::new(image, sets.collect())),
+        }
+    }
+    drop_in.render()
+}
+
+/// The drop-in's new content once `release` is applied to its entries (an entry goes with its last
+/// holder; the administrator's never go), and what it did to each entry it changed or was asked about.
+/// The text is unchanged when no holder is released.
+pub fn release_in_drop_in(
+    old: Option<&str>,
+    release: &Release,
+) -> Result<(Option<String>, Vec<PinChange>), String> {
+    let mut drop_in = DropIn::parse(old)?;
+    let mut changes = Vec::new();
+    for entry in &mut drop_in.entries {
+        let names = [entry.entry.pattern.clone()];
+        if let Some(change) = release.change(&entry.entry.pattern, &entry.entry.holders, &names) {
+            entry.entry.holders = change.after.clone();
+            changes.push(change);
+        }
+    }
+    if changes.iter().all(|c| c.before == c.after) {
+        return Ok((old.map(str::to_string), changes));
+    }
+    drop_in.entries.retain(|e| !e.entry.holders.is_empty());
+    Ok((drop_in.render()?, changes))
+}
+
+/// The entries of the drop-in in `config_dir`, with who holds them (none when there is no file).
+pub fn read_drop_in(config_dir: &Path) -> Result<Vec<CrioEntry>, PinError> {
     let path = config_dir.join(CRIO_DROP_IN);
-    let Some(text) = read_optional(&path)? else {
-        return Ok(Vec::new());
-    };
-    Ok(crio::pinned_images_in(&text)
-        .map_err(file_error(&path))?
-        .unwrap_or_default())
+    match read_optional(&path)? {
+        Some(text) => crio_entries(&text).map_err(file_error(&path)),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The patterns the drop-in in `config_dir` lists (empty when there is no file).
+pub fn read_crio_pins(config_dir: &Path) -> Result<Vec<String>, PinError> {
+    Ok(read_drop_in(config_dir)?
+        .into_iter()
+        .map(|e| e.pattern)
+        .collect())
+}
+
+/// Holds each image of `holds` by its sets in the drop-in in `config_dir`, written only when its content
+/// changes; returns whether it changed. Blocking: call from `spawn_blocking`.
+pub fn hold_crio_pins(
+    config_dir: &Path,
+    holds: &BTreeMap<String, BTreeSet<String>>,
+) -> Result<bool, PinError> {
+    let path = config_dir.join(CRIO_DROP_IN);
+    let old = read_optional(&path)?;
+    let new = hold_in_drop_in(old.as_deref(), holds).map_err(file_error(&path))?;
+    write_if_changed(&path, old.as_deref(), new.as_deref())
+}
+
+/// Applies `release` to the drop-in in `config_dir`, written only when its content changes; returns
+/// whether it changed and what happened to each entry concerned. Blocking: call from `spawn_blocking`.
+pub fn release_crio_pins(
+    config_dir: &Path,
+    release: &Release,
+) -> Result<(bool, Vec<PinChange>), PinError> {
+    let path = config_dir.join(CRIO_DROP_IN);
+    let old = read_optional(&path)?;
+    let (new, changes) = release_in_drop_in(old.as_deref(), release).map_err(file_error(&path))?;
+    Ok((
+        write_if_changed(&path, old.as_deref(), new.as_deref())?,
+        changes,
+    ))
 }
 
 /// CRI-O's main configuration file for a drop-in directory: `crio.conf` beside it, as in CRI-O's own
@@ -188,15 +521,6 @@ fn collect_files(dir: &Path, relative: &Path, out: &mut Vec<PathBuf>) -> Result<
         }
     }
     Ok(())
-}
-
-/// Writes the drop-in in `config_dir` for `pins` when its content changes; returns whether it changed.
-/// Blocking: call from `spawn_blocking`.
-pub fn write_crio_pins(config_dir: &Path, pins: &[String]) -> Result<bool, PinError> {
-    let path = config_dir.join(CRIO_DROP_IN);
-    let old = read_optional(&path)?;
-    let new = crio_drop_in(old.as_deref(), pins).map_err(file_error(&path))?;
-    write_if_changed(&path, old.as_deref(), new.as_deref())
 }
 
 /// How CRI-O is told to re-read its configuration.
@@ -266,107 +590,289 @@ fn namespaced<T>(message: T) -> tonic::Request<T> {
     request
 }
 
-/// What pinning one image on containerd did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Labelled {
-    /// The containerd image records changed (or already so).
-    pub records: Vec<String>,
-    /// Whether CRI reports the image pinned (containerd >= 1.7; 1.6 does not report it).
-    pub confirmed: bool,
+/// Where the holder labels of a set go: `pinboard.dev/set.<name>` while that stays within a Kubernetes
+/// label name's 63 characters (a set name is a DNS subdomain, so the key is a valid label key), else
+/// `pinboard.dev/set-sha256.<first 40 hex digits of the name's SHA-256>`. The value is always the full
+/// name: what is read back.
+pub fn set_label(name: &str) -> String {
+    const NAME_MAX: usize = 63;
+    let plain = format!("set.{name}");
+    if plain.len() <= NAME_MAX {
+        return format!("{LABEL_DOMAIN}/{plain}");
+    }
+    let digest = Sha256::digest(name.as_bytes());
+    let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{SET_HASH_LABEL}{hex}")
 }
 
-/// Sets (`pinned`) or removes the pin label on every containerd image record of `image`: the reference and
-/// the names CRI's ImageStatus reports (repo digests, repo tags, the `sha256:` id), then reads the labels
-/// back. Fails when the image is not on the node or a record does not keep the label.
-pub async fn label_containerd(
-    client: &CriClient,
-    image: &str,
-    pinned: bool,
-) -> Result<Labelled, PinError> {
-    let status = client.image_status(image).await?.ok_or_else(|| {
-        PinError::Containerd(format!("{image} is not on the node: nothing to label"))
-    })?;
-    let names: BTreeSet<String> = std::iter::once(image.to_string())
-        .chain(status.repo_digests)
-        .chain(status.repo_tags)
-        .chain(std::iter::once(status.id))
-        .filter(|n| !n.is_empty())
+const LABEL_DOMAIN: &str = "pinboard.dev";
+const SET_LABEL: &str = "pinboard.dev/set.";
+const SET_HASH_LABEL: &str = "pinboard.dev/set-sha256.";
+/// On an image a set holds that was pinned before (an earlier pinboard's, or someone else's pin label):
+/// that pin stays when the last set lets go.
+pub const UNOWNED_LABEL: &str = "pinboard.dev/unowned";
+const UNOWNED_VALUE: &str = "adopted";
+
+/// Who holds the pin of a record with `labels`: a set per holder label, and unowned when the record says
+/// so, or carries the pin label with no holder label at all.
+pub fn label_holders(labels: &HashMap<String, String>) -> Holders {
+    let mut holders: Holders = labels
+        .iter()
+        .filter(|(key, _)| key.starts_with(SET_LABEL) || key.starts_with(SET_HASH_LABEL))
+        .map(|(_, name)| Holder::Set(name.clone()))
         .collect();
+    let pinned = labels.get(CONTAINERD_PIN_LABEL).map(String::as_str) == Some(CONTAINERD_PIN_VALUE);
+    if labels.contains_key(UNOWNED_LABEL) || (pinned && holders.is_empty()) {
+        holders.insert(Holder::Unowned);
+    }
+    holders
+}
+
+/// The label changes that make a record with `labels` say `holders`: a value to set, or None to remove.
+/// The pin label stays while any holder does; the unowned mark is needed only beside a set.
+fn label_changes(
+    labels: &HashMap<String, String>,
+    holders: &Holders,
+) -> BTreeMap<String, Option<String>> {
+    let mut wanted: BTreeMap<String, String> = holders
+        .iter()
+        .filter_map(|h| match h {
+            Holder::Set(name) => Some((set_label(name), name.clone())),
+            _ => None,
+        })
+        .collect();
+    if holders.contains(&Holder::Unowned) && !wanted.is_empty() {
+        wanted.insert(UNOWNED_LABEL.into(), UNOWNED_VALUE.into());
+    }
+    if !holders.is_empty() {
+        wanted.insert(CONTAINERD_PIN_LABEL.into(), CONTAINERD_PIN_VALUE.into());
+    }
+    let ours = |key: &str| {
+        key.starts_with(SET_LABEL)
+            || key.starts_with(SET_HASH_LABEL)
+            || key == UNOWNED_LABEL
+            || key == CONTAINERD_PIN_LABEL
+    };
+    let mut changes: BTreeMap<String, Option<String>> = labels
+        .keys()
+        .filter(|key| ours(key) && !wanted.contains_key(*key))
+        .map(|key| (key.clone(), None))
+        .collect();
+    for (key, value) in wanted {
+        if labels.get(&key) != Some(&value) {
+            changes.insert(key, Some(value));
+        }
+    }
+    changes
+}
+
+/// One image as containerd's records show it: every record (name) pointing at the same content.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerdImage {
+    /// Each record's name and labels.
+    pub records: Vec<(String, HashMap<String, String>)>,
+}
+
+impl ContainerdImage {
+    pub fn names(&self) -> Vec<String> {
+        self.records.iter().map(|(name, _)| name.clone()).collect()
+    }
+
+    /// Who holds its pin, over every record.
+    pub fn holders(&self) -> Holders {
+        self.records
+            .iter()
+            .flat_map(|(_, labels)| label_holders(labels))
+            .collect()
+    }
+
+    /// Whether any record carries the pin label.
+    pub fn pin_labelled(&self) -> bool {
+        self.records.iter().any(|(_, labels)| {
+            labels.get(CONTAINERD_PIN_LABEL).map(String::as_str) == Some(CONTAINERD_PIN_VALUE)
+        })
+    }
+
+    /// The name to show: a reference by digest if it has one, else any.
+    pub fn shown(&self) -> String {
+        let names = self.names();
+        names
+            .iter()
+            .find(|n| n.contains('@'))
+            .or_else(|| names.iter().find(|n| !n.starts_with("sha256:")))
+            .or(names.first())
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn known_as(&self, names: &[&str]) -> bool {
+        self.records
+            .iter()
+            .any(|(n, _)| names.contains(&n.as_str()))
+    }
+}
+
+/// Every image of the node in containerd's CRI namespace, its records grouped by the content they point
+/// at (one List call).
+pub async fn containerd_images(client: &CriClient) -> Result<Vec<ContainerdImage>, PinError> {
+    let listed = ImagesClient::new(client.channel())
+        .max_decoding_message_size(super::cri::MAX_DECODE_BYTES)
+        .list(namespaced(ListImagesRequest::default()))
+        .await
+        .map_err(|status| containerd_error("List", "images", &status))?
+        .into_inner()
+        .images;
+    let mut by_target: BTreeMap<String, ContainerdImage> = BTreeMap::new();
+    for record in listed {
+        let target = record
+            .target
+            .as_ref()
+            .map_or_else(|| record.name.clone(), |t| t.digest.clone());
+        by_target
+            .entry(target)
+            .or_default()
+            .records
+            .push((record.name, record.labels));
+    }
+    Ok(by_target.into_values().collect())
+}
+
+/// The image of `images` known by one of `names` (a reference, and the repo digests, tags and id CRI's
+/// ImageStatus reports for it).
+pub fn image_named<'i>(
+    images: &'i [ContainerdImage],
+    names: &[&str],
+) -> Option<&'i ContainerdImage> {
+    images.iter().find(|i| i.known_as(names))
+}
+
+/// `reference` and every name CRI's ImageStatus `status` gives the image: the names its records may have.
+pub fn cri_names<'a>(reference: &'a str, status: &'a Image) -> Vec<&'a str> {
+    std::iter::once(reference)
+        .chain(status.repo_digests.iter().map(String::as_str))
+        .chain(status.repo_tags.iter().map(String::as_str))
+        .chain(std::iter::once(status.id.as_str()))
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// Makes every record of `image` say `holders` (the pin label with them), then reads the records back:
+/// proof it was written, since containerd 1.6 does not report pins through CRI.
+pub async fn write_holders(
+    client: &CriClient,
+    image: &ContainerdImage,
+    holders: &Holders,
+) -> Result<(), PinError> {
     let mut images = ImagesClient::new(client.channel());
-    let mut records = Vec::new();
-    for name in names {
-        let labels = pinned
-            .then(|| {
-                (
-                    CONTAINERD_PIN_LABEL.to_string(),
-                    CONTAINERD_PIN_VALUE.to_string(),
-                )
-            })
-            .into_iter()
-            .collect();
+    for (name, labels) in &image.records {
+        let changes = label_changes(labels, holders);
+        if changes.is_empty() {
+            continue;
+        }
         let update = UpdateImageRequest {
-            image: Some(ContainerdImage {
+            image: Some(ContainerdRecord {
                 name: name.clone(),
-                labels,
-                ..ContainerdImage::default()
+                labels: changes
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                    .collect(),
+                ..ContainerdRecord::default()
             }),
             update_mask: Some(prost_types::FieldMask {
-                paths: vec![format!("labels.{CONTAINERD_PIN_LABEL}")],
+                paths: changes.keys().map(|k| format!("labels.{k}")).collect(),
             }),
         };
         match images.update(namespaced(update)).await {
-            // Not every name CRI reports has a record of its own (e.g. the id of an image `ctr` pulled).
+            // Removed meanwhile: nothing left to label.
             Err(status) if status.code() == tonic::Code::NotFound => continue,
-            Err(status) => return Err(containerd_error("Update", &name, &status)),
+            Err(status) => return Err(containerd_error("Update", name, &status)),
             Ok(_) => {}
         }
-        // Read back: proof it was written, since containerd 1.6 does not report pins through CRI.
-        let has = containerd_label(client, &name).await?;
-        if (has.as_deref() == Some(CONTAINERD_PIN_VALUE)) != pinned {
+        let back = record_labels(client, name).await?.unwrap_or_default();
+        if !label_changes(&back, holders).is_empty() {
             return Err(PinError::Containerd(format!(
-                "{name}: the label {CONTAINERD_PIN_LABEL} reads {has:?} after the update"
+                "{name}: its labels say {:?} after the update, not {:?}",
+                label_holders(&back),
+                holders
             )));
         }
-        records.push(name);
     }
-    let confirmed = client
-        .image_status(image)
-        .await?
-        .is_some_and(|i| i.pinned == pinned);
-    Ok(Labelled { records, confirmed })
+    Ok(())
 }
 
-/// The pin label on the containerd image record `name` (None: no label or no record).
-pub async fn containerd_label(client: &CriClient, name: &str) -> Result<Option<String>, PinError> {
+/// What holding images on containerd did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The containerd records labelled, per image in the order given.
+    pub records: Vec<Vec<String>>,
+    /// Whether CRI reports every image pinned (containerd >= 1.6.22 / 1.7.3).
+    pub confirmed: bool,
+}
+
+/// Adds each image's sets to who holds its pin, on every containerd record of the image, with the pin
+/// label. A pin already there without holders (an earlier pinboard's, or someone else's) is adopted: it
+/// stays unowned beside the sets. Fails naming an image the node does not have.
+pub async fn hold_containerd(
+    client: &CriClient,
+    holds: &BTreeMap<String, BTreeSet<String>>,
+) -> Result<Held, PinError> {
+    let images = containerd_images(client).await?;
+    let mut held = Held {
+        records: Vec::new(),
+        confirmed: true,
+    };
+    for (reference, sets) in holds {
+        let not_there =
+            || PinError::Containerd(format!("{reference} is not on the node: nothing to label"));
+        let status = client
+            .image_status(reference)
+            .await?
+            .ok_or_else(not_there)?;
+        let image = image_named(&images, &cri_names(reference, &status)).ok_or_else(not_there)?;
+        let mut holders = image.holders();
+        holders.extend(sets.iter().map(|s| Holder::Set(s.clone())));
+        write_holders(client, image, &holders).await?;
+        held.records.push(image.names());
+        held.confirmed &= client
+            .image_status(reference)
+            .await?
+            .is_some_and(|i| i.pinned);
+    }
+    Ok(held)
+}
+
+/// Applies `release` to every image of the node: each loses the released holders, and its pin label with
+/// the last one. What happened to each image concerned.
+pub async fn release_containerd(
+    client: &CriClient,
+    release: &Release,
+) -> Result<Vec<PinChange>, PinError> {
+    let mut changes = Vec::new();
+    for image in containerd_images(client).await? {
+        let Some(change) = release.change(&image.shown(), &image.holders(), &image.names()) else {
+            continue;
+        };
+        if change.after != change.before {
+            write_holders(client, &image, &change.after).await?;
+        }
+        changes.push(change);
+    }
+    Ok(changes)
+}
+
+/// The labels of the containerd image record `name` (None: no such record).
+pub async fn record_labels(
+    client: &CriClient,
+    name: &str,
+) -> Result<Option<HashMap<String, String>>, PinError> {
     match ImagesClient::new(client.channel())
         .get(namespaced(GetImageRequest { name: name.into() }))
         .await
     {
         Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
         Err(status) => Err(containerd_error("Get", name, &status)),
-        Ok(reply) => Ok(reply
-            .into_inner()
-            .image
-            .and_then(|mut i| i.labels.remove(CONTAINERD_PIN_LABEL))),
+        Ok(reply) => Ok(reply.into_inner().image.map(|i| i.labels)),
     }
-}
-
-/// Whether any containerd record of the image (the reference, or a name CRI reports for it in `status`)
-/// carries the pin label, as pinning writes it on every one.
-pub async fn pinned_by_label(
-    client: &CriClient,
-    reference: &str,
-    status: &Image,
-) -> Result<bool, PinError> {
-    let names = std::iter::once(reference)
-        .chain(status.repo_digests.iter().map(String::as_str))
-        .chain(status.repo_tags.iter().map(String::as_str));
-    for name in names {
-        if containerd_label(client, name).await?.as_deref() == Some(CONTAINERD_PIN_VALUE) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }
 
 fn containerd_error(rpc: &str, name: &str, status: &tonic::Status) -> PinError {
@@ -421,14 +927,20 @@ pub(crate) fn set_array<'v>(
 ) {
     let mut array: Array = values.into_iter().collect();
     array.fmt();
+    set_value(table, key, Value::Array(array), indent);
+}
+
+/// Sets `key` to `value`, keeping the decor of an existing value (e.g. a trailing comment); a new key is
+/// indented by `indent`.
+fn set_value(table: &mut dyn TableLike, key: &str, value: Value, indent: &str) {
     match table.get_mut(key).and_then(Item::as_value_mut) {
         Some(old) => {
             let decor = old.decor().clone();
-            *old = Value::Array(array);
+            *old = value;
             *old.decor_mut() = decor;
         }
         None => {
-            table.insert(key, Item::Value(Value::Array(array)));
+            table.insert(key, Item::Value(value));
             if let Some(mut k) = table.key_mut(key) {
                 k.leaf_decor_mut().set_prefix(indent);
             }
@@ -503,19 +1015,188 @@ pub(crate) fn write_if_changed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::holders::Sets;
 
-    fn pins(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
+    /// Images each held by the sets named: `&[("a@sha256:1", &["set-a"])]`.
+    fn holds(list: &[(&str, &[&str])]) -> BTreeMap<String, BTreeSet<String>> {
+        list.iter()
+            .map(|(image, sets)| {
+                (
+                    image.to_string(),
+                    sets.iter().map(|s| s.to_string()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    fn release(sets: &[&str], images: &[&str], release_unowned: bool) -> Release {
+        Release {
+            sets: Sets::Named(sets.iter().map(|s| s.to_string()).collect()),
+            images: images.iter().map(|s| s.to_string()).collect(),
+            release_unowned,
+        }
+    }
+
+    fn set(name: &str) -> Holder {
+        Holder::Set(name.into())
+    }
+
+    /// What CRI-O reads from the text: the marks are comments, invisible to it.
+    fn crio_reads(text: &str) -> Vec<String> {
+        crio::pinned_images_in(text).unwrap().unwrap()
+    }
+
+    const NOTE: &str = "# pinboard marks each entry it pinned with the sets holding it: \"ref\", # pinboard: SET, ...\n\
+                        # Entries without that mark are the administrator's; pinboard never removes them.\n";
+
+    #[test]
+    fn a_new_drop_in_marks_each_entry_with_its_sets_sorted_one_per_line() {
+        let new = hold_in_drop_in(
+            None,
+            &holds(&[
+                ("b@sha256:2", &["set-b"]),
+                ("a@sha256:1", &["set-a", "set-b"]),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            new,
+            format!(
+                "{NOTE}[crio]\n  [crio.image]\n    pinned_images = [\n      \"a@sha256:1\", # pinboard: set-a, set-b\n      \"b@sha256:2\", # pinboard: set-b\n    ]\n"
+            )
+        );
+        assert_eq!(crio_reads(&new), ["a@sha256:1", "b@sha256:2"]);
+        let entries = crio_entries(&new).unwrap();
+        assert_eq!(
+            entries[0].holders,
+            Holders::from([set("set-a"), set("set-b")])
+        );
+        // Holding again changes nothing; another set is added to the entry, not a second entry.
+        let again = hold_in_drop_in(Some(&new), &holds(&[("a@sha256:1", &["set-a"])])).unwrap();
+        assert_eq!(again.as_deref(), Some(new.as_str()));
+        let more = hold_in_drop_in(Some(&new), &holds(&[("b@sha256:2", &["set-c"])]))
+            .unwrap()
+            .unwrap();
+        assert!(
+            more.contains("\"b@sha256:2\", # pinboard: set-b, set-c\n"),
+            "{more}"
+        );
+        assert_eq!(crio_reads(&more).len(), 2);
     }
 
     #[test]
-    fn a_new_drop_in_has_the_daemons_exact_shape_sorted_and_deduplicated() {
-        let new = crio_drop_in(None, &pins(&["b@sha256:2", "a@sha256:1", "b@sha256:2"])).unwrap();
-        assert_eq!(
-            new.as_deref(),
-            Some("[crio]\n  [crio.image]\n    pinned_images = [\"a@sha256:1\", \"b@sha256:2\"]\n")
+    fn releasing_a_set_keeps_what_another_holds_and_the_last_holder_takes_the_entry() {
+        let both = hold_in_drop_in(
+            None,
+            &holds(&[
+                ("x@sha256:1", &["set-a"]),
+                ("y@sha256:2", &["set-a", "set-b"]),
+                ("z@sha256:3", &["set-b"]),
+            ]),
+        )
+        .unwrap();
+        let (after_a, changes) = release_in_drop_in(
+            both.as_deref(),
+            &release(&["set-a"], &["x@sha256:1", "y@sha256:2"], false),
+        )
+        .unwrap();
+        let after_a = after_a.unwrap();
+        assert_eq!(crio_reads(&after_a), ["y@sha256:2", "z@sha256:3"]);
+        assert!(after_a.contains("\"y@sha256:2\", # pinboard: set-b\n"));
+        let removed: Vec<&str> = changes
+            .iter()
+            .filter(|c| c.removed())
+            .map(|c| c.pin.as_str())
+            .collect();
+        assert_eq!(removed, ["x@sha256:1"]);
+        let kept: Vec<(&str, &Holders)> = changes
+            .iter()
+            .filter(|c| !c.removed())
+            .map(|c| (c.pin.as_str(), &c.after))
+            .collect();
+        assert_eq!(kept, [("y@sha256:2", &Holders::from([set("set-b")]))]);
+        // The last set goes: nothing else is in the file, so the file goes.
+        let (gone, _) =
+            release_in_drop_in(Some(&after_a), &release(&["set-b"], &[], false)).unwrap();
+        assert_eq!(gone, None);
+    }
+
+    #[test]
+    fn an_administrators_entries_comments_and_keys_survive_every_release() {
+        let marked = hold_in_drop_in(None, &holds(&[("x@sha256:1", &["set-a"])]))
+            .unwrap()
+            .unwrap();
+        // An administrator adds an entry of their own with a comment, a glob, and another key.
+        let edited = marked
+            .replace(
+                "    pinned_images = [\n",
+                "    log_level = \"info\"\n    pinned_images = [\n      # the DB team's images\n      'quay.io/db/*', # keep: OPS-7\n",
+            )
+            .replace("[crio]\n", "[crio] # site settings\n");
+        let entries = crio_entries(&edited).unwrap();
+        assert_eq!(entries[0].pattern, "quay.io/db/*");
+        assert_eq!(entries[0].holders, Holders::from([Holder::Admin]));
+        let all = Release {
+            sets: Sets::All,
+            images: BTreeSet::new(),
+            release_unowned: true,
+        };
+        let (after, _) = release_in_drop_in(Some(&edited), &all).unwrap();
+        let after = after.unwrap();
+        assert_eq!(crio_reads(&after), ["quay.io/db/*"]);
+        for kept in [
+            "      # the DB team's images\n      'quay.io/db/*', # keep: OPS-7\n",
+            "log_level = \"info\"",
+            "[crio] # site settings",
+            NOTE,
+        ] {
+            assert!(after.contains(kept), "{kept:?} lost:\n{after}");
+        }
+        // Without any entry left, the key goes and the administrator's other key stays.
+        let only_admin = edited.replace("      'quay.io/db/*', # keep: OPS-7\n", "");
+        let (left, _) = release_in_drop_in(Some(&only_admin), &all).unwrap();
+        let left = left.unwrap();
+        assert!(
+            !left.contains("pinned_images") && left.contains("log_level"),
+            "{left}"
         );
-        assert_eq!(read_back(new.as_deref()), ["a@sha256:1", "b@sha256:2"]);
+    }
+
+    #[test]
+    fn a_drop_in_from_before_marks_is_adopted_as_unowned() {
+        // As pinboard wrote it before holders, with a comment an administrator added.
+        let old = "# pinned for the 4.19 upgrade\n[crio]\n  [crio.image]\n    pinned_images = [\"old@sha256:0\", \"y@sha256:2\"]\n";
+        let entries = crio_entries(old).unwrap();
+        assert!(
+            entries
+                .iter()
+                .all(|e| e.holders == Holders::from([Holder::Unowned]))
+        );
+        let held = hold_in_drop_in(Some(old), &holds(&[("y@sha256:2", &["set-b"])]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            held,
+            format!(
+                "{NOTE}# pinned for the 4.19 upgrade\n[crio]\n  [crio.image]\n    pinned_images = [\n      \"old@sha256:0\", # pinboard: (unowned)\n      \"y@sha256:2\", # pinboard: set-b, (unowned)\n    ]\n"
+            )
+        );
+        // Unpinning set-b keeps y for its earlier, unowned pin; only --release-unowned for y takes it.
+        let (kept, _) =
+            release_in_drop_in(Some(&held), &release(&["set-b"], &["y@sha256:2"], false)).unwrap();
+        assert_eq!(
+            crio_reads(kept.as_deref().unwrap()),
+            ["old@sha256:0", "y@sha256:2"]
+        );
+        let (released, _) =
+            release_in_drop_in(Some(&held), &release(&["set-b"], &["y@sha256:2"], true)).unwrap();
+        assert_eq!(crio_reads(released.as_deref().unwrap()), ["old@sha256:0"]);
+        // Releasing what no entry holds leaves the file as it is, even one from before marks.
+        let (same, changes) =
+            release_in_drop_in(Some(old), &release(&["set-z"], &[], false)).unwrap();
+        assert_eq!(same.as_deref(), Some(old));
+        assert!(changes.is_empty());
     }
 
     fn read_back(text: Option<&str>) -> Vec<String> {
@@ -527,60 +1208,114 @@ mod tests {
     }
 
     #[test]
-    fn an_edit_keeps_comments_and_other_keys() {
-        let old = "# managed by pinboard; ask ops before editing\n[crio]\n  log_level = \"info\"\n  [crio.image]\n    # keep the pause image\n    pause_image = \"p\"\n    pinned_images = [\"old\"] # trailing\n[crio.runtime]\n  x = 1\n";
-        let new = crio_drop_in(Some(old), &pins(&["z", "y"]))
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            new,
-            old.replace("[\"old\"]", "[\"y\", \"z\"]"),
-            "only the list changes"
-        );
-    }
-
-    #[test]
-    fn same_pins_give_the_same_text_and_no_pins_no_file() {
-        let first = crio_drop_in(None, &pins(&["a", "b"])).unwrap();
-        assert_eq!(
-            crio_drop_in(first.as_deref(), &pins(&["b", "a"])).unwrap(),
-            first
-        );
-        assert_eq!(crio_drop_in(first.as_deref(), &[]).unwrap(), None);
+    fn broken_drop_ins_are_refused_naming_the_problem() {
+        let one = holds(&[("a", &["set-a"])]);
         assert!(
-            crio_drop_in(Some("crio = 1"), &pins(&["a"]))
+            hold_in_drop_in(Some("crio = 1"), &one)
                 .unwrap_err()
                 .contains("crio is not a table")
         );
         assert!(
-            crio_drop_in(Some("[crio"), &pins(&["a"]))
+            hold_in_drop_in(Some("[crio"), &one)
                 .unwrap_err()
                 .contains("not valid TOML")
         );
+        assert!(
+            crio_entries("[crio.image]\npinned_images = [1]\n")
+                .unwrap_err()
+                .contains("is not a string")
+        );
+        assert_eq!(read_back(None), Vec::<String>::new());
     }
 
     #[test]
-    fn writes_only_on_change_keeps_mode_and_an_empty_list_deletes() {
+    fn writes_only_on_change_keeps_mode_and_the_last_release_deletes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(CRIO_DROP_IN);
-        assert!(write_crio_pins(dir.path(), &pins(&["a"])).unwrap());
+        assert!(hold_crio_pins(dir.path(), &holds(&[("a", &["set-a"])])).unwrap());
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         let inode = fs::metadata(&path).unwrap().ino();
-        assert!(!write_crio_pins(dir.path(), &pins(&["a", "a"])).unwrap());
+        assert!(!hold_crio_pins(dir.path(), &holds(&[("a", &["set-a"])])).unwrap());
         assert_eq!(fs::metadata(&path).unwrap().ino(), inode, "not rewritten");
-        assert!(write_crio_pins(dir.path(), &pins(&["a", "b"])).unwrap());
+        assert!(hold_crio_pins(dir.path(), &holds(&[("b", &["set-a"])])).unwrap());
         let meta = fs::metadata(&path).unwrap();
         assert_ne!(meta.ino(), inode, "replaced by rename");
         assert_eq!(meta.mode() & 0o7777, 0o600);
         assert_eq!(read_crio_pins(dir.path()).unwrap(), ["a", "b"]);
-        assert!(write_crio_pins(dir.path(), &[]).unwrap());
+        let (changed, _) = release_crio_pins(dir.path(), &release(&["set-a"], &[], false)).unwrap();
+        assert!(changed);
         assert!(!path.exists());
-        assert!(!write_crio_pins(dir.path(), &[]).unwrap());
+        let (changed, _) = release_crio_pins(dir.path(), &release(&["set-a"], &[], false)).unwrap();
+        assert!(!changed);
         assert_eq!(
             fs::read_dir(dir.path()).unwrap().count(),
             0,
             "no temporary files left"
         );
+    }
+
+    #[test]
+    fn holder_labels_fit_containerd_and_kubernetes_and_hash_long_names() {
+        assert_eq!(set_label("release-4.19"), "pinboard.dev/set.release-4.19");
+        let long = format!("release-{}", "x".repeat(60));
+        let hashed = set_label(&long);
+        assert!(hashed.starts_with("pinboard.dev/set-sha256."), "{hashed}");
+        assert_eq!(hashed.split('/').nth(1).unwrap().len(), 51);
+        assert_ne!(set_label(&format!("{long}y")), hashed);
+        // Every key's name part is a Kubernetes label name: at most 63 characters.
+        for name in ["a", &"b".repeat(59), &"c".repeat(60), &"d".repeat(253)] {
+            assert!(
+                set_label(name).split('/').nth(1).unwrap().len() <= 63,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn labels_say_who_holds_and_keep_the_pin_while_anyone_does() {
+        let labels = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let long = "l".repeat(70);
+        let pinned = (CONTAINERD_PIN_LABEL, CONTAINERD_PIN_VALUE);
+        let held = labels(&[
+            pinned,
+            ("pinboard.dev/set.set-a", "set-a"),
+            (&set_label(&long), &long),
+            ("other.io/keep", "x"),
+        ]);
+        assert_eq!(
+            label_holders(&held),
+            Holders::from([set("set-a"), set(&long)])
+        );
+        // A pin label nobody recorded: unowned. Holding it adopts it beside the set.
+        let foreign = labels(&[pinned]);
+        assert_eq!(label_holders(&foreign), Holders::from([Holder::Unowned]));
+        let adopted = label_changes(&foreign, &Holders::from([Holder::Unowned, set("set-a")]));
+        assert_eq!(
+            adopted,
+            BTreeMap::from([
+                (
+                    "pinboard.dev/set.set-a".to_string(),
+                    Some("set-a".to_string())
+                ),
+                (UNOWNED_LABEL.to_string(), Some("adopted".to_string())),
+            ])
+        );
+        // Releasing one set keeps the pin; the last one takes the pin label; other labels stay.
+        let one_left = label_changes(&held, &Holders::from([set(&long)]));
+        assert_eq!(
+            one_left,
+            BTreeMap::from([("pinboard.dev/set.set-a".to_string(), None)])
+        );
+        let none_left = label_changes(&held, &Holders::new());
+        assert_eq!(none_left.len(), 3, "{none_left:?}");
+        assert!(none_left.values().all(Option::is_none));
+        assert!(!none_left.contains_key("other.io/keep"));
+        assert!(label_changes(&held, &label_holders(&held)).is_empty());
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Observes what [`crate::model::readiness`] judges, on one node reached over its CRI socket: whether each
-//! image is there, whether the runtime reports it pinned, and what the node's own pin record says.
+//! image is there, whether the runtime reports it pinned, and what the node's own pin record says,
+//! including who holds each pin ([`crate::model::holders`]).
 //!
 //! Where the runtime reports pins ([`Runtime::reports_pinned`]: CRI-O, containerd from 1.6.22 / 1.7.3),
 //! one ListImages per node gives presence and `pinned` on CRI-O and any runtime that reports there;
 //! otherwise ImageStatus per image, as it always works. The record is CRI-O's configuration as CRI-O
 //! reads it ([`pins::read_crio_config`]: the effective `pinned_images`, so an administrator's glob
-//! counts), or the containerd pin label, read only where the runtime cannot report it. How the node pins
+//! counts), or the containerd pin label, which decides only where the runtime cannot report it; the
+//! drop-in's marks or the holder labels say who holds each pin (one containerd List per node). How the node pins
 //! is resolved exactly as the engine resolves it when it writes pins ([`pins::resolve`]). On containerd,
 //! pulls in flight for missing images are read from its content ingests ([`observe_pulls`]).
 
@@ -17,6 +19,7 @@ use super::node::NodeTarget;
 use super::pins::{self, PinTarget};
 use super::progress;
 use crate::model::crio::CrioConfig;
+use crate::model::holders::{CrioEntry, crio_holders};
 use crate::model::image::ImageFacts;
 use crate::model::readiness::{CrioObserved, ImageObserved, NodeObserved};
 use crate::model::rollout::PinMethod;
@@ -73,21 +76,29 @@ pub async fn observe(
     let record = match pins::resolve(target.pin.clone(), &version.runtime_name, &client) {
         Ok(PinTarget::CrioDropIn { config_dir, .. }) => {
             observed.pin_method = Some(PinMethod::CrioDropIn);
-            let read =
-                tokio::task::spawn_blocking(move || pins::read_crio_config(&config_dir)).await;
+            let read = tokio::task::spawn_blocking(move || {
+                Ok::<_, pins::PinError>((
+                    pins::read_crio_config(&config_dir)?,
+                    pins::read_drop_in(&config_dir)?,
+                ))
+            })
+            .await;
             match read.map_err(|e| e.to_string()) {
-                Ok(Ok(config)) => Record::Crio(config),
+                Ok(Ok((config, entries))) => Record::Crio(config, entries),
                 Ok(Err(e)) => Record::Unreadable(format!("reading CRI-O's configuration: {e}")),
                 Err(e) => Record::Unreadable(format!("reading CRI-O's configuration: {e}")),
             }
         }
         Ok(_) => {
             observed.pin_method = Some(PinMethod::ContainerdLabel);
-            Record::Labels
+            match pins::containerd_images(&client).await {
+                Ok(images) => Record::Labels(images),
+                Err(e) => Record::Unreadable(format!("reading the pin labels: {e}")),
+            }
         }
         Err(e) => Record::Unreadable(e),
     };
-    if let (Some(runtime), Record::Crio(config)) = (&runtime, &record)
+    if let (Some(runtime), Record::Crio(config, _)) = (&runtime, &record)
         && runtime.kind == RuntimeKind::Crio
     {
         observed.crio = Some(CrioObserved {
@@ -120,35 +131,37 @@ pub async fn observe(
         }
         // Only where the call used carries the runtime's word; otherwise `false` would mean nothing.
         image.reported_pinned = status.as_ref().filter(|_| reports.any()).map(|s| s.pinned);
-        image.recorded_pinned = match &record {
-            Record::Crio(config) => {
-                let names: Vec<&str> = std::iter::once(reference.as_str())
-                    .chain(image.names.iter().map(String::as_str))
-                    .collect();
-                Some(config.pins(&names))
-            }
-            // The runtime reports the label itself: nothing more to read.
-            Record::Labels if reports.any() => None,
-            Record::Labels => match &status {
+        let names: Vec<&str> = std::iter::once(reference.as_str())
+            .chain(image.names.iter().map(String::as_str))
+            .collect();
+        (image.recorded_pinned, image.holders) = match &record {
+            Record::Crio(config, entries) => (
+                Some(config.pins(&names)),
+                Some(crio_holders(entries, config, pins::CRIO_DROP_IN, &names)),
+            ),
+            Record::Labels(images) => {
                 // A missing image has no record to carry a label.
-                None => Some(false),
-                Some(status) => match pins::pinned_by_label(&client, reference, status).await {
-                    Ok(labelled) => Some(labelled),
-                    Err(e) => {
-                        observed
-                            .error
-                            .get_or_insert(format!("reading the pin label: {e}"));
-                        None
-                    }
-                },
-            },
+                let labelled = status
+                    .as_ref()
+                    .and_then(|s| pins::image_named(images, &pins::cri_names(reference, s)));
+                // Where the runtime reports pins, its word decides; the labels then only say who holds them.
+                let pinned = labelled.is_some_and(pins::ContainerdImage::pin_labelled);
+                (
+                    (!reports.any()).then_some(pinned),
+                    Some(
+                        labelled
+                            .map(pins::ContainerdImage::holders)
+                            .unwrap_or_default(),
+                    ),
+                )
+            }
             Record::Unreadable(e) => {
                 if reports.any() {
                     tracing::debug!("{}: {e}", observed.node);
                 } else {
                     observed.error.get_or_insert(e.clone());
                 }
-                None
+                (None, None)
             }
         };
         observed.images.push(image);
@@ -199,10 +212,10 @@ pub async fn observe_pulls(
 
 /// Where a node keeps its pins.
 enum Record {
-    /// What CRI-O's files pin together.
-    Crio(CrioConfig),
-    /// The containerd pin label, read per image.
-    Labels,
+    /// What CRI-O's files pin together, and who holds the entries of pinboard's drop-in.
+    Crio(CrioConfig, Vec<CrioEntry>),
+    /// The containerd images, their pin and holder labels.
+    Labels(Vec<pins::ContainerdImage>),
     /// Could not be read: why.
     Unreadable(String),
 }

@@ -1,8 +1,10 @@
 //! Headless `pinboard apply` and `pinboard unpin`. `apply` does what the TUI's `a` does — a fresh survey,
 //! then [`crate::engine`] with the plans — showing progress on stderr (a bar redrawn in place on a
 //! terminal, one line per event otherwise), the rollout's outcome per node on stdout, and then the same
-//! readiness check as `pinboard check`, whose verdict is its exit code. `unpin` runs
-//! [`crate::engine::unpin`] on every node.
+//! readiness check as `pinboard check`, whose verdict is its exit code. Both say under which name each
+//! set holds its pins ([`SetUsed`]). `unpin` releases the named sets' holds (or every set's, with
+//! `--all-sets`) through [`crate::engine::unpin`] on every node, and says which images lost their pin and
+//! which stay pinned, for whom.
 
 use std::io::{IsTerminal, Write as _};
 use std::sync::Arc;
@@ -14,10 +16,13 @@ use super::check::{Checker, readiness_table, verdict, verdict_line};
 use super::output::{render, short_reference, table};
 use crate::engine::{self, EngineConfig};
 use crate::error::{Exit, Failure};
+use crate::backend::node::NodeTarget;
+use crate::model::holders::{Release, Sets, UnpinReport};
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
+use crate::model::set::{ImageSet, Origin, content_name};
 use crate::model::units::human;
-use crate::options::{APPLY_WAIT, CommonArgs, command_sets};
+use crate::options::{APPLY_WAIT, CommonArgs, command_sets, take_set_names};
 use crate::survey::{Survey, survey, union_of};
 use crate::ui::status::{node_status, pin_method_label};
 
@@ -48,6 +53,8 @@ pub struct NodeOutcome {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplyReport {
+    /// The sets applied: the name each image's pin is held under.
+    pub sets: Vec<SetUsed>,
     pub rollout: Vec<NodeOutcome>,
     pub readiness: Readiness,
 }
@@ -76,7 +83,7 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
     )
     .await
     .map_err(Failure::from)?;
-    let jobs = crate::targets::jobs(targets, plans);
+    let jobs = crate::targets::jobs(targets, plans, &checker.sets);
     let config = EngineConfig {
         parallel: rollout_args.parallel.max(1),
         force: rollout_args.force,
@@ -101,6 +108,7 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
     progress.finish(&rollout);
 
     let report = ApplyReport {
+        sets: checker.sets.iter().map(SetUsed::of).collect(),
         rollout: rollout
             .nodes()
             .iter()
@@ -109,7 +117,9 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
         readiness: checker.readiness().await?,
     };
     let text = render(&report, common.output(), || {
-        rollout_table(&report.rollout)
+        report.sets.iter().map(|s| s.line(true)).collect::<String>()
+            + "\n"
+            + &rollout_table(&report.rollout)
             + "\n"
             + &readiness_table(&report.readiness.nodes)
             + &verdict_line(&report.readiness)
@@ -295,49 +305,140 @@ fn bar(rollout: &Rollout) -> String {
     )
 }
 
+/// A set as a command used it: its name (what holds its pins on the nodes) and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetUsed {
+    pub name: String,
+    /// `a.yaml`, `list.txt`, `--image`, or None for a set `unpin` was given by name.
+    pub from: Option<String>,
+    /// The name was derived from the set's images (a list file or `--image` flags have none).
+    pub named_after_images: bool,
+}
+
+impl SetUsed {
+    fn of(set: &ImageSet) -> SetUsed {
+        SetUsed {
+            name: set.name.clone(),
+            from: Some(match &set.origin {
+                Origin::File { path, .. } => path.clone(),
+                Origin::Flag { .. } => "--image".into(),
+                Origin::Release { version, image, .. } => format!("release {version}, {image}"),
+            }),
+            named_after_images: set.name == content_name(set.references()),
+        }
+    }
+
+    fn named(name: &str) -> SetUsed {
+        SetUsed {
+            name: name.to_string(),
+            from: None,
+            named_after_images: false,
+        }
+    }
+
+    /// `set images-3fa2c1d4e5f6 (list.txt, named after its images)`; `applied` adds how to unpin it.
+    fn line(&self, applied: bool) -> String {
+        let Some(from) = &self.from else {
+            return format!(
+                "set {} (by name: what the nodes record for it)\n",
+                self.name
+            );
+        };
+        let mut line = format!("set {} ({from}", self.name);
+        if self.named_after_images {
+            line.push_str(", named after its images");
+            if applied {
+                line.push_str(&format!(
+                    ": `pinboard unpin --set {}` releases its pins",
+                    self.name
+                ));
+            }
+        }
+        line + ")\n"
+    }
+}
+
 /// What unpinning did on one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Unpinned {
     pub node: String,
     pub ok: bool,
-    pub message: String,
+    #[serde(flatten)]
+    pub report: UnpinReport,
+    /// What else to know (a CRI-O that keeps removed pins until it restarts), or why it failed.
+    pub message: Option<String>,
 }
 
-pub async fn unpin(args: CommonArgs) -> Result<String, Failure> {
+/// What `unpin -o json|yaml` prints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnpinOutput {
+    /// The sets whose holds were released (empty with `--all-sets` alone).
+    pub sets: Vec<SetUsed>,
+    pub all_sets: bool,
+    pub nodes: Vec<Unpinned>,
+}
+
+pub async fn unpin(mut args: CommonArgs) -> Result<String, Failure> {
     if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
+        if args.unpin.all_sets || args.unpin.release_unowned {
+            eprintln!(
+                "warning: --all-sets and --release-unowned are for direct mode; in cluster mode the \
+                 machine-config daemons keep the pins of the sets left on the cluster"
+            );
+        }
         return super::cluster::unpin(&options, &args).await;
     }
+    let names = take_set_names(&mut args.input)?;
+    let all_sets = args.unpin.all_sets;
     let targets = args.targets.resolve()?;
-    let (sets, _) = command_sets(&args, true).await?;
-    let images = union_of(&sets);
-    let results = futures::future::join_all(targets.iter().map(|t| async {
-        let outcome = engine::unpin(&t.node, t.pin.clone(), &images).await;
-        Unpinned {
-            node: t.node.name.clone(),
-            ok: outcome.is_ok(),
-            message: outcome.unwrap_or_else(|e| e),
+    let (sets, _) = command_sets(&args, !all_sets && names.is_empty()).await?;
+    let mut used: Vec<SetUsed> = sets.iter().map(SetUsed::of).collect();
+    used.extend(names.iter().map(|name| SetUsed::named(name)));
+    let release = Release {
+        sets: match all_sets {
+            true => Sets::All,
+            false => Sets::Named(used.iter().map(|s| s.name.clone()).collect()),
+        },
+        images: union_of(&sets).into_iter().collect(),
+        release_unowned: args.unpin.release_unowned,
+    };
+    unknown_names(&targets, &names).await?;
+    let nodes = futures::future::join_all(targets.iter().map(|t| async {
+        let node = t.node.name.clone();
+        match engine::unpin(&t.node, t.pin.clone(), &release).await {
+            Ok(done) => Unpinned {
+                node,
+                ok: true,
+                report: UnpinReport::of(&done.changes),
+                message: done.note,
+            },
+            Err(e) => Unpinned {
+                node,
+                ok: false,
+                report: UnpinReport::default(),
+                message: Some(e),
+            },
         }
     }))
     .await;
-    let text = render(&results, args.output(), || {
-        let rows: Vec<Vec<String>> = results
-            .iter()
-            .map(|u| {
-                let word = if u.ok { "✓ unpinned" } else { "✗ failed" };
-                vec![u.node.clone(), word.into(), u.message.clone()]
-            })
-            .collect();
-        let headers = ["NODE", "RESULT", "DETAIL"].map(String::from);
-        table(&headers, &rows, &|_, _, text| text.to_string())
-    })?;
-    let failed: Vec<String> = results
+    let output = UnpinOutput {
+        sets: used,
+        all_sets,
+        nodes,
+    };
+    let text = render(&output, args.output(), || unpin_table(&output))?;
+    let failed: Vec<String> = output
+        .nodes
         .iter()
         .filter(|u| !u.ok)
         .map(|u| {
             format!(
                 "{}: not unpinned: {}; fix it and run unpin again",
-                u.node, u.message
+                u.node,
+                u.message.as_deref().unwrap_or_default()
             )
         })
         .collect();
@@ -346,11 +447,93 @@ pub async fn unpin(args: CommonArgs) -> Result<String, Failure> {
     }
     let _ = std::io::stdout().write_all(text.as_bytes());
     Err(Failure {
-        exit: if failed.len() == results.len() {
+        exit: if failed.len() == output.nodes.len() {
             Exit::Unreachable
         } else {
             Exit::NotReady
         },
         lines: failed,
     })
+}
+
+/// Refuses, before anything changes, the `--set NAME`s that name no file and that no node holds a pin for
+/// (a typo, not a set). Said only when every node answered: an unreachable one might hold them.
+async fn unknown_names(targets: &[NodeTarget], names: &[String]) -> Result<(), Failure> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let held = futures::future::join_all(
+        targets
+            .iter()
+            .map(|t| engine::sets_holding(&t.node, t.pin.clone())),
+    )
+    .await;
+    let Ok(held) = held.into_iter().collect::<Result<Vec<_>, _>>() else {
+        return Ok(());
+    };
+    let unknown: Vec<String> = names
+        .iter()
+        .filter(|name| !held.iter().any(|sets| sets.contains(*name)))
+        .map(|name| {
+            format!(
+                "{name}: no such file, and no node holds a pin for a set of that name; \
+                 `pinboard status -o json` shows each pin's heldBy"
+            )
+        })
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure {
+            exit: Exit::BadInput,
+            lines: unknown,
+        })
+    }
+}
+
+/// The sets, then a row per pin concerned on each node (unpinned, or kept and for whom), then what else
+/// each node has to say.
+fn unpin_table(output: &UnpinOutput) -> String {
+    let mut out: String = output.sets.iter().map(|s| s.line(false)).collect();
+    if output.all_sets {
+        out.push_str("every set's hold (--all-sets)\n");
+    }
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for node in &output.nodes {
+        for image in &node.report.unpinned {
+            rows.push(vec![
+                node.node.clone(),
+                short_reference(image),
+                "unpinned".into(),
+                "-".into(),
+            ]);
+        }
+        for kept in &node.report.kept {
+            rows.push(vec![
+                node.node.clone(),
+                short_reference(&kept.reference),
+                "stays pinned".into(),
+                kept.held_by.short(),
+            ]);
+        }
+        match (&node.message, node.ok) {
+            (Some(error), false) => notes.push(format!("{}: ✗ not unpinned: {error}", node.node)),
+            (Some(note), true) => notes.push(format!("{}: {note}", node.node)),
+            (None, true) if rows.iter().all(|r| r[0] != node.node) => {
+                notes.push(format!("{}: nothing held by these sets", node.node))
+            }
+            _ => {}
+        }
+    }
+    if !rows.is_empty() {
+        out.push('\n');
+        let headers = ["NODE", "IMAGE", "PIN", "HELD BY"].map(String::from);
+        out.push_str(&table(&headers, &rows, &|_, _, text| text.to_string()));
+    }
+    if !notes.is_empty() {
+        out.push('\n');
+        out.extend(notes.into_iter().map(|n| n + "\n"));
+    }
+    out
 }

@@ -12,6 +12,7 @@ use crate::backend::node::NodeTarget;
 use crate::backend::readiness::{observe, observe_pulls};
 use crate::backend::registry::Registry;
 use crate::error::{Exit, Failure};
+use crate::model::holders::HeldBy;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::readiness::{
@@ -321,8 +322,17 @@ pub(super) fn readiness_table(nodes: &[NodeReadiness]) -> String {
 }
 
 fn image_cell(image: &ImageReadiness) -> String {
+    let held = image
+        .held_by
+        .as_ref()
+        .map(HeldBy::short)
+        .filter(|h| h != "-");
     match image.reason {
-        None => "✓ pinned".into(),
+        // Direct mode: for whom.
+        None => match held {
+            Some(held) => format!("✓ pinned ({held})"),
+            None => "✓ pinned".into(),
+        },
         Some(ImageReason::NotPinned) => "! not pinned".into(),
         Some(ImageReason::Missing) => "✗ missing".into(),
         Some(ImageReason::Pulling) => "↓ pulling".into(),

@@ -44,7 +44,7 @@ pub enum Command {
     Status(CommonArgs),
     /// Pre-load then pin the images on every node, as the TUI does; then check (exit code as `check`'s).
     Apply(CommonArgs),
-    /// Remove the pins of the images on every node (the images stay).
+    /// Release the sets' holds on every node: a pin goes with its last holder (the images stay).
     Unpin(CommonArgs),
     /// Serve the sets' images as a read-only registry mirror (digests of the sets only) until interrupted;
     /// every blob is fetched from its registry once, into the blob cache.
@@ -153,6 +153,8 @@ mod tests {
         "--timeout",
         "20m",
         "--wait",
+        "--all-sets",
+        "--release-unowned",
         "-o",
         "json",
     ];
@@ -192,6 +194,10 @@ mod tests {
             );
             assert!(common.registry.no_pull_secret);
             assert_eq!(common.cache.cache_max, 100 << 30, "{command}");
+            assert!(
+                common.unpin.all_sets && common.unpin.release_unowned,
+                "{command}"
+            );
         }
         // The TUI without a subcommand takes it too.
         let line = ["pinboard"].iter().chain(APPLY_ARGS);

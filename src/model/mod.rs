@@ -4,6 +4,7 @@ pub mod cluster;
 pub mod crio;
 pub mod diff;
 pub mod export;
+pub mod holders;
 pub mod image;
 pub mod mirror;
 pub mod mirror_rules;

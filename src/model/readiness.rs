@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterView, ImageList, KubeletSettings, NodeSetState, NodeView, Presence};
 use super::crio::{CrioConfig, Unpinned, explain_unpinned};
+use super::holders::{HeldBy, Holders};
 use super::plan::{NodePlan, Verdict};
 use super::rollout::PinMethod;
 use super::set::ImageSet;
@@ -72,6 +73,8 @@ pub struct ImageObserved {
     pub names: Vec<String>,
     /// A pull of the (missing) image the runtime is running now, where it tells (containerd).
     pub pulling: Option<PullSeen>,
+    /// Who holds its pin, by the node's record (drop-in marks, holder labels); None: could not be read.
+    pub holders: Option<Holders>,
 }
 
 /// A pull in flight, as the runtime's content ingests show it.
@@ -141,6 +144,9 @@ pub struct ImageReadiness {
     /// What the judgement rests on.
     #[serde(default)]
     pub evidence: Evidence,
+    /// Direct mode: who holds its pin, by the node's record (sets, an administrator, unowned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<HeldBy>,
 }
 
 /// What an image's judgement rests on.
@@ -301,6 +307,7 @@ fn image_readiness(image: &ImageObserved) -> ImageReadiness {
             Some(_) => Evidence::Runtime,
             None => Evidence::None,
         },
+        held_by: image.holders.as_ref().map(HeldBy::from),
     }
 }
 
@@ -931,6 +938,7 @@ mod tests {
             recorded_pinned: recorded,
             names: Vec::new(),
             pulling: None,
+            holders: None,
         }
     }
 

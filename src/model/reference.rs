@@ -272,6 +272,37 @@ pub fn check_pinned(text: &str) -> Result<(), Violation> {
     Ok(())
 }
 
+/// `host/name@sha256:0123456789ab…`: long enough to tell images apart, short enough for a table or a
+/// notice.
+pub fn short_reference(reference: &str) -> String {
+    match reference.split_once("@sha256:") {
+        Some((name, hex)) if hex.len() > 12 => format!("{name}@sha256:{}…", &hex[..12]),
+        _ => reference.to_string(),
+    }
+}
+
+/// `text` with every `@sha256:` digest cut to 12 hex digits, as [`short_reference`] cuts one reference:
+/// a line of a config diff that fits the screen, with what follows the reference still in view.
+pub fn shorten_digests(text: &str) -> String {
+    const MARK: &str = "@sha256:";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(MARK) {
+        let (before, after) = rest.split_at(at + MARK.len());
+        out.push_str(before);
+        let hex = after.chars().take_while(char::is_ascii_hexdigit).count();
+        if hex > 12 {
+            out.push_str(&after[..12]);
+            out.push('…');
+        } else {
+            out.push_str(&after[..hex]);
+        }
+        rest = &after[hex..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,5 +457,21 @@ mod tests {
         );
         assert_eq!(id("quay.io/org/app"), "quay.io/org/app:latest");
         assert_ne!(id("quay.io/org/app:1"), id("quay.io/org/app:2"));
+    }
+
+    #[test]
+    fn short_references_keep_twelve_hex_digits() {
+        let r = format!("quay.io/a@sha256:{}", "0123456789abcdef".repeat(4));
+        assert_eq!(short_reference(&r), "quay.io/a@sha256:0123456789ab…");
+    }
+
+    #[test]
+    fn digests_in_a_line_are_shortened_and_the_rest_kept() {
+        let hex = "0123456789abcdef".repeat(4);
+        let line = format!("  \"quay.io/a@sha256:{hex}\", # pinboard: set-a  b@sha256:12");
+        assert_eq!(
+            shorten_digests(&line),
+            "  \"quay.io/a@sha256:0123456789ab…\", # pinboard: set-a  b@sha256:12"
+        );
     }
 }

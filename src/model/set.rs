@@ -3,6 +3,10 @@
 //!
 //! Parsing takes text, not paths: reading files is the caller's job, so this stays free of I/O. Every
 //! problem names where it is (file and line where there is one), the entry, the rule and the fix.
+//!
+//! A set's name is what holds its pins on the nodes ([`super::holders`]), so sets without one (a list
+//! file, `--image` flags) are named after their content ([`content_name`]): the same images give the same
+//! name, whichever file or flags they come from.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -10,10 +14,13 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_saphyr::Spanned;
+use sha2::{Digest as _, Sha256};
 
 use super::reference::check_pinned;
 
 pub const MAX_ENTRIES: usize = 500;
+/// The longest object name the API server takes (a DNS subdomain).
+pub const MAX_NAME: usize = 253;
 pub const API_GROUP: &str = "machineconfiguration.openshift.io";
 pub const KIND: &str = "PinnedImageSet";
 
@@ -104,6 +111,14 @@ impl ImageSet {
     /// Every rule the set breaks, in entry order. Empty means the API server would accept it.
     pub fn validate(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
+        if let Some(why) = name_problem(&self.name) {
+            problems.push(Problem {
+                origin: self.origin.clone(),
+                entry: None,
+                message: format!("set name {:?} {why}", self.name),
+                fix: "name it with lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (a DNS subdomain, as the API server requires)".into(),
+            });
+        }
         if self.entries.is_empty() {
             problems.push(Problem {
                 origin: self.origin.clone(),
@@ -151,6 +166,49 @@ impl ImageSet {
     }
 }
 
+/// Why `name` cannot name a PinnedImageSet (the API server's DNS-subdomain rule); None when it can.
+pub fn name_problem(name: &str) -> Option<String> {
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if name.is_empty() {
+        Some("is empty".into())
+    } else if name.len() > MAX_NAME {
+        Some(format!("is longer than {MAX_NAME} characters"))
+    } else if !name
+        .chars()
+        .all(|c| alphanumeric(c) || c == '-' || c == '.')
+    {
+        Some("has characters other than lowercase letters, digits, '-' and '.'".into())
+    } else if !name.starts_with(alphanumeric) || !name.ends_with(alphanumeric) {
+        Some("does not start and end with a letter or digit".into())
+    } else {
+        None
+    }
+}
+
+/// The name of a set that has none (a list file, `--image` flags): `images-` and the first 12 hex digits
+/// of the SHA-256 of its distinct references, sorted, one per line. Stable: the same images give the same
+/// name in any order, from any file or flags.
+pub fn content_name<'r>(references: impl IntoIterator<Item = &'r str>) -> String {
+    let distinct: std::collections::BTreeSet<&str> = references.into_iter().collect();
+    let mut hash = Sha256::new();
+    for reference in distinct {
+        hash.update(reference.as_bytes());
+        hash.update(b"\n");
+    }
+    let hex: String = hash.finalize()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("images-{hex}")
+}
+
+/// A set without a name from `--image` flags, named after its content ([`content_name`]).
+pub fn from_image_flags(references: &[String]) -> ImageSet {
+    let mut set = from_flags("", references);
+    set.name = content_name(set.references());
+    set
+}
+
 /// A set from `--image` flags, in the order given.
 pub fn from_flags(name: &str, references: &[String]) -> ImageSet {
     ImageSet {
@@ -168,9 +226,10 @@ pub fn from_flags(name: &str, references: &[String]) -> ImageSet {
     }
 }
 
-/// A set from a list file: one reference per line; `#` starts a comment; blank lines are skipped.
-pub fn parse_list(text: &str, path: &str, name: &str) -> ImageSet {
-    let entries = text
+/// A set from a list file: one reference per line; `#` starts a comment; blank lines are skipped. Named
+/// after its content ([`content_name`]).
+pub fn parse_list(text: &str, path: &str) -> ImageSet {
+    let entries: Vec<Entry> = text
         .lines()
         .enumerate()
         .filter_map(|(i, line)| {
@@ -185,7 +244,7 @@ pub fn parse_list(text: &str, path: &str, name: &str) -> ImageSet {
         })
         .collect();
     ImageSet {
-        name: name.to_string(),
+        name: content_name(entries.iter().map(|e| e.reference.as_str())),
         labels: BTreeMap::new(),
         entries,
         origin: file_origin(path, None),
@@ -416,7 +475,6 @@ spec:
         let set = parse_list(
             &format!("# upgrade images\n\nquay.io/a@{D1}  # base\n  quay.io/b@{D2}\n"),
             "l.txt",
-            "l",
         );
         let got: Vec<(String, String)> = set
             .entries
@@ -439,7 +497,6 @@ spec:
                 "quay.io/a:v1\nlocalhost:5000/a@{D1}\nquay.io/a/b/c@{D1}\nquay.io/a@{D1}\nquay.io/a@{D1}\n"
             ),
             "l.txt",
-            "l",
         );
         let problems: Vec<String> = set.validate().iter().map(ToString::to_string).collect();
         assert_eq!(problems.len(), 4, "{problems:#?}");
@@ -488,6 +545,35 @@ spec:
         assert_eq!(
             from_flags("f", &refs(2)).entries[1].origin.to_string(),
             "--image #2"
+        );
+    }
+
+    #[test]
+    fn sets_without_a_name_are_named_after_their_images_in_any_order() {
+        let a = format!("quay.io/a@{D1}");
+        let b = format!("quay.io/b@{D2}");
+        let listed = parse_list(&format!("{b}\n# comment\n{a}\n"), "l.txt");
+        let flagged = from_image_flags(&[a.clone(), b.clone()]);
+        assert_eq!(listed.name, flagged.name, "same images, same name");
+        assert!(listed.name.starts_with("images-") && listed.name.len() == 19);
+        assert_eq!(name_problem(&listed.name), None);
+        assert_ne!(from_image_flags(&[a]).name, listed.name);
+    }
+
+    #[test]
+    fn set_names_follow_the_api_servers_rule() {
+        for good in ["release-4.19", "a", "set.b-2"] {
+            assert_eq!(name_problem(good), None, "{good}");
+        }
+        for bad in ["", "Set-A", "a_b", "-a", "a.", &"a".repeat(254)] {
+            assert!(name_problem(bad).is_some(), "{bad}");
+        }
+        let problems = from_flags("My Set", &[format!("quay.io/a@{D1}")]).validate();
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0]
+                .to_string()
+                .contains("set name \"My Set\" has characters")
         );
     }
 }

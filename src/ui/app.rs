@@ -15,6 +15,7 @@ use crate::model::cluster::{ClusterUpdate, KubeletSettings};
 use crate::model::crio::CrioConfig;
 pub use crate::model::diff::DiffKind;
 use crate::model::export::pinned_image_set_yaml;
+use crate::model::holders::{Holder, Holders};
 use crate::model::plan::Verdict;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, PinMethod, Rollout};
 use crate::model::set::{self, Entry, ImageSet, Origin, Problem};
@@ -90,6 +91,30 @@ pub struct ConfigNote {
 }
 
 impl ConfigNote {
+    /// `held by: monitoring (2), upgrade-4.19 (3), unowned (1)`: who holds the pins the view writes, one
+    /// count per holder over every pin. None when no one holds any.
+    pub fn held<'h>(pins: impl IntoIterator<Item = &'h Holders>) -> Option<ConfigNote> {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for holders in pins {
+            for holder in holders {
+                let name = match holder {
+                    Holder::Set(name) => name.clone(),
+                    Holder::Admin => "admin".into(),
+                    Holder::Unowned => "unowned".into(),
+                };
+                *counts.entry(name).or_default() += 1;
+            }
+        }
+        let held: Vec<String> = counts
+            .iter()
+            .map(|(name, n)| format!("{name} ({n})"))
+            .collect();
+        (!held.is_empty()).then(|| ConfigNote {
+            text: format!("held by: {}", held.join(", ")),
+            warning: false,
+        })
+    }
+
     /// CRI-O's effective `pinned_images` in `config` once `written` (the drop-in the diff shows) is
     /// written: which file it comes from and, when that is another file, its entries; a warning when it
     /// does not pin every one of `wanted`.
@@ -1245,11 +1270,9 @@ fn import(state: &mut State, path: &Path, text: &str) {
         }
         return;
     }
-    let stem = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("images");
-    let list = set::parse_list(text, &shown, stem);
+    // Named after its images, as the headless commands name a list file's set.
+    let mut list = set::parse_list(text, &shown);
+    list.name = state.unique_set_name(&list.name);
     let count = list.entries.len();
     match state.selected_set_mut() {
         Some(draft) => draft.edit(|set| set.entries.extend(list.entries)),

@@ -11,7 +11,9 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::app::{ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
 use super::theme::Theme;
+use crate::backend::pins;
 use crate::model::crio::{CrioConfig, PinnedImagesSetting};
+use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
@@ -94,11 +96,13 @@ fn node_plan(
 
 fn sets(nodes: &[NodeInfo]) -> Vec<SetDraft> {
     let all: BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    let upgrade = set::parse_list(
-        &format!("{RELEASE}\n{ART}\n{UBI}\n{TAGGED}\n"),
-        "upgrade-4.19.txt",
-        "upgrade-4.19",
-    );
+    let upgrade = ImageSet {
+        name: "upgrade-4.19".into(),
+        ..set::parse_list(
+            &format!("{RELEASE}\n{ART}\n{UBI}\n{TAGGED}\n"),
+            "upgrade-4.19.txt",
+        )
+    };
     let monitoring = ImageSet {
         labels: BTreeMap::from([(
             "machineconfiguration.openshift.io/role".to_string(),
@@ -222,10 +226,29 @@ fn rollout_events(t0: Instant) -> Vec<Event> {
     events
 }
 
+/// The demo set that holds an image of the rollout.
+fn holder_of(image: &str) -> &'static str {
+    if [PROMETHEUS, EXPORTER].contains(&image) {
+        "monitoring"
+    } else {
+        "upgrade-4.19"
+    }
+}
+
 fn config_views() -> BTreeMap<String, ConfigView> {
-    const DROP_IN: &str = "50-pinboard-pinned-images.conf";
     let line = |kind, text: String| (kind, text);
     let wanted: Vec<String> = ROLLOUT.iter().map(|r| r.to_string()).collect();
+    let holds: BTreeMap<String, BTreeSet<String>> = ROLLOUT
+        .iter()
+        .map(|r| (r.to_string(), BTreeSet::from([holder_of(r).to_string()])))
+        .collect();
+    // An earlier pinboard's drop-in, without holder marks: its pin is adopted as unowned.
+    let old = "[crio]\n  [crio.image]\n    pinned_images = [\"registry.redhat.io/ubi9/ubi-minimal@sha256:cba06b5736faf67e54b07b561eae94395e774c517a7d910a54369e1263ccfbd4\"]\n";
+    let new = pins::hold_in_drop_in(Some(old), &holds).expect("the demo's drop-in is valid TOML");
+    let entries =
+        pins::crio_entries(new.as_deref().unwrap_or_default()).expect("written by pinboard");
+    let held = ConfigNote::held(entries.iter().map(|e| &e.holders));
+    let written = entries.into_iter().map(|e| e.pattern).collect();
     let site = CrioConfig {
         settings: vec![PinnedImagesSetting {
             file: "10-site.conf".into(),
@@ -233,26 +256,24 @@ fn config_views() -> BTreeMap<String, ConfigView> {
         }],
     };
     let crio = ConfigView {
-        path: "/etc/crio/crio.conf.d/50-pinboard-pinned-images.conf".into(),
+        path: format!("/etc/crio/crio.conf.d/{}", pins::CRIO_DROP_IN),
         notes: ConfigNote::in_force(
-            &site.with_drop_in(DROP_IN, wanted.clone()),
-            DROP_IN,
+            &site.with_drop_in(pins::CRIO_DROP_IN, written),
+            pins::CRIO_DROP_IN,
             &wanted,
-        ),
-        lines: [
-            line(DiffKind::Same, "# written by pinboard: images pinned on this node".into()),
-            line(DiffKind::Same, "[crio.image]".into()),
-            line(DiffKind::Removed, "pinned_images = [\"registry.redhat.io/ubi9/ubi-minimal@sha256:cba06b5736faf67e54b07b561eae94395e774c517a7d910a54369e1263ccfbd4\"]".into()),
-            line(DiffKind::Added, "pinned_images = [".into()),
-        ]
+        )
         .into_iter()
-        .chain(ROLLOUT.iter().map(|r| line(DiffKind::Added, format!("  \"{r}\","))))
-        .chain([line(DiffKind::Added, "]".into())])
+        .chain(held)
         .collect(),
+        lines: crate::model::diff::lines(Some(old), new.as_deref()),
     };
+    let held: Vec<Holders> = ROLLOUT
+        .iter()
+        .map(|r| Holders::from([Holder::Set(holder_of(r).into())]))
+        .collect();
     let containerd = ConfigView {
-        path: "containerd image labels (io.cri-containerd.pinned=pinned)".into(),
-        notes: Vec::new(),
+        path: "containerd image labels io.cri-containerd.pinned=pinned and pinboard.dev/set.<set> (namespace k8s.io)".into(),
+        notes: ConfigNote::held(&held).into_iter().collect(),
         lines: ROLLOUT
             .iter()
             .map(|r| {
@@ -261,7 +282,7 @@ fn config_views() -> BTreeMap<String, ConfigView> {
                 } else {
                     DiffKind::Added
                 };
-                line(kind, r.to_string())
+                line(kind, format!("{r}  held by {}", holder_of(r)))
             })
             .collect(),
     };

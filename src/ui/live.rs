@@ -23,9 +23,11 @@ use crate::backend::pins::{PinTarget, connect_resolved};
 use crate::backend::registry::Registry;
 use crate::engine::{self, Control, EngineConfig};
 use crate::error::Failure;
+use crate::model::holders::{HeldBy, Holder, Release, Sets, UnpinReport, holders_of};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::release::SetOptions;
+use crate::model::reference::short_reference;
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::Runtime;
 use crate::model::set::ImageSet;
@@ -73,6 +75,7 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
         control: None,
         initial_sets: state.sets.iter().map(|d| d.set.clone()).collect(),
         release_options: common.input.release.set_options(),
+        release_unowned: common.unpin.release_unowned,
     };
     super::run::run(state, backend)
         .await
@@ -102,6 +105,8 @@ struct Live {
     initial_sets: Vec<ImageSet>,
     /// How a release typed at the import prompt becomes sets (`--pool`, `--exclude`, `--release-name`).
     release_options: SetOptions,
+    /// `--release-unowned`: unpinning a set also releases its images' unowned pins.
+    release_unowned: bool,
 }
 
 impl UiBackend for Live {
@@ -139,15 +144,24 @@ impl UiBackend for Live {
             Cmd::Apply { set, nodes, force } => self.apply(set, &nodes, force, tx),
             Cmd::Unpin { set, nodes } => {
                 let (targets, tx, observer) = (self.chosen(&nodes), tx.clone(), self.snapshot());
-                let images: Vec<String> = set.references().map(str::to_string).collect();
+                let release = Release {
+                    sets: Sets::Named(BTreeSet::from([set.name.clone()])),
+                    images: set.references().map(str::to_string).collect(),
+                    release_unowned: self.release_unowned,
+                };
                 tokio::spawn(async move {
                     let outcomes = targets.iter().map(|t| async {
-                        let outcome = engine::unpin(&t.node, t.pin.clone(), &images).await;
-                        format!(
-                            "{}: {}",
-                            t.node.name,
-                            outcome.unwrap_or_else(|e| format!("failed: {e}"))
-                        )
+                        let outcome = match engine::unpin(&t.node, t.pin.clone(), &release).await {
+                            Ok(done) => {
+                                let said = UnpinReport::of(&done.changes).sentence(short_reference);
+                                match done.note {
+                                    Some(note) => format!("{said} ({note})"),
+                                    None => said,
+                                }
+                            }
+                            Err(e) => format!("failed: {e}"),
+                        };
+                        format!("{}: {outcome}", t.node.name)
                     });
                     let lines = futures::future::join_all(outcomes).await;
                     let _ = tx.send(Msg::Notice(lines.join("; ")));
@@ -260,7 +274,7 @@ impl Live {
                 facts,
                 ..
             } = planned;
-            let jobs = crate::targets::jobs(&targets, plans);
+            let jobs = crate::targets::jobs(&targets, plans, &sets);
             let mut engine = engine::start(jobs, Arc::new(facts), credentials, config);
             loop {
                 tokio::select! {
@@ -290,15 +304,14 @@ impl Observer {
         let _ = tx.send(Msg::NodesUpdated(infos));
     }
 
-    /// Per node, what pinning the images of `sets` writes there against what is there now.
+    /// Per node, what pinning the images of `sets` (each held by the sets that list it) writes there
+    /// against what is there now.
     async fn config_views(&self, sets: &[ImageSet]) -> BTreeMap<String, ConfigView> {
-        let wanted: Vec<String> = crate::survey::union_of(sets);
+        let holds = holders_of(sets);
         let views = self.targets.iter().map(|t| async {
             let view = match connect_resolved(&t.node, t.pin.clone(), self.timeout).await {
-                Ok((_, PinTarget::CrioDropIn { config_dir, .. })) => {
-                    crio_view(&config_dir, &wanted)
-                }
-                Ok((client, _)) => containerd_view(&client, &wanted).await,
+                Ok((_, PinTarget::CrioDropIn { config_dir, .. })) => crio_view(&config_dir, &holds),
+                Ok((client, _)) => containerd_view(&client, &holds).await,
                 Err(e) => ConfigView {
                     path: format!("pin method unknown: {e}"),
                     notes: Vec::new(),
@@ -311,29 +324,35 @@ impl Observer {
     }
 }
 
-/// The CRI-O drop-in as it is and as pinning `wanted` (added to what is pinned already) would write it,
-/// under what CRI-O would then have in force.
-fn crio_view(config_dir: &Path, wanted: &[String]) -> ConfigView {
+/// The CRI-O drop-in as it is and as holding the images of `holds` for their sets would write it (each
+/// entry's mark names its sets), under what CRI-O would then have in force.
+fn crio_view(config_dir: &Path, holds: &BTreeMap<String, BTreeSet<String>>) -> ConfigView {
     let path = config_dir.join(pins::CRIO_DROP_IN);
     let old = std::fs::read_to_string(&path).ok();
-    let mut all = pins::read_crio_pins(config_dir).unwrap_or_default();
-    all.extend(wanted.iter().cloned());
-    all.sort();
-    all.dedup();
-    let lines = match pins::crio_drop_in(old.as_deref(), &all) {
+    let new = pins::hold_in_drop_in(old.as_deref(), holds);
+    let lines = match &new {
         Ok(new) => crate::model::diff::lines(old.as_deref(), new.as_deref()),
         Err(e) => vec![(DiffKind::Removed, format!("cannot edit: {e}"))],
     };
-    let notes = match pins::read_crio_config(config_dir) {
+    let written = new
+        .ok()
+        .flatten()
+        .and_then(|text| pins::crio_entries(&text).ok())
+        .unwrap_or_default();
+    let wanted: Vec<String> = holds.keys().cloned().collect();
+    let held = ConfigNote::held(written.iter().map(|e| &e.holders));
+    let mut notes = match pins::read_crio_config(config_dir) {
         Ok(config) => {
-            let written = config.with_drop_in(pins::CRIO_DROP_IN, all);
-            ConfigNote::in_force(&written, pins::CRIO_DROP_IN, wanted)
+            let patterns = written.into_iter().map(|e| e.pattern).collect();
+            let written = config.with_drop_in(pins::CRIO_DROP_IN, patterns);
+            ConfigNote::in_force(&written, pins::CRIO_DROP_IN, &wanted)
         }
         Err(e) => vec![ConfigNote {
             text: format!("what CRI-O has in force is unknown: {e}"),
             warning: true,
         }],
     };
+    notes.extend(held);
     ConfigView {
         path: path.display().to_string(),
         notes,
@@ -341,34 +360,47 @@ fn crio_view(config_dir: &Path, wanted: &[String]) -> ConfigView {
     }
 }
 
-/// containerd keeps pins as image labels: one line per wanted image, added where the label is missing.
-async fn containerd_view(client: &CriClient, wanted: &[String]) -> ConfigView {
+/// containerd keeps pins as image labels: one line per image with who will hold its pin, added where
+/// its sets do not hold it yet.
+async fn containerd_view(
+    client: &CriClient,
+    holds: &BTreeMap<String, BTreeSet<String>>,
+) -> ConfigView {
     let path = format!(
-        "containerd image labels {}={CONTAINERD_PIN_VALUE} (namespace k8s.io)",
-        pins::CONTAINERD_PIN_LABEL
+        "containerd image labels {}={CONTAINERD_PIN_VALUE} and {}<set> (namespace k8s.io)",
+        pins::CONTAINERD_PIN_LABEL,
+        pins::set_label("")
     );
-    let statuses = client.image_statuses(wanted).await;
-    let mut lines = Vec::with_capacity(wanted.len());
-    for (image, status) in wanted.iter().zip(statuses) {
-        let labelled = match status {
-            Ok(Some(status)) => pins::pinned_by_label(client, image, &status)
-                .await
-                .unwrap_or(false),
+    let images = pins::containerd_images(client).await.unwrap_or_default();
+    let references: Vec<String> = holds.keys().cloned().collect();
+    let statuses = client.image_statuses(&references).await;
+    let mut held = Vec::new();
+    let lines = holds
+        .iter()
+        .zip(statuses)
+        .map(|((image, sets), status)| {
             // Not on the node yet: pinning labels it once it is pulled.
-            _ => false,
-        };
-        lines.push((
-            if labelled {
+            let before = match status {
+                Ok(Some(status)) => pins::image_named(&images, &pins::cri_names(image, &status))
+                    .map(pins::ContainerdImage::holders),
+                _ => None,
+            }
+            .unwrap_or_default();
+            let mut after = before.clone();
+            after.extend(sets.iter().map(|s| Holder::Set(s.clone())));
+            let kind = if after == before {
                 DiffKind::Same
             } else {
                 DiffKind::Added
-            },
-            image.clone(),
-        ));
-    }
+            };
+            let line = format!("{image}  held by {}", HeldBy::from(&after).short());
+            held.push(after);
+            (kind, line)
+        })
+        .collect();
     ConfigView {
         path,
-        notes: Vec::new(),
+        notes: ConfigNote::held(&held).into_iter().collect(),
         lines,
     }
 }
@@ -438,23 +470,10 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
                             .count()
                     })
             }
-            _ => {
-                let mut count = 0;
-                for image in &images {
-                    let name = image
-                        .repo_digests
-                        .first()
-                        .or(image.repo_tags.first())
-                        .unwrap_or(&image.id);
-                    if pins::pinned_by_label(&client, name, image)
-                        .await
-                        .unwrap_or(false)
-                    {
-                        count += 1;
-                    }
-                }
-                Some(count)
-            }
+            _ => pins::containerd_images(&client)
+                .await
+                .ok()
+                .map(|images| images.iter().filter(|i| i.pin_labelled()).count()),
         }
     };
     info

@@ -14,6 +14,7 @@ use super::render::{
 use super::status::{Tone, image_status, node_status, pin_method_label, verdict_label};
 use super::theme::{Role, Theme};
 use crate::model::plan::{NodePlan, Verdict};
+use crate::model::reference::shorten_digests;
 use crate::model::rollout::{ImageRollout, ImageState, NodeRollout, NodeState};
 use crate::model::units::{human, human_signed};
 use crate::survey::Survey;
@@ -901,6 +902,8 @@ pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
             view.lines[first..]
                 .iter()
                 .take(rows)
+                // Digests cut short, so that what follows a reference (who holds it) stays in view.
+                .map(|(kind, text)| (kind, shorten_digests(text)))
                 .map(|(kind, text)| match kind {
                     DiffKind::Added => {
                         Line::styled(format!("+ {text}"), fg(theme.role(Role::Added)))

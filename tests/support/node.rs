@@ -188,6 +188,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         String::from_utf8(out.stdout).expect("ctr prints UTF-8")
     }
 
+    /// `ctr images label NAME LABEL`: labels an image record by hand, as an administrator would (e.g.
+    /// `io.cri-containerd.pinned=pinned`).
+    pub fn label(&self, name: &str, label: &str) {
+        let out = ctr(&self.socket)
+            .args(["images", "label", name, label])
+            .output()
+            .expect("ctr runs");
+        assert!(
+            out.status.success(),
+            "ctr images label: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     pub fn imagefs_dir(&self) -> PathBuf {
         self.root.join("io.containerd.snapshotter.v1.native")
     }
