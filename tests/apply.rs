@@ -376,7 +376,7 @@ fn unpinning_one_set_keeps_the_pins_another_set_holds() {
     }
     let text = std::fs::read_to_string(&drop_in).unwrap();
     assert!(text.contains(&admin_line), "{text}");
-    assert_eq!(read_crio_pins(crio.path()).unwrap(), [admins.clone()]);
+    assert_eq!(read_crio_pins(crio.path()).unwrap(), std::slice::from_ref(&admins));
     let (_, admin_view, _) = readiness(&with(&["--image", &admins]));
     let n2 = &admin_view.nodes[1];
     assert_eq!(n2.images[0].reason, None, "{n2:?}");

@@ -1,7 +1,8 @@
 //! End to end: the real `pinboard` binary in tmux against the lab (3 containerd nodes, one too small for
 //! the set). The test composes a set by keystrokes, applies it, and watches the rollout end with the small
 //! node refused and the other two pulled and pinned: one through containerd's label, one through a CRI-O
-//! drop-in in a config dir the test provides, reloaded by a signal to a process the test names.
+//! drop-in in a config dir the test provides, reloaded by a signal to a process the test names. Then
+//! another set holds one of the images, and unpinning the first set in the TUI keeps that pin and says so.
 
 mod support;
 
@@ -151,14 +152,15 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
     );
     let mut sorted = references.clone();
     sorted.sort();
-    let quoted: Vec<String> = sorted.iter().map(|r| format!("\"{r}\"")).collect();
-    let expected = format!(
-        "[crio]\n  [crio.image]\n    pinned_images = [{}]\n",
-        quoted.join(", ")
-    );
-    assert_eq!(
-        std::fs::read_to_string(crio_dir.join("50-pinned-images")).unwrap(),
-        expected
+    let entries: String = sorted
+        .iter()
+        .map(|r| format!("      \"{r}\", # pinboard: upgrade\n"))
+        .collect();
+    let expected = format!("[crio]\n  [crio.image]\n    pinned_images = [\n{entries}    ]\n");
+    let written = std::fs::read_to_string(crio_dir.join("50-pinned-images")).unwrap();
+    assert!(
+        written.starts_with("# pinboard marks each entry") && written.ends_with(&expected),
+        "{written}"
     );
     let deadline = Instant::now() + Duration::from_secs(5);
     while !std::fs::read_to_string(&hup_log)
@@ -172,6 +174,59 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+
+    // Another set holds the first image too (applied headlessly, from anywhere): unpinning `upgrade` in
+    // the TUI keeps that pin, and says so.
+    let keep = work.join("keep.txt");
+    std::fs::write(&keep, format!("{}\n", references[0])).unwrap();
+    let applied = support::pinboard([
+        "apply",
+        "--nodes",
+        &nodes_file.display().to_string(),
+        "--insecure-registry",
+        &lab.proxy_host(),
+        "--min-free",
+        "4Mi",
+        "--images-file",
+        &keep.display().to_string(),
+    ]);
+    assert_eq!(applied.code, 1, "n1 is refused again:\n{}", applied.stdout);
+    let keep_name = applied
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .expect("the set's name")
+        .to_string();
+    assert!(keep_name.starts_with("images-"), "{}", applied.stdout);
+    tmux.keys(&["2", "U"]);
+    tmux.wait_for("unpin set upgrade", Duration::from_secs(5));
+    tmux.keys(&["y"]);
+    let said = tmux.wait_for(
+        &format!("stays pinned for {keep_name}"),
+        Duration::from_secs(20),
+    );
+    assert!(
+        said.contains("n2, n3: unpinned 3 images; e2e/app0@sha256:"),
+        "{said}"
+    );
+    let n3 = lab.node("n3").images_ls();
+    for (i, reference) in references.iter().enumerate() {
+        let line = n3
+            .lines()
+            .find(|l| l.starts_with(reference.as_str()))
+            .unwrap();
+        assert_eq!(
+            line.contains("io.cri-containerd.pinned=pinned"),
+            i == 0,
+            "only the image the other set holds stays pinned: {line}"
+        );
+    }
+    let written = std::fs::read_to_string(crio_dir.join("50-pinned-images")).unwrap();
+    assert!(
+        written.contains(&format!("\"{}\", # pinboard: {keep_name}\n", references[0]))
+            && !written.contains("upgrade"),
+        "{written}"
+    );
 
     // Quitting restores the terminal and exits 0; the log went to a file, not the screen.
     tmux.keys(&["q"]);

@@ -239,12 +239,14 @@ impl UnpinReport {
         }
     }
 
-    /// `unpinned x; y stays pinned for set-b`, with `short` shortening references.
+    /// `unpinned 3 images; y stays pinned for set-b`, with `short` shortening references: short enough
+    /// for one line when it is the same on several nodes.
     pub fn sentence(&self, short: impl Fn(&str) -> String) -> String {
         let mut parts = Vec::new();
-        if !self.unpinned.is_empty() {
-            let names: Vec<String> = self.unpinned.iter().map(|r| short(r)).collect();
-            parts.push(format!("unpinned {}", names.join(", ")));
+        match self.unpinned.as_slice() {
+            [] => {}
+            [one] => parts.push(format!("unpinned {}", short(one))),
+            many => parts.push(format!("unpinned {} images", many.len())),
         }
         parts.extend(
             self.kept
@@ -252,7 +254,7 @@ impl UnpinReport {
                 .map(|k| format!("{} {}", short(&k.reference), k.words)),
         );
         if parts.is_empty() {
-            "nothing held by these sets here".into()
+            "nothing held by these sets".into()
         } else {
             parts.join("; ")
         }
@@ -341,6 +343,16 @@ mod tests {
         let removed = unpin_a
             .change("v", &holders(&[set("a")]), &["v".into()])
             .unwrap();
+        let also = unpin_a
+            .change("w", &holders(&[set("a")]), &["w".into()])
+            .unwrap();
+        let shared = unpin_a
+            .change("y", &holders(&[set("a"), set("b")]), &["y".into()])
+            .unwrap();
+        assert_eq!(
+            UnpinReport::of(&[removed.clone(), also, shared]).sentence(|r| r.to_string()),
+            "unpinned 2 images; y stays pinned for b"
+        );
         let report = UnpinReport::of(&[kept, removed]);
         assert_eq!(report.unpinned, ["v"]);
         assert_eq!(report.kept[0].held_by.short(), "admin");

@@ -151,20 +151,26 @@ impl UiBackend for Live {
                 };
                 tokio::spawn(async move {
                     let outcomes = targets.iter().map(|t| async {
-                        let outcome = match engine::unpin(&t.node, t.pin.clone(), &release).await {
+                        let said = match engine::unpin(&t.node, t.pin.clone(), &release).await {
                             Ok(done) => {
-                                let said = UnpinReport::of(&done.changes).sentence(short_reference);
+                                // Without the registry: the notice is one line.
+                                let short = |r: &str| {
+                                    short_reference(r.split_once('/').map_or(r, |(_, rest)| rest))
+                                };
+                                let report = UnpinReport::of(&done.changes);
+                                let said = report.sentence(short);
                                 match done.note {
-                                    Some(note) => format!("{said} ({note})"),
-                                    None => said,
+                                    Some(note) => Some(format!("{said} ({note})")),
+                                    None if report == UnpinReport::default() => None,
+                                    None => Some(said),
                                 }
                             }
-                            Err(e) => format!("failed: {e}"),
+                            Err(e) => Some(format!("failed: {e}")),
                         };
-                        format!("{}: {outcome}", t.node.name)
+                        (t.node.name.clone(), said)
                     });
-                    let lines = futures::future::join_all(outcomes).await;
-                    let _ = tx.send(Msg::Notice(lines.join("; ")));
+                    let outcomes = futures::future::join_all(outcomes).await;
+                    let _ = tx.send(Msg::Notice(by_outcome(outcomes)));
                     observer.send_nodes(&tx).await;
                     let _ = tx.send(Msg::ConfigViews(observer.config_views(&[set]).await));
                 });
@@ -322,6 +328,34 @@ impl Observer {
         });
         futures::future::join_all(views).await.into_iter().collect()
     }
+}
+
+/// `n2, n3: unpinned 3 images; e2e/y@sha256:… stays pinned for set-b`: nodes with the same outcome said
+/// once, in the order given; nodes where nothing happened only when that is all there is to say.
+fn by_outcome(outcomes: Vec<(String, Option<String>)>) -> String {
+    let nothing = "nothing held by this set".to_string();
+    let said: Vec<(String, String)> = match outcomes.iter().all(|(_, said)| said.is_none()) {
+        true => outcomes
+            .into_iter()
+            .map(|(node, _)| (node, nothing.clone()))
+            .collect(),
+        false => outcomes
+            .into_iter()
+            .filter_map(|(node, said)| Some((node, said?)))
+            .collect(),
+    };
+    let mut grouped: Vec<(Vec<String>, String)> = Vec::new();
+    for (node, said) in said {
+        match grouped.iter_mut().find(|(_, s)| *s == said) {
+            Some((nodes, _)) => nodes.push(node),
+            None => grouped.push((vec![node], said)),
+        }
+    }
+    grouped
+        .into_iter()
+        .map(|(nodes, said)| format!("{}: {said}", nodes.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The CRI-O drop-in as it is and as holding the images of `holds` for their sets would write it (each
