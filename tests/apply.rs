@@ -29,10 +29,18 @@ fn readiness(common: &[String]) -> (i32, Readiness, String) {
     (code, parsed, stderr)
 }
 
-#[test]
-fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
+/// A lab whose n1 pins with the containerd label and n2 through a CRI-O drop-in (a nodes file with
+/// `pin: crio-drop-in`, a temporary config dir, no reload), and a small image pushed for each repository.
+struct TwoNodes {
+    lab: Lab,
+    crio: tempfile::TempDir,
+    nodes_file: std::path::PathBuf,
+    images: Vec<String>,
+}
+
+fn two_nodes(name: &str, repositories: &[&str]) -> TwoNodes {
     let lab = Lab::start(
-        "apply-crio",
+        name,
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 32 * MI), NodeSpec::new("n2", 32 * MI)],
             apiserver: false,
@@ -40,17 +48,19 @@ fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
         },
     )
     .expect("lab starts");
-    let images: Vec<String> = (0..2u64)
-        .map(|i| {
+    let images = repositories
+        .iter()
+        .zip(800..)
+        .map(|(repository, seed)| {
             let spec = ImageSpec {
                 layers: vec![LayerSpec {
-                    seed: 800 + i,
+                    seed,
                     bytes: 64 * 1024,
                     format: LayerFormat::Gzip,
                 }],
                 ..ImageSpec::default()
             };
-            lab.push_image(&format!("apply/app{i}"), &spec)
+            lab.push_image(repository, &spec)
                 .expect("push")
                 .reference(&lab.registry_host())
         })
@@ -68,6 +78,22 @@ fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
         ),
     )
     .unwrap();
+    TwoNodes {
+        lab,
+        crio,
+        nodes_file,
+        images,
+    }
+}
+
+#[test]
+fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
+    let TwoNodes {
+        lab,
+        crio,
+        nodes_file,
+        images,
+    } = two_nodes("apply-crio", &["apply/app0", "apply/app1"]);
     let mut common: Vec<String> = vec!["--nodes".into(), nodes_file.display().to_string()];
     for image in &images {
         common.extend(["--image".into(), image.clone()]);
@@ -238,41 +264,16 @@ fn held_by(common: &[String]) -> Vec<Vec<(Vec<String>, bool)>> {
 
 #[test]
 fn unpinning_one_set_keeps_the_pins_another_set_holds() {
-    let lab = Lab::start(
+    let TwoNodes {
+        lab,
+        crio,
+        nodes_file,
+        images,
+    } = two_nodes(
         "apply-holders",
-        LabConfig {
-            nodes: vec![NodeSpec::new("n1", 32 * MI), NodeSpec::new("n2", 32 * MI)],
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
-    let [x, y, z, admins]: [String; 4] = ["x", "y", "z", "admins"].map(|name| {
-        let spec = ImageSpec {
-            layers: vec![LayerSpec {
-                seed: 900 + name.len() as u64 + name.as_bytes()[0] as u64,
-                bytes: 32 * 1024,
-                format: LayerFormat::Gzip,
-            }],
-            ..ImageSpec::default()
-        };
-        lab.push_image(&format!("holders/{name}"), &spec)
-            .expect("push")
-            .reference(&lab.registry_host())
-    });
-    let crio = tempfile::tempdir().unwrap();
-    let nodes_file = lab.dir().join("nodes.yaml");
-    std::fs::write(
-        &nodes_file,
-        format!(
-            "- name: n1\n  endpoint: {}\n- name: n2\n  endpoint: {}\n  pin: crio-drop-in\n  \
-             crioConfigDir: {}\n  crioReload: none\n",
-            lab.node("n1").endpoint(),
-            lab.node("n2").endpoint(),
-            crio.path().display()
-        ),
-    )
-    .unwrap();
+        &["holders/x", "holders/y", "holders/z", "holders/admins"],
+    );
+    let [x, y, z, admins] = <[String; 4]>::try_from(images).unwrap();
     let base: Vec<String> = [
         "--nodes",
         &nodes_file.display().to_string(),
@@ -376,7 +377,10 @@ fn unpinning_one_set_keeps_the_pins_another_set_holds() {
     }
     let text = std::fs::read_to_string(&drop_in).unwrap();
     assert!(text.contains(&admin_line), "{text}");
-    assert_eq!(read_crio_pins(crio.path()).unwrap(), std::slice::from_ref(&admins));
+    assert_eq!(
+        read_crio_pins(crio.path()).unwrap(),
+        std::slice::from_ref(&admins)
+    );
     let (_, admin_view, _) = readiness(&with(&["--image", &admins]));
     let n2 = &admin_view.nodes[1];
     assert_eq!(n2.images[0].reason, None, "{n2:?}");

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use pinboard::backend::cri::CriClient;
 use pinboard::backend::pins::{hold_containerd, record_labels, release_containerd};
-use pinboard::model::holders::{Holder, Holders, Release, Sets};
+use pinboard::model::holders::{Holder, Holders, Release, holders_of};
+use pinboard::model::set::from_flags;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 
 const PINNED: &str = "io.cri-containerd.pinned=pinned";
@@ -34,19 +35,24 @@ fn record(lab: &Lab, name: &str) -> String {
         .unwrap_or_else(|| panic!("no record {name}"))
 }
 
+/// Each of `images` held by each of `sets`.
 fn holds(images: &[&str], sets: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
-    images
-        .iter()
-        .map(|i| (i.to_string(), sets.iter().map(|s| s.to_string()).collect()))
-        .collect()
+    let images: Vec<String> = images.iter().map(|i| i.to_string()).collect();
+    let sets: Vec<_> = sets.iter().map(|name| from_flags(name, &images)).collect();
+    holders_of(&sets)
 }
 
-fn release(sets: &[&str], images: &[&str], release_unowned: bool) -> Release {
-    Release {
-        sets: Sets::Named(sets.iter().map(|s| s.to_string()).collect()),
-        images: images.iter().map(|s| s.to_string()).collect(),
-        release_unowned,
-    }
+/// A lab with one containerd node, n1.
+fn one_node(name: &str) -> Lab {
+    Lab::start(
+        name,
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 64 << 20)],
+            apiserver: false,
+            ..LabConfig::default()
+        },
+    )
+    .expect("the lab must start")
 }
 
 fn image(lab: &Lab, repo: &str, seed: u64) -> support::PushedImage {
@@ -63,15 +69,7 @@ fn image(lab: &Lab, repo: &str, seed: u64) -> support::PushedImage {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn each_set_holds_the_pin_by_a_label_and_the_pin_goes_with_the_last() {
-    let lab = Lab::start(
-        "pins-label",
-        LabConfig {
-            nodes: vec![NodeSpec::new("n1", 64 << 20)],
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("the lab must start");
+    let lab = one_node("pins-label");
     let pushed = image(&lab, "pins/app", 41);
     let reference = pushed.reference(&lab.registry_host());
     let client = CriClient::connect(
@@ -110,7 +108,7 @@ async fn each_set_holds_the_pin_by_a_label_and_the_pin_goes_with_the_last() {
     }
 
     // Releasing set-a keeps the pin for set-b, on every record.
-    let changes = release_containerd(&client, &release(&["set-a"], &[], false))
+    let changes = release_containerd(&client, &Release::of_sets(&["set-a"], &[], false))
         .await
         .unwrap();
     assert_eq!(changes.len(), 1, "{changes:?}");
@@ -124,7 +122,7 @@ async fn each_set_holds_the_pin_by_a_label_and_the_pin_goes_with_the_last() {
         assert!(line.contains(PINNED) && !line.contains("set-a"), "{line}");
     }
     // The last holder takes the pin label with it; the image stays.
-    let changes = release_containerd(&client, &release(&["set-b"], &[], false))
+    let changes = release_containerd(&client, &Release::of_sets(&["set-b"], &[], false))
         .await
         .unwrap();
     assert!(changes[0].removed());
@@ -156,15 +154,7 @@ async fn each_set_holds_the_pin_by_a_label_and_the_pin_goes_with_the_last() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pin_someone_else_set_is_adopted_and_stays_until_released_on_purpose() {
-    let lab = Lab::start(
-        "pins-adopt",
-        LabConfig {
-            nodes: vec![NodeSpec::new("n1", 64 << 20)],
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("the lab must start");
+    let lab = one_node("pins-adopt");
     let reference = image(&lab, "pins/admin", 42).reference(&lab.registry_host());
     // An administrator (or pinboard before holders) pinned it by hand.
     lab.node("n1").pull(&reference).unwrap();
@@ -177,7 +167,7 @@ async fn a_pin_someone_else_set_is_adopted_and_stays_until_released_on_purpose()
     .unwrap();
 
     // Releasing a set that does not hold it, even one that lists it: the pin stays, reported as unowned.
-    let changes = release_containerd(&client, &release(&["set-a"], &[&reference], false))
+    let changes = release_containerd(&client, &Release::of_sets(&["set-a"], &[&reference], false))
         .await
         .unwrap();
     assert_eq!(changes.len(), 1);
@@ -193,19 +183,22 @@ async fn a_pin_someone_else_set_is_adopted_and_stays_until_released_on_purpose()
         line.contains("pinboard.dev/unowned=adopted") && line.contains("pinboard.dev/set.set-a"),
         "{line}"
     );
-    release_containerd(&client, &release(&["set-a"], &[&reference], false))
+    release_containerd(&client, &Release::of_sets(&["set-a"], &[&reference], false))
         .await
         .unwrap();
     let line = record(&lab, &reference);
     assert!(line.contains(PINNED) && !line.contains("set-a"), "{line}");
 
     // --release-unowned, for an image the command names, takes it; for others it does nothing.
-    let other = release_containerd(&client, &release(&[], &["quay.io/x@sha256:1"], true))
-        .await
-        .unwrap();
+    let other = release_containerd(
+        &client,
+        &Release::of_sets(&[], &["quay.io/x@sha256:1"], true),
+    )
+    .await
+    .unwrap();
     assert!(other.is_empty(), "{other:?}");
     assert!(record(&lab, &reference).contains(PINNED));
-    let changes = release_containerd(&client, &release(&[], &[&reference], true))
+    let changes = release_containerd(&client, &Release::of_sets(&[], &[&reference], true))
         .await
         .unwrap();
     assert!(changes[0].removed());
@@ -221,15 +214,7 @@ async fn unpinning_releases_the_set_and_keeps_images() {
     use pinboard::backend::pins::{PinTarget, Reload, hold_crio_pins, read_crio_pins};
     use pinboard::engine::unpin;
 
-    let lab = Lab::start(
-        "pins-unpin",
-        LabConfig {
-            nodes: vec![NodeSpec::new("n1", 64 << 20)],
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("the lab must start");
+    let lab = one_node("pins-unpin");
     let refs: Vec<String> = [51, 52]
         .iter()
         .map(|&s| image(&lab, &format!("unpin/app{s}"), s).reference(&lab.registry_host()))
@@ -252,7 +237,7 @@ async fn unpinning_releases_the_set_and_keeps_images() {
         name: "n1".into(),
         endpoint,
     };
-    let unpin_a = release(&["set-a"], &refs_str, false);
+    let unpin_a = Release::of_sets(&["set-a"], &refs_str, false);
 
     let done = unpin(&node, PinTarget::ContainerdLabel, &unpin_a)
         .await

@@ -1015,26 +1015,19 @@ pub(crate) fn write_if_changed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::holders::Sets;
+    use crate::model::holders::{Sets, holders_of};
+    use crate::model::set::{ImageSet, from_flags};
 
-    /// Images each held by the sets named: `&[("a@sha256:1", &["set-a"])]`.
-    fn holds(list: &[(&str, &[&str])]) -> BTreeMap<String, BTreeSet<String>> {
-        list.iter()
-            .map(|(image, sets)| {
-                (
-                    image.to_string(),
-                    sets.iter().map(|s| s.to_string()).collect(),
-                )
+    /// Each image held by the sets that list it.
+    fn holds(sets: &[(&str, &[&str])]) -> BTreeMap<String, BTreeSet<String>> {
+        let sets: Vec<ImageSet> = sets
+            .iter()
+            .map(|(name, images)| {
+                let images: Vec<String> = images.iter().map(|i| i.to_string()).collect();
+                from_flags(name, &images)
             })
-            .collect()
-    }
-
-    fn release(sets: &[&str], images: &[&str], release_unowned: bool) -> Release {
-        Release {
-            sets: Sets::Named(sets.iter().map(|s| s.to_string()).collect()),
-            images: images.iter().map(|s| s.to_string()).collect(),
-            release_unowned,
-        }
+            .collect();
+        holders_of(&sets)
     }
 
     fn set(name: &str) -> Holder {
@@ -1054,8 +1047,8 @@ mod tests {
         let new = hold_in_drop_in(
             None,
             &holds(&[
-                ("b@sha256:2", &["set-b"]),
-                ("a@sha256:1", &["set-a", "set-b"]),
+                ("set-b", &["b@sha256:2", "a@sha256:1"]),
+                ("set-a", &["a@sha256:1"]),
             ]),
         )
         .unwrap()
@@ -1073,9 +1066,9 @@ mod tests {
             Holders::from([set("set-a"), set("set-b")])
         );
         // Holding again changes nothing; another set is added to the entry, not a second entry.
-        let again = hold_in_drop_in(Some(&new), &holds(&[("a@sha256:1", &["set-a"])])).unwrap();
+        let again = hold_in_drop_in(Some(&new), &holds(&[("set-a", &["a@sha256:1"])])).unwrap();
         assert_eq!(again.as_deref(), Some(new.as_str()));
-        let more = hold_in_drop_in(Some(&new), &holds(&[("b@sha256:2", &["set-c"])]))
+        let more = hold_in_drop_in(Some(&new), &holds(&[("set-c", &["b@sha256:2"])]))
             .unwrap()
             .unwrap();
         assert!(
@@ -1090,15 +1083,14 @@ mod tests {
         let both = hold_in_drop_in(
             None,
             &holds(&[
-                ("x@sha256:1", &["set-a"]),
-                ("y@sha256:2", &["set-a", "set-b"]),
-                ("z@sha256:3", &["set-b"]),
+                ("set-a", &["x@sha256:1", "y@sha256:2"]),
+                ("set-b", &["y@sha256:2", "z@sha256:3"]),
             ]),
         )
         .unwrap();
         let (after_a, changes) = release_in_drop_in(
             both.as_deref(),
-            &release(&["set-a"], &["x@sha256:1", "y@sha256:2"], false),
+            &Release::of_sets(&["set-a"], &["x@sha256:1", "y@sha256:2"], false),
         )
         .unwrap();
         let after_a = after_a.unwrap();
@@ -1118,13 +1110,13 @@ mod tests {
         assert_eq!(kept, [("y@sha256:2", &Holders::from([set("set-b")]))]);
         // The last set goes: nothing else is in the file, so the file goes.
         let (gone, _) =
-            release_in_drop_in(Some(&after_a), &release(&["set-b"], &[], false)).unwrap();
+            release_in_drop_in(Some(&after_a), &Release::of_sets(&["set-b"], &[], false)).unwrap();
         assert_eq!(gone, None);
     }
 
     #[test]
     fn an_administrators_entries_comments_and_keys_survive_every_release() {
-        let marked = hold_in_drop_in(None, &holds(&[("x@sha256:1", &["set-a"])]))
+        let marked = hold_in_drop_in(None, &holds(&[("set-a", &["x@sha256:1"])]))
             .unwrap()
             .unwrap();
         // An administrator adds an entry of their own with a comment, a glob, and another key.
@@ -1173,7 +1165,7 @@ mod tests {
                 .iter()
                 .all(|e| e.holders == Holders::from([Holder::Unowned]))
         );
-        let held = hold_in_drop_in(Some(old), &holds(&[("y@sha256:2", &["set-b"])]))
+        let held = hold_in_drop_in(Some(old), &holds(&[("set-b", &["y@sha256:2"])]))
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -1183,18 +1175,24 @@ mod tests {
             )
         );
         // Unpinning set-b keeps y for its earlier, unowned pin; only --release-unowned for y takes it.
-        let (kept, _) =
-            release_in_drop_in(Some(&held), &release(&["set-b"], &["y@sha256:2"], false)).unwrap();
+        let (kept, _) = release_in_drop_in(
+            Some(&held),
+            &Release::of_sets(&["set-b"], &["y@sha256:2"], false),
+        )
+        .unwrap();
         assert_eq!(
             crio_reads(kept.as_deref().unwrap()),
             ["old@sha256:0", "y@sha256:2"]
         );
-        let (released, _) =
-            release_in_drop_in(Some(&held), &release(&["set-b"], &["y@sha256:2"], true)).unwrap();
+        let (released, _) = release_in_drop_in(
+            Some(&held),
+            &Release::of_sets(&["set-b"], &["y@sha256:2"], true),
+        )
+        .unwrap();
         assert_eq!(crio_reads(released.as_deref().unwrap()), ["old@sha256:0"]);
         // Releasing what no entry holds leaves the file as it is, even one from before marks.
         let (same, changes) =
-            release_in_drop_in(Some(old), &release(&["set-z"], &[], false)).unwrap();
+            release_in_drop_in(Some(old), &Release::of_sets(&["set-z"], &[], false)).unwrap();
         assert_eq!(same.as_deref(), Some(old));
         assert!(changes.is_empty());
     }
@@ -1209,7 +1207,7 @@ mod tests {
 
     #[test]
     fn broken_drop_ins_are_refused_naming_the_problem() {
-        let one = holds(&[("a", &["set-a"])]);
+        let one = holds(&[("set-a", &["a"])]);
         assert!(
             hold_in_drop_in(Some("crio = 1"), &one)
                 .unwrap_err()
@@ -1232,20 +1230,22 @@ mod tests {
     fn writes_only_on_change_keeps_mode_and_the_last_release_deletes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(CRIO_DROP_IN);
-        assert!(hold_crio_pins(dir.path(), &holds(&[("a", &["set-a"])])).unwrap());
+        assert!(hold_crio_pins(dir.path(), &holds(&[("set-a", &["a"])])).unwrap());
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         let inode = fs::metadata(&path).unwrap().ino();
-        assert!(!hold_crio_pins(dir.path(), &holds(&[("a", &["set-a"])])).unwrap());
+        assert!(!hold_crio_pins(dir.path(), &holds(&[("set-a", &["a"])])).unwrap());
         assert_eq!(fs::metadata(&path).unwrap().ino(), inode, "not rewritten");
-        assert!(hold_crio_pins(dir.path(), &holds(&[("b", &["set-a"])])).unwrap());
+        assert!(hold_crio_pins(dir.path(), &holds(&[("set-a", &["b"])])).unwrap());
         let meta = fs::metadata(&path).unwrap();
         assert_ne!(meta.ino(), inode, "replaced by rename");
         assert_eq!(meta.mode() & 0o7777, 0o600);
         assert_eq!(read_crio_pins(dir.path()).unwrap(), ["a", "b"]);
-        let (changed, _) = release_crio_pins(dir.path(), &release(&["set-a"], &[], false)).unwrap();
+        let (changed, _) =
+            release_crio_pins(dir.path(), &Release::of_sets(&["set-a"], &[], false)).unwrap();
         assert!(changed);
         assert!(!path.exists());
-        let (changed, _) = release_crio_pins(dir.path(), &release(&["set-a"], &[], false)).unwrap();
+        let (changed, _) =
+            release_crio_pins(dir.path(), &Release::of_sets(&["set-a"], &[], false)).unwrap();
         assert!(!changed);
         assert_eq!(
             fs::read_dir(dir.path()).unwrap().count(),

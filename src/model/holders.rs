@@ -150,6 +150,17 @@ pub struct Release {
 }
 
 impl Release {
+    /// Releases the holds of the sets named `sets`; reports on `images`, and with `release_unowned`
+    /// releases their unowned pins.
+    pub fn of_sets<S: AsRef<str>>(sets: &[S], images: &[S], release_unowned: bool) -> Release {
+        let strings = |list: &[S]| list.iter().map(|s| s.as_ref().to_string()).collect();
+        Release {
+            sets: Sets::Named(strings(sets)),
+            images: strings(images),
+            release_unowned,
+        }
+    }
+
     /// The holders a pin known by `names` keeps (an administrator's entry always stays).
     pub fn after(&self, holders: &Holders, names: &[String]) -> Holders {
         holders
@@ -274,14 +285,6 @@ mod tests {
         Holder::Set(name.into())
     }
 
-    fn release(sets: &[&str], images: &[&str], release_unowned: bool) -> Release {
-        Release {
-            sets: Sets::Named(sets.iter().map(|s| s.to_string()).collect()),
-            images: images.iter().map(|s| s.to_string()).collect(),
-            release_unowned,
-        }
-    }
-
     #[test]
     fn each_image_is_held_by_the_sets_that_list_it() {
         let a = from_flags("a", &["x".into(), "y".into()]);
@@ -297,11 +300,11 @@ mod tests {
     fn a_pin_stays_while_another_set_holds_it() {
         let y = ["y".to_string()];
         let by_both = holders(&[set("a"), set("b")]);
-        let unpin_a = release(&["a"], &["x", "y"], false);
+        let unpin_a = Release::of_sets(&["a"], &["x", "y"], false);
         let change = unpin_a.change("y", &by_both, &y).unwrap();
         assert!(!change.removed());
         assert_eq!(change.after, holders(&[set("b")]));
-        let unpin_b = release(&["b"], &["y", "z"], false);
+        let unpin_b = Release::of_sets(&["b"], &["y", "z"], false);
         assert!(unpin_b.change("y", &change.after, &y).unwrap().removed());
     }
 
@@ -321,16 +324,23 @@ mod tests {
             unowned,
             "--release-unowned only releases the images the sets name"
         );
-        assert_eq!(release(&["a"], &["x"], false).after(&unowned, &x), unowned);
-        assert!(release(&["a"], &["x"], true).after(&unowned, &x).is_empty());
+        assert_eq!(
+            Release::of_sets(&["a"], &["x"], false).after(&unowned, &x),
+            unowned
+        );
+        assert!(
+            Release::of_sets(&["a"], &["x"], true)
+                .after(&unowned, &x)
+                .is_empty()
+        );
         // A CRI-O pattern entry is one of the images when it matches it.
         let glob = ["quay.io/app/*".to_string()];
-        assert!(release(&[], &["quay.io/app/x@sha256:1"], false).names_any(&glob));
+        assert!(Release::of_sets(&[], &["quay.io/app/x@sha256:1"], false).names_any(&glob));
     }
 
     #[test]
     fn an_unpin_reports_what_it_changed_and_what_it_was_asked_about() {
-        let unpin_a = release(&["a"], &["x"], false);
+        let unpin_a = Release::of_sets(&["a"], &["x"], false);
         // Not held by a and not one of its images: not reported.
         assert_eq!(
             unpin_a.change("w", &holders(&[set("b")]), &["w".into()]),

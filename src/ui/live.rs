@@ -23,7 +23,7 @@ use crate::backend::pins::{PinTarget, connect_resolved};
 use crate::backend::registry::Registry;
 use crate::engine::{self, Control, EngineConfig};
 use crate::error::Failure;
-use crate::model::holders::{HeldBy, Holder, Release, Sets, UnpinReport, holders_of};
+use crate::model::holders::{HeldBy, Holder, Release, UnpinReport, holders_of};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::release::SetOptions;
@@ -144,11 +144,8 @@ impl UiBackend for Live {
             Cmd::Apply { set, nodes, force } => self.apply(set, &nodes, force, tx),
             Cmd::Unpin { set, nodes } => {
                 let (targets, tx, observer) = (self.chosen(&nodes), tx.clone(), self.snapshot());
-                let release = Release {
-                    sets: Sets::Named(BTreeSet::from([set.name.clone()])),
-                    images: set.references().map(str::to_string).collect(),
-                    release_unowned: self.release_unowned,
-                };
+                let images: Vec<&str> = set.references().collect();
+                let release = Release::of_sets(&[set.name.as_str()], &images, self.release_unowned);
                 tokio::spawn(async move {
                     let outcomes = targets.iter().map(|t| async {
                         let said = match engine::unpin(&t.node, t.pin.clone(), &release).await {
