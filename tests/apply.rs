@@ -396,16 +396,19 @@ fn unpinning_one_set_keeps_the_pins_another_set_holds() {
     let name = applied["sets"][0]["name"].as_str().unwrap().to_string();
     assert!(name.starts_with("images-"), "{applied}");
     assert_eq!(applied["sets"][0]["namedAfterImages"], true);
-    let (code, stdout, stderr) = pinboard("unpin", &with(&["--set", &name]), &[]);
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
-    assert_eq!(unpinned_rows(&stdout), 2, "{stdout}");
-    let (code, _, stderr) = pinboard("unpin", &with(&["--set", "no-such-set"]), &[]);
+    // A name no node holds is a typo: refused before anything changes, the good name included.
+    let typo = with(&["--set", &name, "--set", "no-such-set"]);
+    let (code, _, stderr) = pinboard("unpin", &typo, &[]);
     assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr
             .contains("no-such-set: no such file, and no node holds a pin for a set of that name"),
         "{stderr}"
     );
+    assert_eq!(readiness(&listed).0, 0, "nothing was unpinned");
+    let (code, stdout, stderr) = pinboard("unpin", &with(&["--set", &name]), &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(unpinned_rows(&stdout), 2, "{stdout}");
 
     // --all-sets releases every set's hold and nothing else.
     for args in [&set_a, &listed] {

@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{Checker, readiness_table, verdict, verdict_line};
 use super::output::{render, short_reference, table};
+use crate::backend::node::NodeTarget;
 use crate::engine::{self, EngineConfig};
 use crate::error::{Exit, Failure};
-use crate::backend::node::NodeTarget;
 use crate::model::holders::{Release, Sets, UnpinReport};
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
