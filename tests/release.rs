@@ -1,7 +1,7 @@
 //! `pinboard release` and `--release` against lab release payloads laid out as `oc adm release new` writes
 //! them: the set printed is exactly the payload's unique components plus the release image by digest, the
 //! payload is read without downloading it (bytes counted at the lab proxy), a multi-arch payload is read
-//! through the right platform's entry, and `plan`/`apply --release` work end to end on a real node.
+//! through the right platform's entry, and `plan`/`apply`/`unpin --release` work end to end on a real node.
 
 mod support;
 
@@ -334,8 +334,38 @@ fn plan_and_apply_take_a_release() {
     assert_eq!(planned, expected, "every component and the release image");
     let applied = common("apply");
     assert_eq!(applied.code, 0, "{}", explain(&applied));
+    let report: Value = serde_json::from_str(&applied.stdout).unwrap();
+    assert_eq!(report["sets"][0]["name"], "release-4.19.3");
+    assert_eq!(
+        report["sets"][0]["from"],
+        format!("release 4.19.3, {}", pushed.digest_reference())
+    );
     let check = common("check");
     assert_eq!(check.code, 0, "{}", explain(&check));
+    let held: Value = serde_json::from_str(&check.stdout).unwrap();
+    assert!(
+        held["nodes"][0]["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["heldBy"]["sets"] == serde_json::json!(["release-4.19.3"])),
+        "{held}"
+    );
+    // unpin with the same arguments reads the release again and releases its set's hold: every pin goes.
+    let unpinned = common("unpin");
+    assert_eq!(unpinned.code, 0, "{}", explain(&unpinned));
+    let report: Value = serde_json::from_str(&unpinned.stdout).unwrap();
+    assert_eq!(report["sets"][0]["name"], "release-4.19.3");
+    let mut gone: Vec<String> = report["nodes"][0]["unpinned"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap().to_string())
+        .collect();
+    gone.sort();
+    expected.sort();
+    assert_eq!(gone, expected, "{report}");
+    assert_eq!(common("check").code, 1, "present, no longer pinned");
 }
 
 #[tokio::test]
