@@ -4,17 +4,21 @@
 //! [`crate::model::plan::plan_node`] through [`survey`], so a number on screen and in `plan` cannot differ.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::blobs;
 use crate::backend::node::{DirectNode, NodeObservation, observe};
 use crate::backend::registry::{PlatformFacts, Registry, RegistryError};
 use crate::cluster::Cluster;
 use crate::error::{Exit, Failure};
 use crate::model::cluster::{ClusterView, NodeView};
 use crate::model::image::{ImageFacts, Platform};
-use crate::model::plan::{Limits, NodeFacts, NodePlan, PlannedImage, plan_node};
+use crate::model::plan::{
+    Limits, LinkBytes, NodeFacts, NodePlan, PlannedImage, link_bytes, plan_node,
+};
 use crate::model::set::ImageSet;
 
 /// The result of a survey, serialized as `plan -o json|yaml` prints it.
@@ -25,6 +29,9 @@ pub struct Survey {
     pub gc_high_percent: u8,
     pub min_free_bytes: u64,
     pub nodes: Vec<NodePlan>,
+    /// Bytes over the registry link for these nodes, with fan-out and without.
+    #[serde(default)]
+    pub link_bytes: LinkBytes,
     /// Every image's facts for the nodes' platform: what the engine needs to show byte progress.
     #[serde(skip)]
     pub facts: HashMap<String, ImageFacts>,
@@ -73,7 +80,8 @@ pub fn union_of(sets: &[ImageSet]) -> Vec<String> {
         .collect()
 }
 
-/// Surveys `nodes` for the union of `sets`, every node resolved for `platform`.
+/// Surveys `nodes` for the union of `sets`, every node resolved for `platform`; `cache` is the blob cache
+/// whose contents fan-out would not fetch again (None: none).
 pub async fn survey(
     nodes: &[DirectNode],
     sets: &[ImageSet],
@@ -81,6 +89,7 @@ pub async fn survey(
     platform: &Platform,
     limits: Limits,
     timeout: Duration,
+    cache: Option<&Path>,
 ) -> Result<Survey, SurveyError> {
     let references = union_of(sets);
     let platforms = [platform.clone()];
@@ -99,7 +108,7 @@ pub async fn survey(
     }
     let facts = resolved(&references, inspected)?;
     let planned = observations.iter().map(|o| (o, references.as_slice()));
-    Ok(summarize(sets, limits, planned, facts))
+    Ok(summarize(sets, limits, planned, facts, cache))
 }
 
 /// Each node planned for its own images.
@@ -109,10 +118,11 @@ async fn survey_nodes(
     registry: &Registry,
     platform: &Platform,
     limits: Limits,
+    cache: Option<&Path>,
 ) -> Result<Survey, SurveyError> {
     let facts = image_facts(sets, registry, platform).await?;
     let planned = nodes.iter().map(|(o, refs)| (o, refs.as_slice()));
-    Ok(summarize(sets, limits, planned, facts))
+    Ok(summarize(sets, limits, planned, facts, cache))
 }
 
 /// Every image of the sets, resolved for `platform`, by reference; or every reference the registry could not
@@ -139,6 +149,7 @@ pub async fn survey_cluster(
     registry: &Registry,
     platform: &Platform,
     limits: Limits,
+    cache: Option<&Path>,
 ) -> Result<Survey, SurveyError> {
     // Nodes of the same pools share one union of the same sets.
     let mut sets_of: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -194,7 +205,7 @@ pub async fn survey_cluster(
         )
     }));
     nodes.sort_by(|a, b| a.0.facts.name.cmp(&b.0.facts.name));
-    survey_nodes(&nodes, sets, registry, platform, limits).await
+    survey_nodes(&nodes, sets, registry, platform, limits, cache).await
 }
 
 type Inspected = Vec<Result<PlatformFacts, RegistryError>>;
@@ -223,16 +234,18 @@ fn resolved(
     }
 }
 
-/// Plans every node for its references and puts the survey together.
+/// Plans every node for its references and puts the survey together, with what the link carries for them
+/// ([`link_bytes`], against what `cache` holds).
 fn summarize<'a>(
     sets: &[ImageSet],
     limits: Limits,
     planned: impl Iterator<Item = (&'a NodeObservation, &'a [String])>,
     facts: HashMap<String, ImageFacts>,
+    cache: Option<&Path>,
 ) -> Survey {
-    let nodes = planned
+    let planned: Vec<(&NodeObservation, Vec<PlannedImage>)> = planned
         .map(|(observation, references)| {
-            let images: Vec<PlannedImage> = references
+            let images = references
                 .iter()
                 .map(|r| PlannedImage {
                     reference: r,
@@ -240,9 +253,17 @@ fn summarize<'a>(
                     present: observation.presence.get(r).copied().flatten(),
                 })
                 .collect();
-            plan_node(&observation.facts, &images, &limits)
+            (observation, images)
         })
         .collect();
+    let nodes = planned
+        .iter()
+        .map(|(observation, images)| plan_node(&observation.facts, images, &limits))
+        .collect();
+    let link_bytes = link_bytes(
+        planned.iter().map(|(_, images)| images.as_slice()),
+        |digest| cache.is_some_and(|dir| blobs::cache::holds(dir, digest)),
+    );
     Survey {
         sets: sets
             .iter()
@@ -254,6 +275,7 @@ fn summarize<'a>(
         gc_high_percent: limits.gc_high_percent,
         min_free_bytes: limits.min_free_bytes,
         nodes,
+        link_bytes,
         facts,
     }
 }

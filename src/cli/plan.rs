@@ -31,19 +31,17 @@ pub async fn run(args: CommonArgs) -> Result<String, Failure> {
             &registry,
             &platform,
             args.limits.limits(),
+            args.cache.dir().ok().as_deref(),
         )
         .await
         .map_err(Failure::from)?;
         return render(&survey, args.output());
     }
-    let nodes: Vec<DirectNode> = args
-        .targets
-        .resolve()?
-        .into_iter()
-        .map(|t| t.node)
-        .collect();
+    let targets = args.targets.resolve()?;
     let platform = args.targets.platform()?;
     let (sets, registry) = command_sets(&args, true).await?;
+    super::clean_stale(&targets, args.targets.timeout()).await;
+    let nodes: Vec<DirectNode> = targets.into_iter().map(|t| t.node).collect();
     let survey = survey(
         &nodes,
         &sets,
@@ -51,6 +49,7 @@ pub async fn run(args: CommonArgs) -> Result<String, Failure> {
         &platform,
         args.limits.limits(),
         args.targets.timeout(),
+        args.cache.dir().ok().as_deref(),
     )
     .await
     .map_err(Failure::from)?;
@@ -103,6 +102,12 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         sets.join(", "),
         human(survey.min_free_bytes),
         gc_thresholds(survey)
+    ));
+    out.push_str(&format!(
+        "registry link: {} if every node pulls for itself, {} with fan-out (--fan-out: each blob once, \
+         what the blob cache holds not again)\n",
+        human(survey.link_bytes.direct),
+        human(survey.link_bytes.fan_out)
     ));
     let sources = [
         SpaceSource::KubeletSummary,

@@ -15,12 +15,12 @@
 //!   The threshold is `--gc-high-percent` when given, else the node's kubelet's own (cluster mode, read from
 //!   its configuration), else the kubelet's default; `gcHighSource` says which.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::cluster::KubeletSettings;
-use super::image::{ImageFacts, LazyFormat};
+use super::image::{ImageFacts, Layer, LazyFormat};
 use super::units::{human, human_signed};
 
 /// What is known about a node before planning. `None` means unknown, never zero.
@@ -223,30 +223,19 @@ fn default_gc_source() -> GcSource {
 
 /// Plans one node. `images` is the union of every set that targets the node, each reference once.
 pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits) -> NodePlan {
-    // Blobs of images already present are on the node.
-    let mut counted: HashSet<&str> = images
-        .iter()
-        .filter(|i| i.present == Some(true))
-        .flat_map(|i| blob_digests(i.facts))
-        .collect();
     let (mut with_size, mut without_size) = (0usize, 0usize);
-    let mut unknown_presence = 0usize;
+    let unknown_presence = images.iter().filter(|i| i.present.is_none()).count();
     let image_plans: Vec<ImagePlan> = images
         .iter()
-        .map(|image| {
+        .zip(lacking(images))
+        .map(|(image, blobs)| {
             let (mut fetch, mut disk) = (0u64, 0u64);
-            if image.present != Some(true) {
-                unknown_presence += usize::from(image.present.is_none());
-                if counted.insert(&image.facts.config_digest) {
-                    fetch += image.facts.config_size;
-                    disk += image.facts.config_size;
-                }
-                for layer in &image.facts.layers {
-                    if !counted.insert(&layer.digest) {
-                        continue;
-                    }
-                    fetch += layer.size;
-                    disk += match layer.uncompressed_size() {
+            for blob in blobs {
+                fetch += blob.size();
+                disk += match blob {
+                    // Configs are stored as they are.
+                    Lacking::Config { size, .. } => size,
+                    Lacking::Layer(layer) => match layer.uncompressed_size() {
                         Some(size) => {
                             with_size += 1;
                             size
@@ -255,8 +244,8 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
                             without_size += 1;
                             layer.size.saturating_mul(2)
                         }
-                    };
-                }
+                    },
+                };
             }
             ImagePlan {
                 reference: image.reference.to_string(),
@@ -370,6 +359,95 @@ fn judge(
 fn blob_digests(facts: &ImageFacts) -> impl Iterator<Item = &str> {
     std::iter::once(facts.config_digest.as_str())
         .chain(facts.layers.iter().map(|l| l.digest.as_str()))
+}
+
+/// A blob a node lacks: a config or a layer.
+#[derive(Clone, Copy, Debug)]
+enum Lacking<'a> {
+    Config { digest: &'a str, size: u64 },
+    Layer(&'a Layer),
+}
+
+impl<'a> Lacking<'a> {
+    fn digest(&self) -> &'a str {
+        match self {
+            Lacking::Config { digest, .. } => digest,
+            Lacking::Layer(layer) => &layer.digest,
+        }
+    }
+
+    fn size(&self) -> u64 {
+        match self {
+            Lacking::Config { size, .. } => *size,
+            Lacking::Layer(layer) => layer.size,
+        }
+    }
+}
+
+/// Per image, in order, the blobs the node lacks that no earlier image brings: the blobs of an image
+/// already present are on the node, and a blob shared by several missing images counts for the first.
+fn lacking<'a>(images: &[PlannedImage<'a>]) -> Vec<Vec<Lacking<'a>>> {
+    let mut counted: HashSet<&str> = images
+        .iter()
+        .filter(|i| i.present == Some(true))
+        .flat_map(|i| blob_digests(i.facts))
+        .collect();
+    images
+        .iter()
+        .map(|image| {
+            if image.present == Some(true) {
+                return Vec::new();
+            }
+            let facts = image.facts;
+            let config = Lacking::Config {
+                digest: &facts.config_digest,
+                size: facts.config_size,
+            };
+            std::iter::once(config)
+                .chain(facts.layers.iter().map(Lacking::Layer))
+                .filter(|blob| counted.insert(blob.digest()))
+                .collect()
+        })
+        .collect()
+}
+
+/// What pre-loading the images costs the registry link, with and without fan-out: `plan -o json`'s
+/// `linkBytes`. Manifests count as blobs do; indexes are not counted (their size is not in the facts, and
+/// they are a few KB).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkBytes {
+    /// With fan-out: every blob and manifest some node lacks, once, unless the blob cache holds it.
+    pub fan_out: u64,
+    /// Without: every node fetches what it lacks itself, so the sum over the nodes.
+    pub direct: u64,
+}
+
+/// [`LinkBytes`] for nodes each planned with its own images (as [`plan_node`] takes them); `cached` says
+/// whether the blob cache holds a digest.
+pub fn link_bytes<'a>(
+    nodes: impl IntoIterator<Item = &'a [PlannedImage<'a>]>,
+    cached: impl Fn(&str) -> bool,
+) -> LinkBytes {
+    let mut direct = 0;
+    let mut once: BTreeMap<&str, u64> = BTreeMap::new();
+    for images in nodes {
+        let blobs = lacking(images).into_iter().flatten();
+        let manifests = images
+            .iter()
+            .filter(|i| i.present != Some(true))
+            .map(|i| (i.facts.manifest_digest.as_str(), i.facts.manifest_size));
+        for (digest, size) in blobs.map(|b| (b.digest(), b.size())).chain(manifests) {
+            direct += size;
+            once.insert(digest, size);
+        }
+    }
+    let fan_out = once
+        .into_iter()
+        .filter(|(digest, _)| !cached(digest))
+        .map(|(_, size)| size)
+        .sum();
+    LinkBytes { fan_out, direct }
 }
 
 #[cfg(test)]
@@ -583,6 +661,53 @@ mod tests {
             plan.reasons
                 .contains(&"unreachable: connection refused".to_string())
         );
+    }
+
+    #[test]
+    fn link_bytes_count_each_lacking_blob_once_with_fan_out_and_per_node_without() {
+        const MANIFEST: u64 = 500;
+        let base = layer("base", 10 * MI, None);
+        let a = image("ca", vec![base.clone(), layer("a1", 4 * MI, None)]);
+        let b = image("cb", vec![base, layer("b1", 2 * MI, None)]);
+        let planned = |a_present, b_present| {
+            [
+                PlannedImage {
+                    reference: "a",
+                    facts: &a,
+                    present: Some(a_present),
+                },
+                PlannedImage {
+                    reference: "b",
+                    facts: &b,
+                    present: Some(b_present),
+                },
+            ]
+        };
+        // n1 lacks both, n2 has a (so the base too) and lacks b, n3 has both.
+        let (n1, n2, n3) = (
+            planned(false, false),
+            planned(true, false),
+            planned(true, true),
+        );
+        let nodes = [&n1[..], &n2[..], &n3[..]];
+        let n1_bytes = 16 * MI + 2000 + 2 * MANIFEST;
+        let n2_bytes = 2 * MI + 1000 + MANIFEST;
+        let nothing_cached = link_bytes(nodes, |_| false);
+        assert_eq!(nothing_cached.direct, n1_bytes + n2_bytes);
+        assert_eq!(
+            nothing_cached.fan_out, n1_bytes,
+            "what n2 lacks, n1 lacks too: fetched once for both"
+        );
+        let base_cached = link_bytes(nodes, |digest| digest == "base" || digest == "m-ca");
+        assert_eq!(base_cached.fan_out, n1_bytes - 10 * MI - MANIFEST);
+        assert_eq!(
+            base_cached.direct, nothing_cached.direct,
+            "nodes do not share the cache"
+        );
+        assert_eq!(link_bytes([&n3[..]], |_| false), LinkBytes::default());
+        let json = serde_json::to_value(nothing_cached).unwrap();
+        assert_eq!(json["fanOut"], n1_bytes);
+        assert_eq!(json["direct"], n1_bytes + n2_bytes);
     }
 
     #[test]

@@ -106,6 +106,13 @@ fn dir_from(xdg_cache_home: Option<OsString>, home: Option<OsString>) -> Option<
     Some(base.join("pinboard").join("blobs"))
 }
 
+/// Whether the cache in `dir` holds `digest` complete, read from the disk without taking the cache's lock
+/// (another pinboard may hold it): what plans count as cached. Files are renamed into `sha256/` only once
+/// verified, so one there is complete.
+pub fn holds(dir: &Path, digest: &str) -> bool {
+    sha256_hex(digest).is_ok_and(|hex| dir.join(COMPLETE_DIR).join(hex).is_file())
+}
+
 /// Why a blob or manifest could not be had. One line each, naming the digest and the cause.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BlobError {
