@@ -233,6 +233,7 @@ fn pinboard_run(lab: &Lab, references: &[String]) -> Run {
             &Platform::host(),
             limits,
             Duration::from_secs(30),
+            None,
         )
         .await
         .unwrap_or_else(|e| panic!("survey: {}", pinboard::error::Failure::from(e)));

@@ -6,6 +6,8 @@
 //!   certificates.
 //! - [`survey`]: nodes and registry asked at once, every node planned: the path behind every figure.
 //! - [`engine`]: the rollout engine: bounded, retried pulls per node, then pins; reports rollout events.
+//! - [`fanout`]: a rollout, optionally fanned out: the blob cache's endpoint serving the nodes, each node's
+//!   runtime pointed at it for the rollout and put back afterwards.
 //! - [`targets`]: direct-mode nodes from `--cri`, `--nodes FILE` or crictl's default endpoint.
 //! - [`release`]: an OpenShift release payload read (without downloading it) and made PinnedImageSets.
 //! - [`options`]: the argument list every command and the TUI share, turned into checked sets, targets and
@@ -20,6 +22,7 @@ pub mod cli;
 pub mod cluster;
 pub mod engine;
 pub mod error;
+pub mod fanout;
 pub mod model;
 pub mod options;
 pub mod release;

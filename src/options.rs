@@ -5,6 +5,7 @@
 //! need is accepted and ignored. Also turning those arguments into checked sets, targets and a registry
 //! client, before anything is touched.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
 use crate::backend::node::NodeTarget;
 use crate::backend::registry::{Registry, RegistryOptions};
+use crate::backend::wiring::{REGISTRIES_CONF_DIR, WiringPaths};
 use crate::cluster::ConnectOptions;
 use crate::cluster::pull_secret::{self, PULL_SECRET_NAME, PULL_SECRET_NAMESPACE, PullSecret};
 use crate::error::{Exit, Failure};
@@ -80,6 +82,29 @@ pub struct RolloutArgs {
     /// confirmation.
     #[arg(long)]
     pub verify_cri: bool,
+    /// `apply` and the TUI: fan out. pinboard serves the sets' images from its blob cache and points every
+    /// node at it for the rollout, so each blob crosses the registry link once (README "Fan-out").
+    #[arg(long)]
+    pub fan_out: bool,
+    /// Where fan-out serves the nodes: an address of this machine they can reach, e.g. 10.0.0.5:5050.
+    /// Default 127.0.0.1 on any free port, for nodes on local sockets.
+    #[arg(long, value_name = "ADDR", value_parser = parse_reachable)]
+    pub fan_out_listen: Option<SocketAddr>,
+}
+
+/// `--fan-out-listen`: an address nodes can be pointed at, so not 0.0.0.0 or `[::]`.
+fn parse_reachable(text: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not IP:PORT ({e})"))?;
+    if addr.ip().is_unspecified() {
+        return Err(format!(
+            "{addr} is not an address nodes can be pointed at; give this machine's address on their network, \
+             e.g. 10.0.0.5:{}",
+            addr.port()
+        ));
+    }
+    Ok(addr)
 }
 
 impl Default for RolloutArgs {
@@ -90,6 +115,8 @@ impl Default for RolloutArgs {
             wait: false,
             timeout: None,
             verify_cri: false,
+            fan_out: false,
+            fan_out_listen: None,
         }
     }
 }
@@ -196,6 +223,9 @@ pub struct TargetArgs {
     /// (`systemctl restart crio`, for versions whose reload does not apply pins) or none. Default systemctl.
     #[arg(long, value_name = "HOW", value_parser = parse_reload)]
     pub crio_reload: Option<crate::backend::pins::Reload>,
+    /// CRI-O nodes under fan-out: the registries.conf.d directory its mirror drop-in goes to.
+    #[arg(long, value_name = "DIR", default_value = REGISTRIES_CONF_DIR)]
+    pub crio_registries_dir: PathBuf,
     /// The lazy-pull storage drop-in.
     #[arg(long, value_name = "FILE", default_value_t = format!("{STORAGE_CONF_DIR}/{LAZY_DROP_IN}"))]
     pub lazy_drop_in: String,
@@ -387,6 +417,10 @@ impl TargetArgs {
         let defaults = NodeDefaults {
             crio_config_dir: self.crio_config_dir.clone(),
             crio_reload: self.crio_reload.clone(),
+            wiring: WiringPaths {
+                registry_config_dir: None,
+                crio_registries_dir: self.crio_registries_dir.clone(),
+            },
             lazy: LazyConfig {
                 file: PathBuf::from(&self.lazy_drop_in),
                 store: self.lazy_store.clone(),

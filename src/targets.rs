@@ -10,9 +10,11 @@
 //!   crioReload: signal:/var/run/crio/crio.pid   # or systemctl, restart, none
 //!   lazyDropIn: /etc/containers/storage.conf.d/lazy-image-pull.conf
 //!   lazyStore: /var/lib/stargz-store/store:ref
+//!   crioRegistriesDir: /etc/containers/registries.conf.d   # CRI-O: where fan-out's drop-in goes
+//!   registryConfigDir: /etc/containerd/certs.d   # containerd: its config_path, if not the one it reports
 //! ```
 //! Settings a node leaves out come from the command line's `--crio-config-dir`, `--crio-reload`,
-//! `--lazy-drop-in` and `--lazy-store`, then from the defaults.
+//! `--crio-registries-dir`, `--lazy-drop-in` and `--lazy-store`, then from the defaults.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use crate::backend::cri::CriEndpoint;
 use crate::backend::lazy::LazyConfig;
 use crate::backend::node::{DirectNode, NodeTarget};
 use crate::backend::pins::{CRIO_CONFIG_DIR, PinTarget, Reload};
+use crate::backend::wiring::WiringPaths;
 use crate::engine::NodeJob;
 use crate::model::holders::holders_of;
 use crate::model::plan::NodePlan;
@@ -51,6 +54,7 @@ pub struct NodeDefaults {
     pub crio_config_dir: Option<PathBuf>,
     pub crio_reload: Option<Reload>,
     pub lazy: LazyConfig,
+    pub wiring: WiringPaths,
 }
 
 impl NodeDefaults {
@@ -97,6 +101,7 @@ pub fn resolve(
         node,
         pin: defaults.pin(),
         lazy: defaults.lazy.clone(),
+        wiring: defaults.wiring.clone(),
     };
     let mut targets = match nodes_file {
         Some((path, text)) => parse_nodes_file(path, text, defaults)?,
@@ -177,6 +182,8 @@ struct NodeEntry {
     crio_reload: Option<String>,
     lazy_drop_in: Option<PathBuf>,
     lazy_store: Option<String>,
+    crio_registries_dir: Option<PathBuf>,
+    registry_config_dir: Option<PathBuf>,
 }
 
 fn parse_nodes_file(
@@ -235,11 +242,18 @@ fn parse_nodes_file(
                     .lazy_store
                     .unwrap_or_else(|| defaults.lazy.store.clone()),
             };
+            let wiring = WiringPaths {
+                registry_config_dir: entry.registry_config_dir,
+                crio_registries_dir: entry
+                    .crio_registries_dir
+                    .unwrap_or_else(|| defaults.wiring.crio_registries_dir.clone()),
+            };
             let name = checked_name(&entry.name).map_err(named)?;
             Ok(NodeTarget {
                 node: DirectNode { name, endpoint },
                 pin,
                 lazy,
+                wiring,
             })
         })
         .collect()
@@ -361,9 +375,11 @@ mod tests {
 
     #[test]
     fn nodes_files_give_each_node_its_settings() {
-        let text = "- name: w0\n  endpoint: unix:///run/crio/crio.sock\n  crioReload: signal:/run/crio.pid\n\
+        let text = "- name: w0\n  endpoint: unix:///run/crio/crio.sock\n  crioReload: signal:/run/crio.pid\n  \
+                    crioRegistriesDir: /tmp/registries.conf.d\n\
                     - name: w1\n  endpoint: unix:///run/containerd/containerd.sock\n  pin: containerd-label\n  \
-                    lazyDropIn: /tmp/lazy.conf\n- name: w2\n  endpoint: tcp://10.0.0.3:10010\n";
+                    lazyDropIn: /tmp/lazy.conf\n  registryConfigDir: /tmp/certs.d\n\
+                    - name: w2\n  endpoint: tcp://10.0.0.3:10010\n";
         let targets = resolve(
             &[],
             Some((Path::new("nodes.yaml"), text)),
@@ -384,6 +400,15 @@ mod tests {
         assert_eq!(targets[1].lazy.file, PathBuf::from("/tmp/lazy.conf"));
         assert_eq!(targets[2].pin, PinTarget::Detect);
         assert_eq!(targets[2].lazy, LazyConfig::default());
+        assert_eq!(
+            targets[0].wiring.crio_registries_dir,
+            PathBuf::from("/tmp/registries.conf.d")
+        );
+        assert_eq!(
+            targets[1].wiring.registry_config_dir,
+            Some(PathBuf::from("/tmp/certs.d"))
+        );
+        assert_eq!(targets[2].wiring, WiringPaths::default());
     }
 
     #[test]

@@ -221,6 +221,26 @@ impl CriClient {
             .map(|c| format!("RuntimeReady=false ({}: {})", c.reason, c.message)))
     }
 
+    /// containerd's registry `config_path` (its hosts.toml directory), from the CRI `Status` call with
+    /// `verbose`: `info["config"]` is the CRI plugin's configuration as JSON, with `registry.configPath`.
+    /// None when the runtime does not report one (not set, or not containerd).
+    pub async fn registry_config_path(&self) -> Result<Option<PathBuf>, CriError> {
+        let request = super::proto::cri::StatusRequest { verbose: true };
+        let response = self
+            .call("Status", self.timeout, self.runtime().status(request))
+            .await?;
+        Ok(response
+            .info
+            .get("config")
+            .and_then(|config| serde_json::from_str::<serde_json::Value>(config).ok())
+            .and_then(|config| {
+                config["registry"]["configPath"]
+                    .as_str()
+                    .filter(|path| !path.is_empty())
+                    .map(PathBuf::from)
+            }))
+    }
+
     /// The image's record, or None when the runtime does not have it.
     pub async fn image_status(&self, image: &str) -> Result<Option<Image>, CriError> {
         let request = ImageStatusRequest {

@@ -1,5 +1,6 @@
 //! The outside world: CRI and containerd sockets, registries, their credentials and certificates, the blob
-//! cache and the registry endpoint over it.
+//! cache and the registry endpoint over it, and the files fan-out writes on nodes to point them at that
+//! endpoint.
 
 pub mod blobs;
 pub mod certs;
@@ -14,6 +15,7 @@ pub mod proto;
 pub mod readiness;
 pub mod registry;
 pub mod release;
+pub mod wiring;
 
 /// At most `max` characters of `text`, with `...` when cut: remote error bodies can be long.
 pub(crate) fn truncate(text: &str, max: usize) -> String {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::cri::{CriClient, CriEndpoint, CriError};
 use super::lazy::LazyConfig;
 use super::pins::PinTarget;
+use super::wiring::WiringPaths;
 use crate::model::plan::{NodeFacts, Presence};
 
 /// A node named on the command line.
@@ -26,6 +27,8 @@ pub struct NodeTarget {
     pub node: DirectNode,
     pub pin: PinTarget,
     pub lazy: LazyConfig,
+    /// Where fan-out points the node's runtime at pinboard.
+    pub wiring: WiringPaths,
 }
 
 #[derive(Clone, Debug, Default)]

@@ -12,11 +12,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::Interrupts;
 use super::check::{Checker, readiness_table, verdict, verdict_line};
 use super::output::{render, short_reference, table};
+use crate::backend::blobs::BlobCache;
 use crate::backend::node::NodeTarget;
 use crate::engine::{self, EngineConfig};
 use crate::error::{Exit, Failure};
+use crate::fanout::{FanOutReport, FanOutSetup, LOOPBACK, Run, Update};
 use crate::model::holders::{Release, Sets, UnpinReport};
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
@@ -49,13 +52,15 @@ pub struct NodeOutcome {
     pub failed: Vec<String>,
 }
 
-/// What `apply -o json|yaml` prints: the rollout, then the check after it.
+/// What `apply -o json|yaml` prints: the rollout, what fan-out moved (null without it), then the check
+/// after it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplyReport {
     /// The sets applied: the name each image's pin is held under.
     pub sets: Vec<SetUsed>,
     pub rollout: Vec<NodeOutcome>,
+    pub fan_out: Option<FanOutReport>,
     pub readiness: Readiness,
 }
 
@@ -68,6 +73,19 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
     }
     let checker = Checker::new(common).await?;
     let targets = &checker.targets;
+    // The cache first: one that cannot be used is bad input, known before anything is pulled.
+    let fan_out = match rollout_args.fan_out {
+        true => Some(FanOutSetup {
+            cache: BlobCache::open(
+                &common.cache.dir()?,
+                common.cache.options(),
+                Arc::clone(&checker.registry),
+            )
+            .map_err(|e| Failure::bad_input(format!("--fan-out: {e}")))?,
+            listen: rollout_args.fan_out_listen.unwrap_or(LOOPBACK),
+        }),
+        false => None,
+    };
     let nodes: Vec<_> = targets.iter().map(|t| t.node.clone()).collect();
     let Survey {
         nodes: plans,
@@ -80,6 +98,7 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
         &checker.platform,
         checker.limits,
         checker.timeout,
+        checker.cache.as_deref(),
     )
     .await
     .map_err(Failure::from)?;
@@ -90,22 +109,62 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
         ..EngineConfig::default()
     };
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    let mut engine = engine::start(
+    // No operator retries headless: nodes with failures finish instead of waiting.
+    let (mut run, notices) = Run::start(
+        targets,
         jobs,
-        Arc::new(facts),
+        facts,
         checker.registry.credentials(),
         config,
-    );
-    // No operator retries headless: nodes with failures finish instead of waiting.
-    drop(engine.control);
-    let mut rollout = Rollout::expecting(&names);
-    let mut progress = Progress::new(std::io::stderr().is_terminal());
-    while let Some(event) = engine.events.recv().await {
-        let line = event_line(&event);
-        rollout.apply(event);
-        progress.show(line, &rollout);
+        fan_out,
+        false,
+        checker.timeout,
+    )
+    .await
+    .map_err(Failure::bad_input)?;
+    for notice in notices {
+        eprintln!("warning: {notice}");
     }
+    let mut rollout = Rollout::expecting(&names);
+    if run.fans_out() {
+        rollout.set_fan_out();
+    }
+    let mut progress = Progress::new(std::io::stderr().is_terminal());
+    // Caught for the rollout, so that fan-out's files are put back before pinboard exits.
+    let mut signals = Interrupts::new()?;
+    let interrupted = loop {
+        let update = tokio::select! {
+            update = run.next() => update,
+            signal = signals.recv() => break Some(signal),
+        };
+        match update {
+            None => break None,
+            Some(Update::LinkBytes(bytes)) => rollout.record_link_bytes(bytes),
+            Some(Update::Event(event)) => {
+                let line = event_line(&event);
+                rollout.apply(event);
+                progress.show(line, &rollout);
+            }
+        }
+    };
     progress.finish(&rollout);
+    let (fan_out, problems) = run.finish().await;
+    for problem in problems {
+        eprintln!("warning: {problem}");
+    }
+    if let Some(signal) = interrupted {
+        return Err(Failure {
+            exit: Exit::NotReady,
+            lines: vec![format!(
+                "interrupted by {signal}: the rollout stopped{}; `pinboard apply` again finishes it",
+                if fan_out.is_some() {
+                    ", and fan-out's files on the nodes were put back"
+                } else {
+                    ""
+                }
+            )],
+        });
+    }
 
     let report = ApplyReport {
         sets: checker.sets.iter().map(SetUsed::of).collect(),
@@ -114,17 +173,30 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
             .iter()
             .map(|(name, node)| outcome(name, node))
             .collect(),
+        fan_out,
         readiness: checker.readiness().await?,
     };
     let text = render(&report, common.output(), || {
         report.sets.iter().map(|s| s.line(true)).collect::<String>()
             + "\n"
             + &rollout_table(&report.rollout)
+            + &fan_out_line(report.fan_out.as_ref())
             + "\n"
             + &readiness_table(&report.readiness.nodes)
             + &verdict_line(&report.readiness)
     })?;
     verdict(text, &report.readiness)
+}
+
+/// `fan-out: 967 MiB over the registry link, 2.83 GiB served to the nodes`, or nothing without fan-out.
+fn fan_out_line(report: Option<&FanOutReport>) -> String {
+    report.map_or_else(String::new, |r| {
+        format!(
+            "\nfan-out: {} over the registry link, {} served to the nodes\n",
+            human(r.link_bytes),
+            human(r.served_bytes)
+        )
+    })
 }
 
 fn outcome(name: &str, node: &NodeRollout) -> NodeOutcome {
@@ -282,7 +354,8 @@ impl Progress {
     }
 }
 
-/// `[#########---------------] 5/12 images, 1/3 nodes done, 12.5 MiB fetched`.
+/// `[#########---------------] 5/12 images, 1/3 nodes done, 12.5 MiB fetched`, and with fan-out
+/// `…, 12.5 MiB to the nodes, 4.2 MiB over the link`.
 fn bar(rollout: &Rollout) -> String {
     let nodes = rollout.nodes().values();
     let total: usize = nodes.clone().map(|n| n.images().len()).sum();
@@ -296,12 +369,19 @@ fn bar(rollout: &Rollout) -> String {
         .count();
     let bytes: u64 = nodes.map(NodeRollout::done_bytes).sum();
     let filled = (done * BAR_WIDTH).checked_div(total).unwrap_or(0);
+    let bytes = match rollout.link_bytes() {
+        Some(link) => format!(
+            "{} to the nodes, {} over the link",
+            human(bytes),
+            human(link)
+        ),
+        None => format!("{} fetched", human(bytes)),
+    };
     format!(
-        "[{}{}] {done}/{total} images, {nodes_done}/{} nodes done, {} fetched",
+        "[{}{}] {done}/{total} images, {nodes_done}/{} nodes done, {bytes}",
         "#".repeat(filled),
         "-".repeat(BAR_WIDTH - filled),
         rollout.nodes().len(),
-        human(bytes)
     )
 }
 
@@ -406,6 +486,7 @@ pub async fn unpin(mut args: CommonArgs) -> Result<String, Failure> {
         release_unowned: args.unpin.release_unowned,
     };
     unknown_names(&targets, &names).await?;
+    super::clean_stale(&targets, args.targets.timeout()).await;
     let nodes = futures::future::join_all(targets.iter().map(|t| async {
         let node = t.node.name.clone();
         match engine::unpin(&t.node, t.pin.clone(), &release).await {

@@ -5,6 +5,8 @@
 //! ends with the same check.
 
 use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::output::{image_matrix, render, table};
@@ -30,25 +32,31 @@ pub(super) struct Checker {
     pub(super) targets: Vec<NodeTarget>,
     pub(super) sets: Vec<ImageSet>,
     references: Vec<String>,
-    pub(super) registry: Registry,
+    pub(super) registry: Arc<Registry>,
     pub(super) platform: Platform,
     pub(super) limits: Limits,
     pub(super) timeout: Duration,
+    /// The blob cache plans count as fetched already.
+    pub(super) cache: Option<PathBuf>,
 }
 
 impl Checker {
+    /// Reads and checks the arguments, then puts back what a killed pinboard's fan-out left on the nodes.
     pub(super) async fn new(args: &CommonArgs) -> Result<Checker, Failure> {
         let targets = args.targets.resolve()?;
         let (sets, registry) = command_sets(args, true).await?;
-        Ok(Checker {
+        let checker = Checker {
             targets,
             references: union_of(&sets),
             sets,
-            registry,
+            registry: Arc::new(registry),
             platform: args.targets.platform()?,
             limits: args.limits.limits(),
             timeout: args.targets.timeout(),
-        })
+            cache: args.cache.dir().ok(),
+        };
+        super::clean_stale(&checker.targets, checker.timeout).await;
+        Ok(checker)
     }
 
     async fn observe_all(&self, timeout: Duration) -> Vec<NodeObserved> {
@@ -86,6 +94,7 @@ impl Checker {
                 &self.platform,
                 self.limits,
                 timeout,
+                self.cache.as_deref(),
             )
             .await;
             match surveyed {

@@ -79,13 +79,14 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
                 args.listen
             ))
         })?;
+    let mut signals = super::Interrupts::new()?;
     eprintln!(
         "pinboard mirror: serving {serving} at {} (cache {}, {} stored); Ctrl-C stops",
         endpoint.url(),
         cache.dir().display(),
         human(cache.stored_bytes()),
     );
-    wait_for_signal().await?;
+    signals.recv().await;
     let summary = Summary {
         images: facts.len(),
         stats: endpoint.stop().await,
@@ -101,17 +102,4 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
             summary.stats.refused,
         )
     })
-}
-
-/// Returns on SIGINT (Ctrl-C) or SIGTERM.
-async fn wait_for_signal() -> Result<(), Failure> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let cannot = |e: std::io::Error| Failure::bad_input(format!("cannot wait for signals: {e}"));
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(cannot)?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(cannot)?;
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
-    Ok(())
 }

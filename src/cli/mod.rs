@@ -93,6 +93,40 @@ fn completion(shell: Shell, name: &str) -> String {
     String::from_utf8_lossy(&script).into_owned()
 }
 
+/// Puts back fan-out files a killed pinboard left on `targets`, saying so on stderr: every command that
+/// touches nodes does this first.
+async fn clean_stale(targets: &[crate::backend::node::NodeTarget], timeout: std::time::Duration) {
+    for line in crate::fanout::clean_stale(targets, timeout).await {
+        eprintln!("pinboard: {line}");
+    }
+}
+
+/// SIGINT (Ctrl-C) and SIGTERM, caught from when this is made: a command that must clean up before it
+/// exits waits for them.
+struct Interrupts {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn new() -> Result<Interrupts, Failure> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let cannot = |e: std::io::Error| Failure::bad_input(format!("cannot catch signals: {e}"));
+        Ok(Interrupts {
+            interrupt: signal(SignalKind::interrupt()).map_err(cannot)?,
+            terminate: signal(SignalKind::terminate()).map_err(cannot)?,
+        })
+    }
+
+    /// The next one, by name.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}
+
 /// Runs a command; returns what to print on stdout, or the failure.
 pub async fn run(command: Command) -> Result<String, Failure> {
     match command {

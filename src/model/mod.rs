@@ -16,3 +16,4 @@ pub mod rollout;
 pub mod runtime;
 pub mod set;
 pub mod units;
+pub mod wiring;

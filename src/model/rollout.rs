@@ -490,6 +490,9 @@ pub struct Rollout {
     interner: Interner,
     /// Nodes waiting or pulling, kept current so that `is_finished` does not walk every node per event.
     open: usize,
+    /// With fan-out, the bytes taken over the registry link so far; None without (every node pulls over
+    /// the link itself).
+    link: Option<u64>,
 }
 
 /// Equal when every node is: how the references happen to be shared does not count.
@@ -516,7 +519,24 @@ impl Rollout {
             open: nodes.len(),
             nodes,
             interner: Interner::default(),
+            link: None,
         }
+    }
+
+    /// The nodes pull through fan-out: link bytes are counted from here on ([`Rollout::record_link_bytes`]).
+    pub fn set_fan_out(&mut self) {
+        self.link.get_or_insert(0);
+    }
+
+    /// Fan-out's bytes over the registry link so far (sampled from the blob cache, not an engine event).
+    pub fn record_link_bytes(&mut self, bytes: u64) {
+        self.link = Some(bytes);
+    }
+
+    /// Bytes over the registry link so far with fan-out; None without fan-out, where every node's bytes
+    /// cross the link ([`Rollout::bytes`]).
+    pub fn link_bytes(&self) -> Option<u64> {
+        self.link
     }
 
     /// Every node by name. Read-only: events are the only way in.

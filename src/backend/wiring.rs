@@ -1,0 +1,372 @@
+//! Fan-out's files on a node: pointing its runtime at pinboard's registry endpoint for a rollout, putting
+//! everything back afterwards, and cleaning up after a pinboard that was killed before it could.
+//!
+//! - containerd: `<config_path>/<registry host>/hosts.toml` for each source registry, with the endpoint as
+//!   the first host; the config path is the nodes file's `registryConfigDir`, else what containerd reports
+//!   (CRI `Status`, verbose). containerd re-reads the files on every pull: no restart. Afterwards each file
+//!   is back byte for byte, or gone if there was none.
+//! - CRI-O: the drop-in [`CRIO_DROP_IN`] in its registries.conf.d (`--crio-registries-dir`), then a reload
+//!   (CRI-O re-reads registries on reload); removed, and CRI-O reloaded, afterwards.
+//!
+//! What is written is decided in [`crate::model::wiring`]; every file is written atomically
+//! ([`write_if_changed`]) and starts with a marker naming the process that wrote it. A file whose writer is
+//! gone (its pid is not running, or runs another process since) is stale: [`clean_stale`] puts it back.
+//! A file whose writer is alive is left alone: another pinboard is fanning out to that node.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::cri::CriClient;
+use super::node::NodeTarget;
+use super::pins::{PinTarget, Reload, reload_crio, write_if_changed};
+use crate::model::mirror::Source;
+use crate::model::wiring::{
+    Marker, RegistriesFile, containerd_hosts, containerd_original, crio_registries,
+};
+
+/// CRI-O's drop-in directory for registries.conf.
+pub const REGISTRIES_CONF_DIR: &str = "/etc/containers/registries.conf.d";
+/// Fan-out's CRI-O drop-in. It sorts after the usual `NN-name.conf` drop-ins, so its tables (which carry
+/// over the administrator's) are the ones in force.
+pub const CRIO_DROP_IN: &str = "zz-pinboard-fan-out.conf";
+const HOSTS_TOML: &str = "hosts.toml";
+
+/// Where fan-out writes on a node, as the command line and the nodes file say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WiringPaths {
+    /// containerd: its registry `config_path` when the nodes file names it; else asked from containerd.
+    pub registry_config_dir: Option<PathBuf>,
+    /// CRI-O: its registries.conf.d.
+    pub crio_registries_dir: PathBuf,
+}
+
+impl Default for WiringPaths {
+    fn default() -> Self {
+        WiringPaths {
+            registry_config_dir: None,
+            crio_registries_dir: REGISTRIES_CONF_DIR.into(),
+        }
+    }
+}
+
+/// How one node's runtime is pointed at the endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wiring {
+    /// A hosts.toml per registry under containerd's registry `config_path`.
+    Containerd { config_path: PathBuf },
+    /// A drop-in in CRI-O's registries.conf.d, then `reload`.
+    Crio {
+        registries_dir: PathBuf,
+        reload: Reload,
+    },
+}
+
+/// How `target`'s runtime is wired, asked over its CRI socket `client`; Err says why it cannot be (the node
+/// then pulls directly).
+pub async fn locate(target: &NodeTarget, client: &CriClient) -> Result<Wiring, String> {
+    let version = client.version().await.map_err(|e| e.to_string())?;
+    let local = client.endpoint().is_local();
+    let runtime = version.runtime_name;
+    match runtime.as_str() {
+        "containerd" => {
+            let config_path = match &target.wiring.registry_config_dir {
+                Some(dir) => dir.clone(),
+                None if !local => {
+                    return Err(format!(
+                        "containerd at {}: its hosts.toml files are on the node, and pinboard writes where it \
+                         runs; run pinboard on the node, or name a directory this machine shares with it as \
+                         registryConfigDir in the nodes file",
+                        client.endpoint()
+                    ));
+                }
+                None => client
+                    .registry_config_path()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or(
+                        "containerd has no registry config_path, so it cannot be given a mirror without a \
+                         restart: it pulls directly; to fan out to it, set config_path under \
+                         [plugins.\"io.containerd.grpc.v1.cri\".registry] (e.g. /etc/containerd/certs.d) and \
+                         restart containerd, or name it as registryConfigDir in the nodes file",
+                    )?,
+            };
+            Ok(Wiring::Containerd { config_path })
+        }
+        "cri-o" if !local => Err(format!(
+            "CRI-O at {}: its registries.conf.d is on the node, and pinboard writes where it runs",
+            client.endpoint()
+        )),
+        "cri-o" => Ok(Wiring::Crio {
+            registries_dir: target.wiring.crio_registries_dir.clone(),
+            reload: match &target.pin {
+                PinTarget::CrioDropIn { reload, .. } => reload.clone(),
+                _ => Reload::Systemctl,
+            },
+        }),
+        other => Err(format!(
+            "runtime {other:?}: fan-out wires only containerd and CRI-O"
+        )),
+    }
+}
+
+/// The marker for files this process writes, pointing at `endpoint` (`http://HOST:PORT`).
+pub fn marker(endpoint: &str) -> Marker {
+    let pid = std::process::id();
+    Marker {
+        pid,
+        started: started(pid).unwrap_or(0),
+        endpoint: endpoint.to_string(),
+    }
+}
+
+/// Whether the process that wrote `marker` still runs: the same pid, started at the same time.
+fn alive(marker: &Marker) -> bool {
+    started(marker.pid) == Some(marker.started)
+}
+
+/// When process `pid` started (clock ticks since boot: field 22 of `/proc/PID/stat`).
+fn started(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from the last `)`.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// What fan-out wrote on one node, to be undone with [`unwire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wired {
+    wiring: Wiring,
+    marker: Marker,
+    /// The files written.
+    files: Vec<PathBuf>,
+}
+
+impl Wired {
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+}
+
+/// Points the node at the endpoint `marker` names for `sources`. Call [`clean_stale`] first: a file still
+/// marked by another pinboard stops the wiring (another rollout fans out to this node). Nothing is left
+/// half-written: on failure, what was written is undone. Blocking: call from `spawn_blocking`.
+pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wired, String> {
+    let mut wired = Wired {
+        wiring: wiring.clone(),
+        marker: marker.clone(),
+        files: Vec::new(),
+    };
+    let written = match wiring {
+        Wiring::Containerd { config_path } => {
+            let mut registries: Vec<&str> = sources.iter().map(|s| s.registry.as_str()).collect();
+            registries.sort_unstable();
+            registries.dedup();
+            registries.into_iter().try_for_each(|registry| {
+                let path = config_path.join(registry).join(HOSTS_TOML);
+                let original = read_optional(&path)?;
+                if let Some(theirs) = original.as_deref().and_then(Marker::of) {
+                    return Err(busy(&path, &theirs));
+                }
+                let text = containerd_hosts(original.as_deref(), marker)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                create_parent(&path)?;
+                write(&path, original.as_deref(), Some(&text))?;
+                wired.files.push(path);
+                Ok(())
+            })
+        }
+        Wiring::Crio {
+            registries_dir,
+            reload,
+        } => {
+            let path = registries_dir.join(CRIO_DROP_IN);
+            let existing = read_optional(&path)?;
+            if let Some(text) = &existing {
+                return Err(match Marker::of(text) {
+                    Some(theirs) => busy(&path, &theirs),
+                    None => format!(
+                        "{}: a file pinboard did not write has fan-out's name; move it away",
+                        path.display()
+                    ),
+                });
+            }
+            let files = registries_files(registries_dir)?;
+            let files: Vec<RegistriesFile> = files
+                .iter()
+                .map(|(name, text)| RegistriesFile { name, text })
+                .collect();
+            let text = crio_registries(&files, sources, marker)?;
+            create_parent(&path)?;
+            write(&path, None, Some(&text))?;
+            wired.files.push(path);
+            reload_crio(reload).map_err(|e| e.to_string())
+        }
+    };
+    match written {
+        Ok(()) => Ok(wired),
+        Err(e) => {
+            let undone = unwire(&wired).err().map(|u| format!("; undoing it: {u}"));
+            Err(format!("{e}{}", undone.unwrap_or_default()))
+        }
+    }
+}
+
+fn busy(path: &Path, theirs: &Marker) -> String {
+    format!(
+        "{}: another pinboard (pid {}) is fanning out to this node through it",
+        path.display(),
+        theirs.pid
+    )
+}
+
+/// Puts back what [`wire`] wrote: each hosts.toml as it was (or gone), the CRI-O drop-in removed and CRI-O
+/// reloaded. A file changed since is left as it is, with an error saying what to remove. Blocking.
+pub fn unwire(wired: &Wired) -> Result<(), String> {
+    let mut problems = Vec::new();
+    let mut removed = false;
+    for path in &wired.files {
+        let restored = match read_optional(path) {
+            Ok(Some(text)) if Marker::of(&text).as_ref() == Some(&wired.marker) => {
+                restore(&wired.wiring, path, &text)
+            }
+            // Gone, or someone else's now: nothing of ours to undo.
+            Ok(_) => Ok(false),
+            Err(e) => Err(e),
+        };
+        match restored {
+            Ok(done) => removed |= done,
+            Err(e) => problems.push(e),
+        }
+    }
+    if let Wiring::Crio { reload, .. } = &wired.wiring
+        && removed
+        && let Err(e) = reload_crio(reload)
+    {
+        problems.push(e.to_string());
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// Puts back every file of `wiring` that a pinboard which is gone left behind; returns one line per file
+/// restored. Files of a pinboard that still runs are left. Blocking.
+pub fn clean_stale(wiring: &Wiring) -> Result<Vec<String>, String> {
+    let candidates = match wiring {
+        Wiring::Containerd { config_path } => match fs::read_dir(config_path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(format!("{}: {e}", config_path.display())),
+            Ok(entries) => entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.path().join(HOSTS_TOML))
+                .collect(),
+        },
+        Wiring::Crio { registries_dir, .. } => vec![registries_dir.join(CRIO_DROP_IN)],
+    };
+    let mut restored = Vec::new();
+    for path in candidates {
+        let Some(text) = read_optional(&path)? else {
+            continue;
+        };
+        let Some(marker) = Marker::of(&text).filter(|m| !alive(m)) else {
+            continue;
+        };
+        if restore(wiring, &path, &text)? {
+            restored.push(format!(
+                "{}: restored, left by pinboard pid {} which is gone (its endpoint {} is down)",
+                path.display(),
+                marker.pid,
+                marker.endpoint
+            ));
+        }
+    }
+    if let Wiring::Crio { reload, .. } = wiring
+        && !restored.is_empty()
+    {
+        reload_crio(reload).map_err(|e| e.to_string())?;
+    }
+    Ok(restored)
+}
+
+/// Puts one marked file back: a hosts.toml to its original (if nothing changed it since it was written),
+/// the CRI-O drop-in removed. Whether a file changed. Blocking.
+fn restore(wiring: &Wiring, path: &Path, text: &str) -> Result<bool, String> {
+    let original = match wiring {
+        Wiring::Crio { .. } => None,
+        Wiring::Containerd { .. } => {
+            let original =
+                containerd_original(text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let marker = Marker::of(text).expect("restore is given marked files");
+            let unchanged = containerd_hosts(original.as_deref(), &marker).is_ok_and(|w| w == text);
+            if !unchanged {
+                return Err(format!(
+                    "{}: changed since pinboard wired it, so it is left as it is; remove its [host.\"{}\"] \
+                     table and its pinboard-fan-out lines",
+                    path.display(),
+                    marker.endpoint
+                ));
+            }
+            original
+        }
+    };
+    let changed = write(path, Some(text), original.as_deref())?;
+    if original.is_none()
+        && let Some(dir) = path
+            .parent()
+            .filter(|_| matches!(wiring, Wiring::Containerd { .. }))
+    {
+        // The host's directory was made for the file; an administrator's other files keep it.
+        let _ = fs::remove_dir(dir);
+    }
+    Ok(changed)
+}
+
+/// What containers-image reads before fan-out's drop-in: `registries.conf` beside the directory, then the
+/// directory's `*.conf` files by name (fan-out's own left out), as (name, text).
+fn registries_files(dir: &Path) -> Result<Vec<(String, String)>, String> {
+    let main = dir
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("registries.conf");
+    let mut files: Vec<(String, String)> = read_optional(&main)?
+        .map(|text| (main.display().to_string(), text))
+        .into_iter()
+        .collect();
+    let mut names = match fs::read_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".conf") && name != CRIO_DROP_IN)
+            .collect(),
+    };
+    names.sort();
+    for name in names {
+        let path = dir.join(&name);
+        if let Some(text) = read_optional(&path)? {
+            files.push((path.display().to_string(), text));
+        }
+    }
+    Ok(files)
+}
+
+fn read_optional(path: &Path) -> Result<Option<String>, String> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+fn create_parent(path: &Path) -> Result<(), String> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+fn write(path: &Path, old: Option<&str>, new: Option<&str>) -> Result<bool, String> {
+    write_if_changed(path, old, new).map_err(|e| e.to_string())
+}

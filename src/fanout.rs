@@ -1,0 +1,290 @@
+//! A rollout as the TUI's `a` and headless `apply` run it, optionally fanned out: pinboard serves the
+//! images from its blob cache on a registry endpoint, points every node's runtime at it, runs the engine,
+//! then puts the nodes' files back and stops serving. Each blob then crosses the registry link once, into
+//! the cache, however many nodes pull it.
+//!
+//! - The endpoint ([`Endpoint`]) serves only the digests of the images being applied, on loopback for nodes
+//!   on local sockets or on `--fan-out-listen`.
+//! - Each node is wired through [`crate::backend::wiring`] (containerd hosts.toml, CRI-O registries.conf.d).
+//!   A node that cannot be (containerd without `config_path`, a remote node, another pinboard fanning out
+//!   to it) pulls directly, with a notice saying why: fan-out never stops a rollout.
+//! - A runtime whose mirror fails goes on to the source registry, so a rollout only gets faster.
+//! - [`clean_stale`] is what every command that touches nodes calls first: files left by a pinboard that
+//!   was killed mid-rollout are put back.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
+use crate::backend::credentials::Credentials;
+use crate::backend::cri::CriClient;
+use crate::backend::node::NodeTarget;
+use crate::backend::wiring::{self, Wired, Wiring};
+use crate::engine::{self, Control, EngineConfig, NodeJob};
+use crate::model::image::ImageFacts;
+use crate::model::mirror::{Allowed, Source};
+use crate::model::rollout::Event;
+
+/// How often the link bytes are sampled for the Rollout summary.
+const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+/// Where the endpoint listens unless `--fan-out-listen` says otherwise: loopback, any free port.
+pub const LOOPBACK: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+/// What fan-out needs: the blob cache (opened by the caller, who keeps it between rollouts) and where to
+/// listen.
+#[derive(Clone)]
+pub struct FanOutSetup {
+    pub cache: Arc<BlobCache>,
+    pub listen: SocketAddr,
+}
+
+/// What a running rollout reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Update {
+    Event(Event),
+    /// Fan-out: bytes the cache has taken from the registries since the rollout started.
+    LinkBytes(u64),
+}
+
+/// A rollout under way.
+pub struct Run {
+    events: UnboundedReceiver<Event>,
+    /// None when no operator will retry or cancel (headless).
+    control: Option<UnboundedSender<Control>>,
+    fan_out: Option<FanOut>,
+    sample: tokio::time::Interval,
+    sampled: Option<u64>,
+}
+
+/// Fan-out while it serves: the endpoint and what was written on the nodes.
+struct FanOut {
+    endpoint: Endpoint,
+    cache: Arc<BlobCache>,
+    /// The cache's link bytes when the rollout started.
+    link_before: u64,
+    wired: Vec<(String, Wired)>,
+}
+
+impl FanOut {
+    fn link_bytes(&self) -> u64 {
+        self.cache.link_bytes() - self.link_before
+    }
+}
+
+/// What fan-out did, once the rollout ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FanOutReport {
+    /// Bytes taken from the registries for this rollout (blobs and manifests the cache lacked).
+    pub link_bytes: u64,
+    /// Bytes the endpoint served to the nodes.
+    pub served_bytes: u64,
+}
+
+impl Run {
+    /// Starts rolling out `plans` on `targets` (in the same order); with `fan_out`, first serves the images
+    /// of `facts` and wires every node to them. Lines in the second value say which nodes pull directly
+    /// and why. Err only when the endpoint cannot listen: nothing was written then.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the one entry point of both the TUI and the CLI"
+    )]
+    pub async fn start(
+        targets: &[NodeTarget],
+        jobs: Vec<NodeJob>,
+        facts: HashMap<String, ImageFacts>,
+        credentials: Arc<Credentials>,
+        config: EngineConfig,
+        fan_out: Option<FanOutSetup>,
+        operator: bool,
+        timeout: Duration,
+    ) -> Result<(Run, Vec<String>), String> {
+        let mut notices = Vec::new();
+        let fan_out = match fan_out.filter(|_| !config.readonly) {
+            Some(setup) => {
+                let (fan_out, lines) = FanOut::start(setup, targets, &facts, timeout).await?;
+                notices.extend(lines);
+                Some(fan_out)
+            }
+            None => None,
+        };
+        let engine = engine::start(jobs, Arc::new(facts), credentials, config);
+        let mut sample = tokio::time::interval(SAMPLE_EVERY);
+        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let run = Run {
+            events: engine.events,
+            control: operator.then_some(engine.control),
+            fan_out,
+            sample,
+            sampled: None,
+        };
+        Ok((run, notices))
+    }
+
+    /// Whether the nodes are fanned out to.
+    pub fn fans_out(&self) -> bool {
+        self.fan_out.is_some()
+    }
+
+    /// Passes an operator's control to the engine; false when it is gone.
+    pub fn control(&self, control: Control) -> bool {
+        self.control
+            .as_ref()
+            .is_some_and(|c| c.send(control).is_ok())
+    }
+
+    /// The next event, or a new figure of link bytes (at most every half second, only when it changed);
+    /// None once every node is done.
+    pub async fn next(&mut self) -> Option<Update> {
+        loop {
+            tokio::select! {
+                event = self.events.recv() => return event.map(Update::Event),
+                _ = self.sample.tick(), if self.fan_out.is_some() => {
+                    let bytes = self.fan_out.as_ref().map(FanOut::link_bytes);
+                    if bytes != self.sampled {
+                        self.sampled = bytes;
+                        return bytes.map(Update::LinkBytes);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the rollout: the nodes' files are put back and the endpoint stops. What fan-out did, and lines
+    /// for anything that could not be put back.
+    pub async fn finish(self) -> (Option<FanOutReport>, Vec<String>) {
+        drop(self.control);
+        match self.fan_out {
+            Some(fan_out) => {
+                let (report, problems) = fan_out.finish().await;
+                (Some(report), problems)
+            }
+            None => (None, Vec::new()),
+        }
+    }
+}
+
+impl FanOut {
+    async fn start(
+        setup: FanOutSetup,
+        targets: &[NodeTarget],
+        facts: &HashMap<String, ImageFacts>,
+        timeout: Duration,
+    ) -> Result<(FanOut, Vec<String>), String> {
+        let allowed = Allowed::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
+        let link_before = setup.cache.link_bytes();
+        let endpoint = Endpoint::start(setup.listen, Arc::clone(&setup.cache), allowed)
+            .await
+            .map_err(|e| {
+                format!(
+                    "fan-out cannot listen on {}: {e}; pass another --fan-out-listen",
+                    setup.listen
+                )
+            })?;
+        let marker = wiring::marker(&endpoint.url());
+        let mut sources: Vec<Source> = facts.keys().filter_map(|r| Source::of(r).ok()).collect();
+        sources.sort();
+        sources.dedup();
+        let loopback = endpoint.addr().ip().is_loopback();
+        let wirings = futures::future::join_all(targets.iter().map(|target| async {
+            let name = target.node.name.clone();
+            if loopback && !target.node.endpoint.is_local() {
+                return (name, Err(format!(
+                    "fan-out serves on {}, which {} cannot reach; pass --fan-out-listen with an address of this \
+                     machine that it can",
+                    endpoint.addr(),
+                    target.node.endpoint
+                )));
+            }
+            let wiring = located(target, timeout).await;
+            let (marker, sources) = (marker.clone(), sources.clone());
+            let wired = match wiring {
+                Ok(wiring) => blocking(move || {
+                    wiring::clean_stale(&wiring)?;
+                    wiring::wire(&wiring, &sources, &marker)
+                })
+                .await,
+                Err(e) => Err(e),
+            };
+            (name, wired)
+        }))
+        .await;
+        let mut wired = Vec::new();
+        let mut notices = Vec::new();
+        for (node, result) in wirings {
+            match result {
+                Ok(files) => {
+                    tracing::info!(node, files = ?files.files(), "fan-out: wired");
+                    wired.push((node, files));
+                }
+                Err(why) => notices.push(format!("{node}: pulls directly, without fan-out: {why}")),
+            }
+        }
+        Ok((
+            FanOut {
+                endpoint,
+                cache: setup.cache,
+                link_before,
+                wired,
+            },
+            notices,
+        ))
+    }
+
+    async fn finish(self) -> (FanOutReport, Vec<String>) {
+        let unwired =
+            futures::future::join_all(self.wired.into_iter().map(|(node, wired)| async move {
+                blocking(move || wiring::unwire(&wired))
+                    .await
+                    .err()
+                    .map(|e| format!("{node}: fan-out's files not all put back: {e}"))
+            }))
+            .await;
+        // Nodes no longer point at the endpoint: it can stop.
+        let stats: EndpointStats = self.endpoint.stop().await;
+        let report = FanOutReport {
+            link_bytes: self.cache.link_bytes() - self.link_before,
+            served_bytes: stats.served_bytes,
+        };
+        (report, unwired.into_iter().flatten().collect())
+    }
+}
+
+/// How `target` is wired, asked over its socket.
+async fn located(target: &NodeTarget, timeout: Duration) -> Result<Wiring, String> {
+    let client = CriClient::connect(&target.node.endpoint, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    wiring::locate(target, &client).await
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+/// Puts back what a pinboard that was killed mid-rollout left on `targets`: every command that touches
+/// nodes calls this first. One line per file restored or node that could not be cleaned; nodes that
+/// cannot be reached or wired are skipped (there is nothing of fan-out's there to find).
+pub async fn clean_stale(targets: &[NodeTarget], timeout: Duration) -> Vec<String> {
+    let cleaned = futures::future::join_all(targets.iter().map(|target| async move {
+        let Ok(wiring) = located(target, timeout).await else {
+            return Vec::new();
+        };
+        let node = target.node.name.clone();
+        match blocking(move || wiring::clean_stale(&wiring)).await {
+            Ok(lines) => lines.into_iter().map(|l| format!("{node}: {l}")).collect(),
+            Err(e) => vec![format!("{node}: stale fan-out files not put back: {e}")],
+        }
+    }))
+    .await;
+    cleaned.into_iter().flatten().collect()
+}
