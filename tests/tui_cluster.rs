@@ -149,6 +149,7 @@ async fn the_tui_follows_and_writes_the_cluster() {
     let mut stray = from_flags("stray", &images[..1]);
     stray.labels.insert(ROLE_LABEL.into(), "infra".into());
     tui.execute(Cmd::Apply {
+        fan_out: false,
         set: stray,
         nodes: Vec::new(),
         force: false,
@@ -163,6 +164,7 @@ async fn the_tui_follows_and_writes_the_cluster() {
     let mut release = from_flags("release", &images);
     release.labels.insert(ROLE_LABEL.into(), "worker".into());
     tui.execute(Cmd::Apply {
+        fan_out: false,
         set: release,
         nodes: Vec::new(),
         force: false,

@@ -19,6 +19,7 @@ use crate::model::holders::{Holder, Holders};
 use crate::model::plan::Verdict;
 use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, PinMethod, Rollout};
 use crate::model::set::{self, Entry, ImageSet, Origin, Problem};
+use crate::model::units::human;
 use crate::survey::Survey;
 
 /// How long a flash message stays.
@@ -212,6 +213,8 @@ pub enum Msg {
     NodesUpdated(Vec<NodeInfo>),
     SurveyDone(Result<Survey, String>),
     Rollout(Event),
+    /// Fan-out: bytes taken over the registry link since the rollout started.
+    LinkBytes(u64),
     /// The engine has nothing more to do; `Err` says why it stopped early.
     EngineFinished(Result<(), String>),
     FileRead {
@@ -243,11 +246,13 @@ pub enum Cmd {
         sets: Vec<ImageSet>,
         nodes: Vec<String>,
     },
-    /// Pull and pin `set` on `nodes`; without `force`, the engine refuses nodes whose verdict is no-space.
+    /// Pull and pin `set` on `nodes`; without `force`, the engine refuses nodes whose verdict is no-space;
+    /// with `fan_out`, the nodes pull through pinboard's blob cache.
     Apply {
         set: ImageSet,
         nodes: Vec<String>,
         force: bool,
+        fan_out: bool,
     },
     /// Remove `set`'s pins from `nodes`; images stay.
     Unpin {
@@ -319,6 +324,8 @@ pub struct Confirm {
     pub skipped: Vec<String>,
     /// Unpin the set from its nodes instead of applying it.
     pub unpin: bool,
+    /// Whether the nodes will pull through fan-out.
+    pub fan_out: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -350,6 +357,8 @@ pub struct State {
     pub sets: Vec<SetDraft>,
     pub survey: Option<Survey>,
     pub surveying: bool,
+    /// Whether applying fans out (`--fan-out`; `f` on the Plan screen toggles it). Direct mode only.
+    pub fan_out: bool,
     pub rollout: Rollout,
     pub config: BTreeMap<String, ConfigView>,
     /// Cluster mode: the watched view; None in direct mode.
@@ -392,6 +401,7 @@ impl State {
             sets: Vec::new(),
             survey: None,
             surveying: false,
+            fan_out: false,
             rollout: Rollout::default(),
             config: BTreeMap::new(),
             cluster: None,
@@ -742,6 +752,10 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             }
             Vec::new()
         }
+        Msg::LinkBytes(bytes) => {
+            state.rollout.record_link_bytes(bytes);
+            Vec::new()
+        }
         Msg::EngineFinished(result) => {
             state.say(match result {
                 Ok(()) => finished_message(&state.rollout),
@@ -1010,6 +1024,7 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
             }
         },
         Action::Apply => confirm(state, false),
+        Action::ToggleFanOut => toggle_fan_out(state),
         Action::Unpin => confirm(state, true),
         Action::Survey => return survey(state),
         Action::AddImages => {
@@ -1139,6 +1154,29 @@ fn confirm(state: &mut State, unpin: bool) {
         nodes,
         skipped,
         unpin,
+        fan_out: state.fan_out && state.cluster.is_none() && !unpin,
+    });
+}
+
+/// `f`: fan-out on or off for the next apply, saying what it changes on the link.
+fn toggle_fan_out(state: &mut State) {
+    if state.cluster.is_some() {
+        state.say(
+            "fan-out is for direct mode: in a cluster the machine-config daemons pull; serve them with \
+             `pinboard mirror` and an ImageDigestMirrorSet",
+        );
+        return;
+    }
+    state.fan_out = !state.fan_out;
+    let link = state.survey.as_ref().map(|s| s.link_bytes);
+    state.say(match (state.fan_out, link) {
+        (true, Some(link)) => format!(
+            "fan-out on: {} over the registry link instead of {}; nodes pull through pinboard's blob cache",
+            human(link.fan_out),
+            human(link.direct)
+        ),
+        (true, None) => "fan-out on: nodes pull through pinboard's blob cache".into(),
+        (false, _) => "fan-out off: every node pulls from the registry itself".into(),
     });
 }
 
@@ -1162,11 +1200,16 @@ fn apply(state: &mut State, confirm: Confirm, force: bool) -> Vec<Cmd> {
         return Vec::new();
     };
     let set = draft.set.clone();
-    state.set_rollout(Rollout::expecting(&confirm.nodes));
+    let mut rollout = Rollout::expecting(&confirm.nodes);
+    if confirm.fan_out {
+        rollout.set_fan_out();
+    }
+    state.set_rollout(rollout);
     let cmd = Cmd::Apply {
         set,
         nodes: confirm.nodes,
         force,
+        fan_out: confirm.fan_out,
     };
     state.say(format!("applying set {}", confirm.set));
     state.goto(Screen::Rollout);

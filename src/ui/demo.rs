@@ -15,7 +15,7 @@ use crate::backend::pins;
 use crate::model::crio::{CrioConfig, PinnedImagesSetting};
 use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
-use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, Verdict};
+use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};
 use crate::survey::{SetSummary, Survey};
@@ -327,6 +327,28 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
         (PROMETHEUS, 768 * MI),
         (EXPORTER, 256 * MI),
     ];
+    let plans = vec![
+        node_plan(
+            &nodes[0],
+            &full[..3],
+            Verdict::NoSpace,
+            Some("would leave 10 GiB free, below the 16 GiB floor (--min-free)"),
+        ),
+        node_plan(
+            &nodes[1],
+            &full,
+            Verdict::Tight,
+            Some(
+                "would fill the image filesystem to 86%, above the image GC high threshold of 85% (--gc-high-percent): the kubelet would start removing unpinned images",
+            ),
+        ),
+        node_plan(&nodes[2], &full, Verdict::Fits, None),
+    ];
+    // Every image some node lacks, once, against each node fetching its own (nothing cached yet).
+    let link_bytes = LinkBytes {
+        fan_out: full.iter().map(|(_, bytes)| bytes).sum(),
+        direct: plans.iter().map(|p| p.fetch_bytes).sum(),
+    };
     let survey = Survey {
         sets: vec![
             SetSummary {
@@ -340,23 +362,8 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
         ],
         gc_high_percent: 85,
         min_free_bytes: 16 * GI,
-        nodes: vec![
-            node_plan(
-                &nodes[0],
-                &full[..3],
-                Verdict::NoSpace,
-                Some("would leave 10 GiB free, below the 16 GiB floor (--min-free)"),
-            ),
-            node_plan(
-                &nodes[1],
-                &full,
-                Verdict::Tight,
-                Some(
-                    "would fill the image filesystem to 86%, above the image GC high threshold of 85% (--gc-high-percent): the kubelet would start removing unpinned images",
-                ),
-            ),
-            node_plan(&nodes[2], &full, Verdict::Fits, None),
-        ],
+        nodes: plans,
+        link_bytes,
         facts: Default::default(),
     };
     let mut state = State::new("direct: 3 nodes", theme, false, now);

@@ -88,6 +88,7 @@ pub enum Action {
     Remove,
     ToggleTarget,
     ToggleLazy,
+    ToggleFanOut,
     Retry,
     Cancel,
 }
@@ -275,6 +276,13 @@ pub const KEYMAP: &[Binding] = &[
         "toggle lazy pulling",
         &[Nodes],
         Some("lazy"),
+    ),
+    bind(
+        &[key('f')],
+        Action::ToggleFanOut,
+        "toggle fan-out (each blob once)",
+        &[Plan],
+        Some("fan-out"),
     ),
     bind(
         &[key('r')],

@@ -4,7 +4,8 @@
 //! commands use.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use super::TuiArgs;
 use super::app::{Cmd, ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, SetDraft, State};
 use super::run::{UiBackend, execute_file_cmd, read_release};
 use super::theme::Theme;
+use crate::backend::blobs::{BlobCache, CacheOptions};
 use crate::backend::credentials::Credentials;
 use crate::backend::cri::CriClient;
 use crate::backend::lazy::{LazyState, read_lazy, set_lazy};
@@ -23,6 +25,7 @@ use crate::backend::pins::{PinTarget, connect_resolved};
 use crate::backend::registry::Registry;
 use crate::engine::{self, Control, EngineConfig};
 use crate::error::Failure;
+use crate::fanout::{FanOutSetup, LOOPBACK, Run, Update};
 use crate::model::holders::{HeldBy, Holder, Release, UnpinReport, holders_of};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
@@ -55,6 +58,7 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     if !notes.is_empty() {
         state.say(notes.join("; "));
     }
+    state.fan_out = common.rollout.fan_out;
     let every_node: BTreeSet<String> = targets.iter().map(|t| t.node.name.clone()).collect();
     state.sets = sets
         .into_iter()
@@ -76,6 +80,10 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
         initial_sets: state.sets.iter().map(|d| d.set.clone()).collect(),
         release_options: common.input.release.set_options(),
         release_unowned: common.unpin.release_unowned,
+        cache_dir: common.cache.dir().ok(),
+        cache_options: common.cache.options(),
+        cache: None,
+        fan_out_listen: common.rollout.fan_out_listen.unwrap_or(LOOPBACK),
     };
     super::run::run(state, backend)
         .await
@@ -107,10 +115,24 @@ struct Live {
     release_options: SetOptions,
     /// `--release-unowned`: unpinning a set also releases its images' unowned pins.
     release_unowned: bool,
+    /// The blob cache (`--cache-dir`): what plans count as cached, and fan-out's store.
+    cache_dir: Option<PathBuf>,
+    cache_options: CacheOptions,
+    /// Opened at the first fan-out and kept (it holds the directory's lock).
+    cache: Option<Arc<BlobCache>>,
+    fan_out_listen: SocketAddr,
 }
 
 impl UiBackend for Live {
     fn start(&mut self, tx: &UnboundedSender<Msg>) {
+        if !self.engine.readonly {
+            let (targets, timeout, tx) = (self.targets.clone(), self.timeout, tx.clone());
+            tokio::spawn(async move {
+                for line in crate::fanout::clean_stale(&targets, timeout).await {
+                    let _ = tx.send(Msg::Notice(line));
+                }
+            });
+        }
         self.refresh(tx, self.initial_sets.clone());
     }
 
@@ -132,16 +154,24 @@ impl UiBackend for Live {
                     (self.chosen(&nodes), self.registry.clone(), tx.clone());
                 let (platform, limits, timeout) =
                     (self.platform.clone(), self.limits, self.timeout);
+                let cache = self.cache_dir.clone();
                 self.refresh(&tx, sets.clone());
                 tokio::spawn(async move {
                     let nodes: Vec<_> = targets.iter().map(|t| t.node.clone()).collect();
-                    let result = survey(&nodes, &sets, &registry, &platform, limits, timeout).await;
+                    let cache = cache.as_deref();
+                    let result =
+                        survey(&nodes, &sets, &registry, &platform, limits, timeout, cache).await;
                     let _ = tx.send(Msg::SurveyDone(
                         result.map_err(|e| Failure::from(e).to_string()),
                     ));
                 });
             }
-            Cmd::Apply { set, nodes, force } => self.apply(set, &nodes, force, tx),
+            Cmd::Apply {
+                set,
+                nodes,
+                force,
+                fan_out,
+            } => self.apply(set, &nodes, force, fan_out, tx),
             Cmd::Unpin { set, nodes } => {
                 let (targets, tx, observer) = (self.chosen(&nodes), tx.clone(), self.snapshot());
                 let images: Vec<&str> = set.references().collect();
@@ -243,16 +273,48 @@ impl Live {
         }
     }
 
-    /// Surveys the set on its nodes (fresh figures), then hands the plans to the engine.
-    fn apply(&mut self, set: ImageSet, nodes: &[String], force: bool, tx: &UnboundedSender<Msg>) {
+    /// The blob cache for fan-out, opened the first time and kept.
+    fn fan_out_cache(&mut self) -> Result<Arc<BlobCache>, String> {
+        if let Some(cache) = &self.cache {
+            return Ok(Arc::clone(cache));
+        }
+        let dir = self.cache_dir.clone().ok_or(
+            "fan-out needs a blob cache: neither XDG_CACHE_HOME nor HOME is set; start with --cache-dir DIR",
+        )?;
+        let cache = BlobCache::open(&dir, self.cache_options.clone(), Arc::clone(&self.registry))
+            .map_err(|e| format!("fan-out: {e}"))?;
+        self.cache = Some(Arc::clone(&cache));
+        Ok(cache)
+    }
+
+    /// Surveys the set on its nodes (fresh figures), then runs the rollout (fanned out if asked).
+    fn apply(
+        &mut self,
+        set: ImageSet,
+        nodes: &[String],
+        force: bool,
+        fan_out: bool,
+        tx: &UnboundedSender<Msg>,
+    ) {
         if self.control.as_ref().is_some_and(|c| !c.is_closed()) {
             let _ = tx.send(Msg::Notice("a rollout is already running".into()));
             return;
         }
+        let fan_out = match fan_out.then(|| self.fan_out_cache()).transpose() {
+            Ok(cache) => cache.map(|cache| FanOutSetup {
+                cache,
+                listen: self.fan_out_listen,
+            }),
+            Err(e) => {
+                let _ = tx.send(Msg::EngineFinished(Err(e)));
+                return;
+            }
+        };
         let targets = self.chosen(nodes);
         let (registry, credentials, tx) =
             (self.registry.clone(), self.credentials.clone(), tx.clone());
         let (platform, limits, timeout) = (self.platform.clone(), self.limits, self.timeout);
+        let cache_dir = self.cache_dir.clone();
         let config = EngineConfig {
             force,
             ..self.engine.clone()
@@ -263,8 +325,9 @@ impl Live {
         tokio::spawn(async move {
             let sets = [set];
             let dnodes: Vec<_> = targets.iter().map(|t| t.node.clone()).collect();
-            let planned = match survey(&dnodes, &sets, &registry, &platform, limits, timeout).await
-            {
+            let cache = cache_dir.as_deref();
+            let surveyed = survey(&dnodes, &sets, &registry, &platform, limits, timeout, cache);
+            let planned = match surveyed.await {
                 Ok(planned) => planned,
                 Err(e) => {
                     let _ = tx.send(Msg::EngineFinished(Err(Failure::from(e).to_string())));
@@ -278,19 +341,47 @@ impl Live {
                 ..
             } = planned;
             let jobs = crate::targets::jobs(&targets, plans, &sets);
-            let mut engine = engine::start(jobs, Arc::new(facts), credentials, config);
+            let started = Run::start(
+                &targets,
+                jobs,
+                facts,
+                credentials,
+                config,
+                fan_out,
+                true,
+                timeout,
+            );
+            let mut run = match started.await {
+                Ok((run, notices)) => {
+                    for notice in notices {
+                        let _ = tx.send(Msg::Notice(notice));
+                    }
+                    run
+                }
+                Err(e) => {
+                    let _ = tx.send(Msg::EngineFinished(Err(e)));
+                    return;
+                }
+            };
             loop {
                 tokio::select! {
-                    event = engine.events.recv() => match event {
-                        Some(event) => { let _ = tx.send(Msg::Rollout(event)); }
+                    update = run.next() => match update {
+                        Some(Update::Event(event)) => { let _ = tx.send(Msg::Rollout(event)); }
+                        Some(Update::LinkBytes(bytes)) => { let _ = tx.send(Msg::LinkBytes(bytes)); }
                         None => break,
                     },
-                    control = control_rx.recv() => match control {
-                        Some(control) => { let _ = engine.control.send(control); }
-                        // The TUI is gone: stop pulling.
-                        None => { let _ = engine.control.send(Control::CancelAll); }
-                    },
+                    control = control_rx.recv() => {
+                        // None: the TUI is gone: stop pulling.
+                        run.control(control.unwrap_or(Control::CancelAll));
+                    }
                 }
+            }
+            let (report, problems) = run.finish().await;
+            if let Some(report) = report {
+                let _ = tx.send(Msg::LinkBytes(report.link_bytes));
+            }
+            for problem in problems {
+                let _ = tx.send(Msg::Notice(problem));
             }
             let _ = tx.send(Msg::EngineFinished(Ok(())));
             observer.send_nodes(&tx).await;

@@ -5,6 +5,7 @@
 //! `pinboard plan --kubeconfig`. The machine-config daemons pull and pin; the Rollout screen follows them.
 
 use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -68,7 +69,8 @@ pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> 
         common.limits.limits(),
         lazy_store,
     )
-    .with_release_options(common.input.release.set_options());
+    .with_release_options(common.input.release.set_options())
+    .with_cache_dir(common.cache.dir().ok());
     super::run::run(state, backend)
         .await
         .map_err(|e| Failure::bad_input(format!("terminal UI failed: {e:#}")))
@@ -94,6 +96,8 @@ pub struct ClusterUi {
     platform: Platform,
     limits: Limits,
     lazy_store: String,
+    /// The blob cache whose blobs the plan's `linkBytes.fanOut` counts as fetched (`--cache-dir`).
+    cache_dir: Option<PathBuf>,
     watching: Option<JoinHandle<()>>,
     /// How a release typed at the import prompt becomes sets.
     release_options: SetOptions,
@@ -124,6 +128,7 @@ impl ClusterUi {
             platform,
             limits,
             lazy_store,
+            cache_dir: None,
             watching: None,
             release_options: SetOptions {
                 pool: "worker".into(),
@@ -135,6 +140,12 @@ impl ClusterUi {
     /// How a release imported in the UI becomes sets (the command line's `--pool`, `--exclude`...).
     pub fn with_release_options(mut self, options: SetOptions) -> ClusterUi {
         self.release_options = options;
+        self
+    }
+
+    /// The blob cache the plan's `linkBytes.fanOut` counts as fetched already.
+    pub fn with_cache_dir(mut self, dir: Option<PathBuf>) -> ClusterUi {
+        self.cache_dir = dir;
         self
     }
 
@@ -203,15 +214,18 @@ impl UiBackend for ClusterUi {
             Cmd::Survey { sets, .. } => {
                 let view = self.with_view(ClusterView::clone);
                 let _ = tx.send(Msg::ConfigViews(config_views(&view, &sets)));
-                let (registry, platform, limits, tx) = (
+                let (registry, platform, limits, cache, tx) = (
                     self.registry.clone(),
                     self.platform.clone(),
                     self.limits,
+                    self.cache_dir.clone(),
                     tx.clone(),
                 );
                 tokio::spawn(async move {
+                    let cache = cache.as_deref();
                     let result =
-                        survey_cluster(&cluster, &view, &sets, &registry, &platform, limits).await;
+                        survey_cluster(&cluster, &view, &sets, &registry, &platform, limits, cache)
+                            .await;
                     let _ = tx.send(Msg::SurveyDone(
                         result.map_err(|e| Failure::from(e).to_string()),
                     ));

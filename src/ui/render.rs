@@ -50,6 +50,13 @@ pub fn render(state: &State, frame: &mut Frame) {
             format!("apply set {} to {ready} node(s)? y/n", confirm.set)
         };
         let mut lines = vec![Line::from(question)];
+        if !confirm.unpin && state.cluster.is_none() {
+            lines.push(Line::from(if confirm.fan_out {
+                "fan-out on: every blob crosses the registry link once"
+            } else {
+                "fan-out off: each node pulls from the registry (f on Plan)"
+            }));
+        }
         if !confirm.skipped.is_empty() {
             lines.push(Line::from(format!(
                 "will be skipped (no-space): {}; F to force",
@@ -192,9 +199,13 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
         spans.push(Span::styled("surveying… ", fg(theme.tone(Tone::Active))));
     }
     spans.push(Span::styled("│", fg(theme.role(Role::Dim))));
-    // The machine-config daemons pull in cluster mode: there is nothing to retry or cancel from here.
+    // The machine-config daemons pull in cluster mode: there is nothing to retry, cancel or fan out here.
     let engine_only = |b: &&Binding| {
-        state.cluster.is_some() && matches!(b.action, Action::Retry | Action::Cancel)
+        state.cluster.is_some()
+            && matches!(
+                b.action,
+                Action::Retry | Action::Cancel | Action::ToggleFanOut
+            )
     };
     let shown = KEYMAP
         .iter()

@@ -326,7 +326,21 @@ pub(super) fn plan(state: &State, frame: &mut Frame, area: Rect) {
         .map(|s| format!("{} ({})", s.name, s.images))
         .collect();
     let title = table_title("Plan", cursor, filter);
-    let title = Line::from(format!("{title}sets: {} ", sets.join(", ")));
+    let link = survey.link_bytes;
+    let fan_out = if state.cluster.is_some() {
+        ""
+    } else if state.fan_out {
+        " (f: on)"
+    } else {
+        " (f: off)"
+    };
+    // The link first: it is what fan-out changes, and the sets are on the Sets screen.
+    let title = Line::from(format!(
+        "{title}link: {} direct, {} with fan-out{fan_out} · sets: {} ",
+        human(link.direct),
+        human(link.fan_out),
+        sets.join(", "),
+    ));
     let rows = survey
         .nodes
         .iter()
@@ -642,7 +656,8 @@ pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
     );
 }
 
-/// Bytes, rate and ETA over every node, and how many nodes are in each state.
+/// Bytes to the nodes and over the registry link, rate and ETA over every node, and how many nodes are in
+/// each state.
 fn summary(state: &State) -> Line<'static> {
     let theme = &state.theme;
     let (now, stall_after) = (state.now, state.stall_after);
@@ -660,9 +675,14 @@ fn summary(state: &State) -> Line<'static> {
         .values()
         .filter_map(|n| n.eta(now))
         .max();
+    // Without fan-out, every byte a node fetches crosses the registry link.
+    let link = match state.rollout.link_bytes() {
+        Some(link) => format!("{} (fan-out)", human(link)),
+        None => human(done),
+    };
     let mut spans = vec![Span::styled(
         format!(
-            "overall {}/{} · {}/s · ETA {} · nodes:",
+            "overall {}/{} · link {link} · {}/s · ETA {} · nodes:",
             human(done),
             human(total),
             human(rate as u64),

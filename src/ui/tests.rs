@@ -14,6 +14,7 @@ use super::render::{HelpFlow, diff_rows, render_to_buffer};
 use super::svg::buffer_to_svg;
 use super::theme::Theme;
 use crate::model::rollout::{Event, Rollout};
+use crate::model::units::human;
 
 fn state() -> State {
     demo_state(Instant::now(), Theme::named("monochrome").unwrap())
@@ -403,15 +404,90 @@ fn apply_asks_first_and_names_the_nodes_it_will_skip() {
         shown.contains("will be skipped (no-space): worker-0; F to force"),
         "{shown}"
     );
+    assert!(
+        shown.contains("fan-out off: each node pulls from the registry (f on Plan)"),
+        "{shown}"
+    );
     let cmds = type_keys(&mut state, "y");
-    let [Cmd::Apply { set, nodes, force }] = cmds.as_slice() else {
+    let [
+        Cmd::Apply {
+            set,
+            nodes,
+            force,
+            fan_out,
+        },
+    ] = cmds.as_slice()
+    else {
         panic!("{cmds:?}")
     };
     assert_eq!(
-        (set.name.as_str(), nodes.len(), *force),
-        ("monitoring", 3, false)
+        (set.name.as_str(), nodes.len(), *force, *fan_out),
+        ("monitoring", 3, false, false)
     );
     assert_eq!(state.screen(), Screen::Rollout);
+}
+
+#[test]
+fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_counts_link_bytes() {
+    let mut state = state();
+    let link = state.survey.as_ref().unwrap().link_bytes;
+    assert!(link.fan_out < link.direct, "{link:?}");
+    assert!(type_keys(&mut state, "2f").is_empty());
+    assert!(!state.fan_out, "f does nothing on the Sets screen");
+    type_keys(&mut state, "3");
+    let plan = screen_text(&state);
+    let figures = format!(
+        "link: {} direct, {} with fan-out (f: off)",
+        human(link.direct),
+        human(link.fan_out)
+    );
+    assert!(plan.contains(&figures), "{plan}");
+    type_keys(&mut state, "f");
+    assert!(state.fan_out);
+    assert_eq!(
+        state.flash().unwrap(),
+        format!(
+            "fan-out on: {} over the registry link instead of {}; nodes pull through pinboard's blob cache",
+            human(link.fan_out),
+            human(link.direct)
+        )
+    );
+    assert!(screen_text(&state).contains("with fan-out (f: on)"));
+    // The monitoring set, on the nodes with room.
+    type_keys(&mut state, "2<Tab><Tab>j3a");
+    let shown = screen_text(&state);
+    assert!(
+        shown.contains("fan-out on: every blob crosses the registry link once"),
+        "{shown}"
+    );
+    let cmds = type_keys(&mut state, "y");
+    assert!(
+        matches!(cmds.as_slice(), [Cmd::Apply { fan_out: true, .. }]),
+        "{cmds:?}"
+    );
+    let summary = |state: &State| {
+        let text = screen_text(state);
+        text.lines()
+            .find(|l| l.contains("overall"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        summary(&state).contains("link 0 B (fan-out)"),
+        "{}",
+        summary(&state)
+    );
+    update(&mut state, Msg::LinkBytes(5 << 20));
+    let link = format!("link {} (fan-out)", human(5 << 20));
+    assert!(summary(&state).contains(&link), "{}", summary(&state));
+
+    // Off again: the next confirmation says so.
+    type_keys(&mut state, "3f");
+    assert!(!state.fan_out);
+    assert_eq!(
+        state.flash().unwrap(),
+        "fan-out off: every node pulls from the registry itself"
+    );
 }
 
 #[test]
