@@ -186,11 +186,20 @@ impl CriClient {
             Err(_) => Err(error(format!("no answer within {timeout:?}"), false)),
             Ok(Err(status)) => {
                 let unreachable = status.code() == tonic::Code::Unavailable;
-                let cause = if status.message().is_empty() {
+                let mut cause = if status.message().is_empty() {
                     error_chain(&status)
                 } else {
                     status.message().to_string()
                 };
+                // A transport failure says only "transport error": what broke is in its sources.
+                if let Some(source) = std::error::Error::source(&status) {
+                    let chain = error_chain(source);
+                    if chain.starts_with(&cause) {
+                        cause = chain;
+                    } else if !cause.contains(&chain) {
+                        cause = format!("{cause}: {chain}");
+                    }
+                }
                 Err(error(
                     format!("{} ({:?})", cause, status.code()),
                     unreachable,

@@ -208,6 +208,24 @@ impl Lab {
         self.apiserver.as_ref()
     }
 
+    /// Kills node `name`'s containerd (SIGKILL, as a crash) and starts it again on the same root, state and
+    /// socket; returns once it serves CRI again.
+    pub fn restart_node(&mut self, name: &str) -> Result<()> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("the lab has no node {name:?}"))?;
+        let procs = &mut self.resources.procs;
+        let at = procs
+            .iter()
+            .position(|p| p.name() == node.process_name())
+            .context("the node's containerd is not among the lab's processes")?;
+        procs[at].kill()?;
+        procs[at] = node.spawn_containerd()?;
+        node.wait_ready(&mut procs[at])
+    }
+
     /// Pushes a linux/amd64 image to the registry (directly, not through the proxy) under its digest.
     pub fn push_image(&self, repo: &str, spec: &ImageSpec) -> Result<PushedImage> {
         images::push_image(

@@ -40,6 +40,8 @@ pub struct Node {
     /// containerd's root directory: the node's tmpfs.
     pub root: PathBuf,
     pub imagefs_bytes: u64,
+    /// containerd's config file, for starting it again.
+    config: PathBuf,
 }
 
 /// What a node needs from the lab to start.
@@ -136,22 +138,42 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 certs = certs.display(),
             ),
         )?;
-        let mut command = Command::new("containerd");
-        command.arg("--config").arg(&config);
-        let name = format!("containerd ({})", spec.name);
-        procs.push(Proc::spawn(&name, command, &dir.join("containerd.log"))?);
-        let proc = procs.last_mut().expect("just pushed");
-        proc.wait_ready(Duration::from_secs(30), || {
-            socket.exists()
-                && ctr(&socket).arg("version").output().is_ok_and(|out| out.status.success())
-                // The CRI plugin starts serving a moment after containerd's own services.
-                && cri::image_id(&socket, "lab.invalid/readiness-probe:1").is_ok()
-        })?;
-        Ok(Node {
+        let node = Node {
             name: spec.name.clone(),
             socket,
             root,
             imagefs_bytes: spec.imagefs_bytes,
+            config,
+        };
+        procs.push(node.spawn_containerd()?);
+        node.wait_ready(procs.last_mut().expect("just pushed"))?;
+        Ok(node)
+    }
+
+    /// The name of this node's containerd among the lab's processes.
+    pub(crate) fn process_name(&self) -> String {
+        format!("containerd ({})", self.name)
+    }
+
+    /// Starts this node's containerd (its log appended to), without waiting for it.
+    pub(crate) fn spawn_containerd(&self) -> Result<Proc> {
+        let mut command = Command::new("containerd");
+        command.arg("--config").arg(&self.config);
+        let dir = self
+            .config
+            .parent()
+            .expect("the config is in the node's directory");
+        Proc::spawn(&self.process_name(), command, &dir.join("containerd.log"))
+    }
+
+    /// Returns once `proc`, this node's containerd, serves containerd's API and CRI.
+    pub(crate) fn wait_ready(&self, proc: &mut Proc) -> Result<()> {
+        let socket = &self.socket;
+        proc.wait_ready(Duration::from_secs(30), || {
+            socket.exists()
+                && ctr(socket).arg("version").output().is_ok_and(|out| out.status.success())
+                // The CRI plugin starts serving a moment after containerd's own services.
+                && cri::image_id(socket, "lab.invalid/readiness-probe:1").is_ok()
         })
     }
 

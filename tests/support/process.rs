@@ -85,6 +85,19 @@ impl Proc {
     }
 }
 
+impl Proc {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// SIGKILL, as a crash: the process gets no chance to clean up. Returns once it is gone.
+    pub(crate) fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
 /// Stops all `procs`: SIGTERM to each, then SIGKILL to those still running after [`GRACE`].
 pub(crate) fn stop_all(procs: &mut [Proc]) {
     for p in procs.iter_mut() {

@@ -68,6 +68,8 @@ struct ErrorReply {
     status: u16,
     retry_after: Option<u64>,
     requests: u64,
+    /// Only requests whose first line contains this are answered (None: every request).
+    only: Option<&'static str>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,11 +146,34 @@ impl ProxyControl {
     /// Answers the next `requests` requests itself with `status` (and `Retry-After: <seconds>` when
     /// given) and closes their connections; the registry never sees them.
     pub fn fail_requests(&self, status: u16, requests: u64, retry_after: Option<u64>) {
+        self.fail_matching(None, status, requests, retry_after);
+    }
+
+    /// [`ProxyControl::fail_requests`] for requests whose request line contains `path` only (e.g.
+    /// `/blobs/`): others pass.
+    pub fn fail_requests_for(
+        &self,
+        path: &'static str,
+        status: u16,
+        requests: u64,
+        retry_after: Option<u64>,
+    ) {
+        self.fail_matching(Some(path), status, requests, retry_after);
+    }
+
+    fn fail_matching(
+        &self,
+        only: Option<&'static str>,
+        status: u16,
+        requests: u64,
+        retry_after: Option<u64>,
+    ) {
         self.update(|f| {
             f.errors = Some(ErrorReply {
                 status,
                 retry_after,
                 requests,
+                only,
             })
         });
     }
@@ -175,6 +200,11 @@ impl ProxyControl {
     /// The head (request line and headers) of every request seen so far, as the client sent it.
     pub fn request_heads(&self) -> Vec<String> {
         self.shared.heads.lock().expect("heads").clone()
+    }
+
+    /// How many of the error replies asked for with [`ProxyControl::fail_requests`] are still to be given.
+    pub fn pending_errors(&self) -> u64 {
+        self.faults().errors.map_or(0, |e| e.requests)
     }
 
     /// HTTP requests seen so far.
@@ -217,10 +247,13 @@ impl ProxyControl {
         None
     }
 
-    /// The error the proxy answers this request with, if it should.
-    fn claim_error(&self) -> Option<ErrorReply> {
+    /// The error the proxy answers the request with this first line with, if it should.
+    fn claim_error(&self, request_line: &str) -> Option<ErrorReply> {
         let mut faults = self.shared.faults.lock().expect("faults");
-        let reply = faults.errors.as_mut().filter(|e| e.requests > 0)?;
+        let reply = faults
+            .errors
+            .as_mut()
+            .filter(|e| e.requests > 0 && e.only.is_none_or(|only| request_line.contains(only)))?;
         reply.requests -= 1;
         Some(*reply)
     }
@@ -364,7 +397,9 @@ async fn requests(
             if !faults.delay.is_zero() {
                 tokio::time::sleep(faults.delay).await;
             }
-            if let Some(reply) = control.claim_error() {
+            let line = String::from_utf8_lossy(&data[..head_end]);
+            let first = line.lines().next().unwrap_or_default();
+            if let Some(reply) = control.claim_error(first) {
                 answer_with_error(client, reply).await;
                 link.send_replace(Link::Cut);
                 return;

@@ -1,0 +1,545 @@
+//! `pinboard apply --fan-out` on real containerd nodes, the lab registry behind the lab proxy: every byte that
+//! crosses the registry link is counted at the proxy. The base case, a link that resets every connection
+//! after 1 MiB, containerd killed and restarted mid-rollout, 503 / 429 / a stall / a missing blob on the
+//! link, and a pinboard killed mid-rollout whose files the next command puts back.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::Digest as _;
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Node, NodeSpec, PushedImage};
+
+const KI: u64 = 1 << 10;
+const MI: u64 = 1 << 20;
+
+fn layer(seed: u64, bytes: u64) -> LayerSpec {
+    LayerSpec {
+        seed,
+        bytes: bytes as usize,
+        format: LayerFormat::Gzip,
+    }
+}
+
+/// `count` images in `repo-N`: each one of three shared base layers of `base` bytes and a layer of its own
+/// of `own` bytes (plus a little per image, so no two are alike).
+fn push_images(
+    lab: &Lab,
+    repo: &str,
+    seed: u64,
+    count: u64,
+    base: u64,
+    own: u64,
+) -> Vec<PushedImage> {
+    (0..count)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![
+                    layer(seed + i % 3, base),
+                    layer(seed + 100 + i, own + i * 16 * KI),
+                ],
+                ..ImageSpec::default()
+            };
+            lab.push_image(&format!("{repo}{i}"), &spec).expect("push")
+        })
+        .collect()
+}
+
+/// Unique bytes of `images` as they cross the link: every config, layer and manifest once.
+fn unique_bytes(images: &[PushedImage]) -> u64 {
+    let mut blobs = BTreeMap::new();
+    for image in images {
+        blobs.insert(&image.config_digest, image.config_size);
+        blobs.insert(&image.manifest_digest, image.manifest_size);
+        for l in &image.layers {
+            blobs.insert(&l.digest, l.size);
+        }
+    }
+    blobs.values().sum()
+}
+
+/// `pinboard ARGS --cri NAME=ENDPOINT… --image REF… --insecure-registry PROXY --min-free 1Mi`.
+fn args(
+    lab: &Lab,
+    command: &str,
+    nodes: &[&Node],
+    images: &[PushedImage],
+    extra: &[&str],
+) -> Vec<String> {
+    let mut args = vec![command.to_string()];
+    for node in nodes {
+        args.extend(["--cri".into(), format!("{}={}", node.name, node.endpoint())]);
+    }
+    for image in images {
+        args.extend(["--image".into(), image.reference(&lab.proxy_host())]);
+    }
+    args.extend([
+        "--insecure-registry".into(),
+        lab.proxy_host(),
+        "--min-free".into(),
+        "1Mi".into(),
+    ]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+fn fan_out<'a>(cache: &'a tempfile::TempDir) -> [&'a str; 3] {
+    [
+        "--fan-out",
+        "--cache-dir",
+        cache.path().to_str().expect("utf-8 path"),
+    ]
+}
+
+/// The request heads the proxy saw from `from` on, lower-cased.
+fn heads_since(lab: &Lab, from: usize) -> Vec<String> {
+    lab.proxy().request_heads()[from..]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect()
+}
+
+/// Every node's hosts.toml for the proxy, as it is now (None: no file).
+fn hosts_files(lab: &Lab, nodes: &[&Node]) -> Vec<Option<String>> {
+    nodes
+        .iter()
+        .map(|n| std::fs::read_to_string(n.hosts_toml(&lab.proxy_host())).ok())
+        .collect()
+}
+
+/// Every file in the cache's `sha256/` hashes to its name: nothing unverified was kept as complete.
+fn assert_cache_verified(cache: &tempfile::TempDir) {
+    let dir = cache.path().join("sha256");
+    for entry in std::fs::read_dir(&dir).expect("the cache's sha256/") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".media-type") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).expect("cached file");
+        assert_eq!(
+            format!("{:x}", sha2::Sha256::digest(&bytes)),
+            name,
+            "{} does not hash to its name",
+            path.display()
+        );
+    }
+}
+
+fn assert_ok(run: &support::Run, lab: &Lab) {
+    assert_eq!(
+        run.code,
+        0,
+        "stdout:\n{}\nstderr:\n{}\nlab: {}",
+        run.stdout,
+        run.stderr,
+        lab.dir().display()
+    );
+}
+
+#[test]
+fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
+    let lab = Lab::start(
+        "fanout-base",
+        LabConfig {
+            nodes: ["n1", "n2", "n3", "m1", "m2", "m3"]
+                .iter()
+                .map(|n| NodeSpec::new(n, 96 * MI))
+                .collect(),
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let images = push_images(&lab, "fan/app", 7000, 12, 2 * MI, 256 * KI);
+    let unique = unique_bytes(&images);
+    let (first, second): (Vec<&Node>, Vec<&Node>) =
+        lab.nodes().iter().partition(|n| n.name.starts_with('n'));
+    // n3 and m3 have no hosts.toml for the registry (containerd's defaults); the others an administrator's.
+    for node in [first[2], second[2]] {
+        std::fs::remove_file(node.hosts_toml(&lab.proxy_host())).expect("remove hosts.toml");
+    }
+    let before = hosts_files(&lab, &first);
+    let cache = tempfile::tempdir().unwrap();
+
+    let plan = support::pinboard(args(
+        &lab,
+        "plan",
+        &first,
+        &images,
+        &["-o", "json", "--cache-dir", cache.path().to_str().unwrap()],
+    ));
+    assert_ok(&plan, &lab);
+    let plan: serde_json::Value = serde_json::from_str(&plan.stdout).expect("plan JSON");
+    assert_eq!(plan["linkBytes"]["fanOut"], unique, "{}", plan["linkBytes"]);
+    assert_eq!(
+        plan["linkBytes"]["direct"],
+        3 * unique,
+        "{}",
+        plan["linkBytes"]
+    );
+
+    let (from, bytes_before) = (lab.proxy().request_heads().len(), lab.proxy().bytes_down());
+    let run = support::pinboard(args(
+        &lab,
+        "apply",
+        &first,
+        &images,
+        &[&fan_out(&cache)[..], &["-o", "json"]].concat(),
+    ));
+    assert_ok(&run, &lab);
+    let moved = lab.proxy().bytes_down() - bytes_before;
+    assert!(
+        moved as f64 <= 1.05 * unique as f64,
+        "{moved} bytes crossed the link for {unique} unique bytes"
+    );
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("apply JSON");
+    assert_eq!(report["readiness"]["ready"], true, "{report}");
+    let link = report["fanOut"]["linkBytes"].as_u64().unwrap();
+    assert!(
+        link >= unique - 4 * KI && link <= unique,
+        "the cache's count: {link} of {unique}"
+    );
+    let served = report["fanOut"]["servedBytes"].as_u64().unwrap();
+    assert!(
+        served >= 3 * (unique - 4 * KI),
+        "three nodes were served everything: {served}"
+    );
+    // The nodes pulled through pinboard: containerd never asked the registry, every blob was asked once.
+    let heads = heads_since(&lab, from);
+    assert!(
+        !heads.iter().any(|h| h.contains("user-agent: containerd")),
+        "{heads:?}"
+    );
+    for image in &images {
+        for digest in
+            std::iter::once(&image.config_digest).chain(image.layers.iter().map(|l| &l.digest))
+        {
+            let gets = heads
+                .iter()
+                .filter(|h| h.starts_with("get ") && h.contains(&format!("/blobs/{digest}")));
+            assert_eq!(gets.count(), 1, "{digest}");
+        }
+    }
+    assert_eq!(
+        hosts_files(&lab, &first),
+        before,
+        "every hosts.toml back byte for byte, n3's gone again"
+    );
+    assert!(
+        !first[2]
+            .hosts_toml(&lab.proxy_host())
+            .parent()
+            .unwrap()
+            .exists()
+    );
+    assert_cache_verified(&cache);
+    let check = support::pinboard(args(&lab, "check", &first, &images, &[]));
+    assert_ok(&check, &lab);
+
+    // Fresh nodes, the same cache: everything is there, so no blob crosses the link.
+    let plan = support::pinboard(args(
+        &lab,
+        "plan",
+        &second,
+        &images,
+        &["-o", "json", "--cache-dir", cache.path().to_str().unwrap()],
+    ));
+    let plan: serde_json::Value = serde_json::from_str(&plan.stdout).expect("plan JSON");
+    assert_eq!(plan["linkBytes"]["fanOut"], 0, "{}", plan["linkBytes"]);
+    assert_eq!(plan["linkBytes"]["direct"], 3 * unique);
+    let before = hosts_files(&lab, &second);
+    let from = lab.proxy().request_heads().len();
+    let run = support::pinboard(args(
+        &lab,
+        "apply",
+        &second,
+        &images,
+        &[&fan_out(&cache)[..], &["-o", "json"]].concat(),
+    ));
+    assert_ok(&run, &lab);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("apply JSON");
+    assert_eq!(report["fanOut"]["linkBytes"], 0, "{report}");
+    let heads = heads_since(&lab, from);
+    assert!(
+        !heads.iter().any(|h| h.contains("/blobs/")),
+        "no blob asked for: {heads:?}"
+    );
+    assert_eq!(hosts_files(&lab, &second), before);
+    let check = support::pinboard(args(&lab, "check", &second, &images, &[]));
+    assert_ok(&check, &lab);
+}
+
+#[test]
+fn a_link_that_resets_every_connection_after_one_mib_still_moves_each_blob_about_once() {
+    let lab = Lab::start(
+        "fanout-resets",
+        LabConfig {
+            nodes: ["n1", "n2", "n3"]
+                .iter()
+                .map(|n| NodeSpec::new(n, 128 * MI))
+                .collect(),
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let images = push_images(&lab, "reset/app", 7100, 10, 3 * MI, 768 * KI);
+    let unique = unique_bytes(&images);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    let before = hosts_files(&lab, &nodes);
+    let cache = tempfile::tempdir().unwrap();
+    lab.proxy().reset_after(MI, None);
+    let (from, bytes_before) = (lab.proxy().request_heads().len(), lab.proxy().bytes_down());
+    let run = support::pinboard(args(&lab, "apply", &nodes, &images, &fan_out(&cache)));
+    assert_ok(&run, &lab);
+    let moved = lab.proxy().bytes_down() - bytes_before;
+    assert!(
+        moved as f64 <= 1.10 * unique as f64,
+        "{moved} bytes crossed the link for {unique} unique bytes"
+    );
+    let resumed = heads_since(&lab, from)
+        .iter()
+        .filter(|h| h.contains("/blobs/") && h.contains("range: bytes="))
+        .count();
+    assert!(
+        resumed >= 10,
+        "downloads resumed where they broke off: {resumed} ranged requests"
+    );
+    assert_eq!(hosts_files(&lab, &nodes), before);
+    assert_cache_verified(&cache);
+}
+
+#[test]
+fn containerd_killed_and_restarted_mid_rollout_ends_pinned_with_the_retries_saying_why() {
+    let mut lab = Lab::start(
+        "fanout-restart",
+        LabConfig {
+            nodes: ["n1", "n2"]
+                .iter()
+                .map(|n| NodeSpec::new(n, 128 * MI))
+                .collect(),
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let images = push_images(&lab, "restart/app", 7200, 8, 2 * MI, 2 * MI);
+    let unique = unique_bytes(&images);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    let cache = tempfile::tempdir().unwrap();
+    // Slow enough to be mid-rollout when containerd goes.
+    lab.proxy().set_bandwidth(Some(2 * MI));
+    let child = Command::new(env!("CARGO_BIN_EXE_pinboard"))
+        .args(args(&lab, "apply", &nodes, &images, &fan_out(&cache)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pinboard starts");
+    let bytes_before = lab.proxy().bytes_down();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lab.proxy().bytes_down() - bytes_before < unique / 4 {
+        assert!(Instant::now() < deadline, "the rollout never got going");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lab.restart_node("n2").expect("containerd comes back");
+    lab.proxy().set_bandwidth(None);
+    let out = child.wait_with_output().expect("pinboard ends");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{stderr}\nlab: {}",
+        lab.dir().display()
+    );
+    assert!(stdout.contains("2/2 nodes ready"), "{stdout}");
+    let retries: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("n2: ") && l.contains("failed, retrying in"))
+        .collect();
+    assert!(!retries.is_empty(), "{stderr}");
+    eprintln!("n2's retries:\n{}", retries.join("\n"));
+    assert!(
+        retries
+            .iter()
+            .all(|l| l.contains("PullImage") && l.contains("connect")),
+        "each retry says the connection to containerd broke: {retries:?}"
+    );
+    assert!(
+        !stderr
+            .lines()
+            .any(|l| l.starts_with("n1: ") && l.contains("failed")),
+        "n1 was not disturbed: {stderr}"
+    );
+}
+
+#[test]
+fn faults_on_the_link_end_every_pull_pulled_or_failed_with_its_reason_and_nothing_unverified_is_kept()
+ {
+    let lab = Lab::start(
+        "fanout-faults",
+        LabConfig {
+            nodes: ["n1", "n2"]
+                .iter()
+                .map(|n| NodeSpec::new(n, 128 * MI))
+                .collect(),
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    let cache = tempfile::tempdir().unwrap();
+    let apply = |images: &[PushedImage]| {
+        support::pinboard(args(&lab, "apply", &nodes, images, &fan_out(&cache)))
+    };
+    // 503 for the next requests: retried, then served.
+    let unavailable = push_images(&lab, "fault/unavailable", 7300, 3, MI, 256 * KI);
+    // Blob requests only: the survey before the rollout asks for manifests, and fails on a 503.
+    lab.proxy().fail_requests_for("/blobs/", 503, 6, None);
+    let run = apply(&unavailable);
+    assert_ok(&run, &lab);
+    assert_eq!(lab.proxy().pending_errors(), 0, "every 503 was answered");
+
+    // 429 with Retry-After: waited for, then served.
+    let limited = push_images(&lab, "fault/limited", 7400, 3, MI, 256 * KI);
+    lab.proxy().fail_requests_for("/blobs/", 429, 4, Some(1));
+    let run = apply(&limited);
+    assert_ok(&run, &lab);
+    assert_eq!(lab.proxy().pending_errors(), 0, "every 429 was answered");
+
+    // A connection that stalls after 256 KiB: dropped after 30 s without a byte and resumed.
+    let stalled = push_images(&lab, "fault/stalled", 7500, 2, MI, 256 * KI);
+    lab.proxy().stall_after(256 * KI, Some(1));
+    let from = lab.proxy().request_heads().len();
+    let run = apply(&stalled);
+    assert_ok(&run, &lab);
+    assert!(
+        heads_since(&lab, from)
+            .iter()
+            .any(|h| h.contains("range: bytes=")),
+        "the stalled download was resumed"
+    );
+    lab.proxy().clear_faults();
+
+    // A blob missing from the registry: that pull fails naming it; the other image is pulled, and pinned
+    // once applied without the broken one (pins wait for every pull of a node).
+    let mut gone = push_images(&lab, "fault/gone", 7600, 2, MI, 256 * KI);
+    let missing = gone[1].layers[1].digest.clone();
+    std::fs::remove_file(lab.registry_blob_file(&missing)).expect("remove the blob");
+    let run = apply(&gone);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let failed: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" failed: "))
+        .collect();
+    eprintln!("the failed pulls:\n{}", failed.join("\n"));
+    assert_eq!(failed.len(), 2, "one per node: {}", run.stderr);
+    assert!(
+        failed
+            .iter()
+            .all(|l| l.contains(&gone[1].repo) && l.contains(&missing)),
+        "the pull of the image with the missing blob fails naming the blob: {failed:?}"
+    );
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    gone.truncate(1);
+    let from = lab.proxy().request_heads().len();
+    let run = apply(&gone);
+    assert_ok(&run, &lab);
+    assert!(
+        !heads_since(&lab, from)
+            .iter()
+            .any(|h| h.contains("/blobs/")),
+        "already on the nodes: nothing fetched"
+    );
+    assert_cache_verified(&cache);
+    assert!(
+        !cache
+            .path()
+            .join("sha256")
+            .join(missing.trim_start_matches("sha256:"))
+            .exists(),
+        "nothing stored for the missing blob"
+    );
+}
+
+/// The hosts.toml files of `nodes` for the proxy, by path, when they carry fan-out's marker.
+fn marked(lab: &Lab, nodes: &[&Node]) -> Vec<PathBuf> {
+    nodes
+        .iter()
+        .map(|n| n.hosts_toml(&lab.proxy_host()))
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.starts_with("# pinboard-fan-out: ")))
+        .collect()
+}
+
+#[test]
+fn files_of_a_pinboard_killed_mid_rollout_do_not_stop_pulls_and_the_next_command_puts_them_back() {
+    let lab = Lab::start(
+        "fanout-killed",
+        LabConfig {
+            nodes: ["n1", "n2"]
+                .iter()
+                .map(|n| NodeSpec::new(n, 96 * MI))
+                .collect(),
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let images = push_images(&lab, "killed/app", 7700, 4, 2 * MI, MI);
+    let other = push_images(&lab, "killed/other", 7800, 1, 512 * KI, 64 * KI);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    std::fs::remove_file(nodes[1].hosts_toml(&lab.proxy_host())).expect("n2 without hosts.toml");
+    let before = hosts_files(&lab, &nodes);
+    let cache = tempfile::tempdir().unwrap();
+    lab.proxy().set_bandwidth(Some(512 * KI));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pinboard"))
+        .args(args(&lab, "apply", &nodes, &images, &fan_out(&cache)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("pinboard starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while marked(&lab, &nodes).len() < 2 {
+        assert!(Instant::now() < deadline, "the nodes were never wired");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    lab.proxy().set_bandwidth(None);
+    assert_eq!(
+        marked(&lab, &nodes).len(),
+        2,
+        "a killed pinboard cleans nothing up"
+    );
+
+    // Its endpoint is gone, yet n1 still pulls: containerd goes on to the registry.
+    let reference = other[0].reference(&lab.proxy_host());
+    let pulled = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let endpoint = nodes[0].endpoint().parse().unwrap();
+        let client =
+            pinboard::backend::cri::CriClient::connect(&endpoint, Duration::from_secs(10)).await?;
+        client
+            .pull_image(&reference, None, Duration::from_secs(60))
+            .await
+    });
+    assert!(pulled.is_ok(), "{pulled:?}");
+    assert_eq!(marked(&lab, &nodes).len(), 2);
+
+    // The next command that touches the nodes puts everything back.
+    let status = support::pinboard(args(&lab, "status", &nodes, &images, &[]));
+    assert_ok(&status, &lab);
+    let restored: Vec<&str> = status
+        .stderr
+        .lines()
+        .filter(|l| l.contains("restored, left by pinboard pid"))
+        .collect();
+    assert_eq!(restored.len(), 2, "{}", status.stderr);
+    assert_eq!(
+        hosts_files(&lab, &nodes),
+        before,
+        "back byte for byte, n2's gone"
+    );
+}
