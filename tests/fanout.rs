@@ -86,7 +86,7 @@ fn args(
     args
 }
 
-fn fan_out<'a>(cache: &'a tempfile::TempDir) -> [&'a str; 3] {
+fn fan_out(cache: &tempfile::TempDir) -> [&str; 3] {
     [
         "--fan-out",
         "--cache-dir",
