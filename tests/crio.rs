@@ -334,3 +334,118 @@ fn unpinning_one_set_on_crio_1_31_keeps_what_crio_pins_for_the_other() {
     let (run, _) = run_json("check", &lab, &crio, b);
     assert_eq!(run.code, 0, "{}", run.stderr);
 }
+
+#[test]
+fn fan_out_to_crio_writes_a_registries_drop_in_carrying_the_administrators_mirrors_and_removes_it()
+{
+    let lab = Lab::start("crio-fan-out", LabConfig::default()).expect("lab starts");
+    let proxy = lab.proxy_host();
+    let images: Vec<String> = (0..3u64)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: [1400, 1410 + i]
+                    .map(|seed| LayerSpec {
+                        seed,
+                        bytes: 256 * 1024,
+                        format: LayerFormat::Gzip,
+                    })
+                    .to_vec(),
+                ..ImageSpec::default()
+            };
+            lab.push_image(&format!("crio/fan{i}"), &spec)
+                .expect("push")
+                .reference(&proxy)
+        })
+        .collect();
+    let crio = CrioStandIn::start("crio-fan-out", "1.31.0", std::slice::from_ref(&proxy))
+        .expect("stand-in");
+    // The administrator's own mirror for the registry, which fan-out's drop-in must not drop.
+    let site = crio.registries_dir().join("10-site.conf");
+    let site_text = format!(
+        "[[registry]]\nprefix = \"{proxy}\"\nlocation = \"{proxy}\"\n\n[[registry.mirror]]\n\
+         location = \"127.0.0.1:9/site-mirror\"\ninsecure = true\npull-from-mirror = \"digest-only\"\n"
+    );
+    std::fs::write(&site, &site_text).unwrap();
+    crio.reload().expect("reload");
+    let admins = vec![format!("{proxy} -> 127.0.0.1:9/site-mirror")];
+    assert_eq!(crio.counts().registries.last(), Some(&admins));
+
+    let cache = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "apply".to_string(),
+        "--fan-out".into(),
+        "--cache-dir".into(),
+        cache.path().display().to_string(),
+        "--crio-registries-dir".into(),
+        crio.registries_dir().display().to_string(),
+        "--insecure-registry".into(),
+        proxy.clone(),
+        "--min-free".into(),
+        "1Mi".into(),
+        "-o".into(),
+        "json".into(),
+    ];
+    args.extend(crio.node_args("n1"));
+    for image in &images {
+        args.extend(["--image".into(), image.clone()]);
+    }
+    let from = lab.proxy().request_heads().len();
+    let run = pinboard(&args);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["rollout"][0]["state"], "pinned", "{report}");
+
+    // CRI-O pulled every image from pinboard's endpoint, which the drop-in named before the site mirror.
+    let counts = crio.counts();
+    let endpoints: Vec<(&String, &u64)> = counts.pulled_from.iter().collect();
+    assert_eq!(endpoints.len(), 1, "{endpoints:?}");
+    let endpoint = endpoints[0].0;
+    assert_ne!(endpoint, &proxy, "not from the registry itself");
+    assert_eq!(*endpoints[0].1, 3);
+    let wired = vec![format!(
+        "{proxy} -> {endpoint}/{proxy}, 127.0.0.1:9/site-mirror"
+    )];
+    assert!(
+        counts.registries.contains(&wired),
+        "CRI-O had the endpoint first, then the site's mirror: {:?}",
+        counts.registries
+    );
+    let heads: Vec<String> = lab.proxy().request_heads()[from..]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    assert!(
+        heads
+            .iter()
+            .filter(|h| h.contains("/blobs/"))
+            .all(|h| h.contains("user-agent: pinboard/")),
+        "only pinboard fetched blobs from the registry: {heads:?}"
+    );
+    let shared = heads
+        .iter()
+        .filter(|h| h.starts_with("get ") && h.contains("/blobs/"))
+        .count();
+    assert_eq!(
+        shared,
+        3 + 3 + 1,
+        "3 configs, 3 own layers, the shared base once"
+    );
+
+    // Afterwards: the drop-in gone, CRI-O reloaded onto the administrator's rules alone.
+    let left: Vec<String> = std::fs::read_dir(crio.registries_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["10-site.conf"]);
+    assert_eq!(std::fs::read_to_string(&site).unwrap(), site_text);
+    assert_eq!(
+        counts.registries.last(),
+        Some(&admins),
+        "in force again after the last reload"
+    );
+    assert_eq!(
+        counts.reloads,
+        1 + 3,
+        "the test's, then fan-out's drop-in, the pins, the drop-in's removal"
+    );
+}

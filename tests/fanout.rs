@@ -149,7 +149,7 @@ fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
                 .iter()
                 .map(|n| NodeSpec::new(n, 96 * MI))
                 .collect(),
-            apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");
@@ -281,7 +281,7 @@ fn a_link_that_resets_every_connection_after_one_mib_still_moves_each_blob_about
                 .iter()
                 .map(|n| NodeSpec::new(n, 128 * MI))
                 .collect(),
-            apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");
@@ -320,7 +320,7 @@ fn containerd_killed_and_restarted_mid_rollout_ends_pinned_with_the_retries_sayi
                 .iter()
                 .map(|n| NodeSpec::new(n, 128 * MI))
                 .collect(),
-            apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");
@@ -386,7 +386,7 @@ fn faults_on_the_link_end_every_pull_pulled_or_failed_with_its_reason_and_nothin
                 .iter()
                 .map(|n| NodeSpec::new(n, 128 * MI))
                 .collect(),
-            apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");
@@ -466,6 +466,50 @@ fn faults_on_the_link_end_every_pull_pulled_or_failed_with_its_reason_and_nothin
     );
 }
 
+#[test]
+fn a_containerd_without_config_path_is_told_why_and_pulls_directly_while_the_others_fan_out() {
+    let lab = Lab::start(
+        "fanout-legacy",
+        LabConfig {
+            nodes: vec![
+                NodeSpec::new("n1", 64 * MI).without_config_path(),
+                NodeSpec::new("n2", 64 * MI),
+            ],
+            ..LabConfig::default()
+        },
+    )
+    .expect("lab starts");
+    let images = push_images(&lab, "legacy/app", 7900, 3, MI, 256 * KI);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    let cache = tempfile::tempdir().unwrap();
+    let from = lab.proxy().request_heads().len();
+    let run = support::pinboard(args(&lab, "apply", &nodes, &images, &fan_out(&cache)));
+    assert_ok(&run, &lab);
+    let warning = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("warning: n1: pulls directly, without fan-out"))
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    assert!(
+        warning.contains("containerd has no registry config_path")
+            && warning.contains("registryConfigDir"),
+        "{warning}"
+    );
+    assert!(!run.stderr.contains("warning: n2"), "{}", run.stderr);
+    // n1's containerd fetched every blob from the registry itself; n2 got them from pinboard.
+    let heads = heads_since(&lab, from);
+    for image in &images {
+        let digest = &image.layers[1].digest;
+        let gets: Vec<&String> = heads
+            .iter()
+            .filter(|h| h.starts_with("get ") && h.contains(&format!("/blobs/{digest}")))
+            .collect();
+        assert_eq!(gets.len(), 2, "{digest}: {gets:?}");
+        assert!(gets.iter().any(|h| h.contains("user-agent: containerd")));
+        assert!(gets.iter().any(|h| h.contains("user-agent: pinboard")));
+    }
+}
+
 /// The hosts.toml files of `nodes` for the proxy, by path, when they carry fan-out's marker.
 fn marked(lab: &Lab, nodes: &[&Node]) -> Vec<PathBuf> {
     nodes
@@ -484,7 +528,7 @@ fn files_of_a_pinboard_killed_mid_rollout_do_not_stop_pulls_and_the_next_command
                 .iter()
                 .map(|n| NodeSpec::new(n, 96 * MI))
                 .collect(),
-            apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");

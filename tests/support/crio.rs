@@ -19,6 +19,11 @@
 //!   image is then recorded in its storage (`images.json`, re-read on every call as c/storage does, so a
 //!   test can also put an image there under any name, as a `podman pull` into the same storage would).
 //!   Sizes are the compressed ones (real CRI-O reports uncompressed sizes).
+//! - It reads `registries.conf` and `registries.conf.d/*.conf` (by name; a later `[[registry]]` with the
+//!   same prefix replaces an earlier one) at start and on SIGHUP, as containers-image does for CRI-O. A
+//!   digest reference is pulled from the mirrors of the longest matching prefix that serve digests
+//!   (`pull-from-mirror` `all` or `digest-only`), in order, each mirror that fails giving way to the next,
+//!   then from the source unless it is `blocked`.
 //! - PullImage's credentials are taken as CRI-O takes them: the user and password (`username` and
 //!   `password`, or `auth` decoded), nothing else (`identity_token`, `registry_token` and `server_address`
 //!   are ignored). A registry that asks for a bearer token gets one from its realm by GET with those
@@ -85,6 +90,8 @@ struct Settings {
     status: PathBuf,
     /// `127.0.0.1:PORT` registries it pulls from over plain HTTP.
     registries: Vec<String>,
+    /// Its `registries.conf.d`; `registries.conf` is beside it.
+    registries_dir: PathBuf,
 }
 
 /// An image in the stand-in's storage.
@@ -104,6 +111,11 @@ pub struct Counts {
     pub reloads: u64,
     /// Calls per RPC name (`ListImages`, `ImageStatus`, ...).
     pub calls: BTreeMap<String, u64>,
+    /// Images pulled, per host that served them (a mirror's or the source's).
+    pub pulled_from: BTreeMap<String, u64>,
+    /// The `[[registry]]` rules read at start and at each reload, one line per rule: `prefix -> mirror,
+    /// mirror (blocked)`; the last are in force.
+    pub registries: Vec<Vec<String>>,
 }
 
 /// A running stand-in; dropping it stops its process.
@@ -125,6 +137,8 @@ impl CrioStandIn {
         eprintln!("crio stand-in {name}: logs and state in {}", dir.display());
         let etc = dir.join("etc/crio");
         std::fs::create_dir_all(etc.join("crio.conf.d"))?;
+        let registries_dir = dir.join("etc/containers/registries.conf.d");
+        std::fs::create_dir_all(&registries_dir)?;
         std::fs::write(
             etc.join("crio.conf"),
             "[crio.image]\npause_image = \"registry.k8s.io/pause:3.9\"\n",
@@ -142,6 +156,7 @@ impl CrioStandIn {
             storage: dir.join("storage"),
             status: dir.join("status.json"),
             registries: registries.to_vec(),
+            registries_dir,
         };
         std::fs::create_dir_all(&settings.storage)?;
         let settings_file = dir.join("stand-in.json");
@@ -198,6 +213,11 @@ impl CrioStandIn {
 
     pub fn pidfile(&self) -> &Path {
         &self.settings.pidfile
+    }
+
+    /// `…/etc/containers/registries.conf.d`; `registries.conf` is beside it.
+    pub fn registries_dir(&self) -> &Path {
+        &self.settings.registries_dir
     }
 
     /// pinboard's arguments for this stand-in as node `name`: its endpoint, its drop-in directory, and its
@@ -304,12 +324,17 @@ async fn run(settings: Settings) -> Result<()> {
         "CRI-O {} starting; pinned_images {pins:?}",
         settings.version
     );
+    let rules = read_registries(&settings).map_err(anyhow::Error::msg)?;
     let _ = std::fs::remove_file(&settings.socket);
     let listener = tokio::net::UnixListener::bind(&settings.socket)?;
     let state = Arc::new(StandIn {
         version,
         pins: Mutex::new(pins),
-        counts: Mutex::new(Counts::default()),
+        counts: Mutex::new(Counts {
+            registries: vec![rules.iter().map(Rule::to_string).collect()],
+            ..Counts::default()
+        }),
+        rules: Mutex::new(rules),
         settings,
     });
     state.save_counts();
@@ -373,6 +398,8 @@ struct StandIn {
     version: Semver,
     /// The patterns in force.
     pins: Mutex<Vec<String>>,
+    /// The registries.conf rules in force.
+    rules: Mutex<Vec<Rule>>,
     counts: Mutex<Counts>,
 }
 
@@ -421,6 +448,16 @@ impl StandIn {
                     _ => *pins = new,
                 }
                 eprintln!("reload: pinned_images in force {:?}", *pins);
+            }
+        }
+        // Registries are re-read on every reload, whatever the version.
+        match read_registries(&self.settings) {
+            Err(e) => eprintln!("reload: {e}; keeping the registries"),
+            Ok(rules) => {
+                let lines: Vec<String> = rules.iter().map(Rule::to_string).collect();
+                eprintln!("reload: registries in force {lines:?}");
+                self.counts.lock().unwrap().registries.push(lines);
+                *self.rules.lock().unwrap() = rules;
             }
         }
         self.counts.lock().unwrap().reloads += 1;
@@ -628,13 +665,121 @@ fn authorize(
     Ok(format!("Bearer {token}"))
 }
 
-/// Pulls `image` from a registry of `registries` with `login`: (the stored image, the digest reference
-/// pulled).
+/// One `[[registry]]` of registries.conf.
+#[derive(Clone, Debug)]
+struct Rule {
+    prefix: String,
+    /// Where the source really is, when rewritten.
+    location: Option<String>,
+    blocked: bool,
+    /// (location, pull-from-mirror), in order.
+    mirrors: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mirrors: Vec<&str> = self.mirrors.iter().map(|(m, _)| m.as_str()).collect();
+        write!(f, "{} -> {}", self.prefix, mirrors.join(", "))?;
+        if self.blocked {
+            f.write_str(" (blocked)")?;
+        }
+        Ok(())
+    }
+}
+
+/// The rules containers-image reads: `registries.conf`, then `registries.conf.d/*.conf` by name, a later
+/// table with the same prefix replacing an earlier one.
+fn read_registries(settings: &Settings) -> Result<Vec<Rule>, String> {
+    let dir = &settings.registries_dir;
+    let mut files = vec![
+        dir.parent()
+            .expect("etc/containers")
+            .join("registries.conf"),
+    ];
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+        .collect();
+    names.sort();
+    files.extend(names);
+    let mut rules: Vec<Rule> = Vec::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let doc: toml_edit::DocumentMut = text
+            .parse()
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+        let tables = doc.get("registry").and_then(|r| r.as_array_of_tables());
+        for table in tables.into_iter().flat_map(|t| t.iter()) {
+            let text = |key: &str| table.get(key).and_then(|v| v.as_str()).map(str::to_string);
+            let prefix = text("prefix")
+                .or_else(|| text("location"))
+                .ok_or_else(|| format!("{}: a [[registry]] without prefix", file.display()))?;
+            let mirrors = table.get("mirror").and_then(|m| m.as_array_of_tables());
+            let rule = Rule {
+                prefix: prefix.trim_end_matches('/').to_string(),
+                location: text("location"),
+                blocked: table.get("blocked").and_then(|b| b.as_bool()) == Some(true),
+                mirrors: mirrors
+                    .into_iter()
+                    .flat_map(|m| m.iter())
+                    .filter_map(|m| {
+                        let location = m.get("location")?.as_str()?.to_string();
+                        let from = m.get("pull-from-mirror").and_then(|v| v.as_str());
+                        Some((location, from.unwrap_or("all").to_string()))
+                    })
+                    .collect(),
+            };
+            rules.retain(|r| r.prefix != rule.prefix);
+            rules.push(rule);
+        }
+    }
+    Ok(rules)
+}
+
+/// Where a reference to `host/repo` is fetched from, in order, as `host/repo` pairs: the mirrors of the
+/// longest matching prefix that serve this kind of reference, then the source unless blocked.
+fn candidates(rules: &[Rule], host: &str, repo: &str, by_digest: bool) -> Vec<String> {
+    let full = format!("{host}/{repo}");
+    let rule = rules
+        .iter()
+        .filter(|r| full == r.prefix || full.starts_with(&format!("{}/", r.prefix)))
+        .max_by_key(|r| r.prefix.len());
+    let Some(rule) = rule else {
+        return vec![full];
+    };
+    let rest = &full[rule.prefix.len()..];
+    let serves = |from: &str| match from {
+        "digest-only" => by_digest,
+        "tag-only" => !by_digest,
+        _ => true,
+    };
+    let mut places: Vec<String> = rule
+        .mirrors
+        .iter()
+        .filter(|(_, from)| serves(from))
+        .map(|(location, _)| format!("{location}{rest}"))
+        .collect();
+    if !rule.blocked {
+        places.push(format!(
+            "{}{rest}",
+            rule.location.as_deref().unwrap_or(&rule.prefix)
+        ));
+    }
+    places
+}
+
+/// Pulls `image` with `login` from the places the `rules` give (the source must be one of `registries`, a
+/// mirror may be anywhere), each failing place giving way to the next: (the stored image, the digest
+/// reference pulled, the host that served it).
 fn pull(
     registries: &[String],
+    rules: &[Rule],
     image: &str,
     login: Option<(String, String)>,
-) -> Result<(Stored, String), String> {
+) -> Result<(Stored, String, String), String> {
     let source = |cause: String| format!("initializing source docker://{image}: {cause}");
     let (host, rest) = image
         .split_once('/')
@@ -651,6 +796,39 @@ fn pull(
             "pinging container registry {host}: the stand-in reaches only the lab registry"
         )));
     }
+    let mut last = None;
+    for place in candidates(rules, host, repo, reference.starts_with("sha256:")) {
+        let (from, path) = place.split_once('/').expect("host/repo");
+        match pull_from(from, path, reference, image, login.as_ref()) {
+            Ok((stored, digest)) => {
+                let by_digest = format!("{host}/{repo}@{digest}");
+                let names = if reference.starts_with("sha256:") {
+                    vec![by_digest.clone()]
+                } else {
+                    vec![format!("{host}/{repo}:{reference}"), by_digest.clone()]
+                };
+                let image = Stored { names, ..stored };
+                return Ok((image, by_digest, from.to_string()));
+            }
+            Err(e) => {
+                eprintln!("pull {image} from {place}: {e}");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| source("no place to pull from: the source is blocked".into())))
+}
+
+/// Pulls `reference` of `repo` from `host` with `login`: the image (without names) and its manifest's
+/// digest.
+fn pull_from(
+    host: &str,
+    repo: &str,
+    reference: &str,
+    image: &str,
+    login: Option<&(String, String)>,
+) -> Result<(Stored, String), String> {
+    let source = |cause: String| format!("initializing source docker://{image}: {cause}");
     let agent = http::agent();
     let authorization = std::cell::RefCell::new(None::<String>);
     let get = |path: &str, accept: &str| -> Result<Vec<u8>, String> {
@@ -670,7 +848,7 @@ fn pull(
                 .and_then(|h| h.to_str().ok())
                 .unwrap_or_default()
                 .to_owned();
-            let value = authorize(&agent, &challenge, repo, login.as_ref())?;
+            let value = authorize(&agent, &challenge, repo, login)?;
             response = send(Some(&value))?;
             *authorization.borrow_mut() = Some(value);
         }
@@ -722,18 +900,12 @@ fn pull(
         size += verified(get(&format!("blobs/{blob_digest}"), "*/*")?, blob_digest)?.len() as u64;
     }
     let config = manifest["config"]["digest"].as_str().ok_or("no config")?;
-    let by_digest = format!("{host}/{repo}@{digest}");
-    let names = if reference.starts_with("sha256:") {
-        vec![by_digest.clone()]
-    } else {
-        vec![format!("{host}/{repo}:{reference}"), by_digest.clone()]
-    };
     let stored = Stored {
         id: config.trim_start_matches("sha256:").to_string(),
-        names,
+        names: Vec::new(),
         size,
     };
-    Ok((stored, by_digest))
+    Ok((stored, digest))
 }
 
 #[tonic::async_trait]
@@ -816,11 +988,20 @@ impl ImageService for Shared {
         let login = crio_login(request.auth.as_ref());
         let image = request.image.map(|i| i.image).unwrap_or_default();
         let registries = state.settings.registries.clone();
-        let pulled = tokio::task::spawn_blocking(move || pull(&registries, &image, login))
+        let rules = state.rules.lock().unwrap().clone();
+        let pulled = tokio::task::spawn_blocking(move || pull(&registries, &rules, &image, login))
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
-        let (stored, image_ref) = pulled.map_err(Status::unknown)?;
+        let (stored, image_ref, from) = pulled.map_err(Status::unknown)?;
         record(&state.settings.storage, stored).map_err(Status::internal)?;
+        *state
+            .counts
+            .lock()
+            .unwrap()
+            .pulled_from
+            .entry(from)
+            .or_default() += 1;
+        state.save_counts();
         Ok(Response::new(PullImageResponse { image_ref }))
     }
 

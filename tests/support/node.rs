@@ -20,6 +20,9 @@ const MAX_SOCKET_PATH: usize = 100;
 pub struct NodeSpec {
     pub name: String,
     pub imagefs_bytes: u64,
+    /// containerd's CRI plugin configured the deprecated way: `registry.mirrors` in its config, no
+    /// `config_path` (so no hosts.toml is read).
+    pub without_config_path: bool,
 }
 
 impl NodeSpec {
@@ -27,7 +30,15 @@ impl NodeSpec {
         NodeSpec {
             name: name.to_owned(),
             imagefs_bytes,
+            without_config_path: false,
         }
+    }
+
+    /// The node's containerd without a registry `config_path`, reaching the registries through
+    /// `registry.mirrors` endpoints in its config instead.
+    pub fn without_config_path(mut self) -> NodeSpec {
+        self.without_config_path = true;
+        self
     }
 }
 
@@ -111,6 +122,19 @@ impl Node {
             .arg(&root))?;
         mounts.push(root.clone());
 
+        let registry = if spec.without_config_path {
+            env.registry_hosts
+                .iter()
+                .map(|host| {
+                    format!(
+                        "    [plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"{host}\"]\n      \
+                         endpoint = [\"http://{host}\"]\n"
+                    )
+                })
+                .collect()
+        } else {
+            format!("    config_path = \"{}\"\n", certs.display())
+        };
         let config = dir.join("config.toml");
         std::fs::write(
             &config,
@@ -130,12 +154,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "native"
   [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "{certs}"
-"#,
+{registry}"#,
                 root = root.display(),
                 state = state.display(),
                 socket = socket.display(),
-                certs = certs.display(),
             ),
         )?;
         let node = Node {
