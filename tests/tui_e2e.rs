@@ -243,3 +243,106 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
     crio.kill().unwrap();
     let _ = crio.wait();
 }
+
+#[test]
+fn fan_out_toggled_with_f_on_the_plan_screen_serves_the_nodes_from_pinboard() {
+    let lab = Lab::start(
+        "tui-fan-out",
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 96 * MI), NodeSpec::new("n2", 96 * MI)],
+            apiserver: false,
+        },
+    )
+    .expect("lab starts");
+    let base = LayerSpec {
+        seed: 8,
+        bytes: 4 * MI as usize,
+        format: LayerFormat::Gzip,
+    };
+    let references: Vec<String> = (0..3u64)
+        .map(|i| {
+            let own = LayerSpec {
+                seed: 80 + i,
+                bytes: (MI / 2) as usize,
+                format: LayerFormat::Gzip,
+            };
+            let spec = ImageSpec {
+                layers: vec![base.clone(), own],
+                ..ImageSpec::default()
+            };
+            lab.push_image(&format!("e2e/fan{i}"), &spec)
+                .unwrap()
+                .reference(&lab.proxy_host())
+        })
+        .collect();
+    let hosts: Vec<String> = lab
+        .nodes()
+        .iter()
+        .map(|n| std::fs::read_to_string(n.hosts_toml(&lab.proxy_host())).unwrap())
+        .collect();
+    let work = lab.dir().join("e2e");
+    let list = work.join("images.txt");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(&list, references.join("\n")).unwrap();
+    let command = format!(
+        "XDG_STATE_HOME={state} {bin} --cri n1={n1} --cri n2={n2} --images-file {list} --cache-dir {cache} \
+         --insecure-registry {registry} --min-free 4Mi; echo EXITED $?; sleep 60",
+        state = work.join("state").display(),
+        bin = env!("CARGO_BIN_EXE_pinboard"),
+        n1 = lab.node("n1").endpoint(),
+        n2 = lab.node("n2").endpoint(),
+        list = list.display(),
+        cache = work.join("cache").display(),
+        registry = lab.proxy_host(),
+    );
+    let tmux = Tmux::start("fan-out", 120, 40, &command);
+    tmux.wait_for("2/2 reachable", Duration::from_secs(20));
+
+    tmux.keys(&["3", "p"]);
+    let plan = tmux.wait_for("with fan-out (f: off)", Duration::from_secs(20));
+    assert!(plan.contains("link: "), "{plan}");
+    tmux.keys(&["f"]);
+    tmux.wait_for("with fan-out (f: on)", Duration::from_secs(5));
+    tmux.keys(&["a"]);
+    tmux.wait_for(
+        "fan-out on: every blob crosses the registry link once",
+        Duration::from_secs(5),
+    );
+    let from = lab.proxy().request_heads().len();
+    tmux.keys(&["y"]);
+    let done = tmux.wait_for("rollout finished: 2 pinned", Duration::from_secs(60));
+    assert!(
+        done.contains("(fan-out)"),
+        "the summary counts the link:\n{done}"
+    );
+
+    let heads: Vec<String> = lab.proxy().request_heads()[from..]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    let blob_gets: Vec<&String> = heads
+        .iter()
+        .filter(|h| h.starts_with("get ") && h.contains("/blobs/"))
+        .collect();
+    assert_eq!(
+        blob_gets.len(),
+        3 + 3 + 1,
+        "configs, own layers, the base once: {blob_gets:?}"
+    );
+    assert!(
+        blob_gets
+            .iter()
+            .all(|h| h.contains("user-agent: pinboard/"))
+    );
+    for (node, before) in lab.nodes().iter().zip(&hosts) {
+        assert_eq!(
+            &std::fs::read_to_string(node.hosts_toml(&lab.proxy_host())).unwrap(),
+            before,
+            "{}'s hosts.toml is back",
+            node.name
+        );
+    }
+    tmux.keys(&["q"]);
+    let after = tmux.wait_for("EXITED", Duration::from_secs(10));
+    assert!(after.contains("EXITED 0"), "{after}");
+}
