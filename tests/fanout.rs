@@ -16,6 +16,19 @@ use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Node, NodeSpec,
 const KI: u64 = 1 << 10;
 const MI: u64 = 1 << 20;
 
+/// A lab of containerd nodes called `nodes`, each with an image filesystem of `imagefs` bytes.
+fn lab(name: &str, nodes: &[&str], imagefs: u64) -> Lab {
+    let nodes = nodes.iter().map(|n| NodeSpec::new(n, imagefs)).collect();
+    Lab::start(
+        name,
+        LabConfig {
+            nodes,
+            ..LabConfig::default()
+        },
+    )
+    .expect("lab starts")
+}
+
 fn layer(seed: u64, bytes: u64) -> LayerSpec {
     LayerSpec {
         seed,
@@ -142,17 +155,11 @@ fn assert_ok(run: &support::Run, lab: &Lab) {
 
 #[test]
 fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
-    let lab = Lab::start(
+    let lab = lab(
         "fanout-base",
-        LabConfig {
-            nodes: ["n1", "n2", "n3", "m1", "m2", "m3"]
-                .iter()
-                .map(|n| NodeSpec::new(n, 96 * MI))
-                .collect(),
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
+        &["n1", "n2", "n3", "m1", "m2", "m3"],
+        96 * MI,
+    );
     let images = push_images(&lab, "fan/app", 7000, 12, 2 * MI, 256 * KI);
     let unique = unique_bytes(&images);
     let (first, second): (Vec<&Node>, Vec<&Node>) =
@@ -274,17 +281,7 @@ fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
 
 #[test]
 fn a_link_that_resets_every_connection_after_one_mib_still_moves_each_blob_about_once() {
-    let lab = Lab::start(
-        "fanout-resets",
-        LabConfig {
-            nodes: ["n1", "n2", "n3"]
-                .iter()
-                .map(|n| NodeSpec::new(n, 128 * MI))
-                .collect(),
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
+    let lab = lab("fanout-resets", &["n1", "n2", "n3"], 128 * MI);
     let images = push_images(&lab, "reset/app", 7100, 10, 3 * MI, 768 * KI);
     let unique = unique_bytes(&images);
     let nodes: Vec<&Node> = lab.nodes().iter().collect();
@@ -313,17 +310,7 @@ fn a_link_that_resets_every_connection_after_one_mib_still_moves_each_blob_about
 
 #[test]
 fn containerd_killed_and_restarted_mid_rollout_ends_pinned_with_the_retries_saying_why() {
-    let mut lab = Lab::start(
-        "fanout-restart",
-        LabConfig {
-            nodes: ["n1", "n2"]
-                .iter()
-                .map(|n| NodeSpec::new(n, 128 * MI))
-                .collect(),
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
+    let mut lab = lab("fanout-restart", &["n1", "n2"], 128 * MI);
     let images = push_images(&lab, "restart/app", 7200, 8, 2 * MI, 2 * MI);
     let unique = unique_bytes(&images);
     let nodes: Vec<&Node> = lab.nodes().iter().collect();
@@ -379,17 +366,7 @@ fn containerd_killed_and_restarted_mid_rollout_ends_pinned_with_the_retries_sayi
 #[test]
 fn faults_on_the_link_end_every_pull_pulled_or_failed_with_its_reason_and_nothing_unverified_is_kept()
  {
-    let lab = Lab::start(
-        "fanout-faults",
-        LabConfig {
-            nodes: ["n1", "n2"]
-                .iter()
-                .map(|n| NodeSpec::new(n, 128 * MI))
-                .collect(),
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
+    let lab = lab("fanout-faults", &["n1", "n2"], 128 * MI);
     let nodes: Vec<&Node> = lab.nodes().iter().collect();
     let cache = tempfile::tempdir().unwrap();
     let apply = |images: &[PushedImage]| {
@@ -521,17 +498,7 @@ fn marked(lab: &Lab, nodes: &[&Node]) -> Vec<PathBuf> {
 
 #[test]
 fn files_of_a_pinboard_killed_mid_rollout_do_not_stop_pulls_and_the_next_command_puts_them_back() {
-    let lab = Lab::start(
-        "fanout-killed",
-        LabConfig {
-            nodes: ["n1", "n2"]
-                .iter()
-                .map(|n| NodeSpec::new(n, 96 * MI))
-                .collect(),
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
+    let lab = lab("fanout-killed", &["n1", "n2"], 96 * MI);
     let images = push_images(&lab, "killed/app", 7700, 4, 2 * MI, MI);
     let other = push_images(&lab, "killed/other", 7800, 1, 512 * KI, 64 * KI);
     let nodes: Vec<&Node> = lab.nodes().iter().collect();

@@ -32,6 +32,27 @@ fn fake_crio(dir: &Path) -> (Child, PathBuf, PathBuf) {
     (child, pidfile, log)
 }
 
+/// `count` images `REPO0…`, each a shared base layer of `base` bytes (from `seed`) and half a MiB of its
+/// own; their references through the proxy.
+fn push_sharing_a_base(lab: &Lab, repo: &str, seed: u64, base: u64, count: u64) -> Vec<String> {
+    let layer = |seed, bytes: u64| LayerSpec {
+        seed,
+        bytes: bytes as usize,
+        format: LayerFormat::Gzip,
+    };
+    (0..count)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![layer(seed, base), layer(seed * 10 + i, MI / 2)],
+                ..ImageSpec::default()
+            };
+            lab.push_image(&format!("{repo}{i}"), &spec)
+                .unwrap()
+                .reference(&lab.proxy_host())
+        })
+        .collect()
+}
+
 #[test]
 fn compose_apply_and_watch_a_rollout_in_the_terminal() {
     let lab = Lab::start(
@@ -47,27 +68,7 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
         },
     )
     .expect("lab starts");
-    let base = LayerSpec {
-        seed: 7,
-        bytes: 6 * MI as usize,
-        format: LayerFormat::Gzip,
-    };
-    let references: Vec<String> = (0..4u64)
-        .map(|i| {
-            let own = LayerSpec {
-                seed: 70 + i,
-                bytes: (MI / 2) as usize,
-                format: LayerFormat::Gzip,
-            };
-            let spec = ImageSpec {
-                layers: vec![base.clone(), own],
-                ..ImageSpec::default()
-            };
-            lab.push_image(&format!("e2e/app{i}"), &spec)
-                .unwrap()
-                .reference(&lab.proxy_host())
-        })
-        .collect();
+    let references = push_sharing_a_base(&lab, "e2e/app", 7, 6 * MI, 4);
 
     let work = lab.dir().join("e2e");
     let crio_dir = work.join("crio.conf.d");
@@ -250,31 +251,11 @@ fn fan_out_toggled_with_f_on_the_plan_screen_serves_the_nodes_from_pinboard() {
         "tui-fan-out",
         LabConfig {
             nodes: vec![NodeSpec::new("n1", 96 * MI), NodeSpec::new("n2", 96 * MI)],
-            apiserver: false,
+            ..LabConfig::default()
         },
     )
     .expect("lab starts");
-    let base = LayerSpec {
-        seed: 8,
-        bytes: 4 * MI as usize,
-        format: LayerFormat::Gzip,
-    };
-    let references: Vec<String> = (0..3u64)
-        .map(|i| {
-            let own = LayerSpec {
-                seed: 80 + i,
-                bytes: (MI / 2) as usize,
-                format: LayerFormat::Gzip,
-            };
-            let spec = ImageSpec {
-                layers: vec![base.clone(), own],
-                ..ImageSpec::default()
-            };
-            lab.push_image(&format!("e2e/fan{i}"), &spec)
-                .unwrap()
-                .reference(&lab.proxy_host())
-        })
-        .collect();
+    let references = push_sharing_a_base(&lab, "e2e/fan", 8, 4 * MI, 3);
     let hosts: Vec<String> = lab
         .nodes()
         .iter()

@@ -512,12 +512,9 @@ fn read_pinned_images(settings: &Settings) -> Result<Vec<String>, String> {
     walk(&settings.config_dir, &mut files).map_err(|e| e.to_string())?;
     let mut pins = Vec::new();
     for file in files {
-        let Ok(text) = std::fs::read_to_string(&file) else {
+        let Some(doc) = read_toml(&file)? else {
             continue;
         };
-        let doc: toml_edit::DocumentMut = text
-            .parse()
-            .map_err(|e| format!("{}: {e}", file.display()))?;
         if let Some(list) = doc
             .get("crio")
             .and_then(|c| c.get("image"))
@@ -533,6 +530,16 @@ fn read_pinned_images(settings: &Settings) -> Result<Vec<String>, String> {
         }
     }
     Ok(pins)
+}
+
+/// A TOML file of CRI-O's, None when it cannot be read (as CRI-O skips it); Err when it is not TOML.
+fn read_toml(file: &Path) -> Result<Option<toml_edit::DocumentMut>, String> {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return Ok(None);
+    };
+    text.parse()
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// Go's `filepath.Walk`: each directory's names sorted, directories entered where they sort.
@@ -705,12 +712,9 @@ fn read_registries(settings: &Settings) -> Result<Vec<Rule>, String> {
     files.extend(names);
     let mut rules: Vec<Rule> = Vec::new();
     for file in files {
-        let Ok(text) = std::fs::read_to_string(&file) else {
+        let Some(doc) = read_toml(&file)? else {
             continue;
         };
-        let doc: toml_edit::DocumentMut = text
-            .parse()
-            .map_err(|e| format!("{}: {e}", file.display()))?;
         let tables = doc.get("registry").and_then(|r| r.as_array_of_tables());
         for table in tables.into_iter().flat_map(|t| t.iter()) {
             let text = |key: &str| table.get(key).and_then(|v| v.as_str()).map(str::to_string);
