@@ -2,14 +2,17 @@
 //! (behind the lab proxy and the lab's token service) holding a dozen sample images, a few of them
 //! pre-loaded on some nodes, and then pinboard run against it all. The `shop/*` images are private: pulling
 //! them takes the demo user's password, which `<lab>/auth.json` holds (and, with `--cluster`, the cluster's
-//! pull secret).
+//! pull secret). Once the samples are in place the proxy, the nodes' link to the registry, is capped at
+//! [`LINK_MIBPS`], so a rollout takes long enough to watch, and fan-out (`f` on the Plan screen) visibly
+//! moves fewer bytes over it.
 //!
 //! ```text
 //! cargo run --example lab -- [--hold] [-- [SUBCOMMAND] PINBOARD_ARGS...]
 //! ```
 //! Without `--hold`, runs `$PINBOARD_BIN` (default `target/debug/pinboard`) — the TUI, or SUBCOMMAND
 //! (e.g. `plan`) — with `--images-file <lab>/images.txt --authfile <lab>/auth.json --insecure-registry
-//! <proxy> --min-free 32Mi --nodes <lab>/nodes.yaml` and then PINBOARD_ARGS, stops the lab and exits with pinboard's exit code.
+//! <proxy> --min-free 32Mi --nodes <lab>/nodes.yaml --cache-dir <lab>/cache` and then PINBOARD_ARGS, stops
+//! the lab and exits with pinboard's exit code.
 //! The nodes file keeps every write inside the lab dir: n1 pins through a CRI-O drop-in there, n2 and n3
 //! with containerd labels, and each node's lazy-pull drop-in lives there too. With `--hold`, prints the
 //! endpoints and waits for Ctrl-C instead. Needs root and the packages of scripts/setup.
@@ -48,6 +51,8 @@ const DEMO_USER: &str = "demo";
 const DEMO_PASSWORD: &str = "pinboard-demo";
 /// Sample repositories under this prefix are private: pulling them takes the demo user's credentials.
 const PRIVATE: &str = "shop/";
+/// The registry link's bandwidth in the demo, MiB/s.
+const LINK_MIBPS: u64 = 8;
 
 fn main() -> ExitCode {
     match run() {
@@ -108,6 +113,7 @@ fn run() -> Result<ExitCode> {
     let auth = auth_config(&lab);
     let auth_file = lab.dir().join("auth.json");
     std::fs::write(&auth_file, auth.to_string())?;
+    lab.proxy().set_bandwidth(Some(LINK_MIBPS << 20));
     let stand_ins = match cluster {
         true => Some(runtime.block_on(play_cluster(&lab, &images_file, &auth))?),
         false => None,
@@ -116,7 +122,10 @@ fn run() -> Result<ExitCode> {
     if hold {
         println!("lab dir:     {}", lab.dir().display());
         println!("registry:    {}", lab.registry_host());
-        println!("proxy:       {}", lab.proxy_host());
+        println!(
+            "proxy:       {} (the registry link, capped at {LINK_MIBPS} MiB/s)",
+            lab.proxy_host()
+        );
         println!("images file: {}", images_file.display());
         println!(
             "auth file:   {} (the shop/* images are private)",
@@ -148,12 +157,16 @@ fn run() -> Result<ExitCode> {
         Some((first, rest)) if !first.starts_with('-') => (Some(first), rest),
         _ => (None, pinboard_args.as_slice()),
     };
-    command.args(subcommand).args([
-        "--insecure-registry",
-        &lab.proxy_host(),
-        "--min-free",
-        "32Mi",
-    ]);
+    command
+        .args(subcommand)
+        .args([
+            "--insecure-registry",
+            &lab.proxy_host(),
+            "--min-free",
+            "32Mi",
+        ])
+        .arg("--cache-dir")
+        .arg(lab.dir().join("cache"));
     let names_a_set = rest.iter().any(|a| a == "--set");
     match &stand_ins {
         Some(stand_ins) => {

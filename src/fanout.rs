@@ -27,6 +27,7 @@ use crate::backend::wiring::{self, Wired, Wiring};
 use crate::engine::{self, Control, EngineConfig, NodeJob};
 use crate::model::image::ImageFacts;
 use crate::model::mirror::{Allowed, Source};
+use crate::model::plan::Verdict;
 use crate::model::rollout::Event;
 
 /// How often the link bytes are sampled for the Rollout summary.
@@ -88,8 +89,9 @@ pub struct FanOutReport {
 
 impl Run {
     /// Starts rolling out `plans` on `targets` (in the same order); with `fan_out`, first serves the images
-    /// of `facts` and wires every node to them. Lines in the second value say which nodes pull directly
-    /// and why. Err only when the endpoint cannot listen: nothing was written then.
+    /// of `facts` and wires every node that will pull to them (not those the engine refuses: unreachable,
+    /// or no space without `force`). Lines in the second value say which nodes pull directly and why. Err
+    /// only when the endpoint cannot listen: nothing was written then.
     #[expect(
         clippy::too_many_arguments,
         reason = "the one entry point of both the TUI and the CLI"
@@ -107,7 +109,15 @@ impl Run {
         let mut notices = Vec::new();
         let fan_out = match fan_out.filter(|_| !config.readonly) {
             Some(setup) => {
-                let (fan_out, lines) = FanOut::start(setup, targets, &facts, timeout).await?;
+                let pulling: Vec<NodeTarget> = targets
+                    .iter()
+                    .zip(&plans)
+                    .filter(|(_, plan)| {
+                        plan.runtime.is_some() && (config.force || plan.verdict != Verdict::NoSpace)
+                    })
+                    .map(|(target, _)| target.clone())
+                    .collect();
+                let (fan_out, lines) = FanOut::start(setup, &pulling, &facts, timeout).await?;
                 notices.extend(lines);
                 Some(fan_out)
             }
