@@ -1,18 +1,24 @@
 //! Benchmark: pre-loading a 40-image set (about 1 GB of unique compressed blobs: three 24 MiB base layers,
 //! each shared by a third of the images, and one 10–35 MiB layer per image) onto 3 lab containerd nodes
-//! through the lab's registry proxy capped at a fixed bandwidth (64 MiB/s by default).
+//! through the lab's registry proxy capped at a fixed bandwidth (16 MiB/s by default: the link, not the
+//! machine's 2 cores, is then the bottleneck).
 //!
-//! Contenders, each on a fresh lab (new nodes, new registry, same deterministic images):
-//! - pinboard: `survey` then `engine::start` + `engine::run_to_end` with the default `EngineConfig`
-//!   (5 pulls at once per node, then pins), as the TUI's apply does; timed from the survey's start.
+//! Contenders, each on a fresh lab (new nodes, new registry, same deterministic images), in every run:
+//! - pinboard fan-out: `survey`, then [`pinboard::fanout::Run`] with fan-out (an empty blob cache, the
+//!   endpoint on loopback, every node's hosts.toml wired) and the default `EngineConfig` (5 pulls at once
+//!   per node, then pins), as `apply --fan-out` does; timed from the survey's start.
+//! - pinboard direct: the same without fan-out: every node pulls from the registry.
 //! - a sequential `ctr --address SOCK -n k8s.io images pull --plain-http --snapshotter native REF` loop per
 //!   node, the three node loops running at the same time.
 //!
-//! Each is compared with the bandwidth cap itself: ideal time = bytes that crossed the proxy / cap. Goal:
-//! pinboard ≤ 1.15 × ideal. Before the contenders run, the proxy's throttle is checked on its own: one blob
-//! downloaded over 1 connection and over 8 at once, bytes/time against the cap.
+//! Figures: bytes through the proxy against the set's unique bytes (layers, configs, manifests once), and
+//! time against two ideals: the contender's own bytes at the cap, and the unique bytes at the cap (what
+//! fan-out aims for). Goals: fan-out ≤ 1.05 × unique bytes and ≤ 1.3 × unique/cap in time. Before the runs,
+//! the proxy's throttle is checked on its own: one blob downloaded over 1 connection and over 8 at once.
+//! Prints every run, then the median (min–max) of the runs, and the load average before, during and after.
 //!
-//!     cargo bench --bench preload      # PINBOARD_BENCH_MIBPS=64 PINBOARD_BENCH_IMAGEFS_MIB=3328 by default
+//!     cargo bench --bench preload      # PINBOARD_BENCH_MIBPS=16 PINBOARD_BENCH_RUNS=3
+//!                                      # PINBOARD_BENCH_IMAGEFS_MIB=3328 by default
 //!
 //! Needs root (the lab mounts tmpfs). The image filesystems are tmpfs: 3 × PINBOARD_BENCH_IMAGEFS_MIB of
 //! RAM at most (native snapshots copy their parent, so a node needs about 3 × the compressed bytes). Prints
@@ -30,14 +36,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use pinboard::backend::blobs::{BlobCache, CacheOptions};
 use pinboard::backend::credentials::Credentials;
-use pinboard::backend::node::DirectNode;
+use pinboard::backend::lazy::LazyConfig;
+use pinboard::backend::node::{DirectNode, NodeTarget};
 use pinboard::backend::pins::PinTarget;
-use pinboard::engine::{self, EngineConfig, NodeJob};
-use pinboard::model::holders::holders_of;
+use pinboard::backend::wiring::WiringPaths;
+use pinboard::engine::EngineConfig;
+use pinboard::fanout::{FanOutSetup, LOOPBACK, Update};
 use pinboard::model::image::Platform;
 use pinboard::model::plan::Limits;
-use pinboard::model::rollout::NodeState;
+use pinboard::model::rollout::{NodeState, Rollout};
 use pinboard::model::set;
 use pinboard::survey::survey;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage};
@@ -190,41 +199,58 @@ struct Run {
 }
 
 impl Run {
-    fn print(&self, name: &str, cap: u64) {
-        let ideal = self.bytes as f64 / cap as f64;
+    /// Its time and bytes, against the bytes it moved at the cap and against `ideal`: the unique bytes at
+    /// the cap, what fan-out aims for.
+    fn print(&self, name: &str, cap: u64, unique: u64, ideal: f64) {
         let secs = self.time.as_secs_f64();
         println!(
-            "{name:<26} {secs:>7.1} s  {:>7.1} MiB through the proxy  ideal {ideal:>5.1} s  \
-             time/ideal {:.2}  achieved {:.1} MiB/s",
+            "{name:<26} {secs:>7.1} s  {:>7.1} MiB through the proxy ({:.3} x unique)  time/(its bytes/cap) {:.2}  \
+             time/(unique/cap {ideal:.1} s) {:.2}  achieved {:.1} MiB/s",
             self.bytes as f64 / MIB as f64,
+            self.bytes as f64 / unique as f64,
+            secs / (self.bytes as f64 / cap as f64),
             secs / ideal,
             self.bytes as f64 / secs / MIB as f64,
         );
     }
 }
 
-fn pinboard_run(lab: &Lab, references: &[String]) -> Run {
+/// pinboard's rollout as `apply` runs it ([`pinboard::fanout::Run`]): a survey, then the engine, with
+/// fan-out (a fresh blob cache in `cache`) or without; timed from the survey's start.
+fn pinboard_run(lab: &Lab, references: &[String], cache: Option<&std::path::Path>) -> Run {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
     let before = lab.proxy().bytes_down();
     let (time, rollout) = runtime.block_on(async {
-        let registry = lab.registry_client();
-        let nodes: Vec<DirectNode> = lab
+        let registry = Arc::new(lab.registry_client());
+        let targets: Vec<NodeTarget> = lab
             .nodes()
             .iter()
-            .map(|n| DirectNode {
-                name: n.name.clone(),
-                endpoint: n.endpoint().parse().expect("endpoint"),
+            .map(|n| NodeTarget {
+                node: DirectNode {
+                    name: n.name.clone(),
+                    endpoint: n.endpoint().parse().expect("endpoint"),
+                },
+                pin: PinTarget::ContainerdLabel,
+                lazy: LazyConfig::default(),
+                wiring: WiringPaths::default(),
             })
             .collect();
+        let nodes: Vec<DirectNode> = targets.iter().map(|t| t.node.clone()).collect();
         let sets = [set::from_flags("bench", references)];
         let limits = Limits {
             gc_high_percent: 100,
             gc_high_given: true,
             min_free_bytes: 0,
         };
+        let timeout = Duration::from_secs(30);
+        let fan_out = cache.map(|dir| FanOutSetup {
+            cache: BlobCache::open(dir, CacheOptions::default(), Arc::clone(&registry))
+                .expect("the blob cache opens"),
+            listen: LOOPBACK,
+        });
         let started = Instant::now();
         let planned = survey(
             &nodes,
@@ -232,29 +258,37 @@ fn pinboard_run(lab: &Lab, references: &[String]) -> Run {
             &registry,
             &Platform::host(),
             limits,
-            Duration::from_secs(30),
-            None,
+            timeout,
+            cache,
         )
         .await
         .unwrap_or_else(|e| panic!("survey: {}", pinboard::error::Failure::from(e)));
-        let holders = Arc::new(holders_of(&sets));
-        let jobs = nodes
-            .into_iter()
-            .zip(planned.nodes)
-            .map(|(node, plan)| NodeJob {
-                node,
-                plan,
-                pin: PinTarget::ContainerdLabel,
-                holders: Arc::clone(&holders),
-            })
-            .collect();
-        let engine = engine::start(
+        let jobs = pinboard::targets::jobs(&targets, planned.nodes, &sets);
+        let (mut run, notices) = pinboard::fanout::Run::start(
+            &targets,
             jobs,
-            Arc::new(planned.facts),
+            planned.facts,
             Arc::new(Credentials::none()),
             EngineConfig::default(),
+            fan_out,
+            false,
+            timeout,
+        )
+        .await
+        .expect("the rollout starts");
+        assert!(
+            notices.is_empty(),
+            "every node is fanned out to: {notices:?}"
         );
-        let rollout = engine::run_to_end(engine).await;
+        let mut rollout =
+            Rollout::expecting(&nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>());
+        while let Some(update) = run.next().await {
+            if let Update::Event(event) = update {
+                rollout.apply(event);
+            }
+        }
+        let (_, problems) = run.finish().await;
+        assert!(problems.is_empty(), "{problems:?}");
         (started.elapsed(), rollout)
     });
     for (name, node) in rollout.nodes() {
@@ -296,15 +330,56 @@ fn ctr_run(lab: &Lab, references: &[String]) -> Run {
     }
 }
 
-fn main() {
-    let cap = env_number("PINBOARD_BENCH_MIBPS", 64) * MIB;
-    let imagefs = env_number("PINBOARD_BENCH_IMAGEFS_MIB", 3328) * MIB;
+/// The contenders, in the order [`round`] runs them.
+const CONTENDERS: [&str; 3] = [
+    "pinboard fan-out",
+    "pinboard direct",
+    "sequential ctr pull loops",
+];
 
-    let (pinboard, unique) = {
-        let (lab, references, pushed) = lab_with_images("bench-preload-pinboard", imagefs);
+/// One run of every contender, each on a fresh lab (new nodes, registry and cache, the same images), in
+/// [`CONTENDERS`] order; and the set's unique bytes.
+fn round(cap: u64, imagefs: u64) -> ([Run; 3], u64) {
+    let contender = |name: &str, run: &dyn Fn(&Lab, &[String]) -> Run| {
+        let (lab, references, pushed) = lab_with_images(&format!("bench-preload-{name}"), imagefs);
         lab.proxy().set_bandwidth(Some(cap));
-        let base = &pushed[0];
-        let (repo, blob) = (&base.repo, &base.layers[0].digest);
+        let result = watched(&lab, name, || run(&lab, &references));
+        println!("{name}: image filesystem used: {}", used(&lab));
+        (result, unique_bytes(&pushed))
+    };
+    let (fan_out, unique) = contender("fan-out", &|lab, references| {
+        let cache = tempfile::tempdir().expect("a cache dir");
+        pinboard_run(lab, references, Some(cache.path()))
+    });
+    let (direct, _) = contender("direct", &|lab, references| {
+        pinboard_run(lab, references, None)
+    });
+    let (ctr, _) = contender("ctr", &ctr_run);
+    ([fan_out, direct, ctr], unique)
+}
+
+/// `median (min–max)` of `values`, formatted by `show`.
+fn spread(mut values: Vec<f64>, show: impl Fn(f64) -> String) -> String {
+    values.sort_by(f64::total_cmp);
+    let median = values[values.len() / 2];
+    format!(
+        "{} ({}–{})",
+        show(median),
+        show(values[0]),
+        show(values[values.len() - 1])
+    )
+}
+
+fn main() {
+    let cap = env_number("PINBOARD_BENCH_MIBPS", 16) * MIB;
+    let imagefs = env_number("PINBOARD_BENCH_IMAGEFS_MIB", 3328) * MIB;
+    let runs = env_number("PINBOARD_BENCH_RUNS", 3usize).max(1);
+    println!("load before: {}", load_average());
+    {
+        // The proxy's throttle on its own, against the cap.
+        let (lab, _, pushed) = lab_with_images("bench-preload-calibration", imagefs);
+        lab.proxy().set_bandwidth(Some(cap));
+        let (repo, blob) = (&pushed[0].repo, &pushed[0].layers[0].digest);
         let one = download_rate(&lab, repo, blob, 1);
         let eight = download_rate(&lab, repo, blob, 8);
         println!(
@@ -316,29 +391,50 @@ fn main() {
             eight / MIB as f64,
             eight * 100.0 / cap as f64,
         );
-        let run = watched(&lab, "pinboard", || pinboard_run(&lab, &references));
-        println!("pinboard: image filesystem used: {}", used(&lab));
-        (run, unique_bytes(&pushed))
-    };
-    let ctr = {
-        let (lab, references, _) = lab_with_images("bench-preload-ctr", imagefs);
-        lab.proxy().set_bandwidth(Some(cap));
-        let run = watched(&lab, "ctr", || ctr_run(&lab, &references));
-        println!("ctr: image filesystem used: {}", used(&lab));
-        run
-    };
-
+    }
+    let mut rounds = Vec::new();
+    let mut unique = 0;
+    for n in 1..=runs {
+        println!("--- run {n} of {runs} (load {})", load_average());
+        let (round, bytes) = round(cap, imagefs);
+        unique = bytes;
+        let ideal = unique as f64 / cap as f64;
+        for (name, run) in CONTENDERS.iter().zip(&round) {
+            run.print(name, cap, unique, ideal);
+        }
+        rounds.push(round);
+    }
+    let ideal = unique as f64 / cap as f64;
     println!(
-        "set: {IMAGES} images, {:.1} MiB ({:.2} GB) unique compressed per node, {} nodes; cap {:.0} MiB/s",
+        "set: {IMAGES} images, {:.1} MiB ({:.2} GB) unique compressed (layers, configs, manifests), {} nodes; \
+         cap {:.0} MiB/s; fan-out's ideal (unique / cap) {ideal:.1} s; load after: {}",
         unique as f64 / MIB as f64,
         unique as f64 / 1e9,
         NODES.len(),
-        cap as f64 / MIB as f64
+        cap as f64 / MIB as f64,
+        load_average(),
     );
-    pinboard.print("pinboard (survey+engine)", cap);
-    ctr.print("sequential ctr pull loops", cap);
-    println!(
-        "pinboard vs ctr: {:.2}x faster",
-        ctr.time.as_secs_f64() / pinboard.time.as_secs_f64()
-    );
+    println!("median (min–max) of {runs} runs:");
+    for (i, name) in CONTENDERS.iter().enumerate() {
+        let times: Vec<f64> = rounds.iter().map(|r| r[i].time.as_secs_f64()).collect();
+        let links: Vec<f64> = rounds
+            .iter()
+            .map(|r| r[i].bytes as f64 / unique as f64)
+            .collect();
+        println!(
+            "{name:<26} {}  time/(unique/cap) {}  link bytes/unique {}",
+            spread(times.clone(), |t| format!("{t:.1} s")),
+            spread(times.iter().map(|t| t / ideal).collect(), |x| format!(
+                "{x:.2}"
+            )),
+            spread(links, |x| format!("{x:.3}")),
+        );
+    }
+}
+
+/// `uptime`'s load averages (1, 5, 15 minutes).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
 }

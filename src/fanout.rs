@@ -111,7 +111,7 @@ impl Run {
             Some(setup) => {
                 let pulling: Vec<NodeTarget> = targets
                     .iter()
-                    .zip(&plans)
+                    .zip(jobs.iter().map(|job| &job.plan))
                     .filter(|(_, plan)| {
                         plan.runtime.is_some() && (config.force || plan.verdict != Verdict::NoSpace)
                     })
