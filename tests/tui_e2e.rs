@@ -315,15 +315,37 @@ fn fan_out_toggled_with_f_on_the_plan_screen_serves_the_nodes_from_pinboard() {
             .iter()
             .all(|h| h.contains("user-agent: pinboard/"))
     );
-    for (node, before) in lab.nodes().iter().zip(&hosts) {
-        assert_eq!(
-            &std::fs::read_to_string(node.hosts_toml(&lab.proxy_host())).unwrap(),
-            before,
-            "{}'s hosts.toml is back",
-            node.name
-        );
+    let restored = || {
+        for (node, before) in lab.nodes().iter().zip(&hosts) {
+            assert_eq!(
+                &std::fs::read_to_string(node.hosts_toml(&lab.proxy_host())).unwrap(),
+                before,
+                "{}'s hosts.toml is back",
+                node.name
+            );
+        }
+    };
+    restored();
+
+    // Quitting in the middle of a fanned-out rollout cancels it and puts the files back before exiting.
+    let more = push_sharing_a_base(&lab, "e2e/more", 9, 4 * MI, 2);
+    lab.proxy().set_bandwidth(Some(MI / 4));
+    tmux.keys(&["2", "i"]);
+    tmux.literal(&more.join(" "));
+    tmux.keys(&["Enter", "a"]);
+    tmux.wait_for("fan-out on: every blob crosses", Duration::from_secs(5));
+    tmux.keys(&["y"]);
+    let wired = |node: &support::Node| {
+        std::fs::read_to_string(node.hosts_toml(&lab.proxy_host()))
+            .is_ok_and(|t| t.starts_with("# pinboard-fan-out: "))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lab.nodes().iter().all(wired) {
+        assert!(Instant::now() < deadline, "the nodes were never wired");
+        std::thread::sleep(Duration::from_millis(50));
     }
     tmux.keys(&["q"]);
-    let after = tmux.wait_for("EXITED", Duration::from_secs(10));
+    let after = tmux.wait_for("EXITED", Duration::from_secs(40));
     assert!(after.contains("EXITED 0"), "{after}");
+    restored();
 }

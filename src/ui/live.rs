@@ -6,10 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
 
 use super::TuiArgs;
 use super::app::{Cmd, ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, SetDraft, State};
@@ -64,6 +65,7 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
         .into_iter()
         .map(|set| SetDraft::new(set, every_node.clone()))
         .collect();
+    let rollouts = Arc::default();
     let backend = Live {
         targets: Arc::new(targets),
         credentials: registry.credentials(),
@@ -84,10 +86,18 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
         cache_options: common.cache.options(),
         cache: None,
         fan_out_listen: common.rollout.fan_out_listen.unwrap_or(LOOPBACK),
+        rollouts: Arc::clone(&rollouts),
     };
-    super::run::run(state, backend)
-        .await
-        .map_err(|e| Failure::bad_input(format!("terminal UI failed: {e:#}")))
+    let ran = super::run::run(state, backend).await;
+    // A rollout still under way was cancelled when the UI went: wait for it to put fan-out's files back.
+    let running = std::mem::take(&mut *rollouts.lock().expect("rollouts lock"));
+    for rollout in running {
+        if !rollout.is_finished() {
+            eprintln!("pinboard: cancelling the rollout and putting fan-out's files back…");
+        }
+        let _ = tokio::time::timeout(QUIT_GRACE, rollout).await;
+    }
+    ran.map_err(|e| Failure::bad_input(format!("terminal UI failed: {e:#}")))
 }
 
 /// The theme `--theme` names; monochrome whenever NO_COLOR is set.
@@ -99,6 +109,9 @@ pub(super) fn theme_of(args: &TuiArgs) -> Result<Theme, Failure> {
         _ => Ok(Theme::from_env()),
     }
 }
+
+/// How long quitting waits for a cancelled rollout to put fan-out's files back.
+const QUIT_GRACE: Duration = Duration::from_secs(30);
 
 struct Live {
     targets: Arc<Vec<NodeTarget>>,
@@ -121,6 +134,8 @@ struct Live {
     /// Opened at the first fan-out and kept (it holds the directory's lock).
     cache: Option<Arc<BlobCache>>,
     fan_out_listen: SocketAddr,
+    /// Rollout tasks, for the UI to wait on when it quits.
+    rollouts: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl UiBackend for Live {
@@ -322,7 +337,7 @@ impl Live {
         let (control_tx, mut control_rx) = tokio::sync::mpsc::unbounded_channel();
         self.control = Some(control_tx);
         let observer = self.snapshot();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let sets = [set];
             let dnodes: Vec<_> = targets.iter().map(|t| t.node.clone()).collect();
             let cache = cache_dir.as_deref();
@@ -363,6 +378,7 @@ impl Live {
                     return;
                 }
             };
+            let mut operator = true;
             loop {
                 tokio::select! {
                     update = run.next() => match update {
@@ -370,10 +386,14 @@ impl Live {
                         Some(Update::LinkBytes(bytes)) => { let _ = tx.send(Msg::LinkBytes(bytes)); }
                         None => break,
                     },
-                    control = control_rx.recv() => {
-                        // None: the TUI is gone: stop pulling.
-                        run.control(control.unwrap_or(Control::CancelAll));
-                    }
+                    control = control_rx.recv(), if operator => match control {
+                        Some(control) => { run.control(control); }
+                        // The TUI is gone: stop pulling (then fan-out's files are put back).
+                        None => {
+                            operator = false;
+                            run.control(Control::CancelAll);
+                        }
+                    },
                 }
             }
             let (report, problems) = run.finish().await;
@@ -387,6 +407,9 @@ impl Live {
             observer.send_nodes(&tx).await;
             let _ = tx.send(Msg::ConfigViews(observer.config_views(&sets).await));
         });
+        let mut rollouts = self.rollouts.lock().expect("rollouts lock");
+        rollouts.retain(|r| !r.is_finished());
+        rollouts.push(task);
     }
 }
 
