@@ -487,6 +487,34 @@ fn a_containerd_without_config_path_is_told_why_and_pulls_directly_while_the_oth
     }
 }
 
+#[test]
+fn a_cache_that_cannot_be_used_stops_apply_fan_out_before_anything_is_pulled() {
+    let lab = lab("fanout-bad-cache", &["n1"], 32 * MI);
+    let images = push_images(&lab, "badcache/app", 8000, 1, 256 * KI, 64 * KI);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    let before = hosts_files(&lab, &nodes);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let inside_a_file = file.path().join("cache");
+    let run = support::pinboard(args(
+        &lab,
+        "apply",
+        &nodes,
+        &images,
+        &["--fan-out", "--cache-dir", inside_a_file.to_str().unwrap()],
+    ));
+    assert_eq!(run.code, 2, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("--fan-out: ") && run.stderr.contains("pass another --cache-dir"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(hosts_files(&lab, &nodes), before);
+    assert!(
+        !nodes[0].images_ls().contains("badcache/app0"),
+        "nothing was pulled"
+    );
+}
+
 /// The hosts.toml files of `nodes` for the proxy, by path, when they carry fan-out's marker.
 fn marked(lab: &Lab, nodes: &[&Node]) -> Vec<PathBuf> {
     nodes

@@ -189,6 +189,11 @@ mod tests {
         "--wait",
         "--all-sets",
         "--release-unowned",
+        "--fan-out",
+        "--fan-out-listen",
+        "10.0.0.5:5050",
+        "--crio-registries-dir",
+        "/etc/containers/registries.conf.d",
         "-o",
         "json",
     ];
@@ -232,6 +237,12 @@ mod tests {
                 common.unpin.all_sets && common.unpin.release_unowned,
                 "{command}"
             );
+            assert!(common.rollout.fan_out, "{command}");
+            assert_eq!(
+                common.rollout.fan_out_listen,
+                Some("10.0.0.5:5050".parse().unwrap()),
+                "{command}"
+            );
         }
         // The TUI without a subcommand takes it too.
         let line = ["pinboard"].iter().chain(APPLY_ARGS);
@@ -251,6 +262,25 @@ mod tests {
             crate::backend::blobs::cache::DEFAULT_MAX_BYTES
         );
         assert_eq!(common.cache.cache_dir, None);
+    }
+
+    #[test]
+    fn fan_out_listen_refuses_an_address_nodes_cannot_be_pointed_at() {
+        for unspecified in ["0.0.0.0:5050", "[::]:5050"] {
+            let err = Cli::try_parse_from(["pinboard", "apply", "--fan-out-listen", unspecified])
+                .unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+            assert_eq!(err.exit_code(), 2, "bad input");
+            let text = err.to_string();
+            assert!(
+                text.contains("not an address nodes can be pointed at")
+                    && text.contains("e.g. 10.0.0.5:5050"),
+                "{text}"
+            );
+        }
+        let err =
+            Cli::try_parse_from(["pinboard", "apply", "--fan-out-listen", "nodes"]).unwrap_err();
+        assert!(err.to_string().contains("is not IP:PORT"), "{err}");
     }
 
     #[test]
