@@ -47,6 +47,10 @@ pub struct FanOutSetup {
 /// What a running rollout reports.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Update {
+    /// First, when the nodes are fanned out to: those that could not be, and pull directly.
+    FanOut {
+        direct: Vec<String>,
+    },
     Event(Event),
     /// Fan-out: bytes the cache has taken from the registries since the rollout started.
     LinkBytes(u64),
@@ -58,6 +62,8 @@ pub struct Run {
     /// None when no operator will retry or cancel (headless).
     control: Option<UnboundedSender<Control>>,
     fan_out: Option<FanOut>,
+    /// [`Update::FanOut`], until [`Run::next`] has given it.
+    announce: Option<Update>,
     sample: tokio::time::Interval,
     sampled: Option<u64>,
 }
@@ -81,17 +87,20 @@ impl FanOut {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FanOutReport {
-    /// Bytes taken from the registries for this rollout (blobs and manifests the cache lacked).
+    /// Bytes pinboard took from the registries for this rollout (blobs and manifests the cache lacked);
+    /// nodes that pulled directly took theirs on top.
     pub link_bytes: u64,
     /// Bytes the endpoint served to the nodes.
     pub served_bytes: u64,
 }
 
 impl Run {
-    /// Starts rolling out `plans` on `targets` (in the same order); with `fan_out`, first serves the images
-    /// of `facts` and wires every node that will pull to them (not those the engine refuses: unreachable,
-    /// or no space without `force`). Lines in the second value say which nodes pull directly and why. Err
-    /// only when the endpoint cannot listen: nothing was written then.
+    /// Starts rolling out `jobs` (those of `targets`, in the same order); with `fan_out`, first serves the
+    /// images of `facts` and wires every node that will pull to them (not those the engine refuses:
+    /// unreachable, or no space without `force`). With `operator`, [`Run::control`] retries and cancels
+    /// (the TUI); without, nodes with failures finish instead of waiting for a retry (headless). Lines in
+    /// the second value say which nodes pull directly and why. Err only when the endpoint cannot listen:
+    /// nothing was written then.
     #[expect(
         clippy::too_many_arguments,
         reason = "the one entry point of both the TUI and the CLI"
@@ -119,10 +128,24 @@ impl Run {
                     .collect();
                 let (fan_out, lines) = FanOut::start(setup, &pulling, &facts, timeout).await?;
                 notices.extend(lines);
-                Some(fan_out)
+                // No node to serve: the rollout is a direct one.
+                match fan_out.wired.is_empty() {
+                    true => {
+                        fan_out.finish().await;
+                        None
+                    }
+                    false => Some(fan_out),
+                }
             }
             None => None,
         };
+        let announce = fan_out.as_ref().map(|fan_out| {
+            let wired = |name: &String| fan_out.wired.iter().any(|(node, _)| node == name);
+            let direct = targets.iter().map(|t| t.node.name.clone());
+            Update::FanOut {
+                direct: direct.filter(|name| !wired(name)).collect(),
+            }
+        });
         let engine = engine::start(jobs, Arc::new(facts), credentials, config);
         let mut sample = tokio::time::interval(SAMPLE_EVERY);
         sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -130,15 +153,11 @@ impl Run {
             events: engine.events,
             control: operator.then_some(engine.control),
             fan_out,
+            announce,
             sample,
             sampled: None,
         };
         Ok((run, notices))
-    }
-
-    /// Whether the nodes are fanned out to.
-    pub fn fans_out(&self) -> bool {
-        self.fan_out.is_some()
     }
 
     /// Passes an operator's control to the engine; false when it is gone.
@@ -148,9 +167,12 @@ impl Run {
             .is_some_and(|c| c.send(control).is_ok())
     }
 
-    /// The next event, or a new figure of link bytes (at most every half second, only when it changed);
-    /// None once every node is done.
+    /// With fan-out, [`Update::FanOut`] first; then the next event, or a new figure of link bytes (at most
+    /// every half second, only when it changed); None once every node is done.
     pub async fn next(&mut self) -> Option<Update> {
+        if let Some(announce) = self.announce.take() {
+            return Some(announce);
+        }
         loop {
             tokio::select! {
                 event = self.events.recv() => return event.map(Update::Event),

@@ -126,9 +126,6 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
         eprintln!("warning: {notice}");
     }
     let mut rollout = Rollout::expecting(&names);
-    if run.fans_out() {
-        rollout.set_fan_out();
-    }
     let mut progress = Progress::new(std::io::stderr().is_terminal());
     // Caught for the rollout, so that fan-out's files are put back before pinboard exits.
     let mut signals = Interrupts::new()?;
@@ -139,6 +136,7 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
         };
         match update {
             None => break None,
+            Some(Update::FanOut { direct }) => rollout.set_fan_out(direct),
             Some(Update::LinkBytes(bytes)) => rollout.record_link_bytes(bytes),
             Some(Update::Event(event)) => {
                 let line = event_line(&event);

@@ -490,9 +490,16 @@ pub struct Rollout {
     interner: Interner,
     /// Nodes waiting or pulling, kept current so that `is_finished` does not walk every node per event.
     open: usize,
-    /// With fan-out, the bytes taken over the registry link so far; None without (every node pulls over
-    /// the link itself).
-    link: Option<u64>,
+    /// With fan-out, what crosses the registry link; None without (every node pulls over the link itself).
+    link: Option<FanOutLink>,
+}
+
+/// What crosses the link under fan-out: what the blob cache took, and the bytes of the nodes that could not
+/// be fanned out to and pull directly.
+#[derive(Clone, Debug, Default)]
+struct FanOutLink {
+    cache: u64,
+    direct: Vec<String>,
 }
 
 /// Equal when every node is: how the references happen to be shared does not count.
@@ -523,20 +530,26 @@ impl Rollout {
         }
     }
 
-    /// The nodes pull through fan-out: link bytes are counted from here on ([`Rollout::record_link_bytes`]).
-    pub fn set_fan_out(&mut self) {
-        self.link.get_or_insert(0);
+    /// The nodes pull through fan-out, but for `direct`, which pull from the registry themselves: link
+    /// bytes are counted from here on ([`Rollout::record_link_bytes`]).
+    pub fn set_fan_out(&mut self, direct: Vec<String>) {
+        self.link = Some(FanOutLink { cache: 0, direct });
     }
 
-    /// Fan-out's bytes over the registry link so far (sampled from the blob cache, not an engine event).
+    /// The bytes fan-out's blob cache has taken from the registries so far (sampled from the cache, not an
+    /// engine event).
     pub fn record_link_bytes(&mut self, bytes: u64) {
-        self.link = Some(bytes);
+        if let Some(link) = &mut self.link {
+            link.cache = bytes;
+        }
     }
 
-    /// Bytes over the registry link so far with fan-out; None without fan-out, where every node's bytes
-    /// cross the link ([`Rollout::bytes`]).
+    /// Bytes over the registry link so far with fan-out: the cache's and those of the nodes that pull
+    /// directly. None without fan-out, where every node's bytes cross the link ([`Rollout::bytes`]).
     pub fn link_bytes(&self) -> Option<u64> {
-        self.link
+        let link = self.link.as_ref()?;
+        let direct = link.direct.iter().filter_map(|n| self.nodes.get(n));
+        Some(link.cache + direct.map(NodeRollout::done_bytes).sum::<u64>())
     }
 
     /// Every node by name. Read-only: events are the only way in.
@@ -611,6 +624,38 @@ mod tests {
     fn reference(r: &Rollout, node: &str, image: &str) -> *const u8 {
         let mut images = r.nodes()[node].images();
         images.find(|(i, _)| *i == image).unwrap().0.as_ptr()
+    }
+
+    #[test]
+    fn under_fan_out_the_link_carries_the_caches_bytes_and_those_of_nodes_pulling_directly() {
+        let at = Instant::now();
+        let mut r = Rollout::expecting(&[s("n1"), s("n2"), s("n3")]);
+        let progress = |node: &str, done| Event::PullProgress {
+            node: s(node),
+            image: s("a"),
+            done,
+            total: 100,
+            at,
+        };
+        for node in ["n1", "n2", "n3"] {
+            r.apply(progress(node, 40));
+        }
+        assert_eq!(
+            r.link_bytes(),
+            None,
+            "without fan-out the nodes' bytes are the link's"
+        );
+        assert_eq!(r.bytes().0, 120);
+        r.set_fan_out(vec![s("n3")]);
+        r.record_link_bytes(50);
+        assert_eq!(
+            r.link_bytes(),
+            Some(50 + 40),
+            "the cache's, and n3's own pulls"
+        );
+        r.apply(progress("n3", 100));
+        r.apply(progress("n1", 100));
+        assert_eq!(r.link_bytes(), Some(50 + 100), "n1 pulls through the cache");
     }
 
     #[test]

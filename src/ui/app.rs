@@ -213,7 +213,9 @@ pub enum Msg {
     NodesUpdated(Vec<NodeInfo>),
     SurveyDone(Result<Survey, String>),
     Rollout(Event),
-    /// Fan-out: bytes taken over the registry link since the rollout started.
+    /// The rollout is fanned out, but for these nodes, which pull directly.
+    FanOut(Vec<String>),
+    /// Fan-out: bytes the blob cache took over the registry link since the rollout started.
     LinkBytes(u64),
     /// The engine has nothing more to do; `Err` says why it stopped early.
     EngineFinished(Result<(), String>),
@@ -752,6 +754,10 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             }
             Vec::new()
         }
+        Msg::FanOut(direct) => {
+            state.rollout.set_fan_out(direct);
+            Vec::new()
+        }
         Msg::LinkBytes(bytes) => {
             state.rollout.record_link_bytes(bytes);
             Vec::new()
@@ -1200,11 +1206,7 @@ fn apply(state: &mut State, confirm: Confirm, force: bool) -> Vec<Cmd> {
         return Vec::new();
     };
     let set = draft.set.clone();
-    let mut rollout = Rollout::expecting(&confirm.nodes);
-    if confirm.fan_out {
-        rollout.set_fan_out();
-    }
-    state.set_rollout(rollout);
+    state.set_rollout(Rollout::expecting(&confirm.nodes));
     let cmd = Cmd::Apply {
         set,
         nodes: confirm.nodes,

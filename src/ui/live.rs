@@ -383,6 +383,7 @@ impl Live {
                 tokio::select! {
                     update = run.next() => match update {
                         Some(Update::Event(event)) => { let _ = tx.send(Msg::Rollout(event)); }
+                        Some(Update::FanOut { direct }) => { let _ = tx.send(Msg::FanOut(direct)); }
                         Some(Update::LinkBytes(bytes)) => { let _ = tx.send(Msg::LinkBytes(bytes)); }
                         None => break,
                     },

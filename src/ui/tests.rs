@@ -472,6 +472,13 @@ fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_coun
             .unwrap_or_default()
             .to_string()
     };
+    // Until the backend says the rollout is fanned out, the link carries what the nodes fetch.
+    assert!(
+        summary(&state).contains("link 0 B ·"),
+        "{}",
+        summary(&state)
+    );
+    update(&mut state, Msg::FanOut(Vec::new()));
     assert!(
         summary(&state).contains("link 0 B (fan-out)"),
         "{}",
