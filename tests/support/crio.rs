@@ -571,8 +571,13 @@ fn load(storage: &Path) -> Result<Vec<Stored>, String> {
     }
 }
 
+/// Held while the storage's image list is read, changed and written back: parallel pulls record at once,
+/// and one must not lose the other's image.
+static STORAGE: Mutex<()> = Mutex::new(());
+
 /// Adds `image` to the storage (its names joining an image with the same id), atomically.
 fn record(storage: &Path, image: Stored) -> Result<(), String> {
+    let _held = STORAGE.lock().unwrap();
     let mut images = load(storage)?;
     match images.iter_mut().find(|i| i.id == image.id) {
         Some(old) => {
@@ -1021,6 +1026,7 @@ impl ImageService for Shared {
             .map(|i| i.image)
             .unwrap_or_default();
         if let Some(gone) = state.find(&name)? {
+            let _held = STORAGE.lock().unwrap();
             let mut images = load(&state.settings.storage).map_err(Status::internal)?;
             images.retain(|i| i.id != gone.id);
             save(&state.settings.storage, &images).map_err(Status::internal)?;
