@@ -15,6 +15,7 @@ use regex::Regex;
 use crate::backend::blobs::cache::{self, CacheOptions};
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
+use crate::backend::mirror_config::MirrorSources;
 use crate::backend::node::NodeTarget;
 use crate::backend::registry::{Registry, RegistryOptions};
 use crate::backend::wiring::{REGISTRIES_CONF_DIR, WiringPaths};
@@ -255,6 +256,29 @@ pub struct RegistryArgs {
     /// otherwise used before the default auth files when no --authfile is given.
     #[arg(long)]
     pub no_pull_secret: bool,
+    /// Mirrors for pinboard's own registry reads: this registries.conf instead of
+    /// /etc/containers/registries.conf (or ~/.config/containers/registries.conf).
+    #[arg(long, value_name = "FILE")]
+    pub registries_conf: Option<PathBuf>,
+    /// Drop-ins (*.conf, by name) read after the registries.conf, instead of
+    /// /etc/containers/registries.conf.d.
+    #[arg(long, value_name = "DIR")]
+    pub registries_conf_dir: Option<PathBuf>,
+    /// ImageDigestMirrorSet or ImageContentSourcePolicy YAML whose digest mirrors pinboard's reads follow
+    /// too (in cluster mode the cluster's own are read as well). Repeatable.
+    #[arg(long = "idms", value_name = "FILE")]
+    pub mirror_sets: Vec<PathBuf>,
+}
+
+impl RegistryArgs {
+    /// Where mirror rules come from.
+    pub fn mirror_sources(&self) -> MirrorSources {
+        MirrorSources {
+            conf: self.registries_conf.clone(),
+            dir: self.registries_conf_dir.clone(),
+            mirror_sets: self.mirror_sets.clone(),
+        }
+    }
 }
 
 /// Where blobs fetched from registries are kept (`pinboard mirror`).
@@ -339,27 +363,36 @@ pub enum Output {
     Yaml,
 }
 
-fn registry_options(args: &RegistryArgs) -> RegistryOptions {
-    RegistryOptions {
+/// How to reach registries, the mirror rules read with `extra` mirror set documents (the cluster's) added.
+fn registry_options(args: &RegistryArgs, extra: &[String]) -> Result<RegistryOptions, Failure> {
+    let mut mirrors = args.mirror_sources().load().map_err(Failure::bad_input)?;
+    for documents in extra {
+        mirrors
+            .add_mirror_sets(documents, "the cluster's mirror sets")
+            .map_err(Failure::bad_input)?;
+    }
+    Ok(RegistryOptions {
         authfile: args.authfile.clone(),
         insecure_registries: args.insecure_registries.clone(),
         certs_dir: args.certs_dir.clone(),
         concurrency: args.registry_concurrency.max(1),
+        mirrors,
         ..RegistryOptions::default()
-    }
+    })
 }
 
 pub fn registry_client(args: &RegistryArgs) -> Result<Registry, Failure> {
-    Registry::new(registry_options(args)).map_err(|e| Failure::bad_input(e.to_string()))
+    Registry::new(registry_options(args, &[])?).map_err(|e| Failure::bad_input(e.to_string()))
 }
 
 /// Cluster mode's registry client: without `--authfile` or `--no-pull-secret`, the cluster's global pull
-/// secret comes first (what the nodes pull with), then the default auth files. Also returns, when the
-/// secret could not be used, a warning that says why and what to grant.
+/// secret comes first (what the nodes pull with), then the default auth files; the cluster's
+/// ImageDigestMirrorSets and ImageContentSourcePolicies are followed as well as the local mirror rules. Also
+/// returns warnings that say what could not be used, why, and what to grant.
 pub async fn cluster_registry_client(
     args: &RegistryArgs,
     cluster: &kube::Client,
-) -> Result<(Registry, Option<String>), Failure> {
+) -> Result<(Registry, Vec<String>), Failure> {
     let bad_input = |e: &dyn std::fmt::Display| Failure::bad_input(e.to_string());
     let files = Credentials::load(&AuthFiles::from_env(args.authfile.clone()))
         .map_err(|e| bad_input(&e))?;
@@ -392,9 +425,12 @@ pub async fn cluster_registry_client(
             Err(e) => (files, Some(cannot(e.to_string()))),
         }
     };
-    let registry = Registry::with_credentials(registry_options(args), credentials)
-        .map_err(|e| bad_input(&e))?;
-    Ok((registry, warning))
+    let mirror_sets = crate::cluster::mirror_sets::read(cluster).await;
+    let registry =
+        Registry::with_credentials(registry_options(args, &mirror_sets.documents)?, credentials)
+            .map_err(|e| bad_input(&e))?;
+    let warnings = warning.into_iter().chain(mirror_sets.warnings).collect();
+    Ok((registry, warnings))
 }
 
 impl TargetArgs {
@@ -565,6 +601,9 @@ pub fn release_note(resolved: &crate::release::Resolved, made: &ReleaseSets) -> 
             " (a PinnedImageSet holds at most {})",
             set::MAX_ENTRIES
         ));
+    }
+    if let Some(mirror) = &resolved.mirror {
+        note.push_str(&format!("; read through mirror {mirror}"));
     }
     if made.folded > 0 {
         note.push_str(&format!(

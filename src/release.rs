@@ -19,6 +19,8 @@ pub struct Resolved {
     /// The payload by digest: the pull spec a tag resolved to (an index's digest for a multi-arch payload).
     pub image: String,
     pub release: Release,
+    /// The mirror the payload was read through; None: its own registry.
+    pub mirror: Option<String>,
 }
 
 /// Why a release could not be read.
@@ -77,7 +79,11 @@ pub async fn resolve(
     let files = read_payload_layer(bytes).await.map_err(not_a_release)?;
     let release = Release::parse(&files.image_references, &files.release_metadata)
         .map_err(|why| not_a_release(format!("not a release payload: {why}")))?;
-    Ok(Resolved { image, release })
+    Ok(Resolved {
+        image,
+        release,
+        mirror: facts.mirror,
+    })
 }
 
 /// `pullspec`'s release as sets (see [`release_sets`]).

@@ -96,6 +96,7 @@ fn facts_of(p: &PushedImage) -> ImageFacts {
             })
             .collect(),
         annotations: Default::default(),
+        mirror: None,
     }
 }
 

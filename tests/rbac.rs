@@ -78,15 +78,27 @@ fn probes() -> Vec<Access> {
         probes.push((*verb, "", "secrets"));
         probes.push((*verb, "", "pods"));
         probes.push((*verb, "rbac.authorization.k8s.io", "clusterrolebindings"));
+        for (group, resource) in MIRROR_SETS {
+            probes.push((*verb, group, resource));
+        }
     }
     probes
 }
+
+/// The cluster's digest mirrors, which pinboard's registry reads follow: (group, resource).
+const MIRROR_SETS: [(&str, &str); 2] = [
+    ("config.openshift.io", "imagedigestmirrorsets"),
+    ("operator.openshift.io", "imagecontentsourcepolicies"),
+];
 
 fn viewer_grants() -> Vec<Access> {
     let mut grants = vec![("get", "", "nodes/proxy")];
     for verb in READ {
         grants.push((verb, "", "nodes"));
         grants.extend(MACHINE_CONFIG.map(|resource| (verb, GROUP, resource)));
+    }
+    for verb in ["get", "list"] {
+        grants.extend(MIRROR_SETS.map(|(group, resource)| (verb, group, resource)));
     }
     grants
 }

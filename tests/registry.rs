@@ -313,6 +313,7 @@ impl LabRegistry {
             config_size,
             layers,
             annotations: image.annotations.clone(),
+            mirror: None,
         }
     }
 

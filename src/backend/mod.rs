@@ -8,6 +8,7 @@ pub mod credentials;
 pub mod cri;
 pub mod distribution;
 pub mod lazy;
+pub mod mirror_config;
 pub mod node;
 pub mod pins;
 pub mod progress;

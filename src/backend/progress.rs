@@ -211,6 +211,7 @@ mod tests {
                 })
                 .collect(),
             annotations: Default::default(),
+            mirror: None,
         }
     }
 

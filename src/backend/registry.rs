@@ -35,6 +35,7 @@ use crate::backend::distribution::{Access, Distribution, Host, HttpError};
 use crate::backend::truncate;
 use crate::model::image::{ImageFacts, Layer, Platform};
 use crate::model::mirror::Source;
+use crate::model::mirror_rules::{Candidate, MirrorRules};
 use crate::model::reference::ImageRef;
 
 pub const MEDIA_TYPE_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -72,6 +73,8 @@ pub struct RegistryOptions {
     pub concurrency: usize,
     /// Per request: connect, read, and the whole exchange (default 30 s).
     pub timeout: Duration,
+    /// Where references are fetched from: mirrors first, then the source unless it is blocked.
+    pub mirrors: MirrorRules,
 }
 
 impl Default for RegistryOptions {
@@ -82,6 +85,7 @@ impl Default for RegistryOptions {
             certs_dir: None,
             concurrency: 32,
             timeout: Duration::from_secs(30),
+            mirrors: MirrorRules::default(),
         }
     }
 }
@@ -243,6 +247,7 @@ pub struct Registry {
     auths: Mutex<HashMap<String, Arc<OnceCell<Arc<AuthState>>>>>,
     down: Mutex<HashMap<String, (RegistryError, Instant)>>,
     requests: AtomicU64,
+    mirrors: MirrorRules,
 }
 
 impl fmt::Debug for Registry {
@@ -269,6 +274,8 @@ struct Fetched {
     digest: String,
     size: u64,
     manifest: Manifest,
+    /// The mirror that served it; None: the source.
+    mirror: Option<String>,
     /// The bytes exactly as the registry sent them, and their media type: what a mirror serves.
     body: Bytes,
     media_type: String,
@@ -369,6 +376,7 @@ impl Registry {
             auths: Mutex::default(),
             down: Mutex::default(),
             requests: AtomicU64::new(0),
+            mirrors: options.mirrors,
         })
     }
 
@@ -500,7 +508,7 @@ impl Registry {
         label: &str,
     ) -> Result<Arc<Fetched>, RegistryError> {
         let Some(digest) = &reference.digest else {
-            return self.fetch(reference, label).await;
+            return self.fetch_mirrored(reference, label).await;
         };
         let key = format!("{}/{}@{digest}", reference.registry, reference.repository);
         let cell = self
@@ -510,15 +518,54 @@ impl Registry {
             .entry(key)
             .or_default()
             .clone();
-        cell.get_or_try_init(|| self.fetch(reference, label))
+        cell.get_or_try_init(|| self.fetch_mirrored(reference, label))
             .await
             .cloned()
+    }
+
+    /// The manifest of `reference` from the first place [`MirrorRules::candidates`] names that serves it
+    /// (the content is checked against the digest wherever it comes from).
+    async fn fetch_mirrored(
+        &self,
+        reference: &ImageRef,
+        label: &str,
+    ) -> Result<Arc<Fetched>, RegistryError> {
+        let mut tried = Vec::new();
+        for candidate in self.candidates(reference, label)? {
+            let target = parse_reference(&candidate.reference)?;
+            match self
+                .fetch(&target, label, candidate.mirror.as_deref())
+                .await
+            {
+                Ok(fetched) => return Ok(fetched),
+                Err(error) => tried.push((candidate, error)),
+            }
+        }
+        Err(tried_everywhere(label, &reference.registry, tried))
+    }
+
+    /// Where to fetch `reference`, in order; an error when its source is blocked and no mirror serves it.
+    fn candidates(
+        &self,
+        reference: &ImageRef,
+        label: &str,
+    ) -> Result<Vec<Candidate>, RegistryError> {
+        let text = reference.to_string();
+        match self.mirrors.blocked(&text) {
+            Some(why) => Err(RegistryError::Unreachable {
+                reference: label.to_string(),
+                registry: reference.registry.clone(),
+                cause: why,
+            }),
+            None => Ok(self.mirrors.candidates(&text)),
+        }
     }
 
     async fn fetch(
         &self,
         reference: &ImageRef,
         label: &str,
+        mirror: Option<&str>,
     ) -> Result<Arc<Fetched>, RegistryError> {
         let registry = reference.registry.as_str();
         let host = self.host(registry, label).await?;
@@ -591,6 +638,7 @@ impl Registry {
             size: body.len() as u64,
             media_type: media_type(&body, &manifest),
             manifest,
+            mirror: mirror.map(str::to_owned),
             body: Bytes::from(body),
         }))
     }
@@ -729,6 +777,37 @@ impl Registry {
         };
         let label = format!("blob {digest} of {source}");
         let reference = parse_reference(&format!("{source}@{digest}")).map_err(fail)?;
+        let mut tried = Vec::new();
+        let mut retry_after = None;
+        for candidate in self.candidates(&reference, &label).map_err(fail)? {
+            let target = parse_reference(&candidate.reference).map_err(fail)?;
+            match self.blob_from(&target, &label, digest, offset).await {
+                Ok(body) => return Ok(body),
+                Err(failure) => {
+                    retry_after = failure.retry_after;
+                    tried.push((candidate, failure.error));
+                }
+            }
+        }
+        Err(BlobFailure {
+            error: tried_everywhere(&label, &reference.registry, tried),
+            retry_after,
+        })
+    }
+
+    /// The blob `digest` from the place `reference` names (a mirror's location or the source).
+    async fn blob_from(
+        &self,
+        reference: &ImageRef,
+        label: &str,
+        digest: &str,
+        offset: u64,
+    ) -> Result<BlobBody, BlobFailure> {
+        let fail = |error| BlobFailure {
+            error,
+            retry_after: None,
+        };
+        let label = label.to_owned();
         let registry = reference.registry.as_str();
         let host = self.host(registry, &label).await.map_err(fail)?;
         let path = format!("{}/blobs/{digest}", reference.repository);
@@ -1001,6 +1080,37 @@ fn content_digest(body: &[u8], like: &str) -> Option<String> {
     }
 }
 
+/// Why no place served a reference: the one error when one place was tried; otherwise every place and its
+/// answer (each mirror, then the source).
+fn tried_everywhere(
+    label: &str,
+    registry: &str,
+    mut tried: Vec<(Candidate, RegistryError)>,
+) -> RegistryError {
+    if tried.len() <= 1 {
+        return tried.pop().map_or_else(
+            || RegistryError::Unreachable {
+                reference: label.to_string(),
+                registry: registry.to_string(),
+                cause: "no place to fetch it from".into(),
+            },
+            |(_, error)| error,
+        );
+    }
+    let answers: Vec<String> = tried
+        .iter()
+        .map(|(candidate, error)| format!("{candidate}: {error}"))
+        .collect();
+    RegistryError::Unreachable {
+        reference: label.to_string(),
+        registry: registry.to_string(),
+        cause: format!(
+            "no mirror served it, nor the source ({})",
+            answers.join("; ")
+        ),
+    }
+}
+
 fn image_facts(fetched: &Fetched, index: Option<(&Fetched, &IndexEntry)>) -> ImageFacts {
     let Manifest::Image {
         config,
@@ -1024,6 +1134,7 @@ fn image_facts(fetched: &Fetched, index: Option<(&Fetched, &IndexEntry)>) -> Ima
         config_size: config.size,
         layers: layers.clone(),
         annotations: all,
+        mirror: fetched.mirror.clone(),
     }
 }
 
@@ -1491,6 +1602,7 @@ mod tests {
             },
             body: Bytes::from(body.to_string()),
             media_type: MEDIA_TYPE_OCI_MANIFEST.into(),
+            mirror: None,
         };
         let facts = image_facts(&fetched, None);
         assert_eq!(facts.lazy_format(), LazyFormat::Estargz);

@@ -241,8 +241,8 @@ pub(super) async fn cluster_registry(
         return registry_client(&args.registry);
     }
     let client = connect(options).await?;
-    let (registry, warning) = cluster_registry_client(&args.registry, &client).await?;
-    if let Some(warning) = warning {
+    let (registry, warnings) = cluster_registry_client(&args.registry, &client).await?;
+    for warning in warnings {
         eprintln!("warning: {warning}");
     }
     Ok(registry)

@@ -1,5 +1,6 @@
 //! `pinboard plan`: what pre-loading image sets costs each node, as a table, JSON or YAML.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
 
 use crossterm::style::{ResetColor, SetForegroundColor};
@@ -127,6 +128,7 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
             ),
         });
     }
+    out.push_str(&mirrors_used(survey));
     for node in survey.nodes.iter().filter(|n| !n.reasons.is_empty()) {
         out.push_str(&format!("\n{}:\n", node.node));
         for reason in &node.reasons {
@@ -154,6 +156,28 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         out.push_str(&matrix);
     }
     out
+}
+
+/// `mirror mirror.example.com/ocp answered for 187 images`, one line per mirror that served the survey.
+fn mirrors_used(survey: &Survey) -> String {
+    let mut by_mirror: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for image in survey.nodes.iter().flat_map(|n| &n.images) {
+        if let Some(mirror) = &image.mirror {
+            by_mirror
+                .entry(mirror)
+                .or_default()
+                .insert(&image.reference);
+        }
+    }
+    by_mirror
+        .iter()
+        .map(|(mirror, images)| {
+            format!(
+                "mirror {mirror} answered for {} image(s) (registries.conf or an ImageDigestMirrorSet)\n",
+                images.len()
+            )
+        })
+        .collect()
 }
 
 /// `GC high threshold 85% (--gc-high-percent)` when every node has the same, else each node's.

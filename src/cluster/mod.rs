@@ -9,6 +9,7 @@
 //! registry credentials the nodes pull with.
 
 mod facts;
+pub mod mirror_sets;
 pub mod pull_secret;
 mod sets;
 mod watch;

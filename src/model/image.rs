@@ -152,6 +152,10 @@ pub struct ImageFacts {
     pub config_size: u64,
     pub layers: Vec<Layer>,
     pub annotations: BTreeMap<String, String>,
+    /// The mirror whose location served the manifest (registries.conf, ImageDigestMirrorSet); None: the
+    /// source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<String>,
 }
 
 impl ImageFacts {
@@ -207,6 +211,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            mirror: None,
         }
     }
 

@@ -172,6 +172,7 @@ mod tests {
                 })
                 .collect(),
             annotations: BTreeMap::new(),
+            mirror: None,
         }
     }
 

@@ -186,6 +186,9 @@ pub struct ImagePlan {
     pub fetch_bytes: u64,
     pub estimated_disk_bytes: u64,
     pub lazy_format: LazyFormat,
+    /// The mirror that answered for the image (registries.conf, ImageDigestMirrorSet); absent: the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,6 +256,7 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
                 fetch_bytes: fetch,
                 estimated_disk_bytes: disk,
                 lazy_format: image.facts.lazy_format(),
+                mirror: image.facts.mirror.clone(),
             }
         })
         .collect();
@@ -485,6 +489,7 @@ mod tests {
             config_size: 1000,
             layers,
             annotations: BTreeMap::new(),
+            mirror: None,
         }
     }
 

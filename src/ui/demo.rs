@@ -89,6 +89,7 @@ fn node_plan(
                 fetch_bytes: *bytes,
                 estimated_disk_bytes: 2 * bytes,
                 lazy_format: LazyFormat::None,
+                mirror: None,
             })
             .collect(),
     }

@@ -35,8 +35,7 @@ pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> 
     let platform = common.targets.platform()?;
     let theme = theme_of(&args)?;
     let cluster = Cluster::discover(connect(&options).await?).await?;
-    let (registry, pull_secret_warning) =
-        cluster_registry_client(&common.registry, cluster.client()).await?;
+    let (registry, warnings) = cluster_registry_client(&common.registry, cluster.client()).await?;
     let (sets, mut notes) = resolve_sets(&common.input, false, &registry, &platform).await?;
     let denied = if args.readonly {
         None
@@ -50,7 +49,7 @@ pub async fn run(args: TuiArgs, options: ConnectOptions) -> Result<(), Failure> 
         Instant::now(),
     );
     state.start_cluster(denied, std::time::SystemTime::now());
-    if let Some(warning) = pull_secret_warning {
+    for warning in warnings {
         tracing::warn!("{warning}");
         notes.push(warning);
     }
