@@ -43,10 +43,10 @@ impl MirrorSources {
             .find(|p| p.is_file())
             .map(|p| (p, false)),
         };
-        if let Some((path, required)) = main {
-            if let Some(text) = read(&path, required)? {
-                rules.add_registries_conf(&text, &path.display().to_string())?;
-            }
+        if let Some((path, required)) = main
+            && let Some(text) = read(&path, required)?
+        {
+            rules.add_registries_conf(&text, &path.display().to_string())?;
         }
         let dirs: Vec<PathBuf> = match &self.dir {
             Some(dir) => vec![dir.clone()],

@@ -814,7 +814,7 @@ impl Registry {
         let range = (offset > 0).then(|| format!("bytes={offset}-"));
         let mut renewed = false;
         let (response, auth) = loop {
-            let auth = self.auth(&host, &reference, &label).await.map_err(fail)?;
+            let auth = self.auth(&host, reference, &label).await.map_err(fail)?;
             let context = self.context(&label, registry, &auth.described, Some(&host));
             let response = self
                 .distribution
@@ -829,7 +829,7 @@ impl Registry {
             }
             // Tokens expire (often after 5 minutes), and a long mirror session outlives them.
             renewed = true;
-            self.forget_auth(&reference);
+            self.forget_auth(reference);
         };
         let context = self.context(&label, registry, &auth.described, Some(&host));
         let status = response.status();
