@@ -250,7 +250,7 @@ pub struct RegistryArgs {
     #[arg(long, value_name = "DIR")]
     pub certs_dir: Option<PathBuf>,
     /// Manifest requests in flight at once.
-    #[arg(long, value_name = "N", default_value_t = 32)]
+    #[arg(long, value_name = "N", default_value_t = 64)]
     pub registry_concurrency: usize,
     /// Cluster mode: do not read the cluster's global pull secret (openshift-config/pull-secret), which is
     /// otherwise used before the default auth files when no --authfile is given.

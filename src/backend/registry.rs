@@ -69,7 +69,8 @@ pub struct RegistryOptions {
     pub insecure_registries: Vec<String>,
     /// `--certs-dir`: the only certs.d directory read when set (see [`crate::backend::certs`]).
     pub certs_dir: Option<PathBuf>,
-    /// Requests in flight at most, over all references and platforms (default 32).
+    /// Requests in flight at most, over all references and platforms (default 64: a release's ~190
+    /// manifests in three round trips).
     pub concurrency: usize,
     /// Per request: connect, read, and the whole exchange (default 30 s).
     pub timeout: Duration,
@@ -83,7 +84,7 @@ impl Default for RegistryOptions {
             authfile: None,
             insecure_registries: Vec::new(),
             certs_dir: None,
-            concurrency: 32,
+            concurrency: 64,
             timeout: Duration::from_secs(30),
             mirrors: MirrorRules::default(),
         }
