@@ -1,6 +1,7 @@
 //! The client side of the OCI distribution protocol, as far as pinboard needs it: one HTTP client per
-//! registry, the registry's `/v2/` challenge asked once, access to a repository from a credential, and
-//! authenticated GETs. [`super::registry`] builds manifests on it; anything else that reads a registry (a
+//! registry, the registry's challenge learned once (from `/v2/` when a credential must be presented, else
+//! from the first request it refuses: anonymous reads of an open registry cost no extra round trip), access
+//! to a repository from a credential, and authenticated GETs. [`super::registry`] builds manifests on it; anything else that reads a registry (a
 //! blob cache, say) can share it.
 //!
 //! - **Transport.** HTTPS trusting the system store (or `SSL_CERT_FILE`) plus the registry's certs.d CAs,
@@ -44,14 +45,38 @@ pub struct Distribution {
     hosts: Mutex<HashMap<String, Arc<OnceCell<Arc<Host>>>>>,
 }
 
-/// One registry: its client and what its `/v2/` asks for.
+/// One registry: its client and, once learned, what it asks for.
 pub struct Host {
     /// What certs.d gave it.
     pub tls: SiteTls,
     /// `https://endpoint` or `http://endpoint`.
     base: String,
     http: reqwest::Client,
-    challenge: Challenge,
+    /// None until `/v2/` or a refused request said.
+    challenge: Mutex<Option<Challenge>>,
+}
+
+impl Host {
+    fn known_challenge(&self) -> Option<Challenge> {
+        self.challenge.lock().expect("challenge lock").clone()
+    }
+
+    /// For an anonymous request the registry refused: learns the challenge from its `WWW-Authenticate` (if
+    /// not known yet), and whether access should be asked for again now that it is known. Requests sent at
+    /// once all learn it, whichever answer came first.
+    fn learn(&self, response: &reqwest::Response, anonymous: bool) -> bool {
+        if !anonymous || response.status() != reqwest::StatusCode::UNAUTHORIZED {
+            return false;
+        }
+        let mut known = self.challenge.lock().expect("challenge lock");
+        if known.is_none() {
+            *known = response
+                .headers()
+                .get(WWW_AUTHENTICATE)
+                .and_then(|h| parse_challenge(h.to_str().unwrap_or_default()));
+        }
+        matches!(*known, Some(Challenge::Basic | Challenge::Bearer { .. }))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,6 +133,8 @@ pub enum HttpError {
     Certs(CertsError),
     /// The HTTP client could not be built from certs.d's files.
     Setup(String),
+    /// The registry refused an anonymous request and said what it asks for: ask for access again.
+    Challenged,
 }
 
 #[derive(Deserialize)]
@@ -185,9 +212,30 @@ impl Distribution {
             "https"
         };
         let base = format!("{scheme}://{}", endpoint(registry));
+        tracing::debug!(
+            registry,
+            base,
+            ca_files = ?tls.ca_files,
+            client_certificate = ?tls.client.as_ref().map(|c| &c.cert),
+            "registry client"
+        );
+        Ok(Arc::new(Host {
+            tls,
+            base,
+            http,
+            challenge: Mutex::default(),
+        }))
+    }
+
+    /// What `host` asks for: learned already, or asked of its `/v2/` now.
+    async fn challenge(&self, host: &Host) -> Result<Challenge, HttpError> {
+        if let Some(known) = host.known_challenge() {
+            return Ok(known);
+        }
         let started = Instant::now();
-        let response = http
-            .get(format!("{base}/v2/"))
+        let response = host
+            .http
+            .get(format!("{}/v2/", host.base))
             .send()
             .await
             .map_err(HttpError::Transport)?;
@@ -210,20 +258,13 @@ impl Distribution {
             }
         };
         tracing::debug!(
-            registry,
-            base,
+            base = host.base,
             ?challenge,
-            ca_files = ?tls.ca_files,
-            client_certificate = ?tls.client.as_ref().map(|c| &c.cert),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "registry pinged"
         );
-        Ok(Arc::new(Host {
-            tls,
-            base,
-            http,
-            challenge,
-        }))
+        *host.challenge.lock().expect("challenge lock") = Some(challenge.clone());
+        Ok(challenge)
     }
 
     /// What authorizes pulls from `repository` on `host` with `credential`: nothing for an open registry,
@@ -234,7 +275,14 @@ impl Distribution {
         repository: &str,
         credential: &Credential,
     ) -> Result<Access, HttpError> {
-        let (realm, service) = match (&host.challenge, credential) {
+        let challenge = match (host.known_challenge(), credential) {
+            (_, Credential::RegistryToken(token)) => return Ok(bearer(token, None)),
+            (Some(known), _) => known,
+            // Nothing to present: try without, and learn the challenge if the registry refuses.
+            (None, Credential::Anonymous) => return Ok(Access::default()),
+            (None, _) => self.challenge(host).await?,
+        };
+        let (realm, service) = match (&challenge, credential) {
             (Challenge::Open, _) => return Ok(Access::default()),
             (_, Credential::RegistryToken(token)) => return Ok(bearer(token, None)),
             (Challenge::Basic, Credential::Basic { username, password }) => {
@@ -311,7 +359,11 @@ impl Distribution {
         if let Some(header) = &access.header {
             request = request.header(AUTHORIZATION, header.clone());
         }
-        request.send().await.map_err(HttpError::Transport)
+        let response = request.send().await.map_err(HttpError::Transport)?;
+        if host.learn(&response, access.header.is_none()) {
+            return Err(HttpError::Challenged);
+        }
+        Ok(response)
     }
 
     /// `GET base/v2/PATH` with `access` and `accept`; the body of a 2xx answer, up to `limit` bytes.

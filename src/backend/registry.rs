@@ -570,34 +570,44 @@ impl Registry {
     ) -> Result<Arc<Fetched>, RegistryError> {
         let registry = reference.registry.as_str();
         let host = self.host(registry, label).await?;
-        let auth = self.auth(&host, reference, label).await?;
-        self.check_down(registry, label)?;
-        let context = self.context(label, registry, &auth.described, Some(&host));
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .expect("the semaphore is never closed");
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        let started = Instant::now();
         let target = reference
             .digest
             .as_deref()
             .or(reference.tag.as_deref())
             .unwrap_or("latest");
         let path = format!("{}/manifests/{target}", reference.repository);
-        let outcome = tokio::time::timeout(
-            self.timeout,
-            self.distribution.get(
-                &host,
-                &path,
-                &auth.access,
-                &ACCEPTED_MEDIA_TYPES.join(", "),
-                MAX_MANIFEST_BYTES,
-            ),
-        )
-        .await;
-        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let mut challenged = false;
+        let (auth, outcome, elapsed_ms) = loop {
+            let auth = self.auth(&host, reference, label).await?;
+            self.check_down(registry, label)?;
+            let _permit = self
+                .permits
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let started = Instant::now();
+            let outcome = tokio::time::timeout(
+                self.timeout,
+                self.distribution.get(
+                    &host,
+                    &path,
+                    &auth.access,
+                    &ACCEPTED_MEDIA_TYPES.join(", "),
+                    MAX_MANIFEST_BYTES,
+                ),
+            )
+            .await;
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            // Refused anonymously, the registry said what it asks for: ask for access again, once.
+            if matches!(outcome, Ok(Err(HttpError::Challenged))) && !challenged {
+                challenged = true;
+                self.forget_auth(reference);
+                continue;
+            }
+            break (auth, outcome, elapsed_ms);
+        };
+        let context = self.context(label, registry, &auth.described, Some(&host));
         let body = match outcome {
             Ok(Ok(body)) => body,
             Ok(Err(e)) => return Err(self.failed(map_error(e, &context), elapsed_ms)),
@@ -817,11 +827,19 @@ impl Registry {
         let (response, auth) = loop {
             let auth = self.auth(&host, reference, &label).await.map_err(fail)?;
             let context = self.context(&label, registry, &auth.described, Some(&host));
-            let response = self
+            let response = match self
                 .distribution
                 .send(&host, &path, &auth.access, None, range.as_deref())
                 .await
-                .map_err(|e| fail(map_error(e, &context)))?;
+            {
+                // Refused anonymously, the registry said what it asks for: ask for access again.
+                Err(HttpError::Challenged) if !renewed => {
+                    renewed = true;
+                    self.forget_auth(reference);
+                    continue;
+                }
+                other => other.map_err(|e| fail(map_error(e, &context)))?,
+            };
             if response.status() != http::StatusCode::UNAUTHORIZED
                 || renewed
                 || !auth.access.authorized()
@@ -1412,6 +1430,8 @@ fn map_error(error: HttpError, context: &Context<'_>) -> RegistryError {
         },
         HttpError::Certs(e) => RegistryError::Certs(e),
         HttpError::Setup(cause) => RegistryError::Setup { cause },
+        // Retried once with access learned from it; refused again, it is a refusal.
+        HttpError::Challenged => unauthorized(None),
     }
 }
 
