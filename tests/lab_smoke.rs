@@ -288,15 +288,26 @@ async fn apiserver_kubeconfig_works() {
         .await
         .unwrap();
     let client = kube::Client::try_from(config).unwrap();
-    let namespaces = kube::Api::<Namespace>::all(client)
-        .list(&Default::default())
-        .await
-        .unwrap();
-    assert!(
-        namespaces
+    // The API server's bootstrap controller creates `default` shortly after it answers.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let namespaces = kube::Api::<Namespace>::all(client.clone())
+            .list(&Default::default())
+            .await
+            .unwrap();
+        let names: Vec<_> = namespaces
             .iter()
-            .any(|ns| ns.metadata.name.as_deref() == Some("default"))
-    );
+            .filter_map(|ns| ns.metadata.name.clone())
+            .collect();
+        if names.iter().any(|n| n == "default") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no namespace default: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     let url = format!("{}/api/v1/namespaces", apiserver.url());
     let get = |token: &str| {
