@@ -7,7 +7,9 @@
 //!   pins (the word comes from one ListImages).
 //! - An administrator's glob pins the set; a later drop-in replaces it, and `check` names that file.
 //! - `apply` writes the drop-in, signals the pidfile's process and ends pinned as the runtime confirms; on
-//!   1.29.2 it ends not pinned, with the fix.
+//!   1.29.2 it ends not pinned, with the fix; with `--crio-reload restart` (`systemctl restart crio`, a
+//!   `systemctl` that restarts the stand-in first on PATH) it ends pinned, CRI-O restarted once, confirmed
+//!   across the dropped CRI connection.
 //! - Unpinning one of two sets keeps, as CRI-O itself reports, the pins the other set holds.
 
 mod support;
@@ -19,7 +21,7 @@ use pinboard::backend::cri::CriClient;
 use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
 use pinboard::model::readiness::{ImageReason, PinnedBy, Readiness};
 use support::crio::CrioStandIn;
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Run, pinboard};
+use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Run, pinboard, pinboard_with};
 
 /// The CRI-O stand-in's process: `support::crio` runs this binary again with only this test.
 #[test]
@@ -216,8 +218,20 @@ fn run_json(
     crio: &CrioStandIn,
     images: &[String],
 ) -> (Run, serde_json::Value) {
+    run_json_with(command, lab, crio.node_args("n1"), images, |_| {})
+}
+
+/// [`run_json`] with the node given by `node` (pinboard's arguments for it) and pinboard's command adjusted
+/// by `adjust`.
+fn run_json_with(
+    command: &str,
+    lab: &Lab,
+    node: Vec<String>,
+    images: &[String],
+    adjust: impl FnOnce(&mut std::process::Command),
+) -> (Run, serde_json::Value) {
     let mut args = vec![command.to_string()];
-    args.extend(crio.node_args("n1"));
+    args.extend(node);
     args.extend([
         "--insecure-registry".into(),
         lab.registry_host(),
@@ -229,7 +243,7 @@ fn run_json(
     for image in images {
         args.extend(["--image".into(), image.clone()]);
     }
-    let run = pinboard(&args);
+    let run = pinboard_with(&args, adjust);
     let report = serde_json::from_str(&run.stdout)
         .unwrap_or_else(|e| panic!("{command} -o json ({e}): {}\n{}", run.stdout, run.stderr));
     (run, report)
@@ -297,6 +311,84 @@ fn apply_onto_crio_1_29_2_ends_not_pinned_with_the_restart_as_the_fix() {
     let (run, _) = apply(&lab, &crio, &images);
     assert_eq!(run.code, 1);
     assert_eq!(crio.counts().reloads, 2);
+}
+
+/// `apply -o json` onto the stand-in with `--crio-reload restart`, the stand-in's `systemctl` first on
+/// pinboard's PATH (returning once CRI-O serves again when `waits`, at once otherwise).
+fn apply_restarting(
+    lab: &Lab,
+    crio: &CrioStandIn,
+    images: &[String],
+    waits: bool,
+) -> (Run, serde_json::Value) {
+    let bin = crio.systemctl(waits).expect("systemctl");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let node = crio.node_args_reloading("n1", "restart");
+    run_json_with("apply", lab, node, images, |command| {
+        command.env("PATH", path);
+    })
+}
+
+#[test]
+fn apply_with_crio_reload_restart_onto_crio_1_29_2_restarts_it_once_and_ends_pinned_as_crio_confirms()
+ {
+    let (lab, crio, images) = pull_lab("crio-apply-restart", "1.29.2", 2);
+    let (run, report) = apply_restarting(&lab, &crio, &images, true);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &report["rollout"][0];
+    assert_eq!(n1["state"], "pinned", "{n1}");
+    // The engine's CRI connection died with the process it reached; it asked the new one.
+    assert_eq!(
+        n1["confirmed"], true,
+        "confirmed by CRI-O after its restart: {n1}"
+    );
+    assert_eq!(report["readiness"]["ready"], true, "{report}");
+    assert_eq!(crio.systemctl_calls(), ["restart crio"]);
+    let counts = crio.counts();
+    assert_eq!(counts.starts, 2, "started, then restarted once");
+    assert_eq!(counts.reloads, 0, "no SIGHUP, which 1.29.2 would ignore");
+    assert_eq!(
+        counts.calls.get("PullImage"),
+        Some(&2),
+        "{:?}",
+        counts.calls
+    );
+    let mut listed = read_crio_pins(crio.config_dir()).unwrap();
+    listed.sort();
+    let mut wanted = images.clone();
+    wanted.sort();
+    assert_eq!(listed, wanted, "the drop-in lists the set");
+    assert!(
+        reported(&crio, &images)
+            .iter()
+            .all(|&both| both == (true, false)),
+        "ListImages pinned (1.29.2's ImageStatus never says)"
+    );
+
+    // Applied again: pinned as CRI-O reports, nothing to write, no second restart.
+    let (run, report) = apply_restarting(&lab, &crio, &images, true);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(report["rollout"][0]["confirmed"], true, "{report}");
+    assert_eq!(crio.systemctl_calls(), ["restart crio"]);
+    assert_eq!(crio.counts().starts, 2);
+}
+
+#[test]
+fn apply_with_crio_reload_restart_confirms_the_pins_through_a_restart_still_under_way() {
+    let (lab, crio, images) = pull_lab("crio-apply-restart-async", "1.29.2", 2);
+    // systemctl returns while CRI-O is still starting: the first confirmations find the connection gone
+    // and the socket refusing, and pinboard keeps asking until CRI-O answers.
+    let (run, report) = apply_restarting(&lab, &crio, &images, false);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &report["rollout"][0];
+    assert_eq!(n1["state"], "pinned", "{n1}");
+    assert_eq!(n1["confirmed"], true, "{n1}");
+    assert_eq!(crio.systemctl_calls(), ["restart crio"]);
+    assert_eq!(crio.counts().starts, 2, "restarted once");
 }
 
 #[test]

@@ -30,7 +30,9 @@
 //!   credentials, as containers/image asks.
 //!
 //! It is a separate process, as CRI-O is: `--crio-reload signal:PIDFILE` reaches it as it reaches CRI-O,
-//! a SIGHUP to the pid its pidfile names, and a restart is a new process reading its files again. In one
+//! a SIGHUP to the pid its pidfile names, and a restart is a new process reading its files again (the
+//! test's [`CrioStandIn::restart`]), or the process executing itself again on SIGUSR1 (pinboard's
+//! `systemctl restart crio`, through the `systemctl` [`CrioStandIn::systemctl`] writes). In one
 //! test process shared by several tests, a signal would reach every test's stand-in. The process is the
 //! test binary itself, run again with only its ignored test [`ENTRY`] and [`ENV`] naming the stand-in's
 //! settings; that test calls [`serve`]. So the stand-in is always built from the same source as the test,
@@ -104,9 +106,11 @@ struct Stored {
     size: u64,
 }
 
-/// What the stand-in did, for tests.
+/// What the stand-in did since it first started, for tests: a restart carries the counts on.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Counts {
+    /// Times it started: the first start, then one per restart.
+    pub starts: u64,
     /// SIGHUPs handled.
     pub reloads: u64,
     /// Calls per RPC name (`ListImages`, `ImageStatus`, ...).
@@ -223,14 +227,83 @@ impl CrioStandIn {
     /// pinboard's arguments for this stand-in as node `name`: its endpoint, its drop-in directory, and its
     /// reload through its pidfile.
     pub fn node_args(&self, name: &str) -> Vec<String> {
+        self.node_args_reloading(name, &format!("signal:{}", self.pidfile().display()))
+    }
+
+    /// [`CrioStandIn::node_args`] with another `--crio-reload` (`restart`, say).
+    pub fn node_args_reloading(&self, name: &str, reload: &str) -> Vec<String> {
         vec![
             "--cri".into(),
             format!("{name}={}", self.endpoint()),
             "--crio-config-dir".into(),
             self.config_dir().display().to_string(),
             "--crio-reload".into(),
-            format!("signal:{}", self.pidfile().display()),
+            reload.into(),
         ]
+    }
+
+    /// A `systemctl` that acts on this stand-in as systemd acts on CRI-O's unit, for pinboard's process:
+    /// returns the directory holding it, to put first on that process's `PATH`. It appends each command
+    /// line to a log ([`CrioStandIn::systemctl_calls`]). `reload crio` sends SIGHUP to the pidfile's
+    /// process, as the unit's `ExecReload` does. `restart crio` restarts the stand-in (SIGUSR1: it executes
+    /// itself again, reading its files anew and dropping every CRI connection) and, when `waits`, returns
+    /// once it serves again, as `systemctl restart` waits for a `Type=notify` unit such as CRI-O's to be
+    /// ready; otherwise at once, as for a unit of `Type=simple` (or `--no-block`), while it is still
+    /// starting. Other units are not found.
+    pub fn systemctl(&self, waits: bool) -> Result<PathBuf> {
+        let bin = self.dir.join("bin");
+        std::fs::create_dir_all(&bin)?;
+        let script = format!(
+            r#"#!/bin/sh
+# systemctl for the CRI-O stand-in's unit `crio`
+printf '%s\n' "$*" >> '{log}'
+pidfile='{pidfile}'
+if [ "$2" != crio ]; then
+  echo "Failed to $1 $2.service: Unit $2.service not found." >&2
+  exit 5
+fi
+case "$1" in
+  reload) kill -HUP "$(cat "$pidfile")" ;;
+  restart)
+    pid=$(cat "$pidfile") || exit 1
+    rm -f "$pidfile"
+    kill -USR1 "$pid" || exit 1
+    tries=0
+    while [ -n '{waits}' ] && [ ! -s "$pidfile" ]; do
+      tries=$((tries + 1))
+      if [ "$tries" -gt 600 ]; then
+        echo "Job for crio.service failed because a timeout was exceeded." >&2
+        exit 1
+      fi
+      sleep 0.05
+    done ;;
+  *)
+    echo "Unknown command verb $1." >&2
+    exit 1 ;;
+esac
+"#,
+            log = self.systemctl_log().display(),
+            pidfile = self.settings.pidfile.display(),
+            waits = if waits { "waits" } else { "" },
+        );
+        let path = bin.join("systemctl");
+        std::fs::write(&path, script)?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        Ok(bin)
+    }
+
+    fn systemctl_log(&self) -> PathBuf {
+        self.dir.join("systemctl.log")
+    }
+
+    /// The command lines [`CrioStandIn::systemctl`] was run with, in order.
+    pub fn systemctl_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.systemctl_log())
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
     }
 
     /// Puts an image known by `names` into the stand-in's storage, as a `podman pull` into the same
@@ -267,7 +340,7 @@ impl CrioStandIn {
         self.wait_reloads(before + 1)
     }
 
-    /// Waits until it has handled `count` SIGHUPs since it started.
+    /// Waits until it has handled `count` SIGHUPs since it first started.
     pub fn wait_reloads(&self, count: u64) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.counts().reloads < count {
@@ -312,8 +385,9 @@ pub fn serve() {
 
 async fn run(settings: Settings) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    // Before the pidfile exists: a SIGHUP must never find the default action (exit).
+    // Before the pidfile exists: a SIGHUP or SIGUSR1 must never find the default action (exit).
     let mut hangups = signal(SignalKind::hangup())?;
+    let mut restarts = signal(SignalKind::user_defined1())?;
     let version = parse_version(&settings.version).context("the stand-in's version")?;
     let pins = if version >= (1, 28, 0) {
         read_pinned_images(&settings).map_err(anyhow::Error::msg)?
@@ -327,13 +401,19 @@ async fn run(settings: Settings) -> Result<()> {
     let rules = read_registries(&settings).map_err(anyhow::Error::msg)?;
     let _ = std::fs::remove_file(&settings.socket);
     let listener = tokio::net::UnixListener::bind(&settings.socket)?;
+    // What the process before this one counted, when this is a restart.
+    let mut counts: Counts = std::fs::read_to_string(&settings.status)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    counts.starts += 1;
+    counts
+        .registries
+        .push(rules.iter().map(Rule::to_string).collect());
     let state = Arc::new(StandIn {
         version,
         pins: Mutex::new(pins),
-        counts: Mutex::new(Counts {
-            registries: vec![rules.iter().map(Rule::to_string).collect()],
-            ..Counts::default()
-        }),
+        counts: Mutex::new(counts),
         rules: Mutex::new(rules),
         settings,
     });
@@ -348,8 +428,24 @@ async fn run(settings: Settings) -> Result<()> {
                 tokio::spawn(serve_connection(stream, runtime.clone(), images.clone()));
             }
             _ = hangups.recv() => state.reload(),
+            _ = restarts.recv() => return Err(restart()),
         }
     }
+}
+
+/// SIGUSR1, the restart [`CrioStandIn::systemctl`] asks for: the process executes itself again, with the
+/// same arguments and environment. Its listener and every CRI connection close (their descriptors are
+/// close-on-exec), and the new image reads its files again as a CRI-O that starts; it keeps the pid,
+/// so the test still owns it and stops it by that pid. Returns only when the exec failed.
+fn restart() -> anyhow::Error {
+    use std::os::unix::process::CommandExt as _;
+    eprintln!("restart: executing the stand-in again");
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return anyhow::anyhow!("restart: the stand-in's executable: {e}"),
+    };
+    let error = Command::new(exe).args(std::env::args_os().skip(1)).exec();
+    anyhow::anyhow!("restart: exec: {error}")
 }
 
 /// gRPC over HTTP/2 on one connection, each call to the service its path names (tonic's router would
