@@ -3,7 +3,8 @@
 //! with the containerd label. The lab's containerd 1.6.20 cannot report pins, so on the drop-in node the
 //! record decides: CRI-O's effective `pinned_images`, so an image is pinned there only when the files
 //! list it, an administrator's glob included. Unpinning keeps the images, and releases only the named
-//! sets' holds: a pin another set holds stays, and so does an administrator's entry.
+//! sets' holds: a pin another set holds stays, and so does an administrator's entry. A pin set by hand
+//! with `ctr` (no holder) stays through `unpin` as unowned, until `--release-unowned` names its image.
 
 mod support;
 
@@ -39,32 +40,8 @@ struct TwoNodes {
 }
 
 fn two_nodes(name: &str, repositories: &[&str]) -> TwoNodes {
-    let lab = Lab::start(
-        name,
-        LabConfig {
-            nodes: vec![NodeSpec::new("n1", 32 * MI), NodeSpec::new("n2", 32 * MI)],
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
-    let images = repositories
-        .iter()
-        .zip(800..)
-        .map(|(repository, seed)| {
-            let spec = ImageSpec {
-                layers: vec![LayerSpec {
-                    seed,
-                    bytes: 64 * 1024,
-                    format: LayerFormat::Gzip,
-                }],
-                ..ImageSpec::default()
-            };
-            lab.push_image(repository, &spec)
-                .expect("push")
-                .reference(&lab.registry_host())
-        })
-        .collect();
+    let lab = two_containerd_nodes(name);
+    let images = push_small(&lab, repositories, 800);
     let crio = tempfile::tempdir().unwrap();
     let nodes_file = lab.dir().join("nodes.yaml");
     std::fs::write(
@@ -219,6 +196,40 @@ fn apply_pins_through_the_drop_in_and_the_label_and_unpin_keeps_the_images() {
     assert_eq!(n2.pinned_by, Some(PinnedBy::Record));
 }
 
+/// A lab with two containerd nodes, n1 and n2, and no API server.
+fn two_containerd_nodes(name: &str) -> Lab {
+    Lab::start(
+        name,
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 32 * MI), NodeSpec::new("n2", 32 * MI)],
+            apiserver: false,
+            ..LabConfig::default()
+        },
+    )
+    .expect("lab starts")
+}
+
+/// A small image pushed for each repository, its layer seeded from `seed` on: their references.
+fn push_small(lab: &Lab, repositories: &[&str], seed: u64) -> Vec<String> {
+    repositories
+        .iter()
+        .zip(seed..)
+        .map(|(repository, seed)| {
+            let spec = ImageSpec {
+                layers: vec![LayerSpec {
+                    seed,
+                    bytes: 64 * 1024,
+                    format: LayerFormat::Gzip,
+                }],
+                ..ImageSpec::default()
+            };
+            lab.push_image(repository, &spec)
+                .expect("push")
+                .reference(&lab.registry_host())
+        })
+        .collect()
+}
+
 /// A PinnedImageSet file named `name` listing `images`.
 fn set_file(dir: &std::path::Path, name: &str, images: &[&String]) -> String {
     let path = dir.join(format!("{name}.yaml"));
@@ -326,6 +337,18 @@ fn unpinning_one_set_keeps_the_pins_another_set_holds() {
             ]
         );
     }
+    // The table says it in each cell: y's on both nodes, the label's and the drop-in's.
+    let (code, table, stderr) = pinboard("status", &both, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let y_row = table
+        .lines()
+        .find(|l| l.starts_with(&y[..y.find("@sha256:").unwrap() + 20]))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(
+        y_row.matches("✓ pinned (set-a, set-b)").count(),
+        2,
+        "{table}"
+    );
 
     // unpin set-a: x loses its pin, y stays pinned for set-b, on both nodes; the output says so.
     let (code, stdout, stderr) = pinboard("unpin", &set_a, &[]);
@@ -418,4 +441,101 @@ fn unpinning_one_set_keeps_the_pins_another_set_holds() {
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert_eq!(unpinned_rows(&stdout), 4, "x and y on two nodes:\n{stdout}");
     assert_eq!(read_crio_pins(crio.path()).unwrap(), [admins]);
+}
+
+#[test]
+fn a_pin_set_by_hand_stays_through_unpin_until_release_unowned_names_its_image() {
+    const PINNED: &str = "io.cri-containerd.pinned=pinned";
+    let lab = two_containerd_nodes("apply-unowned");
+    let [x, y, tool] = <[String; 3]>::try_from(push_small(
+        &lab,
+        &["unowned/x", "unowned/y", "unowned/tool"],
+        900,
+    ))
+    .unwrap();
+    // The administrator pinned x, which the set lists, and a tool of theirs by hand: no holder label.
+    let nodes = ["n1", "n2"];
+    for node in nodes {
+        for image in [&x, &tool] {
+            lab.node(node).pull(image).expect("ctr pull");
+            lab.node(node).label(image, PINNED);
+        }
+    }
+    let set = set_file(lab.dir(), "set-a", &[&x, &y]);
+    let mut common: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| ["--cri".into(), format!("{n}={}", lab.node(n).endpoint())])
+        .collect();
+    common.extend(["--set".into(), set]);
+    let applying: Vec<String> = common
+        .iter()
+        .cloned()
+        .chain(["--insecure-registry".into(), lab.registry_host()])
+        .chain(["--min-free".into(), "1Mi".into()])
+        .collect();
+    let (code, stdout, stderr) = pinboard("apply", &applying, &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}\nlab: {}", lab.dir().display());
+
+    // status says who holds each pin: x the set and the hand-set pin, y the set alone; on both nodes.
+    let (code, stdout, stderr) = pinboard("status", &common, &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.matches("✓ pinned (set-a, unowned)").count(),
+        2,
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("✓ pinned (set-a)").count(), 2, "{stdout}");
+
+    let labelled = |node: &str, image: &str| {
+        let listing = lab.node(node).images_ls();
+        let line = listing
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(image))
+            .unwrap_or_else(|| panic!("{node}: {image} stays on the node\n{listing}"))
+            .to_string();
+        line.contains(PINNED)
+    };
+    // unpin releases the set's hold; the hand-set pin of x stays, said to be unowned.
+    let (code, stdout, stderr) = pinboard("unpin", &common, &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    for node in nodes {
+        let row = |image: &str| {
+            let short = &image[..image.find("@sha256:").unwrap() + 20];
+            stdout
+                .lines()
+                .find(|l| l.starts_with(node) && l.contains(short))
+                .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>().join(" "))
+        };
+        assert_eq!(row(&x).as_deref(), Some("stays pinned unowned"), "{stdout}");
+        assert_eq!(row(&y).as_deref(), Some("unpinned -"), "{stdout}");
+        assert!(labelled(node, &x) && !labelled(node, &y) && labelled(node, &tool));
+    }
+
+    // --release-unowned takes x's pin too; the tool, which the set does not list, stays pinned.
+    let (code, stdout, stderr) = pinboard("unpin", &common, &["--release-unowned", "-o", "json"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    for (i, node) in nodes.iter().enumerate() {
+        assert_eq!(
+            report["nodes"][i]["unpinned"],
+            serde_json::json!([x]),
+            "{report}"
+        );
+        assert!(!labelled(node, &x) && labelled(node, &tool), "{node}");
+    }
+    let tool_args = [
+        "--cri".to_string(),
+        format!("n1={}", lab.node("n1").endpoint()),
+        "--image".into(),
+        tool.clone(),
+    ];
+    let (code, tool_view, stderr) = readiness(&tool_args);
+    assert_eq!(code, 0, "the tool stays pinned: {stderr}");
+    assert!(
+        tool_view.nodes[0].images[0]
+            .held_by
+            .as_ref()
+            .unwrap()
+            .unowned
+    );
 }
