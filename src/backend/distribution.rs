@@ -135,6 +135,9 @@ pub enum HttpError {
     Setup(String),
     /// The registry refused an anonymous request and said what it asks for: ask for access again.
     Challenged,
+    /// The registry refused a request that carried a credential or token with `error="insufficient_scope"`
+    /// in its challenge (RFC 6750): what was sent is good, but grants no pull access to the repository.
+    InsufficientScope { status: u16, body: String },
 }
 
 #[derive(Deserialize)]
@@ -378,9 +381,11 @@ impl Distribution {
         let mut response = self.send(host, path, access, Some(accept), None).await?;
         let status = response.status().as_u16();
         if !response.status().is_success() {
-            return Err(HttpError::Status {
-                status,
-                body: error_body(response).await,
+            let scope = access.authorized() && insufficient_scope(response.headers());
+            let body = error_body(response).await;
+            return Err(match scope {
+                true => HttpError::InsufficientScope { status, body },
+                false => HttpError::Status { status, body },
             });
         }
         let mut body = Vec::new();
@@ -429,6 +434,19 @@ fn bearer(token: &str, lifetime: Option<Duration>) -> Access {
 }
 
 /// A failed answer's body, for messages (cut at [`MAX_ERROR_BODY`]).
+/// Whether a 401's challenge says `error="insufficient_scope"`: the token is valid but does not cover the
+/// request (distribution, Docker Hub).
+fn insufficient_scope(headers: &http::HeaderMap) -> bool {
+    headers.get_all(WWW_AUTHENTICATE).iter().any(|value| {
+        value
+            .to_str()
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+            .replace(' ', "")
+            .contains("error=\"insufficient_scope\"")
+    })
+}
+
 async fn error_body(mut response: reqwest::Response) -> String {
     let mut body = Vec::new();
     while let Ok(Some(chunk)) = response.chunk().await {
@@ -512,6 +530,25 @@ fn form_urlencoded(pairs: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_short_of_the_repository_is_told_from_other_refusals() {
+        let challenge = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(WWW_AUTHENTICATE, HeaderValue::from_str(value).unwrap());
+            insufficient_scope(&headers)
+        };
+        // distribution's and Docker Hub's answer to a token without the repository.
+        assert!(challenge(
+            r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:a/b:pull",error="insufficient_scope""#
+        ));
+        assert!(challenge(
+            r#"Bearer realm="r", error = "insufficient_scope""#
+        ));
+        assert!(!challenge(r#"Bearer realm="r",error="invalid_token""#));
+        assert!(!challenge(r#"Bearer realm="r",service="s""#));
+        assert!(!insufficient_scope(&http::HeaderMap::new()));
+    }
 
     #[test]
     fn challenges_are_read_as_registries_send_them() {

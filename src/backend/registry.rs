@@ -142,6 +142,19 @@ pub enum RegistryError {
         after: Duration,
     },
     #[error(
+        "registry {registry} refused access to {reference}: the credentials from {origin} grant no pull \
+         access to repository {repository} (insufficient_scope); have that account granted pull access to \
+         {repository}, or put credentials that have it in an entry for {registry}/{repository}"
+    )]
+    NotGranted {
+        reference: String,
+        registry: String,
+        repository: String,
+        /// Where the credential came from (`entry "quay.io" of /root/.docker/config.json`), never what
+        /// it is.
+        origin: String,
+    },
+    #[error(
         "registry {registry} is rate-limiting requests for {reference}; retry later, or lower the concurrency"
     )]
     RateLimited { reference: String, registry: String },
@@ -172,7 +185,7 @@ impl RegistryError {
     pub fn kind(&self) -> &'static str {
         match self {
             RegistryError::NotFound { .. } => "not-found",
-            RegistryError::Unauthorized { .. } => "unauthorized",
+            RegistryError::Unauthorized { .. } | RegistryError::NotGranted { .. } => "unauthorized",
             RegistryError::Unreachable { .. } => "unreachable",
             RegistryError::NoPlatform { .. } => "no-platform",
             RegistryError::DigestMismatch { .. } => "digest-mismatch",
@@ -191,6 +204,7 @@ impl RegistryError {
         match self {
             RegistryError::NotFound { reference, .. }
             | RegistryError::Unauthorized { reference, .. }
+            | RegistryError::NotGranted { reference, .. }
             | RegistryError::Unreachable { reference, .. }
             | RegistryError::NoPlatform { reference, .. }
             | RegistryError::DigestMismatch { reference, .. }
@@ -219,6 +233,7 @@ impl RegistryError {
         match &mut self {
             RegistryError::NotFound { reference, .. }
             | RegistryError::Unauthorized { reference, .. }
+            | RegistryError::NotGranted { reference, .. }
             | RegistryError::Unreachable { reference, .. }
             | RegistryError::NoPlatform { reference, .. }
             | RegistryError::DigestMismatch { reference, .. }
@@ -267,6 +282,8 @@ impl fmt::Debug for Registry {
 struct AuthState {
     access: Access,
     described: String,
+    /// Where the credential came from; None when none was found.
+    source: Option<String>,
 }
 
 /// A manifest as fetched and verified.
@@ -610,6 +627,16 @@ impl Registry {
         let context = self.context(label, registry, &auth.described, Some(&host));
         let body = match outcome {
             Ok(Ok(body)) => body,
+            // A credential was sent and is good, but not for this repository.
+            Ok(Err(HttpError::InsufficientScope { .. })) if auth.source.is_some() => {
+                let error = RegistryError::NotGranted {
+                    reference: label.to_string(),
+                    registry: registry.to_string(),
+                    repository: reference.repository.clone(),
+                    origin: auth.source.clone().unwrap_or_default(),
+                };
+                return Err(self.failed(error, elapsed_ms));
+            }
             Ok(Err(e)) => return Err(self.failed(map_error(e, &context), elapsed_ms)),
             Err(_) => return Err(self.failed(timeout_error(&context), elapsed_ms)),
         };
@@ -704,6 +731,7 @@ impl Registry {
             .map_err(|e| RegistryError::Setup {
                 cause: format!("credential lookup failed: {e}"),
             })??;
+            let source = found.as_ref().map(|found| found.source.to_string());
             let (credential, described) = match found {
                 Some(found) => (
                     found.credential,
@@ -739,7 +767,11 @@ impl Registry {
                 authorized = access.authorized(),
                 "repository access"
             );
-            Ok(Arc::new(AuthState { access, described }))
+            Ok(Arc::new(AuthState {
+                access,
+                described,
+                source,
+            }))
         })
         .await
         .cloned()
@@ -1432,6 +1464,10 @@ fn map_error(error: HttpError, context: &Context<'_>) -> RegistryError {
         HttpError::Setup(cause) => RegistryError::Setup { cause },
         // Retried once with access learned from it; refused again, it is a refusal.
         HttpError::Challenged => unauthorized(None),
+        // Without credentials (an anonymous token): as any refusal.
+        HttpError::InsufficientScope { status, body } => {
+            map_error(HttpError::Status { status, body }, context)
+        }
     }
 }
 
