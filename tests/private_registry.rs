@@ -10,6 +10,9 @@
 //!   grant and the refresh-token grant, both by POST, as containerd sends them).
 //! - With `PINBOARD_LOG=debug`, neither the password, its base64, the identity token nor any token the
 //!   service issued appears in stdout or stderr.
+//! - A credential the token service grants only some repositories is refused for another: `plan` exits 2
+//!   naming the registry, the image, the auth file's entry, the repository and what to do, and never the
+//!   password or a token.
 //! - A CRI-O node (the stand-in, taking credentials as CRI-O does: user and password only) pulls the image
 //!   the password opens; the one only an identity token opens fails, and the reason says that CRI-O takes
 //!   only a user name and password over CRI and where to put one.
@@ -30,6 +33,9 @@ const MI: u64 = 1 << 20;
 const USER: &str = "alice";
 const PASSWORD: &str = "alice-s3cret-pass";
 const IDENTITY_TOKEN: &str = "robot-identity-token-7f3a";
+/// A user the token service grants only `private/app`.
+const SCOPED_USER: &str = "carol";
+const SCOPED_PASSWORD: &str = "carol-only-app-pass";
 
 #[test]
 #[ignore = "the CRI-O stand-in's process, started by tests/support/crio.rs"]
@@ -38,7 +44,8 @@ fn crio_stand_in() {
 }
 
 /// The lab's registry behind the token service: `alice` pulls `private/*` with a password, `robot` only
-/// `private/robot`, with an identity token; `public/*` is open.
+/// `private/robot`, with an identity token, `carol` only `private/app`, with a password; `public/*` is
+/// open.
 fn token_lab(name: &str, nodes: Vec<NodeSpec>) -> Lab {
     let mut robot = TokenUser::new("robot", "robot-unused-password", &["private/robot"]);
     robot.identity_token = Some(IDENTITY_TOKEN.into());
@@ -48,7 +55,11 @@ fn token_lab(name: &str, nodes: Vec<NodeSpec>) -> Lab {
             nodes,
             registry: RegistrySetup {
                 tokens: Some(TokenConfig {
-                    users: vec![TokenUser::new(USER, PASSWORD, &["private/*"]), robot],
+                    users: vec![
+                        TokenUser::new(USER, PASSWORD, &["private/*"]),
+                        robot,
+                        TokenUser::new(SCOPED_USER, SCOPED_PASSWORD, &["private/app"]),
+                    ],
                     public: vec!["public/*".into()],
                 }),
                 ..RegistrySetup::default()
@@ -307,4 +318,80 @@ fn a_crio_node_pulls_with_the_password_and_is_told_what_it_cannot_use() {
         "{n1}"
     );
     assert!(!applied.stdout.contains(IDENTITY_TOKEN) && !applied.stderr.contains(IDENTITY_TOKEN));
+}
+
+#[test]
+fn a_credential_granted_only_some_repositories_is_refused_for_another_and_never_shown() {
+    let lab = token_lab("private-scope", vec![NodeSpec::new("n1", 32 * MI)]);
+    let proxy = lab.proxy_host();
+    let app = image(&lab, "private/app", 1221);
+    let other = image(&lab, "private/billing", 1222);
+    let home = tempfile::tempdir().unwrap();
+    let authfile = home.path().join("auth.json");
+    let encoded = base64::engine::general_purpose::STANDARD
+        .encode(format!("{SCOPED_USER}:{SCOPED_PASSWORD}"));
+    std::fs::write(
+        &authfile,
+        json!({"auths": {(proxy.as_str()): {"auth": encoded}}}).to_string(),
+    )
+    .unwrap();
+    let plan = |image: &str| {
+        let args = [
+            "plan",
+            "--cri",
+            &format!("n1={}", lab.node("n1").endpoint()),
+            "--insecure-registry",
+            &proxy,
+            "--authfile",
+            &authfile.display().to_string(),
+            "--min-free",
+            "1Mi",
+            "--image",
+            image,
+        ]
+        .map(String::from);
+        run(home.path(), &args, &[("PINBOARD_LOG", "debug")])
+    };
+
+    // The repository it is granted: planned.
+    let granted = plan(&app);
+    assert_eq!(granted.code, 0, "{}{}", granted.stdout, granted.stderr);
+
+    // Another repository of the same registry: the token service leaves it out of the token, the registry
+    // refuses, and plan says which registry, which image, which credential, and what to do.
+    let refused = plan(&other);
+    assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
+    assert!(refused.stdout.is_empty(), "{}", refused.stdout);
+    let errors: Vec<&str> = refused
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    let said = format!(
+        "error: registry {proxy} refused access to {other}: the credentials from entry \"{proxy}\" of {} \
+         grant no pull access to repository private/billing (insufficient_scope); have that account \
+         granted pull access to private/billing, or put credentials that have it in an entry for \
+         {proxy}/private/billing",
+        authfile.display()
+    );
+    assert_eq!(errors, [said.as_str()], "{}", refused.stderr);
+    // The token service took the password and left the repository out of the token.
+    let requests = lab.token_service().unwrap().requests();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.user.as_deref() == Some(SCOPED_USER) && r.status == 200),
+        "{requests:?}"
+    );
+    let secrets = [SCOPED_PASSWORD.to_string(), encoded.clone()];
+    for secret in secrets.iter().chain(&lab.token_service().unwrap().issued()) {
+        for text in [
+            &granted.stdout,
+            &granted.stderr,
+            &refused.stdout,
+            &refused.stderr,
+        ] {
+            assert!(!text.contains(secret.as_str()), "a secret in:\n{text}");
+        }
+    }
 }
