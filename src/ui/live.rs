@@ -624,3 +624,65 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
     };
     info
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each image held by the sets named beside it.
+    fn holds(pairs: &[(&str, &[&str])]) -> BTreeMap<String, BTreeSet<String>> {
+        pairs
+            .iter()
+            .map(|(image, sets)| {
+                (
+                    image.to_string(),
+                    sets.iter().map(|s| s.to_string()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_crio_nodes_config_view_says_who_holds_each_pin_there_and_after_the_set() {
+        let digest = |c: char| c.to_string().repeat(64);
+        let [w, x, y, z] =
+            ['a', 'b', 'c', 'd'].map(|c| format!("quay.io/ns/{c}@sha256:{}", digest(c)));
+        let dir = tempfile::tempdir().unwrap();
+        // On the node: w pinned in the OpenShift daemon's shape (no holders: unowned), then y and z for set-b.
+        std::fs::write(
+            dir.path().join(pins::CRIO_DROP_IN),
+            format!("[crio]\n  [crio.image]\n    pinned_images = [\"{w}\"]\n"),
+        )
+        .unwrap();
+        pins::hold_crio_pins(dir.path(), &holds(&[(&y, &["set-b"]), (&z, &["set-b"])])).unwrap();
+
+        // The Config screen for set-a, which lists x and y.
+        let view = crio_view(dir.path(), &holds(&[(&x, &["set-a"]), (&y, &["set-a"])]));
+        let held: Vec<&str> = view
+            .notes
+            .iter()
+            .filter(|n| n.text.starts_with("held by"))
+            .map(|n| n.text.as_str())
+            .collect();
+        assert_eq!(
+            held,
+            ["held by: set-a (2), set-b (2), unowned (1)"],
+            "{:?}",
+            view.notes
+        );
+        let line = |kind: DiffKind, image: &str, mark: &str| {
+            view.lines
+                .contains(&(kind, format!("      \"{image}\", # pinboard: {mark}")))
+        };
+        assert!(line(DiffKind::Added, &x, "set-a"), "{:?}", view.lines);
+        assert!(line(DiffKind::Removed, &y, "set-b"), "{:?}", view.lines);
+        assert!(
+            line(DiffKind::Added, &y, "set-a, set-b"),
+            "{:?}",
+            view.lines
+        );
+        assert!(line(DiffKind::Same, &z, "set-b"), "{:?}", view.lines);
+        assert!(line(DiffKind::Same, &w, "(unowned)"), "{:?}", view.lines);
+        assert!(view.path.ends_with(pins::CRIO_DROP_IN), "{}", view.path);
+    }
+}
