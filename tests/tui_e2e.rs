@@ -228,6 +228,17 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
             && !written.contains("upgrade"),
         "{written}"
     );
+    // Config, n3: what applying `upgrade` again would label, under who holds those pins, the other
+    // set's hold read from containerd's labels.
+    tmux.keys(&["5", "j", "j"]);
+    let config = tmux.wait_for(
+        &format!("held by: {keep_name} (1), upgrade (4)"),
+        Duration::from_secs(10),
+    );
+    assert!(
+        config.contains("containerd image labels io.cri-containerd.pinned=pinned"),
+        "n3's labels:\n{config}"
+    );
 
     // Quitting restores the terminal and exits 0; the log went to a file, not the screen.
     tmux.keys(&["q"]);
