@@ -1,7 +1,8 @@
 //! `pinboard apply --fan-out` on real containerd nodes, the lab registry behind the lab proxy: every byte that
 //! crosses the registry link is counted at the proxy. The base case, a link that resets every connection
 //! after 1 MiB, containerd killed and restarted mid-rollout, 503 / 429 / a stall / a missing blob on the
-//! link, and a pinboard killed mid-rollout whose files the next command puts back.
+//! link, a pinboard killed mid-rollout whose files the next command puts back, and private images behind
+//! the lab's token registry (the cache fetches with pinboard's credentials, which appear in no output).
 
 mod support;
 
@@ -115,6 +116,22 @@ fn heads_since(lab: &Lab, from: usize) -> Vec<String> {
         .collect()
 }
 
+/// For each blob (config and layers) of `images`: its digest and the GET request heads of `heads` for it.
+fn blob_gets<'a>(heads: &'a [String], images: &[PushedImage]) -> Vec<(String, Vec<&'a String>)> {
+    images
+        .iter()
+        .flat_map(|i| std::iter::once(&i.config_digest).chain(i.layers.iter().map(|l| &l.digest)))
+        .map(|digest| {
+            let path = format!("/blobs/{digest}");
+            let gets = heads
+                .iter()
+                .filter(|h| h.starts_with("get ") && h.contains(&path))
+                .collect();
+            (digest.clone(), gets)
+        })
+        .collect()
+}
+
 /// Every node's hosts.toml for the proxy, as it is now (None: no file).
 fn hosts_files(lab: &Lab, nodes: &[&Node]) -> Vec<Option<String>> {
     nodes
@@ -151,6 +168,30 @@ fn assert_ok(run: &support::Run, lab: &Lab) {
         run.stderr,
         lab.dir().display()
     );
+}
+
+/// `apply -o json`'s report, once it says every node is ready and the cache counted `unique` bytes taken
+/// over the link (give or take the manifests it had from the survey).
+fn ready_with_link_bytes(run: &support::Run, unique: u64) -> serde_json::Value {
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("apply JSON");
+    assert_eq!(report["readiness"]["ready"], true, "{report}");
+    let link = report["fanOut"]["linkBytes"].as_u64().unwrap();
+    assert!(
+        link >= unique - 4 * KI && link <= unique,
+        "the cache's count: {link} of {unique}"
+    );
+    report
+}
+
+/// Asserts that the link carried at most `slack` times `unique` bytes since the proxy had sent `before`;
+/// the bytes it carried.
+fn assert_moved_about_once(lab: &Lab, before: u64, unique: u64, slack: f64) -> u64 {
+    let moved = lab.proxy().bytes_down() - before;
+    assert!(
+        moved as f64 <= slack * unique as f64,
+        "{moved} bytes crossed the link for {unique} unique bytes"
+    );
+    moved
 }
 
 #[test]
@@ -197,18 +238,8 @@ fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
         &[&fan_out(&cache)[..], &["-o", "json"]].concat(),
     ));
     assert_ok(&run, &lab);
-    let moved = lab.proxy().bytes_down() - bytes_before;
-    assert!(
-        moved as f64 <= 1.05 * unique as f64,
-        "{moved} bytes crossed the link for {unique} unique bytes"
-    );
-    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("apply JSON");
-    assert_eq!(report["readiness"]["ready"], true, "{report}");
-    let link = report["fanOut"]["linkBytes"].as_u64().unwrap();
-    assert!(
-        link >= unique - 4 * KI && link <= unique,
-        "the cache's count: {link} of {unique}"
-    );
+    assert_moved_about_once(&lab, bytes_before, unique, 1.05);
+    let report = ready_with_link_bytes(&run, unique);
     let served = report["fanOut"]["servedBytes"].as_u64().unwrap();
     assert!(
         served >= 3 * (unique - 4 * KI),
@@ -220,15 +251,8 @@ fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
         !heads.iter().any(|h| h.contains("user-agent: containerd")),
         "{heads:?}"
     );
-    for image in &images {
-        for digest in
-            std::iter::once(&image.config_digest).chain(image.layers.iter().map(|l| &l.digest))
-        {
-            let gets = heads
-                .iter()
-                .filter(|h| h.starts_with("get ") && h.contains(&format!("/blobs/{digest}")));
-            assert_eq!(gets.count(), 1, "{digest}");
-        }
+    for (digest, gets) in blob_gets(&heads, &images) {
+        assert_eq!(gets.len(), 1, "{digest}");
     }
     assert_eq!(
         hosts_files(&lab, &first),
@@ -291,11 +315,7 @@ fn a_link_that_resets_every_connection_after_one_mib_still_moves_each_blob_about
     let (from, bytes_before) = (lab.proxy().request_heads().len(), lab.proxy().bytes_down());
     let run = support::pinboard(args(&lab, "apply", &nodes, &images, &fan_out(&cache)));
     assert_ok(&run, &lab);
-    let moved = lab.proxy().bytes_down() - bytes_before;
-    assert!(
-        moved as f64 <= 1.10 * unique as f64,
-        "{moved} bytes crossed the link for {unique} unique bytes"
-    );
+    assert_moved_about_once(&lab, bytes_before, unique, 1.10);
     let resumed = heads_since(&lab, from)
         .iter()
         .filter(|h| h.contains("/blobs/") && h.contains("range: bytes="))
@@ -581,4 +601,63 @@ fn files_of_a_pinboard_killed_mid_rollout_do_not_stop_pulls_and_the_next_command
         before,
         "back byte for byte, n2's gone"
     );
+}
+
+#[test]
+fn private_images_fan_out_with_the_auth_file_each_blob_crossing_once_and_no_secret_in_the_output() {
+    let nodes = ["n1", "n2", "n3"].map(|n| NodeSpec::new(n, 64 * MI));
+    let lab = support::private::token_lab("fanout-private", nodes.to_vec());
+    let images = push_images(&lab, "private/app", 8100, 4, MI, 256 * KI);
+    let unique = unique_bytes(&images);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    let home = tempfile::tempdir().unwrap();
+    let authfile = support::private::auth_file(home.path(), &lab.proxy_host());
+    let cache = tempfile::tempdir().unwrap();
+    let (from, bytes_before) = (lab.proxy().request_heads().len(), lab.proxy().bytes_down());
+    let run = support::pinboard_with(
+        args(
+            &lab,
+            "apply",
+            &nodes,
+            &images,
+            &[
+                &fan_out(&cache)[..],
+                &["--authfile", &authfile, "-o", "json"],
+            ]
+            .concat(),
+        ),
+        |command| {
+            support::isolated(home.path())(command);
+            command.env("PINBOARD_LOG", "debug");
+        },
+    );
+    assert_ok(&run, &lab);
+    assert!(run.stderr.contains("DEBUG"), "debug logging was on");
+    let report = ready_with_link_bytes(&run, unique);
+    let link = report["fanOut"]["linkBytes"].as_u64().unwrap();
+    // The proxy also carries the registry's 401 challenges: a few KiB.
+    let moved = assert_moved_about_once(&lab, bytes_before, unique, 1.05);
+    eprintln!("{moved} bytes over the link for {unique} unique, {link} counted by the cache");
+    // Every blob was fetched once, with pinboard's credentials; containerd never went to the registry.
+    let heads = heads_since(&lab, from);
+    assert!(
+        !heads.iter().any(|h| h.contains("user-agent: containerd")),
+        "{heads:?}"
+    );
+    for (digest, gets) in blob_gets(&heads, &images) {
+        let authorized = gets
+            .iter()
+            .filter(|h| h.contains("authorization: bearer "))
+            .count();
+        assert_eq!(authorized, 1, "{digest}: {gets:?}");
+    }
+    let references: Vec<String> = images
+        .iter()
+        .map(|i| i.reference(&lab.proxy_host()))
+        .collect();
+    for node in &nodes {
+        node.assert_pinned(&references);
+    }
+    assert_cache_verified(&cache);
+    support::private::assert_no_secret(&lab, &[("apply --fan-out", &run)]);
 }

@@ -24,66 +24,15 @@ use std::path::Path;
 use base64::Engine as _;
 use serde_json::{Value, json};
 use support::crio::CrioStandIn;
-use support::{
-    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, RegistrySetup, Run, TokenConfig,
-    TokenUser, isolated, pinboard_with,
-};
+use support::private::{IDENTITY_TOKEN, SCOPED_PASSWORD, SCOPED_USER, USER, auth_file, token_lab};
+use support::{ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, Run, isolated, pinboard_with};
 
 const MI: u64 = 1 << 20;
-const USER: &str = "alice";
-const PASSWORD: &str = "alice-s3cret-pass";
-const IDENTITY_TOKEN: &str = "robot-identity-token-7f3a";
-/// A user the token service grants only `private/app`.
-const SCOPED_USER: &str = "carol";
-const SCOPED_PASSWORD: &str = "carol-only-app-pass";
 
 #[test]
 #[ignore = "the CRI-O stand-in's process, started by tests/support/crio.rs"]
 fn crio_stand_in() {
     support::crio::serve();
-}
-
-/// The lab's registry behind the token service: `alice` pulls `private/*` with a password, `robot` only
-/// `private/robot`, with an identity token, `carol` only `private/app`, with a password; `public/*` is
-/// open.
-fn token_lab(name: &str, nodes: Vec<NodeSpec>) -> Lab {
-    let mut robot = TokenUser::new("robot", "robot-unused-password", &["private/robot"]);
-    robot.identity_token = Some(IDENTITY_TOKEN.into());
-    Lab::start(
-        name,
-        LabConfig {
-            nodes,
-            registry: RegistrySetup {
-                tokens: Some(TokenConfig {
-                    users: vec![
-                        TokenUser::new(USER, PASSWORD, &["private/*"]),
-                        robot,
-                        TokenUser::new(SCOPED_USER, SCOPED_PASSWORD, &["private/app"]),
-                    ],
-                    public: vec!["public/*".into()],
-                }),
-                ..RegistrySetup::default()
-            },
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts")
-}
-
-/// An auth file for `host`: the password for the registry, the identity token for `private/robot`.
-fn auth_file(dir: &Path, host: &str) -> String {
-    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
-    let path = dir.join("auth.json");
-    std::fs::write(
-        &path,
-        json!({"auths": {
-            host: {"auth": encoded},
-            (format!("{host}/private/robot")): {"identitytoken": IDENTITY_TOKEN},
-        }})
-        .to_string(),
-    )
-    .unwrap();
-    path.display().to_string()
 }
 
 fn image(lab: &Lab, repo: &str, seed: u64) -> String {
@@ -167,7 +116,6 @@ fn private_images_are_planned_applied_and_pinned_with_the_auth_file_which_never_
 
     // The auth file: a password for the registry, an identity token for one repository.
     let authfile = auth_file(home.path(), &proxy);
-    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
     let debug = [("PINBOARD_LOG", "debug")];
 
     let plan = run(
@@ -202,18 +150,7 @@ fn private_images_are_planned_applied_and_pinned_with_the_auth_file_which_never_
 
     // Present and pinned, as containerd itself lists them.
     for node in lab.nodes() {
-        let listed = node.images_ls();
-        for reference in [&app, &robot_image, &tools] {
-            let line = listed
-                .lines()
-                .find(|l| l.starts_with(reference.as_str()))
-                .unwrap_or_else(|| panic!("{}: {reference} missing:\n{listed}", node.name));
-            assert!(
-                line.contains("io.cri-containerd.pinned=pinned"),
-                "{}: {line}",
-                node.name
-            );
-        }
+        node.assert_pinned(&[&app, &robot_image, &tools]);
     }
 
     // The credentials reached the runtimes: containerd asks for tokens by POST (the password grant for the
@@ -248,26 +185,10 @@ fn private_images_are_planned_applied_and_pinned_with_the_auth_file_which_never_
     );
     let issued = lab.token_service().unwrap().issued();
     assert!(issued.len() >= 8, "{}", issued.len());
-    let mut secrets = vec![
-        PASSWORD.to_string(),
-        encoded.clone(),
-        IDENTITY_TOKEN.to_string(),
-    ];
-    for token in &issued {
-        secrets.push(token.clone());
-        // The signature alone, should a log cut the token.
-        secrets.push(token.rsplit('.').next().unwrap().to_string());
-    }
-    for (name, output) in [("plan", &plan), ("apply", &apply), ("check", &check)] {
-        for secret in &secrets {
-            for (stream, text) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
-                assert!(
-                    !text.contains(secret.as_str()),
-                    "{name} {stream} holds a secret:\n{text}"
-                );
-            }
-        }
-    }
+    support::private::assert_no_secret(
+        &lab,
+        &[("plan", &plan), ("apply", &apply), ("check", &check)],
+    );
 }
 
 #[test]

@@ -22,6 +22,7 @@ pub mod kubelet;
 mod lab;
 mod node;
 mod pki;
+pub mod private;
 mod process;
 mod proxy;
 mod registry;

@@ -232,6 +232,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         String::from_utf8(out.stdout).expect("ctr prints UTF-8")
     }
 
+    /// Asserts, from `ctr images ls`, that every one of `references` is on the node with the pin label.
+    pub fn assert_pinned<S: AsRef<str>>(&self, references: &[S]) {
+        let listed = self.images_ls();
+        for reference in references {
+            let reference = reference.as_ref();
+            let line = listed
+                .lines()
+                .find(|l| l.starts_with(reference))
+                .unwrap_or_else(|| panic!("{}: {reference} missing:\n{listed}", self.name));
+            assert!(
+                line.contains("io.cri-containerd.pinned=pinned"),
+                "{}: {line}",
+                self.name
+            );
+        }
+    }
+
     /// `ctr images label NAME LABEL`: labels an image record by hand, as an administrator would (e.g.
     /// `io.cri-containerd.pinned=pinned`).
     pub fn label(&self, name: &str, label: &str) {
