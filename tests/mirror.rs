@@ -1,6 +1,7 @@
 //! `pinboard mirror` on its own, in front of real containerd nodes whose `hosts.toml` the test writes as an
 //! administrator would (the mirror first, the source registry as `server`). The source is the lab registry
-//! behind the lab proxy, so every request and byte that crosses the link is seen there.
+//! behind the lab proxy, so every request and byte that crosses the link is seen there. HEAD and `Range`
+//! requests are sent to it over plain HTTP, as runtimes send them.
 
 mod support;
 
@@ -370,6 +371,161 @@ fn a_blob_corrupted_in_the_registry_fails_the_pull_naming_the_mismatch_and_is_no
             .exists(),
         "the intact layer is cached"
     );
+    let (code, _) = mirror.stop();
+    assert_eq!(code, 0);
+}
+
+/// `HEAD url` over a plain TCP connection: the status line and headers (lower-cased names), and whatever
+/// came after them before the server closed, which must be nothing.
+fn head(addr: &str, path: &str) -> (String, Vec<(String, String)>, Vec<u8>) {
+    use std::io::Write as _;
+    let mut stream = std::net::TcpStream::connect(addr).expect("the mirror listens");
+    write!(
+        stream,
+        "HEAD {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .expect("the answer, then close");
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete head");
+    let text = String::from_utf8_lossy(&answer[..end]).into_owned();
+    let mut lines = text.lines();
+    let status = lines.next().unwrap_or_default().to_string();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, answer[end + 4..].to_vec())
+}
+
+#[test]
+fn head_and_range_requests_are_answered_as_a_registry_answers_them() {
+    let lab = Lab::start(
+        "mirror-head-range",
+        LabConfig {
+            nodes: Vec::new(),
+            apiserver: false,
+            ..LabConfig::default()
+        },
+    )
+    .expect("lab starts");
+    let image = lab
+        .push_image(
+            "mirror/ranged",
+            &ImageSpec {
+                layers: vec![layer(720, 768 * KI)],
+                ..ImageSpec::default()
+            },
+        )
+        .expect("push");
+    let proxy = lab.proxy_host();
+    let cache = tempfile::tempdir().unwrap();
+    let mirror = Mirror::start(&[
+        "--insecure-registry".into(),
+        proxy.clone(),
+        "--cache-dir".into(),
+        cache.path().display().to_string(),
+        "--image".into(),
+        image.reference(&proxy),
+    ]);
+    let layer = &image.layers[0];
+    let stored = std::fs::read(lab.registry_blob_file(&layer.digest)).expect("the registry's copy");
+    assert_eq!(stored.len() as u64, layer.size);
+    let blob = format!("/v2/mirror/ranged/blobs/{}?ns={proxy}", layer.digest);
+    let manifest = format!(
+        "/v2/mirror/ranged/manifests/{}?ns={proxy}",
+        image.manifest_digest
+    );
+
+    // HEAD: the size and digest, no body; for the blob, before anything is cached, and nothing fetched.
+    let heads_before = lab.proxy().request_heads().len();
+    for (path, digest, size) in [
+        (&blob, &layer.digest, layer.size),
+        (&manifest, &image.manifest_digest, image.manifest_size),
+    ] {
+        let (status, headers, body) = head(&mirror.addr, path);
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert!(status.starts_with("HTTP/1.1 200"), "{path}: {status}");
+        assert_eq!(
+            header("content-length"),
+            Some(size.to_string().as_str()),
+            "{path}: {headers:?}"
+        );
+        assert_eq!(
+            header("docker-content-digest"),
+            Some(digest.as_str()),
+            "{path}"
+        );
+        assert!(body.is_empty(), "{path}: a body after HEAD: {body:?}");
+    }
+    let asked: Vec<String> = lab.proxy().request_heads()[heads_before..].to_vec();
+    assert!(
+        !asked.iter().any(|h| h.contains("/blobs/")),
+        "a HEAD fetches no blob: {asked:?}"
+    );
+
+    // A range of a blob not cached yet, then of the cached blob: 206 and exactly those bytes.
+    let agent = support::http::agent();
+    for (first, last) in [
+        (1000usize, 70_000usize),
+        (300_000, 300_000),
+        (700_000, 786_431),
+    ] {
+        let last = last.min(stored.len() - 1);
+        let mut response = agent
+            .get(format!("http://{}{blob}", mirror.addr))
+            .header("Range", format!("bytes={first}-{last}"))
+            .call()
+            .expect("the mirror answers");
+        assert_eq!(response.status().as_u16(), 206, "bytes={first}-{last}");
+        let content_range = response
+            .headers()
+            .get("content-range")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        assert_eq!(
+            content_range.as_deref(),
+            Some(format!("bytes {first}-{last}/{}", stored.len()).as_str())
+        );
+        let body = response.body_mut().read_to_vec().expect("the body");
+        assert!(
+            body == stored[first..=last],
+            "bytes={first}-{last}: {} bytes, not those of the blob",
+            body.len()
+        );
+    }
+    // A range past the end: 416, saying the size.
+    let response = agent
+        .get(format!("http://{}{blob}", mirror.addr))
+        .header("Range", format!("bytes={}-", stored.len()))
+        .call()
+        .expect("the mirror answers");
+    assert_eq!(response.status().as_u16(), 416);
+    assert_eq!(
+        response
+            .headers()
+            .get("content-range")
+            .and_then(|v| v.to_str().ok()),
+        Some(format!("bytes */{}", stored.len()).as_str())
+    );
+    let fetched = lab.proxy().request_heads()[heads_before..]
+        .iter()
+        .filter(|h| h.to_ascii_lowercase().starts_with("get ") && h.contains(&layer.digest))
+        .count();
+    assert_eq!(fetched, 1, "the blob crossed the link once for all ranges");
     let (code, _) = mirror.stop();
     assert_eq!(code, 0);
 }
