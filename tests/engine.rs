@@ -21,7 +21,7 @@ use pinboard::model::image::{ImageFacts, Layer};
 use pinboard::model::plan::{Limits, PlannedImage, Verdict, plan_node};
 use pinboard::model::rollout::{Event, ImageState, NodeState, PinMethod, Rollout};
 use pinboard::model::set::from_flags;
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage};
+use support::{ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, PushedImage};
 
 const MI: u64 = 1 << 20;
 /// Limits under which every lab node fits.
@@ -36,15 +36,7 @@ fn lab(name: &str, nodes: &[(&str, u64)]) -> Lab {
         .iter()
         .map(|&(n, bytes)| NodeSpec::new(n, bytes))
         .collect();
-    Lab::start(
-        name,
-        LabConfig {
-            nodes,
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("the lab must start")
+    Lab::with_nodes(name, nodes)
 }
 
 /// Pushes images made of `layers` (seed, bytes) each; returns them with their facts, by reference on `host`.

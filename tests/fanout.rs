@@ -19,15 +19,10 @@ const MI: u64 = 1 << 20;
 
 /// A lab of containerd nodes called `nodes`, each with an image filesystem of `imagefs` bytes.
 fn lab(name: &str, nodes: &[&str], imagefs: u64) -> Lab {
-    let nodes = nodes.iter().map(|n| NodeSpec::new(n, imagefs)).collect();
-    Lab::start(
+    Lab::with_nodes(
         name,
-        LabConfig {
-            nodes,
-            ..LabConfig::default()
-        },
+        nodes.iter().map(|n| NodeSpec::new(n, imagefs)).collect(),
     )
-    .expect("lab starts")
 }
 
 fn layer(seed: u64, bytes: u64) -> LayerSpec {

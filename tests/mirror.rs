@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage};
+use support::{ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, PushedImage};
 
 const KI: u64 = 1 << 10;
 const MI: u64 = 1 << 20;
@@ -111,6 +111,30 @@ fn layer(seed: u64, bytes: u64) -> LayerSpec {
     }
 }
 
+/// Pushes an image of gzip layers, each `(seed, bytes)`, to `repo`.
+fn push(lab: &Lab, repo: &str, layers: &[(u64, u64)]) -> PushedImage {
+    let spec = ImageSpec {
+        layers: layers
+            .iter()
+            .map(|&(seed, bytes)| layer(seed, bytes))
+            .collect(),
+        ..ImageSpec::default()
+    };
+    lab.push_image(repo, &spec).expect("push")
+}
+
+/// `pinboard mirror` of `image` (a reference through the lab proxy) with the cache in `cache`.
+fn mirror_of(lab: &Lab, cache: &tempfile::TempDir, image: &str) -> Mirror {
+    Mirror::start(&[
+        "--insecure-registry".into(),
+        lab.proxy_host(),
+        "--cache-dir".into(),
+        cache.path().display().to_string(),
+        "--image".into(),
+        image.to_string(),
+    ])
+}
+
 /// hosts.toml as an administrator writes it for a mirror: the mirror first, then the registry itself.
 fn wire_to_mirror(lab: &Lab, mirror: &Mirror) {
     let source = lab.proxy_host();
@@ -159,34 +183,20 @@ fn unique_blobs(images: &[PushedImage]) -> Vec<(String, u64)> {
 
 #[test]
 fn mirror_serves_containerd_nodes_each_blob_crossing_once_and_refuses_other_digests() {
-    let lab = Lab::start(
+    let lab = Lab::with_nodes(
         "mirror",
-        LabConfig {
-            nodes: vec![NodeSpec::new("n1", 64 * MI), NodeSpec::new("n2", 64 * MI)],
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
+        vec![NodeSpec::new("n1", 64 * MI), NodeSpec::new("n2", 64 * MI)],
+    );
     let images: Vec<PushedImage> = (0..4u64)
         .map(|i| {
-            let spec = ImageSpec {
-                layers: vec![layer(900, 2 * MI), layer(910 + i, 512 * KI)],
-                ..ImageSpec::default()
-            };
-            lab.push_image(&format!("mirror/app{i}"), &spec)
-                .expect("push")
+            push(
+                &lab,
+                &format!("mirror/app{i}"),
+                &[(900, 2 * MI), (910 + i, 512 * KI)],
+            )
         })
         .collect();
-    let outsider = lab
-        .push_image(
-            "mirror/outsider",
-            &ImageSpec {
-                layers: vec![layer(990, 256 * KI)],
-                ..ImageSpec::default()
-            },
-        )
-        .expect("push");
+    let outsider = push(&lab, "mirror/outsider", &[(990, 256 * KI)]);
     let proxy = lab.proxy_host();
     let references: Vec<String> = images.iter().map(|i| i.reference(&proxy)).collect();
     let cache = tempfile::tempdir().unwrap();
@@ -309,24 +319,8 @@ fn mirror_serves_containerd_nodes_each_blob_crossing_once_and_refuses_other_dige
 
 #[test]
 fn a_blob_corrupted_in_the_registry_fails_the_pull_naming_the_mismatch_and_is_not_cached() {
-    let lab = Lab::start(
-        "mirror-corrupt",
-        LabConfig {
-            nodes: vec![NodeSpec::new("n1", 32 * MI)],
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
-    let image = lab
-        .push_image(
-            "mirror/corrupt",
-            &ImageSpec {
-                layers: vec![layer(700, 512 * KI), layer(701, 128 * KI)],
-                ..ImageSpec::default()
-            },
-        )
-        .expect("push");
+    let lab = Lab::with_nodes("mirror-corrupt", vec![NodeSpec::new("n1", 32 * MI)]);
+    let image = push(&lab, "mirror/corrupt", &[(700, 512 * KI), (701, 128 * KI)]);
     let bad = &image.layers[0].digest;
     let stored = lab.registry_blob_file(bad);
     let mut bytes = std::fs::read(&stored).expect("the registry's copy");
@@ -336,14 +330,7 @@ fn a_blob_corrupted_in_the_registry_fails_the_pull_naming_the_mismatch_and_is_no
     let proxy = lab.proxy_host();
     let reference = image.reference(&proxy);
     let cache = tempfile::tempdir().unwrap();
-    let mirror = Mirror::start(&[
-        "--insecure-registry".into(),
-        proxy.clone(),
-        "--cache-dir".into(),
-        cache.path().display().to_string(),
-        "--image".into(),
-        reference.clone(),
-    ]);
+    let mirror = mirror_of(&lab, &cache, &reference);
     wire_to_mirror(&lab, &mirror);
     let run = apply(&lab, std::slice::from_ref(&reference));
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
@@ -408,34 +395,11 @@ fn head(addr: &str, path: &str) -> (String, Vec<(String, String)>, Vec<u8>) {
 
 #[test]
 fn head_and_range_requests_are_answered_as_a_registry_answers_them() {
-    let lab = Lab::start(
-        "mirror-head-range",
-        LabConfig {
-            nodes: Vec::new(),
-            apiserver: false,
-            ..LabConfig::default()
-        },
-    )
-    .expect("lab starts");
-    let image = lab
-        .push_image(
-            "mirror/ranged",
-            &ImageSpec {
-                layers: vec![layer(720, 768 * KI)],
-                ..ImageSpec::default()
-            },
-        )
-        .expect("push");
+    let lab = Lab::with_nodes("mirror-head-range", Vec::new());
+    let image = push(&lab, "mirror/ranged", &[(720, 768 * KI)]);
     let proxy = lab.proxy_host();
     let cache = tempfile::tempdir().unwrap();
-    let mirror = Mirror::start(&[
-        "--insecure-registry".into(),
-        proxy.clone(),
-        "--cache-dir".into(),
-        cache.path().display().to_string(),
-        "--image".into(),
-        image.reference(&proxy),
-    ]);
+    let mirror = mirror_of(&lab, &cache, &image.reference(&proxy));
     let layer = &image.layers[0];
     let stored = std::fs::read(lab.registry_blob_file(&layer.digest)).expect("the registry's copy");
     assert_eq!(stored.len() as u64, layer.size);

@@ -45,6 +45,18 @@ pub struct Lab {
 }
 
 impl Lab {
+    /// [`Lab::start`] with `nodes`, the open plain-HTTP registry and no API server; panics if it cannot start.
+    pub fn with_nodes(name: &str, nodes: Vec<NodeSpec>) -> Lab {
+        Lab::start(
+            name,
+            LabConfig {
+                nodes,
+                ..LabConfig::default()
+            },
+        )
+        .expect("the lab starts")
+    }
+
     /// Starts a lab in `target/lab/<name>-<pid>-<n>/` and waits until every part of it is ready. `name`
     /// is for people reading the directory listing (use the test's name). Synchronous; callable from
     /// `#[test]` and `#[tokio::test]`.
