@@ -1,8 +1,9 @@
 //! `pinboard apply --fan-out` on real containerd nodes, the lab registry behind the lab proxy: every byte that
 //! crosses the registry link is counted at the proxy. The base case, a link that resets every connection
 //! after 1 MiB, containerd killed and restarted mid-rollout, 503 / 429 / a stall / a missing blob on the
-//! link, a pinboard killed mid-rollout whose files the next command puts back, and private images behind
-//! the lab's token registry (the cache fetches with pinboard's credentials, which appear in no output).
+//! link, a pinboard killed mid-rollout whose files the next command puts back, `--fan-out-listen`, and
+//! private images behind the lab's token registry (the cache fetches with pinboard's credentials, which
+//! appear in no output).
 
 mod support;
 
@@ -133,6 +134,17 @@ fn hosts_files(lab: &Lab, nodes: &[&Node]) -> Vec<Option<String>> {
         .iter()
         .map(|n| std::fs::read_to_string(n.hosts_toml(&lab.proxy_host())).ok())
         .collect()
+}
+
+/// Asserts that every one of `nodes` holds every one of `images`, pinned.
+fn assert_pinned_everywhere(lab: &Lab, nodes: &[&Node], images: &[PushedImage]) {
+    let references: Vec<String> = images
+        .iter()
+        .map(|i| i.reference(&lab.proxy_host()))
+        .collect();
+    for node in nodes {
+        node.assert_pinned(&references);
+    }
 }
 
 /// Every file in the cache's `sha256/` hashes to its name: nothing unverified was kept as complete.
@@ -539,6 +551,39 @@ fn marked(lab: &Lab, nodes: &[&Node]) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Starts pinboard with `args` (its output piped, or dropped when `piped` is false) and waits until every
+/// one of `nodes` carries its fan-out files: their paths.
+fn start_and_wait_until_wired(
+    lab: &Lab,
+    nodes: &[&Node],
+    args: Vec<String>,
+    piped: bool,
+) -> (std::process::Child, Vec<PathBuf>) {
+    let output = || match piped {
+        true => Stdio::piped(),
+        false => Stdio::null(),
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pinboard"))
+        .args(args)
+        .stdout(output())
+        .stderr(output())
+        .spawn()
+        .expect("pinboard starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let wired = marked(lab, nodes);
+        if wired.len() == nodes.len() {
+            return (child, wired);
+        }
+        if Instant::now() > deadline || child.try_wait().is_ok_and(|s| s.is_some()) {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("the nodes were never wired; pinboard: {status:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn files_of_a_pinboard_killed_mid_rollout_do_not_stop_pulls_and_the_next_command_puts_them_back() {
     let lab = lab("fanout-killed", &["n1", "n2"], 96 * MI);
@@ -549,17 +594,12 @@ fn files_of_a_pinboard_killed_mid_rollout_do_not_stop_pulls_and_the_next_command
     let before = hosts_files(&lab, &nodes);
     let cache = tempfile::tempdir().unwrap();
     lab.proxy().set_bandwidth(Some(512 * KI));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pinboard"))
-        .args(args(&lab, "apply", &nodes, &images, &fan_out(&cache)))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("pinboard starts");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while marked(&lab, &nodes).len() < 2 {
-        assert!(Instant::now() < deadline, "the nodes were never wired");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut child, _) = start_and_wait_until_wired(
+        &lab,
+        &nodes,
+        args(&lab, "apply", &nodes, &images, &fan_out(&cache)),
+        false,
+    );
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped");
     lab.proxy().set_bandwidth(None);
@@ -646,13 +686,74 @@ fn private_images_fan_out_with_the_auth_file_each_blob_crossing_once_and_no_secr
             .count();
         assert_eq!(authorized, 1, "{digest}: {gets:?}");
     }
-    let references: Vec<String> = images
-        .iter()
-        .map(|i| i.reference(&lab.proxy_host()))
-        .collect();
-    for node in &nodes {
-        node.assert_pinned(&references);
-    }
+    assert_pinned_everywhere(&lab, &nodes, &images);
     assert_cache_verified(&cache);
     support::private::assert_no_secret(&lab, &[("apply --fan-out", &run)]);
+}
+
+#[test]
+fn fan_out_listen_serves_the_nodes_on_the_address_given() {
+    let lab = lab("fanout-listen", &["n1", "n2"], 64 * MI);
+    let images = push_images(&lab, "listen/app", 8200, 3, MI, 256 * KI);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    let before = hosts_files(&lab, &nodes);
+    let cache = tempfile::tempdir().unwrap();
+    let port = support::free_port().expect("a free port");
+    let listen = format!("127.0.0.1:{port}");
+    // Slow enough to look at the nodes' files and the endpoint mid-rollout.
+    lab.proxy().set_bandwidth(Some(MI));
+    let from = lab.proxy().request_heads().len();
+    let (child, wired) = start_and_wait_until_wired(
+        &lab,
+        &nodes,
+        args(
+            &lab,
+            "apply",
+            &nodes,
+            &images,
+            &[&fan_out(&cache)[..], &["--fan-out-listen", &listen]].concat(),
+        ),
+        true,
+    );
+    for path in wired {
+        let wired = std::fs::read_to_string(&path).expect("hosts.toml");
+        assert!(
+            wired.contains(&format!("endpoint=http://{listen}"))
+                && wired.contains(&format!("[host.\"http://{listen}\"]")),
+            "{}:\n{wired}",
+            path.display()
+        );
+    }
+    let answer = support::http::agent()
+        .get(format!("http://{listen}/v2/"))
+        .call()
+        .expect("the endpoint listens where it was told");
+    assert_eq!(answer.status().as_u16(), 200);
+    assert_eq!(
+        answer
+            .headers()
+            .get("docker-distribution-api-version")
+            .and_then(|v| v.to_str().ok()),
+        Some("registry/2.0")
+    );
+    lab.proxy().set_bandwidth(None);
+    let out = child.wait_with_output().expect("pinboard ends");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("2/2 nodes ready"), "{stdout}");
+    assert!(
+        !heads_since(&lab, from)
+            .iter()
+            .any(|h| h.contains("user-agent: containerd")),
+        "the nodes pulled through the endpoint"
+    );
+    assert_pinned_everywhere(&lab, &nodes, &images);
+    assert_eq!(hosts_files(&lab, &nodes), before);
+    assert!(
+        std::net::TcpStream::connect(&listen).is_err(),
+        "the endpoint stopped with the rollout"
+    );
 }
