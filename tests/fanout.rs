@@ -1,9 +1,9 @@
 //! `pinboard apply --fan-out` on real containerd nodes, the lab registry behind the lab proxy: every byte that
 //! crosses the registry link is counted at the proxy. The base case, a link that resets every connection
 //! after 1 MiB, containerd killed and restarted mid-rollout, 503 / 429 / a stall / a missing blob on the
-//! link, a pinboard killed mid-rollout whose files the next command puts back, `--fan-out-listen`, and
-//! private images behind the lab's token registry (the cache fetches with pinboard's credentials, which
-//! appear in no output).
+//! link, a blob corrupted in the registry, a pinboard killed mid-rollout whose files the next command puts
+//! back, `--fan-out-listen`, and private images behind the lab's token registry (the cache fetches with
+//! pinboard's credentials, which appear in no output).
 
 mod support;
 
@@ -102,6 +102,31 @@ fn fan_out(cache: &tempfile::TempDir) -> [&str; 3] {
         "--cache-dir",
         cache.path().to_str().expect("utf-8 path"),
     ]
+}
+
+/// `pinboard apply --fan-out -o json` of `images` onto `nodes`, the cache in `cache`.
+fn apply_fan_out_json(
+    lab: &Lab,
+    nodes: &[&Node],
+    images: &[PushedImage],
+    cache: &tempfile::TempDir,
+) -> support::Run {
+    support::pinboard(args(
+        lab,
+        "apply",
+        nodes,
+        images,
+        &[&fan_out(cache)[..], &["-o", "json"]].concat(),
+    ))
+}
+
+/// Asserts that no blob was asked of the registry since the proxy had seen `from` requests.
+fn assert_no_blob_fetched_since(lab: &Lab, from: usize) {
+    let heads = heads_since(lab, from);
+    assert!(
+        !heads.iter().any(|h| h.contains("/blobs/")),
+        "no blob asked for: {heads:?}"
+    );
 }
 
 /// The request heads the proxy saw from `from` on, lower-cased.
@@ -237,13 +262,7 @@ fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
     );
 
     let (from, bytes_before) = (lab.proxy().request_heads().len(), lab.proxy().bytes_down());
-    let run = support::pinboard(args(
-        &lab,
-        "apply",
-        &first,
-        &images,
-        &[&fan_out(&cache)[..], &["-o", "json"]].concat(),
-    ));
+    let run = apply_fan_out_json(&lab, &first, &images, &cache);
     assert_ok(&run, &lab);
     assert_moved_about_once(&lab, bytes_before, unique, 1.05);
     let report = ready_with_link_bytes(&run, unique);
@@ -290,21 +309,11 @@ fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
     assert_eq!(plan["linkBytes"]["direct"], 3 * unique);
     let before = hosts_files(&lab, &second);
     let from = lab.proxy().request_heads().len();
-    let run = support::pinboard(args(
-        &lab,
-        "apply",
-        &second,
-        &images,
-        &[&fan_out(&cache)[..], &["-o", "json"]].concat(),
-    ));
+    let run = apply_fan_out_json(&lab, &second, &images, &cache);
     assert_ok(&run, &lab);
     let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("apply JSON");
     assert_eq!(report["fanOut"]["linkBytes"], 0, "{report}");
-    let heads = heads_since(&lab, from);
-    assert!(
-        !heads.iter().any(|h| h.contains("/blobs/")),
-        "no blob asked for: {heads:?}"
-    );
+    assert_no_blob_fetched_since(&lab, from);
     assert_eq!(hosts_files(&lab, &second), before);
     let check = support::pinboard(args(&lab, "check", &second, &images, &[]));
     assert_ok(&check, &lab);
@@ -453,12 +462,8 @@ fn faults_on_the_link_end_every_pull_pulled_or_failed_with_its_reason_and_nothin
     let from = lab.proxy().request_heads().len();
     let run = apply(&gone);
     assert_ok(&run, &lab);
-    assert!(
-        !heads_since(&lab, from)
-            .iter()
-            .any(|h| h.contains("/blobs/")),
-        "already on the nodes: nothing fetched"
-    );
+    // Already on the nodes: nothing fetched.
+    assert_no_blob_fetched_since(&lab, from);
     assert_cache_verified(&cache);
     assert!(
         !cache
@@ -756,4 +761,85 @@ fn fan_out_listen_serves_the_nodes_on_the_address_given() {
         std::net::TcpStream::connect(&listen).is_err(),
         "the endpoint stopped with the rollout"
     );
+}
+
+#[test]
+fn a_blob_corrupted_in_the_registry_fails_its_image_naming_the_mismatch_and_the_others_are_pulled()
+{
+    let lab = lab("fanout-corrupt", &["n1", "n2"], 64 * MI);
+    let mut images = push_images(&lab, "corrupt/app", 8300, 3, MI, 256 * KI);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+    let bad = images[1].layers[1].digest.clone();
+    let stored = lab.registry_blob_file(&bad);
+    let mut bytes = std::fs::read(&stored).expect("the registry's copy");
+    bytes[1000] ^= 0x55;
+    std::fs::write(&stored, &bytes).expect("corrupt it");
+    let cache = tempfile::tempdir().unwrap();
+    let from = lab.proxy().request_heads().len();
+    let run = apply_fan_out_json(&lab, &nodes, &images, &cache);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("apply JSON");
+    let broken = images[1].reference(&lab.proxy_host());
+    for node in report["rollout"].as_array().unwrap() {
+        assert_eq!(node["pulled"], 2, "{node}");
+        let failed = node["failed"].as_array().unwrap();
+        assert_eq!(failed.len(), 1, "{node}");
+        let reason = failed[0].as_str().unwrap();
+        assert!(
+            reason.starts_with(&broken) && reason.contains("digest") && reason.contains(&bad),
+            "the image fails naming the digest that did not match: {reason}"
+        );
+    }
+    // pinboard says why its cache refused the blob.
+    let refused = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("digest mismatch"))
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    assert!(refused.contains(&bad), "{refused}");
+    // The broken image is on no node; the others were pulled (and wait for their pins: pins are written
+    // only once every pull of a node succeeded).
+    for node in &nodes {
+        let listed = node.images_ls();
+        assert!(!listed.contains(&broken), "{}: {listed}", node.name);
+        for image in [&images[0], &images[2]] {
+            let reference = image.reference(&lab.proxy_host());
+            assert!(listed.contains(&reference), "{}: {listed}", node.name);
+        }
+    }
+    let hex = bad.trim_start_matches("sha256:");
+    for place in ["sha256", "partial"] {
+        assert!(
+            !cache.path().join(place).join(hex).exists(),
+            "nothing of the corrupt blob stays in {place}/"
+        );
+    }
+    assert_cache_verified(&cache);
+    // The cache fetched the corrupt blob twice, then refused it without asking again.
+    let heads = heads_since(&lab, from);
+    let fetched_by = |agent: &str| {
+        heads
+            .iter()
+            .filter(|h| {
+                h.starts_with("get ")
+                    && h.contains(&format!("/blobs/{bad}"))
+                    && h.contains(&format!("user-agent: {agent}"))
+            })
+            .count()
+    };
+    eprintln!(
+        "the corrupt blob was fetched {} time(s) by pinboard, {} by containerd (going on to the registry)",
+        fetched_by("pinboard"),
+        fetched_by("containerd")
+    );
+    assert_eq!(fetched_by("pinboard"), 2);
+
+    // Applied without the broken image: pinned everywhere, nothing fetched again.
+    images.remove(1);
+    let from = lab.proxy().request_heads().len();
+    let run = support::pinboard(args(&lab, "apply", &nodes, &images, &fan_out(&cache)));
+    assert_ok(&run, &lab);
+    assert_no_blob_fetched_since(&lab, from);
+    assert_pinned_everywhere(&lab, &nodes, &images);
 }
