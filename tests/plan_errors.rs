@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::time::{Duration, Instant};
+
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Run, pinboard};
 
 const D: &str = "sha256:4198606580b69c8335ad7ae531c3a74e51aee25db5faaf368234e8c8dae5cbea";
@@ -242,4 +244,107 @@ fn unknown_registries_and_missing_manifests_are_bad_input() {
     // The image that exists plans fine on the same node: the failures above were about the references.
     let ok = base(&image.reference(&host));
     assert_eq!(ok.code, 0, "{}", ok.stderr);
+}
+
+#[test]
+fn a_busy_registry_is_asked_again_and_named_with_its_status_when_it_stays_busy() {
+    let lab = Lab::with_nodes("plan-busy", vec![NodeSpec::new("n1", 32 << 20)]);
+    let proxy = lab.proxy_host();
+    let references: Vec<String> = (0..3u64)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![LayerSpec {
+                    seed: 20 + i,
+                    bytes: 1000,
+                    format: LayerFormat::Gzip,
+                }],
+                ..Default::default()
+            };
+            lab.push_image(&format!("busy/app{i}"), &spec)
+                .unwrap()
+                .reference(&proxy)
+        })
+        .collect();
+    let node = format!("n1={}", lab.node("n1").endpoint());
+    let mut args = vec![
+        "--cri",
+        &node,
+        "--insecure-registry",
+        &proxy,
+        "--min-free",
+        "1Mi",
+    ];
+    for reference in &references {
+        args.extend(["--image", reference]);
+    }
+    let manifest_gets = |from: usize| {
+        lab.proxy().request_heads()[from..]
+            .iter()
+            .filter(|h| h.starts_with("GET ") && h.contains("/manifests/"))
+            .count()
+    };
+    let timed_plan = || {
+        let (from, started) = (lab.proxy().request_heads().len(), Instant::now());
+        let run = plan(&args);
+        (run, manifest_gets(from), started.elapsed())
+    };
+
+    // 503 to the next five manifest reads: each asked again (after 0.5 s, 1 s, ...), and planned.
+    lab.proxy().fail_requests_for("/manifests/", 503, 5, None);
+    let (run, gets, _) = timed_plan();
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(lab.proxy().pending_errors(), 0, "every 503 was answered");
+    assert_eq!(gets, 3 + 5, "each refused read asked again once");
+
+    // 429 with Retry-After: 2: waited for.
+    lab.proxy()
+        .fail_requests_for("/manifests/", 429, 3, Some(2));
+    let (run, gets, took) = timed_plan();
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(gets, 3 + 3);
+    assert!(
+        took >= Duration::from_secs(2),
+        "Retry-After was honoured: {took:?}"
+    );
+
+    // A registry that stays unavailable: four tries per image, then the plan fails naming it and the status.
+    lab.proxy()
+        .fail_requests_for("/manifests/", 503, 1000, None);
+    let (run, gets, took) = timed_plan();
+    eprintln!(
+        "503 throughout: exit {} after {took:?}:\n{}",
+        run.code, run.stderr
+    );
+    assert_ne!(run.code, 0);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    for reference in &references {
+        assert!(
+            run.stderr.lines().any(|l| l
+                .contains(&format!("registry {proxy} failed for {reference}"))
+                && l.contains("HTTP 503")),
+            "{}",
+            run.stderr
+        );
+    }
+    assert_eq!(gets, 3 * 4, "four tries per image");
+    assert!(took < Duration::from_secs(15), "bounded: {took:?}");
+
+    // Asked to wait longer than pinboard waits (an hour): refused at once, saying the registry rate-limits.
+    lab.proxy().clear_faults();
+    lab.proxy()
+        .fail_requests_for("/manifests/", 429, 1000, Some(3600));
+    let (run, gets, took) = timed_plan();
+    eprintln!(
+        "429 for an hour: exit {} after {took:?}:\n{}",
+        run.code, run.stderr
+    );
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr
+            .contains(&format!("registry {proxy} is rate-limiting requests for")),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(gets, 3, "not asked again");
+    lab.proxy().clear_faults();
 }

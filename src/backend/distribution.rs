@@ -125,6 +125,13 @@ pub enum HttpError {
     Transport(reqwest::Error),
     /// The registry answered with an error status.
     Status { status: u16, body: String },
+    /// The registry answered 429 or 503 to a read: it is busy, asking again later may succeed, after
+    /// `Retry-After` when it said how long.
+    Busy {
+        status: u16,
+        body: String,
+        retry_after: Option<Duration>,
+    },
     /// The token service refused or failed.
     Token { status: u16, body: String },
     /// The token service answered 200 with something that is not a token.
@@ -380,6 +387,15 @@ impl Distribution {
     ) -> Result<Vec<u8>, HttpError> {
         let mut response = self.send(host, path, access, Some(accept), None).await?;
         let status = response.status().as_u16();
+        if matches!(status, 429 | 503) {
+            let retry_after =
+                super::registry::retry_after(response.headers(), std::time::SystemTime::now());
+            return Err(HttpError::Busy {
+                status,
+                body: error_body(response).await,
+                retry_after,
+            });
+        }
         if !response.status().is_success() {
             let scope = access.authorized() && insufficient_scope(response.headers());
             let body = error_body(response).await;

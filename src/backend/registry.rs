@@ -59,6 +59,12 @@ pub const ACCEPTED_MEDIA_TYPES: [&str; 4] = [
 const MAX_MANIFEST_BYTES: usize = 4 << 20;
 /// How long an unreachable registry is answered from memory before it is tried again.
 const DOWN_FOR: Duration = Duration::from_secs(10);
+/// Tries of a manifest read that a registry answers 429 or 503, the first included.
+const BUSY_ATTEMPTS: u32 = 4;
+/// The wait before asking a busy registry again when it does not say (`Retry-After`), doubled each time.
+const BUSY_BACKOFF: Duration = Duration::from_millis(500);
+/// The longest `Retry-After` waited for; a registry asking for longer fails the read at once.
+const BUSY_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// How to talk to registries.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -594,10 +600,11 @@ impl Registry {
             .unwrap_or("latest");
         let path = format!("{}/manifests/{target}", reference.repository);
         let mut challenged = false;
+        let mut busy = 0;
         let (auth, outcome, elapsed_ms) = loop {
             let auth = self.auth(&host, reference, label).await?;
             self.check_down(registry, label)?;
-            let _permit = self
+            let permit = self
                 .permits
                 .acquire()
                 .await
@@ -621,6 +628,28 @@ impl Registry {
                 challenged = true;
                 self.forget_auth(reference);
                 continue;
+            }
+            // Busy (429, 503): asked again a few times, after the wait it asks for if it is not too long.
+            if let Ok(Err(HttpError::Busy {
+                status,
+                retry_after,
+                ..
+            })) = &outcome
+            {
+                busy += 1;
+                let wait = retry_after.unwrap_or(BUSY_BACKOFF * 2u32.pow(busy - 1));
+                if busy < BUSY_ATTEMPTS && wait <= BUSY_WAIT_MAX {
+                    tracing::info!(
+                        reference = label,
+                        registry,
+                        status,
+                        wait_ms = wait.as_millis() as u64,
+                        "registry busy; asking again"
+                    );
+                    drop(permit);
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
             }
             break (auth, outcome, elapsed_ms);
         };
@@ -1040,7 +1069,10 @@ fn content_range_start(headers: &http::HeaderMap) -> Option<u64> {
 }
 
 /// How long `Retry-After` asks to wait: a number of seconds, or an HTTP date (a date already past: 0).
-fn retry_after(headers: &http::HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+pub(super) fn retry_after(
+    headers: &http::HeaderMap,
+    now: std::time::SystemTime,
+) -> Option<Duration> {
     let value = headers
         .get(http::header::RETRY_AFTER)?
         .to_str()
@@ -1406,6 +1438,18 @@ fn map_error(error: HttpError, context: &Context<'_>) -> RegistryError {
         cause,
     };
     match error {
+        // Busy however the body puts it: the status is named, and a 429 is rate limiting.
+        HttpError::Busy { status: 429, .. } => rate_limited(),
+        HttpError::Busy { status, body, .. } => {
+            let said = serde_json::from_str::<Envelope>(&body)
+                .ok()
+                .and_then(|e| e.errors.into_iter().next())
+                .map_or_else(
+                    || truncate(body.trim(), 200),
+                    |first| format!("{}: {}", first.code, truncate(&first.message, 200)),
+                );
+            server(format!("HTTP {status}: {said}"))
+        }
         HttpError::Status { status, body } => {
             let first = serde_json::from_str::<Envelope>(&body)
                 .ok()
@@ -1839,6 +1883,22 @@ mod tests {
         let e = map_error(status(503, "upstream down\n"), &ctx);
         assert!(e.is_transient());
         assert!(e.to_string().ends_with("HTTP 503: upstream down"), "{e}");
+        let busy = |status: u16, body: &str| HttpError::Busy {
+            status,
+            body: body.into(),
+            retry_after: None,
+        };
+        let unavailable = r#"{"errors":[{"code":"UNAVAILABLE","message":"back soon"}]}"#;
+        let e = map_error(busy(503, unavailable), &ctx);
+        assert!(e.is_transient());
+        assert!(
+            e.to_string().ends_with("HTTP 503: UNAVAILABLE: back soon"),
+            "{e}"
+        );
+        assert_eq!(
+            map_error(busy(429, unavailable), &ctx).kind(),
+            "rate-limited"
+        );
         let e = map_error(
             status(400, "Client sent an HTTP request to an HTTPS server.\n"),
             &ctx,
