@@ -444,14 +444,14 @@ fn faults_on_the_link(fanned_out: bool) {
     };
     // 503 for the next requests: retried, then served.
     let unavailable = push_images(&lab, "fault/unavailable", 7300, 3, MI, 256 * KI);
-    // Blob requests only: the survey before the rollout asks for manifests, and fails on a 503.
-    lab.proxy().fail_requests_for("/blobs/", 503, 6, None);
+    // Any request: the survey's manifest reads before the rollout are asked again too.
+    lab.proxy().fail_requests(503, 6, None);
     applied_through("503", &unavailable);
     assert_eq!(lab.proxy().pending_errors(), 0, "every 503 was answered");
 
     // 429 with Retry-After: waited for, then served.
     let limited = push_images(&lab, "fault/limited", 7400, 3, MI, 256 * KI);
-    lab.proxy().fail_requests_for("/blobs/", 429, 4, Some(1));
+    lab.proxy().fail_requests(429, 4, Some(1));
     applied_through("429", &limited);
     assert_eq!(lab.proxy().pending_errors(), 0, "every 429 was answered");
 
