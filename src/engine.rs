@@ -945,7 +945,8 @@ async fn pull(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Transient,
-    /// Retrying cannot help: a missing image, a refused credential.
+    /// Retrying cannot help: a missing image, a refused credential, content that does not match its
+    /// digest (the registry's copy is corrupt: asking again downloads the same bytes again).
     Permanent,
     NoSpace,
 }
@@ -961,6 +962,10 @@ fn classify(reason: &str) -> Kind {
         "denied",
         "forbidden",
         "invalid reference",
+        // containerd, CRI-O (containers/image), and pinboard's blob cache.
+        "unexpected commit digest",
+        "digest did not match",
+        "digest mismatch",
     ]
     .iter()
     .any(|p| lower.contains(p))
@@ -1043,6 +1048,18 @@ mod tests {
         );
         assert_eq!(
             classify(&cri("pulling from host r: 401 Unauthorized")),
+            Kind::Permanent
+        );
+        assert_eq!(
+            classify(&cri(
+                "failed commit on ref \"layer-sha256:0f\": unexpected commit digest sha256:fa, expected sha256:0f: failed precondition"
+            )),
+            Kind::Permanent
+        );
+        assert_eq!(
+            classify(&cri(
+                "writing blob: Digest did not match, expected sha256:0f, got sha256:fa"
+            )),
             Kind::Permanent
         );
         assert_eq!(

@@ -884,6 +884,15 @@ fn a_blob_corrupted_in_the_registry_fails_its_image_naming_the_mismatch_and_the_
         fetched_by("containerd")
     );
     assert_eq!(fetched_by("pinboard"), 2);
+    // A mismatch is not retried: asking again would download the same corrupt bytes again.
+    assert!(fetched_by("containerd") <= nodes.len(), "one try per node");
+    assert!(
+        !run.stderr
+            .lines()
+            .any(|l| l.contains(&format!("{}@", images[1].repo)) && l.contains("retrying")),
+        "{}",
+        run.stderr
+    );
 
     // Applied without the broken image: pinned everywhere, nothing fetched again.
     images.remove(1);
