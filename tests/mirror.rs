@@ -1,7 +1,8 @@
 //! `pinboard mirror` on its own, in front of real containerd nodes whose `hosts.toml` the test writes as an
 //! administrator would (the mirror first, the source registry as `server`). The source is the lab registry
 //! behind the lab proxy, so every request and byte that crosses the link is seen there. HEAD and `Range`
-//! requests are sent to it over plain HTTP, as runtimes send them.
+//! requests are sent to it over plain HTTP, as runtimes send them; private images behind the lab's token
+//! registry are fetched with `--authfile`'s credentials, which appear in none of its output.
 
 mod support;
 
@@ -27,7 +28,14 @@ struct Mirror {
 impl Mirror {
     /// Starts `pinboard mirror --listen 127.0.0.1:0 ARGS` and waits for the line saying where it serves.
     fn start(args: &[String]) -> Mirror {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pinboard"))
+        Mirror::start_with(args, |_| {})
+    }
+
+    /// [`Mirror::start`], the command adjusted first (its environment, say).
+    fn start_with(args: &[String], adjust: impl FnOnce(&mut Command)) -> Mirror {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pinboard"));
+        adjust(&mut command);
+        let mut child = command
             .args(["mirror", "--listen", "127.0.0.1:0"])
             .args(args)
             .stdin(Stdio::null())
@@ -541,4 +549,79 @@ fn bad_input_stops_the_mirror_before_it_serves_or_asks_a_registry() {
         run.stderr
     );
     drop(lock);
+}
+
+#[test]
+fn private_blobs_are_fetched_with_the_auth_file_and_no_secret_is_printed() {
+    let lab = support::private::token_lab("mirror-private", Vec::new());
+    let proxy = lab.proxy_host();
+    let image = push(&lab, "private/app", &[(730, 256 * KI)]);
+    let home = tempfile::tempdir().unwrap();
+    let authfile = support::private::auth_file(home.path(), &proxy);
+    let cache = tempfile::tempdir().unwrap();
+    let mut mirror = Mirror::start_with(
+        &[
+            "--insecure-registry".into(),
+            proxy.clone(),
+            "--cache-dir".into(),
+            cache.path().display().to_string(),
+            "--authfile".into(),
+            authfile,
+            "--image".into(),
+            image.reference(&proxy),
+        ],
+        |command| {
+            support::isolated(home.path())(command);
+            command.env("PINBOARD_LOG", "debug");
+        },
+    );
+    let from = lab.proxy().request_heads().len();
+    // Anonymous, as a node asks: the mirror answers with what it fetched with the user's credentials.
+    let agent = support::http::agent();
+    let layer = &image.layers[0];
+    let stored = std::fs::read(lab.registry_blob_file(&layer.digest)).expect("the registry's copy");
+    for (path, size) in [
+        (
+            format!("manifests/{}", image.manifest_digest),
+            image.manifest_size,
+        ),
+        (format!("blobs/{}", layer.digest), layer.size),
+        (format!("blobs/{}", layer.digest), layer.size),
+    ] {
+        let mut response = agent
+            .get(format!(
+                "http://{}/v2/private/app/{path}?ns={proxy}",
+                mirror.addr
+            ))
+            .call()
+            .expect("the mirror answers");
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+        let body = response.body_mut().read_to_vec().expect("the body");
+        assert_eq!(body.len() as u64, size, "{path}");
+        if path.starts_with("blobs/") {
+            assert!(body == stored, "the blob's bytes");
+        }
+    }
+    let heads: Vec<String> = lab.proxy().request_heads()[from..]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    let fetched: Vec<&String> = heads
+        .iter()
+        .filter(|h| h.starts_with("get ") && h.contains(&layer.digest))
+        .filter(|h| h.contains("authorization: bearer "))
+        .collect();
+    assert_eq!(fetched.len(), 1, "fetched once, with a token: {heads:?}");
+    // Every line of stderr, up to the process's end.
+    let lines = std::mem::replace(&mut mirror.stderr, mpsc::channel().1);
+    let (code, stdout) = mirror.stop();
+    let stderr = lines.iter().collect::<Vec<_>>().join("\n");
+    assert_eq!(code, 0);
+    assert!(stderr.contains("DEBUG"), "debug logging was on");
+    let run = support::Run {
+        code,
+        stdout,
+        stderr,
+    };
+    support::private::assert_no_secret(&lab, &[("mirror", &run)]);
 }
