@@ -5,6 +5,7 @@
 //! plan says no-space is refused unless forced; images already present are skipped; pulls run `parallel`
 //! at a time through CRI PullImage with the image's registry credential, retried with exponential backoff
 //! (never a fixed sleep after a pull) unless the error is permanent, and each is confirmed with ImageStatus.
+//! A pull whose bytes stop moving for `pull_progress_timeout` is cancelled and retried like a failure.
 //! "No space left on device" stops the node's remaining pulls. Pins are written only after every pull of
 //! the node succeeded, so that image GC can still reclaim space if something fails, then verified
 //! through the runtime where it reports pins (CRI `pinned`, [`crate::model::runtime`]): a CRI-O that does
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 use crate::backend::credentials::{Credential, Credentials, Found};
@@ -33,6 +35,7 @@ use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::ImageRef;
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::runtime::{PinReports, Runtime};
+use crate::model::units::clock;
 
 /// How long the runtime gets to show written pins as pinned (CRI-O applies a reload asynchronously), and
 /// how often it is asked meanwhile.
@@ -51,6 +54,9 @@ pub struct EngineConfig {
     pub backoff_max: Duration,
     /// Deadline of one PullImage call.
     pub pull_timeout: Duration,
+    /// A pull whose bytes have not moved for this long, short of its total, is cancelled and counts as a
+    /// failed attempt (where byte progress is seen: containerd). Zero: never.
+    pub pull_progress_timeout: Duration,
     /// How often byte progress is polled on containerd nodes.
     pub progress_interval: Duration,
     /// Start nodes whose plan verdict is no-space.
@@ -67,6 +73,8 @@ impl Default for EngineConfig {
             backoff_start: Duration::from_secs(1),
             backoff_max: Duration::from_secs(10),
             pull_timeout: Duration::from_secs(30 * 60),
+            // containerd 1.7's image_pull_progress_timeout.
+            pull_progress_timeout: Duration::from_secs(5 * 60),
             progress_interval: Duration::from_millis(500),
             force: false,
             readonly: false,
@@ -297,6 +305,7 @@ async fn run_node(job: NodeJob, shared: Arc<Shared>, mut control: UnboundedRecei
         tracker: Tracker::new([]),
         totals: HashMap::new(),
         sent: HashMap::new(),
+        bytes: HashMap::new(),
     };
     let mut present = Vec::new();
     for (image, status) in order.iter().zip(statuses) {
@@ -354,6 +363,8 @@ struct NodeRun {
     totals: HashMap<String, u64>,
     /// The last progress figure sent per image, to send only changes.
     sent: HashMap<String, u64>,
+    /// Each running tracked pull's bytes (done, total), watched by the pull for stalls.
+    bytes: HashMap<String, watch::Sender<(u64, u64)>>,
 }
 
 /// Where a node's pulling stands.
@@ -470,6 +481,7 @@ impl NodeRun {
         let image = running.images.remove(&id).expect("every task is named");
         running.aborts.remove(&image);
         self.tracker.untrack(&image);
+        self.bytes.remove(&image);
         match outcome {
             Some(Ok(())) => self.pulled(&image),
             Some(Err(Failure { reason, no_space })) => {
@@ -550,18 +562,23 @@ impl NodeRun {
 
     fn spawn_pull(&mut self, running: &mut Running, image: String) {
         self.status.insert(image.clone(), Status::Running);
+        let mut bytes = None;
         if self.progress
             && let Some(facts) = self.shared.images.get(&image)
         {
             let total = self.tracker.track(&image, facts);
             self.totals.insert(image.clone(), total);
             self.sent.remove(&image);
+            let (tx, rx) = watch::channel((0, total));
+            self.bytes.insert(image.clone(), tx);
+            bytes = Some(rx);
         }
         let handle = running.tasks.spawn(pull(
             self.client.clone(),
             self.name.clone(),
             self.runtime_name.clone(),
             image.clone(),
+            bytes,
             Arc::clone(&self.shared),
         ));
         running.images.insert(handle.id(), image.clone());
@@ -608,6 +625,9 @@ impl NodeRun {
         let at = Instant::now();
         for (image, bytes) in self.tracker.update(&ingests) {
             if self.sent.insert(image.clone(), bytes.done) != Some(bytes.done) {
+                if let Some(watched) = self.bytes.get(&image) {
+                    watched.send_replace((bytes.done, bytes.total));
+                }
                 self.shared.emit(Event::PullProgress {
                     node: self.name.clone(),
                     image,
@@ -864,12 +884,13 @@ pub async fn sets_holding(
 
 /// Pulls one image with retries; every success is confirmed with ImageStatus. The image's registry
 /// credential goes with every attempt; a refused one says which credential was sent and what the runtime
-/// makes of it.
+/// makes of it. An attempt whose `bytes` stop moving for the progress timeout is cancelled and fails.
 async fn pull(
     client: CriClient,
     node: String,
     runtime: String,
     image: String,
+    mut bytes: Option<watch::Receiver<(u64, u64)>>,
     shared: Arc<Shared>,
 ) -> Result<(), Failure> {
     let credentials = Arc::clone(&shared.credentials);
@@ -893,10 +914,20 @@ async fn pull(
             attempt,
             at: Instant::now(),
         });
-        let reason = match client
-            .pull_image(&image, auth.clone(), config.pull_timeout)
-            .await
-        {
+        let pulling = client.pull_image(&image, auth.clone(), config.pull_timeout);
+        let limit = config.pull_progress_timeout;
+        let pulled = match bytes.as_mut().filter(|_| !limit.is_zero()) {
+            Some(bytes) => tokio::select! {
+                pulled = pulling => pulled.map_err(|e| e.to_string()),
+                () = stalled(bytes, limit) => Err(format!(
+                    "no bytes arrived for {} while short of the image's size; the pull was cancelled \
+                     (--pull-progress-timeout)",
+                    clock(limit)
+                )),
+            },
+            None => pulling.await.map_err(|e| e.to_string()),
+        };
+        let reason = match pulled {
             Ok(_) => match client.image_status(&image).await {
                 Ok(Some(_)) => return Ok(()),
                 Ok(None) => {
@@ -904,7 +935,7 @@ async fn pull(
                 }
                 Err(e) => format!("confirming the pull: {e}"),
             },
-            Err(e) => e.to_string(),
+            Err(reason) => reason,
         };
         let kind = classify(&reason);
         if kind != Kind::Transient || attempt >= config.attempts {
@@ -939,6 +970,25 @@ async fn pull(
         });
         tokio::time::sleep(backoff).await;
         attempt += 1;
+    }
+}
+
+/// Returns once `bytes` (done, total) has not moved for `limit` while done is short of total: a download
+/// that stalled. Bytes all there (the runtime unpacking) never count.
+async fn stalled(bytes: &mut watch::Receiver<(u64, u64)>, limit: Duration) {
+    bytes.mark_unchanged();
+    loop {
+        match tokio::time::timeout(limit, bytes.changed()).await {
+            Ok(Ok(())) => {}
+            // The node no longer polls this pull: nothing to judge by.
+            Ok(Err(_)) => std::future::pending::<()>().await,
+            Err(_) => {
+                let (done, total) = *bytes.borrow();
+                if done < total {
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -1022,6 +1072,29 @@ fn sent_credential(runtime: &str, found: Option<&Found>) -> String {
 mod tests {
     use super::*;
     use crate::model::rollout::NodeState;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pull_is_stalled_once_its_bytes_stop_short_of_its_total_for_the_limit() {
+        let limit = Duration::from_secs(300);
+        let (tx, mut rx) = watch::channel((0, 100));
+        let started = tokio::time::Instant::now();
+        let feeding = tokio::spawn(async move {
+            for done in [10, 20, 30] {
+                tokio::time::sleep(Duration::from_secs(200)).await;
+                tx.send_replace((done, 100));
+            }
+            tx
+        });
+        stalled(&mut rx, limit).await;
+        // Moved at 200, 400 and 600 s, then nothing for the limit.
+        assert_eq!(started.elapsed(), Duration::from_secs(900));
+        let tx = feeding.await.unwrap();
+
+        // Every byte there (the runtime unpacking): never stalled.
+        tx.send_replace((100, 100));
+        let waited = tokio::time::timeout(Duration::from_secs(3600), stalled(&mut rx, limit)).await;
+        assert!(waited.is_err(), "a complete download is not stalled");
+    }
 
     #[test]
     fn backoff_doubles_from_one_second_to_ten() {

@@ -21,6 +21,7 @@ use crate::backend::registry::{Registry, RegistryOptions};
 use crate::backend::wiring::{REGISTRIES_CONF_DIR, WiringPaths};
 use crate::cluster::ConnectOptions;
 use crate::cluster::pull_secret::{self, PULL_SECRET_NAME, PULL_SECRET_NAMESPACE, PullSecret};
+use crate::engine::EngineConfig;
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
@@ -91,6 +92,11 @@ pub struct RolloutArgs {
     /// Default 127.0.0.1 on any free port, for nodes on local sockets.
     #[arg(long, value_name = "ADDR", value_parser = parse_reachable)]
     pub fan_out_listen: Option<SocketAddr>,
+    /// `apply` and the TUI: a pull whose bytes have not moved for this long is cancelled and tried again,
+    /// as containerd 1.7's image_pull_progress_timeout does (containerd 1.6 waits on a stalled connection
+    /// for as long as the pull may last). 0 turns it off.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m")]
+    pub pull_progress_timeout: Duration,
 }
 
 /// `--fan-out-listen`: an address nodes can be pointed at, so not 0.0.0.0 or `[::]`.
@@ -118,6 +124,7 @@ impl Default for RolloutArgs {
             verify_cri: false,
             fan_out: false,
             fan_out_listen: None,
+            pull_progress_timeout: EngineConfig::default().pull_progress_timeout,
         }
     }
 }
@@ -126,6 +133,16 @@ impl RolloutArgs {
     /// `--timeout`, or `default` when it was not given.
     pub fn timeout_or(&self, default: Duration) -> Duration {
         self.timeout.unwrap_or(default)
+    }
+
+    /// How the engine runs these flags' rollouts.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            parallel: self.parallel.max(1),
+            force: self.force,
+            pull_progress_timeout: self.pull_progress_timeout,
+            ..EngineConfig::default()
+        }
     }
 }
 

@@ -421,61 +421,80 @@ fn faults_on_the_link(fanned_out: bool) {
     let lab = lab(name, &["n1", "n2"], 128 * MI);
     let nodes: Vec<&Node> = lab.nodes().iter().collect();
     let cache = tempfile::tempdir().unwrap();
+    // Direct pulls: a stalled one is cancelled after 3 s without a byte (5 minutes by default).
     let extra: Vec<&str> = match fanned_out {
         true => fan_out(&cache).to_vec(),
-        false => Vec::new(),
+        false => vec!["--pull-progress-timeout", "3s"],
     };
     let apply =
         |images: &[PushedImage]| support::pinboard(args(&lab, "apply", &nodes, images, &extra));
     // Each fault's images are pulled and pinned everywhere; with fan-out, their blobs crossed the link
     // about once (the faults' own answers and a resumed stretch on top), else once per node.
-    let applied_through = |fault: &str, images: &[PushedImage]| {
+    // `refetched`: bytes a pull cancelled mid-way may take again on top (containerd does not resume a
+    // cancelled pull's downloads).
+    let applied_through = |fault: &str, images: &[PushedImage], refetched: u64| {
         let (from, before) = (lab.proxy().request_heads().len(), lab.proxy().bytes_down());
         let run = apply(images);
         assert_ok(&run, &lab);
         assert_pinned_everywhere(&lab, &nodes, images);
         let unique = unique_bytes(images);
         let copies = if fanned_out { 1 } else { nodes.len() as u64 };
-        let moved = assert_moved_about_once(&lab, before, copies * unique, 1.05);
+        let moved = assert_moved_about_once(&lab, before, copies * unique + refetched, 1.05);
         eprintln!(
             "{fault}: {moved} bytes over the link for {unique} unique bytes ({copies}x expected)"
         );
-        from
+        (from, run.stderr)
     };
     // 503 for the next requests: retried, then served.
     let unavailable = push_images(&lab, "fault/unavailable", 7300, 3, MI, 256 * KI);
     // Any request: the survey's manifest reads before the rollout are asked again too.
     lab.proxy().fail_requests(503, 6, None);
-    applied_through("503", &unavailable);
+    applied_through("503", &unavailable, 0);
     assert_eq!(lab.proxy().pending_errors(), 0, "every 503 was answered");
 
     // 429 with Retry-After: waited for, then served.
     let limited = push_images(&lab, "fault/limited", 7400, 3, MI, 256 * KI);
     lab.proxy().fail_requests(429, 4, Some(1));
-    applied_through("429", &limited);
+    applied_through("429", &limited, 0);
     assert_eq!(lab.proxy().pending_errors(), 0, "every 429 was answered");
 
-    // A connection that stalls after 256 KiB: the cache drops it after 30 s without a byte and resumes.
-    // Not pulling directly: containerd 1.6 waits on a stalled connection for as long as the PullImage
-    // call may last (30 min), and headless apply does not cancel a pull without byte progress.
+    // A connection that stalls after 256 KiB. With fan-out, the cache drops it after 30 s without a byte
+    // and resumes. Directly, containerd 1.6 would wait on it for as long as the PullImage call may last
+    // (30 min): pinboard cancels the pull once its bytes stop moving, and pulls again.
+    let stalled = push_images(&lab, "fault/stalled", 7500, 2, MI, 256 * KI);
+    lab.proxy().stall_after(256 * KI, Some(1));
+    // Directly, the stalled pull is cancelled and its image's bytes fetched so far are fetched again.
+    let largest = stalled
+        .iter()
+        .map(|i| unique_bytes(std::slice::from_ref(i)))
+        .max();
+    let refetched = if fanned_out { 0 } else { largest.unwrap() };
+    let (from, said) = applied_through("stall", &stalled, refetched);
     if fanned_out {
-        let stalled = push_images(&lab, "fault/stalled", 7500, 2, MI, 256 * KI);
-        lab.proxy().stall_after(256 * KI, Some(1));
-        let from = applied_through("stall", &stalled);
         assert!(
             heads_since(&lab, from)
                 .iter()
                 .any(|h| h.contains("range: bytes=")),
             "the stalled download was resumed"
         );
-        lab.proxy().clear_faults();
+    } else {
+        let retried: Vec<&str> = said
+            .lines()
+            .filter(|l| l.contains("failed, retrying"))
+            .collect();
+        assert_eq!(retried.len(), 1, "one pull stalled: {said}");
+        assert!(
+            retried[0].contains("no bytes arrived for 3s") && retried[0].contains("attempt 1"),
+            "the stalled pull was cancelled and pulled again, saying why: {said}"
+        );
     }
+    lab.proxy().clear_faults();
 
     // A link that trickles (8 KiB every 50 ms): slow, never stalled, nothing dropped.
     let trickled = push_images(&lab, "fault/trickled", 7550, 1, 256 * KI, 64 * KI);
     lab.proxy()
         .set_trickle(Some((8 * KI as usize, Duration::from_millis(50))));
-    let from = applied_through("trickle", &trickled);
+    let (from, _) = applied_through("trickle", &trickled, 0);
     assert!(
         !heads_since(&lab, from)
             .iter()

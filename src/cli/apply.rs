@@ -17,7 +17,7 @@ use super::check::{Checker, readiness_table, verdict, verdict_line};
 use super::output::{render, short_reference, table};
 use crate::backend::blobs::BlobCache;
 use crate::backend::node::NodeTarget;
-use crate::engine::{self, EngineConfig};
+use crate::engine;
 use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutReport, FanOutSetup, LOOPBACK, Run, Update};
 use crate::model::holders::{Release, Sets, UnpinReport};
@@ -103,11 +103,7 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
     .await
     .map_err(Failure::from)?;
     let jobs = crate::targets::jobs(targets, plans, &checker.sets);
-    let config = EngineConfig {
-        parallel: rollout_args.parallel.max(1),
-        force: rollout_args.force,
-        ..EngineConfig::default()
-    };
+    let config = rollout_args.engine_config();
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     // No operator retries headless: nodes with failures finish instead of waiting.
     let (mut run, notices) = Run::start(

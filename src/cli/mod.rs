@@ -145,6 +145,7 @@ pub async fn run(command: Command) -> Result<String, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// What an operator's script passes to `apply`, reused for every other command.
     const APPLY_ARGS: &[&str] = &[
@@ -177,6 +178,8 @@ mod tests {
         "/var/cache/pinboard",
         "--cache-max",
         "100Gi",
+        "--pull-progress-timeout",
+        "90s",
         "--gc-high-percent",
         "80",
         "--min-free",
@@ -225,6 +228,11 @@ mod tests {
                 other => panic!("{other:?} takes no argument list"),
             };
             assert_eq!(common.rollout.parallel, 3, "{command}");
+            assert_eq!(
+                common.rollout.engine_config().pull_progress_timeout,
+                Duration::from_secs(90),
+                "{command}"
+            );
             assert_eq!(common.limits.min_free, 1 << 30, "{command}");
             assert_eq!(common.registry.insecure_registries, ["127.0.0.1:5000"]);
             assert_eq!(

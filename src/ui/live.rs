@@ -74,9 +74,8 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
         limits: common.limits.limits(),
         timeout: common.targets.timeout(),
         engine: EngineConfig {
-            parallel: common.rollout.parallel.max(1),
             readonly: args.readonly,
-            ..EngineConfig::default()
+            ..common.rollout.engine_config()
         },
         control: None,
         initial_sets: state.sets.iter().map(|d| d.set.clone()).collect(),
