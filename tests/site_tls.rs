@@ -13,6 +13,7 @@
 mod support;
 
 use std::path::Path;
+use std::time::Duration;
 
 use base64::Engine as _;
 use futures::StreamExt;
@@ -87,6 +88,10 @@ fn a_registry_signed_by_a_site_ca_is_used_once_its_ca_is_where_containers_look()
     )
     .expect("lab starts");
     let proxy = lab.proxy_host();
+    assert!(
+        !asks_for_client_certificate(&proxy),
+        "a registry that asks for no client certificate is not said to"
+    );
     let pushed = push(&lab, "private/app", 1301);
     let image = pushed.reference(&proxy);
     let ca = lab.pki().unwrap().ca.clone();
@@ -234,6 +239,10 @@ fn a_client_certificate_registry_works_once_client_cert_and_key_are_in_the_direc
     let certs_arg = certs.display().to_string();
     let args = ["--certs-dir", certs_arg.as_str()];
 
+    assert!(
+        asks_for_client_certificate(&proxy),
+        "the handshake asks for one"
+    );
     let refused = run(&lab, home.path(), "plan", &image, &args, &[]);
     assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
     assert!(
@@ -257,4 +266,14 @@ fn a_client_certificate_registry_works_once_client_cert_and_key_are_in_the_direc
         let done = run(&lab, home.path(), command, &image, &args, &[]);
         assert_eq!(done.code, 0, "{command}: {}{}", done.stdout, done.stderr);
     }
+}
+
+/// What pinboard's probe finds in `endpoint`'s handshake (over TLS 1.3 the only sure sign, as the
+/// registry's alert may be lost to the first request).
+fn asks_for_client_certificate(endpoint: &str) -> bool {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(pinboard::backend::tls_probe::asks_for_client_certificate(
+        endpoint,
+        Duration::from_secs(5),
+    ))
 }

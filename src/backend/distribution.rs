@@ -145,6 +145,9 @@ pub enum HttpError {
     /// The registry refused a request that carried a credential or token with `error="insufficient_scope"`
     /// in its challenge (RFC 6750): what was sent is good, but grants no pull access to the repository.
     InsufficientScope { status: u16, body: String },
+    /// The connection failed, and the registry's handshake asks for a client certificate that certs.d does
+    /// not hold ([`super::tls_probe`]).
+    ClientCertificateRequired,
 }
 
 #[derive(Deserialize)]
@@ -369,11 +372,32 @@ impl Distribution {
         if let Some(header) = &access.header {
             request = request.header(AUTHORIZATION, header.clone());
         }
-        let response = request.send().await.map_err(HttpError::Transport)?;
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) => return Err(self.transport_failure(host, e).await),
+        };
         if host.learn(&response, access.header.is_none()) {
             return Err(HttpError::Challenged);
         }
         Ok(response)
+    }
+
+    /// A request that failed before an answer. When no TLS error says why, and the registry's handshake asks
+    /// for a client certificate that certs.d does not hold, that is why: over TLS 1.3 the registry's alert
+    /// saying so may be lost to the request.
+    async fn transport_failure(&self, host: &Host, error: reqwest::Error) -> HttpError {
+        let unexplained = host.tls.client.is_none()
+            && host.base.starts_with("https://")
+            && !error.is_timeout()
+            && !causes(&error).any(|e| e.is::<rustls::Error>());
+        if unexplained {
+            let endpoint = host.base.trim_start_matches("https://");
+            if super::tls_probe::asks_for_client_certificate(endpoint, self.timeout).await {
+                tracing::debug!(endpoint, error = %error, "its handshake asks for a client certificate");
+                return HttpError::ClientCertificateRequired;
+            }
+        }
+        HttpError::Transport(error)
     }
 
     /// `GET base/v2/PATH` with `access` and `accept`; the body of a 2xx answer, up to `limit` bytes.
@@ -419,6 +443,19 @@ impl Distribution {
 }
 
 /// The host that serves a registry's API: Docker Hub's images are named `docker.io` but served elsewhere.
+/// `error` and its causes, innermost last, including the errors hyper and rustls wrap in an `io::Error`
+/// (whose `source()` skips the wrapped error).
+pub fn causes<'e>(
+    error: &'e (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'e (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |e| match e.downcast_ref::<std::io::Error>() {
+        Some(io) => io
+            .get_ref()
+            .map(|inner| inner as &(dyn std::error::Error + 'static)),
+        None => e.source(),
+    })
+}
+
 fn endpoint(registry: &str) -> &str {
     match registry {
         "docker.io" => "registry-1.docker.io",

@@ -16,6 +16,7 @@ pub mod proto;
 pub mod readiness;
 pub mod registry;
 pub mod release;
+pub mod tls_probe;
 pub mod wiring;
 
 /// At most `max` characters of `text`, with `...` when cut: remote error bodies can be long.

@@ -1504,6 +1504,14 @@ fn map_error(error: HttpError, context: &Context<'_>) -> RegistryError {
             cause: transport_cause(&e, context),
             registry,
         },
+        HttpError::ClientCertificateRequired => RegistryError::Unreachable {
+            reference,
+            cause: tls_cause(
+                &rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+                context,
+            ),
+            registry,
+        },
         HttpError::Certs(e) => RegistryError::Certs(e),
         HttpError::Setup(cause) => RegistryError::Setup { cause },
         // Retried once with access learned from it; refused again, it is a refusal.
@@ -1516,21 +1524,10 @@ fn map_error(error: HttpError, context: &Context<'_>) -> RegistryError {
 }
 
 /// The innermost useful cause of a transport failure, with the fix where one helps: a TLS failure says
-/// where the registry's CA or client certificate goes. Walks into the `io::Error`s hyper and rustls wrap
-/// (whose `source()` skips the wrapped error).
+/// where the registry's CA or client certificate goes.
 fn transport_cause(error: &(dyn std::error::Error + 'static), context: &Context<'_>) -> String {
     let (registry, insecure) = (context.registry, context.insecure);
-    let mut chain: Vec<&(dyn std::error::Error + 'static)> = Vec::new();
-    let mut next = Some(error);
-    while let Some(e) = next {
-        chain.push(e);
-        next = match e.downcast_ref::<std::io::Error>() {
-            Some(io) => io
-                .get_ref()
-                .map(|inner| inner as &(dyn std::error::Error + 'static)),
-            None => e.source(),
-        };
-    }
+    let chain: Vec<_> = super::distribution::causes(error).collect();
     let innermost = chain.last().map(|e| e.to_string()).unwrap_or_default();
     if let Some(tls) = chain.iter().find_map(|e| e.downcast_ref::<rustls::Error>()) {
         return tls_cause(tls, context);
