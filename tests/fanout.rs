@@ -860,11 +860,12 @@ fn a_blob_corrupted_in_the_registry_fails_its_image_naming_the_mismatch_and_the_
             "the image fails naming the digest that did not match: {reason}"
         );
     }
-    // pinboard says why its cache refused the blob.
+    // pinboard says why its cache refused the blob (its first check says so; the second fetch's refusal
+    // may come after containerd, falling back to the registry, already failed the pull).
     let refused = run
         .stderr
         .lines()
-        .find(|l| l.contains("digest mismatch"))
+        .find(|l| l.contains("blob failed verification") || l.contains("digest mismatch"))
         .unwrap_or_else(|| panic!("{}", run.stderr));
     assert!(refused.contains(&bad), "{refused}");
     // The broken image is on no node; the others were pulled (and wait for their pins: pins are written
@@ -885,7 +886,7 @@ fn a_blob_corrupted_in_the_registry_fails_its_image_naming_the_mismatch_and_the_
         );
     }
     assert_cache_verified(&cache);
-    // The cache fetched the corrupt blob twice, then refused it without asking again.
+    // The cache fetched the corrupt blob at most twice, then refused it without asking again.
     let heads = heads_since(&lab, from);
     let fetched_by = |agent: &str| {
         heads
@@ -902,7 +903,8 @@ fn a_blob_corrupted_in_the_registry_fails_its_image_naming_the_mismatch_and_the_
         fetched_by("pinboard"),
         fetched_by("containerd")
     );
-    assert_eq!(fetched_by("pinboard"), 2);
+    // Fetched once more after the first mismatch, never a third time.
+    assert!((1..=2).contains(&fetched_by("pinboard")));
     // A mismatch is not retried: asking again would download the same corrupt bytes again.
     assert!(fetched_by("containerd") <= nodes.len(), "one try per node");
     assert!(
