@@ -11,6 +11,8 @@
 //!   `systemctl` that restarts the stand-in first on PATH) it ends pinned, CRI-O restarted once, confirmed
 //!   across the dropped CRI connection.
 //! - Unpinning one of two sets keeps, as CRI-O itself reports, the pins the other set holds.
+//! - Fan-out writes a registries.conf.d drop-in that keeps the administrator's mirrors and removes it;
+//!   one left by a killed pinboard does not stop CRI-O pulling, and the next command removes it.
 
 mod support;
 
@@ -19,6 +21,7 @@ use std::time::Duration;
 
 use pinboard::backend::cri::CriClient;
 use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
+use pinboard::backend::wiring::CRIO_DROP_IN as WIRING_DROP_IN;
 use pinboard::model::readiness::{ImageReason, PinnedBy, Readiness};
 use support::crio::CrioStandIn;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Run, pinboard, pinboard_with};
@@ -427,62 +430,106 @@ fn unpinning_one_set_on_crio_1_31_keeps_what_crio_pins_for_the_other() {
     assert_eq!(run.code, 0, "{}", run.stderr);
 }
 
+/// A CRI-O node (1.31) with an administrator's mirror for the lab registry, and three images there that
+/// share a base layer, to fan out.
+struct FanOutOnCrio {
+    lab: Lab,
+    proxy: String,
+    images: Vec<String>,
+    crio: CrioStandIn,
+    site: std::path::PathBuf,
+    site_text: String,
+    /// The rules in force with the administrator's file alone.
+    admins: Vec<String>,
+    cache: tempfile::TempDir,
+}
+
+impl FanOutOnCrio {
+    fn start(name: &str) -> FanOutOnCrio {
+        let lab = Lab::start(name, LabConfig::default()).expect("lab starts");
+        let proxy = lab.proxy_host();
+        let images: Vec<String> = (0..3u64)
+            .map(|i| {
+                let spec = ImageSpec {
+                    layers: [1400, 1410 + i]
+                        .map(|seed| LayerSpec {
+                            seed,
+                            bytes: 256 * 1024,
+                            format: LayerFormat::Gzip,
+                        })
+                        .to_vec(),
+                    ..ImageSpec::default()
+                };
+                lab.push_image(&format!("crio/fan{i}"), &spec)
+                    .expect("push")
+                    .reference(&proxy)
+            })
+            .collect();
+        let crio =
+            CrioStandIn::start(name, "1.31.0", std::slice::from_ref(&proxy)).expect("stand-in");
+        // The administrator's own mirror for the registry, which fan-out's drop-in must not drop.
+        let site = crio.registries_dir().join("10-site.conf");
+        let site_text = format!(
+            "[[registry]]\nprefix = \"{proxy}\"\nlocation = \"{proxy}\"\n\n[[registry.mirror]]\n\
+             location = \"127.0.0.1:9/site-mirror\"\ninsecure = true\npull-from-mirror = \"digest-only\"\n"
+        );
+        std::fs::write(&site, &site_text).unwrap();
+        crio.reload().expect("reload");
+        let admins = vec![format!("{proxy} -> 127.0.0.1:9/site-mirror")];
+        assert_eq!(crio.counts().registries.last(), Some(&admins));
+        FanOutOnCrio {
+            lab,
+            proxy,
+            images,
+            crio,
+            site,
+            site_text,
+            admins,
+            cache: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// `COMMAND` for node n1 with apply's fan-out arguments and the images.
+    fn args(&self, command: &str) -> Vec<String> {
+        let mut args = vec![
+            command.to_string(),
+            "--fan-out".into(),
+            "--cache-dir".into(),
+            self.cache.path().display().to_string(),
+            "--crio-registries-dir".into(),
+            self.crio.registries_dir().display().to_string(),
+            "--insecure-registry".into(),
+            self.proxy.clone(),
+            "--min-free".into(),
+            "1Mi".into(),
+            "-o".into(),
+            "json".into(),
+        ];
+        args.extend(self.crio.node_args("n1"));
+        for image in &self.images {
+            args.extend(["--image".into(), image.clone()]);
+        }
+        args
+    }
+
+    /// The files in CRI-O's registries.conf.d, by name.
+    fn registries_files(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.crio.registries_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
 #[test]
 fn fan_out_to_crio_writes_a_registries_drop_in_carrying_the_administrators_mirrors_and_removes_it()
 {
-    let lab = Lab::start("crio-fan-out", LabConfig::default()).expect("lab starts");
-    let proxy = lab.proxy_host();
-    let images: Vec<String> = (0..3u64)
-        .map(|i| {
-            let spec = ImageSpec {
-                layers: [1400, 1410 + i]
-                    .map(|seed| LayerSpec {
-                        seed,
-                        bytes: 256 * 1024,
-                        format: LayerFormat::Gzip,
-                    })
-                    .to_vec(),
-                ..ImageSpec::default()
-            };
-            lab.push_image(&format!("crio/fan{i}"), &spec)
-                .expect("push")
-                .reference(&proxy)
-        })
-        .collect();
-    let crio = CrioStandIn::start("crio-fan-out", "1.31.0", std::slice::from_ref(&proxy))
-        .expect("stand-in");
-    // The administrator's own mirror for the registry, which fan-out's drop-in must not drop.
-    let site = crio.registries_dir().join("10-site.conf");
-    let site_text = format!(
-        "[[registry]]\nprefix = \"{proxy}\"\nlocation = \"{proxy}\"\n\n[[registry.mirror]]\n\
-         location = \"127.0.0.1:9/site-mirror\"\ninsecure = true\npull-from-mirror = \"digest-only\"\n"
-    );
-    std::fs::write(&site, &site_text).unwrap();
-    crio.reload().expect("reload");
-    let admins = vec![format!("{proxy} -> 127.0.0.1:9/site-mirror")];
-    assert_eq!(crio.counts().registries.last(), Some(&admins));
-
-    let cache = tempfile::tempdir().unwrap();
-    let mut args = vec![
-        "apply".to_string(),
-        "--fan-out".into(),
-        "--cache-dir".into(),
-        cache.path().display().to_string(),
-        "--crio-registries-dir".into(),
-        crio.registries_dir().display().to_string(),
-        "--insecure-registry".into(),
-        proxy.clone(),
-        "--min-free".into(),
-        "1Mi".into(),
-        "-o".into(),
-        "json".into(),
-    ];
-    args.extend(crio.node_args("n1"));
-    for image in &images {
-        args.extend(["--image".into(), image.clone()]);
-    }
+    let setup = FanOutOnCrio::start("crio-fan-out");
+    let (lab, proxy, crio) = (&setup.lab, &setup.proxy, &setup.crio);
     let from = lab.proxy().request_heads().len();
-    let run = pinboard(&args);
+    let run = pinboard(setup.args("apply"));
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(report["rollout"][0]["state"], "pinned", "{report}");
@@ -492,7 +539,7 @@ fn fan_out_to_crio_writes_a_registries_drop_in_carrying_the_administrators_mirro
     let endpoints: Vec<(&String, &u64)> = counts.pulled_from.iter().collect();
     assert_eq!(endpoints.len(), 1, "{endpoints:?}");
     let endpoint = endpoints[0].0;
-    assert_ne!(endpoint, &proxy, "not from the registry itself");
+    assert_ne!(endpoint, proxy, "not from the registry itself");
     assert_eq!(*endpoints[0].1, 3);
     let wired = vec![format!(
         "{proxy} -> {endpoint}/{proxy}, 127.0.0.1:9/site-mirror"
@@ -524,15 +571,14 @@ fn fan_out_to_crio_writes_a_registries_drop_in_carrying_the_administrators_mirro
     );
 
     // Afterwards: the drop-in gone, CRI-O reloaded onto the administrator's rules alone.
-    let left: Vec<String> = std::fs::read_dir(crio.registries_dir())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(left, ["10-site.conf"]);
-    assert_eq!(std::fs::read_to_string(&site).unwrap(), site_text);
+    assert_eq!(setup.registries_files(), ["10-site.conf"]);
+    assert_eq!(
+        std::fs::read_to_string(&setup.site).unwrap(),
+        setup.site_text
+    );
     assert_eq!(
         counts.registries.last(),
-        Some(&admins),
+        Some(&setup.admins),
         "in force again after the last reload"
     );
     assert_eq!(
@@ -540,4 +586,64 @@ fn fan_out_to_crio_writes_a_registries_drop_in_carrying_the_administrators_mirro
         1 + 3,
         "the test's, then fan-out's drop-in, the pins, the drop-in's removal"
     );
+}
+
+#[test]
+fn a_fan_out_drop_in_left_by_a_killed_pinboard_does_not_stop_crio_pulling_and_the_next_command_removes_it()
+ {
+    let setup = FanOutOnCrio::start("crio-fan-out-killed");
+    let (lab, proxy, crio) = (&setup.lab, &setup.proxy, &setup.crio);
+    let left = crio.registries_dir().join(WIRING_DROP_IN);
+    // Slow enough that pinboard is killed while CRI-O pulls through its endpoint.
+    lab.proxy().set_bandwidth(Some(64 * 1024));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pinboard"))
+        .args(setup.args("apply"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("pinboard starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !(left.exists() && crio.counts().registries.last() != Some(&setup.admins)) {
+        assert!(
+            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the drop-in was never in force"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    lab.proxy().set_bandwidth(None);
+    assert!(left.exists(), "a killed pinboard cleans nothing up");
+
+    // Its endpoint is gone, and so is the site's mirror: CRI-O goes on to the registry.
+    let before = crio.counts().pulled_from.get(proxy).copied().unwrap_or(0);
+    let image = setup.images[2].clone();
+    let pulled = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let endpoint = crio.endpoint().parse().expect("an endpoint");
+        let client = CriClient::connect(&endpoint, Duration::from_secs(10)).await?;
+        client
+            .pull_image(&image, None, Duration::from_secs(60))
+            .await
+    });
+    assert!(pulled.is_ok(), "{pulled:?}");
+    assert_eq!(crio.counts().pulled_from.get(proxy), Some(&(before + 1)));
+
+    // The next command that touches the node removes the drop-in and reloads CRI-O onto the
+    // administrator's rules.
+    let reloads = crio.counts().reloads;
+    let status = pinboard(setup.args("status"));
+    let restored: Vec<&str> = status
+        .stderr
+        .lines()
+        .filter(|l| l.contains("restored, left by pinboard pid"))
+        .collect();
+    assert_eq!(restored.len(), 1, "{}", status.stderr);
+    assert!(restored[0].contains(WIRING_DROP_IN), "{}", restored[0]);
+    assert_eq!(setup.registries_files(), ["10-site.conf"]);
+    assert_eq!(
+        std::fs::read_to_string(&setup.site).unwrap(),
+        setup.site_text
+    );
+    crio.wait_reloads(reloads + 1).expect("CRI-O reloaded");
+    assert_eq!(crio.counts().registries.last(), Some(&setup.admins));
 }
