@@ -6,8 +6,6 @@ mod support;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
-use std::path::Path;
-use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +19,7 @@ use pinboard::model::image::{ImageFacts, Layer};
 use pinboard::model::plan::{Limits, PlannedImage, Verdict, plan_node};
 use pinboard::model::rollout::{Event, ImageState, NodeState, PinMethod, Rollout};
 use pinboard::model::set::from_flags;
+use support::hup::HupRecorder;
 use support::{ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, PushedImage};
 
 const MI: u64 = 1 << 20;
@@ -140,41 +139,6 @@ fn record<'a>(listing: &'a str, name: &str) -> Option<&'a str> {
         .find(|l| l.split_whitespace().next() == Some(name))
 }
 
-/// A process that appends a line to `log` on every SIGHUP, with its pid in `pidfile`: stands in for CRI-O.
-struct HupRecorder {
-    child: Child,
-}
-
-impl HupRecorder {
-    fn start(pidfile: &Path, log: &Path) -> HupRecorder {
-        let child = Command::new("bash")
-            .arg("-c")
-            .arg(format!(
-                "trap 'echo hup >> {}' HUP; while :; do sleep 0.05; done",
-                log.display()
-            ))
-            .spawn()
-            .expect("bash runs");
-        std::fs::write(pidfile, format!("{}\n", child.id())).unwrap();
-        // Let bash install the trap before anyone signals it.
-        std::thread::sleep(Duration::from_millis(200));
-        HupRecorder { child }
-    }
-
-    /// SIGHUPs recorded so far, after giving a pending trap time to run.
-    fn hups(log: &Path) -> usize {
-        std::thread::sleep(Duration::from_millis(300));
-        std::fs::read_to_string(log).map_or(0, |t| t.lines().count())
-    }
-}
-
-impl Drop for HupRecorder {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
     // "small" cannot hold the set with the free-space floor below: its plan verdict is no-space.
@@ -199,8 +163,8 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
     let drop_in = crio.path().join(CRIO_DROP_IN);
     let admin = "# pinned for the 4.19 upgrade, see OPS-123\n[crio]\n  [crio.image]\n    pinned_images = [\"old@sha256:0\"]\n";
     std::fs::write(&drop_in, admin).unwrap();
-    let (pidfile, hup_log) = (crio.path().join("crio.pid"), crio.path().join("hups"));
-    let _crio = HupRecorder::start(&pidfile, &hup_log);
+    let recorder = HupRecorder::start(crio.path());
+    let pidfile = recorder.pidfile.clone();
     let pin = |node: &str| match node {
         "n2" => PinTarget::CrioDropIn {
             config_dir: crio.path().into(),
@@ -312,7 +276,7 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
         "{written}"
     );
     assert_eq!(
-        HupRecorder::hups(&hup_log),
+        recorder.settled_hups(1),
         1,
         "one SIGHUP to the pid in the pidfile"
     );
@@ -341,7 +305,7 @@ async fn pulls_skip_what_is_present_pin_both_ways_and_refuse_a_full_node() {
         (before.ino(), before.mtime(), before.mtime_nsec())
     );
     assert_eq!(
-        HupRecorder::hups(&hup_log),
+        recorder.settled_hups(2),
         1,
         "no reload when nothing changed"
     );

@@ -14,6 +14,7 @@ use pinboard::backend::cri::CriClient;
 use pinboard::backend::pins::{hold_containerd, record_labels, release_containerd};
 use pinboard::model::holders::{Holder, Holders, Release, holders_of};
 use pinboard::model::set::from_flags;
+use support::hup::HupRecorder;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 
 const PINNED: &str = "io.cri-containerd.pinned=pinned";
@@ -262,20 +263,12 @@ async fn unpinning_releases_the_set_and_keeps_images() {
     let file = dir.path().join("50-pinned-images");
     let text = std::fs::read_to_string(&file).unwrap();
     std::fs::write(&file, format!("# pinned for the 4.19 upgrade\n{text}")).unwrap();
-    let hup = dir.path().join("hup.log");
-    let mut crio = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "trap 'echo hup >> {}' HUP; while :; do sleep 0.1; done",
-            hup.display()
-        ))
-        .spawn()
-        .unwrap();
-    let pidfile = dir.path().join("crio.pid");
-    std::fs::write(&pidfile, crio.id().to_string()).unwrap();
+    let crio = HupRecorder::start(dir.path());
     let target = PinTarget::CrioDropIn {
         config_dir: dir.path().into(),
-        reload: Reload::Signal { pidfile },
+        reload: Reload::Signal {
+            pidfile: crio.pidfile.clone(),
+        },
     };
 
     let done = unpin(&node, target.clone(), &unpin_a).await.unwrap();
@@ -286,16 +279,7 @@ async fn unpinning_releases_the_set_and_keeps_images() {
             .unwrap()
             .starts_with("# pinned for the 4.19 upgrade\n")
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while std::fs::read_to_string(&hup)
-        .unwrap_or_default()
-        .lines()
-        .count()
-        < 1
-    {
-        assert!(std::time::Instant::now() < deadline, "no SIGHUP");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_eq!(crio.settled_hups(1), 1, "one SIGHUP");
     // Nothing left to remove: the file is not rewritten and CRI-O is not reloaded again.
     let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&file).unwrap());
     let again = unpin(&node, target, &unpin_a).await.unwrap();
@@ -304,13 +288,10 @@ async fn unpinning_releases_the_set_and_keeps_images() {
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&file).unwrap()),
         inode
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(std::fs::read_to_string(&hup).unwrap().lines().count(), 1);
+    assert_eq!(crio.settled_hups(2), 1, "no reload when nothing changed");
     assert!(
         refs.iter()
             .all(|r| records(&lab).iter().any(|l| l.starts_with(r.as_str()))),
         "images stay"
     );
-    crio.kill().unwrap();
-    let _ = crio.wait();
 }

@@ -6,31 +6,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use support::hup::HupRecorder;
 use support::tmux::Tmux;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
 
 const MI: u64 = 1 << 20;
-
-/// A process that records every SIGHUP it gets in `log`, standing in for CRI-O.
-fn fake_crio(dir: &Path) -> (Child, PathBuf, PathBuf) {
-    let log = dir.join("hup.log");
-    let script = format!(
-        "trap 'echo hup >> {}' HUP; while :; do sleep 0.1; done",
-        log.display()
-    );
-    let child = Command::new("bash")
-        .arg("-c")
-        .arg(script)
-        .spawn()
-        .expect("bash runs");
-    let pidfile = dir.join("crio.pid");
-    std::fs::write(&pidfile, child.id().to_string()).unwrap();
-    (child, pidfile, log)
-}
 
 /// `count` images `REPO0…`, each a shared base layer of `base` bytes (from `seed`) and half a MiB of its
 /// own; their references through the proxy.
@@ -73,7 +55,8 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
     let work = lab.dir().join("e2e");
     let crio_dir = work.join("crio.conf.d");
     std::fs::create_dir_all(&crio_dir).unwrap();
-    let (mut crio, pidfile, hup_log) = fake_crio(&work);
+    let crio = HupRecorder::start(&work);
+    let (pidfile, hup_log) = (&crio.pidfile, &crio.log);
     let nodes_file = work.join("nodes.yaml");
     let node = |name: &str| lab.node(name).endpoint();
     std::fs::write(
@@ -164,7 +147,7 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
         "{written}"
     );
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !std::fs::read_to_string(&hup_log)
+    while !std::fs::read_to_string(hup_log)
         .unwrap_or_default()
         .contains("hup")
     {
@@ -252,8 +235,6 @@ fn compose_apply_and_watch_a_rollout_in_the_terminal() {
         work.join("state/pinboard/pinboard.log").exists(),
         "the TUI logs to its file"
     );
-    crio.kill().unwrap();
-    let _ = crio.wait();
 }
 
 #[test]

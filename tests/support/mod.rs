@@ -17,6 +17,7 @@ mod cri;
 pub mod crio;
 pub mod daemon;
 pub mod http;
+pub mod hup;
 mod images;
 pub mod kubelet;
 mod lab;
