@@ -801,7 +801,7 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
         }
         Msg::Kubelets(read) => {
             if let Some(session) = state.cluster.as_mut() {
-                session.kubelets.extend(read);
+                session.learn_kubelets(read);
             }
             Vec::new()
         }

@@ -30,6 +30,20 @@ impl ClusterSession {
         self.epoch.1 + now.saturating_duration_since(self.epoch.0)
     }
 
+    /// Takes in kubelet configurations read again; a kubelet that did not answer this time keeps what it
+    /// said before, rather than the defaults.
+    pub fn learn_kubelets(&mut self, read: HashMap<String, KubeletSettings>) {
+        for (node, settings) in read {
+            let answered_before = self
+                .kubelets
+                .get(&node)
+                .is_some_and(|known| known.assumed.is_none());
+            if settings.assumed.is_none() || !answered_before {
+                self.kubelets.insert(node, settings);
+            }
+        }
+    }
+
     /// Set `set_name` on `node` judged as `pinboard check` judges it, at tick time `now`.
     pub fn readiness(&self, set_name: &str, node: &str, now: Instant) -> Option<NodeReadiness> {
         let wanted = WantedSet {
@@ -201,6 +215,38 @@ mod tests {
         let retargeted = state.selected_set().unwrap();
         assert_eq!(targeted_pool(retargeted), Some("worker"));
         assert_eq!(retargeted.targets.len(), 5);
+    }
+
+    #[test]
+    fn a_kubelet_read_again_replaces_what_it_said_unless_it_did_not_answer() {
+        let theme = Theme::named("monochrome").unwrap();
+        let mut state = State::new("cluster", theme, false, Instant::now());
+        state.start_cluster(None, std::time::SystemTime::now());
+        let said = |max| KubeletSettings {
+            node_status_max_images: max,
+            ..KubeletSettings::assumed("")
+        };
+        let answered = |max| KubeletSettings {
+            assumed: None,
+            ..said(max)
+        };
+        let silent = KubeletSettings::assumed("configz: connection refused");
+        let read = |pairs: &[(&str, &KubeletSettings)]| {
+            let read = pairs.iter().map(|(n, k)| (n.to_string(), (*k).clone()));
+            Msg::Kubelets(read.collect())
+        };
+        update(&mut state, read(&[("w1", &answered(-1)), ("w2", &silent)]));
+        update(&mut state, read(&[("w1", &silent), ("w2", &answered(100))]));
+        let kubelets = &state.cluster.as_ref().unwrap().kubelets;
+        assert_eq!(
+            kubelets["w1"],
+            answered(-1),
+            "kept: it did not answer again"
+        );
+        assert_eq!(kubelets["w2"], answered(100), "it answered at last");
+        update(&mut state, read(&[("w1", &answered(200))]));
+        let kubelets = &state.cluster.as_ref().unwrap().kubelets;
+        assert_eq!(kubelets["w1"], answered(200), "reconfigured");
     }
 
     #[test]

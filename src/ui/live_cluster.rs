@@ -4,10 +4,10 @@
 //! ContainerRuntimeConfig per pool, and the Plan comes from [`crate::survey::survey_cluster`], as in
 //! `pinboard plan --kubeconfig`. The machine-config daemons pull and pin; the Rollout screen follows them.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
@@ -166,24 +166,45 @@ impl ClusterUi {
     }
 }
 
+/// How long a kubelet configuration read from `/configz` stands: a KubeletConfig rolled out by the
+/// machine-config operator restarts the kubelets with new settings, and a kubelet that did not answer
+/// may answer later.
+const KUBELET_CONFIG_MAX_AGE: Duration = Duration::from_secs(10 * 60);
+
+/// The nodes among `names` whose kubelet configuration is to be read now: first seen, or last read
+/// [`KUBELET_CONFIG_MAX_AGE`] ago (checked when the Nodes change, so never more often). Marks them read.
+fn due_for_reading<'n>(
+    read_at: &mut HashMap<String, Instant>,
+    names: impl Iterator<Item = &'n str>,
+    now: Instant,
+) -> Vec<String> {
+    let mut due = Vec::new();
+    for name in names {
+        let stale = read_at
+            .get(name)
+            .is_none_or(|at| now.duration_since(*at) >= KUBELET_CONFIG_MAX_AGE);
+        if stale {
+            read_at.insert(name.to_owned(), now);
+            due.push(name.to_owned());
+        }
+    }
+    due
+}
+
 impl UiBackend for ClusterUi {
     fn start(&mut self, tx: &UnboundedSender<Msg>) {
         let (cluster, view, tx) = (self.cluster.clone(), self.view.clone(), tx.clone());
         self.watching = Some(tokio::spawn(async move {
             let mut watch = watch(&cluster);
-            // Each node's kubelet configuration is read once, when the node first appears.
-            let mut asked = HashSet::new();
+            let mut read_at = HashMap::new();
             while let Some(update) = watch.updates.recv().await {
                 if let ClusterUpdate::Nodes(nodes) = &update {
-                    let new: Vec<String> = nodes
-                        .iter()
-                        .filter(|n| asked.insert(n.name.clone()))
-                        .map(|n| n.name.clone())
-                        .collect();
-                    if !new.is_empty() {
+                    let names = nodes.iter().map(|n| n.name.as_str());
+                    let due = due_for_reading(&mut read_at, names, Instant::now());
+                    if !due.is_empty() {
                         let (cluster, tx) = (cluster.clone(), tx.clone());
                         tokio::spawn(async move {
-                            let read = cluster.kubelet_settings(&new).await;
+                            let read = cluster.kubelet_settings(&due).await;
                             let _ = tx.send(Msg::Kubelets(read));
                         });
                     }
@@ -307,4 +328,33 @@ fn config_views(view: &ClusterView, sets: &[ImageSet]) -> BTreeMap<String, Confi
             (format!("PinnedImageSet/{}", set.name), view)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubelets_configuration_is_read_when_its_node_appears_and_again_once_it_is_old() {
+        let mut read_at = HashMap::new();
+        let t0 = Instant::now();
+        let names = |list: &'static [&'static str]| list.iter().copied();
+        assert_eq!(
+            due_for_reading(&mut read_at, names(&["w1", "w2"]), t0),
+            ["w1", "w2"]
+        );
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(
+            due_for_reading(&mut read_at, names(&["w1", "w2", "w3"]), later),
+            ["w3"],
+            "only the node that joined"
+        );
+        let old = t0 + KUBELET_CONFIG_MAX_AGE;
+        assert_eq!(
+            due_for_reading(&mut read_at, names(&["w1", "w2", "w3"]), old),
+            ["w1", "w2"],
+            "read again once their reading is old; w3's is not yet"
+        );
+        assert!(due_for_reading(&mut read_at, names(&["w1", "w2", "w3"]), old).is_empty());
+    }
 }
