@@ -329,6 +329,16 @@ pub struct BlobFailure {
     pub retry_after: Option<Duration>,
 }
 
+/// A failure with no `Retry-After`: anything but the registry's 429 or 503.
+impl From<RegistryError> for BlobFailure {
+    fn from(error: RegistryError) -> BlobFailure {
+        BlobFailure {
+            error,
+            retry_after: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Manifest {
     Image {
@@ -843,16 +853,12 @@ impl Registry {
         digest: &str,
         offset: u64,
     ) -> Result<BlobBody, BlobFailure> {
-        let fail = |error| BlobFailure {
-            error,
-            retry_after: None,
-        };
         let label = format!("blob {digest} of {source}");
-        let reference = parse_reference(&format!("{source}@{digest}")).map_err(fail)?;
+        let reference = parse_reference(&format!("{source}@{digest}"))?;
         let mut tried = Vec::new();
         let mut retry_after = None;
-        for candidate in self.candidates(&reference, &label).map_err(fail)? {
-            let target = parse_reference(&candidate.reference).map_err(fail)?;
+        for candidate in self.candidates(&reference, &label)? {
+            let target = parse_reference(&candidate.reference)?;
             match self.blob_from(&target, &label, digest, offset).await {
                 Ok(body) => return Ok(body),
                 Err(failure) => {
@@ -875,18 +881,14 @@ impl Registry {
         digest: &str,
         offset: u64,
     ) -> Result<BlobBody, BlobFailure> {
-        let fail = |error| BlobFailure {
-            error,
-            retry_after: None,
-        };
         let label = label.to_owned();
         let registry = reference.registry.as_str();
-        let host = self.host(registry, &label).await.map_err(fail)?;
+        let host = self.host(registry, &label).await?;
         let path = format!("{}/blobs/{digest}", reference.repository);
         let range = (offset > 0).then(|| format!("bytes={offset}-"));
         let mut renewed = false;
         let (response, auth) = loop {
-            let auth = self.auth(&host, reference, &label).await.map_err(fail)?;
+            let auth = self.auth(&host, reference, &label).await?;
             let context = self.context(&label, registry, &auth.described, Some(&host));
             let response = match self
                 .distribution
@@ -899,7 +901,7 @@ impl Registry {
                     self.forget_auth(reference);
                     continue;
                 }
-                other => other.map_err(|e| fail(map_error(e, &context)))?,
+                other => other.map_err(|e| map_error(e, &context))?,
             };
             if response.status() != http::StatusCode::UNAUTHORIZED
                 || renewed
@@ -920,7 +922,7 @@ impl Registry {
                 } else {
                     let start = content_range_start(response.headers());
                     if start != Some(offset) {
-                        return Err(fail(RegistryError::Server {
+                        return Err(BlobFailure::from(RegistryError::Server {
                             reference: label.clone(),
                             registry: registry.to_string(),
                             cause: format!(
