@@ -10,7 +10,7 @@ mod support;
 
 use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
 use pinboard::model::readiness::{ImageReason, NodesStatus, PinnedBy, Readiness};
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
+use support::{ImageSpec, Lab, LabConfig, NodeSpec};
 
 const MI: u64 = 1 << 20;
 
@@ -215,14 +215,7 @@ fn push_small(lab: &Lab, repositories: &[&str], seed: u64) -> Vec<String> {
         .iter()
         .zip(seed..)
         .map(|(repository, seed)| {
-            let spec = ImageSpec {
-                layers: vec![LayerSpec {
-                    seed,
-                    bytes: 64 * 1024,
-                    format: LayerFormat::Gzip,
-                }],
-                ..ImageSpec::default()
-            };
+            let spec = ImageSpec::small(seed);
             lab.push_image(repository, &spec)
                 .expect("push")
                 .reference(&lab.registry_host())

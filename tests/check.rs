@@ -26,14 +26,7 @@ fn lab(name: &str, nodes: &[&str], count: u64) -> (Lab, Vec<String>) {
     .expect("lab starts");
     let references = (0..count)
         .map(|i| {
-            let spec = ImageSpec {
-                layers: vec![LayerSpec {
-                    seed: 700 + i,
-                    bytes: 64 * 1024,
-                    format: LayerFormat::Gzip,
-                }],
-                ..ImageSpec::default()
-            };
+            let spec = ImageSpec::small(700 + i);
             lab.push_image(&format!("check/app{i}"), &spec)
                 .expect("push")
                 .reference(&lab.registry_host())

@@ -192,14 +192,7 @@ fn pull_lab(name: &str, version: &str, count: u64) -> (Lab, CrioStandIn, Vec<Str
     let lab = Lab::start(name, LabConfig::default()).expect("lab starts");
     let images = (0..count)
         .map(|i| {
-            let spec = ImageSpec {
-                layers: vec![LayerSpec {
-                    seed: 1300 + i,
-                    bytes: 64 * 1024,
-                    format: LayerFormat::Gzip,
-                }],
-                ..ImageSpec::default()
-            };
+            let spec = ImageSpec::small(1300 + i);
             lab.push_image(&format!("crio/app{i}"), &spec)
                 .expect("push")
                 .reference(&lab.registry_host())

@@ -22,21 +22,14 @@ use pinboard::model::mirror::Source;
 use serde_json::json;
 use sha2::Digest as _;
 use support::{
-    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup,
-    RegistryTls, Run, TokenConfig, TokenUser, isolated, pinboard_with,
+    ImageSpec, Lab, LabConfig, NodeSpec, PushedImage, RegistrySetup, RegistryTls, Run, TokenConfig,
+    TokenUser, isolated, pinboard_with,
 };
 
 const MI: u64 = 1 << 20;
 
 fn push(lab: &Lab, repo: &str, seed: u64) -> PushedImage {
-    let spec = ImageSpec {
-        layers: vec![LayerSpec {
-            seed,
-            bytes: 64 * 1024,
-            format: LayerFormat::Gzip,
-        }],
-        ..ImageSpec::default()
-    };
+    let spec = ImageSpec::small(seed);
     lab.push_image(repo, &spec).expect("push")
 }
 

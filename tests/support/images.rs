@@ -60,6 +60,20 @@ pub struct ImageSpec {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl ImageSpec {
+    /// A small image: one 64 KiB gzip layer of bytes from `seed`.
+    pub fn small(seed: u64) -> ImageSpec {
+        ImageSpec {
+            layers: vec![LayerSpec {
+                seed,
+                bytes: 64 * 1024,
+                format: LayerFormat::Gzip,
+            }],
+            ..ImageSpec::default()
+        }
+    }
+}
+
 /// An OCI platform, as in an image config and an index entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Platform {
