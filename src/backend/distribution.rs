@@ -412,8 +412,7 @@ impl Distribution {
         let mut response = self.send(host, path, access, Some(accept), None).await?;
         let status = response.status().as_u16();
         if matches!(status, 429 | 503) {
-            let retry_after =
-                super::registry::retry_after(response.headers(), std::time::SystemTime::now());
+            let retry_after = retry_after(response.headers(), std::time::SystemTime::now());
             return Err(HttpError::Busy {
                 status,
                 body: error_body(response).await,
@@ -442,7 +441,6 @@ impl Distribution {
     }
 }
 
-/// The host that serves a registry's API: Docker Hub's images are named `docker.io` but served elsewhere.
 /// `error` and its causes, innermost last, including the errors hyper and rustls wrap in an `io::Error`
 /// (whose `source()` skips the wrapped error).
 pub fn causes<'e>(
@@ -456,6 +454,7 @@ pub fn causes<'e>(
     })
 }
 
+/// The host that serves a registry's API: Docker Hub's images are named `docker.io` but served elsewhere.
 fn endpoint(registry: &str) -> &str {
     match registry {
         "docker.io" => "registry-1.docker.io",
@@ -486,7 +485,25 @@ fn bearer(token: &str, lifetime: Option<Duration>) -> Access {
     }
 }
 
-/// A failed answer's body, for messages (cut at [`MAX_ERROR_BODY`]).
+/// How long `Retry-After` asks to wait: a number of seconds, or an HTTP date (a date already past: 0).
+pub(super) fn retry_after(
+    headers: &http::HeaderMap,
+    now: std::time::SystemTime,
+) -> Option<Duration> {
+    let value = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    match value.parse::<u64>() {
+        Ok(seconds) => Some(Duration::from_secs(seconds)),
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            Some(at.duration_since(now).unwrap_or_default())
+        }
+    }
+}
+
 /// Whether a 401's challenge says `error="insufficient_scope"`: the token is valid but does not cover the
 /// request (distribution, Docker Hub).
 fn insufficient_scope(headers: &http::HeaderMap) -> bool {
@@ -500,6 +517,7 @@ fn insufficient_scope(headers: &http::HeaderMap) -> bool {
     })
 }
 
+/// A failed answer's body, for messages (cut at [`MAX_ERROR_BODY`]).
 async fn error_body(mut response: reqwest::Response) -> String {
     let mut body = Vec::new();
     while let Ok(Some(chunk)) = response.chunk().await {

@@ -31,7 +31,7 @@ use tokio::sync::{OnceCell, Semaphore};
 
 use crate::backend::certs::{CertDirs, CertsError};
 use crate::backend::credentials::{AuthFiles, Credential, Credentials, CredentialsError};
-use crate::backend::distribution::{Access, Distribution, Host, HttpError};
+use crate::backend::distribution::{Access, Distribution, Host, HttpError, retry_after};
 use crate::backend::truncate;
 use crate::model::image::{ImageFacts, Layer, Platform};
 use crate::model::mirror::Source;
@@ -1068,25 +1068,6 @@ fn content_range_start(headers: &http::HeaderMap) -> Option<u64> {
     let value = headers.get(http::header::CONTENT_RANGE)?.to_str().ok()?;
     let range = value.trim().strip_prefix("bytes ")?;
     range.split_once('-')?.0.trim().parse().ok()
-}
-
-/// How long `Retry-After` asks to wait: a number of seconds, or an HTTP date (a date already past: 0).
-pub(super) fn retry_after(
-    headers: &http::HeaderMap,
-    now: std::time::SystemTime,
-) -> Option<Duration> {
-    let value = headers
-        .get(http::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim();
-    match value.parse::<u64>() {
-        Ok(seconds) => Some(Duration::from_secs(seconds)),
-        Err(_) => {
-            let at = httpdate::parse_http_date(value).ok()?;
-            Some(at.duration_since(now).unwrap_or_default())
-        }
-    }
 }
 
 /// `http://host:port/` or `host:port` as image references spell registries (Docker Hub is `docker.io`).
