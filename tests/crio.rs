@@ -409,6 +409,9 @@ fn unpinning_one_set_on_crio_1_31_keeps_what_crio_pins_for_the_other() {
     let b_name = &report["nodes"][0]["kept"][0]["heldBy"]["sets"][0];
     assert_eq!(report["nodes"][0]["kept"][0]["ref"], images[1].as_str());
     assert!(b_name.as_str().unwrap().starts_with("images-"), "{report}");
+    // unpin signals CRI-O and returns: its reload may still be under way.
+    crio.wait_reloads(3)
+        .expect("CRI-O reloaded after the unpin");
     assert_eq!(
         crio.counts().reloads,
         3,
