@@ -525,10 +525,11 @@ impl StandIn {
 
     /// SIGHUP: what this version does with `pinned_images` on reload.
     fn reload(&self) {
+        // Held until the reload is counted: whoever sees the new pins sees the count, and the reverse.
+        let mut pins = self.pins.lock().unwrap();
         match read_pinned_images(&self.settings) {
             Err(e) => eprintln!("reload: {e}; keeping the configuration"),
             Ok(new) => {
-                let mut pins = self.pins.lock().unwrap();
                 match self.version {
                     // No pinned_images before 1.28; 1.28 applies them at start only; 1.29.0-1.29.3 keep
                     // the startup regexes (cri-o #7954).
