@@ -15,7 +15,7 @@ pub enum Exit {
 }
 
 /// Why a command stopped: one or more lines for stderr and the exit code they mean.
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
     pub exit: Exit,
     pub lines: Vec<String>,

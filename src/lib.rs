@@ -23,6 +23,7 @@ pub mod cluster;
 pub mod engine;
 pub mod error;
 pub mod fanout;
+pub mod fleet;
 pub mod model;
 pub mod options;
 pub mod release;

@@ -18,6 +18,7 @@ use pinboard::model::cluster::{
     ClusterView, Connection, Kind, NodeSetState, REQUEUE_TIMEOUT, ROLE_LABEL, pool_rollup,
     pool_warning, pools_for_set,
 };
+use pinboard::model::readiness::SetState;
 use pinboard::model::set::{ImageSet, from_flags};
 use serde_json::{Value, json};
 use support::cluster::{
@@ -66,7 +67,7 @@ fn states(view: &ClusterView, set: &str) -> Vec<(String, NodeSetState)> {
 fn words(view: &ClusterView, set: &str) -> Vec<String> {
     states(view, set)
         .iter()
-        .map(|(node, state)| format!("{node}={}", state.word()))
+        .map(|(node, state)| format!("{node}={}", SetState::from(state).word()))
         .collect()
 }
 

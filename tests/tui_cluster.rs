@@ -1,4 +1,5 @@
-//! The TUI in cluster mode against the lab's real kube-apiserver: its backend ([`ClusterUi`]) watching and
+//! The TUI in cluster mode against the lab's real kube-apiserver: its backend ([`Live`] on an OpenShift
+//! fleet) watching and
 //! writing, the state folding what it sends through the same `update` the terminal loop uses, and the
 //! screens drawn from that state. The tests play the machine-config daemon.
 
@@ -6,14 +7,18 @@ mod support;
 
 use std::time::SystemTime;
 
-use pinboard::backend::registry::{Registry, RegistryOptions};
-use pinboard::cluster::Cluster;
+use pinboard::backend::registry::RegistryOptions;
+use pinboard::cluster::ConnectOptions;
+use pinboard::fleet::Fleet;
+use pinboard::fleet::openshift::registry::RegistrySettings;
+use pinboard::fleet::openshift::{OpenShiftConfig, OpenShiftFleet};
 use pinboard::model::cluster::{ROLE_LABEL, lazy_config_name};
 use pinboard::model::image::Platform;
 use pinboard::model::plan::{Limits, SpaceSource};
+use pinboard::model::release::SetOptions;
 use pinboard::model::set::from_flags;
 use pinboard::ui::app::{Cmd, Msg, State, update};
-use pinboard::ui::live_cluster::ClusterUi;
+use pinboard::ui::live::Live;
 use pinboard::ui::render::{buffer_text, render_to_buffer};
 use pinboard::ui::run::UiBackend;
 use pinboard::ui::theme::Theme;
@@ -25,29 +30,42 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 /// A TUI session: the state, the backend, and the channel the backend answers on.
 struct Session {
     state: State,
-    backend: ClusterUi,
+    backend: Live,
     tx: UnboundedSender<Msg>,
     rx: UnboundedReceiver<Msg>,
     notices: Vec<String>,
 }
 
 impl Session {
-    fn new(cluster: Cluster, registry_host: String) -> Session {
+    async fn new(kubeconfig: &std::path::Path, registry_host: String) -> Session {
         let theme = Theme::named("monochrome").unwrap();
         let mut state = State::new("cluster: lab", theme, false, std::time::Instant::now());
         state.start_cluster(None, SystemTime::now());
-        let registry = Registry::new(RegistryOptions {
-            insecure_registries: vec![registry_host],
-            ..RegistryOptions::default()
-        })
-        .unwrap();
-        let store = "/var/lib/stargz-store/store:ref".to_owned();
-        let backend = ClusterUi::new(
-            cluster,
-            registry,
+        let fleet = OpenShiftFleet::new(OpenShiftConfig {
+            connect: ConnectOptions {
+                kubeconfig: Some(kubeconfig.to_owned()),
+                context: None,
+            },
+            registry: RegistrySettings {
+                options: RegistryOptions {
+                    insecure_registries: vec![registry_host],
+                    ..RegistryOptions::default()
+                },
+                no_pull_secret: true,
+            },
+            platform: Platform::host(),
+            limits: Limits::default(),
+            cache_dir: None,
+            verify: None,
+            lazy_store: "/var/lib/stargz-store/store:ref".to_owned(),
+            release: SetOptions::default(),
+        });
+        fleet.connect().await.expect("the lab's cluster answers");
+        let backend = Live::new(
+            std::sync::Arc::new(fleet),
+            Vec::new(),
+            SetOptions::default(),
             Platform::host(),
-            Limits::default(),
-            store,
         );
         let (tx, rx) = unbounded_channel();
         let mut session = Session {
@@ -138,7 +156,7 @@ async fn the_tui_follows_and_writes_the_cluster() {
             pushed.reference(&host)
         })
         .collect();
-    let mut tui = Session::new(cluster.clone(), host);
+    let mut tui = Session::new(apiserver.kubeconfig(), host).await;
     tui.until("three nodes, synced", |s| {
         s.state.nodes.len() == 3 && s.screen().contains("API synced")
     })

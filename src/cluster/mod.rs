@@ -21,6 +21,7 @@ use kube::core::ApiResource;
 use kube::error::DiscoveryError;
 use kube::{Client, discovery};
 
+use crate::error::Failure;
 use crate::model::set::{API_GROUP, Problem};
 
 pub use watch::{Watch, watch};
@@ -65,6 +66,25 @@ pub enum ClusterError {
     },
     #[error("the API server failed: {0}")]
     Api(#[from] kube::Error),
+}
+
+impl From<ClusterError> for Failure {
+    /// An API server that does not answer (or fails) is unreachable (exit 3); everything else is the
+    /// input's or the account's to fix (exit 2).
+    fn from(error: ClusterError) -> Failure {
+        let unreachable = match &error {
+            ClusterError::Api(kube::Error::Api(status)) => status.code >= 500,
+            ClusterError::Api(_) => true,
+            _ => false,
+        };
+        if unreachable {
+            Failure::unreachable(vec![format!(
+                "cannot reach the API server: {error}; check the kubeconfig's server and your network"
+            )])
+        } else {
+            Failure::bad_input(error.to_string())
+        }
+    }
 }
 
 /// A client from the kubeconfig `options` name, else from the environment (kubeconfig, then in-cluster).

@@ -595,20 +595,6 @@ pub enum NodeSetState {
     Unknown,
 }
 
-impl NodeSetState {
-    /// One word for tables.
-    pub fn word(&self) -> &'static str {
-        match self {
-            NodeSetState::Done => "done",
-            NodeSetState::Progressing { .. } => "pulling",
-            NodeSetState::Waiting => "waiting",
-            NodeSetState::Failed { .. } => "failed",
-            NodeSetState::SlowButWorking { .. } => "slow",
-            NodeSetState::Unknown => "unknown",
-        }
-    }
-}
-
 /// Where the node behind `mcn` is with generation `set_generation` of set `set_name`, at `now`.
 pub fn node_set_state(
     mcn: &MachineConfigNode,

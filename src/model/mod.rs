@@ -1,6 +1,7 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
 pub mod cluster;
+pub mod cluster_session;
 pub mod crio;
 pub mod diff;
 pub mod export;

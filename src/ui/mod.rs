@@ -11,7 +11,6 @@ pub mod cluster;
 pub mod demo;
 pub mod keymap;
 pub mod live;
-pub mod live_cluster;
 mod options;
 pub mod render;
 pub mod run;

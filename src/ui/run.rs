@@ -26,9 +26,9 @@ use tracing_subscriber::EnvFilter;
 use super::app::{Cmd, Msg, State, update};
 use super::render::render;
 use crate::backend::registry::Registry;
+use crate::fleet::sets::release_note;
 use crate::model::image::Platform;
 use crate::model::release::SetOptions;
-use crate::options::release_note;
 
 /// Messages handled before a redraw at most: a burst of engine events gives one frame, not thousands.
 const BATCH: usize = 1024;
