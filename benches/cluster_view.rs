@@ -17,7 +17,7 @@
 //! Prints one line per figure; results go in BENCHMARKS.md.
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use common::{env_number, rss_bytes, stats};

@@ -10,7 +10,7 @@
 //! and the machine's load; results go in BENCHMARKS.md.
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use common::env_number;

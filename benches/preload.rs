@@ -25,7 +25,7 @@
 //! one line per figure; results go in BENCHMARKS.md.
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use common::env_number;

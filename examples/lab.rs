@@ -27,7 +27,7 @@
 //! administrator would and lets the stand-in daemons finish with it. The demo user's credentials are the
 //! cluster's pull secret (`openshift-config/pull-secret`), which both pinboard and the stand-in daemon read.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;

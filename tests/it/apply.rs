@@ -6,7 +6,7 @@
 //! sets' holds: a pin another set holds stays, and so does an administrator's entry. A pin set by hand
 //! with `ctr` (no holder) stays through `unpin` as unowned, until `--release-unowned` names its image.
 
-mod support;
+use crate::support;
 
 use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
 use pinboard::model::readiness::{ImageReason, NodesStatus, PinnedBy, Readiness};

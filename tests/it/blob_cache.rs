@@ -3,7 +3,7 @@
 //! readers, eviction, and a blob corrupted in the registry's storage. The bytes the proxy forwarded are the
 //! bytes that crossed the link.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};

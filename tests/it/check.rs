@@ -2,7 +2,7 @@
 //! each built for real on containerd nodes (an image removed through CRI, an image pulled with `ctr`
 //! without the pin label, a socket nothing listens on), and the exit code and reason checked.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

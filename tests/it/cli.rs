@@ -2,7 +2,7 @@
 //! plugin (a binary or symlink named `kubectl-pinboard` / `oc-pinboard` on PATH), which must behave as
 //! `pinboard` does and name itself as the plugin in usage.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

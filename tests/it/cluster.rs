@@ -4,7 +4,7 @@
 //! converges on what an administrator should see, also after the API server was down and the data changed
 //! meanwhile.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};

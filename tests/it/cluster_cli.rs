@@ -6,7 +6,7 @@
 //! stand-in kubelet's summary through the node proxy, else allocatable ephemeral-storage), its images, and
 //! its kubelet's configuration.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 

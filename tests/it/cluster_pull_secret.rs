@@ -9,7 +9,7 @@
 //! - `pinboard release` reads a release payload kept behind the same credentials with the secret too.
 //! - With `PINBOARD_LOG=debug`, the secret's password appears in no output.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 

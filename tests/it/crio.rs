@@ -14,7 +14,7 @@
 //! - Fan-out writes a registries.conf.d drop-in that keeps the administrator's mirrors and removes it;
 //!   one left by a killed pinboard does not stop CRI-O pulling, and the next command removes it.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,13 +25,6 @@ use pinboard::backend::wiring::CRIO_DROP_IN as WIRING_DROP_IN;
 use pinboard::model::readiness::{ImageReason, PinnedBy, Readiness};
 use support::crio::CrioStandIn;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Run, pinboard, pinboard_with};
-
-/// The CRI-O stand-in's process: `support::crio` runs this binary again with only this test.
-#[test]
-#[ignore = "the CRI-O stand-in's process, started by tests/support/crio.rs"]
-fn crio_stand_in() {
-    support::crio::serve();
-}
 
 /// `registry.example.com/ns/appN@sha256:…`: names only the stand-in's storage holds.
 fn example_images(count: u64) -> Vec<String> {

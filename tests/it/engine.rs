@@ -2,7 +2,7 @@
 //! What the engine reports is checked against the nodes themselves (`ctr`, the pin files, a process that
 //! records SIGHUP), not against the engine's own view.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;

@@ -5,7 +5,7 @@
 //! back, `--fan-out-listen`, and private images behind the lab's token registry (the cache fetches with
 //! pinboard's credentials, which appear in no output).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

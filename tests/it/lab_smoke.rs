@@ -1,7 +1,7 @@
 //! Integration tests of the lab itself (tests/support): real containerd nodes, docker-registry, the proxy in
 //! front of it, and etcd + kube-apiserver. They fail, never skip, when the lab cannot start.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::io::Read as _;

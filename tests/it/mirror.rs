@@ -4,7 +4,7 @@
 //! requests are sent to it over plain HTTP, as runtimes send them; private images behind the lab's token
 //! registry are fetched with `--authfile`'s credentials, which appear in none of its output.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead as _, BufReader, Read as _};

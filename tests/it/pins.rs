@@ -5,7 +5,7 @@
 //! containerd 1.6 does not report pins through CRI, so nothing is confirmed. Then unpinning through the
 //! engine on containerd and on a CRI-O drop-in, with a reload only when the drop-in changed.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! registry, and a 20-image set with shared layers, some images already on some nodes. Every byte figure is
 //! checked against a computation made here from what was pushed, and each node gets the verdict that follows.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -1,7 +1,7 @@
 //! Bad input to `pinboard plan`: one clear message naming the problem, exit 2 for bad input and 3 for
 //! unreachable targets, and nothing on stdout.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -17,7 +17,7 @@
 //!   the password opens; the one only an identity token opens fails, and the reason says that CRI-O takes
 //!   only a user name and password over CRI and where to put one.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 
@@ -28,12 +28,6 @@ use support::private::{IDENTITY_TOKEN, SCOPED_PASSWORD, SCOPED_USER, USER, auth_
 use support::{ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, Run, isolated, pinboard_with};
 
 const MI: u64 = 1 << 20;
-
-#[test]
-#[ignore = "the CRI-O stand-in's process, started by tests/support/crio.rs"]
-fn crio_stand_in() {
-    support::crio::serve();
-}
 
 fn image(lab: &Lab, repo: &str, seed: u64) -> String {
     let spec = ImageSpec {

@@ -13,7 +13,7 @@
 //! Every grant is also checked with SelfSubjectAccessReviews, both what each role may do and a list of
 //! what it must not.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

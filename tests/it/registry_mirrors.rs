@@ -3,7 +3,7 @@
 //! succeed through a registries.conf.d mirror and say so; in cluster mode the cluster's
 //! ImageDigestMirrorSet is followed, digest-only, with its source blocked by NeverContactSource.
 
-mod support;
+use crate::support;
 
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};

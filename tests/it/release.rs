@@ -3,7 +3,7 @@
 //! payload is read without downloading it (bytes counted at the lab proxy), a multi-arch payload is read
 //! through the right platform's entry, and `plan`/`apply`/`unpin --release` work end to end on a real node.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use support::release::{PushedRelease, ReleaseSpec};

@@ -10,7 +10,7 @@
 //! - pinboard's registry client, as the blob cache uses it upstream, reads a blob whole from the TLS and
 //!   token registry ([`support::Lab::registry_client_with`]).
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

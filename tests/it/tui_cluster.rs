@@ -2,7 +2,7 @@
 //! writing, the state folding what it sends through the same `update` the terminal loop uses, and the
 //! screens drawn from that state. The tests play the machine-config daemon.
 
-mod support;
+use crate::support;
 
 use std::time::SystemTime;
 

@@ -4,7 +4,7 @@
 //! drop-in in a config dir the test provides, reloaded by a signal to a process the test names. Then
 //! another set holds one of the images, and unpinning the first set in the TUI keeps that pin and says so.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! typed text echoed and read line by line), and the panic message is on the normal screen, at the start
 //! of its line (output processing was back before it was printed).
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -57,7 +57,7 @@ fn script(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("child.sh");
     let exe = std::env::current_exe().unwrap();
     let text = format!(
-        "{CHILD}=1 RUST_BACKTRACE=0 '{exe}' --exact child_tui_that_panics --ignored --nocapture --test-threads=1\n\
+        "{CHILD}=1 RUST_BACKTRACE=0 '{exe}' --exact tui_panic::child_tui_that_panics --ignored --nocapture --test-threads=1\n\
          echo \"EXITED $?\"\n\
          echo \"STTY $(stty -a | tr ' ;' '\\n\\n' | grep -xE -- '-?(icanon|echo|isig|opost)' | tr '\\n' ' ')\"\n\
          read -r line\n\
@@ -106,7 +106,7 @@ fn a_panic_in_the_tui_restores_the_terminal() {
     assert!(
         after
             .lines()
-            .any(|l| l.starts_with("thread '") && l.contains("panicked at tests/tui_panic.rs")),
+            .any(|l| l.starts_with("thread '") && l.contains("panicked at tests/it/tui_panic.rs")),
         "the panic's location is readable:\n{after}"
     );
     assert!(

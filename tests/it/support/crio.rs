@@ -34,17 +34,9 @@
 //! test's [`CrioStandIn::restart`]), or the process executing itself again on SIGUSR1 (pinboard's
 //! `systemctl restart crio`, through the `systemctl` [`CrioStandIn::systemctl`] writes). In one
 //! test process shared by several tests, a signal would reach every test's stand-in. The process is the
-//! test binary itself, run again with only its ignored test [`ENTRY`] and [`ENV`] naming the stand-in's
-//! settings; that test calls [`serve`]. So the stand-in is always built from the same source as the test,
-//! with nothing else to build. A test file using it declares the entry:
-//!
-//! ```ignore
-//! #[test]
-//! #[ignore = "the CRI-O stand-in's process, started by tests/support/crio.rs"]
-//! fn crio_stand_in() {
-//!     support::crio::serve();
-//! }
-//! ```
+//! test binary itself, run again with only its ignored test [`ENTRY`] (declared in tests/it/main.rs) and
+//! [`ENV`] naming the stand-in's settings; that test calls [`serve`]. So the stand-in is always built from
+//! the same source as the test, with nothing else to build.
 //!
 //! What it did is counted in `status.json` (reloads handled, calls per RPC), for tests to read.
 
@@ -73,8 +65,8 @@ use super::images::sha256_digest;
 use super::lab::{create_unique_dir, target_dir};
 use super::process::{Proc, stop_all};
 
-/// The name of the test that runs the stand-in in a test binary.
-pub const ENTRY: &str = "crio_stand_in";
+/// The name of the test that runs the stand-in, in tests/it/main.rs.
+const ENTRY: &str = "crio_stand_in";
 /// Names the stand-in's settings file in its process.
 const ENV: &str = "PINBOARD_CRIO_STAND_IN";
 
@@ -369,9 +361,7 @@ impl Drop for CrioStandIn {
 /// Runs the stand-in named by [`ENV`] until it is killed. Only for its process: the test [`ENTRY`].
 pub fn serve() {
     let Some(file) = std::env::var_os(ENV) else {
-        panic!(
-            "{ENTRY} is the CRI-O stand-in's process: tests/support/crio.rs starts it with {ENV} set"
-        )
+        panic!("{ENTRY} is the CRI-O stand-in's process: CrioStandIn::start runs it with {ENV} set")
     };
     let settings: Settings = serde_json::from_str(
         &std::fs::read_to_string(&file).expect("the stand-in's settings file"),
