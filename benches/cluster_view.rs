@@ -17,6 +17,11 @@
 //! Prints one line per figure; results go in BENCHMARKS.md.
 
 mod common;
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "the bench runs the lab; what only the tests use is unused here"
+)]
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 

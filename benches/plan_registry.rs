@@ -10,6 +10,11 @@
 //! and the machine's load; results go in BENCHMARKS.md.
 
 mod common;
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "the bench runs the lab; what only the tests use is unused here"
+)]
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 

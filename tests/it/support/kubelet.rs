@@ -54,17 +54,8 @@ impl Default for KubeletConfig {
 }
 
 impl FakeKubelet {
-    /// Serves node `node`'s summary with the image filesystem `image_fs` says at each request, and the
-    /// kubelet's default configuration; its key and certificate go in `dir`.
-    pub fn start(
-        dir: &Path,
-        node: &str,
-        image_fs: impl Fn() -> ImageFs + Send + 'static,
-    ) -> Result<FakeKubelet> {
-        FakeKubelet::configured(dir, node, image_fs, KubeletConfig::default())
-    }
-
-    /// As [`FakeKubelet::start`], with `config` at `/configz`.
+    /// Serves node `node`'s summary with the image filesystem `image_fs` says at each request, and
+    /// `config` at `/configz`; its key and certificate go in `dir`.
     pub fn configured(
         dir: &Path,
         node: &str,

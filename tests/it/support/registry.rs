@@ -231,16 +231,6 @@ impl Registry {
         Ok(())
     }
 
-    /// PUTs a manifest or index under its own digest, which it returns.
-    pub(crate) fn put_manifest(
-        &self,
-        repo: &str,
-        media_type: &str,
-        bytes: &[u8],
-    ) -> Result<String> {
-        self.put_manifest_as(repo, None, media_type, bytes)
-    }
-
     /// Stores a manifest by digest, or under `tag` when given; returns its digest.
     pub(crate) fn put_manifest_as(
         &self,

@@ -25,7 +25,7 @@ pub struct ReleaseSpec {
     pub manifests_bytes: usize,
 }
 
-/// A release as pushed: the digest its tag resolves to, and its layers' sizes.
+/// A release as pushed: the digest its tag resolves to, and its base layer's size.
 #[derive(Clone, Debug)]
 pub struct PushedRelease {
     /// `HOST/REPO:TAG`.
@@ -33,7 +33,6 @@ pub struct PushedRelease {
     /// The manifest's digest, or the index's for a multi-arch release.
     pub digest: String,
     pub base_layer_size: u64,
-    pub payload_layer_size: u64,
 }
 
 impl PushedRelease {
@@ -131,7 +130,6 @@ impl Lab {
             tag_reference: format!("{}/{repo}:{tag}", self.registry_host()),
             digest: image.manifest_digest,
             base_layer_size: image.layers[0].size,
-            payload_layer_size: image.layers[1].size,
         })
     }
 
@@ -170,7 +168,6 @@ impl Lab {
             tag_reference: format!("{}/{repo}:{tag}", self.registry_host()),
             digest: index.digest,
             base_layer_size: first.layers[0].size,
-            payload_layer_size: first.layers[1].size,
         })
     }
 }

@@ -26,6 +26,8 @@ use pinboard::model::cluster::{DEGRADED, PROGRESSING, PinnedImageSet, ROLE_LABEL
 use pinboard::model::reference::ImageRef;
 use serde_json::{Value, json};
 
+use crate::support::cluster;
+
 const PULL_TIMEOUT: Duration = Duration::from_secs(300);
 const EVERY: Duration = Duration::from_secs(1);
 
@@ -61,8 +63,7 @@ pub fn start(kubeconfig: PathBuf, nodes: Vec<(String, String)>) -> Daemon {
     let thread = std::thread::spawn(move || {
         let runtime = tokio::runtime::Runtime::new().expect("a runtime");
         runtime.block_on(async move {
-            let cluster =
-                super::cluster::discover(&super::cluster::client(&kubeconfig, None).await).await;
+            let cluster = cluster::discover(&cluster::client(&kubeconfig, None).await).await;
             let tasks = nodes.into_iter().map(|(name, endpoint)| {
                 let (cluster, stopping) = (cluster.clone(), stopping.clone());
                 tokio::spawn(async move { node_loop(cluster, name, endpoint, stopping).await })
