@@ -5,7 +5,7 @@
 
 use crate::support;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -13,6 +13,7 @@ use pinboard::backend::blobs::{BlobCache, BlobError, CacheOptions, Endpoint};
 use pinboard::backend::registry::Registry;
 use pinboard::model::mirror::{Allowed, Source};
 use sha2::Digest as _;
+use support::logs::LogCapture;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, PushedImage};
 
 const KI: u64 = 1 << 10;
@@ -132,34 +133,6 @@ fn options(stall_after: Duration) -> CacheOptions {
     }
 }
 
-/// Everything pinboard logs in this test process at debug level, from the first call on.
-fn logs() -> String {
-    static BUFFER: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    let buffer = BUFFER.get_or_init(|| {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let writer = Arc::clone(&buffer);
-        tracing_subscriber::fmt()
-            .with_env_filter("pinboard=debug")
-            .with_ansi(false)
-            .with_writer(move || SharedWriter(Arc::clone(&writer)))
-            .init();
-        buffer
-    });
-    String::from_utf8_lossy(&buffer.lock().unwrap()).into_owned()
-}
-
-struct SharedWriter(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for SharedWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().write_all(bytes)?;
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn a_reset_connection_is_resumed_with_range_and_the_blob_crosses_the_link_once() {
     let setup = setup("cache-reset", &[4 * MI]);
@@ -186,7 +159,7 @@ fn a_reset_connection_is_resumed_with_range_and_the_blob_crosses_the_link_once()
 
 #[test]
 fn a_registry_that_answers_200_to_a_range_is_restarted_from_zero_and_the_log_says_so() {
-    let _ = logs();
+    let logs = LogCapture::start();
     let setup = setup("cache-no-range", &[3 * MI]);
     let (digest, size) = setup.layer(0);
     // The first connection breaks after 1 MiB; then the registry no longer sees the Range header.
@@ -204,7 +177,7 @@ fn a_registry_that_answers_200_to_a_range_is_restarted_from_zero_and_the_log_say
         "asked to resume: {}",
         gets[1]
     );
-    let logged = logs();
+    let logged = logs.text();
     let restart = logged
         .lines()
         .find(|l| l.contains(&digest) && l.contains("200, not 206"))

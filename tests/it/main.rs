@@ -2,8 +2,8 @@
 //! is compiled and linked once. A suite is selected by its module path: `cargo test --test it apply::`.
 //!
 //! The suites run side by side in this one process, so none may change what the process shares: its
-//! environment, current directory, signal dispositions or global `tracing` subscriber. Child processes get
-//! their settings through `Command`.
+//! environment, current directory, signal dispositions or global `tracing` subscriber (`support::logs`
+//! captures logs); child processes get their settings through `Command`.
 
 mod support;
 

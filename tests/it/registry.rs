@@ -1,6 +1,9 @@
 //! `backend::registry` against a real registry: Debian's `docker-registry` (distribution 2.8), started per
 //! test on a free 127.0.0.1 port with its own storage, and fed small images over the distribution HTTP API.
-//! Self-contained on purpose (no tests/support): a plain TCP HTTP/1.1 client does the pushes.
+//! Self-contained on purpose (no lab; of tests/it/support, only the log capture): a plain TCP HTTP/1.1
+//! client does the pushes.
+
+use crate::support::logs::LogCapture;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -821,28 +824,7 @@ async fn blob_bytes(
 /// passwords (and whatever the other tests log meanwhile): no password, in clear or base64, ever appears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn logs_never_contain_credentials() {
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    // Process-wide: a scoped subscriber misses events whose callsites other test threads registered first.
-    // Other tests' logs land here too, and are held to the same rule.
-    tracing::subscriber::set_global_default(subscriber)
-        .expect("the only subscriber of this test binary");
+    let captured = LogCapture::start();
 
     let lab = LabRegistry::start_with(true);
     let host = lab.host();
@@ -872,7 +854,7 @@ async fn logs_never_contain_credentials() {
         let blob = blob_bytes(&registry, &source, &web.layers[0].digest, 0).await;
         assert_eq!(blob.is_ok(), password == PASSWORD);
     }
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert!(
         logs.contains("fetched manifest") && logs.contains("registry request failed"),
         "{logs}"

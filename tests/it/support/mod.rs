@@ -18,6 +18,7 @@ pub mod hup;
 mod images;
 pub mod kubelet;
 pub mod lab;
+pub mod logs;
 mod node;
 mod pki;
 pub mod private;

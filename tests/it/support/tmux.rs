@@ -2,6 +2,7 @@
 //! session running a command at a given size; the server is killed when dropped.
 
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const SESSION: &str = "test";
@@ -14,10 +15,12 @@ pub struct Tmux {
 
 impl Tmux {
     /// Runs `command` (through the shell) in a `width`×`height` session of a new server named after
-    /// `name` and this process.
+    /// `name`, this process and a number unique in it (suites running at once may pick the same name).
     pub fn start(name: &str, width: u16, height: u16, command: &str) -> Tmux {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tmux = Tmux {
-            socket: format!("pinboard-{name}-{}", std::process::id()),
+            socket: format!("pinboard-{name}-{}-{n}", std::process::id()),
         };
         let (width, height) = (width.to_string(), height.to_string());
         tmux.run(&[
