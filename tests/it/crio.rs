@@ -1,5 +1,5 @@
 //! Pins on CRI-O as CRI-O enforces them, through the real `pinboard` binary against the CRI-O stand-in
-//! (`tests/support/crio.rs`, as CRI-O cannot run here): its version decides which calls report `pinned`
+//! (`tests/it/support/crio.rs`, as CRI-O cannot run here): its version decides which calls report `pinned`
 //! and whether a reload applies pin changes, and it reads its drop-ins as CRI-O does.
 //!
 //! - A reload CRI-O 1.29.2 ignores (cri-o #7954): the drop-in lists the images, CRI-O does not pin them,

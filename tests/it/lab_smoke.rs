@@ -1,4 +1,4 @@
-//! Integration tests of the lab itself (tests/support): real containerd nodes, docker-registry, the proxy in
+//! Integration tests of the lab itself (tests/it/support): real containerd nodes, docker-registry, the proxy in
 //! front of it, and etcd + kube-apiserver. They fail, never skip, when the lab cannot start.
 
 use crate::support;

@@ -7,7 +7,7 @@
 //! it with `#[path = "../tests/it/support/mod.rs"] mod support;`, allowing what only the tests use to be
 //! unused there.
 //! Start with [`Lab::start`]; everything it starts is stopped when the [`Lab`] is dropped. How the pieces are
-//! run on this machine is described in shared/notes/lab.md.
+//! run on this machine is described in docs/lab.md.
 
 mod apiserver;
 pub mod cluster;

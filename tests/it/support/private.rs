@@ -1,5 +1,5 @@
 //! The lab's token-protected registry and an auth file for it, shared by the tests of private images
-//! (tests/private_registry.rs, tests/fanout.rs).
+//! (tests/it/private_registry.rs, tests/it/fanout.rs).
 
 use std::path::Path;
 
