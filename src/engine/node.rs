@@ -13,7 +13,7 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use super::job::{Control, NodeJob};
 use super::pin::Pinning;
-use super::pull::{Failure, pull};
+use super::pull::{PullFailure, pull};
 use super::shared::Shared;
 use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
 use crate::backend::pins::PinTarget;
@@ -154,7 +154,7 @@ struct Flow {
 /// The pulls running on a node.
 #[derive(Default)]
 struct Running {
-    tasks: JoinSet<Result<(), Failure>>,
+    tasks: JoinSet<Result<(), PullFailure>>,
     images: HashMap<tokio::task::Id, String>,
     aborts: HashMap<String, AbortHandle>,
     /// Aborted to be started again (a retry of a running pull).
@@ -235,7 +235,7 @@ impl NodeRun {
         &mut self,
         running: &mut Running,
         flow: &mut Flow,
-        joined: Result<(tokio::task::Id, Result<(), Failure>), tokio::task::JoinError>,
+        joined: Result<(tokio::task::Id, Result<(), PullFailure>), tokio::task::JoinError>,
     ) {
         let (id, outcome) = match joined {
             Ok((id, outcome)) => (id, Some(outcome)),
@@ -244,7 +244,7 @@ impl NodeRun {
                 let reason = format!("internal error: {e}");
                 (
                     e.id(),
-                    Some(Err(Failure {
+                    Some(Err(PullFailure {
                         reason,
                         no_space: false,
                     })),
@@ -257,7 +257,7 @@ impl NodeRun {
         self.bytes.remove(&image);
         match outcome {
             Some(Ok(())) => self.pulled(&image),
-            Some(Err(Failure { reason, no_space })) => {
+            Some(Err(PullFailure { reason, no_space })) => {
                 self.status.insert(image.clone(), Status::Failed);
                 self.emit(Event::PullFailed {
                     node: self.name.clone(),

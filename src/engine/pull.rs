@@ -14,7 +14,7 @@ use crate::model::rollout::Event;
 use crate::model::units::clock;
 
 /// Why a pull gave up.
-pub(super) struct Failure {
+pub(super) struct PullFailure {
     pub(super) reason: String,
     pub(super) no_space: bool,
 }
@@ -29,7 +29,7 @@ pub(super) async fn pull(
     image: String,
     mut bytes: Option<watch::Receiver<(u64, u64)>>,
     shared: Arc<Shared>,
-) -> Result<(), Failure> {
+) -> Result<(), PullFailure> {
     let credentials = Arc::clone(&shared.credentials);
     let reference = image.clone();
     // A credential helper may run: off the async threads.
@@ -37,7 +37,7 @@ pub(super) async fn pull(
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r)
-        .map_err(|reason| Failure {
+        .map_err(|reason| PullFailure {
             reason,
             no_space: false,
         })?;
@@ -83,7 +83,7 @@ pub(super) async fn pull(
             } else {
                 reason
             };
-            return Err(Failure {
+            return Err(PullFailure {
                 reason,
                 no_space: kind == Kind::NoSpace,
             });
