@@ -1,6 +1,7 @@
 //! One image pulled on one node: attempts with the image's registry credential and exponential backoff
 //! between them (never a fixed sleep after a pull), each success confirmed with ImageStatus, and the stall
-//! rule: an attempt whose bytes stop moving short of the image's size is cancelled and fails.
+//! rule: an attempt whose bytes stop moving short of the image's size is cancelled and fails. Only a
+//! [`CriErrorKind::Transient`] failure is tried again.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use tokio::sync::watch;
 
 use super::credentials::{find_credential, sent_credential};
 use super::shared::Shared;
-use crate::backend::cri::CriClient;
+use crate::backend::cri::{CriClient, CriError, CriErrorKind};
 use crate::model::rollout::Event;
 use crate::model::units::clock;
 
@@ -53,39 +54,43 @@ pub(super) async fn pull(
         });
         let pulling = client.pull_image(&image, auth.clone(), config.pull_timeout);
         let limit = config.pull_progress_timeout;
+        let failed = |e: CriError| (e.kind, e.to_string());
         let pulled = match bytes.as_mut().filter(|_| !limit.is_zero()) {
             Some(bytes) => tokio::select! {
-                pulled = pulling => pulled.map_err(|e| e.to_string()),
-                () = stalled(bytes, limit) => Err(format!(
+                pulled = pulling => pulled.map_err(failed),
+                () = stalled(bytes, limit) => Err((CriErrorKind::Transient, format!(
                     "no bytes arrived for {} while short of the image's size; the pull was cancelled \
                      (--pull-progress-timeout)",
                     clock(limit)
-                )),
+                ))),
             },
-            None => pulling.await.map_err(|e| e.to_string()),
+            None => pulling.await.map_err(failed),
         };
-        let reason = match pulled {
+        let (kind, reason) = match pulled {
             Ok(_) => match client.image_status(&image).await {
                 Ok(Some(_)) => return Ok(()),
-                Ok(None) => {
-                    "the pull reported success but ImageStatus does not show the image".to_string()
-                }
-                Err(e) => format!("confirming the pull: {e}"),
+                Ok(None) => (
+                    CriErrorKind::Transient,
+                    "the pull reported success but ImageStatus does not show the image".to_string(),
+                ),
+                Err(e) => (e.kind, format!("confirming the pull: {e}")),
             },
-            Err(reason) => reason,
+            Err(failed) => failed,
         };
-        let kind = classify(&reason);
-        if kind != Kind::Transient || attempt >= config.attempts {
-            let reason = if kind == Kind::Transient && attempt > 1 {
+        // Only a transient failure is tried again: a missing image, a refused credential or corrupt
+        // content (the registry's copy: asking again downloads the same bytes) stay as they are.
+        let transient = kind == CriErrorKind::Transient;
+        if !transient || attempt >= config.attempts {
+            let reason = if transient && attempt > 1 {
                 format!("{reason} (gave up after {attempt} attempts)")
-            } else if refused_access(&reason) {
+            } else if kind == CriErrorKind::Refused {
                 format!("{reason}; {}", sent_credential(&runtime, found.as_ref()))
             } else {
                 reason
             };
             return Err(PullFailure {
                 reason,
-                no_space: kind == Kind::NoSpace,
+                no_space: kind == CriErrorKind::NoSpace,
             });
         }
         let backoff = config.backoff(attempt);
@@ -129,47 +134,6 @@ async fn stalled(bytes: &mut watch::Receiver<(u64, u64)>, limit: Duration) {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Transient,
-    /// Retrying cannot help: a missing image, a refused credential, content that does not match its
-    /// digest (the registry's copy is corrupt: asking again downloads the same bytes again).
-    Permanent,
-    NoSpace,
-}
-
-fn classify(reason: &str) -> Kind {
-    let lower = reason.to_lowercase();
-    if lower.contains("no space left on device") {
-        Kind::NoSpace
-    } else if [
-        "not found",
-        "manifest unknown",
-        "unauthorized",
-        "denied",
-        "forbidden",
-        "invalid reference",
-        // containerd, CRI-O (containers/image), and pinboard's blob cache.
-        "unexpected commit digest",
-        "digest did not match",
-        "digest mismatch",
-    ]
-    .iter()
-    .any(|p| lower.contains(p))
-    {
-        Kind::Permanent
-    } else {
-        Kind::Transient
-    }
-}
-
-fn refused_access(reason: &str) -> bool {
-    let lower = reason.to_lowercase();
-    ["unauthorized", "denied", "forbidden"]
-        .iter()
-        .any(|p| lower.contains(p))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,47 +159,5 @@ mod tests {
         tx.send_replace((100, 100));
         let waited = tokio::time::timeout(Duration::from_secs(3600), stalled(&mut rx, limit)).await;
         assert!(waited.is_err(), "a complete download is not stalled");
-    }
-
-    #[test]
-    fn errors_are_classified_for_retries() {
-        let cri = |cause: &str| format!("CRI endpoint unix:///s: PullImage: {cause} (Unknown)");
-        assert_eq!(
-            classify(&cri(
-                "failed to pull and unpack image: failed to copy: write /x/ingest/data: no space left on device"
-            )),
-            Kind::NoSpace
-        );
-        assert_eq!(
-            classify(&cri(
-                "failed to resolve reference \"r@sha256:1\": r@sha256:1: not found"
-            )),
-            Kind::Permanent
-        );
-        assert_eq!(
-            classify(&cri("pulling from host r: 401 Unauthorized")),
-            Kind::Permanent
-        );
-        assert_eq!(
-            classify(&cri(
-                "failed commit on ref \"layer-sha256:0f\": unexpected commit digest sha256:fa, expected sha256:0f: failed precondition"
-            )),
-            Kind::Permanent
-        );
-        assert_eq!(
-            classify(&cri(
-                "writing blob: Digest did not match, expected sha256:0f, got sha256:fa"
-            )),
-            Kind::Permanent
-        );
-        assert_eq!(
-            classify(&cri("read tcp: connection reset by peer")),
-            Kind::Transient
-        );
-        assert_eq!(
-            classify("CRI endpoint unix:///s: PullImage: no answer within 5s"),
-            Kind::Transient
-        );
-        assert!(refused_access("PullImage: ... 401 Unauthorized") && !refused_access("not found"));
     }
 }
