@@ -3,6 +3,7 @@
 
 use crate::backend::credentials::{Credential, Credentials, Found};
 use crate::model::reference::ImageRef;
+use crate::model::runtime::RuntimeKind;
 
 /// The credential for the image's registry and repository (None: anonymous).
 pub(super) fn find_credential(
@@ -15,8 +16,9 @@ pub(super) fn find_credential(
         .map_err(|e| e.to_string())
 }
 
-/// For a refused pull: which credential went to the node, and what its runtime does with that kind.
-pub(super) fn sent_credential(runtime: &str, found: Option<&Found>) -> String {
+/// For a refused pull: which credential went to the node, and what its runtime (None: one pinboard does
+/// not know) does with that kind.
+pub(super) fn sent_credential(runtime: Option<RuntimeKind>, found: Option<&Found>) -> String {
     let Some(found) = found.filter(|f| f.credential != Credential::Anonymous) else {
         return "pinboard found no credentials for it in the auth files and pulled anonymously; \
                 pass --authfile or log in with podman login"
@@ -27,7 +29,7 @@ pub(super) fn sent_credential(runtime: &str, found: Option<&Found>) -> String {
         found.credential, found.source
     );
     let ignored = match (&found.credential, runtime) {
-        (Credential::IdentityToken(_), "cri-o") => {
+        (Credential::IdentityToken(_), Some(RuntimeKind::Crio)) => {
             Some("CRI-O takes only a user name and password")
         }
         (Credential::RegistryToken(_), _) => Some("runtimes do not use registry tokens yet"),
@@ -54,29 +56,29 @@ mod tests {
                           "reg.example.com": {"registrytoken": "rt"}}}"#,
         )
         .unwrap();
-        let note = |runtime: &str, image: &str| {
+        let note = |runtime: RuntimeKind, image: &str| {
             let found = find_credential(&credentials, image).unwrap();
-            sent_credential(runtime, found.as_ref())
+            sent_credential(Some(runtime), found.as_ref())
         };
         assert_eq!(
-            note("containerd", "quay.io/org/app@sha256:1"),
+            note(RuntimeKind::Containerd, "quay.io/org/app@sha256:1"),
             "pinboard sent the user \"u\" from entry \"quay.io\" of /auth.json; the registry refused it: \
              log in again or check its access"
         );
         assert!(
-            note("containerd", "ghcr.io/org/app:1")
+            note(RuntimeKind::Containerd, "ghcr.io/org/app:1")
                 .ends_with("the registry refused it: log in again or check its access")
         );
         assert!(
-            note("cri-o", "ghcr.io/org/app:1")
+            note(RuntimeKind::Crio, "ghcr.io/org/app:1")
                 .contains("identity token from entry \"ghcr.io\" of /auth.json, but CRI-O takes only a user name and password")
         );
         assert!(
-            note("containerd", "reg.example.com/app:1")
+            note(RuntimeKind::Containerd, "reg.example.com/app:1")
                 .contains("runtimes do not use registry tokens yet")
         );
         assert!(
-            note("containerd", "other.example.com/app:1")
+            note(RuntimeKind::Containerd, "other.example.com/app:1")
                 .starts_with("pinboard found no credentials")
         );
     }

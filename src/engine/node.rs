@@ -20,7 +20,7 @@ use crate::backend::pins::PinTarget;
 use crate::backend::progress::{self, Tracker};
 use crate::model::plan::Verdict;
 use crate::model::rollout::Event;
-use crate::model::runtime::Runtime;
+use crate::model::runtime::{Runtime, RuntimeKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
@@ -66,11 +66,14 @@ pub(super) async fn run_node(
         .map(|i| i.reference.clone())
         .collect();
     let statuses = client.image_records(&order, true).await;
+    let runtime = Runtime::identify(&version.runtime_name, &version.runtime_version);
     let mut node = NodeRun {
         name: name.clone(),
         client,
-        progress: version.runtime_name == "containerd",
-        runtime: Runtime::identify(&version.runtime_name, &version.runtime_version),
+        progress: runtime
+            .as_ref()
+            .is_some_and(|r| r.kind == RuntimeKind::Containerd),
+        runtime,
         runtime_name: version.runtime_name,
         shared: Arc::clone(&shared),
         status: HashMap::new(),
@@ -122,7 +125,8 @@ pub(super) async fn run_node(
 struct NodeRun {
     name: String,
     client: CriClient,
-    /// As CRI Version names it, to decide how the node pins.
+    /// As CRI Version names it: [`crate::backend::pins::resolve`] picks how the node pins from it, and it
+    /// names a runtime pinboard does not know.
     runtime_name: String,
     /// None for a runtime pinboard does not know: nothing is assumed about what it reports.
     runtime: Option<Runtime>,
@@ -349,7 +353,7 @@ impl NodeRun {
         let handle = running.tasks.spawn(pull(
             self.client.clone(),
             self.name.clone(),
-            self.runtime_name.clone(),
+            self.runtime.as_ref().map(|r| r.kind),
             image.clone(),
             bytes,
             Arc::clone(&self.shared),

@@ -22,8 +22,8 @@ const CONFIRM_EVERY: Duration = Duration::from_millis(250);
 /// A node's runtime, as pinning needs it.
 pub(super) struct Pinning<'a> {
     pub(super) client: &'a CriClient,
-    /// As CRI Version names it: how [`resolve`] tells the runtimes apart, and what a runtime pinboard
-    /// does not know is called.
+    /// As CRI Version names it: [`resolve`] picks how the node pins from it, and it names a runtime
+    /// pinboard does not know.
     pub(super) runtime_name: &'a str,
     /// None for a runtime pinboard does not know: nothing is assumed about what it reports.
     pub(super) runtime: Option<&'a Runtime>,

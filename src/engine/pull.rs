@@ -12,6 +12,7 @@ use super::credentials::{find_credential, sent_credential};
 use super::shared::Shared;
 use crate::backend::cri::{CriClient, CriError, CriErrorKind};
 use crate::model::rollout::Event;
+use crate::model::runtime::RuntimeKind;
 use crate::model::units::clock;
 
 /// Why a pull gave up.
@@ -26,7 +27,7 @@ pub(super) struct PullFailure {
 pub(super) async fn pull(
     client: CriClient,
     node: String,
-    runtime: String,
+    runtime: Option<RuntimeKind>,
     image: String,
     mut bytes: Option<watch::Receiver<(u64, u64)>>,
     shared: Arc<Shared>,
@@ -84,7 +85,7 @@ pub(super) async fn pull(
             let reason = if transient && attempt > 1 {
                 format!("{reason} (gave up after {attempt} attempts)")
             } else if kind == CriErrorKind::Refused {
-                format!("{reason}; {}", sent_credential(&runtime, found.as_ref()))
+                format!("{reason}; {}", sent_credential(runtime, found.as_ref()))
             } else {
                 reason
             };
