@@ -25,7 +25,12 @@
 //! one line per figure; results go in BENCHMARKS.md.
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "the bench runs the lab; what only the tests use is unused here"
+)]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use common::env_number;

@@ -27,7 +27,14 @@
 //! administrator would and lets the stand-in daemons finish with it. The demo user's credentials are the
 //! cluster's pull secret (`openshift-config/pull-secret`), which both pinboard and the stand-in daemon read.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "lab/daemon.rs"]
+mod daemon;
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "the example runs the lab; what only the tests use is unused here"
+)]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
@@ -38,10 +45,10 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
 use serde_json::{Value, json};
-use support::kubelet::{FakeKubelet, ImageFs};
+use support::kubelet::{FakeKubelet, ImageFs, KubeletConfig};
 use support::{
     ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Platform, RegistrySetup,
-    TokenConfig, TokenUser, cluster, daemon,
+    TokenConfig, TokenUser, cluster,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -147,7 +154,7 @@ fn run() -> Result<ExitCode> {
     }
 
     let binary = std::env::var_os("PINBOARD_BIN").map_or_else(
-        || support::target_dir().join("debug/pinboard"),
+        || support::lab::target_dir().join("debug/pinboard"),
         PathBuf::from,
     );
     let nodes_file = write_nodes_file(&lab)?;
@@ -488,7 +495,8 @@ async fn play_cluster(lab: &Lab, images_file: &Path, auth: &Value) -> Result<Sta
             }
         };
         let dir = lab.dir().join("kubelets").join(&node.name);
-        let kubelet = FakeKubelet::start(&dir, &node.name, image_fs)?;
+        let kubelet =
+            FakeKubelet::configured(&dir, &node.name, image_fs, KubeletConfig::default())?;
         writer.kubelet(&node.name, kubelet.port()).await;
         kubelets.push(kubelet);
     }

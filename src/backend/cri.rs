@@ -90,7 +90,7 @@ impl fmt::Display for CriEndpoint {
     }
 }
 
-/// What went wrong, and whether it means the node could not be reached at all.
+/// What went wrong, whether it means the node could not be reached at all, and what kind of failure it is.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("CRI endpoint {endpoint}: {rpc}: {cause}")]
 pub struct CriError {
@@ -98,6 +98,56 @@ pub struct CriError {
     pub rpc: &'static str,
     pub cause: String,
     pub unreachable: bool,
+    pub kind: CriErrorKind,
+}
+
+/// What a failed call says about trying it again, read once where the error is made: from the gRPC code,
+/// and from the words containerd, CRI-O (containers/image) and pinboard's blob cache use for each kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CriErrorKind {
+    /// The image filesystem is full: "no space left on device".
+    NoSpace,
+    /// Access refused: "unauthorized", "denied", "forbidden", or the gRPC code PermissionDenied.
+    Refused,
+    /// Content that does not match its digest: the registry's copy is corrupt, and asking again downloads
+    /// the same bytes again.
+    Corrupt,
+    /// No such image: "not found", "manifest unknown".
+    NotFound,
+    /// "invalid reference".
+    InvalidReference,
+    /// Anything else, such as no answer in time or a reset connection: another try may succeed.
+    Transient,
+}
+
+impl CriErrorKind {
+    /// The kind of a failure with gRPC `code` (None: no answer, or no connection) and `cause`, its words
+    /// in any letter case, without the code's name. The kinds are tried in the order above, so a full disk
+    /// is NoSpace whatever else it says. Of the codes, PermissionDenied alone decides: NotFound or
+    /// Unauthenticated go by their words, as the runtimes put the reason there.
+    pub fn of(code: Option<tonic::Code>, cause: &str) -> CriErrorKind {
+        let lower = cause.to_lowercase();
+        let says = |words: &[&str]| words.iter().any(|w| lower.contains(w));
+        if says(&["no space left on device"]) {
+            CriErrorKind::NoSpace
+        } else if code == Some(tonic::Code::PermissionDenied)
+            || says(&["unauthorized", "denied", "forbidden"])
+        {
+            CriErrorKind::Refused
+        } else if says(&[
+            "unexpected commit digest",
+            "digest did not match",
+            "digest mismatch",
+        ]) {
+            CriErrorKind::Corrupt
+        } else if says(&["not found", "manifest unknown"]) {
+            CriErrorKind::NotFound
+        } else if says(&["invalid reference"]) {
+            CriErrorKind::InvalidReference
+        } else {
+            CriErrorKind::Transient
+        }
+    }
 }
 
 /// A connected CRI client. Cheap to clone: clones share one HTTP/2 connection.
@@ -114,6 +164,7 @@ impl CriClient {
         let unreachable = |cause: String| CriError {
             endpoint: endpoint.to_string(),
             rpc: "connect",
+            kind: CriErrorKind::of(None, &cause),
             cause,
             unreachable: true,
         };
@@ -176,14 +227,19 @@ impl CriClient {
         timeout: Duration,
         request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, CriError> {
-        let error = |cause: String, unreachable: bool| CriError {
+        let error = |cause: String, unreachable: bool, kind: CriErrorKind| CriError {
             endpoint: self.endpoint.to_string(),
             rpc,
             cause,
             unreachable,
+            kind,
         };
         match tokio::time::timeout(timeout, request).await {
-            Err(_) => Err(error(format!("no answer within {timeout:?}"), false)),
+            Err(_) => Err(error(
+                format!("no answer within {timeout:?}"),
+                false,
+                CriErrorKind::Transient,
+            )),
             Ok(Err(status)) => {
                 let unreachable = status.code() == tonic::Code::Unavailable;
                 let mut cause = if status.message().is_empty() {
@@ -200,9 +256,11 @@ impl CriClient {
                         cause = format!("{cause}: {chain}");
                     }
                 }
+                let kind = CriErrorKind::of(Some(status.code()), &cause);
                 Err(error(
                     format!("{} ({:?})", cause, status.code()),
                     unreachable,
+                    kind,
                 ))
             }
             Ok(Ok(response)) => Ok(response.into_inner()),
@@ -421,6 +479,66 @@ mod tests {
     }
 
     #[test]
+    fn errors_are_classified_for_retries() {
+        let kind = |cause: &str| CriErrorKind::of(Some(tonic::Code::Unknown), cause);
+        assert_eq!(
+            kind(
+                "failed to pull and unpack image: failed to copy: write /x/ingest/data: no space left on device"
+            ),
+            CriErrorKind::NoSpace
+        );
+        assert_eq!(
+            kind("failed to resolve reference \"r@sha256:1\": r@sha256:1: not found"),
+            CriErrorKind::NotFound
+        );
+        assert_eq!(
+            kind("reading manifest 1 in quay.io/x: manifest unknown"),
+            CriErrorKind::NotFound
+        );
+        assert_eq!(
+            kind("pulling from host r: 401 Unauthorized"),
+            CriErrorKind::Refused
+        );
+        assert_eq!(
+            kind("unexpected status from HEAD request to https://r/v2/x: 403 Forbidden"),
+            CriErrorKind::Refused
+        );
+        assert_eq!(
+            kind(
+                "failed commit on ref \"layer-sha256:0f\": unexpected commit digest sha256:fa, expected sha256:0f: failed precondition"
+            ),
+            CriErrorKind::Corrupt
+        );
+        assert_eq!(
+            kind("writing blob: Digest did not match, expected sha256:0f, got sha256:fa"),
+            CriErrorKind::Corrupt
+        );
+        assert_eq!(
+            kind("parsing image name \"UPPER\": invalid reference format"),
+            CriErrorKind::InvalidReference
+        );
+        assert_eq!(
+            kind("read tcp: connection reset by peer"),
+            CriErrorKind::Transient
+        );
+        assert_eq!(
+            CriErrorKind::of(None, "no answer within 5s"),
+            CriErrorKind::Transient
+        );
+        // The code decides where the words do not: refused, unless the disk is full.
+        let denied = |cause: &str| CriErrorKind::of(Some(tonic::Code::PermissionDenied), cause);
+        assert_eq!(denied("pulling from host r"), CriErrorKind::Refused);
+        assert_eq!(
+            denied("write /x: no space left on device"),
+            CriErrorKind::NoSpace
+        );
+        assert_eq!(
+            kind("PullImage: ... 401 Unauthorized, repository not found"),
+            CriErrorKind::Refused
+        );
+    }
+
+    #[test]
     fn auth_config_debug_never_shows_secrets() {
         let auth = AuthConfig {
             username: "admin".into(),
@@ -452,6 +570,7 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.unreachable);
+        assert_eq!(err.kind, CriErrorKind::Transient);
         let text = err.to_string();
         assert!(
             text.starts_with(&format!(

@@ -68,6 +68,17 @@ pub enum RuntimeKind {
     Containerd,
 }
 
+impl RuntimeKind {
+    /// From CRI Version's `runtime_name`; None for a runtime pinboard does not pin on.
+    pub fn of_cri_name(name: &str) -> Option<RuntimeKind> {
+        match name {
+            "cri-o" => Some(RuntimeKind::Crio),
+            "containerd" => Some(RuntimeKind::Containerd),
+            _ => None,
+        }
+    }
+}
+
 /// A runtime as its CRI `Version` answer names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Runtime {
@@ -104,13 +115,8 @@ const CONTAINERD_PINNED: [Version; 2] = [Version::new(1, 6, 22), Version::new(1,
 impl Runtime {
     /// From CRI Version's `runtime_name` and `runtime_version`; None for a runtime pinboard does not pin on.
     pub fn identify(name: &str, version: &str) -> Option<Runtime> {
-        let kind = match name {
-            "cri-o" => RuntimeKind::Crio,
-            "containerd" => RuntimeKind::Containerd,
-            _ => return None,
-        };
         Some(Runtime {
-            kind,
+            kind: RuntimeKind::of_cri_name(name)?,
             version: Version::parse(version),
             version_text: version.to_string(),
         })

@@ -1,0 +1,68 @@
+//! How the engine runs: pulls at once, tries and backoff, timeouts, and what it may start at all.
+
+use std::time::Duration;
+
+/// How the engine runs. [`Default`] is the OpenShift daemon's schedule, minus its sleep after each pull.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Pulls at once per node.
+    pub parallel: usize,
+    /// Tries per image, the first included.
+    pub attempts: u32,
+    /// Wait before the first retry, doubled for each further one up to `backoff_max`.
+    pub backoff_start: Duration,
+    pub backoff_max: Duration,
+    /// Deadline of one PullImage call.
+    pub pull_timeout: Duration,
+    /// A pull whose bytes have not moved for this long, short of its total, is cancelled and counts as a
+    /// failed attempt (where byte progress is seen: containerd). Zero: never.
+    pub pull_progress_timeout: Duration,
+    /// How often byte progress is polled on containerd nodes.
+    pub progress_interval: Duration,
+    /// Start nodes whose plan verdict is no-space.
+    pub force: bool,
+    /// Pull and write nothing: every node is refused.
+    pub readonly: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            parallel: 5,
+            attempts: 5,
+            backoff_start: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(10),
+            pull_timeout: Duration::from_secs(30 * 60),
+            // containerd 1.7's image_pull_progress_timeout.
+            pull_progress_timeout: Duration::from_secs(5 * 60),
+            progress_interval: Duration::from_millis(500),
+            force: false,
+            readonly: false,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The wait after failed attempt `attempt` (1-based): 1, 2, 4, 8, 10, 10... seconds by default.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(attempt.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.backoff_start
+            .checked_mul(factor)
+            .map_or(self.backoff_max, |b| b.min(self.backoff_max))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_one_second_to_ten() {
+        let config = EngineConfig::default();
+        let schedule: Vec<u64> = (1..=6).map(|a| config.backoff(a).as_secs()).collect();
+        assert_eq!(schedule, [1, 2, 4, 8, 10, 10]);
+        assert_eq!(config.backoff(200), Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,439 @@
+//! One node's rollout: refused when its plan says no-space (unless forced) or it cannot be reached; images
+//! already present are skipped; the rest are pulled `parallel` at a time from a queue the operator can
+//! cancel from and retry into, with byte progress where the runtime shows it (containerd); "no space left
+//! on device" stops the remaining pulls; pins are written last, once every image is there.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
+use tokio::task::{AbortHandle, JoinSet};
+
+use super::job::{Control, NodeJob};
+use super::pin::Pinning;
+use super::pull::{PullFailure, pull};
+use super::shared::Shared;
+use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
+use crate::backend::pins::PinTarget;
+use crate::backend::progress::{self, Tracker};
+use crate::model::plan::Verdict;
+use crate::model::rollout::Event;
+use crate::model::runtime::{Runtime, RuntimeKind};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Queued,
+    Running,
+    /// Present before, or pulled and confirmed.
+    Ok,
+    Failed,
+    Cancelled,
+}
+
+pub(super) async fn run_node(
+    job: NodeJob,
+    shared: Arc<Shared>,
+    mut control: UnboundedReceiver<Control>,
+) {
+    let name = job.node.name.clone();
+    let refuse = |reason: String| {
+        shared.emit(Event::NodeRefused {
+            node: name.clone(),
+            reason,
+        })
+    };
+    if job.plan.verdict == Verdict::NoSpace && !shared.config.force {
+        return refuse(format!(
+            "plan verdict no-space: {} (force to pull anyway)",
+            job.plan.reasons.join("; ")
+        ));
+    }
+    let connected = async {
+        let client = CriClient::connect(&job.node.endpoint, DEFAULT_TIMEOUT).await?;
+        let version = client.version().await?;
+        Ok::<_, CriError>((client, version))
+    };
+    let (client, version) = match connected.await {
+        Ok(c) => c,
+        Err(e) => return refuse(e.to_string()),
+    };
+    let order: Vec<String> = job
+        .plan
+        .images
+        .iter()
+        .map(|i| i.reference.clone())
+        .collect();
+    let statuses = client.image_records(&order, true).await;
+    let runtime = Runtime::identify(&version.runtime_name, &version.runtime_version);
+    let mut node = NodeRun {
+        name: name.clone(),
+        client,
+        progress: runtime
+            .as_ref()
+            .is_some_and(|r| r.kind == RuntimeKind::Containerd),
+        runtime,
+        runtime_name: version.runtime_name,
+        shared: Arc::clone(&shared),
+        status: HashMap::new(),
+        queue: VecDeque::new(),
+        tracker: Tracker::new([]),
+        totals: HashMap::new(),
+        sent: HashMap::new(),
+        bytes: HashMap::new(),
+    };
+    let mut present = Vec::new();
+    for (image, status) in order.iter().zip(statuses) {
+        match status {
+            Ok(Some(_)) => present.push(image),
+            Ok(None) => node.queue.push_back(image.clone()),
+            Err(e) => return refuse(e.to_string()),
+        }
+    }
+    shared.emit(Event::NodeStarted {
+        node: name.clone(),
+        images: order.clone(),
+        at: Instant::now(),
+    });
+    for image in present {
+        node.status.insert(image.clone(), Status::Ok);
+        if let Some(facts) = shared.images.get(image) {
+            node.tracker.add_present(facts);
+        }
+        shared.emit(Event::ImagePresent {
+            node: name.clone(),
+            image: image.clone(),
+        });
+    }
+    for image in &node.queue {
+        node.status.insert(image.clone(), Status::Queued);
+    }
+    if node.pull_all(&mut control).await {
+        let holds = order
+            .into_iter()
+            .map(|image| {
+                let sets = job.holders.get(&image).cloned().unwrap_or_default();
+                (image, sets)
+            })
+            .collect();
+        node.pin(job.pin, holds).await;
+    }
+}
+
+/// One node's rollout state.
+struct NodeRun {
+    name: String,
+    client: CriClient,
+    /// As CRI Version names it: [`crate::backend::pins::resolve`] picks how the node pins from it, and it
+    /// names a runtime pinboard does not know.
+    runtime_name: String,
+    /// None for a runtime pinboard does not know: nothing is assumed about what it reports.
+    runtime: Option<Runtime>,
+    /// Whether byte progress can be polled (containerd).
+    progress: bool,
+    shared: Arc<Shared>,
+    status: HashMap<String, Status>,
+    queue: VecDeque<String>,
+    tracker: Tracker,
+    /// Bytes to fetch per tracked pull.
+    totals: HashMap<String, u64>,
+    /// The last progress figure sent per image, to send only changes.
+    sent: HashMap<String, u64>,
+    /// Each running tracked pull's bytes (done, total), watched by the pull for stalls.
+    bytes: HashMap<String, watch::Sender<(u64, u64)>>,
+}
+
+/// Where a node's pulling stands.
+#[derive(Default)]
+struct Flow {
+    /// Out of space: start nothing more until an operator retries.
+    stopped: bool,
+    /// NodeStopped was sent for the current stop.
+    stop_reported: bool,
+    cancelled_all: bool,
+    control_open: bool,
+}
+
+/// The pulls running on a node.
+#[derive(Default)]
+struct Running {
+    tasks: JoinSet<Result<(), PullFailure>>,
+    images: HashMap<tokio::task::Id, String>,
+    aborts: HashMap<String, AbortHandle>,
+    /// Aborted to be started again (a retry of a running pull).
+    requeue: Vec<String>,
+}
+
+impl NodeRun {
+    fn emit(&self, event: Event) {
+        self.shared.emit(event);
+    }
+
+    /// Pulls until every image is pulled (true: pin now) or the node settles with failures and no retry
+    /// can come (false).
+    async fn pull_all(&mut self, control: &mut UnboundedReceiver<Control>) -> bool {
+        let parallel = self.shared.config.parallel.max(1);
+        let mut running = Running::default();
+        let mut flow = Flow {
+            control_open: true,
+            ..Flow::default()
+        };
+        let mut tick = tokio::time::interval(self.shared.config.progress_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            while !flow.stopped && running.aborts.len() < parallel {
+                let Some(image) = self.queue.pop_front() else {
+                    break;
+                };
+                self.spawn_pull(&mut running, image);
+            }
+            if running.aborts.is_empty() {
+                if self.status.values().all(|s| *s == Status::Ok) {
+                    return true;
+                }
+                if !flow.stop_reported {
+                    flow.stop_reported = true;
+                    self.stop(self.unpinned_reason(flow.cancelled_all));
+                }
+                if flow.cancelled_all || !flow.control_open {
+                    return false;
+                }
+            }
+            tokio::select! {
+                Some(joined) = running.tasks.join_next_with_id() => {
+                    self.joined(&mut running, &mut flow, joined);
+                }
+                message = control.recv(), if flow.control_open => {
+                    self.control(&mut running, &mut flow, message);
+                }
+                _ = tick.tick(), if self.progress && !self.tracker.is_empty() => {
+                    self.poll_progress().await;
+                }
+            }
+        }
+    }
+
+    fn unpinned_reason(&self, cancelled_all: bool) -> String {
+        if cancelled_all {
+            return "cancelled: nothing pinned".into();
+        }
+        let bad = self.status.values().filter(|s| **s != Status::Ok).count();
+        format!(
+            "not pinned: {bad} of {} image(s) failed or were cancelled; \
+             pins are written only after every pull succeeded",
+            self.status.len()
+        )
+    }
+
+    fn stop(&self, reason: String) {
+        self.emit(Event::NodeStopped {
+            node: self.name.clone(),
+            reason,
+            at: Instant::now(),
+        });
+    }
+
+    /// A pull task ended: pulled, failed or aborted.
+    fn joined(
+        &mut self,
+        running: &mut Running,
+        flow: &mut Flow,
+        joined: Result<(tokio::task::Id, Result<(), PullFailure>), tokio::task::JoinError>,
+    ) {
+        let (id, outcome) = match joined {
+            Ok((id, outcome)) => (id, Some(outcome)),
+            Err(e) if e.is_cancelled() => (e.id(), None),
+            Err(e) => {
+                let reason = format!("internal error: {e}");
+                (
+                    e.id(),
+                    Some(Err(PullFailure {
+                        reason,
+                        no_space: false,
+                    })),
+                )
+            }
+        };
+        let image = running.images.remove(&id).expect("every task is named");
+        running.aborts.remove(&image);
+        self.tracker.untrack(&image);
+        self.bytes.remove(&image);
+        match outcome {
+            Some(Ok(())) => self.pulled(&image),
+            Some(Err(PullFailure { reason, no_space })) => {
+                self.status.insert(image.clone(), Status::Failed);
+                self.emit(Event::PullFailed {
+                    node: self.name.clone(),
+                    image,
+                    reason: reason.clone(),
+                    at: Instant::now(),
+                });
+                if no_space && !flow.stopped {
+                    (flow.stopped, flow.stop_reported) = (true, true);
+                    self.stop(format!(
+                        "node {}: the image filesystem is full (no space left on device); \
+                         its remaining pulls are stopped: {reason}",
+                        self.name
+                    ));
+                }
+            }
+            None => {
+                if let Some(i) = running.requeue.iter().position(|r| *r == image) {
+                    running.requeue.swap_remove(i);
+                    self.cancelled(image.clone());
+                    self.status.insert(image.clone(), Status::Queued);
+                    self.queue.push_front(image);
+                } else {
+                    self.cancelled(image);
+                }
+            }
+        }
+    }
+
+    fn control(&mut self, running: &mut Running, flow: &mut Flow, message: Option<Control>) {
+        match message {
+            None => flow.control_open = false,
+            Some(Control::CancelAll) => {
+                flow.cancelled_all = true;
+                running.aborts.values().for_each(AbortHandle::abort);
+                running.requeue.clear();
+                for image in std::mem::take(&mut self.queue) {
+                    self.cancelled(image);
+                }
+            }
+            Some(Control::Cancel { image, .. }) => {
+                if let Some(abort) = running.aborts.get(&image) {
+                    abort.abort();
+                } else if let Some(i) = self.queue.iter().position(|q| *q == image) {
+                    self.queue.remove(i);
+                    self.cancelled(image);
+                }
+            }
+            Some(Control::Retry { image, .. }) => {
+                let retryable = matches!(
+                    self.status.get(&image),
+                    Some(Status::Failed | Status::Cancelled)
+                );
+                if let Some(abort) = running.aborts.get(&image) {
+                    abort.abort();
+                    running.requeue.push(image);
+                } else if retryable && !flow.cancelled_all {
+                    self.status.insert(image.clone(), Status::Queued);
+                    self.queue.push_back(image);
+                    // An operator retrying after the node stopped (e.g. after freeing space) resumes it.
+                    (flow.stopped, flow.stop_reported) = (false, false);
+                }
+            }
+        }
+    }
+
+    fn cancelled(&mut self, image: String) {
+        self.status.insert(image.clone(), Status::Cancelled);
+        self.emit(Event::PullCancelled {
+            node: self.name.clone(),
+            image,
+            at: Instant::now(),
+        });
+    }
+
+    fn spawn_pull(&mut self, running: &mut Running, image: String) {
+        self.status.insert(image.clone(), Status::Running);
+        let mut bytes = None;
+        if self.progress
+            && let Some(facts) = self.shared.images.get(&image)
+        {
+            let total = self.tracker.track(&image, facts);
+            self.totals.insert(image.clone(), total);
+            self.sent.remove(&image);
+            let (tx, rx) = watch::channel((0, total));
+            self.bytes.insert(image.clone(), tx);
+            bytes = Some(rx);
+        }
+        let handle = running.tasks.spawn(pull(
+            self.client.clone(),
+            self.name.clone(),
+            self.runtime.as_ref().map(|r| r.kind),
+            image.clone(),
+            bytes,
+            Arc::clone(&self.shared),
+        ));
+        running.images.insert(handle.id(), image.clone());
+        running.aborts.insert(image, handle);
+    }
+
+    /// A confirmed pull: its last progress figure is its total, and its blobs are on the node now.
+    fn pulled(&mut self, image: &str) {
+        let at = Instant::now();
+        if let Some(&total) = self.totals.get(image).filter(|t| **t > 0) {
+            self.emit(Event::PullProgress {
+                node: self.name.clone(),
+                image: image.into(),
+                done: total,
+                total,
+                at,
+            });
+        }
+        if let Some(facts) = self.shared.images.get(image) {
+            self.tracker.add_present(facts);
+        }
+        self.status.insert(image.into(), Status::Ok);
+        self.emit(Event::PullDone {
+            node: self.name.clone(),
+            image: image.into(),
+            at,
+        });
+    }
+
+    async fn poll_progress(&mut self) {
+        let listed = tokio::time::timeout(
+            DEFAULT_TIMEOUT,
+            progress::list_ingests(self.client.channel()),
+        )
+        .await;
+        let ingests = match listed {
+            Ok(Ok(ingests)) => ingests,
+            // Progress is a nicety: a failed poll is tried again at the next tick.
+            Ok(Err(e)) => {
+                return tracing::debug!(node = self.name, error = %e, "ListStatuses failed");
+            }
+            Err(_) => return tracing::debug!(node = self.name, "ListStatuses timed out"),
+        };
+        let at = Instant::now();
+        for (image, bytes) in self.tracker.update(&ingests) {
+            if self.sent.insert(image.clone(), bytes.done) != Some(bytes.done) {
+                if let Some(watched) = self.bytes.get(&image) {
+                    watched.send_replace((bytes.done, bytes.total));
+                }
+                self.shared.emit(Event::PullProgress {
+                    node: self.name.clone(),
+                    image,
+                    done: bytes.done,
+                    total: bytes.total,
+                    at,
+                });
+            }
+        }
+    }
+
+    /// Writes and verifies the pins for every image of the plan (all present now), each held by its sets.
+    async fn pin(&self, target: PinTarget, holds: BTreeMap<String, BTreeSet<String>>) {
+        let pinning = Pinning {
+            client: &self.client,
+            runtime_name: &self.runtime_name,
+            runtime: self.runtime.as_ref(),
+        };
+        let outcome = pinning.pin(target, holds).await;
+        let at = Instant::now();
+        let node = self.name.clone();
+        self.emit(match outcome {
+            Ok((method, confirmed)) => Event::Pinned {
+                node,
+                method,
+                confirmed,
+                at,
+            },
+            Err(reason) => Event::PinFailed { node, reason, at },
+        });
+    }
+}

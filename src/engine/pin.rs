@@ -1,0 +1,180 @@
+//! Pinning one node's images once every pull succeeded, and confirming it through the runtime where it
+//! reports pins (CRI `pinned`, [`crate::model::runtime`]): containerd's pin labels, or CRI-O's drop-in and a
+//! reload. A CRI-O that does not pin what its drop-in now lists fails with the cause and the fix
+//! ([`explain_unpinned`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::backend::cri::CriClient;
+use crate::backend::pins::{self, PinTarget, Reload, resolve};
+use crate::model::crio::{Unpinned, explain_unpinned};
+use crate::model::holders::Holder;
+use crate::model::rollout::PinMethod;
+use crate::model::runtime::{PinReports, Runtime};
+
+/// How long the runtime gets to show written pins as pinned (CRI-O applies a reload asynchronously), and
+/// how often it is asked meanwhile.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
+const CONFIRM_EVERY: Duration = Duration::from_millis(250);
+
+/// A node's runtime, as pinning needs it.
+pub(super) struct Pinning<'a> {
+    pub(super) client: &'a CriClient,
+    /// As CRI Version names it: [`resolve`] picks how the node pins from it, and it names a runtime
+    /// pinboard does not know.
+    pub(super) runtime_name: &'a str,
+    /// None for a runtime pinboard does not know: nothing is assumed about what it reports.
+    pub(super) runtime: Option<&'a Runtime>,
+}
+
+impl Pinning<'_> {
+    /// Writes and verifies the pins for every image of the plan (all present now), each held by its sets:
+    /// how they were written, and whether the runtime confirmed them.
+    pub(super) async fn pin(
+        &self,
+        target: PinTarget,
+        holds: BTreeMap<String, BTreeSet<String>>,
+    ) -> Result<(PinMethod, bool), String> {
+        match resolve(target, self.runtime_name, self.client) {
+            Ok(PinTarget::CrioDropIn { config_dir, reload }) => self
+                .drop_in(config_dir, reload, holds)
+                .await
+                .map(|confirmed| (PinMethod::CrioDropIn, confirmed)),
+            Ok(_) => pins::hold_containerd(self.client, &holds)
+                .await
+                .map(|held| (PinMethod::ContainerdLabel, held.confirmed))
+                .map_err(|e| format!("labelling: {e}")),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Holds the images in the drop-in for their sets, reloads CRI-O, and asks the runtime whether they are
+    /// pinned now: true when it confirms, false when it cannot say; an error naming the cause and the fix
+    /// when it reports them not pinned.
+    async fn drop_in(
+        &self,
+        dir: PathBuf,
+        reload: Reload,
+        holds: BTreeMap<String, BTreeSet<String>>,
+    ) -> Result<bool, String> {
+        let images: Vec<String> = holds.keys().cloned().collect();
+        let images = images.as_slice();
+        let config_dir = dir.clone();
+        let changed = tokio::task::spawn_blocking(move || {
+            // Added to what holds them already: applying one set must not unpin another.
+            let changed = pins::hold_crio_pins(&config_dir, &holds)?;
+            let back = pins::read_drop_in(&config_dir)?;
+            let missing: Vec<String> = holds
+                .into_iter()
+                .filter(|(image, sets)| {
+                    !back.iter().any(|e| {
+                        e.pattern == *image
+                            && sets
+                                .iter()
+                                .all(|s| e.holders.contains(&Holder::Set(s.clone())))
+                    })
+                })
+                .map(|(image, _)| image)
+                .collect();
+            Ok::<_, pins::PinError>((changed, missing))
+        })
+        .await
+        .map_err(|e| format!("writing the CRI-O drop-in: {e}"))?;
+        let (changed, missing) = changed.map_err(|e| e.to_string())?;
+        if !missing.is_empty() {
+            return Err(format!(
+                "the CRI-O drop-in does not list {} for its sets after writing it",
+                missing.join(", ")
+            ));
+        }
+        let reports = self.reports();
+        // Also when the file is as wanted but CRI-O does not pin it yet: a reload that did not take
+        // before, or the restart asked for now.
+        if changed || (reports.any() && !self.not_pinned(images).await.is_empty()) {
+            let how = reload.clone();
+            tokio::task::spawn_blocking(move || pins::reload_crio(&how))
+                .await
+                .map_err(|e| format!("reloading CRI-O: {e}"))?
+                .map_err(|e| e.to_string())?;
+        }
+        if !reports.any() {
+            return Ok(false);
+        }
+        let unpinned = self.confirm(images).await;
+        if unpinned.is_empty() {
+            return Ok(true);
+        }
+        Err(self.why_not_pinned(dir, &unpinned).await)
+    }
+
+    /// Which CRI calls carry this runtime's word on pins.
+    fn reports(&self) -> PinReports {
+        self.runtime
+            .map(Runtime::reports_pinned)
+            .unwrap_or_default()
+    }
+
+    /// The images the runtime does not report pinned, each with the names it knows it by (one it could not
+    /// be asked about counts as not pinned, with none).
+    async fn not_pinned(&self, images: &[String]) -> Vec<(String, Vec<String>)> {
+        let records = self
+            .client
+            .image_records(images, self.reports().list_images)
+            .await;
+        images
+            .iter()
+            .zip(records)
+            .filter_map(|(image, record)| match record {
+                Ok(Some(i)) if i.pinned => None,
+                Ok(Some(i)) => Some((image.clone(), [i.repo_tags, i.repo_digests].concat())),
+                _ => Some((image.clone(), Vec::new())),
+            })
+            .collect()
+    }
+
+    /// What is still not pinned once the runtime had time to apply a reload (asynchronous in CRI-O) or to
+    /// come back from a restart.
+    async fn confirm(&self, images: &[String]) -> Vec<(String, Vec<String>)> {
+        let deadline = Instant::now() + CONFIRM_WITHIN;
+        loop {
+            let unpinned = self.not_pinned(images).await;
+            if unpinned.is_empty() || Instant::now() >= deadline {
+                return unpinned;
+            }
+            tokio::time::sleep(CONFIRM_EVERY).await;
+        }
+    }
+
+    /// Why CRI-O does not pin `unpinned` after the drop-in in `dir` listed them and it was reloaded: its
+    /// files and version explain it as `check` does; what they do not explain is listed.
+    async fn why_not_pinned(&self, dir: PathBuf, unpinned: &[(String, Vec<String>)]) -> String {
+        let runtime = self
+            .runtime
+            .map_or_else(|| self.runtime_name.to_string(), Runtime::to_string);
+        let version = self.runtime.and_then(Runtime::crio_version);
+        let config = match version {
+            Some(_) => tokio::task::spawn_blocking(move || pins::read_crio_config(&dir))
+                .await
+                .ok()
+                .and_then(Result::ok),
+            None => None,
+        };
+        let images = unpinned
+            .iter()
+            .map(|(reference, names)| Unpinned { reference, names });
+        let (mut reasons, rest) = match &config {
+            Some(config) => explain_unpinned(&runtime, version, config, images),
+            None => (Vec::new(), images.map(|i| i.reference).collect()),
+        };
+        if !rest.is_empty() {
+            reasons.push(format!(
+                "{runtime} does not report {} image(s) pinned after writing the drop-in and reloading: {}",
+                rest.len(),
+                rest.join(", ")
+            ));
+        }
+        reasons.join("; ")
+    }
+}

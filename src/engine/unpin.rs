@@ -1,0 +1,97 @@
+//! Undoing pins on one node (`pinboard unpin`, and the TUI's): releasing sets' holds on its pins, and
+//! which sets hold any pin there now.
+
+use std::collections::BTreeSet;
+
+use crate::backend::cri::DEFAULT_TIMEOUT;
+use crate::backend::node::DirectNode;
+use crate::backend::pins::{self, PinTarget, Reload, connect_resolved};
+use crate::model::crio::ReloadPins;
+use crate::model::holders::{Holder, Holders, PinChange, Release};
+use crate::model::runtime::Runtime;
+
+/// What unpinning did on one node: each pin it released a holder of or was asked about, and, on a CRI-O
+/// whose reload ignores removals, that the pins stay until it restarts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeUnpinned {
+    pub changes: Vec<PinChange>,
+    pub note: Option<String>,
+}
+
+/// Unpins on one node what `release` releases: CRI-O's drop-in entries lose those holders and an entry
+/// goes with its last one (rewritten only if it changes, then CRI-O is reloaded; no entry left removes the
+/// key, and the file when nothing else is in it), containerd's records lose those holder labels and the
+/// pin label with the last one. An administrator's entries stay; images are never deleted.
+pub async fn unpin(
+    node: &DirectNode,
+    target: PinTarget,
+    release: &Release,
+) -> Result<NodeUnpinned, String> {
+    let (client, pin) = connect_resolved(node, target, DEFAULT_TIMEOUT).await?;
+    match pin {
+        PinTarget::CrioDropIn { config_dir, reload } => {
+            // A reload that ignores removals leaves them pinned until CRI-O restarts: say so.
+            let version = client.version().await.map_err(|e| e.to_string())?;
+            let kept_until_restart =
+                Runtime::identify(&version.runtime_name, &version.runtime_version)
+                    .and_then(|r| r.crio_version())
+                    .and_then(|v| ReloadPins::of(v).removal_note())
+                    .filter(|_| reload != Reload::Restart);
+            let release = release.clone();
+            let changes = tokio::task::spawn_blocking(move || {
+                let (changed, changes) = pins::release_crio_pins(&config_dir, &release)?;
+                if changed {
+                    pins::reload_crio(&reload)?;
+                }
+                Ok::<_, pins::PinError>(changes)
+            })
+            .await
+            .map_err(|e| format!("rewriting the CRI-O drop-in: {e}"))?
+            .map_err(|e| e.to_string())?;
+            let removed = changes.iter().any(PinChange::removed);
+            Ok(NodeUnpinned {
+                changes,
+                note: kept_until_restart.filter(|_| removed).map(str::to_string),
+            })
+        }
+        _ => Ok(NodeUnpinned {
+            changes: pins::release_containerd(&client, release)
+                .await
+                .map_err(|e| format!("unlabelling: {e}"))?,
+            note: None,
+        }),
+    }
+}
+
+/// The sets that hold some pin on one node, as its record says (drop-in marks, holder labels).
+pub async fn sets_holding(
+    node: &DirectNode,
+    target: PinTarget,
+) -> Result<BTreeSet<String>, String> {
+    let (client, pin) = connect_resolved(node, target, DEFAULT_TIMEOUT).await?;
+    let holders: Vec<Holders> = match pin {
+        PinTarget::CrioDropIn { config_dir, .. } => {
+            tokio::task::spawn_blocking(move || pins::read_drop_in(&config_dir))
+                .await
+                .map_err(|e| format!("reading the CRI-O drop-in: {e}"))?
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|e| e.holders)
+                .collect()
+        }
+        _ => pins::containerd_images(&client)
+            .await
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(pins::ContainerdImage::holders)
+            .collect(),
+    };
+    Ok(holders
+        .into_iter()
+        .flatten()
+        .filter_map(|h| match h {
+            Holder::Set(name) => Some(name),
+            _ => None,
+        })
+        .collect())
+}

@@ -1,0 +1,39 @@
+//! The lab: real containerd nodes, a real docker-registry behind a controllable TCP proxy (optionally behind
+//! a token service, over TLS with a site CA, or asking for client certificates), and (optionally) a real
+//! etcd + kube-apiserver, all started as local processes for integration tests and the `lab` example;
+//! stand-ins, speaking the real formats, for what cannot run here (kubelet, CRI-O).
+//!
+//! The test binary (tests/it/main.rs) declares it with `mod support;`; the benches and the example include
+//! it with `#[path = "../tests/it/support/mod.rs"] mod support;`, allowing what only the tests use to be
+//! unused there.
+//! Start with [`Lab::start`]; everything it starts is stopped when the [`Lab`] is dropped. How the pieces are
+//! run on this machine is described in docs/lab.md.
+
+mod apiserver;
+pub mod cluster;
+mod cri;
+pub mod crio;
+pub mod http;
+pub mod hup;
+mod images;
+pub mod kubelet;
+pub mod lab;
+pub mod logs;
+mod node;
+mod pki;
+pub mod private;
+mod process;
+mod proxy;
+mod registry;
+pub mod release;
+mod run;
+pub mod tmux;
+mod token;
+
+pub use images::{ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage};
+pub use lab::{Lab, LabConfig};
+pub use node::{Node, NodeSpec};
+pub use process::free_port;
+pub use registry::{RegistrySetup, RegistryTls};
+pub use run::{Run, isolated, pinboard, pinboard_with};
+pub use token::{TokenConfig, TokenUser};
