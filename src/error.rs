@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// pinboard's documented exit codes (README "Exit codes").
+/// pinboard's documented exit codes (docs/exit-codes.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
     Ok = 0,

@@ -68,7 +68,7 @@ pub struct CommonArgs {
     #[command(flatten)]
     pub unpin: UnpinArgs,
     /// Output format of the headless commands: table (`release`: yaml), json, yaml.
-    #[arg(short, long, value_enum)]
+    #[arg(short, long, value_enum, help_heading = "Output")]
     pub output: Option<Output>,
 }
 
@@ -81,6 +81,7 @@ impl CommonArgs {
 
 /// How a rollout runs and how long readiness is waited for.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Rollout")]
 pub struct RolloutArgs {
     /// Pulls at once per node.
     #[arg(long, value_name = "N", default_value_t = 5)]
@@ -100,7 +101,7 @@ pub struct RolloutArgs {
     #[arg(long)]
     pub verify_cri: bool,
     /// `apply` and the TUI: fan out. pinboard serves the sets' images from its blob cache and points every
-    /// node at it for the rollout, so each blob crosses the registry link once (README "Fan-out").
+    /// node at it for the rollout, so each blob crosses the registry link once (docs/fan-out.md).
     #[arg(long)]
     pub fan_out: bool,
     /// Where fan-out serves the nodes: an address of this machine they can reach, e.g. 10.0.0.5:5050.
@@ -161,8 +162,9 @@ impl RolloutArgs {
     }
 }
 
-/// What `unpin` releases in direct mode besides the holds of the sets it names (README "unpin").
+/// What `unpin` releases in direct mode besides the holds of the sets it names (docs/pins.md).
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Unpin")]
 pub struct UnpinArgs {
     /// `unpin`: release every set's hold on the nodes; an administrator's entries and unowned pins stay.
     #[arg(long)]
@@ -175,6 +177,7 @@ pub struct UnpinArgs {
 
 /// Which images: any mix of these, each set checked against the PinnedImageSet rules.
 #[derive(Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Sets")]
 pub struct SetInput {
     /// PinnedImageSet YAML (several documents allowed). Repeatable.
     #[arg(long = "set", value_name = "FILE")]
@@ -195,6 +198,7 @@ pub struct SetInput {
 
 /// How a release becomes sets (`pinboard release` and `--release`).
 #[derive(Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Releases")]
 pub struct ReleaseArgs {
     /// The pool a release's sets land in: their machineconfiguration.openshift.io/role label.
     #[arg(long, value_name = "POOL", default_value = "worker")]
@@ -224,6 +228,7 @@ fn parse_regex(text: &str) -> Result<Regex, String> {
 /// Which nodes: reached directly over their CRI sockets (and how pinboard changes them), or through a
 /// cluster's API server (cluster mode).
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Nodes")]
 pub struct TargetArgs {
     /// Cluster mode, with this kubeconfig.
     #[arg(long, value_name = "FILE")]
@@ -240,7 +245,7 @@ pub struct TargetArgs {
     /// containerd sockets).
     #[arg(long = "cri", value_name = "[NAME=]ENDPOINT")]
     pub cri: Vec<String>,
-    /// YAML list of nodes: name, endpoint, and per-node pin and lazy-pull settings (README "Nodes file").
+    /// YAML list of nodes: name, endpoint, and per-node pin and lazy-pull settings (docs/nodes-file.md).
     #[arg(long, value_name = "FILE")]
     pub nodes: Option<PathBuf>,
     /// The nodes' platform, for multi-platform images: os/arch[/variant]. Default: this machine's.
@@ -269,6 +274,7 @@ pub struct TargetArgs {
 
 /// How to reach registries.
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Registries")]
 pub struct RegistryArgs {
     /// Registry credentials (containers-auth.json / docker config format). Default: REGISTRY_AUTH_FILE,
     /// $XDG_RUNTIME_DIR/containers/auth.json, ~/.docker/config.json, /var/lib/kubelet/config.json.
@@ -315,6 +321,7 @@ impl RegistryArgs {
 
 /// Where blobs fetched from registries are kept (`pinboard mirror`).
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Blob cache")]
 pub struct CacheArgs {
     /// The blob cache. Default $XDG_CACHE_HOME/pinboard/blobs, else ~/.cache/pinboard/blobs.
     #[arg(long, value_name = "DIR")]
@@ -356,6 +363,7 @@ impl CacheArgs {
 
 /// When a node counts as full.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Disk limits")]
 pub struct LimitArgs {
     /// Kubelet image GC high threshold, percent: a node above it after pre-loading is `tight`. Default: in
     /// cluster mode each node's kubelet's own (its configuration), else 85.
