@@ -15,28 +15,26 @@
 //!   service on the CRI socket. The pin label stays while any holder does. A pin label without holder
 //!   labels is unowned; when a set holds such an image, `pinboard.dev/unowned=adopted` keeps it unowned
 //!   beside the set. Images are never deleted.
-//!
-//! Also the pieces `lazy.rs` shares: nested-table edits that keep formatting, and the atomic write.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
-use std::io::{self, Write as _};
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use toml_edit::{Array, DocumentMut, Item, Table, TableLike, Value};
+use toml_edit::{Array, DocumentMut, Value};
 
 use sha2::{Digest as _, Sha256};
 
 use super::cri::{CriClient, CriError};
+use super::files::{FileError, file_error, read_optional, write_if_changed};
 use super::node::DirectNode;
 use super::proto::containerd_images::{
     GetImageRequest, Image as ContainerdRecord, ListImagesRequest, UpdateImageRequest,
     images_client::ImagesClient,
 };
 use super::proto::cri::Image;
+use super::toml_doc::{decor_text, has_values, parse, set_value, table_at};
 use crate::model::crio::{self, CrioConfig};
 use crate::model::holders::{CrioEntry, Holder, Holders, PinChange, Release};
 
@@ -50,21 +48,14 @@ pub const CONTAINERD_NAMESPACE: &str = "k8s.io";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
-    #[error("{}: {cause}", path.display())]
-    File { path: PathBuf, cause: String },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("reloading CRI-O: {0}")]
     Reload(String),
     #[error("containerd images service: {0}")]
     Containerd(String),
     #[error(transparent)]
     Cri(#[from] CriError),
-}
-
-fn file_error(path: &Path) -> impl FnOnce(String) -> PinError + '_ {
-    move |cause| PinError::File {
-        path: path.to_owned(),
-        cause,
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -215,10 +206,6 @@ fn comment_lines(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn decor_text(raw: Option<&toml_edit::RawString>) -> &str {
-    raw.and_then(toml_edit::RawString::as_str).unwrap_or("")
-}
-
 /// Who holds an entry, from the text after `# pinboard:`. An empty mark cannot be released by any set:
 /// unowned, never dropped.
 fn parse_mark(mark: &str) -> Holders {
@@ -365,14 +352,6 @@ impl DropIn {
     }
 }
 
-/// Whether `item` sets anything (a table counts only for the keys under it).
-fn has_values(item: &Item) -> bool {
-    match item.as_table_like() {
-        Some(table) => table.iter().any(|(_, i)| has_values(i)),
-        None => !item.is_none(),
-    }
-}
-
 /// Every `pinned_images` entry of a drop-in's text, with who holds it.
 pub fn crio_entries(text: &str) -> Result<Vec<CrioEntry>, String> {
     Ok(DropIn::parse(Some(text))?
@@ -433,7 +412,7 @@ pub fn release_in_drop_in(
 pub fn read_drop_in(config_dir: &Path) -> Result<Vec<CrioEntry>, PinError> {
     let path = config_dir.join(CRIO_DROP_IN);
     match read_optional(&path)? {
-        Some(text) => crio_entries(&text).map_err(file_error(&path)),
+        Some(text) => Ok(crio_entries(&text).map_err(file_error(&path))?),
         None => Ok(Vec::new()),
     }
 }
@@ -455,7 +434,7 @@ pub fn hold_crio_pins(
     let path = config_dir.join(CRIO_DROP_IN);
     let old = read_optional(&path)?;
     let new = hold_in_drop_in(old.as_deref(), holds).map_err(file_error(&path))?;
-    write_if_changed(&path, old.as_deref(), new.as_deref())
+    Ok(write_if_changed(&path, old.as_deref(), new.as_deref())?)
 }
 
 /// Applies `release` to the drop-in in `config_dir`, written only when its content changes; returns
@@ -499,7 +478,7 @@ pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
         let text = fs::read_to_string(&path).map_err(|e| file_error(&path)(e.to_string()))?;
         files.push((relative.display().to_string(), text));
     }
-    CrioConfig::read(files).map_err(file_error(config_dir))
+    Ok(CrioConfig::read(files).map_err(file_error(config_dir))?)
 }
 
 /// Every file under `dir` (whose path below the drop-in directory is `relative`), as CRI-O's walk finds
@@ -883,137 +862,10 @@ fn containerd_error(rpc: &str, name: &str, status: &tonic::Status) -> PinError {
     ))
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// Shared with lazy.rs: TOML edits that keep formatting, and the atomic write.
-
-pub(crate) fn parse(text: Option<&str>) -> Result<DocumentMut, String> {
-    text.unwrap_or("")
-        .parse()
-        .map_err(|e: toml_edit::TomlError| format!("not valid TOML: {}", e.message()))
-}
-
-/// The table at `path`, created when missing: with `indent`, every level gets a header indented by it once
-/// per level below the first (`[crio]` then `  [crio.image]`); without, only the last level does
-/// (`[storage.options]`). Fails when something on the path is not a table.
-pub(crate) fn table_at<'d>(
-    doc: &'d mut DocumentMut,
-    path: &[&str],
-    indent: Option<&str>,
-) -> Result<&'d mut dyn TableLike, String> {
-    let mut table: &mut dyn TableLike = doc.as_table_mut();
-    for (depth, name) in path.iter().enumerate() {
-        let item = table.entry(name).or_insert_with(|| {
-            let mut new = Table::new();
-            match indent {
-                Some(indent) => new.decor_mut().set_prefix(indent.repeat(depth)),
-                None => new.set_implicit(depth + 1 < path.len()),
-            }
-            Item::Table(new)
-        });
-        table = item
-            .as_table_like_mut()
-            .ok_or_else(|| format!("{} is not a table", path[..=depth].join(".")))?;
-    }
-    Ok(table)
-}
-
-/// Sets `key` to an array of `values` on one line, keeping the formatting of an existing key and value
-/// (e.g. a trailing comment); a new key is indented by `indent`.
-pub(crate) fn set_array<'v>(
-    table: &mut dyn TableLike,
-    key: &str,
-    values: impl IntoIterator<Item = &'v str>,
-    indent: &str,
-) {
-    let mut array: Array = values.into_iter().collect();
-    array.fmt();
-    set_value(table, key, Value::Array(array), indent);
-}
-
-/// Sets `key` to `value`, keeping the decor of an existing value (e.g. a trailing comment); a new key is
-/// indented by `indent`.
-fn set_value(table: &mut dyn TableLike, key: &str, value: Value, indent: &str) {
-    match table.get_mut(key).and_then(Item::as_value_mut) {
-        Some(old) => {
-            let decor = old.decor().clone();
-            *old = value;
-            *old.decor_mut() = decor;
-        }
-        None => {
-            table.insert(key, Item::Value(value));
-            if let Some(mut k) = table.key_mut(key) {
-                k.leaf_decor_mut().set_prefix(indent);
-            }
-        }
-    }
-}
-
-/// The file's text, or None when it does not exist.
-pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, PinError> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(file_error(path)(e.to_string())),
-    }
-}
-
-/// Makes `path` hold `new` (None: not exist), given that it holds `old`; returns whether anything changed.
-/// A write goes to a temporary file in the same directory (same owner and mode as the old file), is synced,
-/// renamed over the old one and the directory synced: a crash leaves the old file or the new, never half.
-pub(crate) fn write_if_changed(
-    path: &Path,
-    old: Option<&str>,
-    new: Option<&str>,
-) -> Result<bool, PinError> {
-    if old == new {
-        return Ok(false);
-    }
-    let err = |e: io::Error| file_error(path)(e.to_string());
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    match new {
-        None => fs::remove_file(path).map_err(err)?,
-        Some(text) => {
-            static NEXT: AtomicU64 = AtomicU64::new(0);
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            let tmp = dir.join(format!(
-                ".{name}.tmp-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
-            let written = (|| {
-                let existing = fs::metadata(path).ok();
-                let mode = existing.as_ref().map_or(0o644, |m| m.mode() & 0o7777);
-                let mut file = fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(mode)
-                    .open(&tmp)?;
-                if let Some(m) = &existing {
-                    // The umask may have narrowed `mode`; the owner should not change either.
-                    file.set_permissions(fs::Permissions::from_mode(mode))?;
-                    std::os::unix::fs::fchown(&file, Some(m.uid()), Some(m.gid()))?;
-                }
-                file.write_all(text.as_bytes())?;
-                file.sync_all()?;
-                fs::rename(&tmp, path)
-            })();
-            if let Err(e) = written {
-                let _ = fs::remove_file(&tmp);
-                return Err(err(e));
-            }
-        }
-    }
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(err)?;
-    Ok(true)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+
     use super::*;
     use crate::model::holders::{Sets, holders_of};
     use crate::model::set::{ImageSet, from_flags};

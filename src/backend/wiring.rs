@@ -18,8 +18,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::cri::CriClient;
+use super::files::{self, write_if_changed};
 use super::node::NodeTarget;
-use super::pins::{PinTarget, Reload, reload_crio, write_if_changed};
+use super::pins::{PinTarget, Reload, reload_crio};
 use crate::model::mirror::Source;
 use crate::model::wiring::{
     Marker, RegistriesFile, containerd_hosts, containerd_original, crio_registries,
@@ -355,11 +356,7 @@ fn registries_files(dir: &Path) -> Result<Vec<(String, String)>, String> {
 }
 
 fn read_optional(path: &Path) -> Result<Option<String>, String> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
-    }
+    files::read_optional(path).map_err(|e| e.to_string())
 }
 
 fn create_parent(path: &Path) -> Result<(), String> {
