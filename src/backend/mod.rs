@@ -17,6 +17,7 @@ pub mod proto;
 pub mod readiness;
 pub mod registry;
 pub mod release;
+pub mod target;
 pub mod tls_probe;
 pub mod toml_doc;
 pub mod wiring;

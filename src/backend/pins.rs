@@ -26,9 +26,8 @@ use toml_edit::{Array, DocumentMut, Value};
 
 use sha2::{Digest as _, Sha256};
 
-use super::cri::{CriClient, CriError};
+use super::cri::{CriClient, CriEndpoint, CriError};
 use super::files::{FileError, file_error, read_optional, write_if_changed};
-use super::node::DirectNode;
 use super::proto::containerd_images::{
     GetImageRequest, Image as ContainerdRecord, ListImagesRequest, UpdateImageRequest,
     images_client::ImagesClient,
@@ -76,13 +75,14 @@ pub enum PinTarget {
     ContainerdLabel,
 }
 
-/// Connects to `node` and decides how it pins ([`resolve`]): the client and the decided target.
+/// Connects to the node at `endpoint` and decides how it pins ([`resolve`]): the client and the decided
+/// target.
 pub async fn connect_resolved(
-    node: &DirectNode,
+    endpoint: &CriEndpoint,
     target: PinTarget,
     timeout: Duration,
 ) -> Result<(CriClient, PinTarget), String> {
-    let client = CriClient::connect(&node.endpoint, timeout)
+    let client = CriClient::connect(endpoint, timeout)
         .await
         .map_err(|e| e.to_string())?;
     let runtime = client

@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 
 use super::cri::CriClient;
 use super::files::{self, write_if_changed};
-use super::node::NodeTarget;
 use super::pins::{PinTarget, Reload, reload_crio};
 use crate::model::mirror::Source;
 use crate::model::wiring::{
@@ -63,15 +62,20 @@ pub enum Wiring {
     },
 }
 
-/// How `target`'s runtime is wired, asked over its CRI socket `client`; Err says why it cannot be (the node
-/// then pulls directly).
-pub async fn locate(target: &NodeTarget, client: &CriClient) -> Result<Wiring, String> {
+/// How a node's runtime is wired, asked over its CRI socket `client`, given where its files are (`paths`)
+/// and how it pins (`pin`: CRI-O is reloaded the same way); Err says why it cannot be (the node then pulls
+/// directly).
+pub async fn locate(
+    paths: &WiringPaths,
+    pin: &PinTarget,
+    client: &CriClient,
+) -> Result<Wiring, String> {
     let version = client.version().await.map_err(|e| e.to_string())?;
     let local = client.endpoint().is_local();
     let runtime = version.runtime_name;
     match runtime.as_str() {
         "containerd" => {
-            let config_path = match &target.wiring.registry_config_dir {
+            let config_path = match &paths.registry_config_dir {
                 Some(dir) => dir.clone(),
                 None if !local => {
                     return Err(format!(
@@ -99,8 +103,8 @@ pub async fn locate(target: &NodeTarget, client: &CriClient) -> Result<Wiring, S
             client.endpoint()
         )),
         "cri-o" => Ok(Wiring::Crio {
-            registries_dir: target.wiring.crio_registries_dir.clone(),
-            reload: match &target.pin {
+            registries_dir: paths.crio_registries_dir.clone(),
+            reload: match pin {
                 PinTarget::CrioDropIn { reload, .. } => reload.clone(),
                 _ => Reload::Systemctl,
             },

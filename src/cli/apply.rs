@@ -16,7 +16,7 @@ use super::Interrupts;
 use super::check::{Checker, readiness_table, verdict, verdict_line};
 use super::output::{render, short_reference, table};
 use crate::backend::blobs::BlobCache;
-use crate::backend::node::NodeTarget;
+use crate::backend::target::NodeTarget;
 use crate::engine;
 use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutReport, FanOutSetup, LOOPBACK, Run, Update};

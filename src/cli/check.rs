@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::output::{image_matrix, render, table};
-use crate::backend::node::NodeTarget;
 use crate::backend::readiness::{observe, observe_pulls};
 use crate::backend::registry::Registry;
+use crate::backend::target::NodeTarget;
 use crate::error::{Exit, Failure};
 use crate::model::holders::HeldBy;
 use crate::model::image::Platform;

@@ -13,9 +13,9 @@ use tokio::time::Instant;
 
 use super::check::{readiness_table, verdict, verdict_line, warn};
 use super::output::{render, table};
-use crate::backend::node::NodeTarget;
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
+use crate::backend::target::NodeTarget;
 use crate::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
 use crate::error::{Exit, Failure};
 use crate::model::cluster::{

@@ -95,7 +95,7 @@ fn completion(shell: Shell, name: &str) -> String {
 
 /// Puts back fan-out files a killed pinboard left on `targets`, saying so on stderr: every command that
 /// touches nodes does this first.
-async fn clean_stale(targets: &[crate::backend::node::NodeTarget], timeout: std::time::Duration) {
+async fn clean_stale(targets: &[crate::backend::target::NodeTarget], timeout: std::time::Duration) {
     for line in crate::fanout::clean_stale(targets, timeout).await {
         eprintln!("pinboard: {line}");
     }

@@ -8,7 +8,7 @@ use ratatui::backend::IntoCrossterm;
 
 use super::cluster::{ClusterSession, NAME_OR_FILE, cluster_registry, files_and_names};
 use super::output::{image_matrix, table};
-use crate::backend::node::DirectNode;
+use crate::backend::target::DirectNode;
 use crate::error::Failure;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, SpaceSource};
 use crate::model::units::{human, human_signed};

@@ -20,10 +20,11 @@ use crate::backend::blobs::{BlobCache, CacheOptions};
 use crate::backend::credentials::Credentials;
 use crate::backend::cri::CriClient;
 use crate::backend::lazy::{LazyState, read_lazy, set_lazy};
-use crate::backend::node::{NodeTarget, observe};
+use crate::backend::node::observe;
 use crate::backend::pins::{self, CONTAINERD_PIN_VALUE};
 use crate::backend::pins::{PinTarget, connect_resolved};
 use crate::backend::registry::Registry;
+use crate::backend::target::NodeTarget;
 use crate::engine::{self, Control, EngineConfig};
 use crate::error::Failure;
 use crate::fanout::{FanOutSetup, LOOPBACK, Run, Update};
@@ -426,7 +427,7 @@ impl Observer {
     async fn config_views(&self, sets: &[ImageSet]) -> BTreeMap<String, ConfigView> {
         let holds = holders_of(sets);
         let views = self.targets.iter().map(|t| async {
-            let view = match connect_resolved(&t.node, t.pin.clone(), self.timeout).await {
+            let view = match connect_resolved(&t.node.endpoint, t.pin.clone(), self.timeout).await {
                 Ok((_, PinTarget::CrioDropIn { config_dir, .. })) => crio_view(&config_dir, &holds),
                 Ok((client, _)) => containerd_view(&client, &holds).await,
                 Err(e) => ConfigView {
@@ -577,7 +578,8 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
     if !reachable {
         return info;
     }
-    let Ok((client, pin)) = connect_resolved(&target.node, target.pin.clone(), timeout).await
+    let Ok((client, pin)) =
+        connect_resolved(&target.node.endpoint, target.pin.clone(), timeout).await
     else {
         return info;
     };
