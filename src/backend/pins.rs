@@ -36,6 +36,7 @@ use super::proto::cri::Image;
 use super::toml_doc::{decor_text, has_values, parse, set_value, table_at};
 use crate::model::crio::{self, CrioConfig};
 use crate::model::holders::{CrioEntry, Holder, Holders, PinChange, Release};
+use crate::model::runtime::RuntimeKind;
 
 pub const CRIO_CONFIG_DIR: &str = "/etc/crio/crio.conf.d";
 /// The OpenShift daemon's file name: sorts after CRI-O's own drop-ins, before the administrator's `99-*`.
@@ -94,24 +95,25 @@ pub async fn connect_resolved(
     Ok((client, pin))
 }
 
-/// The target with `Detect` decided from the runtime's name.
+/// The target with `Detect` decided from the runtime CRI Version names `runtime` (named in the refusal of
+/// one pinboard does not pin on).
 pub fn resolve(target: PinTarget, runtime: &str, client: &CriClient) -> Result<PinTarget, String> {
     if target != PinTarget::Detect {
         return Ok(target);
     }
-    match runtime {
-        "containerd" => Ok(PinTarget::ContainerdLabel),
+    match RuntimeKind::of_cri_name(runtime) {
+        Some(RuntimeKind::Containerd) => Ok(PinTarget::ContainerdLabel),
         // The drop-in is a file on the node: only writable when pinboard runs there.
-        "cri-o" if !client.endpoint().is_local() => Err(format!(
+        Some(RuntimeKind::Crio) if !client.endpoint().is_local() => Err(format!(
             "CRI-O at {}: its pin drop-in can only be written on the node itself",
             client.endpoint()
         )),
-        "cri-o" => Ok(PinTarget::CrioDropIn {
+        Some(RuntimeKind::Crio) => Ok(PinTarget::CrioDropIn {
             config_dir: CRIO_CONFIG_DIR.into(),
             reload: Reload::Systemctl,
         }),
-        other => Err(format!(
-            "runtime {other:?}: pinboard pins only on containerd and CRI-O"
+        None => Err(format!(
+            "runtime {runtime:?}: pinboard pins only on containerd and CRI-O"
         )),
     }
 }

@@ -21,6 +21,7 @@ use super::cri::CriClient;
 use super::files::{self, write_if_changed};
 use super::pins::{PinTarget, Reload, reload_crio};
 use crate::model::mirror::Source;
+use crate::model::runtime::RuntimeKind;
 use crate::model::wiring::{
     Marker, RegistriesFile, containerd_hosts, containerd_original, crio_registries,
 };
@@ -73,8 +74,8 @@ pub async fn locate(
     let version = client.version().await.map_err(|e| e.to_string())?;
     let local = client.endpoint().is_local();
     let runtime = version.runtime_name;
-    match runtime.as_str() {
-        "containerd" => {
+    match RuntimeKind::of_cri_name(&runtime) {
+        Some(RuntimeKind::Containerd) => {
             let config_path = match &paths.registry_config_dir {
                 Some(dir) => dir.clone(),
                 None if !local => {
@@ -98,19 +99,19 @@ pub async fn locate(
             };
             Ok(Wiring::Containerd { config_path })
         }
-        "cri-o" if !local => Err(format!(
+        Some(RuntimeKind::Crio) if !local => Err(format!(
             "CRI-O at {}: its registries.conf.d is on the node, and pinboard writes where it runs",
             client.endpoint()
         )),
-        "cri-o" => Ok(Wiring::Crio {
+        Some(RuntimeKind::Crio) => Ok(Wiring::Crio {
             registries_dir: paths.crio_registries_dir.clone(),
             reload: match pin {
                 PinTarget::CrioDropIn { reload, .. } => reload.clone(),
                 _ => Reload::Systemctl,
             },
         }),
-        other => Err(format!(
-            "runtime {other:?}: fan-out wires only containerd and CRI-O"
+        None => Err(format!(
+            "runtime {runtime:?}: fan-out wires only containerd and CRI-O"
         )),
     }
 }
