@@ -1,7 +1,7 @@
 //! The lazy-pull storage drop-in for CRI-O (containers-storage): `additionallayerstores` pointing at
 //! stargz-store, so eStargz and zstd:chunked images start before they are fully fetched.
 //!
-//! Same rules as the pin drop-in (`pins.rs`): edited with `toml_edit` so other content survives
+//! Same rules as the pin drop-in ([`super::pins::crio`]): edited with `toml_edit` so other content survives
 //! ([`super::toml_doc`]), written atomically and only on change ([`super::files`]). The store only helps when
 //! stargz-store has it mounted, so a missing mount comes back as a warning rather than an error: the file
 //! may well be written before the store is started.
