@@ -22,7 +22,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
 use crate::backend::credentials::Credentials;
 use crate::backend::cri::CriClient;
-use crate::backend::node::NodeTarget;
+use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{self, Wired, Wiring};
 use crate::engine::{self, Control, EngineConfig, NodeJob};
 use crate::model::image::ImageFacts;
@@ -292,7 +292,7 @@ async fn located(target: &NodeTarget, timeout: Duration) -> Result<Wiring, Strin
     let client = CriClient::connect(&target.node.endpoint, timeout)
         .await
         .map_err(|e| e.to_string())?;
-    wiring::locate(target, &client).await
+    wiring::locate(&target.wiring, &target.pin, &client).await
 }
 
 async fn blocking<T: Send + 'static>(

@@ -10,8 +10,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::blobs;
-use crate::backend::node::{DirectNode, NodeObservation, observe};
+use crate::backend::node::{NodeObservation, observe};
 use crate::backend::registry::{PlatformFacts, Registry, RegistryError};
+use crate::backend::target::DirectNode;
 use crate::cluster::Cluster;
 use crate::error::{Exit, Failure};
 use crate::model::cluster::{ClusterView, NodeView};

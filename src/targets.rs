@@ -23,8 +23,8 @@ use serde::Deserialize;
 
 use crate::backend::cri::CriEndpoint;
 use crate::backend::lazy::LazyConfig;
-use crate::backend::node::{DirectNode, NodeTarget};
 use crate::backend::pins::{CRIO_CONFIG_DIR, PinTarget, Reload};
+use crate::backend::target::{DirectNode, NodeTarget};
 use crate::backend::wiring::WiringPaths;
 use crate::engine::NodeJob;
 use crate::model::holders::holders_of;

@@ -1,8 +1,8 @@
 //! The lazy-pull storage drop-in for CRI-O (containers-storage): `additionallayerstores` pointing at
 //! stargz-store, so eStargz and zstd:chunked images start before they are fully fetched.
 //!
-//! Same rules as the pin drop-in (`pins.rs`, whose TOML helpers and atomic write this shares): edited with
-//! `toml_edit` so other content survives, written atomically and only on change. The store only helps when
+//! Same rules as the pin drop-in ([`super::pins::crio`]): edited with `toml_edit` so other content survives
+//! ([`super::toml_doc`]), written atomically and only on change ([`super::files`]). The store only helps when
 //! stargz-store has it mounted, so a missing mount comes back as a warning rather than an error: the file
 //! may well be written before the store is started.
 
@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{Item, Value};
 
-use super::pins::{PinError, parse, read_optional, set_array, table_at, write_if_changed};
+use super::files::{file_error, read_optional, write_if_changed};
+use super::pins::PinError;
+use super::toml_doc::{parse, set_array, table_at};
 
 pub const STORAGE_CONF_DIR: &str = "/etc/containers/storage.conf.d";
 pub const LAZY_DROP_IN: &str = "lazy-image-pull.conf";
@@ -138,10 +140,7 @@ pub struct LazyOutcome {
 pub fn set_lazy(config: &LazyConfig, enable: bool) -> Result<LazyOutcome, PinError> {
     let old = read_optional(&config.file)?;
     let new =
-        lazy_drop_in(old.as_deref(), &config.store, enable).map_err(|cause| PinError::File {
-            path: config.file.clone(),
-            cause,
-        })?;
+        lazy_drop_in(old.as_deref(), &config.store, enable).map_err(file_error(&config.file))?;
     let changed = write_if_changed(&config.file, old.as_deref(), new.as_deref())?;
     let warning = if enable {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

@@ -7,6 +7,7 @@ pub mod certs;
 pub mod credentials;
 pub mod cri;
 pub mod distribution;
+pub mod files;
 pub mod lazy;
 pub mod mirror_config;
 pub mod node;
@@ -16,7 +17,9 @@ pub mod proto;
 pub mod readiness;
 pub mod registry;
 pub mod release;
+pub mod target;
 pub mod tls_probe;
+pub mod toml_doc;
 pub mod wiring;
 
 /// At most `max` characters of `text`, with `...` when cut: remote error bodies can be long.

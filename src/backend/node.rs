@@ -9,27 +9,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::cri::{CriClient, CriEndpoint, CriError};
-use super::lazy::LazyConfig;
-use super::pins::PinTarget;
-use super::wiring::WiringPaths;
+use super::target::DirectNode;
 use crate::model::plan::{NodeFacts, Presence};
-
-/// A node named on the command line.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirectNode {
-    pub name: String,
-    pub endpoint: CriEndpoint,
-}
-
-/// A node and how pinboard changes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeTarget {
-    pub node: DirectNode,
-    pub pin: PinTarget,
-    pub lazy: LazyConfig,
-    /// Where fan-out points the node's runtime at pinboard.
-    pub wiring: WiringPaths,
-}
 
 #[derive(Clone, Debug, Default)]
 pub struct NodeObservation {

@@ -15,9 +15,9 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::cri::{CriClient, CriError};
-use super::node::NodeTarget;
 use super::pins::{self, PinTarget};
 use super::progress;
+use super::target::NodeTarget;
 use crate::model::crio::CrioConfig;
 use crate::model::holders::{CrioEntry, crio_holders};
 use crate::model::image::ImageFacts;

@@ -18,9 +18,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::cri::CriClient;
-use super::node::NodeTarget;
-use super::pins::{PinTarget, Reload, reload_crio, write_if_changed};
+use super::files::{self, write_if_changed};
+use super::pins::{PinTarget, Reload, reload_crio};
 use crate::model::mirror::Source;
+use crate::model::runtime::RuntimeKind;
 use crate::model::wiring::{
     Marker, RegistriesFile, containerd_hosts, containerd_original, crio_registries,
 };
@@ -62,15 +63,20 @@ pub enum Wiring {
     },
 }
 
-/// How `target`'s runtime is wired, asked over its CRI socket `client`; Err says why it cannot be (the node
-/// then pulls directly).
-pub async fn locate(target: &NodeTarget, client: &CriClient) -> Result<Wiring, String> {
+/// How a node's runtime is wired, asked over its CRI socket `client`, given where its files are (`paths`)
+/// and how it pins (`pin`: CRI-O is reloaded the same way); Err says why it cannot be (the node then pulls
+/// directly).
+pub async fn locate(
+    paths: &WiringPaths,
+    pin: &PinTarget,
+    client: &CriClient,
+) -> Result<Wiring, String> {
     let version = client.version().await.map_err(|e| e.to_string())?;
     let local = client.endpoint().is_local();
     let runtime = version.runtime_name;
-    match runtime.as_str() {
-        "containerd" => {
-            let config_path = match &target.wiring.registry_config_dir {
+    match RuntimeKind::of_cri_name(&runtime) {
+        Some(RuntimeKind::Containerd) => {
+            let config_path = match &paths.registry_config_dir {
                 Some(dir) => dir.clone(),
                 None if !local => {
                     return Err(format!(
@@ -93,19 +99,19 @@ pub async fn locate(target: &NodeTarget, client: &CriClient) -> Result<Wiring, S
             };
             Ok(Wiring::Containerd { config_path })
         }
-        "cri-o" if !local => Err(format!(
+        Some(RuntimeKind::Crio) if !local => Err(format!(
             "CRI-O at {}: its registries.conf.d is on the node, and pinboard writes where it runs",
             client.endpoint()
         )),
-        "cri-o" => Ok(Wiring::Crio {
-            registries_dir: target.wiring.crio_registries_dir.clone(),
-            reload: match &target.pin {
+        Some(RuntimeKind::Crio) => Ok(Wiring::Crio {
+            registries_dir: paths.crio_registries_dir.clone(),
+            reload: match pin {
                 PinTarget::CrioDropIn { reload, .. } => reload.clone(),
                 _ => Reload::Systemctl,
             },
         }),
-        other => Err(format!(
-            "runtime {other:?}: fan-out wires only containerd and CRI-O"
+        None => Err(format!(
+            "runtime {runtime:?}: fan-out wires only containerd and CRI-O"
         )),
     }
 }
@@ -355,11 +361,7 @@ fn registries_files(dir: &Path) -> Result<Vec<(String, String)>, String> {
 }
 
 fn read_optional(path: &Path) -> Result<Option<String>, String> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
-    }
+    files::read_optional(path).map_err(|e| e.to_string())
 }
 
 fn create_parent(path: &Path) -> Result<(), String> {

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::backend::node::DirectNode;
 use crate::backend::pins::PinTarget;
+use crate::backend::target::DirectNode;
 use crate::model::plan::NodePlan;
 
 /// One node to roll out: where it is, its plan from the survey (verdict and images, in order), how to

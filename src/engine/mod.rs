@@ -145,8 +145,8 @@ fn route(routes: &HashMap<String, UnboundedSender<Control>>, message: &Control) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::node::DirectNode;
     use crate::backend::pins::PinTarget;
+    use crate::backend::target::DirectNode;
     use crate::model::rollout::NodeState;
 
     fn job(name: &str, endpoint: &str, verdict: &str) -> NodeJob {

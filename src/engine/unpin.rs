@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 
 use crate::backend::cri::DEFAULT_TIMEOUT;
-use crate::backend::node::DirectNode;
 use crate::backend::pins::{self, PinTarget, Reload, connect_resolved};
+use crate::backend::target::DirectNode;
 use crate::model::crio::ReloadPins;
 use crate::model::holders::{Holder, Holders, PinChange, Release};
 use crate::model::runtime::Runtime;
@@ -27,7 +27,7 @@ pub async fn unpin(
     target: PinTarget,
     release: &Release,
 ) -> Result<NodeUnpinned, String> {
-    let (client, pin) = connect_resolved(node, target, DEFAULT_TIMEOUT).await?;
+    let (client, pin) = connect_resolved(&node.endpoint, target, DEFAULT_TIMEOUT).await?;
     match pin {
         PinTarget::CrioDropIn { config_dir, reload } => {
             // A reload that ignores removals leaves them pinned until CRI-O restarts: say so.
@@ -68,7 +68,7 @@ pub async fn sets_holding(
     node: &DirectNode,
     target: PinTarget,
 ) -> Result<BTreeSet<String>, String> {
-    let (client, pin) = connect_resolved(node, target, DEFAULT_TIMEOUT).await?;
+    let (client, pin) = connect_resolved(&node.endpoint, target, DEFAULT_TIMEOUT).await?;
     let holders: Vec<Holders> = match pin {
         PinTarget::CrioDropIn { config_dir, .. } => {
             tokio::task::spawn_blocking(move || pins::read_drop_in(&config_dir))

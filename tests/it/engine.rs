@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pinboard::backend::credentials::Credentials;
-use pinboard::backend::node::{DirectNode, observe};
+use pinboard::backend::node::observe;
 use pinboard::backend::pins::PinTarget;
 use pinboard::backend::pins::{CRIO_DROP_IN, Reload};
+use pinboard::backend::target::DirectNode;
 use pinboard::engine::{self, Control, EngineConfig, NodeJob};
 use pinboard::model::holders::holders_of;
 use pinboard::model::image::{ImageFacts, Layer};

@@ -211,8 +211,8 @@ async fn a_pin_someone_else_set_is_adopted_and_stays_until_released_on_purpose()
 /// every image stays on the node.
 #[tokio::test(flavor = "multi_thread")]
 async fn unpinning_releases_the_set_and_keeps_images() {
-    use pinboard::backend::node::DirectNode;
     use pinboard::backend::pins::{PinTarget, Reload, hold_crio_pins, read_crio_pins};
+    use pinboard::backend::target::DirectNode;
     use pinboard::engine::unpin;
 
     let lab = one_node("pins-unpin");

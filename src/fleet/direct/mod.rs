@@ -24,8 +24,8 @@ use super::{
 };
 use crate::backend::blobs::{BlobCache, CacheOptions};
 use crate::backend::lazy::set_lazy;
-use crate::backend::node::NodeTarget;
 use crate::backend::registry::Registry;
+use crate::backend::target::NodeTarget;
 use crate::engine::EngineConfig;
 use crate::error::Failure;
 use crate::model::image::Platform;

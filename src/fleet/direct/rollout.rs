@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use super::Direct;
 use super::check::Checker;
 use super::views::by_outcome;
-use crate::backend::node::NodeTarget;
+use crate::backend::target::NodeTarget;
 use crate::engine::{self, Control, EngineConfig};
 use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutSetup, Run, Update};

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use crate::backend::cri::CriClient;
 use crate::backend::lazy::{LazyState, read_lazy};
-use crate::backend::node::{NodeTarget, observe};
+use crate::backend::node::observe;
 use crate::backend::pins::{self, CONTAINERD_PIN_VALUE, PinTarget, connect_resolved};
+use crate::backend::target::NodeTarget;
 use crate::model::diff::DiffKind;
 // MERGE: these move into the model (h-ui).
 use crate::model::holders::{HeldBy, Holder, holders_of};
@@ -28,7 +29,7 @@ pub async fn config_views(
 ) -> BTreeMap<String, ConfigView> {
     let holds = holders_of(sets);
     let views = targets.iter().map(|t| async {
-        let view = match connect_resolved(&t.node, t.pin.clone(), timeout).await {
+        let view = match connect_resolved(&t.node.endpoint, t.pin.clone(), timeout).await {
             Ok((_, PinTarget::CrioDropIn { config_dir, .. })) => crio_view(&config_dir, &holds),
             Ok((client, _)) => containerd_view(&client, &holds).await,
             Err(e) => ConfigView {
@@ -183,7 +184,8 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
     if !reachable {
         return info;
     }
-    let Ok((client, pin)) = connect_resolved(&target.node, target.pin.clone(), timeout).await
+    let Ok((client, pin)) =
+        connect_resolved(&target.node.endpoint, target.pin.clone(), timeout).await
     else {
         return info;
     };

@@ -21,9 +21,9 @@ use super::{
     Applied, ApplyOptions, ApplyProgress, Events, Fleet, ReadingRegistry, RolloutControl,
     SetDeleted, SetSources, Traits, UnpinOptions, Unpinned,
 };
-use crate::backend::node::NodeTarget;
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
+use crate::backend::target::NodeTarget;
 use crate::cluster::{Cluster, ClusterError, ConnectOptions, connect};
 use crate::error::{Exit, Failure};
 use crate::model::cluster::{pool_warning, pools_for_set};

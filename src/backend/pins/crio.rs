@@ -1,132 +1,30 @@
-//! Writing pins on a node, the two ways runtimes enforce them, each with a record of which sets hold each
-//! pin ([`crate::model::holders`]) kept on the node itself, so any pinboard on any machine sees the same:
+//! CRI-O's pins: `pinned_images` in the one drop-in `50-pinned-images` (a second file would replace the
+//! array, not add to it), then a reload (CRI-O re-reads its config on SIGHUP) or a restart.
 //!
-//! - CRI-O: `pinned_images` in the one drop-in `50-pinned-images` (a second file would replace the array,
-//!   not add to it), then a reload (CRI-O re-reads its config on SIGHUP) or a restart. Each entry pinboard
-//!   holds carries a TOML comment after its comma, invisible to CRI-O: `"ref", # pinboard: set-a, set-b`
-//!   (`(unowned)` for a pin adopted from before holders were recorded). A note on top says the file is
-//!   marked; in a marked file an entry without a mark is the administrator's and is never removed. A file
-//!   without the note predates marks: its entries are unowned. The file is edited with `toml_edit`, one
-//!   entry per line so that each can carry its mark, keeping an administrator's comments and other keys,
-//!   written atomically and only when its content changes. What CRI-O makes of all its files together is
-//!   read by [`read_crio_config`] and judged by [`crate::model::crio`].
-//! - containerd: the label `io.cri-containerd.pinned=pinned` on every image record of the image, and one
-//!   label per holding set ([`set_label`]: `pinboard.dev/set.<name>=<name>`), through containerd's images
-//!   service on the CRI socket. The pin label stays while any holder does. A pin label without holder
-//!   labels is unowned; when a set holds such an image, `pinboard.dev/unowned=adopted` keeps it unowned
-//!   beside the set. Images are never deleted.
-//!
-//! Also the pieces `lazy.rs` shares: nested-table edits that keep formatting, and the atomic write.
+//! Each entry pinboard holds carries a TOML comment after its comma, invisible to CRI-O:
+//! `"ref", # pinboard: set-a, set-b` (`(unowned)` for a pin adopted from before holders were recorded). A
+//! note on top says the file is marked; in a marked file an entry without a mark is the administrator's and
+//! is never removed. A file without the note predates marks: its entries are unowned. The file is edited
+//! with `toml_edit`, one entry per line so that each can carry its mark, keeping an administrator's comments
+//! and other keys, written atomically and only when its content changes. What CRI-O makes of all its files
+//! together is read by [`read_crio_config`] and judged by [`crate::model::crio`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::{self, Write as _};
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use toml_edit::{Array, DocumentMut, Item, Table, TableLike, Value};
+use toml_edit::{Array, DocumentMut, Value};
 
-use sha2::{Digest as _, Sha256};
-
-use super::cri::{CriClient, CriError};
-use super::node::DirectNode;
-use super::proto::containerd_images::{
-    GetImageRequest, Image as ContainerdRecord, ListImagesRequest, UpdateImageRequest,
-    images_client::ImagesClient,
-};
-use super::proto::cri::Image;
+use super::PinError;
+use crate::backend::files::{file_error, read_optional, write_if_changed};
+use crate::backend::toml_doc::{decor_text, has_values, parse, set_value, table_at};
 use crate::model::crio::{self, CrioConfig};
 use crate::model::holders::{CrioEntry, Holder, Holders, PinChange, Release};
 
 pub const CRIO_CONFIG_DIR: &str = "/etc/crio/crio.conf.d";
 /// The OpenShift daemon's file name: sorts after CRI-O's own drop-ins, before the administrator's `99-*`.
 pub const CRIO_DROP_IN: &str = "50-pinned-images";
-pub const CONTAINERD_PIN_LABEL: &str = "io.cri-containerd.pinned";
-pub const CONTAINERD_PIN_VALUE: &str = "pinned";
-/// The containerd namespace the CRI plugin keeps its images in.
-pub const CONTAINERD_NAMESPACE: &str = "k8s.io";
-
-#[derive(Debug, thiserror::Error)]
-pub enum PinError {
-    #[error("{}: {cause}", path.display())]
-    File { path: PathBuf, cause: String },
-    #[error("reloading CRI-O: {0}")]
-    Reload(String),
-    #[error("containerd images service: {0}")]
-    Containerd(String),
-    #[error(transparent)]
-    Cri(#[from] CriError),
-}
-
-fn file_error(path: &Path) -> impl FnOnce(String) -> PinError + '_ {
-    move |cause| PinError::File {
-        path: path.to_owned(),
-        cause,
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Which way a node pins
-
-/// How a node's pins are written.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PinTarget {
-    /// From the runtime's name: containerd -> label, cri-o -> the drop-in in /etc/crio/crio.conf.d and
-    /// `systemctl reload crio`.
-    Detect,
-    /// The drop-in in `config_dir` on the machine pinboard runs on (the node itself), then `reload`. The
-    /// plan's images are added to the pins the file lists already.
-    CrioDropIn {
-        config_dir: PathBuf,
-        reload: Reload,
-    },
-    ContainerdLabel,
-}
-
-/// Connects to `node` and decides how it pins ([`resolve`]): the client and the decided target.
-pub async fn connect_resolved(
-    node: &DirectNode,
-    target: PinTarget,
-    timeout: Duration,
-) -> Result<(CriClient, PinTarget), String> {
-    let client = CriClient::connect(&node.endpoint, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    let runtime = client
-        .version()
-        .await
-        .map_err(|e| e.to_string())?
-        .runtime_name;
-    let pin = resolve(target, &runtime, &client)?;
-    Ok((client, pin))
-}
-
-/// The target with `Detect` decided from the runtime's name.
-pub fn resolve(target: PinTarget, runtime: &str, client: &CriClient) -> Result<PinTarget, String> {
-    if target != PinTarget::Detect {
-        return Ok(target);
-    }
-    match runtime {
-        "containerd" => Ok(PinTarget::ContainerdLabel),
-        // The drop-in is a file on the node: only writable when pinboard runs there.
-        "cri-o" if !client.endpoint().is_local() => Err(format!(
-            "CRI-O at {}: its pin drop-in can only be written on the node itself",
-            client.endpoint()
-        )),
-        "cri-o" => Ok(PinTarget::CrioDropIn {
-            config_dir: CRIO_CONFIG_DIR.into(),
-            reload: Reload::Systemctl,
-        }),
-        other => Err(format!(
-            "runtime {other:?}: pinboard pins only on containerd and CRI-O"
-        )),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// CRI-O drop-in
 
 /// The first line of the note pinboard puts at the top of its drop-in. A drop-in without it was written
 /// before pinboard marked the entries it holds: its entries are then unowned, not the administrator's.
@@ -213,10 +111,6 @@ fn comment_lines(text: &str) -> Vec<String> {
         .filter(|l| l.starts_with('#'))
         .map(str::to_string)
         .collect()
-}
-
-fn decor_text(raw: Option<&toml_edit::RawString>) -> &str {
-    raw.and_then(toml_edit::RawString::as_str).unwrap_or("")
 }
 
 /// Who holds an entry, from the text after `# pinboard:`. An empty mark cannot be released by any set:
@@ -365,14 +259,6 @@ impl DropIn {
     }
 }
 
-/// Whether `item` sets anything (a table counts only for the keys under it).
-fn has_values(item: &Item) -> bool {
-    match item.as_table_like() {
-        Some(table) => table.iter().any(|(_, i)| has_values(i)),
-        None => !item.is_none(),
-    }
-}
-
 /// Every `pinned_images` entry of a drop-in's text, with who holds it.
 pub fn crio_entries(text: &str) -> Result<Vec<CrioEntry>, String> {
     Ok(DropIn::parse(Some(text))?
@@ -433,7 +319,7 @@ pub fn release_in_drop_in(
 pub fn read_drop_in(config_dir: &Path) -> Result<Vec<CrioEntry>, PinError> {
     let path = config_dir.join(CRIO_DROP_IN);
     match read_optional(&path)? {
-        Some(text) => crio_entries(&text).map_err(file_error(&path)),
+        Some(text) => Ok(crio_entries(&text).map_err(file_error(&path))?),
         None => Ok(Vec::new()),
     }
 }
@@ -455,7 +341,7 @@ pub fn hold_crio_pins(
     let path = config_dir.join(CRIO_DROP_IN);
     let old = read_optional(&path)?;
     let new = hold_in_drop_in(old.as_deref(), holds).map_err(file_error(&path))?;
-    write_if_changed(&path, old.as_deref(), new.as_deref())
+    Ok(write_if_changed(&path, old.as_deref(), new.as_deref())?)
 }
 
 /// Applies `release` to the drop-in in `config_dir`, written only when its content changes; returns
@@ -499,7 +385,7 @@ pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
         let text = fs::read_to_string(&path).map_err(|e| file_error(&path)(e.to_string()))?;
         files.push((relative.display().to_string(), text));
     }
-    CrioConfig::read(files).map_err(file_error(config_dir))
+    Ok(CrioConfig::read(files).map_err(file_error(config_dir))?)
 }
 
 /// Every file under `dir` (whose path below the drop-in directory is `relative`), as CRI-O's walk finds
@@ -578,442 +464,10 @@ fn systemctl(verb: &str) -> Result<(), PinError> {
     }
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// containerd label
-
-fn namespaced<T>(message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert(
-        "containerd-namespace",
-        CONTAINERD_NAMESPACE.parse().expect("ascii"),
-    );
-    request
-}
-
-/// Where the holder labels of a set go: `pinboard.dev/set.<name>` while that stays within a Kubernetes
-/// label name's 63 characters (a set name is a DNS subdomain, so the key is a valid label key), else
-/// `pinboard.dev/set-sha256.<first 40 hex digits of the name's SHA-256>`. The value is always the full
-/// name: what is read back.
-pub fn set_label(name: &str) -> String {
-    const NAME_MAX: usize = 63;
-    let plain = format!("set.{name}");
-    if plain.len() <= NAME_MAX {
-        return format!("{LABEL_DOMAIN}/{plain}");
-    }
-    let digest = Sha256::digest(name.as_bytes());
-    let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{SET_HASH_LABEL}{hex}")
-}
-
-const LABEL_DOMAIN: &str = "pinboard.dev";
-const SET_LABEL: &str = "pinboard.dev/set.";
-const SET_HASH_LABEL: &str = "pinboard.dev/set-sha256.";
-/// On an image a set holds that was pinned before (an earlier pinboard's, or someone else's pin label):
-/// that pin stays when the last set lets go.
-pub const UNOWNED_LABEL: &str = "pinboard.dev/unowned";
-const UNOWNED_VALUE: &str = "adopted";
-
-/// Who holds the pin of a record with `labels`: a set per holder label, and unowned when the record says
-/// so, or carries the pin label with no holder label at all.
-pub fn label_holders(labels: &HashMap<String, String>) -> Holders {
-    let mut holders: Holders = labels
-        .iter()
-        .filter(|(key, _)| key.starts_with(SET_LABEL) || key.starts_with(SET_HASH_LABEL))
-        .map(|(_, name)| Holder::Set(name.clone()))
-        .collect();
-    let pinned = labels.get(CONTAINERD_PIN_LABEL).map(String::as_str) == Some(CONTAINERD_PIN_VALUE);
-    if labels.contains_key(UNOWNED_LABEL) || (pinned && holders.is_empty()) {
-        holders.insert(Holder::Unowned);
-    }
-    holders
-}
-
-/// The label changes that make a record with `labels` say `holders`: a value to set, or None to remove.
-/// The pin label stays while any holder does; the unowned mark is needed only beside a set.
-fn label_changes(
-    labels: &HashMap<String, String>,
-    holders: &Holders,
-) -> BTreeMap<String, Option<String>> {
-    let mut wanted: BTreeMap<String, String> = holders
-        .iter()
-        .filter_map(|h| match h {
-            Holder::Set(name) => Some((set_label(name), name.clone())),
-            _ => None,
-        })
-        .collect();
-    if holders.contains(&Holder::Unowned) && !wanted.is_empty() {
-        wanted.insert(UNOWNED_LABEL.into(), UNOWNED_VALUE.into());
-    }
-    if !holders.is_empty() {
-        wanted.insert(CONTAINERD_PIN_LABEL.into(), CONTAINERD_PIN_VALUE.into());
-    }
-    let ours = |key: &str| {
-        key.starts_with(SET_LABEL)
-            || key.starts_with(SET_HASH_LABEL)
-            || key == UNOWNED_LABEL
-            || key == CONTAINERD_PIN_LABEL
-    };
-    let mut changes: BTreeMap<String, Option<String>> = labels
-        .keys()
-        .filter(|key| ours(key) && !wanted.contains_key(*key))
-        .map(|key| (key.clone(), None))
-        .collect();
-    for (key, value) in wanted {
-        if labels.get(&key) != Some(&value) {
-            changes.insert(key, Some(value));
-        }
-    }
-    changes
-}
-
-/// One image as containerd's records show it: every record (name) pointing at the same content.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ContainerdImage {
-    /// Each record's name and labels.
-    pub records: Vec<(String, HashMap<String, String>)>,
-}
-
-impl ContainerdImage {
-    pub fn names(&self) -> Vec<String> {
-        self.records.iter().map(|(name, _)| name.clone()).collect()
-    }
-
-    /// Who holds its pin, over every record.
-    pub fn holders(&self) -> Holders {
-        self.records
-            .iter()
-            .flat_map(|(_, labels)| label_holders(labels))
-            .collect()
-    }
-
-    /// Whether any record carries the pin label.
-    pub fn pin_labelled(&self) -> bool {
-        self.records.iter().any(|(_, labels)| {
-            labels.get(CONTAINERD_PIN_LABEL).map(String::as_str) == Some(CONTAINERD_PIN_VALUE)
-        })
-    }
-
-    /// The name to show: a reference by digest if it has one, else any.
-    pub fn shown(&self) -> String {
-        let names = self.names();
-        names
-            .iter()
-            .find(|n| n.contains('@'))
-            .or_else(|| names.iter().find(|n| !n.starts_with("sha256:")))
-            .or(names.first())
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn known_as(&self, names: &[&str]) -> bool {
-        self.records
-            .iter()
-            .any(|(n, _)| names.contains(&n.as_str()))
-    }
-}
-
-/// Every image of the node in containerd's CRI namespace, its records grouped by the content they point
-/// at (one List call).
-pub async fn containerd_images(client: &CriClient) -> Result<Vec<ContainerdImage>, PinError> {
-    let listed = ImagesClient::new(client.channel())
-        .max_decoding_message_size(super::cri::MAX_DECODE_BYTES)
-        .list(namespaced(ListImagesRequest::default()))
-        .await
-        .map_err(|status| containerd_error("List", "images", &status))?
-        .into_inner()
-        .images;
-    let mut by_target: BTreeMap<String, ContainerdImage> = BTreeMap::new();
-    for record in listed {
-        let target = record
-            .target
-            .as_ref()
-            .map_or_else(|| record.name.clone(), |t| t.digest.clone());
-        by_target
-            .entry(target)
-            .or_default()
-            .records
-            .push((record.name, record.labels));
-    }
-    Ok(by_target.into_values().collect())
-}
-
-/// The image of `images` known by one of `names` (a reference, and the repo digests, tags and id CRI's
-/// ImageStatus reports for it).
-pub fn image_named<'i>(
-    images: &'i [ContainerdImage],
-    names: &[&str],
-) -> Option<&'i ContainerdImage> {
-    images.iter().find(|i| i.known_as(names))
-}
-
-/// `reference` and every name CRI's ImageStatus `status` gives the image: the names its records may have.
-pub fn cri_names<'a>(reference: &'a str, status: &'a Image) -> Vec<&'a str> {
-    std::iter::once(reference)
-        .chain(status.repo_digests.iter().map(String::as_str))
-        .chain(status.repo_tags.iter().map(String::as_str))
-        .chain(std::iter::once(status.id.as_str()))
-        .filter(|n| !n.is_empty())
-        .collect()
-}
-
-/// Makes every record of `image` say `holders` (the pin label with them), then reads the records back:
-/// proof it was written, since containerd 1.6 does not report pins through CRI.
-pub async fn write_holders(
-    client: &CriClient,
-    image: &ContainerdImage,
-    holders: &Holders,
-) -> Result<(), PinError> {
-    let mut images = ImagesClient::new(client.channel());
-    for (name, labels) in &image.records {
-        let changes = label_changes(labels, holders);
-        if changes.is_empty() {
-            continue;
-        }
-        let update = UpdateImageRequest {
-            image: Some(ContainerdRecord {
-                name: name.clone(),
-                labels: changes
-                    .iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
-                    .collect(),
-                ..ContainerdRecord::default()
-            }),
-            update_mask: Some(prost_types::FieldMask {
-                paths: changes.keys().map(|k| format!("labels.{k}")).collect(),
-            }),
-        };
-        match images.update(namespaced(update)).await {
-            // Removed meanwhile: nothing left to label.
-            Err(status) if status.code() == tonic::Code::NotFound => continue,
-            Err(status) => return Err(containerd_error("Update", name, &status)),
-            Ok(_) => {}
-        }
-        let back = record_labels(client, name).await?.unwrap_or_default();
-        if !label_changes(&back, holders).is_empty() {
-            return Err(PinError::Containerd(format!(
-                "{name}: its labels say {:?} after the update, not {:?}",
-                label_holders(&back),
-                holders
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// What holding images on containerd did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Held {
-    /// The containerd records labelled, per image in the order given.
-    pub records: Vec<Vec<String>>,
-    /// Whether CRI reports every image pinned (containerd >= 1.6.22 / 1.7.3).
-    pub confirmed: bool,
-}
-
-/// Adds each image's sets to who holds its pin, on every containerd record of the image, with the pin
-/// label. A pin already there without holders (an earlier pinboard's, or someone else's) is adopted: it
-/// stays unowned beside the sets. Fails naming an image the node does not have.
-pub async fn hold_containerd(
-    client: &CriClient,
-    holds: &BTreeMap<String, BTreeSet<String>>,
-) -> Result<Held, PinError> {
-    let images = containerd_images(client).await?;
-    let mut held = Held {
-        records: Vec::new(),
-        confirmed: true,
-    };
-    for (reference, sets) in holds {
-        let not_there =
-            || PinError::Containerd(format!("{reference} is not on the node: nothing to label"));
-        let status = client
-            .image_status(reference)
-            .await?
-            .ok_or_else(not_there)?;
-        let image = image_named(&images, &cri_names(reference, &status)).ok_or_else(not_there)?;
-        let mut holders = image.holders();
-        holders.extend(sets.iter().map(|s| Holder::Set(s.clone())));
-        write_holders(client, image, &holders).await?;
-        held.records.push(image.names());
-        held.confirmed &= client
-            .image_status(reference)
-            .await?
-            .is_some_and(|i| i.pinned);
-    }
-    Ok(held)
-}
-
-/// Applies `release` to every image of the node: each loses the released holders, and its pin label with
-/// the last one. What happened to each image concerned.
-pub async fn release_containerd(
-    client: &CriClient,
-    release: &Release,
-) -> Result<Vec<PinChange>, PinError> {
-    let mut changes = Vec::new();
-    for image in containerd_images(client).await? {
-        let Some(change) = release.change(&image.shown(), &image.holders(), &image.names()) else {
-            continue;
-        };
-        if change.after != change.before {
-            write_holders(client, &image, &change.after).await?;
-        }
-        changes.push(change);
-    }
-    Ok(changes)
-}
-
-/// The labels of the containerd image record `name` (None: no such record).
-pub async fn record_labels(
-    client: &CriClient,
-    name: &str,
-) -> Result<Option<HashMap<String, String>>, PinError> {
-    match ImagesClient::new(client.channel())
-        .get(namespaced(GetImageRequest { name: name.into() }))
-        .await
-    {
-        Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
-        Err(status) => Err(containerd_error("Get", name, &status)),
-        Ok(reply) => Ok(reply.into_inner().image.map(|i| i.labels)),
-    }
-}
-
-fn containerd_error(rpc: &str, name: &str, status: &tonic::Status) -> PinError {
-    PinError::Containerd(format!(
-        "{rpc} {name}: {} ({:?})",
-        status.message(),
-        status.code()
-    ))
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Shared with lazy.rs: TOML edits that keep formatting, and the atomic write.
-
-pub(crate) fn parse(text: Option<&str>) -> Result<DocumentMut, String> {
-    text.unwrap_or("")
-        .parse()
-        .map_err(|e: toml_edit::TomlError| format!("not valid TOML: {}", e.message()))
-}
-
-/// The table at `path`, created when missing: with `indent`, every level gets a header indented by it once
-/// per level below the first (`[crio]` then `  [crio.image]`); without, only the last level does
-/// (`[storage.options]`). Fails when something on the path is not a table.
-pub(crate) fn table_at<'d>(
-    doc: &'d mut DocumentMut,
-    path: &[&str],
-    indent: Option<&str>,
-) -> Result<&'d mut dyn TableLike, String> {
-    let mut table: &mut dyn TableLike = doc.as_table_mut();
-    for (depth, name) in path.iter().enumerate() {
-        let item = table.entry(name).or_insert_with(|| {
-            let mut new = Table::new();
-            match indent {
-                Some(indent) => new.decor_mut().set_prefix(indent.repeat(depth)),
-                None => new.set_implicit(depth + 1 < path.len()),
-            }
-            Item::Table(new)
-        });
-        table = item
-            .as_table_like_mut()
-            .ok_or_else(|| format!("{} is not a table", path[..=depth].join(".")))?;
-    }
-    Ok(table)
-}
-
-/// Sets `key` to an array of `values` on one line, keeping the formatting of an existing key and value
-/// (e.g. a trailing comment); a new key is indented by `indent`.
-pub(crate) fn set_array<'v>(
-    table: &mut dyn TableLike,
-    key: &str,
-    values: impl IntoIterator<Item = &'v str>,
-    indent: &str,
-) {
-    let mut array: Array = values.into_iter().collect();
-    array.fmt();
-    set_value(table, key, Value::Array(array), indent);
-}
-
-/// Sets `key` to `value`, keeping the decor of an existing value (e.g. a trailing comment); a new key is
-/// indented by `indent`.
-fn set_value(table: &mut dyn TableLike, key: &str, value: Value, indent: &str) {
-    match table.get_mut(key).and_then(Item::as_value_mut) {
-        Some(old) => {
-            let decor = old.decor().clone();
-            *old = value;
-            *old.decor_mut() = decor;
-        }
-        None => {
-            table.insert(key, Item::Value(value));
-            if let Some(mut k) = table.key_mut(key) {
-                k.leaf_decor_mut().set_prefix(indent);
-            }
-        }
-    }
-}
-
-/// The file's text, or None when it does not exist.
-pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, PinError> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(file_error(path)(e.to_string())),
-    }
-}
-
-/// Makes `path` hold `new` (None: not exist), given that it holds `old`; returns whether anything changed.
-/// A write goes to a temporary file in the same directory (same owner and mode as the old file), is synced,
-/// renamed over the old one and the directory synced: a crash leaves the old file or the new, never half.
-pub(crate) fn write_if_changed(
-    path: &Path,
-    old: Option<&str>,
-    new: Option<&str>,
-) -> Result<bool, PinError> {
-    if old == new {
-        return Ok(false);
-    }
-    let err = |e: io::Error| file_error(path)(e.to_string());
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    match new {
-        None => fs::remove_file(path).map_err(err)?,
-        Some(text) => {
-            static NEXT: AtomicU64 = AtomicU64::new(0);
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            let tmp = dir.join(format!(
-                ".{name}.tmp-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
-            let written = (|| {
-                let existing = fs::metadata(path).ok();
-                let mode = existing.as_ref().map_or(0o644, |m| m.mode() & 0o7777);
-                let mut file = fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(mode)
-                    .open(&tmp)?;
-                if let Some(m) = &existing {
-                    // The umask may have narrowed `mode`; the owner should not change either.
-                    file.set_permissions(fs::Permissions::from_mode(mode))?;
-                    std::os::unix::fs::fchown(&file, Some(m.uid()), Some(m.gid()))?;
-                }
-                file.write_all(text.as_bytes())?;
-                file.sync_all()?;
-                fs::rename(&tmp, path)
-            })();
-            if let Err(e) = written {
-                let _ = fs::remove_file(&tmp);
-                return Err(err(e));
-            }
-        }
-    }
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(err)?;
-    Ok(true)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+
     use super::*;
     use crate::model::holders::{Sets, holders_of};
     use crate::model::set::{ImageSet, from_flags};
@@ -1252,70 +706,6 @@ mod tests {
             0,
             "no temporary files left"
         );
-    }
-
-    #[test]
-    fn holder_labels_fit_containerd_and_kubernetes_and_hash_long_names() {
-        assert_eq!(set_label("release-4.19"), "pinboard.dev/set.release-4.19");
-        let long = format!("release-{}", "x".repeat(60));
-        let hashed = set_label(&long);
-        assert!(hashed.starts_with("pinboard.dev/set-sha256."), "{hashed}");
-        assert_eq!(hashed.split('/').nth(1).unwrap().len(), 51);
-        assert_ne!(set_label(&format!("{long}y")), hashed);
-        // Every key's name part is a Kubernetes label name: at most 63 characters.
-        for name in ["a", &"b".repeat(59), &"c".repeat(60), &"d".repeat(253)] {
-            assert!(
-                set_label(name).split('/').nth(1).unwrap().len() <= 63,
-                "{name}"
-            );
-        }
-    }
-
-    #[test]
-    fn labels_say_who_holds_and_keep_the_pin_while_anyone_does() {
-        let labels = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let long = "l".repeat(70);
-        let pinned = (CONTAINERD_PIN_LABEL, CONTAINERD_PIN_VALUE);
-        let held = labels(&[
-            pinned,
-            ("pinboard.dev/set.set-a", "set-a"),
-            (&set_label(&long), &long),
-            ("other.io/keep", "x"),
-        ]);
-        assert_eq!(
-            label_holders(&held),
-            Holders::from([set("set-a"), set(&long)])
-        );
-        // A pin label nobody recorded: unowned. Holding it adopts it beside the set.
-        let foreign = labels(&[pinned]);
-        assert_eq!(label_holders(&foreign), Holders::from([Holder::Unowned]));
-        let adopted = label_changes(&foreign, &Holders::from([Holder::Unowned, set("set-a")]));
-        assert_eq!(
-            adopted,
-            BTreeMap::from([
-                (
-                    "pinboard.dev/set.set-a".to_string(),
-                    Some("set-a".to_string())
-                ),
-                (UNOWNED_LABEL.to_string(), Some("adopted".to_string())),
-            ])
-        );
-        // Releasing one set keeps the pin; the last one takes the pin label; other labels stay.
-        let one_left = label_changes(&held, &Holders::from([set(&long)]));
-        assert_eq!(
-            one_left,
-            BTreeMap::from([("pinboard.dev/set.set-a".to_string(), None)])
-        );
-        let none_left = label_changes(&held, &Holders::new());
-        assert_eq!(none_left.len(), 3, "{none_left:?}");
-        assert!(none_left.values().all(Option::is_none));
-        assert!(!none_left.contains_key("other.io/keep"));
-        assert!(label_changes(&held, &label_holders(&held)).is_empty());
     }
 
     #[test]
