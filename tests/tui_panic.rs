@@ -9,7 +9,8 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pinboard::ui::app::{Cmd, Msg, NodeInfo, State};
+use pinboard::model::node_info::NodeInfo;
+use pinboard::ui::app::{Cmd, Msg, State};
 use pinboard::ui::run::{UiBackend, run};
 use pinboard::ui::theme::Theme;
 use support::tmux::Tmux;

@@ -12,12 +12,11 @@ use super::keymap::{Action, lookup};
 use super::render::{HelpFlow, diff_rows};
 use super::theme::Theme;
 use crate::model::cluster::{ClusterUpdate, KubeletSettings};
-use crate::model::crio::CrioConfig;
-pub use crate::model::diff::DiffKind;
+use crate::model::config_view::ConfigView;
 use crate::model::export::pinned_image_set_yaml;
-use crate::model::holders::{Holder, Holders};
+use crate::model::node_info::NodeInfo;
 use crate::model::plan::Verdict;
-use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, PinMethod, Rollout};
+use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
 use crate::model::set::{self, Entry, ImageSet, Origin, Problem};
 use crate::model::units::human;
 use crate::survey::Survey;
@@ -53,109 +52,6 @@ impl Screen {
             Screen::Rollout => "rollout",
             Screen::Config => "config",
         }
-    }
-}
-
-/// What the Nodes screen knows about a node. `None`: unknown, shown as such.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeInfo {
-    pub name: String,
-    /// `containerd 1.7.24`.
-    pub runtime: Option<String>,
-    pub capacity_bytes: Option<u64>,
-    pub used_bytes: Option<u64>,
-    pub available_bytes: Option<u64>,
-    pub images: Option<usize>,
-    pub pinned: Option<usize>,
-    pub pin_method: Option<PinMethod>,
-    pub lazy_pulling: Option<bool>,
-    pub reachable: Option<bool>,
-    /// Worth knowing about the node, though it works (e.g. a kubelet whose image GC ignores pins).
-    pub warning: Option<String>,
-}
-
-/// What pinning writes (or wrote) on one node, against what is there; computed by the backend.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigView {
-    pub path: String,
-    /// Shown above the diff: what is in force once written and which file it comes from (CRI-O's
-    /// effective `pinned_images`).
-    pub notes: Vec<ConfigNote>,
-    pub lines: Vec<(DiffKind, String)>,
-}
-
-/// One line above a diff; a warning when the pins written would not be in force.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigNote {
-    pub text: String,
-    pub warning: bool,
-}
-
-impl ConfigNote {
-    /// `held by: monitoring (2), upgrade-4.19 (3), unowned (1)`: who holds the pins the view writes, one
-    /// count per holder over every pin. None when no one holds any.
-    pub fn held<'h>(pins: impl IntoIterator<Item = &'h Holders>) -> Option<ConfigNote> {
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        for holders in pins {
-            for holder in holders {
-                let name = match holder {
-                    Holder::Set(name) => name.clone(),
-                    Holder::Admin => "admin".into(),
-                    Holder::Unowned => "unowned".into(),
-                };
-                *counts.entry(name).or_default() += 1;
-            }
-        }
-        let held: Vec<String> = counts
-            .iter()
-            .map(|(name, n)| format!("{name} ({n})"))
-            .collect();
-        (!held.is_empty()).then(|| ConfigNote {
-            text: format!("held by: {}", held.join(", ")),
-            warning: false,
-        })
-    }
-
-    /// CRI-O's effective `pinned_images` in `config` once `written` (the drop-in the diff shows) is
-    /// written: which file it comes from and, when that is another file, its entries; a warning when it
-    /// does not pin every one of `wanted`.
-    pub fn in_force(config: &CrioConfig, written: &str, wanted: &[String]) -> Vec<ConfigNote> {
-        /// Entries of another file shown; the rest are counted.
-        const SHOWN: usize = 4;
-        let Some(effective) = config.effective() else {
-            return Vec::new();
-        };
-        let note = |text: String| ConfigNote {
-            text,
-            warning: false,
-        };
-        let patterns = &effective.patterns;
-        let entries = match patterns.len() {
-            1 => "1 entry".to_string(),
-            n => format!("{n} entries"),
-        };
-        let mut notes = vec![note(format!(
-            "in force: pinned_images from {} ({entries})",
-            effective.file
-        ))];
-        if effective.file != written {
-            notes.extend(patterns.iter().take(SHOWN).map(|p| note(format!("  {p}"))));
-            if patterns.len() > SHOWN {
-                notes.push(note(format!("  … {} more", patterns.len() - SHOWN)));
-            }
-        }
-        let unpinned = wanted.iter().filter(|w| !config.pins(&[w])).count();
-        if unpinned > 0 {
-            notes.push(ConfigNote {
-                text: format!(
-                    "{} replaces pinned_images: {unpinned} of these images would not be pinned; add them \
-                     there or remove its pinned_images",
-                    effective.file
-                ),
-                warning: true,
-            });
-        }
-        notes
     }
 }
 

@@ -6,8 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Instant, SystemTime};
 
-use super::app::{NodeInfo, SetDraft, State};
+use super::app::{SetDraft, State};
 use crate::model::cluster::{ClusterUpdate, ClusterView, KubeletSettings, ROLE_LABEL};
+use crate::model::node_info::NodeInfo;
 use crate::model::readiness::{NodeReadiness, WantedSet, assess_cluster_node};
 use crate::model::rollout::PinMethod;
 

@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::app::{ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
+use super::app::{Msg, Pane, SetDraft, State, update};
 use super::theme::Theme;
 use crate::backend::pins;
+use crate::model::config_view::{ConfigNote, ConfigView};
 use crate::model::crio::{CrioConfig, PinnedImagesSetting};
+use crate::model::diff::DiffKind;
 use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
+use crate::model::node_info::NodeInfo;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};

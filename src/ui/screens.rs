@@ -7,12 +7,13 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
-use super::app::{DiffKind, Pane, Screen, State};
+use super::app::{Pane, Screen, State};
 use super::render::{
     Column, bar, col, duration, fg, fit_line, flex, pane, status_span, table, table_title,
 };
 use super::status::{Tone, image_status, node_status, pin_method_label, verdict_label};
 use super::theme::{Role, Theme};
+use crate::model::diff::DiffKind;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::shorten_digests;
 use crate::model::rollout::{ImageRollout, ImageState, NodeRollout, NodeState};
