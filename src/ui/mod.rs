@@ -20,6 +20,7 @@ mod screens_cluster;
 pub mod status;
 pub mod svg;
 pub mod theme;
+mod widgets;
 
 pub use options::TuiArgs;
 

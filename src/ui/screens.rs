@@ -1,5 +1,5 @@
 //! The five screens. Each reads the state and draws into its area; tables build rows for the visible
-//! window only (see [`super::render::table`]).
+//! window only (see [`super::widgets::table`]).
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -8,37 +8,18 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
 use super::app::{Pane, Screen, State};
-use super::render::{
-    Column, bar, col, duration, fg, fit_line, flex, pane, status_span, table, table_title,
-};
 use super::status::{Tone, image_status, node_status, pin_method_label, verdict_label};
 use super::theme::{Role, Theme};
+use super::widgets::{
+    Column, UNKNOWN, bar, col, dim, duration, empty, fg, fit_line, flex, or_unknown, pane, right,
+    status_span, table, table_title, tally,
+};
 use crate::model::diff::DiffKind;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::shorten_digests;
 use crate::model::rollout::{ImageRollout, ImageState, NodeRollout, NodeState};
 use crate::model::units::{human, human_signed};
 use crate::survey::Survey;
-
-const UNKNOWN: &str = "unknown";
-
-fn or_unknown<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
-    value.map_or_else(|| UNKNOWN.to_string(), show)
-}
-
-fn right(text: String) -> Line<'static> {
-    Line::from(text).right_aligned()
-}
-
-pub(super) fn dim(theme: &Theme, text: impl Into<String>) -> Line<'static> {
-    Line::styled(text.into(), fg(theme.role(Role::Dim)))
-}
-
-/// A screen with nothing to show yet, saying how to get something.
-pub(super) fn empty(theme: &Theme, frame: &mut Frame, area: Rect, title: &str, text: &str) {
-    let block = pane(theme, Line::from(format!(" {title} ")), true);
-    frame.render_widget(Paragraph::new(dim(theme, text)).block(block), area);
-}
 
 const NODE_COLUMNS: [Column; 10] = [
     flex("NODE", 10),
@@ -698,29 +679,6 @@ fn summary(state: &State) -> Line<'static> {
         .map(|node| node_status(&node.state, node.stalled(now, stall_after).next().is_some()));
     spans.extend(tally(theme, statuses));
     Line::from(spans)
-}
-
-/// ` ✓ 3 pinned ↓ 1 pulling`: how many of `statuses` there are of each, in first-seen order.
-pub(super) fn tally(
-    theme: &Theme,
-    statuses: impl Iterator<Item = super::status::Status>,
-) -> Vec<Span<'static>> {
-    let mut counts: Vec<(super::status::Status, usize)> = Vec::new();
-    for status in statuses {
-        match counts.iter_mut().find(|(s, _)| *s == status) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((status, 1)),
-        }
-    }
-    counts
-        .into_iter()
-        .map(|(status, n)| {
-            Span::styled(
-                format!(" {} {n} {}", status.glyph, status.word),
-                fg(theme.tone(status.tone)),
-            )
-        })
-        .collect()
 }
 
 fn progress(theme: &Theme, done: u64, total: u64, width: u16) -> Line<'static> {

@@ -12,8 +12,10 @@ use ratatui::widgets::{Paragraph, Wrap};
 
 use super::app::{Pane, Screen, State};
 use super::cluster::{ClusterSession, followed_set};
-use super::render::{Column, col, duration, fg, flex, pane, status_span, table, table_title};
 use super::status::{Tone, set_state_status};
+use super::widgets::{
+    Column, col, duration, empty, fg, flex, pane, status_span, table, table_title, tally,
+};
 use crate::model::cluster::{
     DEGRADED, NodeSetState, PROGRESSING, PinnedImageSet, node_set_state, pool_rollup, pools_for_set,
 };
@@ -49,7 +51,7 @@ pub(super) fn rollout(state: &State, session: &ClusterSession, frame: &mut Frame
     let theme = &state.theme;
     let Some(set) = followed_set(state).and_then(|name| session.view.set(name)) else {
         let text = "no PinnedImageSet on the cluster yet: a on the Sets screen applies one";
-        super::screens::empty(theme, frame, area, "Rollout", text);
+        empty(theme, frame, area, "Rollout", text);
         return;
     };
     let [summary_area, nodes_area, detail_area] = Layout::vertical([
@@ -164,7 +166,7 @@ fn summary(
     let statuses = members
         .iter()
         .map(|node| set_state_status(&node_state(session, set, node, state)));
-    spans.extend(super::screens::tally(theme, statuses));
+    spans.extend(tally(theme, statuses));
     vec![Line::from(spans)]
 }
 
