@@ -9,7 +9,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::cluster::ClusterSession;
 use super::keymap::{Action, lookup};
-use super::render::{HelpFlow, diff_rows};
+use super::layout::{HelpFlow, diff_rows, page_rows};
 use super::theme::Theme;
 use crate::model::cluster::{ClusterUpdate, KubeletSettings};
 use crate::model::config_view::ConfigView;
@@ -609,7 +609,7 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             Vec::new()
         }
         Msg::Resize { width, height } => {
-            state.page = usize::from(height.saturating_sub(8)).max(1);
+            state.page = page_rows(height);
             state.size = (width, height);
             Vec::new()
         }

@@ -10,6 +10,7 @@ pub mod app;
 pub mod cluster;
 pub mod demo;
 pub mod keymap;
+mod layout;
 pub mod live;
 pub mod live_cluster;
 mod options;

@@ -8,18 +8,16 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
+use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
 use super::app::{Mode, Screen, State};
-use super::keymap::{Action, Binding, KEYMAP};
+use super::keymap::{self, Action, Binding, HelpLine, KEYMAP};
+use super::layout::{HelpFlow, frame_areas, help_block};
 use super::screens;
 use super::status::Tone;
 use super::theme::Role;
 use super::widgets::{fg, fit_line};
 use crate::model::cluster::Connection;
-
-/// Help's lines flow into columns at least this wide; what does not fit then scrolls.
-const HELP_COLUMN_WIDTH: u16 = 36;
 
 /// Draws the whole UI.
 pub fn render(state: &State, frame: &mut Frame) {
@@ -223,69 +221,6 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
     );
 }
 
-/// The tab bar, the screen (or help), the message line and the status line.
-fn frame_areas(area: Rect) -> [Rect; 4] {
-    Layout::vertical([
-        Constraint::Length(1),
-        Constraint::Fill(1),
-        Constraint::Length(1),
-        Constraint::Length(1),
-    ])
-    .areas(area)
-}
-
-/// Lines the Config screen's diff shows in a terminal of `size` (width × height): how far it scrolls.
-pub(super) fn diff_rows((width, height): (u16, u16)) -> usize {
-    let [_, body, _, _] = frame_areas(Rect::new(0, 0, width, height));
-    let [_, diff] = screens::config_areas(body);
-    usize::from(Block::bordered().inner(diff).height)
-}
-
-/// How help's lines flow into its area: lines per column, columns, and how far they scroll.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct HelpFlow {
-    pub rows: usize,
-    pub columns: usize,
-    pub max_scroll: usize,
-}
-
-impl HelpFlow {
-    /// As many columns as the lines need; if fewer fit, as many as fit, and the rest scrolls.
-    fn new(lines: usize, inner: Rect) -> HelpFlow {
-        let rows = usize::from(inner.height.max(1));
-        let needed = lines.div_ceil(rows);
-        let fit = usize::from(inner.width / HELP_COLUMN_WIDTH).max(1);
-        if needed <= fit {
-            return HelpFlow {
-                rows,
-                columns: needed,
-                max_scroll: 0,
-            };
-        }
-        HelpFlow {
-            rows,
-            columns: fit,
-            max_scroll: lines - rows * fit,
-        }
-    }
-
-    /// How help flows in the terminal size `update` last heard of.
-    pub(super) fn for_state(state: &State) -> HelpFlow {
-        let (width, height) = state.size;
-        let [_, body, _, _] = frame_areas(Rect::new(0, 0, width, height));
-        HelpFlow::new(help_lines(state).len(), help_block().inner(body))
-    }
-
-    /// Lines a page moves: all that are shown.
-    pub(super) fn page(self) -> usize {
-        self.rows * self.columns
-    }
-}
-
-fn help_block() -> Block<'static> {
-    Block::new().borders(Borders::TOP)
-}
-
 /// Every binding of the keymap, grouped by where it works, flowed into as many columns as fit; scrolled
 /// when they do not.
 fn help(state: &State, frame: &mut Frame, area: Rect) {
@@ -322,34 +257,33 @@ fn help(state: &State, frame: &mut Frame, area: Rect) {
 /// Help's lines: a heading per group of screens, then its bindings (this screen's in color).
 fn help_lines(state: &State) -> Vec<Line<'static>> {
     let theme = &state.theme;
-    let mut lines: Vec<Line> = Vec::new();
-    let mut group: Option<&[Screen]> = None;
-    for binding in KEYMAP {
-        let here = binding.applies_to(state.screen());
-        if group != Some(binding.screens) {
-            group = Some(binding.screens);
-            let names: Vec<&str> = binding.screens.iter().map(|s| s.name()).collect();
-            let heading = if names.is_empty() {
-                "everywhere".to_string()
-            } else {
-                names.join(", ")
-            };
-            lines.push(Line::styled(
-                heading,
-                Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED),
-            ));
-        }
-        let (key_style, text_style) = if here {
-            (fg(theme.role(Role::Accent)), Style::new())
-        } else {
-            (fg(theme.role(Role::Dim)), fg(theme.role(Role::Dim)))
-        };
-        lines.push(Line::from(vec![
-            Span::styled(format!("{:>9} ", binding.keys_label()), key_style),
-            Span::styled(binding.description, text_style),
-        ]));
-    }
-    lines
+    keymap::help_lines()
+        .map(|line| match line {
+            HelpLine::Heading(screens) => {
+                let names: Vec<&str> = screens.iter().map(|s| s.name()).collect();
+                let heading = if names.is_empty() {
+                    "everywhere".to_string()
+                } else {
+                    names.join(", ")
+                };
+                Line::styled(
+                    heading,
+                    Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED),
+                )
+            }
+            HelpLine::Binding(binding) => {
+                let (key_style, text_style) = if binding.applies_to(state.screen()) {
+                    (fg(theme.role(Role::Accent)), Style::new())
+                } else {
+                    (fg(theme.role(Role::Dim)), fg(theme.role(Role::Dim)))
+                };
+                Line::from(vec![
+                    Span::styled(format!("{:>9} ", binding.keys_label()), key_style),
+                    Span::styled(binding.description, text_style),
+                ])
+            }
+        })
+        .collect()
 }
 
 /// A centered box over the screen.

@@ -8,6 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
 use super::app::{Pane, Screen, State};
+use super::layout::config_areas;
 use super::status::{Tone, image_status, node_status, pin_method_label, verdict_label};
 use super::theme::{Role, Theme};
 use super::widgets::{
@@ -791,12 +792,6 @@ fn image_detail(
         }
     }
     lines
-}
-
-/// The Config screen's node list and diff.
-pub(super) fn config_areas(area: Rect) -> [Rect; 2] {
-    let side = (area.width / 4).clamp(12, 28);
-    Layout::horizontal([Constraint::Length(side), Constraint::Fill(1)]).areas(area)
 }
 
 pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
