@@ -10,8 +10,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use pinboard::model::node_info::NodeInfo;
-use pinboard::ui::app::{Cmd, Msg, State};
+use pinboard::ui::msg::{Cmd, Msg};
 use pinboard::ui::run::{UiBackend, run};
+use pinboard::ui::state::State;
 use pinboard::ui::theme::Theme;
 use support::tmux::Tmux;
 use tokio::sync::mpsc::UnboundedSender;

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::app::{Msg, Pane, SetDraft, State, update};
+use super::msg::Msg;
+use super::state::{Pane, SetDraft, State};
 use super::theme::Theme;
+use super::update::update;
 use crate::backend::pins;
 use crate::model::config_view::{ConfigNote, ConfigView};
 use crate::model::crio::{CrioConfig, PinnedImagesSetting};
@@ -506,10 +508,10 @@ pub fn cluster_state(now: Instant, theme: Theme) -> State {
         ClusterUpdate::RuntimeConfigs(vec![from(lazy)]),
     ];
     for update in updates {
-        super::app::update(&mut state, Msg::Cluster(update));
+        super::update::update(&mut state, Msg::Cluster(update));
     }
     for kind in Kind::ALL {
-        super::app::update(
+        super::update::update(
             &mut state,
             Msg::Cluster(ClusterUpdate::Connection(kind, Connection::Synced)),
         );

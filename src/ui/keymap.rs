@@ -5,7 +5,7 @@ use std::fmt;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::app::Screen;
+use super::state::Screen;
 
 /// A key as bound: code plus Ctrl/Alt (Shift is part of the character: `L`, not Shift-l).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,8 @@
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::widgets::{Block, Borders};
 
-use super::app::State;
 use super::keymap::help_lines;
+use super::state::State;
 
 /// Help's lines flow into columns at least this wide; what does not fit then scrolls.
 const HELP_COLUMN_WIDTH: u16 = 36;

@@ -13,8 +13,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use super::TuiArgs;
-use super::app::{Cmd, Msg, SetDraft, State};
+use super::msg::{Cmd, Msg};
 use super::run::{UiBackend, execute_file_cmd, read_release};
+use super::state::{SetDraft, State};
 use super::theme::Theme;
 use crate::backend::blobs::{BlobCache, CacheOptions};
 use crate::backend::credentials::Credentials;

@@ -13,9 +13,10 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use super::TuiArgs;
-use super::app::{Cmd, Msg, SetDraft, State};
 use super::live::theme_of;
+use super::msg::{Cmd, Msg};
 use super::run::{UiBackend, execute_file_cmd, read_release};
+use super::state::{SetDraft, State};
 use crate::backend::registry::Registry;
 use crate::cluster::{Cluster, ConnectOptions, connect, watch};
 use crate::error::Failure;

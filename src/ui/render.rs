@@ -10,10 +10,10 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
-use super::app::{Mode, Screen, State};
 use super::keymap::{self, Action, Binding, HelpLine, KEYMAP};
 use super::layout::{HelpFlow, frame_areas, help_block};
 use super::screens;
+use super::state::{Mode, Screen, State};
 use super::status::Tone;
 use super::theme::Role;
 use super::widgets::{fg, fit_line};

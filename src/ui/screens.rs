@@ -7,8 +7,8 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
-use super::app::{Pane, Screen, State};
 use super::layout::config_areas;
+use super::state::{Pane, Screen, SetDraft, State, matches};
 use super::status::{Tone, image_status, node_status, pin_method_label, verdict_label};
 use super::theme::{Role, Theme};
 use super::widgets::{
@@ -45,10 +45,7 @@ pub(super) fn nodes(state: &State, frame: &mut Frame, area: Rect) {
         None => "Nodes",
     };
     let title = table_title(name, cursor, filter);
-    let rows = state
-        .nodes
-        .iter()
-        .filter(|n| super::app::matches(&n.name, filter));
+    let rows = state.nodes.iter().filter(|n| matches(&n.name, filter));
     // Warnings (a kubelet whose image GC ignores pins) get a line below the table, for the selected node.
     let (area, warning_area) = match state.nodes.iter().any(|n| n.warning.is_some()) {
         true => {
@@ -159,7 +156,7 @@ pub(super) fn sets(state: &State, frame: &mut Frame, area: Rect) {
     let entries = draft
         .into_iter()
         .flat_map(|d| d.set.entries.iter().map(move |e| (d, e)))
-        .filter(|(_, e)| super::app::matches(&e.reference, filter));
+        .filter(|(_, e)| matches(&e.reference, filter));
     table(
         frame,
         entries_area,
@@ -184,7 +181,7 @@ pub(super) fn sets(state: &State, frame: &mut Frame, area: Rect) {
     let focused = focus == Pane::Targets;
     match &state.cluster {
         Some(session) => {
-            let pool = draft.and_then(super::cluster::targeted_pool);
+            let pool = draft.and_then(SetDraft::targeted_pool);
             table(
                 frame,
                 targets_area,
@@ -324,10 +321,7 @@ pub(super) fn plan(state: &State, frame: &mut Frame, area: Rect) {
         human(link.fan_out),
         sets.join(", "),
     ));
-    let rows = survey
-        .nodes
-        .iter()
-        .filter(|n| super::app::matches(&n.node, filter));
+    let rows = survey.nodes.iter().filter(|n| matches(&n.node, filter));
     table(
         frame,
         table_area,
@@ -542,7 +536,7 @@ pub(super) fn rollout(state: &State, frame: &mut Frame, area: Rect) {
     let rows = state
         .rollout_order
         .iter()
-        .filter(|n| super::app::matches(n, filter))
+        .filter(|n| matches(n, filter))
         .map(|name| (name, &state.rollout.nodes()[name]));
     table(
         frame,
@@ -808,7 +802,7 @@ pub(super) fn config(state: &State, frame: &mut Frame, area: Rect) {
     let rows = state
         .config
         .iter()
-        .filter(|(name, _)| super::app::matches(name, filter));
+        .filter(|(name, _)| matches(name, filter));
     table(
         frame,
         list_area,

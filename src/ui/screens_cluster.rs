@@ -10,8 +10,8 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
-use super::app::{Pane, Screen, State};
-use super::cluster::{ClusterSession, followed_set};
+use super::cluster::ClusterSession;
+use super::state::{Pane, Screen, State, matches};
 use super::status::{Tone, set_state_status};
 use super::widgets::{
     Column, col, duration, empty, fg, flex, pane, status_span, table, table_title, tally,
@@ -49,7 +49,7 @@ fn node_state(
 
 pub(super) fn rollout(state: &State, session: &ClusterSession, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
-    let Some(set) = followed_set(state).and_then(|name| session.view.set(name)) else {
+    let Some(set) = state.followed_set().and_then(|name| session.view.set(name)) else {
         let text = "no PinnedImageSet on the cluster yet: a on the Sets screen applies one";
         empty(theme, frame, area, "Rollout", text);
         return;
@@ -71,7 +71,7 @@ pub(super) fn rollout(state: &State, session: &ClusterSession, frame: &mut Frame
 
     let filter = state.filter(Screen::Rollout);
     let cursor = state.cursor(Pane::RolloutNodes);
-    let rows = members.iter().filter(|n| super::app::matches(n, filter));
+    let rows = members.iter().filter(|n| matches(n, filter));
     // The set follows the Sets screen's selection: say so where the operator looks.
     let title = table_title(
         "Nodes (the set selected on the Sets screen)",

@@ -7,13 +7,15 @@ use std::time::{Duration, Instant};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::buffer::Buffer;
 
-use super::app::{Cmd, FilePurpose, Mode, Msg, Pane, Screen, State, update};
 use super::demo::{self, demo_state};
 use super::keymap::KEYMAP;
 use super::layout::{HelpFlow, diff_rows};
+use super::msg::{Cmd, FilePurpose, Msg};
 use super::render::render_to_buffer;
+use super::state::{Mode, Pane, Screen, State};
 use super::svg::buffer_to_svg;
 use super::theme::Theme;
+use super::update::update;
 use crate::model::rollout::{Event, Rollout};
 use crate::model::units::human;
 

@@ -9,7 +9,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Row, Table};
 
-use super::app::Cursor;
+use super::state::Cursor;
 use super::status::Status;
 use super::theme::{Role, Theme};
 
