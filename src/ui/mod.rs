@@ -17,7 +17,6 @@ mod options;
 pub mod render;
 pub mod run;
 mod screens;
-mod screens_cluster;
 pub mod state;
 pub mod status;
 pub mod svg;

@@ -27,11 +27,14 @@ pub fn render(state: &State, frame: &mut Frame) {
         help(state, frame, body);
     } else {
         match state.screen() {
-            Screen::Nodes => screens::nodes(state, frame, body),
-            Screen::Sets => screens::sets(state, frame, body),
-            Screen::Plan => screens::plan(state, frame, body),
-            Screen::Rollout => screens::rollout(state, frame, body),
-            Screen::Config => screens::config(state, frame, body),
+            Screen::Nodes => screens::nodes::draw(state, frame, body),
+            Screen::Sets => screens::sets::draw(state, frame, body),
+            Screen::Plan => screens::plan::draw(state, frame, body),
+            Screen::Rollout => match &state.cluster {
+                Some(session) => screens::rollout_cluster::draw(state, session, frame, body),
+                None => screens::rollout::draw(state, frame, body),
+            },
+            Screen::Config => screens::config::draw(state, frame, body),
         }
     }
     message_line(state, frame, message);

@@ -10,14 +10,14 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
-use super::cluster::ClusterSession;
-use super::state::{Pane, Screen, State, matches};
-use super::status::{Tone, set_state_status};
-use super::widgets::{
-    Column, col, duration, empty, fg, flex, pane, status_span, table, table_title, tally,
-};
 use crate::model::cluster::{
     DEGRADED, NodeSetState, PROGRESSING, PinnedImageSet, node_set_state, pool_rollup, pools_for_set,
+};
+use crate::ui::cluster::ClusterSession;
+use crate::ui::state::{Pane, Screen, State, matches};
+use crate::ui::status::{Tone, set_state_status};
+use crate::ui::widgets::{
+    Column, col, duration, empty, fg, flex, pane, status_span, table, table_title, tally,
 };
 
 const COLUMNS: [Column; 8] = [
@@ -47,7 +47,7 @@ fn node_state(
         })
 }
 
-pub(super) fn rollout(state: &State, session: &ClusterSession, frame: &mut Frame, area: Rect) {
+pub(in crate::ui) fn draw(state: &State, session: &ClusterSession, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
     let Some(set) = state.followed_set().and_then(|name| session.view.set(name)) else {
         let text = "no PinnedImageSet on the cluster yet: a on the Sets screen applies one";
