@@ -41,8 +41,9 @@ use pinboard::model::cluster::{
 };
 use pinboard::model::set::from_flags;
 use pinboard::ui;
-use pinboard::ui::app::{Msg, Pane, State};
+use pinboard::ui::msg::Msg;
 use pinboard::ui::render::render_to_buffer;
+use pinboard::ui::state::{Pane, State};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -63,7 +64,7 @@ fn cluster_tui() -> State {
     let mut state = State::new("cluster: bench", theme, false, Instant::now());
     state.start_cluster(None, SystemTime::now());
     let key = KeyEvent::new(KeyCode::Char('4'), KeyModifiers::NONE);
-    ui::app::update(&mut state, Msg::Key(key));
+    ui::update::update(&mut state, Msg::Key(key));
     state
 }
 
@@ -237,7 +238,7 @@ type Rows = Vec<(String, NodeSetState)>;
 /// What the TUI does with each update: fold it into the state (cluster mode, Rollout screen, following
 /// `set`) and draw the frame at 120×40; the rows of `set`'s rollout are returned for the bench's checks.
 fn show(state: &mut State, update: ClusterUpdate, set: &str) -> Rows {
-    ui::app::update(state, Msg::Cluster(update));
+    ui::update::update(state, Msg::Cluster(update));
     state.select(Pane::Sets, set);
     std::hint::black_box(render_to_buffer(state, 120, 40));
     view(state).rollout(set, SystemTime::now())

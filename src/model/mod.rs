@@ -1,6 +1,7 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
 pub mod cluster;
+pub mod config_view;
 pub mod crio;
 pub mod diff;
 pub mod export;
@@ -8,6 +9,7 @@ pub mod holders;
 pub mod image;
 pub mod mirror;
 pub mod mirror_rules;
+pub mod node_info;
 pub mod plan;
 pub mod readiness;
 pub mod reference;

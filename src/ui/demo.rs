@@ -9,12 +9,17 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::app::{ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
+use super::msg::Msg;
+use super::state::{Pane, SetDraft, State};
 use super::theme::Theme;
+use super::update::update;
 use crate::backend::pins;
+use crate::model::config_view::{ConfigNote, ConfigView};
 use crate::model::crio::{CrioConfig, PinnedImagesSetting};
+use crate::model::diff::DiffKind;
 use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
+use crate::model::node_info::NodeInfo;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};
@@ -503,10 +508,10 @@ pub fn cluster_state(now: Instant, theme: Theme) -> State {
         ClusterUpdate::RuntimeConfigs(vec![from(lazy)]),
     ];
     for update in updates {
-        super::app::update(&mut state, Msg::Cluster(update));
+        super::update::update(&mut state, Msg::Cluster(update));
     }
     for kind in Kind::ALL {
-        super::app::update(
+        super::update::update(
             &mut state,
             Msg::Cluster(ClusterUpdate::Connection(kind, Connection::Synced)),
         );

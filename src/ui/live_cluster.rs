@@ -13,13 +13,15 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use super::TuiArgs;
-use super::app::{Cmd, ConfigView, Msg, SetDraft, State};
 use super::live::theme_of;
+use super::msg::{Cmd, Msg};
 use super::run::{UiBackend, execute_file_cmd, read_release};
+use super::state::{SetDraft, State};
 use crate::backend::registry::Registry;
 use crate::cluster::{Cluster, ConnectOptions, connect, watch};
 use crate::error::Failure;
 use crate::model::cluster::{ClusterUpdate, ClusterView, pool_warning, pools_for_set};
+use crate::model::config_view::ConfigView;
 use crate::model::diff;
 use crate::model::export::pinned_image_set_yaml;
 use crate::model::image::Platform;

@@ -23,8 +23,10 @@ use ratatui::backend::CrosstermBackend;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tracing_subscriber::EnvFilter;
 
-use super::app::{Cmd, Msg, State, update};
+use super::msg::{Cmd, Msg};
 use super::render::render;
+use super::state::State;
+use super::update::update;
 use crate::backend::registry::Registry;
 use crate::model::image::Platform;
 use crate::model::release::SetOptions;
