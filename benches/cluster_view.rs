@@ -26,6 +26,7 @@ mod common;
 mod support;
 
 use common::{env_number, rss_bytes, stats};
+use pinboard::fleet::Traits;
 use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
@@ -41,8 +42,9 @@ use pinboard::model::cluster::{
 };
 use pinboard::model::set::from_flags;
 use pinboard::ui;
-use pinboard::ui::app::{Msg, Pane, State};
+use pinboard::ui::msg::Msg;
 use pinboard::ui::render::render_to_buffer;
+use pinboard::ui::state::{Pane, State};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -61,9 +63,9 @@ const MANAGER: &str = "pinboard-bench";
 fn cluster_tui() -> State {
     let theme = ui::theme::Theme::named("monochrome").expect("a built-in theme");
     let mut state = State::new("cluster: bench", theme, false, Instant::now());
-    state.start_cluster(None, SystemTime::now());
+    state.join_fleet(Traits::MACHINE_CONFIG, None, SystemTime::now());
     let key = KeyEvent::new(KeyCode::Char('4'), KeyModifiers::NONE);
-    ui::app::update(&mut state, Msg::Key(key));
+    ui::update::update(&mut state, Msg::Key(key));
     state
 }
 
@@ -237,7 +239,7 @@ type Rows = Vec<(String, NodeSetState)>;
 /// What the TUI does with each update: fold it into the state (cluster mode, Rollout screen, following
 /// `set`) and draw the frame at 120×40; the rows of `set`'s rollout are returned for the bench's checks.
 fn show(state: &mut State, update: ClusterUpdate, set: &str) -> Rows {
-    ui::app::update(state, Msg::Cluster(update));
+    ui::update::update(state, Msg::Cluster(update));
     state.select(Pane::Sets, set);
     std::hint::black_box(render_to_buffer(state, 120, 40));
     view(state).rollout(set, SystemTime::now())

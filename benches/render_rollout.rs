@@ -21,10 +21,12 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent};
 use pinboard::model::rollout::{Event, PinMethod, Rollout};
-use pinboard::ui::app::{Msg, Screen, State, update};
 use pinboard::ui::demo::demo_state;
+use pinboard::ui::msg::Msg;
 use pinboard::ui::render::render_to_buffer;
+use pinboard::ui::state::{Screen, State};
 use pinboard::ui::theme::Theme;
+use pinboard::ui::update::update;
 use sha2::{Digest as _, Sha256};
 
 const MI: u64 = 1 << 20;

@@ -28,12 +28,12 @@ use crate::engine::Control;
 use crate::error::Failure;
 use crate::fanout::Update;
 use crate::model::cluster::{ClusterUpdate, KubeletSettings};
-// MERGE: these move into the model (h-ui).
+use crate::model::config_view::ConfigView;
+use crate::model::node_info::NodeInfo;
 use crate::model::readiness::Readiness;
 use crate::model::rollout::Rollout;
 use crate::model::set::ImageSet;
 use crate::survey::Survey;
-use crate::ui::app::{ConfigView, NodeInfo};
 
 pub use outcome::{Applied, NodeUnpinned, NodesUnpinned, SetDeleted, SetUsed, Unpinned};
 pub use sets::SetSources;

@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod cluster_session;
+pub mod config_view;
 pub mod crio;
 pub mod diff;
 pub mod export;
@@ -9,6 +10,7 @@ pub mod holders;
 pub mod image;
 pub mod mirror;
 pub mod mirror_rules;
+pub mod node_info;
 pub mod plan;
 pub mod readiness;
 pub mod reference;

@@ -4,17 +4,23 @@
 //! everything drawn from it is the same on every run. [`cluster_state`] is the same for cluster mode.
 //! [`screens`] puts each screen on them, for the snapshot tests and the screenshots alike.
 
+use crate::fleet::Traits;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::app::{ConfigNote, ConfigView, DiffKind, Msg, NodeInfo, Pane, SetDraft, State, update};
+use super::msg::Msg;
+use super::state::{Pane, SetDraft, State};
 use super::theme::Theme;
+use super::update::update;
 use crate::backend::pins;
+use crate::model::config_view::{ConfigNote, ConfigView};
 use crate::model::crio::{CrioConfig, PinnedImagesSetting};
+use crate::model::diff::DiffKind;
 use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
+use crate::model::node_info::NodeInfo;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};
@@ -405,7 +411,7 @@ pub fn cluster_state(now: Instant, theme: Theme) -> State {
         serde_json::from_value(value).expect("a valid object")
     }
     let mut state = State::new("cluster: lab.kubeconfig", theme, false, now);
-    state.start_cluster(None, wall);
+    state.join_fleet(Traits::MACHINE_CONFIG, None, wall);
     let pool = json!({"metadata": {"name": "worker", "labels": {"pools.operator.machineconfiguration.openshift.io/worker": ""}},
         "spec": {"machineConfigSelector": {"matchLabels": {ROLE_LABEL: "worker"}},
                  "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}}},
@@ -503,10 +509,10 @@ pub fn cluster_state(now: Instant, theme: Theme) -> State {
         ClusterUpdate::RuntimeConfigs(vec![from(lazy)]),
     ];
     for update in updates {
-        super::app::update(&mut state, Msg::Cluster(update));
+        super::update::update(&mut state, Msg::Cluster(update));
     }
     for kind in Kind::ALL {
-        super::app::update(
+        super::update::update(
             &mut state,
             Msg::Cluster(ClusterUpdate::Connection(kind, Connection::Synced)),
         );

@@ -1,11 +1,11 @@
 //! The one table of key bindings: `update` looks keys up in it, `?` and the status line print it, so help
-//! cannot drift from what the keys do.
+//! cannot drift from what the keys do; and help's lines, grouped by where the bindings work.
 
 use std::fmt;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::app::Screen;
+use super::state::Screen;
 
 /// A key as bound: code plus Ctrl/Alt (Shift is part of the character: `L`, not Shift-l).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,4 +318,22 @@ pub fn lookup(event: &KeyEvent, screen: Screen) -> Option<Action> {
         .iter()
         .find(|b| b.applies_to(screen) && b.keys.iter().any(|k| k.matches(event)))
         .map(|b| b.action)
+}
+
+/// One line of help.
+#[derive(Clone, Copy)]
+pub enum HelpLine {
+    /// Where the bindings below it work; empty: everywhere.
+    Heading(&'static [Screen]),
+    Binding(&'static Binding),
+}
+
+/// Help's lines: a heading per run of bindings that work on the same screens, then those bindings.
+pub fn help_lines() -> impl Iterator<Item = HelpLine> {
+    KEYMAP
+        .chunk_by(|a, b| a.screens == b.screens)
+        .flat_map(|group| {
+            std::iter::once(HelpLine::Heading(group[0].screens))
+                .chain(group.iter().map(HelpLine::Binding))
+        })
 }

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 use super::TuiArgs;
-use super::app::{Cmd, Msg, SetDraft, State};
+use super::msg::{Cmd, Msg};
 use super::run::{UiBackend, execute_file_cmd, read_release};
+use super::state::{SetDraft, State};
 use super::theme::Theme;
 use crate::engine::Control;
 use crate::error::Failure;
@@ -39,12 +40,8 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     };
     let mut state = State::new(fleet.label(), theme, args.readonly, Instant::now());
     state.stall_after = Duration::from_secs(args.stall_after.max(1));
-    // MERGE: State::join_fleet(traits) once the state is split (h-ui).
-    if fleet.traits() == crate::fleet::Traits::MACHINE_CONFIG {
-        state.start_cluster(denied, SystemTime::now());
-    } else {
-        state.fan_out = common.rollout.fan_out;
-    }
+    state.join_fleet(fleet.traits(), denied, SystemTime::now());
+    state.fan_out = common.rollout.fan_out && state.pinboard_pulls();
     for warning in warnings {
         tracing::warn!("{warning}");
         notes.push(warning);
@@ -141,9 +138,7 @@ fn message(event: FleetEvent) -> Msg {
         FleetEvent::Rollout(Update::Event(event)) => Msg::Rollout(event),
         FleetEvent::Rollout(Update::FanOut { direct }) => Msg::FanOut(direct),
         FleetEvent::Rollout(Update::LinkBytes(bytes)) => Msg::LinkBytes(bytes),
-        FleetEvent::RolloutFinished(result) => {
-            Msg::EngineFinished(result.map_err(|e| e.to_string()))
-        }
+        FleetEvent::RolloutFinished(result) => Msg::EngineFinished(result),
         FleetEvent::Notice(text) => Msg::Notice(text),
     }
 }
@@ -174,7 +169,7 @@ impl UiBackend for Live {
                             read_release(registry, platform, options, pullspec, &tx)
                         }
                         Err(e) => {
-                            let _ = tx.send(Msg::ReleaseRead(Err(e.to_string())));
+                            let _ = tx.send(Msg::ReleaseRead(Err(e)));
                         }
                     }
                 });
@@ -183,8 +178,7 @@ impl UiBackend for Live {
                 self.fleet.refresh(sets.clone(), Self::events(tx));
                 let (fleet, tx) = (Arc::clone(&self.fleet), tx.clone());
                 tokio::spawn(async move {
-                    let surveyed = fleet.survey(sets, nodes).await;
-                    let _ = tx.send(Msg::SurveyDone(surveyed.map_err(|e| e.to_string())));
+                    let _ = tx.send(Msg::SurveyDone(fleet.survey(sets, nodes).await));
                 });
             }
             Cmd::Apply {

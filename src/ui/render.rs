@@ -1,26 +1,23 @@
-//! Drawing: the frame around every screen (tabs, message line, status line, help, confirmation) and the
-//! table helpers the screens share. Reads the state only; builds rows only for what is visible.
-
-use std::time::Duration;
+//! Drawing: the frame around every screen (tabs, message line, status line, help, confirmation); the
+//! screens draw themselves with [`super::widgets`]. Reads the state only.
 
 use ratatui::Frame;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::style::{Color, Modifier, Style};
+use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Wrap};
+use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
-use super::app::{Cursor, Mode, Screen, State};
-use super::keymap::{Action, Binding, KEYMAP};
+use super::keymap::{self, Action, Binding, HelpLine, KEYMAP};
+use super::layout::{HelpFlow, frame_areas, help_block};
 use super::screens;
+use super::state::{Mode, Screen, State};
 use super::status::Tone;
-use super::theme::{Role, Theme};
+use super::theme::Role;
+use super::widgets::{fg, fit_line};
 use crate::model::cluster::Connection;
-
-/// Help's lines flow into columns at least this wide; what does not fit then scrolls.
-const HELP_COLUMN_WIDTH: u16 = 36;
 
 /// Draws the whole UI.
 pub fn render(state: &State, frame: &mut Frame) {
@@ -30,11 +27,14 @@ pub fn render(state: &State, frame: &mut Frame) {
         help(state, frame, body);
     } else {
         match state.screen() {
-            Screen::Nodes => screens::nodes(state, frame, body),
-            Screen::Sets => screens::sets(state, frame, body),
-            Screen::Plan => screens::plan(state, frame, body),
-            Screen::Rollout => screens::rollout(state, frame, body),
-            Screen::Config => screens::config(state, frame, body),
+            Screen::Nodes => screens::nodes::draw(state, frame, body),
+            Screen::Sets => screens::sets::draw(state, frame, body),
+            Screen::Plan => screens::plan::draw(state, frame, body),
+            Screen::Rollout => match &state.cluster {
+                Some(session) => screens::rollout_cluster::draw(state, session, frame, body),
+                None => screens::rollout::draw(state, frame, body),
+            },
+            Screen::Config => screens::config::draw(state, frame, body),
         }
     }
     message_line(state, frame, message);
@@ -50,7 +50,7 @@ pub fn render(state: &State, frame: &mut Frame) {
             format!("apply set {} to {ready} node(s)? y/n", confirm.set)
         };
         let mut lines = vec![Line::from(question)];
-        if !confirm.unpin && state.cluster.is_none() {
+        if !confirm.unpin && state.pinboard_pulls() {
             lines.push(Line::from(if confirm.fan_out {
                 "fan-out on: every blob crosses the registry link once"
             } else {
@@ -105,7 +105,7 @@ fn tabs(state: &State, frame: &mut Frame, area: Rect) {
     frame.render_widget(fit_line(Line::from(spans), area.width), area);
 }
 
-pub(super) fn title(screen: Screen) -> &'static str {
+fn title(screen: Screen) -> &'static str {
     match screen {
         Screen::Nodes => "Nodes",
         Screen::Sets => "Sets",
@@ -201,7 +201,7 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
     spans.push(Span::styled("│", fg(theme.role(Role::Dim))));
     // The machine-config daemons pull in cluster mode: there is nothing to retry, cancel or fan out here.
     let engine_only = |b: &&Binding| {
-        state.cluster.is_some()
+        !state.pinboard_pulls()
             && matches!(
                 b.action,
                 Action::Retry | Action::Cancel | Action::ToggleFanOut
@@ -222,69 +222,6 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
         fit_line(Line::from(spans), area.width).style(Style::new().add_modifier(Modifier::DIM)),
         area,
     );
-}
-
-/// The tab bar, the screen (or help), the message line and the status line.
-fn frame_areas(area: Rect) -> [Rect; 4] {
-    Layout::vertical([
-        Constraint::Length(1),
-        Constraint::Fill(1),
-        Constraint::Length(1),
-        Constraint::Length(1),
-    ])
-    .areas(area)
-}
-
-/// Lines the Config screen's diff shows in a terminal of `size` (width × height): how far it scrolls.
-pub(super) fn diff_rows((width, height): (u16, u16)) -> usize {
-    let [_, body, _, _] = frame_areas(Rect::new(0, 0, width, height));
-    let [_, diff] = screens::config_areas(body);
-    usize::from(Block::bordered().inner(diff).height)
-}
-
-/// How help's lines flow into its area: lines per column, columns, and how far they scroll.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct HelpFlow {
-    pub rows: usize,
-    pub columns: usize,
-    pub max_scroll: usize,
-}
-
-impl HelpFlow {
-    /// As many columns as the lines need; if fewer fit, as many as fit, and the rest scrolls.
-    fn new(lines: usize, inner: Rect) -> HelpFlow {
-        let rows = usize::from(inner.height.max(1));
-        let needed = lines.div_ceil(rows);
-        let fit = usize::from(inner.width / HELP_COLUMN_WIDTH).max(1);
-        if needed <= fit {
-            return HelpFlow {
-                rows,
-                columns: needed,
-                max_scroll: 0,
-            };
-        }
-        HelpFlow {
-            rows,
-            columns: fit,
-            max_scroll: lines - rows * fit,
-        }
-    }
-
-    /// How help flows in the terminal size `update` last heard of.
-    pub(super) fn for_state(state: &State) -> HelpFlow {
-        let (width, height) = state.size;
-        let [_, body, _, _] = frame_areas(Rect::new(0, 0, width, height));
-        HelpFlow::new(help_lines(state).len(), help_block().inner(body))
-    }
-
-    /// Lines a page moves: all that are shown.
-    pub(super) fn page(self) -> usize {
-        self.rows * self.columns
-    }
-}
-
-fn help_block() -> Block<'static> {
-    Block::new().borders(Borders::TOP)
 }
 
 /// Every binding of the keymap, grouped by where it works, flowed into as many columns as fit; scrolled
@@ -323,38 +260,37 @@ fn help(state: &State, frame: &mut Frame, area: Rect) {
 /// Help's lines: a heading per group of screens, then its bindings (this screen's in color).
 fn help_lines(state: &State) -> Vec<Line<'static>> {
     let theme = &state.theme;
-    let mut lines: Vec<Line> = Vec::new();
-    let mut group: Option<&[Screen]> = None;
-    for binding in KEYMAP {
-        let here = binding.applies_to(state.screen());
-        if group != Some(binding.screens) {
-            group = Some(binding.screens);
-            let names: Vec<&str> = binding.screens.iter().map(|s| s.name()).collect();
-            let heading = if names.is_empty() {
-                "everywhere".to_string()
-            } else {
-                names.join(", ")
-            };
-            lines.push(Line::styled(
-                heading,
-                Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED),
-            ));
-        }
-        let (key_style, text_style) = if here {
-            (fg(theme.role(Role::Accent)), Style::new())
-        } else {
-            (fg(theme.role(Role::Dim)), fg(theme.role(Role::Dim)))
-        };
-        lines.push(Line::from(vec![
-            Span::styled(format!("{:>9} ", binding.keys_label()), key_style),
-            Span::styled(binding.description, text_style),
-        ]));
-    }
-    lines
+    keymap::help_lines()
+        .map(|line| match line {
+            HelpLine::Heading(screens) => {
+                let names: Vec<&str> = screens.iter().map(|s| s.name()).collect();
+                let heading = if names.is_empty() {
+                    "everywhere".to_string()
+                } else {
+                    names.join(", ")
+                };
+                Line::styled(
+                    heading,
+                    Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED),
+                )
+            }
+            HelpLine::Binding(binding) => {
+                let (key_style, text_style) = if binding.applies_to(state.screen()) {
+                    (fg(theme.role(Role::Accent)), Style::new())
+                } else {
+                    (fg(theme.role(Role::Dim)), fg(theme.role(Role::Dim)))
+                };
+                Line::from(vec![
+                    Span::styled(format!("{:>9} ", binding.keys_label()), key_style),
+                    Span::styled(binding.description, text_style),
+                ])
+            }
+        })
+        .collect()
 }
 
 /// A centered box over the screen.
-pub(super) fn popup(state: &State, frame: &mut Frame, title: &str, lines: Vec<Line>) {
+fn popup(state: &State, frame: &mut Frame, title: &str, lines: Vec<Line>) {
     let area = frame.area();
     let width = area.width.saturating_sub(4).min(70);
     let height = (lines.len() as u16 + 2).min(area.height);
@@ -374,226 +310,4 @@ pub(super) fn popup(state: &State, frame: &mut Frame, title: &str, lines: Vec<Li
             .block(block.padding(ratatui::widgets::Padding::horizontal(1))),
         rect,
     );
-}
-
-pub(super) fn fg(color: Color) -> Style {
-    Style::new().fg(color)
-}
-
-/// `✓ pinned` in its tone's color.
-pub(super) fn status_span(theme: &Theme, status: super::status::Status) -> Span<'static> {
-    Span::styled(
-        format!("{} {}", status.glyph, status.word),
-        fg(theme.tone(status.tone)),
-    )
-}
-
-/// A pane: bordered, its title in the accent color when it has the focus.
-pub(super) fn pane<'a>(theme: &Theme, title: Line<'a>, focused: bool) -> Block<'a> {
-    let color = if focused {
-        theme.role(Role::Accent)
-    } else {
-        theme.role(Role::Dim)
-    };
-    Block::bordered().title(title).border_style(fg(color))
-}
-
-/// One column of a table: its natural width, whether it takes the room left, and how early it is hidden
-/// when the terminal is narrow (0: never, higher: earlier).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Column {
-    pub title: &'static str,
-    pub width: u16,
-    pub flex: bool,
-    pub drop: u8,
-}
-
-pub(super) const fn col(title: &'static str, width: u16, drop: u8) -> Column {
-    Column {
-        title,
-        width,
-        flex: false,
-        drop,
-    }
-}
-
-pub(super) const fn flex(title: &'static str, width: u16) -> Column {
-    Column {
-        title,
-        width,
-        flex: true,
-        drop: 0,
-    }
-}
-
-/// Each column's width in `width` cells (0: hidden): hides the least important until the rest fit, then
-/// gives the flexible column what is left.
-pub(super) fn fit_columns<const N: usize>(columns: &[Column; N], width: u16) -> [u16; N] {
-    let mut widths = columns.map(|c| c.width);
-    let total = |w: &[u16; N]| {
-        let shown = w.iter().filter(|w| **w > 0).count() as u16;
-        w.iter().sum::<u16>() + shown.saturating_sub(1)
-    };
-    while total(&widths) > width {
-        let Some(drop) = (0..N)
-            .filter(|i| widths[*i] > 0 && columns[*i].drop > 0)
-            .max_by_key(|i| (columns[*i].drop, *i))
-        else {
-            break;
-        };
-        widths[drop] = 0;
-    }
-    if let Some(f) = (0..N).find(|i| columns[*i].flex && widths[*i] > 0) {
-        let used = total(&widths);
-        widths[f] = if used <= width {
-            widths[f] + (width - used)
-        } else {
-            widths[f].saturating_sub(used - width).max(1)
-        };
-    }
-    widths
-}
-
-/// The line cut to `width` cells with `…` where it was cut.
-pub(super) fn fit_line(line: Line<'_>, width: u16) -> Line<'_> {
-    let width = usize::from(width);
-    if line.width() <= width {
-        return line;
-    }
-    let mut left = width.saturating_sub(1);
-    let mut spans = Vec::with_capacity(line.spans.len() + 1);
-    for span in line.spans {
-        let chars = span.content.chars().count();
-        if chars <= left {
-            left -= chars;
-            spans.push(span);
-        } else {
-            let cut: String = span.content.chars().take(left).collect();
-            spans.push(Span::styled(cut, span.style));
-            break;
-        }
-    }
-    spans.push(Span::raw("…"));
-    Line {
-        spans,
-        style: line.style,
-        alignment: line.alignment,
-    }
-}
-
-/// The first visible row: keeps the selected row in view, centered once the list scrolls.
-pub(super) fn window_offset(selected: usize, len: usize, height: usize) -> usize {
-    if len <= height {
-        return 0;
-    }
-    selected.saturating_sub(height / 2).min(len - height)
-}
-
-/// A table in a pane, with rows only for the visible window of `items` (which must yield `cursor.len`
-/// items in display order). `cells` gets each visible item and the column widths.
-#[allow(clippy::too_many_arguments)] // Each is a different part of the table; a struct would only rename them.
-pub(super) fn table<'a, T, const N: usize>(
-    frame: &mut Frame,
-    area: Rect,
-    theme: &Theme,
-    block: Block<'a>,
-    columns: &[Column; N],
-    cursor: Cursor<'_>,
-    items: impl Iterator<Item = T>,
-    mut cells: impl FnMut(T, &[u16; N]) -> [Line<'a>; N],
-) {
-    let inner = block.inner(area);
-    frame.render_widget(block, area);
-    let widths = fit_columns(columns, inner.width);
-    let height = usize::from(inner.height.saturating_sub(1));
-    let selected = cursor.selected.map(|(i, _)| i);
-    let offset = window_offset(selected.unwrap_or(0), cursor.len, height);
-    let shown = |w: &u16| *w > 0;
-    let header = Row::new(
-        columns
-            .iter()
-            .zip(widths)
-            .filter(|(_, w)| shown(w))
-            .map(|(c, w)| fit_line(Line::from(c.title), w)),
-    )
-    .style(fg(theme.role(Role::Accent)).add_modifier(Modifier::BOLD));
-    let rows = items
-        .skip(offset)
-        .take(height)
-        .enumerate()
-        .map(|(i, item)| {
-            let line = cells(item, &widths);
-            let row = Row::new(
-                line.into_iter()
-                    .zip(widths)
-                    .filter(|(_, w)| shown(w))
-                    .map(|(l, w)| fit_line(l, w)),
-            );
-            if Some(offset + i) == selected {
-                row.style(Style::new().add_modifier(Modifier::REVERSED))
-            } else {
-                row
-            }
-        });
-    let constraints = widths.into_iter().filter(shown).map(Constraint::Length);
-    frame.render_widget(
-        Table::new(rows, constraints)
-            .header(header)
-            .column_spacing(1),
-        inner,
-    );
-}
-
-/// `Nodes [2/3] /n2`: the pane's title with position and filter.
-pub(super) fn table_title<'a>(name: &'a str, cursor: Cursor<'_>, filter: &str) -> Line<'a> {
-    let position = cursor.selected.map_or(0, |(i, _)| i + 1);
-    let mut text = format!(" {name} [{position}/{}]", cursor.len);
-    if !filter.is_empty() {
-        text.push_str(&format!(" /{filter}"));
-    }
-    text.push(' ');
-    Line::from(text)
-}
-
-/// `1h02m`, `3m05s`, `42s`.
-pub(super) fn duration(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
-    }
-}
-
-/// A bar of `width` cells: `parts` are (fraction of the whole, glyph, style) drawn in order, the rest is
-/// `░`; `markers` (fraction, glyph) replace the cell at their position (thresholds).
-pub(super) fn bar(
-    width: u16,
-    parts: &[(f64, char, Style)],
-    rest: Style,
-    markers: &[(f64, char)],
-) -> Line<'static> {
-    let width = usize::from(width);
-    if width == 0 {
-        return Line::default();
-    }
-    let mut cells: Vec<(char, Style)> = Vec::with_capacity(width);
-    for (fraction, glyph, style) in parts {
-        let n = (fraction.clamp(0.0, 1.0) * width as f64).round() as usize;
-        let n = n.min(width - cells.len());
-        cells.extend(std::iter::repeat_n((*glyph, *style), n));
-    }
-    cells.resize(width, ('░', rest));
-    for (fraction, glyph) in markers {
-        let at = (fraction.clamp(0.0, 1.0) * width as f64) as usize;
-        cells[at.min(width - 1)].0 = *glyph;
-    }
-    let mut spans: Vec<Span<'static>> = Vec::new();
-    for (glyph, style) in cells {
-        match spans.last_mut() {
-            Some(span) if span.style == style => span.content.to_mut().push(glyph),
-            _ => spans.push(Span::styled(glyph.to_string(), style)),
-        }
-    }
-    Line::from(spans)
 }

@@ -23,9 +23,12 @@ use ratatui::backend::CrosstermBackend;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tracing_subscriber::EnvFilter;
 
-use super::app::{Cmd, Msg, State, update};
+use super::msg::{Cmd, Msg};
 use super::render::render;
+use super::state::State;
+use super::update::update;
 use crate::backend::registry::Registry;
+use crate::error::Failure;
 use crate::fleet::sets::release_note;
 use crate::model::image::Platform;
 use crate::model::release::SetOptions;
@@ -51,7 +54,7 @@ pub fn execute_file_cmd(cmd: Cmd, tx: &UnboundedSender<Msg>) -> Option<Cmd> {
             tokio::spawn(async move {
                 let result = tokio::fs::read_to_string(&path)
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| Failure::bad_input(e.to_string()));
                 let _ = tx.send(Msg::FileRead {
                     path,
                     purpose,
@@ -64,7 +67,7 @@ pub fn execute_file_cmd(cmd: Cmd, tx: &UnboundedSender<Msg>) -> Option<Cmd> {
             tokio::spawn(async move {
                 let result = tokio::fs::write(&path, text)
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| Failure::bad_input(e.to_string()));
                 let _ = tx.send(Msg::FileWritten { path, result });
             });
             None
@@ -90,7 +93,7 @@ pub fn read_release(
                 let note = release_note(&resolved, &made);
                 (made.sets, note)
             })
-            .map_err(|e| e.to_string());
+            .map_err(Failure::from);
         let _ = tx.send(Msg::ReleaseRead(read));
     });
 }

@@ -4,6 +4,7 @@
 //! screens drawn from that state. The tests play the machine-config daemon.
 
 use crate::support;
+use pinboard::fleet::Traits;
 
 use std::time::SystemTime;
 
@@ -17,11 +18,13 @@ use pinboard::model::image::Platform;
 use pinboard::model::plan::{Limits, SpaceSource};
 use pinboard::model::release::SetOptions;
 use pinboard::model::set::from_flags;
-use pinboard::ui::app::{Cmd, Msg, State, update};
 use pinboard::ui::live::Live;
+use pinboard::ui::msg::{Cmd, Msg};
 use pinboard::ui::render::{buffer_text, render_to_buffer};
 use pinboard::ui::run::UiBackend;
+use pinboard::ui::state::State;
 use pinboard::ui::theme::Theme;
+use pinboard::ui::update::update;
 use serde_json::json;
 use support::cluster::{WAIT, client, discover, openshift};
 use support::{ImageSpec, LayerFormat, LayerSpec};
@@ -40,7 +43,7 @@ impl Session {
     async fn new(kubeconfig: &std::path::Path, registry_host: String) -> Session {
         let theme = Theme::named("monochrome").unwrap();
         let mut state = State::new("cluster: lab", theme, false, std::time::Instant::now());
-        state.start_cluster(None, SystemTime::now());
+        state.join_fleet(Traits::MACHINE_CONFIG, None, SystemTime::now());
         let fleet = OpenShiftFleet::new(OpenShiftConfig {
             connect: ConnectOptions {
                 kubeconfig: Some(kubeconfig.to_owned()),
@@ -321,7 +324,7 @@ async fn the_tui_follows_and_writes_the_cluster() {
         false,
         std::time::Instant::now(),
     );
-    read_only.start_cluster(denied, SystemTime::now());
+    read_only.join_fleet(Traits::MACHINE_CONFIG, denied, SystemTime::now());
     assert!(read_only.readonly);
     let shown = render_to_buffer(&read_only, 120, 10);
     let text: String = shown.content().iter().map(|c| c.symbol()).collect();

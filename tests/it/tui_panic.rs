@@ -9,8 +9,10 @@ use crate::support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pinboard::ui::app::{Cmd, Msg, NodeInfo, State};
+use pinboard::model::node_info::NodeInfo;
+use pinboard::ui::msg::{Cmd, Msg};
 use pinboard::ui::run::{UiBackend, run};
+use pinboard::ui::state::State;
 use pinboard::ui::theme::Theme;
 use support::tmux::Tmux;
 use tokio::sync::mpsc::UnboundedSender;

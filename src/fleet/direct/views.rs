@@ -11,14 +11,13 @@ use crate::backend::lazy::{LazyState, read_lazy};
 use crate::backend::node::observe;
 use crate::backend::pins::{self, CONTAINERD_PIN_VALUE, PinTarget, connect_resolved};
 use crate::backend::target::NodeTarget;
+use crate::model::config_view::{ConfigNote, ConfigView};
 use crate::model::diff::DiffKind;
-// MERGE: these move into the model (h-ui).
 use crate::model::holders::{HeldBy, Holder, holders_of};
+use crate::model::node_info::NodeInfo;
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::Runtime;
 use crate::model::set::ImageSet;
-use crate::ui::app::NodeInfo;
-use crate::ui::app::{ConfigNote, ConfigView};
 
 /// Per node, what pinning the images of `sets` (each held by the sets that list it) writes there against
 /// what is there now.

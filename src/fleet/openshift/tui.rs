@@ -13,10 +13,10 @@ use crate::cluster::{Cluster, ConnectOptions, connect, watch};
 use crate::error::Failure;
 use crate::fleet::{Events, FleetEvent};
 use crate::model::cluster::{ClusterUpdate, ClusterView, pool_warning, pools_for_set};
+use crate::model::config_view::ConfigView;
 use crate::model::diff;
 use crate::model::export::pinned_image_set_yaml;
 use crate::model::set::ImageSet;
-use crate::ui::app::ConfigView;
 
 /// How long a kubelet configuration read from `/configz` stands: a KubeletConfig rolled out by the
 /// machine-config operator restarts the kubelets with new settings, and a kubelet that did not answer

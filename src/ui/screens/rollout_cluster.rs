@@ -10,12 +10,14 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
-use super::app::{Pane, Screen, State};
-use super::cluster::{ClusterSession, followed_set};
-use super::render::{Column, col, duration, fg, flex, pane, status_span, table, table_title};
-use super::status::{Tone, set_state_status};
 use crate::model::cluster::{
     DEGRADED, NodeSetState, PROGRESSING, PinnedImageSet, node_set_state, pool_rollup, pools_for_set,
+};
+use crate::model::cluster_session::ClusterSession;
+use crate::ui::state::{Pane, Screen, State, matches};
+use crate::ui::status::{Tone, set_state_status};
+use crate::ui::widgets::{
+    Column, col, duration, empty, fg, flex, pane, status_span, table, table_title, tally,
 };
 
 const COLUMNS: [Column; 8] = [
@@ -36,7 +38,7 @@ fn node_state(
     node: &str,
     state: &State,
 ) -> NodeSetState {
-    let wall = session.wall(state.now);
+    let wall = state.wall(state.now);
     session
         .view
         .machine_config_node(node)
@@ -45,11 +47,11 @@ fn node_state(
         })
 }
 
-pub(super) fn rollout(state: &State, session: &ClusterSession, frame: &mut Frame, area: Rect) {
+pub(in crate::ui) fn draw(state: &State, session: &ClusterSession, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
-    let Some(set) = followed_set(state).and_then(|name| session.view.set(name)) else {
+    let Some(set) = state.followed_set().and_then(|name| session.view.set(name)) else {
         let text = "no PinnedImageSet on the cluster yet: a on the Sets screen applies one";
-        super::screens::empty(theme, frame, area, "Rollout", text);
+        empty(theme, frame, area, "Rollout", text);
         return;
     };
     let [summary_area, nodes_area, detail_area] = Layout::vertical([
@@ -69,7 +71,7 @@ pub(super) fn rollout(state: &State, session: &ClusterSession, frame: &mut Frame
 
     let filter = state.filter(Screen::Rollout);
     let cursor = state.cursor(Pane::RolloutNodes);
-    let rows = members.iter().filter(|n| super::app::matches(n, filter));
+    let rows = members.iter().filter(|n| matches(n, filter));
     // The set follows the Sets screen's selection: say so where the operator looks.
     let title = table_title(
         "Nodes (the set selected on the Sets screen)",
@@ -164,7 +166,7 @@ fn summary(
     let statuses = members
         .iter()
         .map(|node| set_state_status(&node_state(session, set, node, state)));
-    spans.extend(super::screens::tally(theme, statuses));
+    spans.extend(tally(theme, statuses));
     vec![Line::from(spans)]
 }
 
@@ -176,7 +178,7 @@ fn judged(
     set: &PinnedImageSet,
     node: &str,
 ) -> Vec<Line<'static>> {
-    let Some(readiness) = session.readiness(set.name(), node, state.now) else {
+    let Some(readiness) = session.node_readiness(set.name(), node, state.wall(state.now)) else {
         return Vec::new();
     };
     let theme = &state.theme;

@@ -1,0 +1,312 @@
+//! The Rollout screen in direct mode: the engine's rollout summed over every node, then per node, then
+//! per image on the selected node, with why the selected image (or its node) is where it is.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Paragraph, Wrap};
+
+use crate::model::rollout::{ImageRollout, ImageState, NodeRollout, NodeState};
+use crate::model::units::human;
+use crate::ui::state::{Pane, Screen, State, matches};
+use crate::ui::status::{Tone, image_status, node_status, pin_method_label};
+use crate::ui::theme::{Role, Theme};
+use crate::ui::widgets::{
+    Column, bar, col, duration, empty, fg, fit_line, flex, pane, right, status_span, table,
+    table_title, tally,
+};
+
+const ROLLOUT_NODE_COLUMNS: [Column; 8] = [
+    flex("NODE", 10),
+    col("STATE", 12, 0),
+    col("PROGRESS", 12, 2),
+    col("BYTES", 21, 0),
+    col("RATE", 11, 3),
+    col("ETA", 7, 0),
+    col("ELAPSED", 7, 4),
+    col("IMAGES", 16, 5),
+];
+
+const ROLLOUT_IMAGE_COLUMNS: [Column; 6] = [
+    flex("IMAGE", 20),
+    col("STATE", 11, 0),
+    col("PROGRESS", 12, 2),
+    col("BYTES", 21, 1),
+    col("ELAPSED", 9, 3),
+    col("RETRIES", 24, 4),
+];
+
+pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
+    let theme = &state.theme;
+    let (now, stall_after) = (state.now, state.stall_after);
+    if state.rollout.nodes().is_empty() {
+        let text = "no rollout yet: a on the Sets or Plan screen applies a set";
+        empty(theme, frame, area, "Rollout", text);
+        return;
+    }
+    let [summary_area, nodes_area, images_area, detail_area] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Percentage(50),
+        Constraint::Fill(1),
+        Constraint::Length(2),
+    ])
+    .areas(area);
+    frame.render_widget(fit_line(summary(state), area.width), summary_area);
+
+    let filter = state.filter(Screen::Rollout);
+    let cursor = state.cursor(Pane::RolloutNodes);
+    let rows = state
+        .rollout_order
+        .iter()
+        .filter(|n| matches(n, filter))
+        .map(|name| (name, &state.rollout.nodes()[name]));
+    table(
+        frame,
+        nodes_area,
+        theme,
+        pane(
+            theme,
+            table_title("Nodes", cursor, filter),
+            state.focus() == Pane::RolloutNodes,
+        ),
+        &ROLLOUT_NODE_COLUMNS,
+        cursor,
+        rows,
+        |(name, node), widths| {
+            let stalled = node.stalled(now, stall_after).next().is_some();
+            let elapsed = match node.state {
+                NodeState::Pulling { since } => duration(now.saturating_duration_since(since)),
+                NodeState::Pinned { took, .. } => duration(took),
+                _ => "-".into(),
+            };
+            [
+                Line::from(name.clone()),
+                Line::from(status_span(theme, node_status(&node.state, stalled))),
+                progress(theme, node.done_bytes(), node.total_bytes(), widths[2]),
+                right(format!(
+                    "{}/{}",
+                    human(node.done_bytes()),
+                    human(node.total_bytes())
+                )),
+                right(
+                    node.throughput(now)
+                        .map_or("-".into(), |r| format!("{}/s", human(r as u64))),
+                ),
+                right(node.eta(now).map_or("-".into(), duration)),
+                right(elapsed),
+                counts(theme, node, now, stall_after),
+            ]
+        },
+    );
+
+    let Some((name, node)) = state.selected_rollout_node() else {
+        return;
+    };
+    let stalled: Vec<&str> = node.stalled(now, stall_after).collect();
+    let cursor = state.cursor(Pane::RolloutImages);
+    let title = Line::from(format!(
+        " Images on {name} [{}/{}] ",
+        cursor.selected.map_or(0, |(i, _)| i + 1),
+        cursor.len
+    ));
+    let images = node.images();
+    table(
+        frame,
+        images_area,
+        theme,
+        pane(theme, title, state.focus() == Pane::RolloutImages),
+        &ROLLOUT_IMAGE_COLUMNS,
+        cursor,
+        images,
+        |(image, rollout), widths| {
+            let status = image_status(&rollout.state, stalled.contains(&image));
+            let elapsed = match rollout.state {
+                ImageState::Pulling { since, .. } => duration(now.saturating_duration_since(since)),
+                ImageState::Pulled { took } => duration(took),
+                ImageState::Retrying { until, .. } => {
+                    format!("in {}", duration(until.saturating_duration_since(now)))
+                }
+                _ => "-".into(),
+            };
+            let retries = match rollout.retries().last() {
+                Some(last) => format!("{}: {last}", rollout.retries().len()),
+                None => "-".into(),
+            };
+            [
+                Line::from(image.to_string()),
+                Line::from(status_span(theme, status)),
+                progress(theme, rollout.done_bytes, rollout.total_bytes, widths[2]),
+                right(format!(
+                    "{}/{}",
+                    human(rollout.done_bytes),
+                    human(rollout.total_bytes)
+                )),
+                right(elapsed),
+                Line::from(retries),
+            ]
+        },
+    );
+    let image = state
+        .selected(Pane::RolloutImages)
+        .and_then(|i| Some((i, node.image(i)?)));
+    frame.render_widget(
+        Paragraph::new(image_detail(state, node, image)).wrap(Wrap { trim: true }),
+        detail_area,
+    );
+}
+
+/// Bytes to the nodes and over the registry link, rate and ETA over every node, and how many nodes are in
+/// each state.
+fn summary(state: &State) -> Line<'static> {
+    let theme = &state.theme;
+    let (now, stall_after) = (state.now, state.stall_after);
+    let (done, total) = state.rollout.bytes();
+    let rate: f64 = state
+        .rollout
+        .nodes()
+        .values()
+        .filter_map(|n| n.throughput(now))
+        .sum();
+    // Nodes pull in parallel: the rollout ends with its slowest node.
+    let eta = state
+        .rollout
+        .nodes()
+        .values()
+        .filter_map(|n| n.eta(now))
+        .max();
+    // Without fan-out, every byte a node fetches crosses the registry link.
+    let link = match state.rollout.link_bytes() {
+        Some(link) => format!("{} (fan-out)", human(link)),
+        None => human(done),
+    };
+    let mut spans = vec![Span::styled(
+        format!(
+            "overall {}/{} · link {link} · {}/s · ETA {} · nodes:",
+            human(done),
+            human(total),
+            human(rate as u64),
+            eta.map_or("-".into(), duration)
+        ),
+        Style::new().add_modifier(Modifier::BOLD),
+    )];
+    let statuses = state
+        .rollout
+        .nodes()
+        .values()
+        .map(|node| node_status(&node.state, node.stalled(now, stall_after).next().is_some()));
+    spans.extend(tally(theme, statuses));
+    Line::from(spans)
+}
+
+fn progress(theme: &Theme, done: u64, total: u64, width: u16) -> Line<'static> {
+    let fraction = if total == 0 {
+        0.0
+    } else {
+        done as f64 / total as f64
+    };
+    bar(
+        width,
+        &[(fraction, '█', fg(theme.tone(Tone::Active)))],
+        fg(theme.role(Role::Dim)),
+        &[],
+    )
+}
+
+/// `✓3 ↓1 ✗1 ‖1 ·2`: a node's images by state, the ones that are there only.
+fn counts(
+    theme: &Theme,
+    node: &NodeRollout,
+    now: std::time::Instant,
+    stall_after: std::time::Duration,
+) -> Line<'static> {
+    let stalled = node.stalled(now, stall_after).count();
+    let pulling =
+        node.count(|s| matches!(s, ImageState::Pulling { .. } | ImageState::Retrying { .. }));
+    let groups = [
+        (
+            "✓",
+            Tone::Ok,
+            node.count(|s| {
+                matches!(
+                    s,
+                    ImageState::Pinned { .. } | ImageState::Pulled { .. } | ImageState::Present
+                )
+            }),
+        ),
+        ("↓", Tone::Active, pulling - stalled),
+        ("‖", Tone::Warn, stalled),
+        ("✗", Tone::Error, node.failed()),
+        (
+            "·",
+            Tone::Idle,
+            node.count(|s| {
+                matches!(
+                    s,
+                    ImageState::Queued | ImageState::Skipped | ImageState::Cancelled
+                )
+            }),
+        ),
+    ];
+    Line::from(
+        groups
+            .into_iter()
+            .filter(|(_, _, n)| *n > 0)
+            .map(|(glyph, tone, n)| Span::styled(format!("{glyph}{n} "), fg(theme.tone(tone))))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Why the selected image (or its node) is where it is: failure reason, every retry, stall.
+fn image_detail(
+    state: &State,
+    node: &NodeRollout,
+    image: Option<(&str, &ImageRollout)>,
+) -> Vec<Line<'static>> {
+    let theme = &state.theme;
+    let error = fg(theme.tone(Tone::Error));
+    let mut lines = Vec::new();
+    match &node.state {
+        NodeState::Refused { reason }
+        | NodeState::Stopped { reason }
+        | NodeState::PinFailed { reason } => {
+            lines.push(Line::styled(format!("node: {reason}"), error));
+        }
+        NodeState::Pinned { confirmed: false, method, .. } => lines.push(Line::from(format!(
+            "node: pinned (not confirmed by runtime): {} written; this runtime does not report pins",
+            pin_method_label(Some(*method))
+        ))),
+        _ => {}
+    }
+    if let Some((name, image)) = image {
+        match &image.state {
+            ImageState::Failed { reason } => {
+                lines.push(Line::styled(format!("failed: {reason} (r retries)"), error))
+            }
+            ImageState::Pulling { .. }
+                if node
+                    .stalled(state.now, state.stall_after)
+                    .any(|s| s == name) =>
+            {
+                lines.push(Line::styled(
+                    format!(
+                        "stalled: no bytes for {} or more (r retries, c cancels)",
+                        duration(state.stall_after)
+                    ),
+                    fg(theme.tone(Tone::Warn)),
+                ));
+            }
+            _ => {}
+        }
+        if !image.retries().is_empty() {
+            let retries: Vec<String> = image
+                .retries()
+                .iter()
+                .enumerate()
+                .map(|(i, r)| format!("{}) {r}", i + 1))
+                .collect();
+            lines.push(Line::from(format!("retries: {}", retries.join("  "))));
+        }
+    }
+    lines
+}
