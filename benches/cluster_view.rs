@@ -36,9 +36,9 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject};
-use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
-use pinboard::model::cluster::{
-    ClusterUpdate, ClusterView, MachineConfigNode, NodeSetState, ROLE_LABEL,
+use pinboard::backend::openshift::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
+use pinboard::model::machine_config::{
+    ClusterUpdate, ClusterView, MachineConfigNode, ROLE_LABEL, SetProgress,
 };
 use pinboard::model::set::from_flags;
 use pinboard::ui;
@@ -234,7 +234,7 @@ async fn create_objects(cluster: &Cluster, nodes: usize, sets: usize) {
     .await;
 }
 
-type Rows = Vec<(String, NodeSetState)>;
+type Rows = Vec<(String, SetProgress)>;
 
 /// What the TUI does with each update: fold it into the state (cluster mode, Rollout screen, following
 /// `set`) and draw the frame at 120×40; the rows of `set`'s rollout are returned for the bench's checks.
@@ -413,7 +413,7 @@ fn main() {
                 && v.machine_config_nodes().len() == nodes
                 && v.sets.len() == sets
                 && rows.len() == nodes
-                && rows.iter().all(|(_, s)| *s == NodeSetState::Done)
+                && rows.iter().all(|(_, s)| *s == SetProgress::Done)
         })
         .await;
         let first_view = started.elapsed();
@@ -458,7 +458,7 @@ fn main() {
                 .await
                 .unwrap();
             patches.push(started.elapsed());
-            let expected = NodeSetState::Failed {
+            let expected = SetProgress::Failed {
                 generation: 1,
                 error: error.clone(),
             };

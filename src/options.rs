@@ -15,21 +15,21 @@ use regex::Regex;
 
 use crate::backend::blobs::cache::{self, CacheOptions};
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
-use crate::backend::mirror_config::MirrorSources;
+use crate::backend::openshift::ConnectOptions;
+use crate::backend::registries_conf::MirrorSources;
 use crate::backend::registry::{Registry, RegistryOptions};
 use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{REGISTRIES_CONF_DIR, WiringPaths};
-use crate::cluster::ConnectOptions;
 use crate::engine::EngineConfig;
 use crate::error::Failure;
 use crate::fanout::LOOPBACK;
 use crate::fleet::direct::{DirectConfig, DirectFleet};
-use crate::fleet::openshift::registry::RegistrySettings;
-use crate::fleet::openshift::{self, OpenShiftConfig, OpenShiftFleet};
+use crate::fleet::machine_config::registry::RegistrySettings;
+use crate::fleet::machine_config::{self, MachineConfigFleet, MachineConfigSettings};
 use crate::fleet::{Fleet, SetSources};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
-use crate::model::release::SetOptions;
+use crate::model::release_payload::SetOptions;
 use crate::model::units::{parse_bytes, parse_duration};
 use crate::targets::{self, NodeDefaults, parse_reload};
 
@@ -461,7 +461,7 @@ impl CommonArgs {
             true => Some((runtime_targets(targets)?, targets.timeout())),
             false => None,
         };
-        Ok(Box::new(OpenShiftFleet::new(OpenShiftConfig {
+        Ok(Box::new(MachineConfigFleet::new(MachineConfigSettings {
             connect,
             registry: RegistrySettings {
                 options: registry_options(&self.registry)?,
@@ -486,8 +486,8 @@ impl CommonArgs {
             options: registry_options(&self.registry)?,
             no_pull_secret: self.registry.no_pull_secret,
         };
-        let client = crate::cluster::connect(&options).await?;
-        let (registry, warnings) = openshift::registry::client(&settings, &client).await?;
+        let client = crate::backend::openshift::connect(&options).await?;
+        let (registry, warnings) = machine_config::registry::client(&settings, &client).await?;
         for warning in warnings {
             eprintln!("warning: {warning}");
         }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::output;
 use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
 use crate::error::Failure;
-use crate::model::mirror::Allowed;
+use crate::model::served::ServedDigests;
 use crate::model::units::human;
 use crate::options::{CommonArgs, registry_client};
 use crate::survey::image_facts;
@@ -54,7 +54,7 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
     let facts = image_facts(&sets, &registry, &platform)
         .await
         .map_err(Failure::from)?;
-    let allowed = Allowed::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
+    let allowed = ServedDigests::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
     let blobs = allowed.blobs();
     let serving = format!(
         "{} images ({} manifests, {} blobs of {}, {} of them cached) of {}",

@@ -11,12 +11,12 @@ use serde::Serialize;
 
 use super::output::table;
 use crate::error::Failure;
+use crate::fleet::payload::{Resolved, sets};
 use crate::fleet::sets::release_note;
 use crate::model::export::{document, pinned_image_set_yaml};
-use crate::model::release::ReleaseSets;
+use crate::model::release_payload::ReleaseSets;
 use crate::model::units::human;
 use crate::options::{CommonArgs, Output};
-use crate::release::{Resolved, sets};
 
 #[derive(Args, Debug)]
 pub struct ReleaseCommand {

@@ -4,7 +4,7 @@
 //!
 //! - [`direct`]: nodes reached over their CRI sockets from where pinboard runs (`--cri`, `--nodes`, or
 //!   crictl's endpoint); pinboard pulls and pins through [`crate::engine`];
-//! - [`openshift`]: an OpenShift cluster, whose machine-config daemons pull and pin the PinnedImageSets
+//! - [`machine_config`]: an OpenShift cluster, whose machine-config daemons pull and pin the PinnedImageSets
 //!   pinboard writes.
 //!
 //! [`crate::options::CommonArgs::fleet`] is the one place that chooses between them. What the operations
@@ -12,8 +12,9 @@
 //! says what it can do through [`Traits`], which is all the TUI's pure state knows of it.
 
 pub mod direct;
-pub mod openshift;
+pub mod machine_config;
 mod outcome;
+pub mod payload;
 pub mod sets;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,9 +28,9 @@ use crate::backend::registry::Registry;
 use crate::engine::Control;
 use crate::error::Failure;
 use crate::fanout::Update;
-use crate::model::cluster::{ClusterUpdate, KubeletSettings};
 use crate::model::config_view::ConfigView;
-use crate::model::node_info::NodeInfo;
+use crate::model::machine_config::{ClusterUpdate, KubeletSettings};
+use crate::model::node_summary::NodeSummary;
 use crate::model::readiness::Readiness;
 use crate::model::rollout::Rollout;
 use crate::model::set::ImageSet;
@@ -105,7 +106,7 @@ pub trait ApplyProgress: Send {
 #[derive(Clone, Debug, PartialEq)]
 pub enum FleetEvent {
     /// What each node is like now, replacing what was known.
-    Nodes(Vec<NodeInfo>),
+    Nodes(Vec<NodeSummary>),
     /// Per node (or per set, on a cluster), what pinning writes against what is there.
     ConfigViews(BTreeMap<String, ConfigView>),
     /// OpenShift: a change from the watchers.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::backend::registry::Registry;
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
-use crate::model::release::{ReleaseSets, SetOptions};
+use crate::model::release_payload::{ReleaseSets, SetOptions};
 use crate::model::set::{self, ImageSet};
 
 /// What the command line names as sets.
@@ -133,7 +133,7 @@ pub async fn releases(
     let (mut sets, mut notes) = (Vec::new(), Vec::new());
     for pullspec in &sources.releases {
         let (resolved, made) =
-            crate::release::sets(registry, pullspec, platform, &sources.release).await?;
+            crate::fleet::payload::sets(registry, pullspec, platform, &sources.release).await?;
         notes.push(release_note(&resolved, &made));
         sets.extend(made.sets);
     }
@@ -142,7 +142,7 @@ pub async fn releases(
 
 /// `release 4.19.3 (quay.io/…@sha256:…): 188 images in set release-4.19.3; 3 tags share a digest; 2
 /// components excluded`.
-pub fn release_note(resolved: &crate::release::Resolved, made: &ReleaseSets) -> String {
+pub fn release_note(resolved: &crate::fleet::payload::Resolved, made: &ReleaseSets) -> String {
     let images: usize = made.sets.iter().map(|s| s.entries.len()).sum();
     let names: Vec<&str> = made.sets.iter().map(|s| s.name.as_str()).collect();
     let mut note = format!(

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
-use super::cluster::{ClusterUpdate, ClusterView, KubeletSettings};
+use super::machine_config::{ClusterUpdate, ClusterView, KubeletSettings};
 use super::readiness::{NodeReadiness, Readiness, WantedSet, assess_cluster, assess_cluster_node};
 use super::set::ImageSet;
 

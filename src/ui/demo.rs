@@ -20,7 +20,7 @@ use crate::model::crio::{CrioConfig, PinnedImagesSetting};
 use crate::model::diff::DiffKind;
 use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
-use crate::model::node_info::NodeInfo;
+use crate::model::node_summary::NodeSummary;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};
@@ -47,8 +47,8 @@ fn node_info(
     (images, pinned): (usize, Option<usize>),
     pin_method: PinMethod,
     lazy: Option<bool>,
-) -> NodeInfo {
-    NodeInfo {
+) -> NodeSummary {
+    NodeSummary {
         name: name.into(),
         runtime: Some(runtime.into()),
         capacity_bytes: Some(capacity),
@@ -65,7 +65,7 @@ fn node_info(
 
 /// (reference, fetch bytes) of the images planned for a node; UBI is present everywhere.
 fn node_plan(
-    info: &NodeInfo,
+    info: &NodeSummary,
     images: &[(&str, u64)],
     verdict: Verdict,
     reason: Option<&str>,
@@ -101,7 +101,7 @@ fn node_plan(
     }
 }
 
-fn sets(nodes: &[NodeInfo]) -> Vec<SetDraft> {
+fn sets(nodes: &[NodeSummary]) -> Vec<SetDraft> {
     let all: BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let upgrade = ImageSet {
         name: "upgrade-4.19".into(),
@@ -397,7 +397,7 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
 pub fn cluster_state(now: Instant, theme: Theme) -> State {
     use serde_json::json;
 
-    use crate::model::cluster::{
+    use crate::model::machine_config::{
         ClusterUpdate, Connection, DEGRADED, Kind, PROGRESSING, REQUEUE_TIMEOUT, ROLE_LABEL,
     };
 

@@ -18,7 +18,7 @@ use crate::error::Failure;
 use crate::fanout::Update;
 use crate::fleet::{Events, Fleet, FleetEvent, RolloutControl};
 use crate::model::image::Platform;
-use crate::model::release::SetOptions;
+use crate::model::release_payload::SetOptions;
 use crate::options::Caller;
 
 /// Opens the TUI on the nodes and sets of `args`; returns when the operator quits.

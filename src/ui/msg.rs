@@ -8,9 +8,9 @@ use std::time::Instant;
 use crossterm::event::KeyEvent;
 
 use crate::error::Failure;
-use crate::model::cluster::{ClusterUpdate, KubeletSettings};
 use crate::model::config_view::ConfigView;
-use crate::model::node_info::NodeInfo;
+use crate::model::machine_config::{ClusterUpdate, KubeletSettings};
+use crate::model::node_summary::NodeSummary;
 use crate::model::rollout::Event;
 use crate::model::set::ImageSet;
 use crate::survey::Survey;
@@ -31,7 +31,7 @@ pub enum Msg {
         height: u16,
     },
     Tick(Instant),
-    NodesUpdated(Vec<NodeInfo>),
+    NodesUpdated(Vec<NodeSummary>),
     SurveyDone(Result<Survey, Failure>),
     Rollout(Event),
     /// The rollout is fanned out, but for these nodes, which pull directly.

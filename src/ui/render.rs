@@ -17,7 +17,7 @@ use super::state::{Mode, Screen, State};
 use super::status::Tone;
 use super::theme::Role;
 use super::widgets::{fg, fit_line};
-use crate::model::cluster::Connection;
+use crate::model::machine_config::Connection;
 
 /// Draws the whole UI.
 pub fn render(state: &State, frame: &mut Frame) {

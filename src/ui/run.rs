@@ -31,7 +31,7 @@ use crate::backend::registry::Registry;
 use crate::error::Failure;
 use crate::fleet::sets::release_note;
 use crate::model::image::Platform;
-use crate::model::release::SetOptions;
+use crate::model::release_payload::SetOptions;
 
 /// Messages handled before a redraw at most: a burst of engine events gives one frame, not thousands.
 const BATCH: usize = 1024;
@@ -87,7 +87,7 @@ pub fn read_release(
 ) {
     let tx = tx.clone();
     tokio::spawn(async move {
-        let read = crate::release::sets(&registry, &pullspec, &platform, &options)
+        let read = crate::fleet::payload::sets(&registry, &pullspec, &platform, &options)
             .await
             .map(|(resolved, made)| {
                 let note = release_note(&resolved, &made);

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::theme::Theme;
 use crate::fleet::{Puller, Targets, Traits};
-use crate::model::cluster::ROLE_LABEL;
 use crate::model::cluster_session::ClusterSession;
 use crate::model::config_view::ConfigView;
-use crate::model::node_info::NodeInfo;
+use crate::model::machine_config::ROLE_LABEL;
+use crate::model::node_summary::NodeSummary;
 use crate::model::rollout::{Event, NodeRollout, NodeState, Rollout};
 use crate::model::set::{Entry, ImageSet, Problem};
 use crate::survey::Survey;
@@ -163,7 +163,7 @@ pub struct State {
     pub now: Instant,
     pub stall_after: Duration,
     /// Sorted by name.
-    pub nodes: Vec<NodeInfo>,
+    pub nodes: Vec<NodeSummary>,
     pub sets: Vec<SetDraft>,
     pub survey: Option<Survey>,
     pub surveying: bool,

@@ -8,15 +8,15 @@ use pinboard::fleet::Traits;
 
 use std::time::SystemTime;
 
+use pinboard::backend::openshift::ConnectOptions;
 use pinboard::backend::registry::RegistryOptions;
-use pinboard::cluster::ConnectOptions;
 use pinboard::fleet::Fleet;
-use pinboard::fleet::openshift::registry::RegistrySettings;
-use pinboard::fleet::openshift::{OpenShiftConfig, OpenShiftFleet};
-use pinboard::model::cluster::{ROLE_LABEL, lazy_config_name};
+use pinboard::fleet::machine_config::registry::RegistrySettings;
+use pinboard::fleet::machine_config::{MachineConfigFleet, MachineConfigSettings};
 use pinboard::model::image::Platform;
+use pinboard::model::machine_config::{ROLE_LABEL, lazy_config_name};
 use pinboard::model::plan::{Limits, SpaceSource};
-use pinboard::model::release::SetOptions;
+use pinboard::model::release_payload::SetOptions;
 use pinboard::model::set::from_flags;
 use pinboard::ui::live::Live;
 use pinboard::ui::msg::{Cmd, Msg};
@@ -44,7 +44,7 @@ impl Session {
         let theme = Theme::named("monochrome").unwrap();
         let mut state = State::new("cluster: lab", theme, false, std::time::Instant::now());
         state.join_fleet(Traits::MACHINE_CONFIG, None, SystemTime::now());
-        let fleet = OpenShiftFleet::new(OpenShiftConfig {
+        let fleet = MachineConfigFleet::new(MachineConfigSettings {
             connect: ConnectOptions {
                 kubeconfig: Some(kubeconfig.to_owned()),
                 context: None,

@@ -8,7 +8,7 @@ use super::Direct;
 use crate::backend::readiness::{observe, observe_pulls};
 use crate::error::Failure;
 use crate::fleet::SetSources;
-use crate::model::readiness::{NodeObserved, NodeReadiness, Readiness, assess};
+use crate::model::readiness::{NodeReadiness, ObservedNode, Readiness, assess};
 use crate::model::set::ImageSet;
 use crate::survey::union_of;
 
@@ -39,7 +39,7 @@ impl<'f> Checker<'f> {
         Ok(checker)
     }
 
-    async fn observe_all(&self, timeout: Duration) -> Vec<NodeObserved> {
+    async fn observe_all(&self, timeout: Duration) -> Vec<ObservedNode> {
         futures::future::join_all(
             self.fleet
                 .targets
@@ -51,7 +51,7 @@ impl<'f> Checker<'f> {
 
     /// Each node judged from `observed`. Nodes that miss images are planned too, so that "no space" can be
     /// a reason, and asked for the pulls in flight; a registry that cannot answer only leaves those out.
-    async fn judge(&self, observed: &[NodeObserved], timeout: Duration) -> Vec<NodeReadiness> {
+    async fn judge(&self, observed: &[ObservedNode], timeout: Duration) -> Vec<NodeReadiness> {
         let fleet = self.fleet;
         let mut observed = observed.to_vec();
         let missing: Vec<usize> = (0..observed.len())
@@ -137,7 +137,7 @@ impl<'f> Checker<'f> {
 }
 
 /// Exit 3 when no node answered, each node's error on its own line.
-fn all_unreachable(observed: &[NodeObserved]) -> Result<(), Failure> {
+fn all_unreachable(observed: &[ObservedNode]) -> Result<(), Failure> {
     if observed.iter().all(|o| o.unreachable.is_some()) {
         return Err(Failure::unreachable(
             observed

@@ -14,7 +14,7 @@ use crate::backend::target::NodeTarget;
 use crate::model::config_view::{ConfigNote, ConfigView};
 use crate::model::diff::DiffKind;
 use crate::model::holders::{HeldBy, Holder, holders_of};
-use crate::model::node_info::NodeInfo;
+use crate::model::node_summary::NodeSummary;
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::Runtime;
 use crate::model::set::ImageSet;
@@ -43,7 +43,7 @@ pub async fn config_views(
 }
 
 /// What the Nodes screen shows of every node.
-pub async fn node_infos(targets: &[NodeTarget], timeout: Duration) -> Vec<NodeInfo> {
+pub async fn node_infos(targets: &[NodeTarget], timeout: Duration) -> Vec<NodeSummary> {
     futures::future::join_all(targets.iter().map(|t| node_info(t, timeout))).await
 }
 
@@ -157,7 +157,7 @@ async fn containerd_view(
 }
 
 /// What the Nodes screen shows for one node. Unknown stays unknown.
-async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
+async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeSummary {
     let facts = observe(&target.node, &[], timeout).await.facts;
     let reachable = facts.unreachable.is_none();
     let lazy = {
@@ -167,7 +167,7 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeInfo {
             .ok()
             .and_then(Result::ok)
     };
-    let mut info = NodeInfo {
+    let mut info = NodeSummary {
         name: target.node.name.clone(),
         runtime: facts.runtime,
         capacity_bytes: facts.capacity_bytes,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{
-    Evidence, ImageObserved, ImageReadiness, ImageReason, NodeObserved, NodeReadiness, PinnedBy,
+    Evidence, ImageObserved, ImageReadiness, ImageReason, NodeReadiness, ObservedNode, PinnedBy,
     PullSeen, STUCK_AFTER_SECONDS, count_images, pin_method_name, some_of, with_reason,
 };
 use crate::model::crio::{Unpinned, explain_unpinned};
@@ -83,7 +83,7 @@ fn pinned_by(images: &[ImageObserved]) -> Option<PinnedBy> {
 
 /// One node's readiness from what was observed there. `plan`, when given, is the node's plan for the same
 /// images: a `no-space` verdict says why missing images cannot be pre-loaded.
-pub fn assess(observed: &NodeObserved, plan: Option<&NodePlan>) -> NodeReadiness {
+pub fn assess(observed: &ObservedNode, plan: Option<&NodePlan>) -> NodeReadiness {
     let images: Vec<ImageReadiness> = observed.images.iter().map(image_readiness).collect();
     let mut reasons = Vec::new();
     if let Some(error) = &observed.unreachable {
@@ -206,13 +206,13 @@ mod tests {
         }
     }
 
-    fn node(images: Vec<ImageObserved>) -> NodeObserved {
-        NodeObserved {
+    fn node(images: Vec<ImageObserved>) -> ObservedNode {
+        ObservedNode {
             node: "n1".into(),
             runtime: Some("containerd 1.6.20".into()),
             pin_method: Some(PinMethod::ContainerdLabel),
             images,
-            ..NodeObserved::default()
+            ..ObservedNode::default()
         }
     }
 
@@ -252,7 +252,7 @@ mod tests {
         version: &str,
         files: &[(&str, &str)],
         images: Vec<ImageObserved>,
-    ) -> NodeObserved {
+    ) -> ObservedNode {
         let config = CrioConfig::read(files.iter().map(|(file, patterns)| {
             (
                 file.to_string(),
@@ -260,7 +260,7 @@ mod tests {
             )
         }))
         .unwrap();
-        NodeObserved {
+        ObservedNode {
             node: "n2".into(),
             runtime: Some(format!("cri-o {version}")),
             pin_method: Some(PinMethod::CrioDropIn),
@@ -270,7 +270,7 @@ mod tests {
                 config,
             }),
             images,
-            ..NodeObserved::default()
+            ..ObservedNode::default()
         }
     }
 
@@ -444,11 +444,11 @@ mod tests {
 
     #[test]
     fn unreachable_nodes_are_not_ready_and_the_verdict_needs_every_node() {
-        let gone = NodeObserved {
+        let gone = ObservedNode {
             node: "n9".into(),
             unreachable: Some("connect unix:///x.sock: no such file".into()),
             images: vec![image("a", None, None, None)],
-            ..NodeObserved::default()
+            ..ObservedNode::default()
         };
         let ok = assess(&node(vec![image("a", Some(true), Some(true), None)]), None);
         let all = Readiness::of(vec![ok.clone(), assess(&gone, None)]);

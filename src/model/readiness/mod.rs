@@ -1,6 +1,6 @@
 //! Readiness: is every image of a set on every target node, and pinned as the node enforces it? The one
 //! function behind `pinboard check`, `status`, the end of headless `apply`, and the wait loop: what a node
-//! was observed to hold ([`NodeObserved`]) goes in, per node and per image facts with reasons come out
+//! was observed to hold ([`ObservedNode`]) goes in, per node and per image facts with reasons come out
 //! ([`NodeReadiness`]), and [`Readiness::of`] gives the overall verdict. Pure: no I/O.
 //!
 //! Direct mode: where the runtime reports pins (CRI `pinned`: CRI-O, containerd from 1.6.22 / 1.7.3, see
@@ -17,27 +17,27 @@
 //! the node is not ready. An empty list, or a full one silent about an image, proves nothing either way.
 //! Each image says what decided it ([`Evidence`]).
 
+mod daemons;
 mod direct;
-mod machine_config;
 
+pub use daemons::{MACHINE_CONFIG_PINS, assess_cluster, assess_cluster_node};
 pub use direct::assess;
-pub use machine_config::{MACHINE_CONFIG_PINS, assess_cluster, assess_cluster_node};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{ClusterView, KubeletSettings, NodeSetState};
 use super::crio::CrioConfig;
 use super::holders::{HeldBy, Holders};
+use super::machine_config::{ClusterView, KubeletSettings, SetProgress};
 use super::rollout::PinMethod;
 use super::set::ImageSet;
 use super::units::clock;
 
 /// What was observed on one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeObserved {
+pub struct ObservedNode {
     pub node: String,
     /// `containerd 1.6.20`.
     pub runtime: Option<String>,
@@ -270,15 +270,15 @@ impl SetState {
     }
 }
 
-impl From<&NodeSetState> for SetState {
-    fn from(state: &NodeSetState) -> SetState {
+impl From<&SetProgress> for SetState {
+    fn from(state: &SetProgress) -> SetState {
         match state {
-            NodeSetState::Done => SetState::Done,
-            NodeSetState::Progressing { .. } => SetState::Pulling,
-            NodeSetState::Waiting => SetState::Waiting,
-            NodeSetState::Failed { .. } => SetState::Failed,
-            NodeSetState::SlowButWorking { .. } => SetState::Slow,
-            NodeSetState::Unknown => SetState::Unknown,
+            SetProgress::Done => SetState::Done,
+            SetProgress::Progressing { .. } => SetState::Pulling,
+            SetProgress::Waiting => SetState::Waiting,
+            SetProgress::Failed { .. } => SetState::Failed,
+            SetProgress::SlowButWorking { .. } => SetState::Slow,
+            SetProgress::Unknown => SetState::Unknown,
         }
     }
 }

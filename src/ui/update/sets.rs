@@ -150,7 +150,7 @@ pub(super) fn toggle_target(state: &mut State) {
         return;
     };
     if state.targets_pools() {
-        return super::cluster::toggle_pool(state, &node);
+        return super::machine_config::toggle_pool(state, &node);
     }
     if let Some(draft) = state.selected_set_mut()
         && !draft.targets.remove(&node)

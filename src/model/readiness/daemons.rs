@@ -12,8 +12,8 @@ use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, KubeletReport, NodeReadiness, SetOnNode,
     SetState, WantedSet, count_images, some_of, with_reason,
 };
-use crate::model::cluster::{
-    ClusterView, ImageList, KubeletSettings, NodeSetState, NodeView, Presence,
+use crate::model::machine_config::{
+    ClusterNode, ClusterView, ImageList, KubeletSettings, Presence, SetProgress,
 };
 use crate::model::units::clock;
 
@@ -28,7 +28,7 @@ pub fn assess_cluster(
     now: SystemTime,
 ) -> Vec<NodeReadiness> {
     let sets: Vec<SetOnCluster> = wanted.iter().map(|w| SetOnCluster::new(view, w)).collect();
-    let mut per_node: BTreeMap<String, Vec<(&SetOnCluster, NodeSetState)>> = BTreeMap::new();
+    let mut per_node: BTreeMap<String, Vec<(&SetOnCluster, SetProgress)>> = BTreeMap::new();
     for set in &sets {
         let name = &set.wanted.set.name;
         let labels = set.wanted.labels(view);
@@ -65,7 +65,7 @@ pub fn assess_cluster_node(
     if sets.is_empty() {
         return None;
     }
-    let states: Vec<(&SetOnCluster, NodeSetState)> = sets
+    let states: Vec<(&SetOnCluster, SetProgress)> = sets
         .iter()
         .map(|set| {
             let generation = set.generation.unwrap_or(set.wanted.min_generation);
@@ -150,7 +150,7 @@ fn cluster_image(reference: &str, done: bool, presence: Option<Presence>) -> Ima
 fn assess_node(
     view: &ClusterView,
     node: &str,
-    sets: &[(&SetOnCluster, NodeSetState)],
+    sets: &[(&SetOnCluster, SetProgress)],
     kubelet: &KubeletSettings,
 ) -> NodeReadiness {
     let node_view = view.node(node);
@@ -177,7 +177,7 @@ fn assess_node(
         if let Some(generation) = generation {
             let joined = on_cluster.reported_somewhere
                 && entry.is_none()
-                && matches!(state, NodeSetState::Waiting | NodeSetState::Unknown);
+                && matches!(state, SetProgress::Waiting | SetProgress::Unknown);
             reasons.extend(match joined {
                 true => Some(format!(
                     "set {:?}: joined pool {} after the set was applied; its machine-config daemon has \
@@ -193,7 +193,7 @@ fn assess_node(
         }
         reasons.extend(on_cluster.not_as_wanted.clone());
         for reference in wanted.set.references() {
-            let done = *state == NodeSetState::Done && on_cluster.listed.contains(reference);
+            let done = *state == SetProgress::Done && on_cluster.listed.contains(reference);
             let presence = node_view.map(|n| n.presence(reference, max_images));
             let image = cluster_image(reference, done, presence);
             if done && image.present == Some(false) && !lacking_done.iter().any(|r| r == reference)
@@ -211,8 +211,9 @@ fn assess_node(
             }
         }
         let elapsed = match state {
-            NodeSetState::Progressing { elapsed }
-            | NodeSetState::SlowButWorking { elapsed, .. } => elapsed.map(|d| d.as_secs()),
+            SetProgress::Progressing { elapsed } | SetProgress::SlowButWorking { elapsed, .. } => {
+                elapsed.map(|d| d.as_secs())
+            }
             _ => None,
         };
         on_node.push(SetOnNode {
@@ -226,8 +227,8 @@ fn assess_node(
                 None => SetState::Absent,
             },
             error: match state {
-                NodeSetState::Failed { error, .. } => Some(error.clone()),
-                NodeSetState::SlowButWorking { message, .. } => Some(message.clone()),
+                SetProgress::Failed { error, .. } => Some(error.clone()),
+                SetProgress::SlowButWorking { message, .. } => Some(message.clone()),
                 _ => None,
             },
             elapsed_seconds: elapsed,
@@ -273,7 +274,7 @@ fn assess_node(
 }
 
 fn kubelet_report(
-    node: &NodeView,
+    node: &ClusterNode,
     settings: &KubeletSettings,
     images: &[ImageReadiness],
 ) -> KubeletReport {
@@ -291,7 +292,7 @@ fn kubelet_report(
 
 /// What a cluster node's kubelet makes worth knowing: its configuration could not be read, or it is too
 /// old to keep pinned images from image GC.
-fn kubelet_warnings(node: &NodeView, settings: &KubeletSettings) -> Vec<String> {
+fn kubelet_warnings(node: &ClusterNode, settings: &KubeletSettings) -> Vec<String> {
     let mut warnings = Vec::new();
     if let Some(why) = &settings.assumed {
         warnings.push(format!(
@@ -314,14 +315,14 @@ fn set_state_reason(
     name: &str,
     generation: i64,
     desired: Option<i64>,
-    state: &NodeSetState,
+    state: &SetProgress,
 ) -> Option<String> {
     let took = |elapsed: &Option<std::time::Duration>| {
         elapsed.map_or_else(String::new, |d| format!(" for {}", clock(d)))
     };
     Some(match state {
-        NodeSetState::Done => return None,
-        NodeSetState::Waiting => format!(
+        SetProgress::Done => return None,
+        SetProgress::Waiting => format!(
             "set {name:?}: the node has not seen generation {generation} yet ({}); the machine-config \
              daemon picks it up next",
             desired.map_or(
@@ -329,21 +330,21 @@ fn set_state_reason(
                 |d| { format!("its MachineConfigNode wants generation {d}") }
             )
         ),
-        NodeSetState::Progressing { elapsed } => {
+        SetProgress::Progressing { elapsed } => {
             format!(
                 "set {name:?} generation {generation}: pulling{}",
                 took(elapsed)
             )
         }
-        NodeSetState::SlowButWorking { elapsed, message } => format!(
+        SetProgress::SlowButWorking { elapsed, message } => format!(
             "set {name:?} generation {generation}: still pulling{} (the daemon's sync window ended and it \
              carries on: {message})",
             took(elapsed)
         ),
-        NodeSetState::Failed { generation, error } => {
+        SetProgress::Failed { generation, error } => {
             format!("set {name:?} generation {generation} failed: {error}")
         }
-        NodeSetState::Unknown => format!(
+        SetProgress::Unknown => format!(
             "set {name:?}: no MachineConfigNode reports on this node, so nothing shows the set there; \
              check that the machine-config daemon runs on it"
         ),
@@ -358,7 +359,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::super::*;
-    use crate::model::cluster::{ClusterUpdate, DEGRADED, PROGRESSING, ROLE_LABEL};
+    use crate::model::machine_config::{ClusterUpdate, DEGRADED, PROGRESSING, ROLE_LABEL};
 
     const A: &str = "quay.io/x/a@sha256:aa";
     const B: &str = "quay.io/x/b@sha256:bb";
@@ -654,7 +655,10 @@ mod tests {
 
     #[test]
     fn slow_pulls_are_not_failures_and_absent_sets_are_named() {
-        let timeout = format!("{}: 3 of 9 left", crate::model::cluster::REQUEUE_TIMEOUT);
+        let timeout = format!(
+            "{}: 3 of 9 left",
+            crate::model::machine_config::REQUEUE_TIMEOUT
+        );
         let v = view(
             2,
             vec![node("n1", true, &[A], 2)],

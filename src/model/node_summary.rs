@@ -1,12 +1,12 @@
 //! What is known about a node for the Nodes screen: its runtime, space, images and pins, as the backends
 //! found them (a node's runtime in direct mode, its Node object in cluster mode).
 
-use super::cluster::ClusterView;
+use super::machine_config::ClusterView;
 use super::rollout::PinMethod;
 
 /// What the Nodes screen knows about a node. `None`: unknown, shown as such.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeInfo {
+pub struct NodeSummary {
     pub name: String,
     /// `containerd 1.7.24`.
     pub runtime: Option<String>,
@@ -23,11 +23,11 @@ pub struct NodeInfo {
 }
 
 /// What the Nodes screen shows of each Node, by name.
-pub fn of_cluster(view: &ClusterView) -> Vec<NodeInfo> {
+pub fn of_cluster(view: &ClusterView) -> Vec<NodeSummary> {
     let lazy = view.lazy_pools();
     view.nodes()
         .iter()
-        .map(|node| NodeInfo {
+        .map(|node| NodeSummary {
             name: node.name.clone(),
             runtime: node.runtime.clone(),
             capacity_bytes: node.capacity_ephemeral,

@@ -21,13 +21,13 @@ use super::{
     Applied, ApplyOptions, ApplyProgress, Events, Fleet, ReadingRegistry, RolloutControl,
     SetDeleted, SetSources, Traits, UnpinOptions, Unpinned,
 };
+use crate::backend::openshift::{Cluster, ClusterError, ConnectOptions, connect};
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
 use crate::backend::target::NodeTarget;
-use crate::cluster::{Cluster, ClusterError, ConnectOptions, connect};
 use crate::error::{Exit, Failure};
-use crate::model::cluster::{pool_warning, pools_for_set};
 use crate::model::image::Platform;
+use crate::model::machine_config::{pool_warning, pools_for_set};
 use crate::model::plan::Limits;
 use crate::model::readiness::{Readiness, WantedSet, assess};
 use crate::model::set::ImageSet;
@@ -41,7 +41,7 @@ const NAME_OR_FILE: &str = "sets are PinnedImageSets: name them with --set NAME 
      cluster) or --set FILE (PinnedImageSet YAML)";
 
 /// What an OpenShift fleet is made of, as the command line gives it.
-pub struct OpenShiftConfig {
+pub struct MachineConfigSettings {
     pub connect: ConnectOptions,
     pub registry: RegistrySettings,
     pub platform: Platform,
@@ -54,12 +54,12 @@ pub struct OpenShiftConfig {
     /// The additional layer store lazy pulling configures.
     pub lazy_store: String,
     /// TUI: how a release typed at the import prompt becomes sets.
-    pub release: crate::model::release::SetOptions,
+    pub release: crate::model::release_payload::SetOptions,
 }
 
 /// An OpenShift cluster's nodes, through its machine-config daemons.
-pub struct OpenShiftFleet {
-    config: OpenShiftConfig,
+pub struct MachineConfigFleet {
+    config: MachineConfigSettings,
     /// Made at the first read of the cluster's registries (it reads the cluster's pull secret), with what
     /// could not be used.
     registry: OnceCell<(Arc<Registry>, Vec<String>)>,
@@ -67,9 +67,9 @@ pub struct OpenShiftFleet {
     tui: tui::Live,
 }
 
-impl OpenShiftFleet {
-    pub fn new(config: OpenShiftConfig) -> OpenShiftFleet {
-        OpenShiftFleet {
+impl MachineConfigFleet {
+    pub fn new(config: MachineConfigSettings) -> MachineConfigFleet {
+        MachineConfigFleet {
             config,
             registry: OnceCell::new(),
             tui: tui::Live::default(),
@@ -304,7 +304,7 @@ async fn confirmed_by_runtimes(
     Readiness::of(futures::future::join_all(nodes).await)
 }
 
-impl Fleet for OpenShiftFleet {
+impl Fleet for MachineConfigFleet {
     fn label(&self) -> String {
         let options = &self.config.connect;
         let file = options.kubeconfig.as_ref().map_or_else(

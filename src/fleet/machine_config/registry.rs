@@ -3,8 +3,10 @@
 //! ImageDigestMirrorSets and ImageContentSourcePolicies are followed as well as the local mirror rules.
 
 use crate::backend::credentials::{AuthFiles, Credentials};
+use crate::backend::openshift::pull_secret::{
+    self, PULL_SECRET_NAME, PULL_SECRET_NAMESPACE, PullSecret,
+};
 use crate::backend::registry::{Registry, RegistryOptions};
-use crate::cluster::pull_secret::{self, PULL_SECRET_NAME, PULL_SECRET_NAMESPACE, PullSecret};
 use crate::error::Failure;
 
 /// How the registry client is made, as the command line says.
@@ -54,7 +56,7 @@ pub async fn client(
             Err(e) => (files, Some(cannot(e.to_string()))),
         }
     };
-    let mirror_sets = crate::cluster::mirror_sets::read(cluster).await;
+    let mirror_sets = crate::backend::openshift::mirror_sets::read(cluster).await;
     let mut options = settings.options.clone();
     for documents in &mirror_sets.documents {
         options

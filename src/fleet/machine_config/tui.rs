@@ -1,4 +1,4 @@
-//! The TUI on an OpenShift cluster: the watchers ([`crate::cluster::watch`]) tell every change; applying a
+//! The TUI on an OpenShift cluster: the watchers ([`crate::backend::openshift::watch`]) tell every change; applying a
 //! set is a server-side apply of its PinnedImageSet, unpinning deletes it, lazy pulling is a
 //! ContainerRuntimeConfig per pool, and the Plan is [`crate::survey::survey_cluster`]'s, as in `pinboard
 //! plan --kubeconfig`. The machine-config daemons pull and pin; the Rollout screen follows them.
@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
-use crate::cluster::{Cluster, ConnectOptions, connect, watch};
+use crate::backend::openshift::{Cluster, ConnectOptions, connect, watch};
 use crate::error::Failure;
 use crate::fleet::{Events, FleetEvent};
-use crate::model::cluster::{ClusterUpdate, ClusterView, pool_warning, pools_for_set};
 use crate::model::config_view::ConfigView;
 use crate::model::diff;
 use crate::model::export::pinned_image_set_yaml;
+use crate::model::machine_config::{ClusterUpdate, ClusterView, pool_warning, pools_for_set};
 use crate::model::set::ImageSet;
 
 /// How long a kubelet configuration read from `/configz` stands: a KubeletConfig rolled out by the

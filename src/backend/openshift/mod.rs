@@ -1,9 +1,10 @@
-//! Cluster mode: an OpenShift cluster's machine-config objects, reached through a kubeconfig.
+//! OpenShift's API: its machine-config objects, its pull secret and its mirror sets, reached through a
+//! kubeconfig.
 //!
 //! [`connect`] builds a client (`--kubeconfig`, `--context`, `KUBECONFIG`, `~/.kube/config`, or in-cluster),
 //! [`Cluster::discover`] finds which versions of the machine-config kinds the cluster serves (`v1`, else
 //! `v1alpha1`) and tells a plain Kubernetes cluster plainly, [`watch`] keeps a
-//! [`ClusterView`](crate::model::cluster::ClusterView) current without polling, and [`Cluster::apply_set`] /
+//! [`ClusterView`](crate::model::machine_config::ClusterView) current without polling, and [`Cluster::apply_set`] /
 //! [`Cluster::delete_set`] write PinnedImageSets with server-side apply (field manager `pinboard`),
 //! [`Cluster::observe`] gathers what the planner needs about nodes, and [`Cluster::pull_secret`] reads the
 //! registry credentials the nodes pull with.

@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::cluster::{Cluster, ConnectOptions, Watch, connect, watch};
+use crate::backend::openshift::{Cluster, ConnectOptions, Watch, connect, watch};
 use crate::error::Failure;
-use crate::model::cluster::Connection;
 use crate::model::cluster_session::ClusterSession;
+use crate::model::machine_config::Connection;
 use crate::model::readiness::{Readiness, WantedSet};
 use crate::model::set::ImageSet;
 

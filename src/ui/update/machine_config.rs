@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use crate::fleet::{Targets, Traits};
-use crate::model::cluster::{ClusterUpdate, ROLE_LABEL};
 use crate::model::cluster_session::Changed;
-use crate::model::node_info;
+use crate::model::machine_config::{ClusterUpdate, ROLE_LABEL};
+use crate::model::node_summary;
 use crate::ui::state::{SetDraft, State};
 
 impl State {
@@ -36,7 +36,7 @@ pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
     let changed = session.apply(change);
     let view = &session.view;
     if changed == Changed::Nodes {
-        state.nodes = node_info::of_cluster(view);
+        state.nodes = node_summary::of_cluster(view);
     }
     if changed == Changed::Sets {
         // The cluster's sets join the composer; a draft of the same name (being edited) is left alone.
@@ -82,7 +82,7 @@ mod tests {
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
     use super::*;
-    use crate::model::cluster::KubeletSettings;
+    use crate::model::machine_config::KubeletSettings;
     use crate::ui::demo::cluster_state;
     use crate::ui::msg::Msg;
     use crate::ui::state::Pane;
