@@ -26,6 +26,7 @@ mod common;
 mod support;
 
 use common::{env_number, rss_bytes, stats};
+use pinboard::fleet::Traits;
 use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
@@ -35,9 +36,9 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject};
-use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
-use pinboard::model::cluster::{
-    ClusterUpdate, ClusterView, MachineConfigNode, NodeSetState, ROLE_LABEL,
+use pinboard::backend::openshift::{Cluster, ClusterError, ConnectOptions, Watch, connect, watch};
+use pinboard::model::machine_config::{
+    ClusterUpdate, ClusterView, MachineConfigNode, ROLE_LABEL, SetProgress,
 };
 use pinboard::model::set::from_flags;
 use pinboard::ui;
@@ -62,7 +63,7 @@ const MANAGER: &str = "pinboard-bench";
 fn cluster_tui() -> State {
     let theme = ui::theme::Theme::named("monochrome").expect("a built-in theme");
     let mut state = State::new("cluster: bench", theme, false, Instant::now());
-    state.start_cluster(None, SystemTime::now());
+    state.join_fleet(Traits::MACHINE_CONFIG, None, SystemTime::now());
     let key = KeyEvent::new(KeyCode::Char('4'), KeyModifiers::NONE);
     ui::update::update(&mut state, Msg::Key(key));
     state
@@ -233,7 +234,7 @@ async fn create_objects(cluster: &Cluster, nodes: usize, sets: usize) {
     .await;
 }
 
-type Rows = Vec<(String, NodeSetState)>;
+type Rows = Vec<(String, SetProgress)>;
 
 /// What the TUI does with each update: fold it into the state (cluster mode, Rollout screen, following
 /// `set`) and draw the frame at 120×40; the rows of `set`'s rollout are returned for the bench's checks.
@@ -412,7 +413,7 @@ fn main() {
                 && v.machine_config_nodes().len() == nodes
                 && v.sets.len() == sets
                 && rows.len() == nodes
-                && rows.iter().all(|(_, s)| *s == NodeSetState::Done)
+                && rows.iter().all(|(_, s)| *s == SetProgress::Done)
         })
         .await;
         let first_view = started.elapsed();
@@ -457,7 +458,7 @@ fn main() {
                 .await
                 .unwrap();
             patches.push(started.elapsed());
-            let expected = NodeSetState::Failed {
+            let expected = SetProgress::Failed {
                 generation: 1,
                 error: error.clone(),
             };

@@ -447,14 +447,14 @@ impl StandIns {
         );
         let deadline = std::time::Instant::now() + SETTLE;
         loop {
-            let mcns: Vec<pinboard::model::cluster::MachineConfigNode> = api
+            let mcns: Vec<pinboard::model::machine_config::MachineConfigNode> = api
                 .list(&Default::default())
                 .await?
                 .items
                 .iter()
                 .filter_map(|o| serde_json::from_value(serde_json::to_value(o).ok()?).ok())
                 .collect();
-            let settled = |m: &pinboard::model::cluster::MachineConfigNode| {
+            let settled = |m: &pinboard::model::machine_config::MachineConfigNode| {
                 m.set_status("release").is_some_and(|e| {
                     e.current_generation == Some(generation)
                         || e.last_failed_generation == Some(generation)

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// pinboard's documented exit codes (README "Exit codes").
+/// pinboard's documented exit codes (docs/exit-codes.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
     Ok = 0,
@@ -15,7 +15,7 @@ pub enum Exit {
 }
 
 /// Why a command stopped: one or more lines for stderr and the exit code they mean.
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
     pub exit: Exit,
     pub lines: Vec<String>,

@@ -26,9 +26,9 @@ use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{self, Wired, Wiring};
 use crate::engine::{self, Control, EngineConfig, NodeJob};
 use crate::model::image::ImageFacts;
-use crate::model::mirror::{Allowed, Source};
 use crate::model::plan::Verdict;
 use crate::model::rollout::Event;
+use crate::model::served::{ServedDigests, Source};
 
 /// How often the link bytes are sampled for the Rollout summary.
 const SAMPLE_EVERY: Duration = Duration::from_millis(500);
@@ -208,7 +208,7 @@ impl FanOut {
         facts: &HashMap<String, ImageFacts>,
         timeout: Duration,
     ) -> Result<(FanOut, Vec<String>), String> {
-        let allowed = Allowed::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
+        let allowed = ServedDigests::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
         let link_before = setup.cache.link_bytes();
         let endpoint = Endpoint::start(setup.listen, Arc::clone(&setup.cache), allowed)
             .await

@@ -2,8 +2,9 @@
 //! `--image`), which nodes (`--cri`, `--nodes`, or a cluster), how to reach registries, where fetched blobs
 //! are kept, when a node counts as full, and how a rollout runs. `plan`, `check`, `status`, `apply`, `unpin` and the TUI all take the
 //! whole list, so an operator can reuse one argument list for every command: a flag a command does not
-//! need is accepted and ignored. Also turning those arguments into checked sets, targets and a registry
-//! client, before anything is touched.
+//! need is accepted and ignored. Also turning those arguments into what the commands and the TUI talk to:
+//! the [`Fleet`] of nodes ([`CommonArgs::fleet`], the one place that decides how nodes are reached), the
+//! sets' sources, and a registry client.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,20 +14,22 @@ use clap::{Args, ValueEnum};
 use regex::Regex;
 
 use crate::backend::blobs::cache::{self, CacheOptions};
-use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
-use crate::backend::mirror_config::MirrorSources;
+use crate::backend::openshift::ConnectOptions;
+use crate::backend::registries_conf::MirrorSources;
 use crate::backend::registry::{Registry, RegistryOptions};
 use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{REGISTRIES_CONF_DIR, WiringPaths};
-use crate::cluster::ConnectOptions;
-use crate::cluster::pull_secret::{self, PULL_SECRET_NAME, PULL_SECRET_NAMESPACE, PullSecret};
 use crate::engine::EngineConfig;
-use crate::error::{Exit, Failure};
+use crate::error::Failure;
+use crate::fanout::LOOPBACK;
+use crate::fleet::direct::{DirectConfig, DirectFleet};
+use crate::fleet::machine_config::registry::RegistrySettings;
+use crate::fleet::machine_config::{self, MachineConfigFleet, MachineConfigSettings};
+use crate::fleet::{Fleet, SetSources};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
-use crate::model::release::{ReleaseSets, SetOptions};
-use crate::model::set::{self, ImageSet};
+use crate::model::release_payload::SetOptions;
 use crate::model::units::{parse_bytes, parse_duration};
 use crate::targets::{self, NodeDefaults, parse_reload};
 
@@ -34,6 +37,18 @@ use crate::targets::{self, NodeDefaults, parse_reload};
 pub const CHECK_WAIT: Duration = Duration::from_secs(10 * 60);
 /// Cluster-mode `apply`'s default wait for the daemons.
 pub const APPLY_WAIT: Duration = Duration::from_secs(30 * 60);
+
+/// Who builds a fleet ([`CommonArgs::fleet`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// A headless command; `check` asks the runtimes under `--verify-cri`.
+    Command {
+        asks_runtimes: bool,
+    },
+    Tui {
+        readonly: bool,
+    },
+}
 
 /// The one argument list of every command.
 #[derive(Args, Debug, Default)]
@@ -53,7 +68,7 @@ pub struct CommonArgs {
     #[command(flatten)]
     pub unpin: UnpinArgs,
     /// Output format of the headless commands: table (`release`: yaml), json, yaml.
-    #[arg(short, long, value_enum)]
+    #[arg(short, long, value_enum, help_heading = "Output")]
     pub output: Option<Output>,
 }
 
@@ -66,6 +81,7 @@ impl CommonArgs {
 
 /// How a rollout runs and how long readiness is waited for.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Rollout")]
 pub struct RolloutArgs {
     /// Pulls at once per node.
     #[arg(long, value_name = "N", default_value_t = 5)]
@@ -85,7 +101,7 @@ pub struct RolloutArgs {
     #[arg(long)]
     pub verify_cri: bool,
     /// `apply` and the TUI: fan out. pinboard serves the sets' images from its blob cache and points every
-    /// node at it for the rollout, so each blob crosses the registry link once (README "Fan-out").
+    /// node at it for the rollout, so each blob crosses the registry link once (docs/fan-out.md).
     #[arg(long)]
     pub fan_out: bool,
     /// Where fan-out serves the nodes: an address of this machine they can reach, e.g. 10.0.0.5:5050.
@@ -146,8 +162,9 @@ impl RolloutArgs {
     }
 }
 
-/// What `unpin` releases in direct mode besides the holds of the sets it names (README "unpin").
+/// What `unpin` releases in direct mode besides the holds of the sets it names (docs/pins.md).
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Unpin")]
 pub struct UnpinArgs {
     /// `unpin`: release every set's hold on the nodes; an administrator's entries and unowned pins stay.
     #[arg(long)]
@@ -160,6 +177,7 @@ pub struct UnpinArgs {
 
 /// Which images: any mix of these, each set checked against the PinnedImageSet rules.
 #[derive(Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Sets")]
 pub struct SetInput {
     /// PinnedImageSet YAML (several documents allowed). Repeatable.
     #[arg(long = "set", value_name = "FILE")]
@@ -180,6 +198,7 @@ pub struct SetInput {
 
 /// How a release becomes sets (`pinboard release` and `--release`).
 #[derive(Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Releases")]
 pub struct ReleaseArgs {
     /// The pool a release's sets land in: their machineconfiguration.openshift.io/role label.
     #[arg(long, value_name = "POOL", default_value = "worker")]
@@ -209,6 +228,7 @@ fn parse_regex(text: &str) -> Result<Regex, String> {
 /// Which nodes: reached directly over their CRI sockets (and how pinboard changes them), or through a
 /// cluster's API server (cluster mode).
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Nodes")]
 pub struct TargetArgs {
     /// Cluster mode, with this kubeconfig.
     #[arg(long, value_name = "FILE")]
@@ -225,7 +245,7 @@ pub struct TargetArgs {
     /// containerd sockets).
     #[arg(long = "cri", value_name = "[NAME=]ENDPOINT")]
     pub cri: Vec<String>,
-    /// YAML list of nodes: name, endpoint, and per-node pin and lazy-pull settings (README "Nodes file").
+    /// YAML list of nodes: name, endpoint, and per-node pin and lazy-pull settings (docs/nodes-file.md).
     #[arg(long, value_name = "FILE")]
     pub nodes: Option<PathBuf>,
     /// The nodes' platform, for multi-platform images: os/arch[/variant]. Default: this machine's.
@@ -254,6 +274,7 @@ pub struct TargetArgs {
 
 /// How to reach registries.
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Registries")]
 pub struct RegistryArgs {
     /// Registry credentials (containers-auth.json / docker config format). Default: REGISTRY_AUTH_FILE,
     /// $XDG_RUNTIME_DIR/containers/auth.json, ~/.docker/config.json, /var/lib/kubelet/config.json.
@@ -300,6 +321,7 @@ impl RegistryArgs {
 
 /// Where blobs fetched from registries are kept (`pinboard mirror`).
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Blob cache")]
 pub struct CacheArgs {
     /// The blob cache. Default $XDG_CACHE_HOME/pinboard/blobs, else ~/.cache/pinboard/blobs.
     #[arg(long, value_name = "DIR")]
@@ -341,6 +363,7 @@ impl CacheArgs {
 
 /// When a node counts as full.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Disk limits")]
 pub struct LimitArgs {
     /// Kubelet image GC high threshold, percent: a node above it after pre-loading is `tight`. Default: in
     /// cluster mode each node's kubelet's own (its configuration), else 85.
@@ -380,14 +403,9 @@ pub enum Output {
     Yaml,
 }
 
-/// How to reach registries, the mirror rules read with `extra` mirror set documents (the cluster's) added.
-fn registry_options(args: &RegistryArgs, extra: &[String]) -> Result<RegistryOptions, Failure> {
-    let mut mirrors = args.mirror_sources().load().map_err(Failure::bad_input)?;
-    for documents in extra {
-        mirrors
-            .add_mirror_sets(documents, "the cluster's mirror sets")
-            .map_err(Failure::bad_input)?;
-    }
+/// How to reach registries, with the local mirror rules.
+fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Failure> {
+    let mirrors = args.mirror_sources().load().map_err(Failure::bad_input)?;
     Ok(RegistryOptions {
         authfile: args.authfile.clone(),
         insecure_registries: args.insecure_registries.clone(),
@@ -399,55 +417,106 @@ fn registry_options(args: &RegistryArgs, extra: &[String]) -> Result<RegistryOpt
 }
 
 pub fn registry_client(args: &RegistryArgs) -> Result<Registry, Failure> {
-    Registry::new(registry_options(args, &[])?).map_err(|e| Failure::bad_input(e.to_string()))
+    Registry::new(registry_options(args)?).map_err(|e| Failure::bad_input(e.to_string()))
 }
 
-/// Cluster mode's registry client: without `--authfile` or `--no-pull-secret`, the cluster's global pull
-/// secret comes first (what the nodes pull with), then the default auth files; the cluster's
-/// ImageDigestMirrorSets and ImageContentSourcePolicies are followed as well as the local mirror rules. Also
-/// returns warnings that say what could not be used, why, and what to grant.
-pub async fn cluster_registry_client(
-    args: &RegistryArgs,
-    cluster: &kube::Client,
-) -> Result<(Registry, Vec<String>), Failure> {
-    let bad_input = |e: &dyn std::fmt::Display| Failure::bad_input(e.to_string());
-    let files = Credentials::load(&AuthFiles::from_env(args.authfile.clone()))
-        .map_err(|e| bad_input(&e))?;
-    let (credentials, warning) = if args.authfile.is_some() || args.no_pull_secret {
-        (files, None)
-    } else {
-        let secret = format!("{PULL_SECRET_NAMESPACE}/{PULL_SECRET_NAME}");
-        let cannot = |why: String| {
-            format!(
-                "cannot use the cluster's pull secret {secret}: {why}; images that need its credentials \
-                 will be refused. Grant `get` on it with the Role pinboard-pull-secret in deploy/rbac.yaml \
-                 (bound in {PULL_SECRET_NAMESPACE}), or pass --authfile FILE (--no-pull-secret stops this \
-                 warning)"
-            )
+impl CommonArgs {
+    /// The nodes these arguments name, the one place that decides how they are reached: a cluster when
+    /// the flags choose it ([`TargetArgs::cluster_mode`]), else direct nodes. In cluster mode `--cri` and
+    /// `--nodes` name nodes only for `check --verify-cri`; a headless command that does not ask runtimes
+    /// says it ignores them (the TUI does not: the terminal is its own).
+    pub fn fleet(&self, caller: Caller) -> Result<Box<dyn Fleet>, Failure> {
+        let targets = &self.targets;
+        let release = self.input.release.set_options();
+        let Some(connect) = targets.cluster_mode() else {
+            return Ok(Box::new(DirectFleet::new(DirectConfig {
+                targets: targets.resolve()?,
+                registry: registry_client(&self.registry)?,
+                platform: targets.platform()?,
+                limits: self.limits.limits(),
+                timeout: targets.timeout(),
+                engine: EngineConfig {
+                    readonly: caller == Caller::Tui { readonly: true },
+                    ..self.rollout.engine_config()
+                },
+                cache_dir: self.cache.dir().ok(),
+                cache_options: self.cache.options(),
+                fan_out_listen: self.rollout.fan_out_listen.unwrap_or(LOOPBACK),
+                release_unowned: self.unpin.release_unowned,
+            })));
         };
-        match pull_secret::read(cluster).await {
-            Ok(PullSecret::Found(text)) => {
-                match Credentials::from_text(format!("secret {secret}"), &text) {
-                    Ok(from_secret) => (from_secret.then(files), None),
-                    Err(e) => (files, Some(cannot(e.to_string()))),
-                }
-            }
-            Ok(PullSecret::Forbidden(message)) => {
-                (files, Some(cannot(format!("forbidden ({message})"))))
-            }
-            Ok(PullSecret::Missing(why)) => {
-                tracing::debug!(secret, why, "no cluster pull secret");
-                (files, None)
-            }
-            Err(e) => (files, Some(cannot(e.to_string()))),
+        let named = !targets.cri.is_empty() || targets.nodes.is_some();
+        let verify = caller
+            == (Caller::Command {
+                asks_runtimes: true,
+            })
+            && self.rollout.verify_cri;
+        if matches!(caller, Caller::Command { .. }) && named && !verify {
+            eprintln!(
+                "warning: cluster mode: --cri and --nodes are ignored (only `check --verify-cri` asks the runtimes \
+                 they name)"
+            );
         }
-    };
-    let mirror_sets = crate::cluster::mirror_sets::read(cluster).await;
-    let registry =
-        Registry::with_credentials(registry_options(args, &mirror_sets.documents)?, credentials)
-            .map_err(|e| bad_input(&e))?;
-    let warnings = warning.into_iter().chain(mirror_sets.warnings).collect();
-    Ok((registry, warnings))
+        let verify = match verify {
+            true => Some((runtime_targets(targets)?, targets.timeout())),
+            false => None,
+        };
+        Ok(Box::new(MachineConfigFleet::new(MachineConfigSettings {
+            connect,
+            registry: RegistrySettings {
+                options: registry_options(&self.registry)?,
+                no_pull_secret: self.registry.no_pull_secret,
+            },
+            platform: targets.platform()?,
+            limits: self.limits.limits(),
+            cache_dir: self.cache.dir().ok(),
+            verify,
+            lazy_store: targets.lazy_store.clone(),
+            release,
+        })))
+    }
+
+    /// The registry client that reads images as the nodes would: in cluster mode with the cluster's pull
+    /// secret (what could not be used said on stderr), for `release`, which needs no nodes.
+    pub async fn reading_registry(&self) -> Result<Registry, Failure> {
+        let Some(options) = self.targets.cluster_mode() else {
+            return registry_client(&self.registry);
+        };
+        let settings = RegistrySettings {
+            options: registry_options(&self.registry)?,
+            no_pull_secret: self.registry.no_pull_secret,
+        };
+        let client = crate::backend::openshift::connect(&options).await?;
+        let (registry, warnings) = machine_config::registry::client(&settings, &client).await?;
+        for warning in warnings {
+            eprintln!("warning: {warning}");
+        }
+        Ok(registry)
+    }
+}
+
+/// The nodes `--verify-cri` asks: those named by `--cri` or `--nodes` (never crictl's default endpoint).
+fn runtime_targets(targets: &TargetArgs) -> Result<Vec<NodeTarget>, Failure> {
+    if targets.cri.is_empty() && targets.nodes.is_none() {
+        return Err(Failure::bad_input(
+            "--verify-cri asks the nodes' runtimes: name their CRI endpoints with --cri NODE=ENDPOINT (one per \
+             node) or --nodes FILE",
+        ));
+    }
+    targets.resolve()
+}
+
+impl SetInput {
+    /// What these flags name as sets.
+    pub fn sources(&self) -> SetSources {
+        SetSources {
+            sets: self.sets.clone(),
+            images_files: self.images_files.clone(),
+            images: self.images.clone(),
+            releases: self.releases.clone(),
+            release: self.release.set_options(),
+        }
+    }
 }
 
 impl TargetArgs {
@@ -501,159 +570,6 @@ impl TargetArgs {
     pub fn timeout(&self) -> Duration {
         self.cri_timeout.max(Duration::from_secs(1))
     }
-}
-
-/// Reads and checks every set named on the command line. All problems of all sets are reported together.
-/// `required`: whether giving no images at all is an error.
-pub fn read_sets(input: &SetInput, required: bool) -> Result<Vec<ImageSet>, Failure> {
-    let mut sets = Vec::new();
-    let mut problems = Vec::new();
-    for path in &input.sets {
-        match set::parse_yaml(&read_file(path)?, &path.display().to_string()) {
-            Ok(found) if found.is_empty() => {
-                problems.push(format!("{}: holds no PinnedImageSet", path.display()))
-            }
-            Ok(found) => sets.extend(found),
-            Err(found) => problems.extend(found.iter().map(ToString::to_string)),
-        }
-    }
-    for path in &input.images_files {
-        sets.push(set::parse_list(
-            &read_file(path)?,
-            &path.display().to_string(),
-        ));
-    }
-    if !input.images.is_empty() {
-        sets.push(set::from_image_flags(&input.images));
-    }
-    if required && sets.is_empty() && problems.is_empty() && input.releases.is_empty() {
-        return Err(Failure::bad_input(
-            "no images given: pass --set FILE, --images-file FILE, --image REF or --release PULLSPEC",
-        ));
-    }
-    problems.extend(
-        sets.iter()
-            .flat_map(|s| s.validate())
-            .map(|p| p.to_string()),
-    );
-    if problems.is_empty() {
-        Ok(sets)
-    } else {
-        Err(Failure {
-            exit: Exit::BadInput,
-            lines: problems,
-        })
-    }
-}
-
-/// Every set of `input`: those [`read_sets`] reads, then [`release_sets`]. Also what to tell about each
-/// release.
-pub async fn resolve_sets(
-    input: &SetInput,
-    required: bool,
-    registry: &Registry,
-    platform: &Platform,
-) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
-    let mut sets = read_sets(input, required)?;
-    let (releases, notes) = release_sets(input, registry, platform).await?;
-    sets.extend(releases);
-    Ok((sets, notes))
-}
-
-/// Each `--release`'s sets, read from its payload through `registry` for `platform`, and what to tell
-/// about it (its version, what was folded or left out, a split).
-pub async fn release_sets(
-    input: &SetInput,
-    registry: &Registry,
-    platform: &Platform,
-) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
-    let (mut sets, mut notes) = (Vec::new(), Vec::new());
-    let options = input.release.set_options();
-    for pullspec in &input.releases {
-        let (resolved, made) = crate::release::sets(registry, pullspec, platform, &options).await?;
-        notes.push(release_note(&resolved, &made));
-        sets.extend(made.sets);
-    }
-    Ok((sets, notes))
-}
-
-/// [`resolve_sets`] for the commands: the registry client made from `args`, each release's note on stderr.
-pub async fn command_sets(
-    args: &CommonArgs,
-    required: bool,
-) -> Result<(Vec<ImageSet>, Registry), Failure> {
-    let registry = registry_client(&args.registry)?;
-    let sets = noted_sets(&args.input, required, &registry, &args.targets.platform()?).await?;
-    Ok((sets, registry))
-}
-
-/// [`resolve_sets`], each release's note on stderr.
-pub async fn noted_sets(
-    input: &SetInput,
-    required: bool,
-    registry: &Registry,
-    platform: &Platform,
-) -> Result<Vec<ImageSet>, Failure> {
-    let (sets, notes) = resolve_sets(input, required, registry, platform).await?;
-    for note in notes {
-        eprintln!("{note}");
-    }
-    Ok(sets)
-}
-
-/// `release 4.19.3 (quay.io/…@sha256:…): 188 images in set release-4.19.3; 3 tags share a digest; 2
-/// components excluded`.
-pub fn release_note(resolved: &crate::release::Resolved, made: &ReleaseSets) -> String {
-    let images: usize = made.sets.iter().map(|s| s.entries.len()).sum();
-    let names: Vec<&str> = made.sets.iter().map(|s| s.name.as_str()).collect();
-    let mut note = format!(
-        "release {} ({}): {images} images in {} {}",
-        resolved.release.version,
-        resolved.image,
-        if names.len() == 1 { "set" } else { "sets" },
-        names.join(", ")
-    );
-    if names.len() > 1 {
-        note.push_str(&format!(
-            " (a PinnedImageSet holds at most {})",
-            set::MAX_ENTRIES
-        ));
-    }
-    if let Some(mirror) = &resolved.mirror {
-        note.push_str(&format!("; read through mirror {mirror}"));
-    }
-    if made.folded > 0 {
-        note.push_str(&format!(
-            "; {} tags share a digest with another",
-            made.folded
-        ));
-    }
-    if !made.excluded.is_empty() {
-        let names: Vec<&str> = made.excluded.iter().map(|c| c.name.as_str()).collect();
-        note.push_str(&format!("; excluded: {}", names.join(", ")));
-    }
-    note
-}
-
-/// Takes the `--set` values that are no file out of `input`, as the names of sets whose pins the nodes
-/// hold (direct-mode `unpin --set NAME`). A value that is neither a file nor a set name is a file that
-/// cannot be read.
-pub fn take_set_names(input: &mut SetInput) -> Result<Vec<String>, Failure> {
-    let (files, names): (Vec<PathBuf>, Vec<PathBuf>) =
-        input.sets.drain(..).partition(|p| p.is_file());
-    input.sets = files;
-    names
-        .into_iter()
-        .map(|path| {
-            let name = path.to_string_lossy().into_owned();
-            match set::name_problem(&name) {
-                None => Ok(name),
-                Some(_) => Err(Failure::bad_input(format!(
-                    "cannot read {name}: no such file, and it is not a set name either"
-                ))),
-            }
-        })
-        .collect()
 }
 
 /// Whether kube's config inference would find something: KUBECONFIG, ~/.kube/config, or a pod's service

@@ -10,13 +10,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::blobs;
-use crate::backend::node::{NodeObservation, observe};
+use crate::backend::node::{SurveyedNode, observe};
+use crate::backend::openshift::Cluster;
 use crate::backend::registry::{PlatformFacts, Registry, RegistryError};
 use crate::backend::target::DirectNode;
-use crate::cluster::Cluster;
 use crate::error::{Exit, Failure};
-use crate::model::cluster::{ClusterView, NodeView};
 use crate::model::image::{ImageFacts, Platform};
+use crate::model::machine_config::{ClusterNode, ClusterView};
 use crate::model::plan::{
     Limits, LinkBytes, NodeFacts, NodePlan, PlannedImage, link_bytes, plan_node,
 };
@@ -96,7 +96,7 @@ pub async fn survey(
     let platforms = [platform.clone()];
     let observing =
         futures::future::join_all(nodes.iter().map(|n| observe(n, &references, timeout)));
-    let (observations, inspected): (Vec<NodeObservation>, _) =
+    let (observations, inspected): (Vec<SurveyedNode>, _) =
         tokio::join!(observing, registry.inspect_all(&references, &platforms));
 
     if observations.iter().all(|o| o.facts.unreachable.is_some()) {
@@ -114,7 +114,7 @@ pub async fn survey(
 
 /// Each node planned for its own images.
 async fn survey_nodes(
-    nodes: &[(NodeObservation, Vec<String>)],
+    nodes: &[(SurveyedNode, Vec<String>)],
     sets: &[ImageSet],
     registry: &Registry,
     platform: &Platform,
@@ -179,11 +179,11 @@ pub async fn survey_cluster(
     let (known, missing): (Vec<_>, Vec<_>) = per_node
         .into_iter()
         .partition(|(name, _)| view.node(name).is_some());
-    let asked: Vec<(&NodeView, Vec<String>)> = known
+    let asked: Vec<(&ClusterNode, Vec<String>)> = known
         .into_iter()
         .filter_map(|(name, references)| Some((view.node(&name)?, references)))
         .collect();
-    let mut nodes: Vec<(NodeObservation, Vec<String>)> = cluster
+    let mut nodes: Vec<(SurveyedNode, Vec<String>)> = cluster
         .observe(&asked)
         .await
         .into_iter()
@@ -198,7 +198,7 @@ pub async fn survey_cluster(
             ..NodeFacts::default()
         };
         (
-            NodeObservation {
+            SurveyedNode {
                 facts,
                 presence: HashMap::new(),
             },
@@ -240,11 +240,11 @@ fn resolved(
 fn summarize<'a>(
     sets: &[ImageSet],
     limits: Limits,
-    planned: impl Iterator<Item = (&'a NodeObservation, &'a [String])>,
+    planned: impl Iterator<Item = (&'a SurveyedNode, &'a [String])>,
     facts: HashMap<String, ImageFacts>,
     cache: Option<&Path>,
 ) -> Survey {
-    let planned: Vec<(&NodeObservation, Vec<PlannedImage>)> = planned
+    let planned: Vec<(&SurveyedNode, Vec<PlannedImage>)> = planned
         .map(|(observation, references)| {
             let images = references
                 .iter()

@@ -19,10 +19,10 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::DynamicObject;
 use pinboard::backend::credentials::{Credentials, KUBELET_CONFIG};
 use pinboard::backend::cri::{CriClient, CriEndpoint};
+use pinboard::backend::openshift::Cluster;
+use pinboard::backend::openshift::pull_secret::PullSecret;
 use pinboard::backend::proto::cri::AuthConfig;
-use pinboard::cluster::Cluster;
-use pinboard::cluster::pull_secret::PullSecret;
-use pinboard::model::cluster::{DEGRADED, PROGRESSING, PinnedImageSet, ROLE_LABEL};
+use pinboard::model::machine_config::{DEGRADED, PROGRESSING, PinnedImageSet, ROLE_LABEL};
 use pinboard::model::reference::ImageRef;
 use serde_json::{Value, json};
 

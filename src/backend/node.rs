@@ -13,21 +13,17 @@ use super::target::DirectNode;
 use crate::model::plan::{NodeFacts, Presence};
 
 #[derive(Clone, Debug, Default)]
-pub struct NodeObservation {
+pub struct SurveyedNode {
     pub facts: NodeFacts,
     /// By reference, as given.
     pub presence: HashMap<String, Presence>,
 }
 
 /// Observes one node. Never fails: an unreachable node comes back with `facts.unreachable` set.
-pub async fn observe(
-    node: &DirectNode,
-    references: &[String],
-    timeout: Duration,
-) -> NodeObservation {
+pub async fn observe(node: &DirectNode, references: &[String], timeout: Duration) -> SurveyedNode {
     match observe_reachable(node, references, timeout).await {
         Ok(observation) => observation,
-        Err(err) => NodeObservation {
+        Err(err) => SurveyedNode {
             facts: NodeFacts {
                 name: node.name.clone(),
                 unreachable: Some(err.to_string()),
@@ -42,7 +38,7 @@ async fn observe_reachable(
     node: &DirectNode,
     references: &[String],
     timeout: Duration,
-) -> Result<NodeObservation, CriError> {
+) -> Result<SurveyedNode, CriError> {
     let client = CriClient::connect(&node.endpoint, timeout).await?;
     let version = client.version().await?;
     let fs = client.image_fs_info().await?;
@@ -87,5 +83,5 @@ async fn observe_reachable(
     for (reference, status) in references.iter().zip(statuses) {
         presence.insert(reference.clone(), Some(status?.is_some()));
     }
-    Ok(NodeObservation { facts, presence })
+    Ok(SurveyedNode { facts, presence })
 }

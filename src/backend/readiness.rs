@@ -21,7 +21,7 @@ use super::target::NodeTarget;
 use crate::model::crio::CrioConfig;
 use crate::model::holders::{CrioEntry, crio_holders};
 use crate::model::image::ImageFacts;
-use crate::model::readiness::{CrioObserved, ImageObserved, NodeObserved};
+use crate::model::readiness::{CrioObserved, ImageObserved, ObservedNode};
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::{Runtime, RuntimeKind};
 
@@ -30,7 +30,7 @@ pub async fn observe(
     target: &NodeTarget,
     references: &[String],
     timeout: Duration,
-) -> NodeObserved {
+) -> ObservedNode {
     let name = target.node.name.clone();
     let connected = async {
         let client = CriClient::connect(&target.node.endpoint, timeout).await?;
@@ -40,7 +40,7 @@ pub async fn observe(
     let (client, version) = match connected.await {
         Ok(c) => c,
         Err(e) => {
-            return NodeObserved {
+            return ObservedNode {
                 node: name,
                 unreachable: Some(e.to_string()),
                 images: references
@@ -50,7 +50,7 @@ pub async fn observe(
                         ..ImageObserved::default()
                     })
                     .collect(),
-                ..NodeObserved::default()
+                ..ObservedNode::default()
             };
         }
     };
@@ -64,14 +64,14 @@ pub async fn observe(
         tracing::warn!("{name}: cannot ask whether the runtime is ready: {e}");
         None
     });
-    let mut observed = NodeObserved {
+    let mut observed = ObservedNode {
         node: name,
         not_ready,
         runtime: Some(format!(
             "{} {}",
             version.runtime_name, version.runtime_version
         )),
-        ..NodeObserved::default()
+        ..ObservedNode::default()
     };
     let record = match pins::resolve(target.pin.clone(), &version.runtime_name, &client) {
         Ok(PinTarget::CrioDropIn { config_dir, .. }) => {
@@ -174,7 +174,7 @@ pub async fn observe(
 /// tell; a node that cannot be asked keeps its images as they were.
 pub async fn observe_pulls(
     target: &NodeTarget,
-    observed: &mut NodeObserved,
+    observed: &mut ObservedNode,
     facts: &HashMap<String, ImageFacts>,
     timeout: Duration,
 ) {

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use super::cri::CriClient;
 use super::files::{self, write_if_changed};
 use super::pins::{PinTarget, Reload, reload_crio};
-use crate::model::mirror::Source;
 use crate::model::runtime::RuntimeKind;
+use crate::model::served::Source;
 use crate::model::wiring::{
     Marker, RegistriesFile, containerd_hosts, containerd_original, crio_registries,
 };

@@ -1,187 +1,25 @@
 //! `pinboard check` and `pinboard status`: per node and per image, present and pinned as the node enforces
-//! it, and why not. Both observe through [`crate::backend::readiness`] and judge through
-//! [`crate::model::readiness::assess`]; `check` adds the verdict (exit 0 ready, 1 not ready, 3 nothing
-//! reachable) and can wait for it, `status` prints the same per-node data and exits 0. Headless `apply`
-//! ends with the same check.
+//! it, and why not, as the fleet judges it ([`crate::fleet::Fleet::readiness`]); `check` adds the verdict
+//! (exit 0 ready, 1 not ready, 3 nothing reachable) and can wait for it, `status` prints the same per-node
+//! data and exits 0. Headless `apply` ends with the same check.
 
 use std::io::Write as _;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use super::output::{image_matrix, render, table};
-use crate::backend::readiness::{observe, observe_pulls};
-use crate::backend::registry::Registry;
-use crate::backend::target::NodeTarget;
 use crate::error::{Exit, Failure};
 use crate::model::holders::HeldBy;
-use crate::model::image::Platform;
-use crate::model::plan::Limits;
-use crate::model::readiness::{
-    ImageReadiness, ImageReason, NodeObserved, NodeReadiness, NodesStatus, Readiness, assess,
-};
-use crate::model::set::ImageSet;
-use crate::options::{CHECK_WAIT, CommonArgs, command_sets};
-use crate::survey::{survey, union_of};
-
-/// How often `check --wait` observes the nodes again.
-const WAIT_INTERVAL: Duration = Duration::from_secs(2);
-
-/// Everything a readiness check needs, read and checked from the command line before any node is asked.
-pub(super) struct Checker {
-    pub(super) targets: Vec<NodeTarget>,
-    pub(super) sets: Vec<ImageSet>,
-    references: Vec<String>,
-    pub(super) registry: Arc<Registry>,
-    pub(super) platform: Platform,
-    pub(super) limits: Limits,
-    pub(super) timeout: Duration,
-    /// The blob cache plans count as fetched already.
-    pub(super) cache: Option<PathBuf>,
-}
-
-impl Checker {
-    /// Reads and checks the arguments, then puts back what a killed pinboard's fan-out left on the nodes.
-    pub(super) async fn new(args: &CommonArgs) -> Result<Checker, Failure> {
-        let targets = args.targets.resolve()?;
-        let (sets, registry) = command_sets(args, true).await?;
-        let checker = Checker {
-            targets,
-            references: union_of(&sets),
-            sets,
-            registry: Arc::new(registry),
-            platform: args.targets.platform()?,
-            limits: args.limits.limits(),
-            timeout: args.targets.timeout(),
-            cache: args.cache.dir().ok(),
-        };
-        super::clean_stale(&checker.targets, checker.timeout).await;
-        Ok(checker)
-    }
-
-    async fn observe_all(&self, timeout: Duration) -> Vec<NodeObserved> {
-        futures::future::join_all(
-            self.targets
-                .iter()
-                .map(|t| observe(t, &self.references, timeout)),
-        )
-        .await
-    }
-
-    /// Each node judged from `observed`. Nodes that miss images are planned too, so that "no space" can be
-    /// a reason, and asked for the pulls in flight; a registry that cannot answer only leaves those out.
-    async fn judge(&self, observed: &[NodeObserved], timeout: Duration) -> Vec<NodeReadiness> {
-        let mut observed = observed.to_vec();
-        let missing: Vec<usize> = (0..observed.len())
-            .filter(|&i| {
-                observed[i].unreachable.is_none()
-                    && observed[i]
-                        .images
-                        .iter()
-                        .any(|img| img.present == Some(false))
-            })
-            .collect();
-        let mut plans = vec![None; observed.len()];
-        if !missing.is_empty() {
-            let nodes: Vec<_> = missing
-                .iter()
-                .map(|&i| self.targets[i].node.clone())
-                .collect();
-            let surveyed = survey(
-                &nodes,
-                &self.sets,
-                &self.registry,
-                &self.platform,
-                self.limits,
-                timeout,
-                self.cache.as_deref(),
-            )
-            .await;
-            match surveyed {
-                Ok(s) => {
-                    for &i in &missing {
-                        observe_pulls(&self.targets[i], &mut observed[i], &s.facts, timeout).await;
-                    }
-                    for (i, plan) in missing.iter().zip(s.nodes) {
-                        plans[*i] = Some(plan);
-                    }
-                }
-                Err(e) => tracing::warn!(
-                    "cannot plan the nodes missing images, so \"no space\" is not checked: {}",
-                    Failure::from(e)
-                ),
-            }
-        }
-        observed
-            .iter()
-            .zip(&plans)
-            .map(|(o, plan)| assess(o, plan.as_ref()))
-            .collect()
-    }
-
-    /// Observes and judges every node once; exit 3 when none could be reached.
-    pub(super) async fn readiness(&self) -> Result<Readiness, Failure> {
-        let observed = self.observe_all(self.timeout).await;
-        all_unreachable(&observed)?;
-        Ok(Readiness::of(self.judge(&observed, self.timeout).await))
-    }
-
-    /// Observes until every node is ready or `limit` has passed, printing one line on stderr per change;
-    /// then judges the last observation.
-    async fn wait(&self, limit: Duration) -> Result<Readiness, Failure> {
-        let deadline = Instant::now() + limit;
-        let call_timeout = self.timeout.min(limit);
-        let mut last_line = String::new();
-        loop {
-            let observed = self.observe_all(call_timeout).await;
-            let readiness = Readiness::of(observed.iter().map(|o| assess(o, None)).collect());
-            let line = readiness.progress_line();
-            if !readiness.ready && line != last_line {
-                eprintln!("waiting: {line}");
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if readiness.ready || left.is_zero() {
-                if !readiness.ready {
-                    eprintln!("waiting: timed out after {limit:?}: {line}");
-                }
-                all_unreachable(&observed)?;
-                return Ok(Readiness::of(self.judge(&observed, call_timeout).await));
-            }
-            last_line = line;
-            tokio::time::sleep(WAIT_INTERVAL.min(left)).await;
-        }
-    }
-}
-
-/// Exit 3 when no node answered, each node's error on its own line.
-fn all_unreachable(observed: &[NodeObserved]) -> Result<(), Failure> {
-    if observed.iter().all(|o| o.unreachable.is_some()) {
-        return Err(Failure::unreachable(
-            observed
-                .iter()
-                .map(|o| {
-                    let error = o.unreachable.as_deref().unwrap_or_default();
-                    format!("{}: unreachable: {error}; check that the runtime is running and the endpoint is right", o.node)
-                })
-                .collect(),
-        ));
-    }
-    Ok(())
-}
+use crate::model::readiness::{ImageReadiness, ImageReason, NodeReadiness, NodesStatus, Readiness};
+use crate::options::{CHECK_WAIT, Caller, CommonArgs};
 
 pub async fn check(args: CommonArgs) -> Result<String, Failure> {
     let wait = args
         .rollout
         .wait
         .then(|| args.rollout.timeout_or(CHECK_WAIT));
-    if let Some(options) = super::cluster::cluster_mode(&args.targets, args.rollout.verify_cri) {
-        return super::cluster::check(&options, &args, wait).await;
-    }
-    let checker = Checker::new(&args).await?;
-    let readiness = match wait {
-        Some(limit) => checker.wait(limit).await?,
-        None => checker.readiness().await?,
-    };
+    let fleet = args.fleet(Caller::Command {
+        asks_runtimes: true,
+    })?;
+    let readiness = fleet.readiness(&args.input.sources(), wait).await?;
     let text = render(&readiness, args.output(), || {
         readiness_table(&readiness.nodes) + &verdict_line(&readiness)
     })?;
@@ -189,13 +27,13 @@ pub async fn check(args: CommonArgs) -> Result<String, Failure> {
 }
 
 pub async fn status(args: CommonArgs) -> Result<String, Failure> {
-    if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
-        return super::cluster::status(&options, &args).await;
-    }
-    let checker = Checker::new(&args).await?;
+    let fleet = args.fleet(Caller::Command {
+        asks_runtimes: false,
+    })?;
     let status = NodesStatus {
-        nodes: checker.readiness().await?.nodes,
+        nodes: fleet.readiness(&args.input.sources(), None).await?.nodes,
     };
+    warn(&status.nodes);
     render(&status, args.output(), || readiness_table(&status.nodes))
 }
 
@@ -301,7 +139,7 @@ pub(super) fn readiness_table(nodes: &[NodeReadiness]) -> String {
                 generation(s.desired_generation),
                 generation(s.current_generation),
                 generation(s.last_failed_generation),
-                s.state.clone(),
+                s.state.word().to_string(),
             ]
         })
         .collect();

@@ -12,9 +12,9 @@ use serde::Serialize;
 use super::output;
 use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
 use crate::error::Failure;
-use crate::model::mirror::Allowed;
+use crate::model::served::ServedDigests;
 use crate::model::units::human;
-use crate::options::{CommonArgs, read_sets, registry_client, release_sets};
+use crate::options::{CommonArgs, registry_client};
 use crate::survey::image_facts;
 
 /// `mirror`'s arguments: the common list, and where to listen.
@@ -38,14 +38,15 @@ struct Summary {
 
 pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
     let common = &args.common;
-    let sets = read_sets(&common.input, true)?;
+    let sources = common.input.sources();
+    let sets = crate::fleet::sets::read(&sources, true)?;
     let platform = common.targets.platform()?;
     let cache_dir = common.cache.dir()?;
     let registry = Arc::new(registry_client(&common.registry)?);
     // The cache first: a directory that cannot be used is known before any registry is asked.
     let cache = BlobCache::open(&cache_dir, common.cache.options(), Arc::clone(&registry))
         .map_err(|e| Failure::bad_input(e.to_string()))?;
-    let (releases, notes) = release_sets(&common.input, &registry, &platform).await?;
+    let (releases, notes) = crate::fleet::sets::releases(&sources, &registry, &platform).await?;
     for note in notes {
         eprintln!("{note}");
     }
@@ -53,7 +54,7 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
     let facts = image_facts(&sets, &registry, &platform)
         .await
         .map_err(Failure::from)?;
-    let allowed = Allowed::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
+    let allowed = ServedDigests::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
     let blobs = allowed.blobs();
     let serving = format!(
         "{} images ({} manifests, {} blobs of {}, {} of them cached) of {}",

@@ -6,11 +6,11 @@
 
 mod apply;
 mod check;
-mod cluster;
 mod mirror;
 mod output;
 mod plan;
 mod release;
+mod unpin;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use clap_complete::Shell;
@@ -93,14 +93,6 @@ fn completion(shell: Shell, name: &str) -> String {
     String::from_utf8_lossy(&script).into_owned()
 }
 
-/// Puts back fan-out files a killed pinboard left on `targets`, saying so on stderr: every command that
-/// touches nodes does this first.
-async fn clean_stale(targets: &[crate::backend::target::NodeTarget], timeout: std::time::Duration) {
-    for line in crate::fanout::clean_stale(targets, timeout).await {
-        eprintln!("pinboard: {line}");
-    }
-}
-
 /// SIGINT (Ctrl-C) and SIGTERM, caught from when this is made: a command that must clean up before it
 /// exits waits for them.
 struct Interrupts {
@@ -134,7 +126,7 @@ pub async fn run(command: Command) -> Result<String, Failure> {
         Command::Check(args) => check::check(args).await,
         Command::Status(args) => check::status(args).await,
         Command::Apply(args) => apply::apply(args).await,
-        Command::Unpin(args) => apply::unpin(args).await,
+        Command::Unpin(args) => unpin::unpin(args).await,
         Command::Mirror(args) => mirror::run(args).await,
         Command::Release(args) => release::run(args).await,
         Command::Completion { shell } => Ok(completion(shell, &program_name())),

@@ -6,54 +6,20 @@ use std::io::IsTerminal;
 use crossterm::style::{ResetColor, SetForegroundColor};
 use ratatui::backend::IntoCrossterm;
 
-use super::cluster::{ClusterSession, NAME_OR_FILE, cluster_registry, files_and_names};
 use super::output::{image_matrix, table};
-use crate::backend::target::DirectNode;
 use crate::error::Failure;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, SpaceSource};
 use crate::model::units::{human, human_signed};
-use crate::options::{CommonArgs, Output, command_sets};
-use crate::survey::{Survey, survey, survey_cluster};
+use crate::options::{Caller, CommonArgs, Output};
+use crate::survey::Survey;
 use crate::ui::status::verdict_label;
 use crate::ui::theme::Theme;
 
 pub async fn run(args: CommonArgs) -> Result<String, Failure> {
-    if let Some(options) = super::cluster::cluster_mode(&args.targets, false) {
-        let registry = cluster_registry(&args, &options, true).await?;
-        let (files, names) = files_and_names(&args, NAME_OR_FILE, &registry).await?;
-        let platform = args.targets.platform()?;
-        let session = ClusterSession::open(&options).await?;
-        let wanted = session.wanted(files, names)?;
-        let sets: Vec<_> = wanted.into_iter().map(|w| w.set).collect();
-        let survey = survey_cluster(
-            &session.cluster,
-            &session.view,
-            &sets,
-            &registry,
-            &platform,
-            args.limits.limits(),
-            args.cache.dir().ok().as_deref(),
-        )
-        .await
-        .map_err(Failure::from)?;
-        return render(&survey, args.output());
-    }
-    let targets = args.targets.resolve()?;
-    let platform = args.targets.platform()?;
-    let (sets, registry) = command_sets(&args, true).await?;
-    super::clean_stale(&targets, args.targets.timeout()).await;
-    let nodes: Vec<DirectNode> = targets.into_iter().map(|t| t.node).collect();
-    let survey = survey(
-        &nodes,
-        &sets,
-        &registry,
-        &platform,
-        args.limits.limits(),
-        args.targets.timeout(),
-        args.cache.dir().ok().as_deref(),
-    )
-    .await
-    .map_err(Failure::from)?;
+    let fleet = args.fleet(Caller::Command {
+        asks_runtimes: false,
+    })?;
+    let survey = fleet.plan(&args.input.sources()).await?;
     render(&survey, args.output())
 }
 

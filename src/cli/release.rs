@@ -11,11 +11,12 @@ use serde::Serialize;
 
 use super::output::table;
 use crate::error::Failure;
+use crate::fleet::payload::{Resolved, sets};
+use crate::fleet::sets::release_note;
 use crate::model::export::{document, pinned_image_set_yaml};
-use crate::model::release::ReleaseSets;
+use crate::model::release_payload::ReleaseSets;
 use crate::model::units::human;
-use crate::options::{CommonArgs, Output, registry_client, release_note};
-use crate::release::{Resolved, sets};
+use crate::options::{CommonArgs, Output};
 
 #[derive(Args, Debug)]
 pub struct ReleaseCommand {
@@ -38,10 +39,7 @@ struct List<T> {
 pub async fn run(args: ReleaseCommand) -> Result<String, Failure> {
     let common = &args.common;
     // In cluster mode the payload is read with the cluster's pull secret, as its nodes will pull it.
-    let registry = match super::cluster::cluster_mode(&common.targets, false) {
-        Some(options) => super::cluster::cluster_registry(common, &options, true).await?,
-        None => registry_client(&common.registry)?,
-    };
+    let registry = common.reading_registry().await?;
     let platform = common.targets.platform()?;
     let options = common.input.release.set_options();
     let (resolved, made) = sets(&registry, &args.pullspec, &platform, &options).await?;

@@ -1,21 +1,22 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
-pub mod cluster;
+pub mod cluster_session;
 pub mod config_view;
 pub mod crio;
 pub mod diff;
 pub mod export;
 pub mod holders;
 pub mod image;
-pub mod mirror;
+pub mod machine_config;
 pub mod mirror_rules;
-pub mod node_info;
+pub mod node_summary;
 pub mod plan;
 pub mod readiness;
 pub mod reference;
-pub mod release;
+pub mod release_payload;
 pub mod rollout;
 pub mod runtime;
+pub mod served;
 pub mod set;
 pub mod units;
 pub mod wiring;

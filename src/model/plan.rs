@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::KubeletSettings;
 use super::image::{ImageFacts, Layer, LazyFormat};
+use super::machine_config::KubeletSettings;
 use super::units::{human, human_signed};
 
 /// What is known about a node before planning. `None` means unknown, never zero.

@@ -24,7 +24,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table, value};
 
-use super::mirror::Source;
+use super::served::Source;
 
 /// The marker's prefix: the first line of every file fan-out writes.
 const MARKER: &str = "# pinboard-fan-out: ";

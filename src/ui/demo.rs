@@ -4,6 +4,7 @@
 //! everything drawn from it is the same on every run. [`cluster_state`] is the same for cluster mode.
 //! [`screens`] puts each screen on them, for the snapshot tests and the screenshots alike.
 
+use crate::fleet::Traits;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use crate::model::crio::{CrioConfig, PinnedImagesSetting};
 use crate::model::diff::DiffKind;
 use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
-use crate::model::node_info::NodeInfo;
+use crate::model::node_summary::NodeSummary;
 use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict};
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};
@@ -46,8 +47,8 @@ fn node_info(
     (images, pinned): (usize, Option<usize>),
     pin_method: PinMethod,
     lazy: Option<bool>,
-) -> NodeInfo {
-    NodeInfo {
+) -> NodeSummary {
+    NodeSummary {
         name: name.into(),
         runtime: Some(runtime.into()),
         capacity_bytes: Some(capacity),
@@ -64,7 +65,7 @@ fn node_info(
 
 /// (reference, fetch bytes) of the images planned for a node; UBI is present everywhere.
 fn node_plan(
-    info: &NodeInfo,
+    info: &NodeSummary,
     images: &[(&str, u64)],
     verdict: Verdict,
     reason: Option<&str>,
@@ -100,7 +101,7 @@ fn node_plan(
     }
 }
 
-fn sets(nodes: &[NodeInfo]) -> Vec<SetDraft> {
+fn sets(nodes: &[NodeSummary]) -> Vec<SetDraft> {
     let all: BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let upgrade = ImageSet {
         name: "upgrade-4.19".into(),
@@ -396,7 +397,7 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
 pub fn cluster_state(now: Instant, theme: Theme) -> State {
     use serde_json::json;
 
-    use crate::model::cluster::{
+    use crate::model::machine_config::{
         ClusterUpdate, Connection, DEGRADED, Kind, PROGRESSING, REQUEUE_TIMEOUT, ROLE_LABEL,
     };
 
@@ -410,7 +411,7 @@ pub fn cluster_state(now: Instant, theme: Theme) -> State {
         serde_json::from_value(value).expect("a valid object")
     }
     let mut state = State::new("cluster: lab.kubeconfig", theme, false, now);
-    state.start_cluster(None, wall);
+    state.join_fleet(Traits::MACHINE_CONFIG, None, wall);
     let pool = json!({"metadata": {"name": "worker", "labels": {"pools.operator.machineconfiguration.openshift.io/worker": ""}},
         "spec": {"machineConfigSelector": {"matchLabels": {ROLE_LABEL: "worker"}},
                  "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}}},

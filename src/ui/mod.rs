@@ -6,12 +6,10 @@
 //! [`msg::Msg`] into it and returns [`msg::Cmd`]s (pure: no I/O, no clock), [`render::render`] draws it,
 //! and [`run::run`] connects them to the terminal and a [`run::UiBackend`].
 
-pub mod cluster;
 pub mod demo;
 pub mod keymap;
 mod layout;
 pub mod live;
-pub mod live_cluster;
 pub mod msg;
 mod options;
 pub mod render;

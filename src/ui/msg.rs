@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use crossterm::event::KeyEvent;
 
-use crate::model::cluster::{ClusterUpdate, KubeletSettings};
+use crate::error::Failure;
 use crate::model::config_view::ConfigView;
-use crate::model::node_info::NodeInfo;
+use crate::model::machine_config::{ClusterUpdate, KubeletSettings};
+use crate::model::node_summary::NodeSummary;
 use crate::model::rollout::Event;
 use crate::model::set::ImageSet;
 use crate::survey::Survey;
@@ -30,23 +31,23 @@ pub enum Msg {
         height: u16,
     },
     Tick(Instant),
-    NodesUpdated(Vec<NodeInfo>),
-    SurveyDone(Result<Survey, String>),
+    NodesUpdated(Vec<NodeSummary>),
+    SurveyDone(Result<Survey, Failure>),
     Rollout(Event),
     /// The rollout is fanned out, but for these nodes, which pull directly.
     FanOut(Vec<String>),
     /// Fan-out: bytes the blob cache took over the registry link since the rollout started.
     LinkBytes(u64),
     /// The engine has nothing more to do; `Err` says why it stopped early.
-    EngineFinished(Result<(), String>),
+    EngineFinished(Result<(), Failure>),
     FileRead {
         path: PathBuf,
         purpose: FilePurpose,
-        result: Result<String, String>,
+        result: Result<String, Failure>,
     },
     FileWritten {
         path: PathBuf,
-        result: Result<(), String>,
+        result: Result<(), Failure>,
     },
     /// Per node, replacing what was there for those nodes.
     ConfigViews(BTreeMap<String, ConfigView>),
@@ -57,7 +58,7 @@ pub enum Msg {
     /// Cluster mode: what some nodes' kubelet configurations say (read once per node).
     Kubelets(HashMap<String, KubeletSettings>),
     /// A release read for import: its sets and what to say of it, or why it could not be read.
-    ReleaseRead(Result<(Vec<ImageSet>, String), String>),
+    ReleaseRead(Result<(Vec<ImageSet>, String), Failure>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

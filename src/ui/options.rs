@@ -10,12 +10,17 @@ pub struct TuiArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// A pull without byte progress for this long is shown as stalled.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60,
+        help_heading = "Terminal UI"
+    )]
     pub stall_after: u64,
     /// Change nothing: no pulls, no pins, no files written.
-    #[arg(long)]
+    #[arg(long, help_heading = "Terminal UI")]
     pub readonly: bool,
     /// Color theme: dark, light or monochrome (monochrome whenever NO_COLOR is set).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", help_heading = "Terminal UI")]
     pub theme: Option<String>,
 }

@@ -28,9 +28,10 @@ use super::render::render;
 use super::state::State;
 use super::update::update;
 use crate::backend::registry::Registry;
+use crate::error::Failure;
+use crate::fleet::sets::release_note;
 use crate::model::image::Platform;
-use crate::model::release::SetOptions;
-use crate::options::release_note;
+use crate::model::release_payload::SetOptions;
 
 /// Messages handled before a redraw at most: a burst of engine events gives one frame, not thousands.
 const BATCH: usize = 1024;
@@ -53,7 +54,7 @@ pub fn execute_file_cmd(cmd: Cmd, tx: &UnboundedSender<Msg>) -> Option<Cmd> {
             tokio::spawn(async move {
                 let result = tokio::fs::read_to_string(&path)
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| Failure::bad_input(e.to_string()));
                 let _ = tx.send(Msg::FileRead {
                     path,
                     purpose,
@@ -66,7 +67,7 @@ pub fn execute_file_cmd(cmd: Cmd, tx: &UnboundedSender<Msg>) -> Option<Cmd> {
             tokio::spawn(async move {
                 let result = tokio::fs::write(&path, text)
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| Failure::bad_input(e.to_string()));
                 let _ = tx.send(Msg::FileWritten { path, result });
             });
             None
@@ -86,13 +87,13 @@ pub fn read_release(
 ) {
     let tx = tx.clone();
     tokio::spawn(async move {
-        let read = crate::release::sets(&registry, &pullspec, &platform, &options)
+        let read = crate::fleet::payload::sets(&registry, &pullspec, &platform, &options)
             .await
             .map(|(resolved, made)| {
                 let note = release_note(&resolved, &made);
                 (made.sets, note)
             })
-            .map_err(|e| e.to_string());
+            .map_err(Failure::from);
         let _ = tx.send(Msg::ReleaseRead(read));
     });
 }

@@ -3,13 +3,14 @@
 //! from the data fields the backends fill in.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use super::cluster::ClusterSession;
 use super::theme::Theme;
-use crate::model::cluster::ROLE_LABEL;
+use crate::fleet::{Puller, Targets, Traits};
+use crate::model::cluster_session::ClusterSession;
 use crate::model::config_view::ConfigView;
-use crate::model::node_info::NodeInfo;
+use crate::model::machine_config::ROLE_LABEL;
+use crate::model::node_summary::NodeSummary;
 use crate::model::rollout::{Event, NodeRollout, NodeState, Rollout};
 use crate::model::set::{Entry, ImageSet, Problem};
 use crate::survey::Survey;
@@ -162,7 +163,7 @@ pub struct State {
     pub now: Instant,
     pub stall_after: Duration,
     /// Sorted by name.
-    pub nodes: Vec<NodeInfo>,
+    pub nodes: Vec<NodeSummary>,
     pub sets: Vec<SetDraft>,
     pub survey: Option<Survey>,
     pub surveying: bool,
@@ -170,8 +171,13 @@ pub struct State {
     pub fan_out: bool,
     pub rollout: Rollout,
     pub config: BTreeMap<String, ConfigView>,
-    /// Cluster mode: the watched view; None in direct mode.
+    /// What the fleet is like: what a set targets and who pulls.
+    pub fleet: Traits,
+    /// Cluster mode: the watched cluster; None in direct mode.
     pub cluster: Option<Box<ClusterSession>>,
+    /// A wall-clock time and the tick time it was read at: conditions carry wall-clock times, ticks
+    /// monotonic ones.
+    pub(super) epoch: (Instant, SystemTime),
     /// Why writes are refused, when they are.
     pub(super) readonly_reason: String,
     pub(super) screen: Screen,
@@ -214,7 +220,9 @@ impl State {
             fan_out: false,
             rollout: Rollout::default(),
             config: BTreeMap::new(),
+            fleet: Traits::DIRECT,
             cluster: None,
+            epoch: (now, SystemTime::UNIX_EPOCH),
             readonly_reason: "started with --readonly".into(),
             screen: Screen::Nodes,
             history: Vec::new(),
@@ -309,8 +317,8 @@ impl State {
                     .flat_map(|s| s.set.references())
                     .filter(by(Screen::Sets)),
             ),
-            Pane::Targets => match &self.cluster {
-                // In cluster mode a set targets a pool, through its role label.
+            Pane::Targets => match self.cluster.as_ref().filter(|_| self.targets_pools()) {
+                // A set targets a pool, through its role label.
                 Some(session) => Box::new(session.view.pools.iter().map(|p| p.name())),
                 None => Box::new(self.nodes.iter().map(|n| n.name.as_str())),
             },
@@ -383,6 +391,22 @@ impl State {
     pub(super) fn selected_set_mut(&mut self) -> Option<&mut SetDraft> {
         let name = self.selected_set()?.set.name.clone();
         self.sets.iter_mut().find(|s| s.set.name == name)
+    }
+
+    /// Whether pinboard pulls (its engine: retries, cancels, fan-out, full nodes skipped), rather than the
+    /// nodes' own daemons.
+    pub fn pinboard_pulls(&self) -> bool {
+        self.fleet.puller == Puller::Pinboard
+    }
+
+    /// Whether a set targets pools (through its role label) rather than nodes.
+    pub fn targets_pools(&self) -> bool {
+        self.fleet.targets == Targets::Pools
+    }
+
+    /// The wall-clock time at tick time `now`.
+    pub fn wall(&self, now: Instant) -> SystemTime {
+        self.epoch.1 + now.saturating_duration_since(self.epoch.0)
     }
 
     /// Cluster mode: the set the Rollout screen follows, the one selected on the Sets screen if the cluster

@@ -1,6 +1,6 @@
 //! Glyph and word for every status pinboard shows; the tone picks the theme color.
 
-use crate::model::cluster::NodeSetState;
+use crate::model::machine_config::SetProgress;
 use crate::model::plan::Verdict;
 use crate::model::rollout::{ImageState, NodeState, PinMethod};
 
@@ -98,13 +98,13 @@ pub fn pin_method_label(method: Option<PinMethod>) -> &'static str {
 
 /// Where a node is with a set, in cluster mode. `slow` is the daemon's sync window ending while it still
 /// pulls: a warning, not a failure.
-pub fn set_state_status(state: &NodeSetState) -> Status {
+pub fn set_state_status(state: &SetProgress) -> Status {
     match state {
-        NodeSetState::Done => status("✓", "done", Tone::Ok),
-        NodeSetState::Progressing { .. } => status("↓", "pulling", Tone::Active),
-        NodeSetState::Waiting => status("·", "waiting", Tone::Idle),
-        NodeSetState::SlowButWorking { .. } => status("↻", "slow", Tone::Warn),
-        NodeSetState::Failed { .. } => status("✗", "failed", Tone::Error),
-        NodeSetState::Unknown => status("?", "unknown", Tone::Idle),
+        SetProgress::Done => status("✓", "done", Tone::Ok),
+        SetProgress::Progressing { .. } => status("↓", "pulling", Tone::Active),
+        SetProgress::Waiting => status("·", "waiting", Tone::Idle),
+        SetProgress::SlowButWorking { .. } => status("↻", "slow", Tone::Warn),
+        SetProgress::Failed { .. } => status("✗", "failed", Tone::Error),
+        SetProgress::Unknown => status("?", "unknown", Tone::Idle),
     }
 }

@@ -16,6 +16,7 @@ use super::state::{Mode, Pane, Screen, State};
 use super::svg::buffer_to_svg;
 use super::theme::Theme;
 use super::update::update;
+use crate::error::Failure;
 use crate::model::rollout::{Event, Rollout};
 use crate::model::units::human;
 
@@ -538,7 +539,7 @@ fn a_release_pull_spec_at_the_import_prompt_reads_the_release() {
     );
     update(
         &mut state,
-        Msg::ReleaseRead(Err("manifest not found".into())),
+        Msg::ReleaseRead(Err(Failure::bad_input("manifest not found"))),
     );
     assert!(screen_text(&state).contains("cannot read the release: manifest not found"));
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use pinboard::backend::blobs::{BlobCache, BlobError, CacheOptions, Endpoint};
 use pinboard::backend::registry::Registry;
-use pinboard::model::mirror::{Allowed, Source};
+use pinboard::model::served::{ServedDigests, Source};
 use sha2::Digest as _;
 use support::logs::LogCapture;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, PushedImage};
@@ -508,7 +508,7 @@ fn a_blob_corrupted_in_the_registry_is_refused_fetched_once_more_and_never_kept(
         ))
         .expect("inspect");
     let reference = format!("{}@{}", setup.source, setup.image.manifest_digest);
-    let allowed = Allowed::from_facts([(reference.as_str(), &facts[0].1)]);
+    let allowed = ServedDigests::from_facts([(reference.as_str(), &facts[0].1)]);
     let endpoint = rt
         .block_on(Endpoint::start(
             "127.0.0.1:0".parse().unwrap(),

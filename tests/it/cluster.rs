@@ -13,11 +13,12 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, PostParams};
-use pinboard::cluster::{Cluster, ClusterError, Watch, watch};
-use pinboard::model::cluster::{
-    ClusterView, Connection, Kind, NodeSetState, REQUEUE_TIMEOUT, ROLE_LABEL, pool_rollup,
+use pinboard::backend::openshift::{Cluster, ClusterError, Watch, watch};
+use pinboard::model::machine_config::{
+    ClusterView, Connection, Kind, REQUEUE_TIMEOUT, ROLE_LABEL, SetProgress, pool_rollup,
     pool_warning, pools_for_set,
 };
+use pinboard::model::readiness::SetState;
 use pinboard::model::set::{ImageSet, from_flags};
 use serde_json::{Value, json};
 use support::cluster::{
@@ -59,14 +60,14 @@ fn worker_set(name: &str, images: &[String]) -> ImageSet {
     set
 }
 
-fn states(view: &ClusterView, set: &str) -> Vec<(String, NodeSetState)> {
+fn states(view: &ClusterView, set: &str) -> Vec<(String, SetProgress)> {
     view.rollout(set, SystemTime::now())
 }
 
 fn words(view: &ClusterView, set: &str) -> Vec<String> {
     states(view, set)
         .iter()
-        .map(|(node, state)| format!("{node}={}", state.word()))
+        .map(|(node, state)| format!("{node}={}", SetState::from(state).word()))
         .collect()
 }
 
@@ -135,7 +136,7 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
             &format!("quay.io/pinboard/n1@sha256:{}", "a".repeat(64)),
             50
         ),
-        pinboard::model::cluster::Presence::Present
+        pinboard::model::machine_config::Presence::Present
     );
 
     // Apply: the set lands in the worker pool only.
@@ -190,18 +191,18 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
     .await;
     let rows = states(&view, "upgrade");
     assert!(
-        matches!(&rows[0].1, NodeSetState::Progressing { elapsed: Some(_) }),
+        matches!(&rows[0].1, SetProgress::Progressing { elapsed: Some(_) }),
         "{rows:?}"
     );
     assert_eq!(
         rows[1].1,
-        NodeSetState::Failed {
+        SetProgress::Failed {
             generation: 1,
             error: "exit status 125: no space left on device".into()
         }
     );
     assert!(
-        matches!(&rows[2].1, NodeSetState::SlowButWorking { elapsed: Some(_), message } if *message == requeue),
+        matches!(&rows[2].1, SetProgress::SlowButWorking { elapsed: Some(_), message } if *message == requeue),
         "{rows:?}"
     );
 
@@ -221,7 +222,7 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
         let worker = v.pools.iter().find(|p| p.name() == "worker");
         states(v, "upgrade")
             .iter()
-            .all(|(_, s)| *s == NodeSetState::Done)
+            .all(|(_, s)| *s == SetProgress::Done)
             && v.rollout("upgrade", SystemTime::now()).len() == 4
             && worker.and_then(pool_rollup) == Some((4, 4))
     })
@@ -241,7 +242,7 @@ async fn discovery_watch_and_a_rollout_played_by_the_daemon() {
             v.set("upgrade").is_some_and(|s| s.images().count() == 3)
                 && states(v, "upgrade")
                     .iter()
-                    .all(|(_, s)| *s == NodeSetState::Waiting)
+                    .all(|(_, s)| *s == SetProgress::Waiting)
         },
     )
     .await;

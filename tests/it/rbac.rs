@@ -21,9 +21,9 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
-use pinboard::cluster::pull_secret::PullSecret;
-use pinboard::cluster::{ClusterError, watch};
-use pinboard::model::cluster::{ClusterView, Connection, ROLE_LABEL};
+use pinboard::backend::openshift::pull_secret::PullSecret;
+use pinboard::backend::openshift::{ClusterError, watch};
+use pinboard::model::machine_config::{ClusterView, Connection, ROLE_LABEL};
 use pinboard::model::set::{ImageSet, from_flags};
 use serde_json::{Value, json};
 use support::cluster::{

@@ -23,7 +23,7 @@ use pinboard::model::image::{
     ANNOTATION_ESTARGZ_TOC, ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, ImageFacts, Layer, LazyFormat,
     Platform,
 };
-use pinboard::model::mirror::Source;
+use pinboard::model::served::Source;
 use serde_json::json;
 use sha2::Digest as _;
 

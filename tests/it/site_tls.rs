@@ -18,7 +18,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use futures::StreamExt;
 use pinboard::backend::credentials::Credentials;
-use pinboard::model::mirror::Source;
+use pinboard::model::served::Source;
 use serde_json::json;
 use sha2::Digest as _;
 use support::{

@@ -1,18 +1,24 @@
-//! The TUI in cluster mode against the lab's real kube-apiserver: its backend ([`ClusterUi`]) watching and
+//! The TUI in cluster mode against the lab's real kube-apiserver: its backend ([`Live`] on an OpenShift
+//! fleet) watching and
 //! writing, the state folding what it sends through the same `update` the terminal loop uses, and the
 //! screens drawn from that state. The tests play the machine-config daemon.
 
 use crate::support;
+use pinboard::fleet::Traits;
 
 use std::time::SystemTime;
 
-use pinboard::backend::registry::{Registry, RegistryOptions};
-use pinboard::cluster::Cluster;
-use pinboard::model::cluster::{ROLE_LABEL, lazy_config_name};
+use pinboard::backend::openshift::ConnectOptions;
+use pinboard::backend::registry::RegistryOptions;
+use pinboard::fleet::Fleet;
+use pinboard::fleet::machine_config::registry::RegistrySettings;
+use pinboard::fleet::machine_config::{MachineConfigFleet, MachineConfigSettings};
 use pinboard::model::image::Platform;
+use pinboard::model::machine_config::{ROLE_LABEL, lazy_config_name};
 use pinboard::model::plan::{Limits, SpaceSource};
+use pinboard::model::release_payload::SetOptions;
 use pinboard::model::set::from_flags;
-use pinboard::ui::live_cluster::ClusterUi;
+use pinboard::ui::live::Live;
 use pinboard::ui::msg::{Cmd, Msg};
 use pinboard::ui::render::{buffer_text, render_to_buffer};
 use pinboard::ui::run::UiBackend;
@@ -27,29 +33,42 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 /// A TUI session: the state, the backend, and the channel the backend answers on.
 struct Session {
     state: State,
-    backend: ClusterUi,
+    backend: Live,
     tx: UnboundedSender<Msg>,
     rx: UnboundedReceiver<Msg>,
     notices: Vec<String>,
 }
 
 impl Session {
-    fn new(cluster: Cluster, registry_host: String) -> Session {
+    async fn new(kubeconfig: &std::path::Path, registry_host: String) -> Session {
         let theme = Theme::named("monochrome").unwrap();
         let mut state = State::new("cluster: lab", theme, false, std::time::Instant::now());
-        state.start_cluster(None, SystemTime::now());
-        let registry = Registry::new(RegistryOptions {
-            insecure_registries: vec![registry_host],
-            ..RegistryOptions::default()
-        })
-        .unwrap();
-        let store = "/var/lib/stargz-store/store:ref".to_owned();
-        let backend = ClusterUi::new(
-            cluster,
-            registry,
+        state.join_fleet(Traits::MACHINE_CONFIG, None, SystemTime::now());
+        let fleet = MachineConfigFleet::new(MachineConfigSettings {
+            connect: ConnectOptions {
+                kubeconfig: Some(kubeconfig.to_owned()),
+                context: None,
+            },
+            registry: RegistrySettings {
+                options: RegistryOptions {
+                    insecure_registries: vec![registry_host],
+                    ..RegistryOptions::default()
+                },
+                no_pull_secret: true,
+            },
+            platform: Platform::host(),
+            limits: Limits::default(),
+            cache_dir: None,
+            verify: None,
+            lazy_store: "/var/lib/stargz-store/store:ref".to_owned(),
+            release: SetOptions::default(),
+        });
+        fleet.connect().await.expect("the lab's cluster answers");
+        let backend = Live::new(
+            std::sync::Arc::new(fleet),
+            Vec::new(),
+            SetOptions::default(),
             Platform::host(),
-            Limits::default(),
-            store,
         );
         let (tx, rx) = unbounded_channel();
         let mut session = Session {
@@ -140,7 +159,7 @@ async fn the_tui_follows_and_writes_the_cluster() {
             pushed.reference(&host)
         })
         .collect();
-    let mut tui = Session::new(cluster.clone(), host);
+    let mut tui = Session::new(apiserver.kubeconfig(), host).await;
     tui.until("three nodes, synced", |s| {
         s.state.nodes.len() == 3 && s.screen().contains("API synced")
     })
@@ -305,7 +324,7 @@ async fn the_tui_follows_and_writes_the_cluster() {
         false,
         std::time::Instant::now(),
     );
-    read_only.start_cluster(denied, SystemTime::now());
+    read_only.join_fleet(Traits::MACHINE_CONFIG, denied, SystemTime::now());
     assert!(read_only.readonly);
     let shown = render_to_buffer(&read_only, 120, 10);
     let text: String = shown.content().iter().map(|c| c.symbol()).collect();

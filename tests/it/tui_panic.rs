@@ -9,7 +9,7 @@ use crate::support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pinboard::model::node_info::NodeInfo;
+use pinboard::model::node_summary::NodeSummary;
 use pinboard::ui::msg::{Cmd, Msg};
 use pinboard::ui::run::{UiBackend, run};
 use pinboard::ui::state::State;
@@ -41,10 +41,10 @@ fn child_tui_that_panics() {
     }
     let theme = Theme::named("monochrome").unwrap();
     let mut state = State::new("panic test", theme, false, Instant::now());
-    state.nodes = vec![NodeInfo {
+    state.nodes = vec![NodeSummary {
         name: "n1".into(),
         reachable: Some(true),
-        ..NodeInfo::default()
+        ..NodeSummary::default()
     }];
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

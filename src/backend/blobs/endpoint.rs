@@ -34,7 +34,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
-use crate::model::mirror::{Allowed, Content, Source};
+use crate::model::served::{Content, ServedDigests, Source};
 
 type Body = UnsyncBoxBody<Bytes, BlobError>;
 
@@ -65,7 +65,7 @@ pub struct Endpoint {
 
 struct Shared {
     cache: Arc<BlobCache>,
-    allowed: Allowed,
+    allowed: ServedDigests,
     served_bytes: AtomicU64,
     requests: AtomicU64,
     refused: AtomicU64,
@@ -76,7 +76,7 @@ impl Endpoint {
     pub async fn start(
         listen: SocketAddr,
         cache: Arc<BlobCache>,
-        allowed: Allowed,
+        allowed: ServedDigests,
     ) -> std::io::Result<Endpoint> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;

@@ -4,7 +4,7 @@
 //! - [`cache`]: [`BlobCache`], content-addressed on disk; one download per digest shared by every reader,
 //!   resumed with `Range` after a drop, verified before it counts as complete, bounded by `--cache-max`.
 //! - [`endpoint`]: [`Endpoint`], the pull side of the OCI distribution API over the cache, for the digests
-//!   of the sets only ([`crate::model::mirror::Allowed`]).
+//!   of the sets only ([`crate::model::served::ServedDigests`]).
 //!
 //! `pinboard mirror` serves the endpoint on its own; nodes reach it as a registry mirror.
 

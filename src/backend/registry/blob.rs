@@ -13,8 +13,8 @@ use super::error::{
 };
 use super::reference::parse_reference;
 use crate::backend::distribution::{HttpError, retry_after};
-use crate::model::mirror::Source;
 use crate::model::reference::ImageRef;
+use crate::model::served::Source;
 
 /// One blob response under way: its body from byte `start` of the blob.
 pub struct BlobBody {

@@ -33,9 +33,9 @@ use crate::backend::certs::CertDirs;
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::distribution::{Distribution, HttpError};
 use crate::model::image::{ImageFacts, Platform};
-use crate::model::mirror::Source;
 use crate::model::mirror_rules::{Candidate, MirrorRules};
 use crate::model::reference::ImageRef;
+use crate::model::served::Source;
 
 mod access;
 mod blob;

@@ -10,10 +10,10 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
-use crate::model::cluster::{
-    DEGRADED, NodeSetState, PROGRESSING, PinnedImageSet, node_set_state, pool_rollup, pools_for_set,
+use crate::model::cluster_session::ClusterSession;
+use crate::model::machine_config::{
+    DEGRADED, PROGRESSING, PinnedImageSet, SetProgress, node_set_state, pool_rollup, pools_for_set,
 };
-use crate::ui::cluster::ClusterSession;
 use crate::ui::state::{Pane, Screen, State, matches};
 use crate::ui::status::{Tone, set_state_status};
 use crate::ui::widgets::{
@@ -37,12 +37,12 @@ fn node_state(
     set: &PinnedImageSet,
     node: &str,
     state: &State,
-) -> NodeSetState {
-    let wall = session.wall(state.now);
+) -> SetProgress {
+    let wall = state.wall(state.now);
     session
         .view
         .machine_config_node(node)
-        .map_or(NodeSetState::Unknown, |mcn| {
+        .map_or(SetProgress::Unknown, |mcn| {
             node_set_state(mcn, set.name(), set.generation(), wall)
         })
 }
@@ -94,14 +94,14 @@ pub(in crate::ui) fn draw(state: &State, session: &ClusterSession, frame: &mut F
                 .and_then(|m| m.set_status(set.name()));
             let generation = |g: Option<i64>| Line::from(g.map_or("-".into(), |g| g.to_string()));
             let (elapsed, message) = match &node_state {
-                NodeSetState::Progressing { elapsed } => (*elapsed, String::new()),
-                NodeSetState::SlowButWorking { elapsed, message } => {
+                SetProgress::Progressing { elapsed } => (*elapsed, String::new()),
+                SetProgress::SlowButWorking { elapsed, message } => {
                     (*elapsed, format!("still pulling: {message}"))
                 }
-                NodeSetState::Failed { error, .. } => (None, error.clone()),
-                NodeSetState::Waiting => (None, "has not seen this generation yet".into()),
-                NodeSetState::Unknown => (None, "no MachineConfigNode reports on it".into()),
-                NodeSetState::Done => (None, String::new()),
+                SetProgress::Failed { error, .. } => (None, error.clone()),
+                SetProgress::Waiting => (None, "has not seen this generation yet".into()),
+                SetProgress::Unknown => (None, "no MachineConfigNode reports on it".into()),
+                SetProgress::Done => (None, String::new()),
             };
             [
                 Line::from(node.clone()),
@@ -178,7 +178,7 @@ fn judged(
     set: &PinnedImageSet,
     node: &str,
 ) -> Vec<Line<'static>> {
-    let Some(readiness) = session.readiness(set.name(), node, state.now) else {
+    let Some(readiness) = session.node_readiness(set.name(), node, state.wall(state.now)) else {
         return Vec::new();
     };
     let theme = &state.theme;

@@ -3,7 +3,7 @@
 //! Keys, modes and moving about are handled here; what the keys set off is in `sets` (composing sets),
 //! `rollout` (surveying, applying, unpinning, retrying) and `cluster` (the watched cluster).
 
-mod cluster;
+mod machine_config;
 mod rollout;
 mod sets;
 
@@ -116,7 +116,7 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             Vec::new()
         }
         Msg::Cluster(change) => {
-            cluster::apply(state, change);
+            machine_config::apply(state, change);
             Vec::new()
         }
         Msg::Kubelets(read) => {

@@ -53,7 +53,7 @@ pub(super) fn confirm(state: &mut State, unpin: bool) {
         return;
     }
     if draft.targets.is_empty() {
-        let what = if state.cluster.is_some() {
+        let what = if state.targets_pools() {
             "a pool"
         } else {
             "some"
@@ -69,7 +69,7 @@ pub(super) fn confirm(state: &mut State, unpin: bool) {
         .iter()
         .flat_map(|s| &s.nodes)
         // The engine skips them; in cluster mode the daemons decide (the Plan shows the risk).
-        .filter(|n| state.cluster.is_none() && !unpin && n.verdict == Verdict::NoSpace)
+        .filter(|n| state.pinboard_pulls() && !unpin && n.verdict == Verdict::NoSpace)
         .filter(|n| draft.targets.contains(&n.node))
         .map(|n| n.node.clone())
         .collect();
@@ -78,13 +78,13 @@ pub(super) fn confirm(state: &mut State, unpin: bool) {
         nodes,
         skipped,
         unpin,
-        fan_out: state.fan_out && state.cluster.is_none() && !unpin,
+        fan_out: state.fan_out && state.pinboard_pulls() && !unpin,
     });
 }
 
 /// `f`: fan-out on or off for the next apply, saying what it changes on the link.
 pub(super) fn toggle_fan_out(state: &mut State) {
-    if state.cluster.is_some() {
+    if !state.pinboard_pulls() {
         state.say(
             "fan-out is for direct mode: in a cluster the machine-config daemons pull; serve them with \
              `pinboard mirror` and an ImageDigestMirrorSet",
@@ -143,6 +143,12 @@ pub(super) fn retry_or_cancel(state: &mut State, action: Action) -> Vec<Cmd> {
         "cancel"
     };
     if !state.writable(what) {
+        return Vec::new();
+    }
+    if !state.pinboard_pulls() {
+        state.say(
+            "in cluster mode the machine-config daemons pull: there is no pull to retry or cancel from here",
+        );
         return Vec::new();
     }
     let Some((node_name, node)) = state.selected_rollout_node() else {

@@ -149,8 +149,8 @@ pub(super) fn toggle_target(state: &mut State) {
     let Some(node) = state.selected(Pane::Targets).map(str::to_string) else {
         return;
     };
-    if state.cluster.is_some() {
-        return super::cluster::toggle_pool(state, &node);
+    if state.targets_pools() {
+        return super::machine_config::toggle_pool(state, &node);
     }
     if let Some(draft) = state.selected_set_mut()
         && !draft.targets.remove(&node)

@@ -12,8 +12,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::wait::{await_condition, conditions};
-use pinboard::cluster::{Cluster, ClusterError, ConnectOptions, connect};
-use pinboard::model::cluster::{DEGRADED, PROGRESSING, ROLE_LABEL, pool_label};
+use pinboard::backend::openshift::{Cluster, ClusterError, ConnectOptions, connect};
+use pinboard::model::machine_config::{DEGRADED, PROGRESSING, ROLE_LABEL, pool_label};
 use serde_json::{Value, json};
 
 use super::{Lab, LabConfig};

@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 
 use super::{BlobCache, BlobError, CHUNK, Progress, State};
-use crate::model::mirror::Source;
+use crate::model::served::Source;
 
 const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);

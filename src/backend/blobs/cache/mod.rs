@@ -29,7 +29,7 @@ use nix::fcntl::{Flock, FlockArg};
 use tokio::sync::watch;
 
 use crate::backend::registry::{ManifestBytes, Registry, RegistryError};
-use crate::model::mirror::Source;
+use crate::model::served::Source;
 
 mod download;
 mod reader;

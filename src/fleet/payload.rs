@@ -1,17 +1,17 @@
 //! A release payload resolved into PinnedImageSets: the pull spec resolved once to a digest (for a
 //! multi-arch payload, the index's; its entry for the nodes' platform is what is read), the payload's last
-//! layer read as it streams in and no further ([`crate::backend::release`]), and its components made sets
-//! ([`crate::model::release`]). The one path behind `pinboard release` and every `--release`.
+//! layer read as it streams in and no further ([`crate::backend::payload_layer`]), and its components made sets
+//! ([`crate::model::release_payload`]). The one path behind `pinboard release` and every `--release`.
 
 use futures::StreamExt as _;
 
+use crate::backend::payload_layer::read_payload_layer;
 use crate::backend::registry::{Registry, RegistryError};
-use crate::backend::release::read_payload_layer;
 use crate::error::Failure;
 use crate::model::image::Platform;
-use crate::model::mirror::Source;
 use crate::model::reference::ImageRef;
-use crate::model::release::{Release, ReleaseSets, SetOptions, release_sets};
+use crate::model::release_payload::{Release, ReleaseSets, SetOptions, release_sets};
+use crate::model::served::Source;
 
 /// A release as read from its payload.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,10 +13,10 @@ use futures::StreamExt as _;
 use serde::Deserialize;
 
 use super::Cluster;
-use crate::backend::node::NodeObservation;
-use crate::model::cluster::{
-    KUBELET_DEFAULT_GC_HIGH, KUBELET_DEFAULT_GC_LOW, KUBELET_DEFAULT_MAX_IMAGES, KubeletSettings,
-    NodeView, Presence,
+use crate::backend::node::SurveyedNode;
+use crate::model::machine_config::{
+    ClusterNode, KUBELET_DEFAULT_GC_HIGH, KUBELET_DEFAULT_GC_LOW, KUBELET_DEFAULT_MAX_IMAGES,
+    KubeletSettings, Presence,
 };
 use crate::model::plan::{NodeFacts, SpaceSource};
 
@@ -146,7 +146,7 @@ impl Cluster {
     }
 
     /// Each node observed for the planner, with the references it must hold, in the order given.
-    pub async fn observe(&self, nodes: &[(&NodeView, Vec<String>)]) -> Vec<NodeObservation> {
+    pub async fn observe(&self, nodes: &[(&ClusterNode, Vec<String>)]) -> Vec<SurveyedNode> {
         // Owned names: a stream of futures borrowing `nodes` is not Send-general enough for tokio::spawn.
         let names: Vec<String> = nodes.iter().map(|(node, _)| node.name.clone()).collect();
         let asked: Vec<(Option<FsStats>, KubeletSettings)> = futures::stream::iter(names)
@@ -177,11 +177,11 @@ impl Cluster {
 /// `node`'s facts and the presence of `references`, with the space figures of `image_fs` when there is one
 /// and what its kubelet's configuration says.
 fn observation(
-    node: &NodeView,
+    node: &ClusterNode,
     references: &[String],
     image_fs: Option<FsStats>,
     kubelet: KubeletSettings,
-) -> NodeObservation {
+) -> SurveyedNode {
     let max_images = kubelet.node_status_max_images;
     let mut facts = NodeFacts {
         name: node.name.clone(),
@@ -219,7 +219,7 @@ fn observation(
             (r.clone(), known)
         })
         .collect::<HashMap<_, _>>();
-    NodeObservation { facts, presence }
+    SurveyedNode { facts, presence }
 }
 
 #[cfg(test)]
@@ -278,13 +278,13 @@ mod tests {
 
     #[test]
     fn without_a_summary_the_allocatable_figures_are_used_and_labelled() {
-        let mut node = NodeView {
+        let mut node = ClusterNode {
             name: "n1".into(),
             allocatable_ephemeral: Some(90 << 30),
             capacity_ephemeral: Some(100 << 30),
             images: ["quay.io/a@sha256:1".to_string()].into(),
             image_entries: 1,
-            ..NodeView::default()
+            ..ClusterNode::default()
         };
         let refs = [
             "quay.io/a@sha256:1".to_string(),

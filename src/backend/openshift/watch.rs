@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{Cluster, typed};
-use crate::model::cluster::{ClusterUpdate, Connection, Kind, NodeView};
+use crate::model::machine_config::{ClusterNode, ClusterUpdate, Connection, Kind};
 
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(30);
@@ -82,7 +82,12 @@ pub fn watch(cluster: &Cluster) -> Watch {
             Api::<Node>::all(client.clone()),
             Writer::default(),
             |nodes: &Snapshot<Node>| {
-                ClusterUpdate::Nodes(nodes.iter().map(|n| NodeView::from(n.as_ref())).collect())
+                ClusterUpdate::Nodes(
+                    nodes
+                        .iter()
+                        .map(|n| ClusterNode::from(n.as_ref()))
+                        .collect(),
+                )
             },
             tx,
         ),
@@ -218,7 +223,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::cluster::PinnedImageSet;
+    use crate::model::machine_config::PinnedImageSet;
 
     fn set(name: &str, version: &str, generation: i64) -> Arc<DynamicObject> {
         let object = serde_json::json!({

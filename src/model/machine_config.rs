@@ -1,5 +1,5 @@
 //! The cluster view: what pinboard reads from an OpenShift cluster's machine-config objects, and what it
-//! makes of it. Pure: the watchers in [`crate::cluster`] feed [`ClusterUpdate`]s into a [`ClusterView`].
+//! makes of it. Pure: the watchers in [`crate::backend::openshift`] feed [`ClusterUpdate`]s into a [`ClusterView`].
 //!
 //! The typed views deserialize the whole object (`metadata`, `spec`, `status`) as JSON and keep only the
 //! fields pinboard needs; every field may be missing, so an older or newer cluster never fails to parse.
@@ -317,7 +317,7 @@ impl ContainerRuntimeConfig {
 
 /// What pinboard reads from a Node.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct NodeView {
+pub struct ClusterNode {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     /// `status.nodeInfo.containerRuntimeVersion`: `cri-o://1.33.2`.
@@ -337,8 +337,8 @@ pub struct NodeView {
     pub kubelet_version: Option<String>,
 }
 
-impl From<&Node> for NodeView {
-    fn from(node: &Node) -> NodeView {
+impl From<&Node> for ClusterNode {
+    fn from(node: &Node) -> ClusterNode {
         let status = node.status.as_ref();
         let condition = |type_: &str| {
             status?
@@ -349,7 +349,7 @@ impl From<&Node> for NodeView {
                 .map(|c| c.status == "True")
         };
         let images = status.and_then(|s| s.images.as_ref());
-        NodeView {
+        ClusterNode {
             name: node.metadata.name.clone().unwrap_or_default(),
             labels: node.metadata.labels.clone().unwrap_or_default(),
             runtime: status
@@ -436,7 +436,7 @@ pub enum ImageList {
     Complete,
 }
 
-impl NodeView {
+impl ClusterNode {
     /// The node's image list judged against its kubelet's `nodeStatusMaxImages` (-1: no limit).
     pub fn image_list(&self, max_images: i64) -> ImageList {
         let entries = i64::try_from(self.image_entries).unwrap_or(i64::MAX);
@@ -498,9 +498,9 @@ impl NodeView {
         set_name: &str,
         generation: i64,
         now: SystemTime,
-    ) -> NodeSetState {
+    ) -> SetProgress {
         view.machine_config_node(&self.name)
-            .map_or(NodeSetState::Unknown, |mcn| {
+            .map_or(SetProgress::Unknown, |mcn| {
                 node_set_state(mcn, set_name, generation, now)
             })
     }
@@ -575,7 +575,7 @@ pub fn pool_rollup(pool: &MachineConfigPool) -> Option<(i64, i64)> {
 /// Where one node is with one version of one set. `elapsed` is how long the node has been in that state
 /// (from the condition's `lastTransitionTime`), when the daemon says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NodeSetState {
+pub enum SetProgress {
     Done,
     Progressing {
         elapsed: Option<Duration>,
@@ -595,33 +595,19 @@ pub enum NodeSetState {
     Unknown,
 }
 
-impl NodeSetState {
-    /// One word for tables.
-    pub fn word(&self) -> &'static str {
-        match self {
-            NodeSetState::Done => "done",
-            NodeSetState::Progressing { .. } => "pulling",
-            NodeSetState::Waiting => "waiting",
-            NodeSetState::Failed { .. } => "failed",
-            NodeSetState::SlowButWorking { .. } => "slow",
-            NodeSetState::Unknown => "unknown",
-        }
-    }
-}
-
 /// Where the node behind `mcn` is with generation `set_generation` of set `set_name`, at `now`.
 pub fn node_set_state(
     mcn: &MachineConfigNode,
     set_name: &str,
     set_generation: i64,
     now: SystemTime,
-) -> NodeSetState {
+) -> SetProgress {
     let Some(entry) = mcn.set_status(set_name) else {
-        return NodeSetState::Waiting;
+        return SetProgress::Waiting;
     };
     let desired = entry.desired_generation.unwrap_or(0);
     if desired == 0 || desired < set_generation {
-        return NodeSetState::Waiting;
+        return SetProgress::Waiting;
     }
     let elapsed = |condition: &Condition| {
         condition
@@ -633,7 +619,7 @@ pub fn node_set_state(
     // A failure of this generation counts while the node is Degraded; once it is not, the error is history.
     let failed_now = entry.last_failed_generation == Some(desired) && degraded.is_some();
     if entry.current_generation == Some(desired) && progressing.is_none() && !failed_now {
-        return NodeSetState::Done;
+        return SetProgress::Done;
     }
     let degraded_message = degraded.and_then(|c| c.message.clone());
     let error = failed_now
@@ -645,18 +631,18 @@ pub fn node_set_state(
         .flatten()
         .find(|text| text.contains(REQUEUE_TIMEOUT));
     if let Some(message) = requeue {
-        return NodeSetState::SlowButWorking {
+        return SetProgress::SlowButWorking {
             elapsed: degraded.or(progressing).and_then(elapsed),
             message: message.to_owned(),
         };
     }
     if let Some(error) = error {
-        return NodeSetState::Failed {
+        return SetProgress::Failed {
             generation: desired,
             error,
         };
     }
-    NodeSetState::Progressing {
+    SetProgress::Progressing {
         elapsed: progressing.and_then(elapsed),
     }
 }
@@ -695,7 +681,7 @@ pub enum Connection {
 /// One change from the watchers: a kind's complete current list, or a watch's new connection state.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClusterUpdate {
-    Nodes(Vec<NodeView>),
+    Nodes(Vec<ClusterNode>),
     Pools(Vec<MachineConfigPool>),
     MachineConfigNodes(Vec<MachineConfigNode>),
     Sets(Vec<PinnedImageSet>),
@@ -707,7 +693,7 @@ pub enum ClusterUpdate {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterView {
     /// By name; replaced only through [`ClusterView::apply`], which keeps the index current.
-    nodes: Vec<NodeView>,
+    nodes: Vec<ClusterNode>,
     node_index: HashMap<String, usize>,
     pub pools: Vec<MachineConfigPool>,
     machine_config_nodes: Vec<MachineConfigNode>,
@@ -743,7 +729,7 @@ impl ClusterView {
         self.sets.iter().find(|s| s.name() == name)
     }
 
-    pub fn nodes(&self) -> &[NodeView] {
+    pub fn nodes(&self) -> &[ClusterNode] {
         &self.nodes
     }
 
@@ -751,7 +737,7 @@ impl ClusterView {
         &self.machine_config_nodes
     }
 
-    pub fn node(&self, name: &str) -> Option<&NodeView> {
+    pub fn node(&self, name: &str) -> Option<&ClusterNode> {
         self.node_index.get(name).map(|&i| &self.nodes[i])
     }
 
@@ -817,7 +803,7 @@ impl ClusterView {
 
     /// Per node of every pool the set lands in, where that node is with the set's current generation, by
     /// node name. Empty when the set is unknown. See [`ClusterView::rollout_of`].
-    pub fn rollout(&self, set_name: &str, now: SystemTime) -> Vec<(String, NodeSetState)> {
+    pub fn rollout(&self, set_name: &str, now: SystemTime) -> Vec<(String, SetProgress)> {
         let Some(set) = self.set(set_name) else {
             return Vec::new();
         };
@@ -827,18 +813,18 @@ impl ClusterView {
     /// Per node of every pool a set named `set_name` with `labels` lands in, where that node is with
     /// generation `generation` of it, by node name. A node is in the pool its MachineConfigNode's
     /// `spec.pool` names (its primary pool); a node without one is in every pool whose `nodeSelector`
-    /// matches it, and [`NodeSetState::Unknown`].
+    /// matches it, and [`SetProgress::Unknown`].
     pub fn rollout_of(
         &self,
         set_name: &str,
         labels: &BTreeMap<String, String>,
         generation: i64,
         now: SystemTime,
-    ) -> Vec<(String, NodeSetState)> {
+    ) -> Vec<(String, SetProgress)> {
         self.members(labels)
             .into_iter()
             .map(|(node, mcn)| {
-                let state = mcn.map_or(NodeSetState::Unknown, |mcn| {
+                let state = mcn.map_or(SetProgress::Unknown, |mcn| {
                     node_set_state(mcn, set_name, generation, now)
                 });
                 (node.to_owned(), state)
@@ -865,7 +851,7 @@ impl ClusterView {
             .iter()
             .filter(|mcn| pools.contains(&mcn.spec.pool.name))
             .map(|mcn| (mcn.node_name(), Some(mcn)));
-        let in_pool = |node: &NodeView| {
+        let in_pool = |node: &ClusterNode| {
             self.pools.iter().any(|pool| {
                 pools.iter().any(|name| name == pool.name())
                     && selector_matches(pool.spec.node_selector.as_ref(), &node.labels)
@@ -1078,31 +1064,31 @@ mod tests {
         };
         let state = |m: &MachineConfigNode| node_set_state(m, "s", 2, at(90));
         let no_status: MachineConfigNode = from(json!({"metadata": {"name": "n1"}}));
-        assert_eq!(state(&no_status), NodeSetState::Waiting);
+        assert_eq!(state(&no_status), SetProgress::Waiting);
         assert_eq!(
             state(&mcn(json!([]), conditions(false, None))),
-            NodeSetState::Waiting
+            SetProgress::Waiting
         );
         assert_eq!(
             state(&mcn(entry(1, Some(1), None), conditions(false, None))),
-            NodeSetState::Waiting
+            SetProgress::Waiting
         );
         assert_eq!(
             state(&mcn(entry(2, Some(1), None), conditions(true, None))),
-            NodeSetState::Progressing {
+            SetProgress::Progressing {
                 elapsed: Some(Duration::from_secs(90))
             }
         );
         assert_eq!(
             state(&mcn(entry(2, Some(2), None), conditions(false, None))),
-            NodeSetState::Done
+            SetProgress::Done
         );
         assert_eq!(
             state(&mcn(
                 entry(2, None, Some((2, "exit status 125: no space"))),
                 conditions(false, Some("One or more"))
             )),
-            NodeSetState::Failed {
+            SetProgress::Failed {
                 generation: 2,
                 error: "exit status 125: no space".into()
             }
@@ -1113,7 +1099,7 @@ mod tests {
                 entry(2, Some(1), Some((2, &requeue))),
                 conditions(true, Some("One or more"))
             )),
-            NodeSetState::SlowButWorking {
+            SetProgress::SlowButWorking {
                 elapsed: Some(Duration::from_secs(90)),
                 message: requeue.clone()
             }
@@ -1124,7 +1110,7 @@ mod tests {
                 entry(2, Some(1), None),
                 conditions(false, Some(&requeue))
             )),
-            NodeSetState::SlowButWorking { .. }
+            SetProgress::SlowButWorking { .. }
         ));
         // An old failure, no longer degraded, then success.
         assert_eq!(
@@ -1132,7 +1118,7 @@ mod tests {
                 entry(2, Some(2), Some((2, "boom"))),
                 conditions(false, None)
             )),
-            NodeSetState::Done
+            SetProgress::Done
         );
     }
 
@@ -1145,7 +1131,7 @@ mod tests {
         }}));
         assert_eq!(
             node_set_state(&m, "s", 1, at(0)),
-            NodeSetState::Failed {
+            SetProgress::Failed {
                 generation: 1,
                 error: "a; b".into()
             }
@@ -1159,7 +1145,7 @@ mod tests {
         let mut images: Vec<_> = (0..KUBELET_DEFAULT_MAX_IMAGES)
             .map(|i| json!({"names": [format!("quay.io/x/i{i}@sha256:{i}")], "sizeBytes": 1}))
             .collect();
-        let node = |images: &[serde_json::Value]| -> NodeView {
+        let node = |images: &[serde_json::Value]| -> ClusterNode {
             let node: Node = from(json!({
                 "metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/worker": ""}},
                 "status": {
@@ -1168,7 +1154,7 @@ mod tests {
                     "images": images,
                 },
             }));
-            NodeView::from(&node)
+            ClusterNode::from(&node)
         };
         let full = node(&images);
         assert_eq!(full.ready, Some(true));
@@ -1186,7 +1172,7 @@ mod tests {
         assert_eq!(full.presence(other, -1), Presence::Absent);
         images.pop();
         assert_eq!(node(&images).presence(other, 50), Presence::Absent);
-        let bare = NodeView::from(&Node::default());
+        let bare = ClusterNode::from(&Node::default());
         assert_eq!((bare.ready, bare.image_entries), (None, 0));
         // An empty list proves nothing, whatever the limit.
         assert_eq!(bare.image_list(50), ImageList::Empty);
@@ -1196,9 +1182,9 @@ mod tests {
     #[test]
     fn kubelets_from_1_29_and_the_backports_keep_pinned_images_from_gc() {
         let honours = |version: &str| {
-            NodeView {
+            ClusterNode {
                 kubelet_version: Some(version.into()),
-                ..NodeView::default()
+                ..ClusterNode::default()
             }
             .kubelet_honours_pins()
         };
@@ -1218,7 +1204,7 @@ mod tests {
             assert_eq!(honours(no), Some(false), "{no}");
         }
         assert_eq!(honours("unknown"), None);
-        assert_eq!(NodeView::default().kubelet_honours_pins(), None);
+        assert_eq!(ClusterNode::default().kubelet_honours_pins(), None);
     }
 
     #[test]
@@ -1245,10 +1231,10 @@ mod tests {
             "nodeSelector": {"matchLabels": {"node-role.kubernetes.io/worker": ""}},
         }}));
         view.apply(ClusterUpdate::Pools(vec![worker]));
-        let node = |name: &str, role: &str| NodeView {
+        let node = |name: &str, role: &str| ClusterNode {
             name: name.into(),
             labels: labels(&[(&format!("node-role.kubernetes.io/{role}"), "")]),
-            ..NodeView::default()
+            ..ClusterNode::default()
         };
         view.apply(ClusterUpdate::Nodes(vec![
             node("n1", "worker"),
@@ -1271,8 +1257,8 @@ mod tests {
         assert_eq!(
             view.rollout("s", at(0)),
             [
-                ("n1".to_owned(), NodeSetState::Done),
-                ("n5".to_owned(), NodeSetState::Unknown)
+                ("n1".to_owned(), SetProgress::Done),
+                ("n5".to_owned(), SetProgress::Unknown)
             ]
         );
         assert!(view.rollout("missing", at(0)).is_empty());

@@ -8,7 +8,7 @@ use kube::core::DynamicObject;
 use serde_json::json;
 
 use super::{Cluster, ClusterError, typed};
-use crate::model::cluster::{PinnedImageSet, lazy_config_name, pool_label};
+use crate::model::machine_config::{PinnedImageSet, lazy_config_name, pool_label};
 use crate::model::set::API_GROUP;
 use crate::model::set::ImageSet;
 

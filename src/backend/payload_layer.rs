@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
-use crate::model::release::{IMAGE_REFERENCES, RELEASE_METADATA};
+use crate::model::release_payload::{IMAGE_REFERENCES, RELEASE_METADATA};
 
 /// The two files a release payload's last layer starts with.
 #[derive(Clone, Debug, PartialEq, Eq)]

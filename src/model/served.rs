@@ -1,6 +1,6 @@
 //! What a pull-through mirror of image sets may serve, and for which source repository a request is.
 //!
-//! [`Allowed`] lists, per source repository, the digests of the sets' images: each reference's index (if it
+//! [`ServedDigests`] lists, per source repository, the digests of the sets' images: each reference's index (if it
 //! names one), the platform manifest, the config and the layers, with their sizes. The endpoint answers
 //! only these: anything else is 404, so it never becomes an open proxy to private images. Tags are never
 //! listed: sets are digest-only.
@@ -47,15 +47,17 @@ pub enum Content {
 
 /// The digests a mirror may serve, per source repository.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Allowed {
+pub struct ServedDigests {
     repos: BTreeMap<Source, BTreeMap<String, Content>>,
 }
 
-impl Allowed {
+impl ServedDigests {
     /// Everything the images need, from their facts (reference → facts for the nodes' platform). A reference
     /// that cannot be parsed is skipped: the sets were validated before they were surveyed.
-    pub fn from_facts<'a>(facts: impl IntoIterator<Item = (&'a str, &'a ImageFacts)>) -> Allowed {
-        let mut allowed = Allowed::default();
+    pub fn from_facts<'a>(
+        facts: impl IntoIterator<Item = (&'a str, &'a ImageFacts)>,
+    ) -> ServedDigests {
+        let mut allowed = ServedDigests::default();
         for (reference, facts) in facts {
             let Ok(source) = Source::of(reference) else {
                 continue;
@@ -190,7 +192,7 @@ mod tests {
         let db = facts(4, None, 5, &[(10, 1000), (12, 3000)]);
         let web_ref = format!("quay.io/acme/web@{}", digest(2));
         let db_ref = format!("127.0.0.1:5000/db@{}", digest(4));
-        let allowed = Allowed::from_facts([(web_ref.as_str(), &web), (db_ref.as_str(), &db)]);
+        let allowed = ServedDigests::from_facts([(web_ref.as_str(), &web), (db_ref.as_str(), &db)]);
 
         let web_source = source("quay.io/acme/web");
         assert_eq!(
@@ -236,7 +238,8 @@ mod tests {
         let hub = facts(4, None, 5, &[(11, 1)]);
         let app_ref = format!("127.0.0.1:5000/team/app@{}", digest(1));
         let hub_ref = format!("docker.io/library/nginx@{}", digest(4));
-        let allowed = Allowed::from_facts([(app_ref.as_str(), &app), (hub_ref.as_str(), &hub)]);
+        let allowed =
+            ServedDigests::from_facts([(app_ref.as_str(), &app), (hub_ref.as_str(), &hub)]);
 
         // containerd: `?ns=<registry>` and the repository as the path.
         assert_eq!(

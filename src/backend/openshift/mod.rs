@@ -1,9 +1,10 @@
-//! Cluster mode: an OpenShift cluster's machine-config objects, reached through a kubeconfig.
+//! OpenShift's API: its machine-config objects, its pull secret and its mirror sets, reached through a
+//! kubeconfig.
 //!
 //! [`connect`] builds a client (`--kubeconfig`, `--context`, `KUBECONFIG`, `~/.kube/config`, or in-cluster),
 //! [`Cluster::discover`] finds which versions of the machine-config kinds the cluster serves (`v1`, else
 //! `v1alpha1`) and tells a plain Kubernetes cluster plainly, [`watch`] keeps a
-//! [`ClusterView`](crate::model::cluster::ClusterView) current without polling, and [`Cluster::apply_set`] /
+//! [`ClusterView`](crate::model::machine_config::ClusterView) current without polling, and [`Cluster::apply_set`] /
 //! [`Cluster::delete_set`] write PinnedImageSets with server-side apply (field manager `pinboard`),
 //! [`Cluster::observe`] gathers what the planner needs about nodes, and [`Cluster::pull_secret`] reads the
 //! registry credentials the nodes pull with.
@@ -21,6 +22,7 @@ use kube::core::ApiResource;
 use kube::error::DiscoveryError;
 use kube::{Client, discovery};
 
+use crate::error::Failure;
 use crate::model::set::{API_GROUP, Problem};
 
 pub use watch::{Watch, watch};
@@ -65,6 +67,25 @@ pub enum ClusterError {
     },
     #[error("the API server failed: {0}")]
     Api(#[from] kube::Error),
+}
+
+impl From<ClusterError> for Failure {
+    /// An API server that does not answer (or fails) is unreachable (exit 3); everything else is the
+    /// input's or the account's to fix (exit 2).
+    fn from(error: ClusterError) -> Failure {
+        let unreachable = match &error {
+            ClusterError::Api(kube::Error::Api(status)) => status.code >= 500,
+            ClusterError::Api(_) => true,
+            _ => false,
+        };
+        if unreachable {
+            Failure::unreachable(vec![format!(
+                "cannot reach the API server: {error}; check the kubeconfig's server and your network"
+            )])
+        } else {
+            Failure::bad_input(error.to_string())
+        }
+    }
 }
 
 /// A client from the kubeconfig `options` name, else from the environment (kubeconfig, then in-cluster).

@@ -2,14 +2,14 @@
 //! naming every component's pull spec) and `release-manifests/release-metadata` (the version) say, and the
 //! PinnedImageSets that pin an upgrade's images: every unique component digest plus the release image
 //! itself, by digest (`image-references` does not list it, yet the cluster-version operator runs it during
-//! the upgrade). Pure: reading the payload is [`crate::backend::release`]'s job.
+//! the upgrade). Pure: reading the payload is [`crate::backend::payload_layer`]'s job.
 
 use std::collections::{BTreeMap, HashSet};
 
 use regex::Regex;
 use serde::Deserialize;
 
-use super::cluster::ROLE_LABEL;
+use super::machine_config::ROLE_LABEL;
 use super::set::{Entry, ImageSet, MAX_ENTRIES, Origin};
 
 /// Where `oc adm release new` puts the component list and the version in the payload's last layer.

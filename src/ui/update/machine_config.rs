@@ -5,15 +5,21 @@
 use std::collections::BTreeSet;
 use std::time::SystemTime;
 
-use crate::model::cluster::{ClusterUpdate, ROLE_LABEL};
-use crate::ui::cluster::{ClusterSession, node_infos};
+use crate::fleet::{Targets, Traits};
+use crate::model::cluster_session::Changed;
+use crate::model::machine_config::{ClusterUpdate, ROLE_LABEL};
+use crate::model::node_summary;
 use crate::ui::state::{SetDraft, State};
 
 impl State {
-    /// Switches the state to cluster mode at wall-clock time `wall`; `denied` says why this account may not
-    /// write, which makes the session read-only.
-    pub fn start_cluster(&mut self, denied: Option<String>, wall: SystemTime) {
-        self.cluster = Some(Box::new(ClusterSession::new(self.now, wall)));
+    /// Takes in what the fleet is like at wall-clock time `wall`: on a cluster, the watched session starts
+    /// empty; `denied` says why this account may not write, which makes the session read-only.
+    pub fn join_fleet(&mut self, fleet: Traits, denied: Option<String>, wall: SystemTime) {
+        self.fleet = fleet;
+        self.epoch = (self.now, wall);
+        if fleet.targets == Targets::Pools {
+            self.cluster = Some(Box::default());
+        }
         if let Some(why) = denied {
             self.readonly = true;
             self.say(format!("read-only: {why}"));
@@ -22,39 +28,17 @@ impl State {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ChangeKind {
-    Sets,
-    Connection,
-    /// Nodes, pools, MachineConfigNodes or runtime configs.
-    Nodes,
-}
-
 /// Applies a change from the watchers and refreshes what is derived from it.
 pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
     let Some(session) = state.cluster.as_mut() else {
         return;
     };
-    let change_kind = match change {
-        ClusterUpdate::Sets(_) => ChangeKind::Sets,
-        ClusterUpdate::Connection(..) => ChangeKind::Connection,
-        _ => ChangeKind::Nodes,
-    };
-    let sets_changed = change_kind == ChangeKind::Sets;
-    let nodes_changed = change_kind == ChangeKind::Nodes;
-    session.view.apply(change);
+    let changed = session.apply(change);
     let view = &session.view;
-    if change_kind != ChangeKind::Connection {
-        session.members = view
-            .sets
-            .iter()
-            .map(|set| (set.name().to_owned(), view.nodes_of(&set.metadata.labels)))
-            .collect();
+    if changed == Changed::Nodes {
+        state.nodes = node_summary::of_cluster(view);
     }
-    if nodes_changed {
-        state.nodes = node_infos(view);
-    }
-    if sets_changed {
+    if changed == Changed::Sets {
         // The cluster's sets join the composer; a draft of the same name (being edited) is left alone.
         for set in &view.sets {
             if !state.sets.iter().any(|d| d.set.name == set.name()) {
@@ -64,7 +48,7 @@ pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
             }
         }
     }
-    if change_kind != ChangeKind::Connection {
+    if changed != Changed::Connection {
         // A set's nodes are those of the pools its labels land in, as they are now.
         for draft in &mut state.sets {
             draft.targets = view.nodes_of(&draft.set.labels).into_iter().collect();
@@ -98,7 +82,7 @@ mod tests {
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
     use super::*;
-    use crate::model::cluster::KubeletSettings;
+    use crate::model::machine_config::KubeletSettings;
     use crate::ui::demo::cluster_state;
     use crate::ui::msg::Msg;
     use crate::ui::state::Pane;
@@ -107,6 +91,28 @@ mod tests {
 
     fn press(state: &mut State, code: KeyCode) {
         update(state, Msg::Key(KeyEvent::new(code, KeyModifiers::NONE)));
+    }
+
+    #[test]
+    fn retry_and_cancel_say_the_daemons_pull_in_cluster_mode() {
+        let mut state = cluster_state(Instant::now(), Theme::named("monochrome").unwrap());
+        for code in [KeyCode::Char('4'), KeyCode::Char('r')] {
+            assert!(
+                update(
+                    &mut state,
+                    Msg::Key(KeyEvent::new(code, KeyModifiers::NONE))
+                )
+                .is_empty()
+            );
+        }
+        assert!(
+            state
+                .flash()
+                .unwrap()
+                .contains("machine-config daemons pull"),
+            "{:?}",
+            state.flash()
+        );
     }
 
     #[test]
@@ -137,7 +143,7 @@ mod tests {
     fn a_kubelet_read_again_replaces_what_it_said_unless_it_did_not_answer() {
         let theme = Theme::named("monochrome").unwrap();
         let mut state = State::new("cluster", theme, false, Instant::now());
-        state.start_cluster(None, std::time::SystemTime::now());
+        state.join_fleet(Traits::MACHINE_CONFIG, None, std::time::SystemTime::now());
         let said = |max| KubeletSettings {
             node_status_max_images: max,
             ..KubeletSettings::assumed("")
@@ -171,7 +177,7 @@ mod tests {
         let demo = cluster_state(Instant::now(), theme.clone());
         let view = &demo.cluster.as_ref().unwrap().view;
         let mut state = State::new("cluster", theme, false, Instant::now());
-        state.start_cluster(None, std::time::SystemTime::now());
+        state.join_fleet(Traits::MACHINE_CONFIG, None, std::time::SystemTime::now());
         let mut set = crate::model::set::from_flags("from-file", &["quay.io/a/b@sha256:1".into()]);
         set.labels.insert(ROLE_LABEL.into(), "worker".into());
         state.sets.push(SetDraft::new(set, BTreeSet::new()));

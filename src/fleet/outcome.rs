@@ -1,0 +1,101 @@
+//! What `apply` and `unpin` come back with, from any fleet: the commands print it, as a table or as JSON.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fanout::FanOutReport;
+use crate::model::holders::UnpinReport;
+use crate::model::readiness::Readiness;
+use crate::model::rollout::Rollout;
+use crate::model::set::{ImageSet, Origin, content_name};
+
+/// How an `apply` ended.
+pub enum Applied {
+    /// pinboard pulled and pinned: the sets, the rollout node by node, what fan-out moved (None without
+    /// it), then the readiness check.
+    Rolled {
+        sets: Vec<SetUsed>,
+        rollout: Rollout,
+        fan_out: Option<FanOutReport>,
+        readiness: Readiness,
+    },
+    /// The sets were written for the nodes' daemons: the readiness once they were done, or the wait ended.
+    Written(Readiness),
+}
+
+impl Applied {
+    pub fn readiness(&self) -> &Readiness {
+        match self {
+            Applied::Rolled { readiness, .. } | Applied::Written(readiness) => readiness,
+        }
+    }
+}
+
+/// A set as a command used it: its name (what holds its pins on the nodes) and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetUsed {
+    pub name: String,
+    /// `a.yaml`, `list.txt`, `--image`, or None for a set `unpin` was given by name.
+    pub from: Option<String>,
+    /// The name was derived from the set's images (a list file or `--image` flags have none).
+    pub named_after_images: bool,
+}
+
+impl SetUsed {
+    pub fn of(set: &ImageSet) -> SetUsed {
+        SetUsed {
+            name: set.name.clone(),
+            from: Some(match &set.origin {
+                Origin::File { path, .. } => path.clone(),
+                Origin::Flag { .. } => "--image".into(),
+                Origin::Release { version, image, .. } => format!("release {version}, {image}"),
+            }),
+            named_after_images: set.name == content_name(set.references()),
+        }
+    }
+
+    pub fn named(name: &str) -> SetUsed {
+        SetUsed {
+            name: name.to_string(),
+            from: None,
+            named_after_images: false,
+        }
+    }
+}
+
+/// How an `unpin` ended.
+pub enum Unpinned {
+    /// pinboard released the holds on each node.
+    Nodes(NodesUnpinned),
+    /// The sets were deleted for the nodes' daemons to unpin.
+    Sets(Vec<SetDeleted>),
+}
+
+/// What `unpin -o json|yaml` prints when pinboard released the holds itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodesUnpinned {
+    /// The sets whose holds were released (empty with `--all-sets` alone).
+    pub sets: Vec<SetUsed>,
+    pub all_sets: bool,
+    pub nodes: Vec<NodeUnpinned>,
+}
+
+/// What unpinning did on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeUnpinned {
+    pub node: String,
+    pub ok: bool,
+    #[serde(flatten)]
+    pub report: UnpinReport,
+    /// What else to know (a CRI-O that keeps removed pins until it restarts), or why it failed.
+    pub message: Option<String>,
+}
+
+/// What `unpin` did with one set on a cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetDeleted {
+    pub set: String,
+    pub message: String,
+}
