@@ -11,6 +11,8 @@
 //!   `systemctl` that restarts the stand-in first on PATH) it ends pinned, CRI-O restarted once, confirmed
 //!   across the dropped CRI connection.
 //! - Unpinning one of two sets keeps, as CRI-O itself reports, the pins the other set holds.
+//! - `plan` measures the image filesystem ImageFsInfo names (the stand-in's tmpfs) and refuses a set that
+//!   does not fit.
 //! - Fan-out writes a registries.conf.d drop-in that keeps the administrator's mirrors and removes it;
 //!   one left by a killed pinboard does not stop CRI-O pulling, and the next command removes it.
 
@@ -193,6 +195,44 @@ fn pull_lab(name: &str, version: &str, count: u64) -> (Lab, CrioStandIn, Vec<Str
         .collect();
     let crio = CrioStandIn::start(name, version, &[lab.registry_host()]).expect("stand-in");
     (lab, crio, images)
+}
+
+#[test]
+fn plan_measures_the_image_filesystem_crio_names_and_refuses_a_set_it_has_no_room_for() {
+    let name = "crio-plan-imagefs";
+    let lab = Lab::start(name, LabConfig::default()).expect("lab starts");
+    let spec = ImageSpec {
+        layers: vec![LayerSpec {
+            seed: 1500,
+            bytes: 3 << 20,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    let image = lab
+        .push_image("crio/big", &spec)
+        .expect("push")
+        .reference(&lab.registry_host());
+    let crio = CrioStandIn::start_on_tmpfs(name, "1.31.0", &[], 4 << 20).expect("stand-in");
+    let run = pinboard([
+        "plan",
+        "--cri",
+        &format!("n1={}", crio.endpoint()),
+        "--insecure-registry",
+        &lab.registry_host(),
+        "--min-free",
+        "1Mi",
+        "--image",
+        &image,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let plan: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let n1 = &plan["nodes"][0];
+    // statvfs of the storage ImageFsInfo names: the stand-in's tmpfs, not the disk under it.
+    assert_eq!(n1["capacityBytes"], 4 << 20, "{n1}");
+    assert_eq!(n1["verdict"], "no-space", "{n1}");
 }
 
 /// `apply -o json` onto the stand-in, reloading it through its pidfile.

@@ -18,7 +18,8 @@
 //!   each checked against its digest, so a missing image fails with c/image's `manifest unknown`. The
 //!   image is then recorded in its storage (`images.json`, re-read on every call as c/storage does, so a
 //!   test can also put an image there under any name, as a `podman pull` into the same storage would).
-//!   Sizes are the compressed ones (real CRI-O reports uncompressed sizes).
+//!   Sizes are the compressed ones (real CRI-O reports uncompressed sizes). ImageFsInfo names the storage
+//!   directory as the image filesystem; [`CrioStandIn::start_on_tmpfs`] makes it a tmpfs of a given size.
 //! - It reads `registries.conf` and `registries.conf.d/*.conf` (by name; a later `[[registry]]` with the
 //!   same prefix replaces an earlier one) at start and on SIGHUP, as containers-image does for CRI-O. A
 //!   digest reference is pulled from the mirrors of the longest matching prefix that serve digests
@@ -36,7 +37,8 @@
 //! test process shared by several tests, a signal would reach every test's stand-in. The process is the
 //! test binary itself, run again with only its ignored test [`ENTRY`] (declared in tests/it/main.rs) and
 //! [`ENV`] naming the stand-in's settings; that test calls [`serve`]. So the stand-in is always built from
-//! the same source as the test, with nothing else to build.
+//! the same source as the test, with nothing else to build. The lab example runs itself the same way: its
+//! `main` calls [`serve`] when [`ENV`] is set.
 //!
 //! What it did is counted in `status.json` (reloads handled, calls per RPC), for tests to read.
 
@@ -46,7 +48,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use base64::Engine as _;
 use pinboard::backend::proto::cri::{
     AuthConfig, FilesystemIdentifier, FilesystemUsage, Image, ImageFsInfoRequest,
@@ -62,13 +64,14 @@ use tonic::{Request, Response, Status};
 
 use super::http;
 use super::images::sha256_digest;
-use super::lab::{create_unique_dir, target_dir};
+use super::lab::{create_unique_dir, mount_tmpfs, target_dir, unmount};
 use super::process::{Proc, stop_all};
 
 /// The name of the test that runs the stand-in, in tests/it/main.rs.
 const ENTRY: &str = "crio_stand_in";
-/// Names the stand-in's settings file in its process.
-const ENV: &str = "PINBOARD_CRIO_STAND_IN";
+/// Names the stand-in's settings file in its process. A binary without the test harness (the lab example)
+/// runs [`serve`] itself when it is set.
+pub const ENV: &str = "PINBOARD_CRIO_STAND_IN";
 
 /// The stand-in's settings, shared by the test and the stand-in's process.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -114,21 +117,49 @@ pub struct Counts {
     pub registries: Vec<Vec<String>>,
 }
 
-/// A running stand-in; dropping it stops its process.
+/// A running stand-in; dropping it stops its process (and unmounts its storage's tmpfs, if it has one).
 pub struct CrioStandIn {
     dir: PathBuf,
     settings: Settings,
     settings_file: PathBuf,
     socket_dir: PathBuf,
     procs: Vec<Proc>,
+    /// The storage, when it is a tmpfs of its own.
+    mounted: Option<PathBuf>,
 }
 
 impl CrioStandIn {
     /// Starts a stand-in reporting CRI-O `version`, pulling from `registries`, in
     /// `target/lab/<name>-<pid>-<n>/`, with an empty `crio.conf.d` and a `crio.conf` beside it that sets
     /// no pins; returns once it serves CRI. Write drop-ins before [`CrioStandIn::restart`] to have them read
-    /// at start.
+    /// at start. Its storage, the image filesystem ImageFsInfo reports, is a directory on the disk
+    /// `target/` is on.
     pub fn start(name: &str, version: &str, registries: &[String]) -> Result<CrioStandIn> {
+        CrioStandIn::start_with(name, version, registries, None)
+    }
+
+    /// [`CrioStandIn::start`] with its storage on a tmpfs of `imagefs_bytes` (> 0), as the lab's containerd
+    /// nodes have their root: an image filesystem of its own size, which statvfs on the mountpoint
+    /// ImageFsInfo reports measures. Unmounted when the stand-in is dropped.
+    pub fn start_on_tmpfs(
+        name: &str,
+        version: &str,
+        registries: &[String],
+        imagefs_bytes: u64,
+    ) -> Result<CrioStandIn> {
+        ensure!(
+            imagefs_bytes > 0,
+            "crio stand-in {name}: imagefs_bytes must be > 0"
+        );
+        CrioStandIn::start_with(name, version, registries, Some(imagefs_bytes))
+    }
+
+    fn start_with(
+        name: &str,
+        version: &str,
+        registries: &[String],
+        imagefs_bytes: Option<u64>,
+    ) -> Result<CrioStandIn> {
         let (dir, unique) = create_unique_dir(&target_dir().join("lab"), name)?;
         eprintln!("crio stand-in {name}: logs and state in {}", dir.display());
         let etc = dir.join("etc/crio");
@@ -157,12 +188,20 @@ impl CrioStandIn {
         std::fs::create_dir_all(&settings.storage)?;
         let settings_file = dir.join("stand-in.json");
         std::fs::write(&settings_file, serde_json::to_string_pretty(&settings)?)?;
+        let mounted = match imagefs_bytes {
+            Some(bytes) => {
+                mount_tmpfs(&settings.storage, bytes)?;
+                Some(settings.storage.clone())
+            }
+            None => None,
+        };
         let mut stand_in = CrioStandIn {
             dir,
             settings,
             settings_file,
             socket_dir,
             procs: Vec::new(),
+            mounted,
         };
         stand_in.launch()?;
         Ok(stand_in)
@@ -351,6 +390,9 @@ esac
 impl Drop for CrioStandIn {
     fn drop(&mut self) {
         stop_all(&mut self.procs);
+        if let Some(storage) = &self.mounted {
+            unmount(storage);
+        }
         let _ = std::fs::remove_dir_all(&self.socket_dir);
     }
 }
