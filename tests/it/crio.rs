@@ -12,7 +12,7 @@
 //!   across the dropped CRI connection.
 //! - Unpinning one of two sets keeps, as CRI-O itself reports, the pins the other set holds.
 //! - `plan` measures the image filesystem ImageFsInfo names (the stand-in's tmpfs) and refuses a set that
-//!   does not fit.
+//!   does not fit; forced, the pull fills it and fails with `no space left on device`.
 //! - Fan-out writes a registries.conf.d drop-in that keeps the administrator's mirrors and removes it;
 //!   one left by a killed pinboard does not stop CRI-O pulling, and the next command removes it.
 
@@ -198,13 +198,14 @@ fn pull_lab(name: &str, version: &str, count: u64) -> (Lab, CrioStandIn, Vec<Str
 }
 
 #[test]
-fn plan_measures_the_image_filesystem_crio_names_and_refuses_a_set_it_has_no_room_for() {
-    let name = "crio-plan-imagefs";
+fn plan_measures_the_image_filesystem_crio_names_and_a_forced_pull_that_fills_it_fails_for_no_space()
+ {
+    let name = "crio-imagefs-full";
     let lab = Lab::start(name, LabConfig::default()).expect("lab starts");
     let spec = ImageSpec {
         layers: vec![LayerSpec {
             seed: 1500,
-            bytes: 3 << 20,
+            bytes: 5 << 20,
             format: LayerFormat::Gzip,
         }],
         ..ImageSpec::default()
@@ -213,26 +214,30 @@ fn plan_measures_the_image_filesystem_crio_names_and_refuses_a_set_it_has_no_roo
         .push_image("crio/big", &spec)
         .expect("push")
         .reference(&lab.registry_host());
-    let crio = CrioStandIn::start_on_tmpfs(name, "1.31.0", &[], 4 << 20).expect("stand-in");
-    let run = pinboard([
-        "plan",
-        "--cri",
-        &format!("n1={}", crio.endpoint()),
-        "--insecure-registry",
-        &lab.registry_host(),
-        "--min-free",
-        "1Mi",
-        "--image",
-        &image,
-        "-o",
-        "json",
-    ]);
+    let crio = CrioStandIn::start_on_tmpfs(name, "1.31.0", &[lab.registry_host()], 4 << 20)
+        .expect("stand-in");
+    let images = [image];
+    let (run, plan) = run_json("plan", &lab, &crio, &images);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    let plan: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
     let n1 = &plan["nodes"][0];
     // statvfs of the storage ImageFsInfo names: the stand-in's tmpfs, not the disk under it.
     assert_eq!(n1["capacityBytes"], 4 << 20, "{n1}");
     assert_eq!(n1["verdict"], "no-space", "{n1}");
+
+    // Forced, the pull runs and fills the image filesystem, as on a real CRI-O.
+    let node = crio.node_args("n1");
+    let (run, report) = run_json_with("apply", &lab, node, &images, |command| {
+        command.arg("--force");
+    });
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &report["rollout"][0];
+    assert!(
+        n1["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("no space left on device")),
+        "{n1}"
+    );
+    assert_eq!(crio.counts().calls.get("PullImage"), Some(&1));
 }
 
 /// `apply -o json` onto the stand-in, reloading it through its pidfile.

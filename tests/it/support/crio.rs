@@ -17,8 +17,10 @@
 //!   registries.conf `insecure` entry): manifest (an index resolved to linux/amd64), config and layers,
 //!   each checked against its digest, so a missing image fails with c/image's `manifest unknown`. The
 //!   image is then recorded in its storage (`images.json`, re-read on every call as c/storage does, so a
-//!   test can also put an image there under any name, as a `podman pull` into the same storage would).
-//!   Sizes are the compressed ones (real CRI-O reports uncompressed sizes). ImageFsInfo names the storage
+//!   test can also put an image there under any name, as a `podman pull` into the same storage would), and
+//!   its config and layers are kept there (`blobs/`, compressed, once per digest; RemoveImage drops those no
+//!   image holds), so a full image filesystem fails the pull with `no space left on device`. Sizes are the
+//!   compressed ones (real CRI-O stores and reports uncompressed sizes). ImageFsInfo names the storage
 //!   directory as the image filesystem; [`CrioStandIn::start_on_tmpfs`] makes it a tmpfs of a given size.
 //! - It reads `registries.conf` and `registries.conf.d/*.conf` (by name; a later `[[registry]]` with the
 //!   same prefix replaces an earlier one) at start and on SIGHUP, as containers-image does for CRI-O. A
@@ -99,6 +101,9 @@ struct Stored {
     /// Repo tags and repo digests.
     names: Vec<String>,
     size: u64,
+    /// Its config's and layers' digests: the storage keeps their bytes in `blobs/`.
+    #[serde(default)]
+    blobs: Vec<String>,
 }
 
 /// What the stand-in did since it first started, for tests: a restart carries the counts on.
@@ -345,6 +350,7 @@ esac
             id: id.clone(),
             names: names.iter().map(|n| n.to_string()).collect(),
             size: 1 << 20,
+            blobs: Vec::new(),
         };
         record(&self.settings.storage, image).map_err(anyhow::Error::msg)?;
         Ok(id)
@@ -390,8 +396,12 @@ esac
 impl Drop for CrioStandIn {
     fn drop(&mut self) {
         stop_all(&mut self.procs);
-        if let Some(storage) = &self.mounted {
-            unmount(storage);
+        // Bulky data goes (configs and logs stay): the tmpfs with it, or the blobs on the disk.
+        match &self.mounted {
+            Some(storage) => unmount(storage),
+            None => {
+                let _ = std::fs::remove_dir_all(self.settings.storage.join("blobs"));
+            }
         }
         let _ = std::fs::remove_dir_all(&self.socket_dir);
     }
@@ -721,6 +731,58 @@ fn record(storage: &Path, image: Stored) -> Result<(), String> {
     save(storage, &images)
 }
 
+/// Keeps a pulled blob's `bytes` in the storage's `blobs/` (once per digest), as c/storage keeps layers: a
+/// full image filesystem fails the pull with the write's error, as CRI-O's does.
+fn keep_blob(storage: &Path, digest: &str, bytes: &[u8]) -> Result<(), String> {
+    let dir = storage.join("blobs");
+    let path = dir.join(digest.trim_start_matches("sha256:"));
+    if path.exists() {
+        return Ok(());
+    }
+    // Parallel pulls of the same layer write files of their own.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        "{}.partial-{n}",
+        digest.trim_start_matches("sha256:")
+    ));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&tmp, bytes))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        // As Go words the errno.
+        let cause = match e.raw_os_error() {
+            Some(libc::ENOSPC) => "no space left on device".to_string(),
+            _ => e.to_string(),
+        };
+        format!(
+            "writing blob: storing blob to file {:?}: write {}: {cause}",
+            tmp.display(),
+            tmp.display()
+        )
+    })
+}
+
+/// Removes the blobs no image in `images` holds any more, as c/storage removes an image's unused layers.
+fn drop_unused_blobs(storage: &Path, images: &[Stored]) {
+    let held: std::collections::BTreeSet<&str> = images
+        .iter()
+        .flat_map(|i| &i.blobs)
+        .map(|digest| digest.trim_start_matches("sha256:"))
+        .collect();
+    let Ok(entries) = std::fs::read_dir(storage.join("blobs")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !name.contains(".partial-") && !held.contains(name.as_ref()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Writes the storage's image list atomically.
 fn save(storage: &Path, images: &[Stored]) -> Result<(), String> {
     let tmp = storage.join(format!("images.json.tmp-{}", std::process::id()));
@@ -909,10 +971,11 @@ fn candidates(rules: &[Rule], host: &str, repo: &str, by_digest: bool) -> Vec<St
     places
 }
 
-/// Pulls `image` with `login` from the places the `rules` give (the source must be one of `registries`, a
-/// mirror may be anywhere), each failing place giving way to the next: (the stored image, the digest
-/// reference pulled, the host that served it).
+/// Pulls `image` with `login` into `storage` from the places the `rules` give (the source must be one of
+/// `registries`, a mirror may be anywhere), each failing place giving way to the next: (the stored image,
+/// the digest reference pulled, the host that served it).
 fn pull(
+    storage: &Path,
     registries: &[String],
     rules: &[Rule],
     image: &str,
@@ -937,7 +1000,7 @@ fn pull(
     let mut last = None;
     for place in candidates(rules, host, repo, reference.starts_with("sha256:")) {
         let (from, path) = place.split_once('/').expect("host/repo");
-        match pull_from(from, path, reference, image, login.as_ref()) {
+        match pull_from(storage, from, path, reference, image, login.as_ref()) {
             Ok((stored, digest)) => {
                 let by_digest = format!("{host}/{repo}@{digest}");
                 let names = if reference.starts_with("sha256:") {
@@ -957,9 +1020,10 @@ fn pull(
     Err(last.unwrap_or_else(|| source("no place to pull from: the source is blocked".into())))
 }
 
-/// Pulls `reference` of `repo` from `host` with `login`: the image (without names) and its manifest's
-/// digest.
+/// Pulls `reference` of `repo` from `host` with `login` into `storage` (its config and layers kept there):
+/// the image (without names) and its manifest's digest.
 fn pull_from(
+    storage: &Path,
     host: &str,
     repo: &str,
     reference: &str,
@@ -1031,17 +1095,22 @@ fn pull_from(
         manifest = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     }
     let mut size = 0;
-    let blobs = std::iter::once(&manifest["config"])
+    let mut blobs = Vec::new();
+    let listed = std::iter::once(&manifest["config"])
         .chain(manifest["layers"].as_array().into_iter().flatten());
-    for blob in blobs {
+    for blob in listed {
         let blob_digest = blob["digest"].as_str().ok_or("a blob without digest")?;
-        size += verified(get(&format!("blobs/{blob_digest}"), "*/*")?, blob_digest)?.len() as u64;
+        let bytes = verified(get(&format!("blobs/{blob_digest}"), "*/*")?, blob_digest)?;
+        keep_blob(storage, blob_digest, &bytes)?;
+        size += bytes.len() as u64;
+        blobs.push(blob_digest.to_string());
     }
     let config = manifest["config"]["digest"].as_str().ok_or("no config")?;
     let stored = Stored {
         id: config.trim_start_matches("sha256:").to_string(),
         names: Vec::new(),
         size,
+        blobs,
     };
     Ok((stored, digest))
 }
@@ -1125,11 +1194,15 @@ impl ImageService for Shared {
         let request = request.into_inner();
         let login = crio_login(request.auth.as_ref());
         let image = request.image.map(|i| i.image).unwrap_or_default();
-        let registries = state.settings.registries.clone();
+        let (storage, registries) = (
+            state.settings.storage.clone(),
+            state.settings.registries.clone(),
+        );
         let rules = state.rules.lock().unwrap().clone();
-        let pulled = tokio::task::spawn_blocking(move || pull(&registries, &rules, &image, login))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let pulled =
+            tokio::task::spawn_blocking(move || pull(&storage, &registries, &rules, &image, login))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
         let (stored, image_ref, from) = pulled.map_err(Status::unknown)?;
         record(&state.settings.storage, stored).map_err(Status::internal)?;
         *state
@@ -1159,6 +1232,7 @@ impl ImageService for Shared {
             let mut images = load(&state.settings.storage).map_err(Status::internal)?;
             images.retain(|i| i.id != gone.id);
             save(&state.settings.storage, &images).map_err(Status::internal)?;
+            drop_unused_blobs(&state.settings.storage, &images);
         }
         Ok(Response::new(RemoveImageResponse {}))
     }
