@@ -1055,8 +1055,11 @@ fn pull_from(
             *authorization.borrow_mut() = Some(value);
         }
         match response.status().as_u16() {
+            // Layers of any size: ureq's default limit (10 MiB) is for bodies read whole by accident.
             200 => response
                 .body_mut()
+                .with_config()
+                .limit(u64::MAX)
                 .read_to_vec()
                 .map_err(|e| format!("{url}: {e}")),
             404 if path.starts_with("manifests/") => Err(source(format!(
