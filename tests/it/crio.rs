@@ -11,6 +11,8 @@
 //!   `systemctl` that restarts the stand-in first on PATH) it ends pinned, CRI-O restarted once, confirmed
 //!   across the dropped CRI connection.
 //! - Unpinning one of two sets keeps, as CRI-O itself reports, the pins the other set holds.
+//! - `plan` measures the image filesystem ImageFsInfo names (the stand-in's tmpfs) and refuses a set that
+//!   does not fit; forced, the pull fills it and fails with `no space left on device`.
 //! - Fan-out writes a registries.conf.d drop-in that keeps the administrator's mirrors and removes it;
 //!   one left by a killed pinboard does not stop CRI-O pulling, and the next command removes it.
 
@@ -193,6 +195,49 @@ fn pull_lab(name: &str, version: &str, count: u64) -> (Lab, CrioStandIn, Vec<Str
         .collect();
     let crio = CrioStandIn::start(name, version, &[lab.registry_host()]).expect("stand-in");
     (lab, crio, images)
+}
+
+#[test]
+fn plan_measures_the_image_filesystem_crio_names_and_a_forced_pull_that_fills_it_fails_for_no_space()
+ {
+    let name = "crio-imagefs-full";
+    let lab = Lab::start(name, LabConfig::default()).expect("lab starts");
+    let spec = ImageSpec {
+        layers: vec![LayerSpec {
+            seed: 1500,
+            bytes: 5 << 20,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    let image = lab
+        .push_image("crio/big", &spec)
+        .expect("push")
+        .reference(&lab.registry_host());
+    let crio = CrioStandIn::start_on_tmpfs(name, "1.31.0", &[lab.registry_host()], 4 << 20)
+        .expect("stand-in");
+    let images = [image];
+    let (run, plan) = run_json("plan", &lab, &crio, &images);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &plan["nodes"][0];
+    // statvfs of the storage ImageFsInfo names: the stand-in's tmpfs, not the disk under it.
+    assert_eq!(n1["capacityBytes"], 4 << 20, "{n1}");
+    assert_eq!(n1["verdict"], "no-space", "{n1}");
+
+    // Forced, the pull runs and fills the image filesystem, as on a real CRI-O.
+    let node = crio.node_args("n1");
+    let (run, report) = run_json_with("apply", &lab, node, &images, |command| {
+        command.arg("--force");
+    });
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &report["rollout"][0];
+    assert!(
+        n1["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("no space left on device")),
+        "{n1}"
+    );
+    assert_eq!(crio.counts().calls.get("PullImage"), Some(&1));
 }
 
 /// `apply -o json` onto the stand-in, reloading it through its pidfile.

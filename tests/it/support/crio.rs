@@ -17,8 +17,11 @@
 //!   registries.conf `insecure` entry): manifest (an index resolved to linux/amd64), config and layers,
 //!   each checked against its digest, so a missing image fails with c/image's `manifest unknown`. The
 //!   image is then recorded in its storage (`images.json`, re-read on every call as c/storage does, so a
-//!   test can also put an image there under any name, as a `podman pull` into the same storage would).
-//!   Sizes are the compressed ones (real CRI-O reports uncompressed sizes).
+//!   test can also put an image there under any name, as a `podman pull` into the same storage would), and
+//!   its config and layers are kept there (`blobs/`, compressed, once per digest; RemoveImage drops those no
+//!   image holds), so a full image filesystem fails the pull with `no space left on device`. Sizes are the
+//!   compressed ones (real CRI-O stores and reports uncompressed sizes). ImageFsInfo names the storage
+//!   directory as the image filesystem; [`CrioStandIn::start_on_tmpfs`] makes it a tmpfs of a given size.
 //! - It reads `registries.conf` and `registries.conf.d/*.conf` (by name; a later `[[registry]]` with the
 //!   same prefix replaces an earlier one) at start and on SIGHUP, as containers-image does for CRI-O. A
 //!   digest reference is pulled from the mirrors of the longest matching prefix that serve digests
@@ -36,7 +39,8 @@
 //! test process shared by several tests, a signal would reach every test's stand-in. The process is the
 //! test binary itself, run again with only its ignored test [`ENTRY`] (declared in tests/it/main.rs) and
 //! [`ENV`] naming the stand-in's settings; that test calls [`serve`]. So the stand-in is always built from
-//! the same source as the test, with nothing else to build.
+//! the same source as the test, with nothing else to build. The lab example runs itself the same way: its
+//! `main` calls [`serve`] when [`ENV`] is set.
 //!
 //! What it did is counted in `status.json` (reloads handled, calls per RPC), for tests to read.
 
@@ -46,7 +50,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use base64::Engine as _;
 use pinboard::backend::proto::cri::{
     AuthConfig, FilesystemIdentifier, FilesystemUsage, Image, ImageFsInfoRequest,
@@ -62,13 +66,14 @@ use tonic::{Request, Response, Status};
 
 use super::http;
 use super::images::sha256_digest;
-use super::lab::{create_unique_dir, target_dir};
+use super::lab::{create_unique_dir, mount_tmpfs, target_dir, unmount};
 use super::process::{Proc, stop_all};
 
 /// The name of the test that runs the stand-in, in tests/it/main.rs.
 const ENTRY: &str = "crio_stand_in";
-/// Names the stand-in's settings file in its process.
-const ENV: &str = "PINBOARD_CRIO_STAND_IN";
+/// Names the stand-in's settings file in its process. A binary without the test harness (the lab example)
+/// runs [`serve`] itself when it is set.
+pub const ENV: &str = "PINBOARD_CRIO_STAND_IN";
 
 /// The stand-in's settings, shared by the test and the stand-in's process.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -96,6 +101,9 @@ struct Stored {
     /// Repo tags and repo digests.
     names: Vec<String>,
     size: u64,
+    /// Its config's and layers' digests: the storage keeps their bytes in `blobs/`.
+    #[serde(default)]
+    blobs: Vec<String>,
 }
 
 /// What the stand-in did since it first started, for tests: a restart carries the counts on.
@@ -114,21 +122,49 @@ pub struct Counts {
     pub registries: Vec<Vec<String>>,
 }
 
-/// A running stand-in; dropping it stops its process.
+/// A running stand-in; dropping it stops its process (and unmounts its storage's tmpfs, if it has one).
 pub struct CrioStandIn {
     dir: PathBuf,
     settings: Settings,
     settings_file: PathBuf,
     socket_dir: PathBuf,
     procs: Vec<Proc>,
+    /// The storage, when it is a tmpfs of its own.
+    mounted: Option<PathBuf>,
 }
 
 impl CrioStandIn {
     /// Starts a stand-in reporting CRI-O `version`, pulling from `registries`, in
     /// `target/lab/<name>-<pid>-<n>/`, with an empty `crio.conf.d` and a `crio.conf` beside it that sets
     /// no pins; returns once it serves CRI. Write drop-ins before [`CrioStandIn::restart`] to have them read
-    /// at start.
+    /// at start. Its storage, the image filesystem ImageFsInfo reports, is a directory on the disk
+    /// `target/` is on.
     pub fn start(name: &str, version: &str, registries: &[String]) -> Result<CrioStandIn> {
+        CrioStandIn::start_with(name, version, registries, None)
+    }
+
+    /// [`CrioStandIn::start`] with its storage on a tmpfs of `imagefs_bytes` (> 0), as the lab's containerd
+    /// nodes have their root: an image filesystem of its own size, which statvfs on the mountpoint
+    /// ImageFsInfo reports measures. Unmounted when the stand-in is dropped.
+    pub fn start_on_tmpfs(
+        name: &str,
+        version: &str,
+        registries: &[String],
+        imagefs_bytes: u64,
+    ) -> Result<CrioStandIn> {
+        ensure!(
+            imagefs_bytes > 0,
+            "crio stand-in {name}: imagefs_bytes must be > 0"
+        );
+        CrioStandIn::start_with(name, version, registries, Some(imagefs_bytes))
+    }
+
+    fn start_with(
+        name: &str,
+        version: &str,
+        registries: &[String],
+        imagefs_bytes: Option<u64>,
+    ) -> Result<CrioStandIn> {
         let (dir, unique) = create_unique_dir(&target_dir().join("lab"), name)?;
         eprintln!("crio stand-in {name}: logs and state in {}", dir.display());
         let etc = dir.join("etc/crio");
@@ -157,12 +193,20 @@ impl CrioStandIn {
         std::fs::create_dir_all(&settings.storage)?;
         let settings_file = dir.join("stand-in.json");
         std::fs::write(&settings_file, serde_json::to_string_pretty(&settings)?)?;
+        let mounted = match imagefs_bytes {
+            Some(bytes) => {
+                mount_tmpfs(&settings.storage, bytes)?;
+                Some(settings.storage.clone())
+            }
+            None => None,
+        };
         let mut stand_in = CrioStandIn {
             dir,
             settings,
             settings_file,
             socket_dir,
             procs: Vec::new(),
+            mounted,
         };
         stand_in.launch()?;
         Ok(stand_in)
@@ -306,6 +350,7 @@ esac
             id: id.clone(),
             names: names.iter().map(|n| n.to_string()).collect(),
             size: 1 << 20,
+            blobs: Vec::new(),
         };
         record(&self.settings.storage, image).map_err(anyhow::Error::msg)?;
         Ok(id)
@@ -351,6 +396,13 @@ esac
 impl Drop for CrioStandIn {
     fn drop(&mut self) {
         stop_all(&mut self.procs);
+        // Bulky data goes (configs and logs stay): the tmpfs with it, or the blobs on the disk.
+        match &self.mounted {
+            Some(storage) => unmount(storage),
+            None => {
+                let _ = std::fs::remove_dir_all(self.settings.storage.join("blobs"));
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.socket_dir);
     }
 }
@@ -679,6 +731,58 @@ fn record(storage: &Path, image: Stored) -> Result<(), String> {
     save(storage, &images)
 }
 
+/// Keeps a pulled blob's `bytes` in the storage's `blobs/` (once per digest), as c/storage keeps layers: a
+/// full image filesystem fails the pull with the write's error, as CRI-O's does.
+fn keep_blob(storage: &Path, digest: &str, bytes: &[u8]) -> Result<(), String> {
+    let dir = storage.join("blobs");
+    let path = dir.join(digest.trim_start_matches("sha256:"));
+    if path.exists() {
+        return Ok(());
+    }
+    // Parallel pulls of the same layer write files of their own.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        "{}.partial-{n}",
+        digest.trim_start_matches("sha256:")
+    ));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&tmp, bytes))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        // As Go words the errno.
+        let cause = match e.raw_os_error() {
+            Some(libc::ENOSPC) => "no space left on device".to_string(),
+            _ => e.to_string(),
+        };
+        format!(
+            "writing blob: storing blob to file {:?}: write {}: {cause}",
+            tmp.display(),
+            tmp.display()
+        )
+    })
+}
+
+/// Removes the blobs no image in `images` holds any more, as c/storage removes an image's unused layers.
+fn drop_unused_blobs(storage: &Path, images: &[Stored]) {
+    let held: std::collections::BTreeSet<&str> = images
+        .iter()
+        .flat_map(|i| &i.blobs)
+        .map(|digest| digest.trim_start_matches("sha256:"))
+        .collect();
+    let Ok(entries) = std::fs::read_dir(storage.join("blobs")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !name.contains(".partial-") && !held.contains(name.as_ref()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Writes the storage's image list atomically.
 fn save(storage: &Path, images: &[Stored]) -> Result<(), String> {
     let tmp = storage.join(format!("images.json.tmp-{}", std::process::id()));
@@ -867,10 +971,11 @@ fn candidates(rules: &[Rule], host: &str, repo: &str, by_digest: bool) -> Vec<St
     places
 }
 
-/// Pulls `image` with `login` from the places the `rules` give (the source must be one of `registries`, a
-/// mirror may be anywhere), each failing place giving way to the next: (the stored image, the digest
-/// reference pulled, the host that served it).
+/// Pulls `image` with `login` into `storage` from the places the `rules` give (the source must be one of
+/// `registries`, a mirror may be anywhere), each failing place giving way to the next: (the stored image,
+/// the digest reference pulled, the host that served it).
 fn pull(
+    storage: &Path,
     registries: &[String],
     rules: &[Rule],
     image: &str,
@@ -895,7 +1000,7 @@ fn pull(
     let mut last = None;
     for place in candidates(rules, host, repo, reference.starts_with("sha256:")) {
         let (from, path) = place.split_once('/').expect("host/repo");
-        match pull_from(from, path, reference, image, login.as_ref()) {
+        match pull_from(storage, from, path, reference, image, login.as_ref()) {
             Ok((stored, digest)) => {
                 let by_digest = format!("{host}/{repo}@{digest}");
                 let names = if reference.starts_with("sha256:") {
@@ -915,9 +1020,10 @@ fn pull(
     Err(last.unwrap_or_else(|| source("no place to pull from: the source is blocked".into())))
 }
 
-/// Pulls `reference` of `repo` from `host` with `login`: the image (without names) and its manifest's
-/// digest.
+/// Pulls `reference` of `repo` from `host` with `login` into `storage` (its config and layers kept there):
+/// the image (without names) and its manifest's digest.
 fn pull_from(
+    storage: &Path,
     host: &str,
     repo: &str,
     reference: &str,
@@ -949,8 +1055,11 @@ fn pull_from(
             *authorization.borrow_mut() = Some(value);
         }
         match response.status().as_u16() {
+            // Layers of any size: ureq's default limit (10 MiB) is for bodies read whole by accident.
             200 => response
                 .body_mut()
+                .with_config()
+                .limit(u64::MAX)
                 .read_to_vec()
                 .map_err(|e| format!("{url}: {e}")),
             404 if path.starts_with("manifests/") => Err(source(format!(
@@ -989,17 +1098,22 @@ fn pull_from(
         manifest = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     }
     let mut size = 0;
-    let blobs = std::iter::once(&manifest["config"])
+    let mut blobs = Vec::new();
+    let listed = std::iter::once(&manifest["config"])
         .chain(manifest["layers"].as_array().into_iter().flatten());
-    for blob in blobs {
+    for blob in listed {
         let blob_digest = blob["digest"].as_str().ok_or("a blob without digest")?;
-        size += verified(get(&format!("blobs/{blob_digest}"), "*/*")?, blob_digest)?.len() as u64;
+        let bytes = verified(get(&format!("blobs/{blob_digest}"), "*/*")?, blob_digest)?;
+        keep_blob(storage, blob_digest, &bytes)?;
+        size += bytes.len() as u64;
+        blobs.push(blob_digest.to_string());
     }
     let config = manifest["config"]["digest"].as_str().ok_or("no config")?;
     let stored = Stored {
         id: config.trim_start_matches("sha256:").to_string(),
         names: Vec::new(),
         size,
+        blobs,
     };
     Ok((stored, digest))
 }
@@ -1083,11 +1197,15 @@ impl ImageService for Shared {
         let request = request.into_inner();
         let login = crio_login(request.auth.as_ref());
         let image = request.image.map(|i| i.image).unwrap_or_default();
-        let registries = state.settings.registries.clone();
+        let (storage, registries) = (
+            state.settings.storage.clone(),
+            state.settings.registries.clone(),
+        );
         let rules = state.rules.lock().unwrap().clone();
-        let pulled = tokio::task::spawn_blocking(move || pull(&registries, &rules, &image, login))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let pulled =
+            tokio::task::spawn_blocking(move || pull(&storage, &registries, &rules, &image, login))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
         let (stored, image_ref, from) = pulled.map_err(Status::unknown)?;
         record(&state.settings.storage, stored).map_err(Status::internal)?;
         *state
@@ -1117,6 +1235,7 @@ impl ImageService for Shared {
             let mut images = load(&state.settings.storage).map_err(Status::internal)?;
             images.retain(|i| i.id != gone.id);
             save(&state.settings.storage, &images).map_err(Status::internal)?;
+            drop_unused_blobs(&state.settings.storage, &images);
         }
         Ok(Response::new(RemoveImageResponse {}))
     }

@@ -333,8 +333,19 @@ pub(crate) fn create_unique_dir(root: &Path, name: &str) -> Result<(PathBuf, usi
     }
 }
 
-/// Unmounts a node's tmpfs, lazily if something still holds it.
-fn unmount(mount: &Path) {
+/// Mounts a tmpfs of `bytes` on `dir`: an image filesystem of its own size (tmpfs takes size=0 as "no
+/// limit", so 0 is refused by the callers).
+pub(crate) fn mount_tmpfs(dir: &Path, bytes: u64) -> Result<()> {
+    run(Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={bytes}"))
+        .arg("tmpfs")
+        .arg(dir))?;
+    Ok(())
+}
+
+/// Unmounts a tmpfs [`mount_tmpfs`] mounted, lazily if something still holds it.
+pub(crate) fn unmount(mount: &Path) {
     if run(Command::new("umount").arg(mount)).is_err()
         && let Err(e) = run(Command::new("umount").arg("-l").arg(mount))
     {

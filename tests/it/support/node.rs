@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::cri;
+use super::lab::mount_tmpfs;
 use super::pki::SitePki;
 use super::process::{Proc, run};
 
@@ -115,11 +116,7 @@ impl Node {
             std::fs::write(host_dir.join("hosts.toml"), text)?;
         }
 
-        run(Command::new("mount")
-            .args(["-t", "tmpfs", "-o"])
-            .arg(format!("size={}", spec.imagefs_bytes))
-            .arg("tmpfs")
-            .arg(&root))?;
+        mount_tmpfs(&root, spec.imagefs_bytes)?;
         mounts.push(root.clone());
 
         let registry = if spec.without_config_path {
