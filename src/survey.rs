@@ -3,7 +3,9 @@
 //! `pinboard plan` prints a survey; the TUI's Plan screen shows one. Both get their figures from
 //! [`crate::model::plan::plan_node`] through [`survey`], so a number on screen and in `plan` cannot differ.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use futures::StreamExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -21,6 +23,9 @@ use crate::model::plan::{
     Limits, LinkBytes, NodeFacts, NodePlan, PlannedImage, link_bytes, plan_node,
 };
 use crate::model::set::ImageSet;
+
+/// Configs read at once for their layers' uncompressed digests.
+const DIFF_IDS_AT_ONCE: usize = 16;
 
 /// The result of a survey, serialized as `plan -o json|yaml` prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,9 +112,58 @@ pub async fn survey(
                 .collect(),
         ));
     }
-    let facts = resolved(&references, inspected)?;
+    let mut facts = resolved(&references, inspected)?;
+    read_diff_ids(registry, &mut facts, &observations).await;
     let planned = observations.iter().map(|o| (o, references.as_slice()));
     Ok(summarize(sets, limits, planned, facts, cache))
+}
+
+/// The layers' uncompressed digests of the images some node holding layers by them (CRI-O) lacks, read
+/// from their configs, so its plan leaves out the layers it holds. An image whose config cannot be read
+/// keeps none: that node's figure is then an upper bound, and says so.
+async fn read_diff_ids(
+    registry: &Registry,
+    facts: &mut HashMap<String, ImageFacts>,
+    nodes: &[SurveyedNode],
+) {
+    let lacking: BTreeSet<&String> = nodes
+        .iter()
+        .filter(|n| n.facts.held.by_diff_id())
+        .flat_map(|n| n.presence.iter())
+        .filter(|(_, present)| **present != Some(true))
+        .map(|(reference, _)| reference)
+        .collect();
+    // Owned: a stream of futures borrowing them is not Send-general enough for the fleet's boxed futures.
+    let asked: Vec<(String, ImageFacts)> = lacking
+        .into_iter()
+        .filter_map(|reference| Some((reference.clone(), facts.get(reference)?.clone())))
+        .collect();
+    let read: Vec<(String, Result<Vec<String>, RegistryError>)> =
+        futures::stream::iter(asked.into_iter().map(|(reference, image)| async move {
+            let ids = registry.diff_ids(&reference, &image).await;
+            (reference, ids)
+        }))
+        .buffer_unordered(DIFF_IDS_AT_ONCE)
+        .collect()
+        .await;
+    for (reference, diff_ids) in read {
+        let Some(image) = facts.get_mut(&reference) else {
+            continue;
+        };
+        match diff_ids {
+            Ok(ids) if ids.len() == image.layers.len() => {
+                for (layer, id) in image.layers.iter_mut().zip(ids) {
+                    layer.diff_id = Some(id);
+                }
+            }
+            Ok(ids) => tracing::warn!(
+                "{reference}: its config lists {} layers, its manifest {}; its layers are counted as not held",
+                ids.len(),
+                image.layers.len()
+            ),
+            Err(e) => tracing::warn!("{reference}: its layers are counted as not held: {e}"),
+        }
+    }
 }
 
 /// Each node planned for its own images.
@@ -262,7 +316,9 @@ fn summarize<'a>(
         .map(|(observation, images)| plan_node(&observation.facts, images, &limits))
         .collect();
     let link_bytes = link_bytes(
-        planned.iter().map(|(_, images)| images.as_slice()),
+        planned
+            .iter()
+            .map(|(observation, images)| (&observation.facts.held, images.as_slice())),
         |digest| cache.is_some_and(|dir| blobs::cache::holds(dir, digest)),
     );
     Survey {

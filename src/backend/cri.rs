@@ -227,6 +227,26 @@ impl CriClient {
         timeout: Duration,
         request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, CriError> {
+        let answer = async { request.await.map(tonic::Response::into_inner) };
+        self.call_within(rpc, timeout, answer).await
+    }
+
+    /// One call of another containerd service on the same socket (its content service), under this
+    /// client's timeout, its failures as [`CriError`]s naming it.
+    pub async fn call_content<T>(
+        &self,
+        rpc: &'static str,
+        call: impl Future<Output = Result<T, tonic::Status>>,
+    ) -> Result<T, CriError> {
+        self.call_within(rpc, self.timeout, call).await
+    }
+
+    async fn call_within<T>(
+        &self,
+        rpc: &'static str,
+        timeout: Duration,
+        request: impl Future<Output = Result<T, tonic::Status>>,
+    ) -> Result<T, CriError> {
         let error = |cause: String, unreachable: bool, kind: CriErrorKind| CriError {
             endpoint: self.endpoint.to_string(),
             rpc,
@@ -263,7 +283,7 @@ impl CriClient {
                     kind,
                 ))
             }
-            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Ok(answer)) => Ok(answer),
         }
     }
 
@@ -322,6 +342,28 @@ impl CriClient {
             )
             .await?
             .image)
+    }
+
+    /// The image's OCI config as the runtime reports it with `verbose` (CRI-O: `info["info"]` holds
+    /// `{"labels", "imageSpec"}`), or None when it does not (containerd, or the image is gone).
+    pub async fn image_spec(&self, image: &str) -> Result<Option<serde_json::Value>, CriError> {
+        let request = ImageStatusRequest {
+            image: Some(spec(image)),
+            verbose: true,
+        };
+        let response = self
+            .call(
+                "ImageStatus",
+                self.timeout,
+                self.images().image_status(request),
+            )
+            .await?;
+        Ok(response
+            .info
+            .get("info")
+            .and_then(|info| serde_json::from_str::<serde_json::Value>(info).ok())
+            .map(|mut info| info["imageSpec"].take())
+            .filter(|spec| spec.is_object()))
     }
 
     /// ImageStatus of each image, in the order given, a few at a time.

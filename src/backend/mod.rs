@@ -8,6 +8,7 @@ pub mod credentials;
 pub mod cri;
 pub mod distribution;
 pub mod files;
+pub mod held;
 pub mod lazy;
 pub mod node;
 pub mod openshift;

@@ -127,6 +127,10 @@ pub struct Layer {
     /// Compressed size: what crosses the network.
     pub size: u64,
     pub annotations: BTreeMap<String, String>,
+    /// The uncompressed digest (from the image config's `rootfs.diff_ids`), where the config was read: how
+    /// CRI-O knows a layer it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_id: Option<String>,
 }
 
 impl Layer {
@@ -182,9 +186,32 @@ impl ImageFacts {
     }
 }
 
+/// The uncompressed digests of an OCI image config's layers (`rootfs.diff_ids`), in layer order; empty when
+/// it lists none.
+pub fn config_diff_ids(config: &serde_json::Value) -> Vec<String> {
+    config["rootfs"]["diff_ids"]
+        .as_array()
+        .map(|ids| {
+            ids.iter()
+                .filter_map(|id| id.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_config_lists_its_layers_by_uncompressed_digest() {
+        let config = serde_json::json!({
+            "architecture": "amd64",
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:aa", "sha256:bb"]},
+        });
+        assert_eq!(config_diff_ids(&config), ["sha256:aa", "sha256:bb"]);
+        assert!(config_diff_ids(&serde_json::json!({})).is_empty());
+    }
 
     fn layer(media_type: &str, annotations: &[(&str, &str)]) -> Layer {
         Layer {
@@ -195,6 +222,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            diff_id: None,
         }
     }
 

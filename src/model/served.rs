@@ -171,6 +171,7 @@ mod tests {
                     media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
                     size,
                     annotations: BTreeMap::new(),
+                    diff_id: None,
                 })
                 .collect(),
             annotations: BTreeMap::new(),

@@ -163,6 +163,7 @@ impl RawDescriptor {
             media_type: self.media_type,
             size: self.size,
             annotations: self.annotations.unwrap_or_default(),
+            diff_id: None,
         }
     }
 }

@@ -39,6 +39,7 @@ use crate::model::served::Source;
 
 mod access;
 mod blob;
+mod config;
 mod error;
 mod manifest;
 mod reference;
