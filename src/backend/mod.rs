@@ -9,6 +9,7 @@ pub mod cri;
 pub mod distribution;
 pub mod files;
 pub mod held;
+pub mod kube_watch;
 pub mod lazy;
 pub mod node;
 pub mod openshift;

@@ -185,6 +185,8 @@ pub fn release_sets(release_image: &str, release: &Release, options: &SetOptions
             labels: labels.clone(),
             entries: chunk.to_vec(),
             origin: origin(None),
+            node_selector: None,
+            pull_secrets: Vec::new(),
         })
         .collect();
     ReleaseSets {

@@ -9,6 +9,8 @@
 //! [`Cluster::observe`] gathers what the planner needs about nodes, and [`Cluster::pull_secret`] reads the
 //! registry credentials the nodes pull with.
 
+use crate::backend::kube_watch::typed;
+
 mod facts;
 pub mod mirror_sets;
 pub mod pull_secret;
@@ -169,15 +171,4 @@ impl Cluster {
     pub fn client(&self) -> &Client {
         &self.client
     }
-}
-
-/// The typed view of a dynamic object; `None` (and a log line) when even the tolerant view cannot read it.
-fn typed<T: serde::de::DeserializeOwned>(object: &kube::core::DynamicObject) -> Option<T> {
-    let parsed = serde_json::to_value(object).and_then(serde_json::from_value);
-    parsed
-        .inspect_err(|e| {
-            let name = object.metadata.name.as_deref().unwrap_or("?");
-            tracing::warn!("cannot read {name}: {e}");
-        })
-        .ok()
 }
