@@ -10,6 +10,9 @@ use tracing_subscriber::EnvFilter;
 /// nor its error line for every refused request (pinboard says what each refusal means).
 const HEADLESS_LOG: &str = "warn,kube_client::client::tls=error,kube_client::client::builder=off";
 
+/// The agent's: what it starts, rolls out and releases, as well as the warnings.
+const AGENT_LOG: &str = "info,kube_client=warn,kube_runtime=warn,kube_client::client::tls=error";
+
 fn main() -> ExitCode {
     pinboard::install_crypto_provider();
     let cli = parse();
@@ -27,10 +30,15 @@ fn main() -> ExitCode {
             }
         },
         _ => {
+            // The agent says what it does (its pod's log); a command only what went wrong.
+            let default = match &command {
+                Command::Agent(_) => AGENT_LOG,
+                _ => HEADLESS_LOG,
+            };
             tracing_subscriber::fmt()
                 .with_env_filter(
                     EnvFilter::try_from_env("PINBOARD_LOG")
-                        .unwrap_or_else(|_| EnvFilter::new(HEADLESS_LOG)),
+                        .unwrap_or_else(|_| EnvFilter::new(default)),
                 )
                 .with_writer(std::io::stderr)
                 .init();

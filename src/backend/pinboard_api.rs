@@ -22,7 +22,8 @@ use tokio::task::JoinHandle;
 
 use super::kube_watch::{Snapshot, TypedCache, spawn, typed};
 use crate::error::Failure;
-use crate::model::machine_config::{ClusterNode, Connection};
+use crate::model::agents_view::AgentsUpdate;
+use crate::model::machine_config::ClusterNode;
 use crate::model::pinboard_api::{
     AGENT_MANAGER, API_VERSION, GROUP, NODE_KIND, NodeReport, PinSet, PinSetStatus, PinboardNode,
     SET_KIND, VERSION, lease_name,
@@ -85,17 +86,6 @@ pub struct PinboardApi {
     nodes: ApiResource,
     /// Where the agents run: their Leases and the pull Secrets.
     namespace: String,
-}
-
-/// One change from the watchers: a kind's complete current list, or a watch's new connection state.
-#[derive(Clone, Debug, PartialEq)]
-pub enum AgentsUpdate {
-    Sets(Vec<PinSet>),
-    Reports(Vec<PinboardNode>),
-    Nodes(Vec<ClusterNode>),
-    /// When each node's agent last renewed its Lease, by node.
-    Heartbeats(BTreeMap<String, SystemTime>),
-    Connection(&'static str, Connection),
 }
 
 /// The running watchers; dropping it stops them.
@@ -401,5 +391,52 @@ fn refused(error: kube::Error, verb: &'static str, what: &'static str, name: &st
         },
         kube::Error::Api(status) if status.code == 404 => AgentsError::NoSuchSet(name.to_owned()),
         _ => AgentsError::Api(error),
+    }
+}
+
+/// The Lease whose holder sums the sets up.
+const AGGREGATOR_LEASE: &str = "pinboard-aggregator";
+
+impl PinboardApi {
+    /// Takes or keeps the aggregator's Lease for `holder`: true when `holder` holds it now. It is taken
+    /// when nobody holds it or its holder let it lapse ([`crate::model::pinboard_api::STALE_AFTER`]); two
+    /// agents racing for it are told apart by the API server's resource version.
+    pub async fn lead(&self, holder: &str) -> Result<bool, AgentsError> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let mut lease = match leases.get_opt(AGGREGATOR_LEASE).await? {
+            Some(lease) => lease,
+            None => {
+                let mut lease = Lease::default();
+                lease.metadata.name = Some(AGGREGATOR_LEASE.into());
+                lease.metadata.namespace = Some(self.namespace.clone());
+                match leases.create(&Default::default(), &lease).await {
+                    Ok(created) => created,
+                    Err(kube::Error::Api(status)) if status.code == 409 => return Ok(false),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        let spec = lease.spec.get_or_insert_default();
+        let mine = spec.holder_identity.as_deref() == Some(holder);
+        let lapsed = spec.renew_time.as_ref().is_none_or(|at| {
+            now.duration_since(at.0).as_secs_f64()
+                > crate::model::pinboard_api::STALE_AFTER.as_secs_f64()
+        });
+        if !mine && !lapsed {
+            return Ok(false);
+        }
+        spec.holder_identity = Some(holder.to_string());
+        spec.renew_time = Some(MicroTime(now));
+        spec.lease_duration_seconds =
+            Some(crate::model::pinboard_api::STALE_AFTER.as_secs() as i32);
+        match leases
+            .replace(AGGREGATOR_LEASE, &Default::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 }

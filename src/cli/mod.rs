@@ -12,9 +12,11 @@ mod plan;
 mod release;
 mod unpin;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use clap_complete::Shell;
 
+use crate::agent::AgentArgs;
+use crate::agent::manifests::ManifestArgs;
 use crate::error::Failure;
 use crate::options::CommonArgs;
 use crate::ui::TuiArgs;
@@ -58,6 +60,26 @@ pub enum Command {
     },
     /// The terminal UI (the same as `pinboard` without a subcommand).
     Tui(TuiArgs),
+    /// pinboard's agent, on one node of any Kubernetes cluster (run by its DaemonSet); `agent manifests`
+    /// prints what installs it.
+    Agent(AgentCommand),
+}
+
+/// `pinboard agent`: the agent itself, or `pinboard agent manifests`.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct AgentCommand {
+    #[command(subcommand)]
+    pub manifests: Option<AgentSubcommand>,
+    #[command(flatten)]
+    pub agent: Option<AgentArgs>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentSubcommand {
+    /// Prints the namespace, CRDs, RBAC and DaemonSet that install the agent: `pinboard agent manifests
+    /// --image REF | kubectl apply -f -`.
+    Manifests(ManifestArgs),
 }
 
 /// How the program was invoked: `kubectl pinboard` or `oc pinboard` when run as a kubectl/oc plugin (a binary
@@ -131,6 +153,16 @@ pub async fn run(command: Command) -> Result<String, Failure> {
         Command::Release(args) => release::run(args).await,
         Command::Completion { shell } => Ok(completion(shell, &program_name())),
         Command::Tui(args) => crate::ui::live::run(args).await.map(|()| String::new()),
+        Command::Agent(AgentCommand {
+            manifests: Some(AgentSubcommand::Manifests(args)),
+            ..
+        }) => crate::agent::manifests::render(&args).map_err(Failure::bad_input),
+        Command::Agent(AgentCommand {
+            agent: Some(args), ..
+        }) => crate::agent::run(args).await.map(|()| String::new()),
+        Command::Agent(_) => Err(Failure::bad_input(
+            "pinboard agent runs on a node: pass --node NAME (or set NODE_NAME), or `agent manifests`",
+        )),
     }
 }
 

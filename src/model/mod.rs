@@ -1,5 +1,6 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
+pub mod agents_view;
 pub mod cluster_session;
 pub mod config_view;
 pub mod crio;
@@ -10,6 +11,7 @@ pub mod image;
 pub mod labels;
 pub mod machine_config;
 pub mod mirror_rules;
+pub mod node_report;
 pub mod node_summary;
 pub mod pinboard_api;
 pub mod plan;

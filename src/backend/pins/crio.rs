@@ -585,6 +585,7 @@ mod tests {
         assert_eq!(entries[0].holders, Holders::from([Holder::Admin]));
         let all = Release {
             sets: Sets::All,
+            only: None,
             images: BTreeSet::new(),
             release_unowned: true,
         };

@@ -139,6 +139,7 @@ pub(super) async fn unpin(
     let mut used: Vec<SetUsed> = sets.iter().map(SetUsed::of).collect();
     used.extend(names.iter().map(|name| SetUsed::named(name)));
     let release = Release {
+        only: None,
         sets: match all_sets {
             true => Sets::All,
             false => Sets::Named(used.iter().map(|s| s.name.clone()).collect()),
