@@ -562,14 +562,7 @@ impl TargetArgs {
         };
         let text = self.nodes.as_deref().map(read_file).transpose()?;
         let file = self.nodes.as_deref().zip(text.as_deref());
-        targets::resolve(&self.cri, file, &defaults).map_err(|e| {
-            // Only "no endpoint at all" means nothing could be reached; everything else is a typo.
-            if e.starts_with("no CRI endpoint") {
-                Failure::unreachable(vec![e])
-            } else {
-                Failure::bad_input(e)
-            }
-        })
+        Ok(targets::resolve(&self.cri, file, &defaults)?)
     }
 
     pub fn platform(&self) -> Result<Platform, Failure> {
