@@ -417,7 +417,7 @@ pub enum Output {
 
 /// How to reach registries, with the local mirror rules.
 fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Failure> {
-    let mirrors = args.mirror_sources().load().map_err(Failure::bad_input)?;
+    let mirrors = args.mirror_sources().load()?;
     Ok(RegistryOptions {
         authfile: args.authfile.clone(),
         insecure_registries: args.insecure_registries.clone(),
