@@ -568,7 +568,7 @@ impl TargetArgs {
     pub fn platform(&self) -> Result<Platform, Failure> {
         self.platform.as_deref().map_or_else(
             || Ok(Platform::host()),
-            |p| Platform::parse(p).map_err(Failure::bad_input),
+            |p| Platform::parse(p).map_err(Failure::from),
         )
     }
 
