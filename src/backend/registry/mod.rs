@@ -44,7 +44,7 @@ mod manifest;
 mod reference;
 
 use access::AuthState;
-pub use blob::{BlobBody, BlobFailure};
+pub use blob::{BlobBody, BlobFailure, BrokenOff};
 pub use error::RegistryError;
 use error::{map_error, timeout_error, tried_everywhere};
 pub use manifest::{
