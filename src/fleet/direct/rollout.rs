@@ -164,7 +164,7 @@ pub(super) async fn unpin(
                 node,
                 ok: false,
                 report: UnpinReport::default(),
-                message: Some(e),
+                message: Some(e.to_string()),
             },
         }
     }))
