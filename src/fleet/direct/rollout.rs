@@ -45,8 +45,7 @@ async fn start(
         operator,
         fleet.timeout,
     )
-    .await
-    .map_err(Failure::bad_input)?;
+    .await?;
     Ok((planned, run, notices))
 }
 
