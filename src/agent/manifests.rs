@@ -40,11 +40,19 @@ pub struct ManifestArgs {
 }
 
 fn default_image() -> String {
-    format!("ghcr.io/pinboard-dev/pinboard:v{}", env!("CARGO_PKG_VERSION"))
+    format!(
+        "ghcr.io/pinboard-dev/pinboard:v{}",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
+/// A `--node-selector` that is no label.
+#[derive(Debug, thiserror::Error)]
+#[error("--node-selector {0:?} is not KEY=VALUE with a label key and value")]
+pub struct NodeSelectorError(String);
+
 /// The manifests for `args`, as one multi-document YAML.
-pub fn render(args: &ManifestArgs) -> Result<String, String> {
+pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
     let mut daemonset = match args.runtime {
         ForRuntime::Containerd => DAEMONSET_CONTAINERD,
         ForRuntime::Crio => DAEMONSET_CRIO,
@@ -56,9 +64,7 @@ pub fn render(args: &ManifestArgs) -> Result<String, String> {
             .filter(|(k, v)| {
                 crate::model::labels::valid_key(k) && crate::model::labels::valid_value(v)
             })
-            .ok_or_else(|| {
-                format!("--node-selector {selector:?} is not KEY=VALUE with a label key and value")
-            })?;
+            .ok_or_else(|| NodeSelectorError(selector.clone()))?;
         daemonset = daemonset.replace(
             "      serviceAccountName: pinboard-agent\n",
             &format!(
@@ -113,7 +119,10 @@ mod tests {
         assert!(containerd.contains("image: registry.lab:5000/pinboard@sha256:0"));
         assert!(containerd.contains("namespace: pins"));
         assert!(containerd.contains("/run/containerd") && !containerd.contains("/var/run/crio"));
-        assert!(!containerd.contains("hostPID"), "containerd needs no host PID namespace");
+        assert!(
+            !containerd.contains("hostPID"),
+            "containerd needs no host PID namespace"
+        );
         let crio = render(&args(ForRuntime::Crio)).unwrap();
         assert!(crio.contains("/var/run/crio") && crio.contains("hostPID: true"));
         assert!(!crio.contains("/run/containerd"));
@@ -121,7 +130,10 @@ mod tests {
             assert!(yaml.contains("readOnlyRootFilesystem: true"));
             assert!(yaml.contains("drop: [ALL]"));
             assert!(yaml.contains("- operator: Exists"), "tolerates every taint");
-            assert!(!yaml.contains("/var/lib/kubelet"), "no node credentials unless asked");
+            assert!(
+                !yaml.contains("/var/lib/kubelet"),
+                "no node credentials unless asked"
+            );
         }
     }
 
@@ -135,6 +147,11 @@ mod tests {
         assert!(yaml.contains("--node-credentials, /var/lib/kubelet/config.json"));
         assert!(yaml.contains("mountPath: /var/lib/kubelet/config.json, readOnly: true"));
         asked.node_selector = Some("no value".into());
-        assert!(render(&asked).unwrap_err().contains("KEY=VALUE"));
+        assert!(
+            render(&asked)
+                .unwrap_err()
+                .to_string()
+                .contains("KEY=VALUE")
+        );
     }
 }

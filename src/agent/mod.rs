@@ -32,7 +32,6 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::pinboard_api::PinboardApi;
-use crate::model::agents_view::AgentsUpdate;
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
 use crate::backend::target::NodeTarget;
@@ -41,6 +40,7 @@ use crate::error::Failure;
 use crate::fanout::{LOOPBACK, Update};
 use crate::fleet::direct::{DirectConfig, DirectFleet};
 use crate::fleet::{Fleet, FleetEvent, RolloutControl};
+use crate::model::agents_view::AgentsUpdate;
 use crate::model::holders::Release;
 use crate::model::image::Platform;
 use crate::model::node_report;
@@ -87,7 +87,9 @@ pub struct AgentArgs {
 /// takes 100 writes a second from 5,000 nodes pre-loading at once (every 50 s each), as it takes their
 /// kubelets' heartbeats.
 pub fn write_interval(nodes: i64) -> Duration {
-    Duration::from_secs(5).max(Duration::from_millis(u64::try_from(nodes).unwrap_or(0) * 10))
+    Duration::from_secs(5).max(Duration::from_millis(
+        u64::try_from(nodes).unwrap_or(0) * 10,
+    ))
 }
 
 /// Runs the agent until it is stopped.
@@ -212,7 +214,10 @@ impl Agent {
     async fn take(&mut self, update: AgentsUpdate) {
         match update {
             AgentsUpdate::Sets(sets) => {
-                self.sets = sets.into_iter().map(|s| (s.name().to_string(), s)).collect();
+                self.sets = sets
+                    .into_iter()
+                    .map(|s| (s.name().to_string(), s))
+                    .collect();
             }
             AgentsUpdate::Nodes(nodes) => {
                 self.labels = nodes.into_iter().next().map(|n| n.labels);
@@ -252,7 +257,12 @@ impl Agent {
         let desired: BTreeMap<String, (i64, Vec<String>)> = self
             .desired()
             .into_iter()
-            .map(|(name, set)| (name.to_string(), (set.generation(), set.images().map(str::to_string).collect())))
+            .map(|(name, set)| {
+                (
+                    name.to_string(),
+                    (set.generation(), set.images().map(str::to_string).collect()),
+                )
+            })
             .collect();
         if let Some(running) = &mut self.running {
             let current = desired.get(&running.set).map(|(g, _)| *g);
@@ -266,16 +276,18 @@ impl Agent {
         self.reports.retain(|name, _| desired.contains_key(name));
         let held = facts::holding_sets(&self.facts);
         if let Some(gone) = held.iter().find(|set| !desired.contains_key(*set)) {
-            self.release(&Release::of_sets(&[gone.as_str()], &[], false), gone).await;
+            self.release(&Release::of_sets(&[gone.as_str()], &[], false), gone)
+                .await;
             return;
         }
         let next = desired.iter().find(|(name, (generation, _))| {
             let done = self.reports.get(*name).is_some_and(|r| {
                 r.observed_generation == *generation && r.state == NodeSetPhase::Pinned
             });
-            let backing_off = self.failed.get(*name).is_some_and(|(g, at)| {
-                g == generation && at.elapsed() < RETRY_FAILED_AFTER
-            });
+            let backing_off = self
+                .failed
+                .get(*name)
+                .is_some_and(|(g, at)| g == generation && at.elapsed() < RETRY_FAILED_AFTER);
             !done && !backing_off
         });
         if let Some((name, (generation, images))) = next {
@@ -287,7 +299,12 @@ impl Agent {
     async fn start(&mut self, name: &str, generation: i64, images: &[String]) {
         let set = &self.sets[name];
         let mut image_set = from_flags(name, images);
-        image_set.pull_secrets = set.spec.pull_secrets.iter().map(|s| s.name.clone()).collect();
+        image_set.pull_secrets = set
+            .spec
+            .pull_secrets
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
         let credentials = self.credentials(&image_set).await;
         let registry = match Registry::with_credentials(self.registry.clone(), credentials) {
             Ok(registry) => registry,
@@ -314,8 +331,10 @@ impl Agent {
             .filter(|image| !images.contains(image))
             .collect();
         tracing::info!(set = name, generation, "rolling out");
-        self.reports
-            .insert(name.to_string(), node_report::queued(name, generation, images));
+        self.reports.insert(
+            name.to_string(),
+            node_report::queued(name, generation, images),
+        );
         let control = fleet.roll_out(
             image_set,
             vec![self.target.node.name.clone()],
@@ -354,7 +373,8 @@ impl Agent {
         report.state = NodeSetPhase::Failed;
         report.conditions = node_report::failed_conditions(&why);
         self.reports.insert(name.to_string(), report);
-        self.failed.insert(name.to_string(), (generation, Instant::now()));
+        self.failed
+            .insert(name.to_string(), (generation, Instant::now()));
     }
 
     /// Folds in what the running rollout tells.
@@ -383,12 +403,18 @@ impl Agent {
     /// Ends a rollout: asks the runtime what is pinned, releases what the set no longer lists, and reads
     /// the node again.
     async fn finish(&mut self, running: Running, failure: Option<Failure>) {
-        let images: Vec<String> = self.sets.get(&running.set).map_or_else(Vec::new, |s| {
-            s.images().map(str::to_string).collect()
-        });
+        let images: Vec<String> = self
+            .sets
+            .get(&running.set)
+            .map_or_else(Vec::new, |s| s.images().map(str::to_string).collect());
         let report = match (failure, running.rollout.nodes().get(&self.target.node.name)) {
             (Some(failure), _) => {
-                self.fail(&running.set, running.generation, &images, failure.to_string());
+                self.fail(
+                    &running.set,
+                    running.generation,
+                    &images,
+                    failure.to_string(),
+                );
                 None
             }
             (None, Some(progress)) => {
@@ -432,7 +458,8 @@ impl Agent {
         if let Some(wish) = self.lazy_wish {
             let lazy = self.target.lazy.clone();
             let outcome =
-                tokio::task::spawn_blocking(move || crate::backend::lazy::set_lazy(&lazy, wish)).await;
+                tokio::task::spawn_blocking(move || crate::backend::lazy::set_lazy(&lazy, wish))
+                    .await;
             if let Ok(Err(e)) = outcome {
                 tracing::warn!("lazy pulling not changed: {e}");
             }

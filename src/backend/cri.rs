@@ -55,11 +55,21 @@ impl CriEndpoint {
     }
 }
 
+/// A text that names no CRI socket.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "CRI endpoint {text:?} is not unix:///path/to/socket or tcp://host:port \
+     (e.g. unix:///run/containerd/containerd.sock)"
+)]
+pub struct CriEndpointError {
+    pub text: String,
+}
+
 impl FromStr for CriEndpoint {
-    type Err = String;
+    type Err = CriEndpointError;
 
     /// `unix:///run/containerd/containerd.sock`, a bare absolute path (as crictl accepts), or `tcp://host:port`.
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(text: &str) -> Result<Self, CriEndpointError> {
         if let Some(path) = text.strip_prefix("unix://") {
             if path.starts_with('/') {
                 return Ok(CriEndpoint::Unix(PathBuf::from(path)));
@@ -74,10 +84,9 @@ impl FromStr for CriEndpoint {
         } else if text.starts_with('/') {
             return Ok(CriEndpoint::Unix(PathBuf::from(text)));
         }
-        Err(format!(
-            "CRI endpoint {text:?} is not unix:///path/to/socket or tcp://host:port \
-             (e.g. unix:///run/containerd/containerd.sock)"
-        ))
+        Err(CriEndpointError {
+            text: text.to_owned(),
+        })
     }
 }
 
@@ -511,7 +520,7 @@ mod tests {
             "http://x:1",
             "crio.sock",
         ] {
-            let err = bad.parse::<CriEndpoint>().unwrap_err();
+            let err = bad.parse::<CriEndpoint>().unwrap_err().to_string();
             assert!(
                 err.contains("unix:///path/to/socket or tcp://host:port"),
                 "{bad}: {err}"

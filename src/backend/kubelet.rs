@@ -19,6 +19,21 @@ const CONCURRENCY: usize = 32;
 /// How long one kubelet is given to answer through the node proxy.
 const KUBELET_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a kubelet's word could not be had through the node proxy.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error("{0}")]
+    Request(http::Error),
+    #[error("no answer within {KUBELET_TIMEOUT:?}")]
+    Timeout,
+    #[error("HTTP {code}: {message}")]
+    Refused { code: u16, message: String },
+    #[error("{0}")]
+    Kube(kube::Error),
+    #[error("the summary has no node.runtime.imageFs")]
+    NoImageFs,
+}
+
 /// The part of the kubelet's `/stats/summary` pinboard reads.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
@@ -89,27 +104,30 @@ async fn proxied<T: serde::de::DeserializeOwned>(
     client: &Client,
     node: &str,
     path: &str,
-) -> Result<T, String> {
+) -> Result<T, KubeletError> {
     let request = http::Request::get(format!("/api/v1/nodes/{node}/proxy/{path}"))
         .body(Vec::new())
-        .map_err(|e| e.to_string())?;
+        .map_err(KubeletError::Request)?;
     tokio::time::timeout(KUBELET_TIMEOUT, client.request::<T>(request))
         .await
-        .map_err(|_| format!("no answer within {KUBELET_TIMEOUT:?}"))?
+        .map_err(|_| KubeletError::Timeout)?
         .map_err(|e| match e {
-            kube::Error::Api(status) => format!("HTTP {}: {}", status.code, status.message),
-            other => other.to_string(),
+            kube::Error::Api(status) => KubeletError::Refused {
+                code: status.code,
+                message: status.message,
+            },
+            other => KubeletError::Kube(other),
         })
 }
 
 /// The image filesystem of `node` from its kubelet's summary.
-pub async fn image_fs(client: &Client, node: &str) -> Result<FsStats, String> {
+pub async fn image_fs(client: &Client, node: &str) -> Result<FsStats, KubeletError> {
     let summary: Summary = proxied(client, node, "stats/summary").await?;
     summary
         .node
         .runtime
         .and_then(|r| r.image_fs)
-        .ok_or_else(|| "the summary has no node.runtime.imageFs".into())
+        .ok_or(KubeletError::NoImageFs)
 }
 
 /// `node`'s kubelet configuration, or its defaults labelled with why they are assumed.

@@ -156,7 +156,7 @@ pub async fn run(command: Command) -> Result<String, Failure> {
         Command::Agent(AgentCommand {
             manifests: Some(AgentSubcommand::Manifests(args)),
             ..
-        }) => crate::agent::manifests::render(&args).map_err(Failure::bad_input),
+        }) => crate::agent::manifests::render(&args).map_err(|e| Failure::bad_input(e.to_string())),
         Command::Agent(AgentCommand {
             agent: Some(args), ..
         }) => crate::agent::run(args).await.map(|()| String::new()),

@@ -481,7 +481,11 @@ impl NodeRun {
                 confirmed,
                 at,
             },
-            Err(reason) => Event::PinFailed { node, reason, at },
+            Err(reason) => Event::PinFailed {
+                node,
+                reason: reason.to_string(),
+                at,
+            },
         });
     }
 }

@@ -28,11 +28,17 @@ pub enum NodeWithSet {
     /// No agent has ever reported on the node.
     NoAgent,
     /// Its agent's heartbeat is older than the stale limit (how old, in seconds).
-    Stale { seconds: u64 },
+    Stale {
+        seconds: u64,
+    },
     /// The agent has not reached this generation yet.
-    Waiting { observed: Option<i64> },
+    Waiting {
+        observed: Option<i64>,
+    },
     Pulling,
-    Failed { reason: String },
+    Failed {
+        reason: String,
+    },
 }
 
 impl AgentsView {
@@ -42,13 +48,15 @@ impl AgentsView {
 
     /// Every watch has listed once, and none is failing now.
     pub fn synced(&self) -> bool {
-        !self.connections.is_empty()
-            && self.connections.values().all(|c| *c == Connection::Synced)
+        !self.connections.is_empty() && self.connections.values().all(|c| *c == Connection::Synced)
     }
 
     /// The nodes `set` lands on, by name.
     pub fn nodes_of(&self, set: &PinSet) -> Vec<&ClusterNode> {
-        self.nodes.iter().filter(|n| set.selects(&n.labels)).collect()
+        self.nodes
+            .iter()
+            .filter(|n| set.selects(&n.labels))
+            .collect()
     }
 
     /// A node's report, when its agent wrote one.
@@ -57,7 +65,13 @@ impl AgentsView {
     }
 
     /// Where `node` is with generation `generation` of set `name`, at `now`.
-    pub fn node_with_set(&self, node: &str, name: &str, generation: i64, now: SystemTime) -> NodeWithSet {
+    pub fn node_with_set(
+        &self,
+        node: &str,
+        name: &str,
+        generation: i64,
+        now: SystemTime,
+    ) -> NodeWithSet {
         let Some(report) = self.report(node) else {
             return NodeWithSet::NoAgent;
         };

@@ -308,7 +308,11 @@ mod tests {
         let dropped = ["quay.io/a@sha256:1".to_string()];
         let kept = ["quay.io/b@sha256:2".to_string()];
         assert_eq!(release.after(&held, &dropped), holders(&[set("db")]));
-        assert_eq!(release.after(&held, &kept), held, "still listed: still held");
+        assert_eq!(
+            release.after(&held, &kept),
+            held,
+            "still listed: still held"
+        );
     }
 
     #[test]

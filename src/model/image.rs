@@ -8,6 +8,21 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Failure;
+
+/// A `--platform` that is not `os/architecture[/variant]`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("platform {text:?} is not os/architecture[/variant], e.g. linux/arm64/v8")]
+pub struct PlatformError {
+    pub text: String,
+}
+
+impl From<PlatformError> for Failure {
+    fn from(error: PlatformError) -> Failure {
+        Failure::bad_input(error.to_string())
+    }
+}
+
 /// An OCI platform: what an image index is resolved against for one node.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Platform {
@@ -34,7 +49,7 @@ impl Platform {
     }
 
     /// Parses `os/arch[/variant]`, as `--platform` takes it.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, PlatformError> {
         let parts: Vec<&str> = text.split('/').collect();
         match parts.as_slice() {
             [os, arch] if !os.is_empty() && !arch.is_empty() => Ok(Platform {
@@ -49,9 +64,9 @@ impl Platform {
                     variant: Some(variant.to_string()),
                 })
             }
-            _ => Err(format!(
-                "platform {text:?} is not os/architecture[/variant], e.g. linux/arm64/v8"
-            )),
+            _ => Err(PlatformError {
+                text: text.to_owned(),
+            }),
         }
     }
 

@@ -6,6 +6,28 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
+/// What is wrong with a selector, and how to write it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error(
+        "selector {requirement:?}: {why}; write key=value, key!=value, key, !key, key in (a,b) or key \
+         notin (a,b), separated by commas"
+    )]
+    Requirement { requirement: String, why: String },
+    #[error("matchLabels {key}: {value:?} is not a label key and value")]
+    MatchLabel { key: String, value: String },
+    #[error(
+        "matchExpressions {key}: operator {operator:?} is not In, NotIn, Exists or DoesNotExist"
+    )]
+    Operator { key: String, operator: String },
+    #[error("matchExpressions: {0:?} is not a label key")]
+    Key(String),
+    #[error(
+        "matchExpressions {key} {operator}: In and NotIn take values, Exists and DoesNotExist none"
+    )]
+    Values { key: String, operator: String },
+}
+
 /// A node selector a set carries: Kubernetes' own, with equality as its fields'.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Selector(pub LabelSelector);
@@ -48,18 +70,16 @@ pub fn selector_matches(
 
 /// A selector written as `kubectl -l` takes it, checked: each requirement's key a valid label key, each
 /// value a valid label value. Errors name the requirement and the fix.
-pub fn parse_selector(text: &str) -> Result<LabelSelector, String> {
+pub fn parse_selector(text: &str) -> Result<LabelSelector, SelectorError> {
     let mut selector = LabelSelector::default();
     for requirement in split_requirements(text) {
         let requirement = requirement.trim();
         if requirement.is_empty() {
             continue;
         }
-        let bad = |why: &str| {
-            format!(
-                "selector {requirement:?}: {why}; write key=value, key!=value, key, !key, key in (a,b) or \
-                 key notin (a,b), separated by commas"
-            )
+        let bad = |why: &str| SelectorError::Requirement {
+            requirement: requirement.to_string(),
+            why: why.to_string(),
         };
         let (key, operator, values) = if let Some(key) = requirement.strip_prefix('!') {
             (key.trim(), "DoesNotExist", Vec::new())
@@ -207,7 +227,7 @@ mod tests {
             ("zone=-a", "is not a label value"),
             ("my_corp.com/zone=a", "is not a label key"),
         ] {
-            let err = parse_selector(text).unwrap_err();
+            let err = parse_selector(text).unwrap_err().to_string();
             assert!(
                 err.contains(says) && err.contains("key=value"),
                 "{text}: {err}"

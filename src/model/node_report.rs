@@ -44,9 +44,10 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
                 rollout::ImageState::Failed { reason } => {
                     (ImagePhase::Failed, Some(reason.to_string()))
                 }
-                rollout::ImageState::Cancelled => {
-                    (ImagePhase::Queued, Some("cancelled: the set changed".into()))
-                }
+                rollout::ImageState::Cancelled => (
+                    ImagePhase::Queued,
+                    Some("cancelled: the set changed".into()),
+                ),
             };
             ImageState {
                 name: image.to_string(),
@@ -59,9 +60,9 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
         })
         .collect();
     let failed = match &node.state {
-        NodeState::Refused { reason } | NodeState::Stopped { reason } | NodeState::PinFailed { reason } => {
-            Some(reason.clone())
-        }
+        NodeState::Refused { reason }
+        | NodeState::Stopped { reason }
+        | NodeState::PinFailed { reason } => Some(reason.clone()),
         _ => images
             .iter()
             .find(|i| i.state == ImagePhase::Failed)
@@ -221,7 +222,14 @@ mod tests {
         assert_eq!(report.images[1].state, ImagePhase::Pulled);
         assert_eq!(report.state, NodeSetPhase::Failed);
         let degraded = &report.conditions[1];
-        assert_eq!((degraded.type_.as_str(), degraded.status.as_str()), (DEGRADED, "True"));
-        assert!(degraded.message.contains("not pinned"), "{}", degraded.message);
+        assert_eq!(
+            (degraded.type_.as_str(), degraded.status.as_str()),
+            (DEGRADED, "True")
+        );
+        assert!(
+            degraded.message.contains("not pinned"),
+            "{}",
+            degraded.message
+        );
     }
 }

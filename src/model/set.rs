@@ -18,7 +18,7 @@ use sha2::{Digest as _, Sha256};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
-use super::labels::{Selector, valid_key, valid_value};
+use super::labels::{Selector, SelectorError, valid_key, valid_value};
 use super::pinboard_api;
 use super::reference::check_pinned;
 
@@ -325,12 +325,13 @@ struct SecretYaml {
 
 /// A node selector as written, checked as the API server would (operators and their values, label keys
 /// and values), or why not.
-fn node_selector(yaml: SelectorYaml) -> Result<LabelSelector, String> {
+fn node_selector(yaml: SelectorYaml) -> Result<LabelSelector, SelectorError> {
     for (key, value) in &yaml.match_labels {
         if !valid_key(key) || !valid_value(value) {
-            return Err(format!(
-                "matchLabels {key}: {value:?} is not a label key and value"
-            ));
+            return Err(SelectorError::MatchLabel {
+                key: key.clone(),
+                value: value.clone(),
+            });
         }
     }
     let mut expressions = Vec::new();
@@ -338,21 +339,21 @@ fn node_selector(yaml: SelectorYaml) -> Result<LabelSelector, String> {
         let needs_values = match e.operator.as_str() {
             "In" | "NotIn" => true,
             "Exists" | "DoesNotExist" => false,
-            other => {
-                return Err(format!(
-                    "matchExpressions {}: operator {other:?} is not In, NotIn, Exists or DoesNotExist",
-                    e.key
-                ));
+            _ => {
+                return Err(SelectorError::Operator {
+                    key: e.key,
+                    operator: e.operator,
+                });
             }
         };
         if !valid_key(&e.key) {
-            return Err(format!("matchExpressions: {:?} is not a label key", e.key));
+            return Err(SelectorError::Key(e.key));
         }
         if needs_values == e.values.is_empty() {
-            return Err(format!(
-                "matchExpressions {} {}: In and NotIn take values, Exists and DoesNotExist none",
-                e.key, e.operator
-            ));
+            return Err(SelectorError::Values {
+                key: e.key,
+                operator: e.operator,
+            });
         }
         expressions.push(LabelSelectorRequirement {
             key: e.key,

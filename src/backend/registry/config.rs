@@ -24,7 +24,7 @@ impl Registry {
             reference: reference.to_string(),
             cause,
         };
-        let source = Source::of(reference).map_err(&invalid)?;
+        let source = Source::of(reference).map_err(|e| invalid(e.to_string()))?;
         let digest = &facts.config_digest;
         let mut body = self
             .blob(&source, digest, 0)

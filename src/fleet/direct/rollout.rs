@@ -45,8 +45,7 @@ async fn start(
         operator,
         fleet.timeout,
     )
-    .await
-    .map_err(Failure::bad_input)?;
+    .await?;
     Ok((planned, run, notices))
 }
 
@@ -162,7 +161,7 @@ pub(super) async fn unpin(
                 node,
                 ok: false,
                 report: UnpinReport::default(),
-                message: Some(e),
+                message: Some(e.to_string()),
             },
         }
     }))
