@@ -20,6 +20,7 @@ use crate::model::machine_config::{ClusterNode, ClusterView};
 use crate::model::plan::{
     Limits, LinkBytes, NodeFacts, NodePlan, PlannedImage, link_bytes, plan_node,
 };
+use crate::model::readiness::unreachable_reason;
 use crate::model::set::ImageSet;
 
 /// The result of a survey, serialized as `plan -o json|yaml` prints it.
@@ -48,7 +49,7 @@ pub struct SetSummary {
 /// Why a survey could not produce a plan.
 #[derive(Debug)]
 pub enum SurveyError {
-    /// No node answered: each node's error, in order.
+    /// No node answered: each node's error, naming it, in order.
     NoTarget(Vec<String>),
     /// Some images could not be resolved in the registry: (reference, error), in set order.
     Images(Vec<(String, RegistryError)>),
@@ -57,15 +58,11 @@ pub enum SurveyError {
 impl From<SurveyError> for Failure {
     fn from(err: SurveyError) -> Failure {
         match err {
-            SurveyError::NoTarget(errors) => Failure::unreachable(
-                errors
-                    .into_iter()
-                    .map(|e| format!("{e}; check that the runtime is running and the path or address is right"))
-                    .collect(),
-            ),
-            SurveyError::Images(failed) => {
-                Failure { exit: Exit::BadInput, lines: failed.into_iter().map(|(_, err)| err.to_string()).collect() }
-            }
+            SurveyError::NoTarget(errors) => Failure::unreachable(errors),
+            SurveyError::Images(failed) => Failure {
+                exit: Exit::BadInput,
+                lines: failed.into_iter().map(|(_, err)| err.to_string()).collect(),
+            },
         }
     }
 }
@@ -103,7 +100,13 @@ pub async fn survey(
         return Err(SurveyError::NoTarget(
             observations
                 .into_iter()
-                .filter_map(|o| o.facts.unreachable)
+                .filter_map(|o| {
+                    Some(format!(
+                        "{}: {}",
+                        o.facts.name,
+                        unreachable_reason(&o.facts.unreachable?)
+                    ))
+                })
                 .collect(),
         ));
     }

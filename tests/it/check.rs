@@ -153,7 +153,7 @@ fn an_image_pulled_without_the_pin_label_is_present_but_not_pinned() {
 }
 
 #[test]
-fn unreachable_nodes_are_named_and_none_reachable_exits_3() {
+fn unreachable_nodes_are_named_by_every_command_and_none_reachable_exits_3() {
     let (lab, images) = lab("check-unreachable", &["n1"], 1);
     let run = pinboard(args("check", &lab, &images, &["--cri", NO_NODE]));
     assert_eq!(run.code, 1, "{}", run.stderr);
@@ -172,8 +172,34 @@ fn unreachable_nodes_are_named_and_none_reachable_exits_3() {
     assert_eq!(run.code, 3, "{}", run.stderr);
     assert!(run.stdout.is_empty());
     assert!(run.stderr.contains("n9: unreachable"), "{}", run.stderr);
-    only_gone[0] = "status".into();
-    assert_eq!(pinboard(&only_gone).code, 3);
+    // Every command says which node it could not reach, in check's words (unpin: what it could not do).
+    for (command, said) in [
+        (
+            "status",
+            "error: n9: unreachable: CRI endpoint unix:///nonexistent/",
+        ),
+        (
+            "plan",
+            "error: n9: unreachable: CRI endpoint unix:///nonexistent/",
+        ),
+        (
+            "apply",
+            "error: n9: unreachable: CRI endpoint unix:///nonexistent/",
+        ),
+        (
+            "unpin",
+            "error: n9: not unpinned: CRI endpoint unix:///nonexistent/",
+        ),
+    ] {
+        only_gone[0] = command.into();
+        let run = pinboard(&only_gone);
+        assert_eq!(run.code, 3, "{command}: {}", run.stderr);
+        assert!(
+            run.stderr.lines().any(|l| l.starts_with(said)),
+            "{command}: {said:?} not in {}",
+            run.stderr
+        );
+    }
 }
 
 #[test]

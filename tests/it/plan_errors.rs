@@ -162,8 +162,9 @@ fn an_unreachable_cri_endpoint_exits_3() {
         &run,
         3,
         &[
-            &format!("CRI endpoint {NO_NODE}: connect:"),
+            &format!("error: n1: unreachable: CRI endpoint {NO_NODE}: connect:"),
             "No such file or directory",
+            "check that the runtime is running",
         ],
     );
 }

@@ -81,15 +81,19 @@ fn pinned_by(images: &[ImageObserved]) -> Option<PinnedBy> {
         .flatten()
 }
 
+/// Why a node that did not answer is not ready, as every command says it after the node's name
+/// (`n2: unreachable: CRI endpoint …: connect: …; check …`).
+pub fn unreachable_reason(error: &str) -> String {
+    format!("unreachable: {error}; check that the runtime is running and the endpoint is right")
+}
+
 /// One node's readiness from what was observed there. `plan`, when given, is the node's plan for the same
 /// images: a `no-space` verdict says why missing images cannot be pre-loaded.
 pub fn assess(observed: &ObservedNode, plan: Option<&NodePlan>) -> NodeReadiness {
     let images: Vec<ImageReadiness> = observed.images.iter().map(image_readiness).collect();
     let mut reasons = Vec::new();
     if let Some(error) = &observed.unreachable {
-        reasons.push(format!(
-            "unreachable: {error}; check that the runtime is running and the endpoint is right"
-        ));
+        reasons.push(unreachable_reason(error));
     } else {
         if let Some(why) = &observed.not_ready {
             reasons.push(format!(

@@ -21,7 +21,7 @@ mod daemons;
 mod direct;
 
 pub use daemons::{MACHINE_CONFIG_PINS, assess_cluster, assess_cluster_node};
-pub use direct::assess;
+pub use direct::{assess, unreachable_reason};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
