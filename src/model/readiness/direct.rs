@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, NodeReadiness, ObservedNode, PinnedBy,
-    PullSeen, STUCK_AFTER_SECONDS, count_images, pin_method_name, some_of, with_reason,
+    PullSeen, STUCK_AFTER_SECONDS, pin_method_name, with_reason,
 };
 use crate::model::crio::{Unpinned, explain_unpinned};
 use crate::model::holders::HeldBy;
 use crate::model::plan::{NodePlan, Verdict};
+use crate::model::reference::{count_images, some_of};
 use crate::model::units::{clock, human};
 
 fn pinned(image: &ImageObserved) -> Option<bool> {
