@@ -10,6 +10,7 @@ mod mirror;
 mod output;
 mod plan;
 mod release;
+pub mod stderr_log;
 mod unpin;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -202,6 +202,68 @@ fn unreachable_nodes_are_named_by_every_command_and_none_reachable_exits_3() {
     }
 }
 
+/// `check` with stderr in a file, a warning logged on the way (an auth file that cannot be read): plain
+/// text, each problem one line, `warning:` or `error:` first; with `PINBOARD_LOG=debug` the lines below
+/// warning have their timestamp and module path, still without colour.
+#[test]
+fn check_says_each_problem_on_one_plain_line_when_stderr_is_a_file() {
+    let (lab, images) = lab("check-stderr", &["n1"], 2);
+    let home = tempfile::tempdir().unwrap();
+    let unreadable = home.path().join(".docker/config.json");
+    std::fs::create_dir_all(&unreadable).unwrap();
+    let logged = |level: Option<&str>| {
+        let file = home.path().join("stderr.txt");
+        let stderr = std::fs::File::create(&file).unwrap();
+        let run = support::pinboard_with(args("check", &lab, &images, &["--cri", NO_NODE]), |c| {
+            support::isolated(home.path())(c);
+            match level {
+                Some(level) => c.env("PINBOARD_LOG", level),
+                None => c.env_remove("PINBOARD_LOG"),
+            };
+            c.stderr(stderr);
+        });
+        assert_eq!(run.code, 1, "{}", run.stdout);
+        std::fs::read_to_string(&file).unwrap()
+    };
+
+    let stderr = logged(None);
+    assert!(!stderr.contains('\x1b'), "no colour in a file: {stderr:?}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "a warning and two problems: {stderr}");
+    assert!(
+        lines[0].starts_with(&format!("warning: {}: ", unreadable.display())),
+        "the warning names the file: {stderr}"
+    );
+    assert!(lines[0].contains("--authfile"), "and the fix: {stderr}");
+    assert!(
+        lines[1].starts_with("error: n1: 2 images missing: ")
+            && lines[2].starts_with("error: n9: unreachable: "),
+        "{stderr}"
+    );
+
+    let stderr = logged(Some("debug"));
+    assert!(!stderr.contains('\x1b'), "no colour in a file: {stderr:?}");
+    let debug: Vec<&str> = stderr.lines().filter(|l| l.contains(" DEBUG ")).collect();
+    assert!(
+        debug.iter().any(|l| l.contains(" DEBUG pinboard::")),
+        "debug lines name their module: {stderr}"
+    );
+    assert!(
+        debug
+            .iter()
+            .all(|l| l.starts_with(|c: char| c.is_ascii_digit())),
+        "and start with their time: {stderr}"
+    );
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("warning: "))
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_bad_set_exits_2_before_any_node_is_asked() {
     let dir = tempfile::tempdir().unwrap();

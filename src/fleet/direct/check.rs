@@ -88,10 +88,13 @@ impl<'f> Checker<'f> {
                         plans[*i] = Some(plan);
                     }
                 }
-                Err(e) => tracing::warn!(
-                    "cannot plan the nodes missing images, so \"no space\" is not checked: {}",
-                    Failure::from(e)
-                ),
+                Err(e) => {
+                    for problem in Failure::from(e).lines {
+                        tracing::warn!(
+                            "cannot plan the nodes missing images, so \"no space\" is not checked: {problem}"
+                        );
+                    }
+                }
             }
         }
         observed
