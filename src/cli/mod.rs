@@ -41,7 +41,8 @@ pub enum Command {
     Plan(CommonArgs),
     /// Exit 0 only when every image is present and pinned on every node; else exit 1 with what is missing.
     Check(CommonArgs),
-    /// Per node and image: present, pinned, and why not (the data `check` judges, without its verdict).
+    /// Per node and image: present, pinned, and why not, as `check` shows them; exit 0 whether or not they are
+    /// ready.
     Status(CommonArgs),
     /// Pre-load then pin the images on every node, as the TUI does; then check (exit code as `check`'s).
     Apply(CommonArgs),
