@@ -1,11 +1,12 @@
 //! The command line: `pinboard` alone opens the terminal UI; `pinboard plan`, `check`, `status`, `apply`
 //! and `unpin` run headless; `pinboard mirror` serves the sets' images as a registry mirror. Every command
-//! takes the same argument list ([`CommonArgs`]; `mirror` also needs `--listen`). Each reads its
-//! input completely and checks it before touching anything, so bad input ends with one clear message per
-//! problem, exit code 2, and nothing done.
+//! takes the same argument list ([`CommonArgs`]; `mirror` also needs `--listen`), its help showing the flags
+//! it uses (`help`). Each reads its input completely and checks it before touching anything, so bad input
+//! ends with one clear message per problem, exit code 2, and nothing done.
 
 mod apply;
 mod check;
+mod help;
 mod mirror;
 mod output;
 mod plan;
@@ -13,7 +14,7 @@ mod release;
 pub mod stderr_log;
 mod unpin;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{FromArgMatches, Parser, Subcommand};
 use clap_complete::Shell;
 
 use crate::error::Failure;
@@ -82,7 +83,7 @@ pub fn program_name() -> String {
 
 /// The command line, parsed with usage and help naming the program as it was invoked.
 pub fn parse() -> Cli {
-    let matches = Cli::command().bin_name(program_name()).get_matches();
+    let matches = help::command().bin_name(program_name()).get_matches();
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
@@ -91,7 +92,7 @@ fn completion(shell: Shell, name: &str) -> String {
     let mut script = Vec::new();
     // Completion scripts complete one word: a plugin's is registered for its binary name.
     let binary = name.replace(' ', "-");
-    clap_complete::generate(shell, &mut Cli::command(), binary, &mut script);
+    clap_complete::generate(shell, &mut help::command(), binary, &mut script);
     String::from_utf8_lossy(&script).into_owned()
 }
 
@@ -209,7 +210,11 @@ mod tests {
             };
             let start: Vec<&str> = ["pinboard", command].iter().chain(own).copied().collect();
             let line = start.iter().chain(APPLY_ARGS);
-            let parsed = Cli::try_parse_from(line).unwrap_or_else(|e| panic!("{command}: {e}"));
+            // As `parse` parses it: flags hidden from a command's help are accepted all the same.
+            let matches = help::command()
+                .try_get_matches_from(line)
+                .unwrap_or_else(|e| panic!("{command}: {e}"));
+            let parsed = Cli::from_arg_matches(&matches).unwrap();
             let common = match parsed.command.expect("a subcommand") {
                 Command::Plan(c)
                 | Command::Check(c)
