@@ -341,7 +341,11 @@ impl Credentials {
                     continue;
                 }
                 Err(e) if files.explicit.is_none() => {
-                    tracing::warn!(path = %path.display(), error = %e, "skipping unreadable auth file");
+                    tracing::warn!(
+                        "{}: cannot read this auth file ({e}), so its credentials are not used; make it \
+                         readable, or pass --authfile FILE",
+                        path.display()
+                    );
                     continue;
                 }
                 Err(e) => {

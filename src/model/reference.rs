@@ -296,6 +296,27 @@ pub fn short_reference(reference: &str) -> String {
     }
 }
 
+/// How many references a line names before it says how many more there are.
+const NAMED_IN_A_LINE: usize = 5;
+
+/// `a, b, c` or, for a long list, its first few and `and 104 more`.
+pub fn some_of<S: AsRef<str>>(references: &[S]) -> String {
+    let named: Vec<&str> = references
+        .iter()
+        .take(NAMED_IN_A_LINE)
+        .map(AsRef::as_ref)
+        .collect();
+    match references.len().saturating_sub(NAMED_IN_A_LINE) {
+        0 => named.join(", "),
+        more => format!("{} and {more} more", named.join(", ")),
+    }
+}
+
+/// `1 image` / `3 images`.
+pub fn count_images(n: usize) -> String {
+    format!("{n} image{}", if n == 1 { "" } else { "s" })
+}
+
 /// `text` with every `@sha256:` digest cut to 12 hex digits, as [`short_reference`] cuts one reference:
 /// a line of a config diff that fits the screen, with what follows the reference still in view.
 pub fn shorten_digests(text: &str) -> String {

@@ -282,7 +282,8 @@ struct Document {
 
 #[derive(Deserialize)]
 struct Metadata {
-    name: Option<String>,
+    /// Where it is written: the line a problem with the set's name points at.
+    name: Option<Spanned<String>>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
 }
@@ -483,12 +484,13 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
             })
             .collect();
         sets.push(ImageSet {
-            name,
+            name: name.value,
             labels,
             entries,
-            origin: here,
             node_selector,
             pull_secrets: pull_secrets.into_iter().map(|s| s.name).collect(),
+            // Its name's line: where a problem with the set as a whole is found and fixed.
+            origin: file_origin(path, Some(name.referenced.line() as usize)),
         });
     }
     if problems.is_empty() {
@@ -589,6 +591,38 @@ spec:
             format!("quay.io/ocp/release@{D2}")
         );
         assert_eq!(sets[1].entries[0].origin.to_string(), "sets.yaml:18");
+    }
+
+    #[test]
+    fn a_bad_name_is_reported_at_the_line_of_its_name() {
+        let text = format!(
+            "apiVersion: machineconfiguration.openshift.io/v1
+kind: PinnedImageSet
+metadata:
+  name: ok
+spec:
+  pinnedImages: [{{name: quay.io/a@{D1}}}]
+---
+apiVersion: machineconfiguration.openshift.io/v1
+kind: PinnedImageSet
+metadata:
+  labels: {{a: b}}
+  name: Bad_Name
+spec:
+  pinnedImages: [{{name: quay.io/a@{D1}}}]
+"
+        );
+        let sets = parse_yaml(&text, "s.yaml").unwrap();
+        assert!(sets[0].validate().is_empty());
+        let problems = sets[1].validate();
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0]
+                .to_string()
+                .starts_with("s.yaml:12: set name \"Bad_Name\" has characters"),
+            "{}",
+            problems[0]
+        );
     }
 
     #[test]
