@@ -14,6 +14,7 @@ use clap::{Args, ValueEnum};
 use regex::Regex;
 
 use crate::backend::blobs::cache::{self, CacheOptions};
+use crate::backend::kube::served_apis;
 use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
 use crate::backend::openshift::ConnectOptions;
 use crate::backend::registries_conf::MirrorSources;
@@ -23,6 +24,7 @@ use crate::backend::wiring::{REGISTRIES_CONF_DIR, WiringPaths};
 use crate::engine::EngineConfig;
 use crate::error::Failure;
 use crate::fanout::LOOPBACK;
+use crate::fleet::agents::{AgentsFleet, AgentsSettings};
 use crate::fleet::direct::{DirectConfig, DirectFleet};
 use crate::fleet::machine_config::registry::RegistrySettings;
 use crate::fleet::machine_config::{self, MachineConfigFleet, MachineConfigSettings};
@@ -63,6 +65,15 @@ pub enum Caller {
     Tui {
         readonly: bool,
     },
+}
+
+/// The API a cluster's nodes are reached through ([`TargetArgs::cluster_api`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ClusterApi {
+    /// pinboard's agents (PinSets and PinboardNodes), on any Kubernetes cluster.
+    Agents,
+    /// OpenShift's machine-config daemons (PinnedImageSets).
+    MachineConfig,
 }
 
 /// The one argument list of every command.
@@ -204,6 +215,10 @@ pub struct SetInput {
     /// PinnedImageSet `pinboard release` prints. Repeatable.
     #[arg(long = "release", value_name = "PULLSPEC")]
     pub releases: Vec<String>,
+    /// Agents: the nodes the sets land on, as `kubectl -l` writes a selector (`role=web,zone in (a,b)`);
+    /// it replaces the sets' own `nodeSelector`.
+    #[arg(long, value_name = "SELECTOR")]
+    pub selector: Option<String>,
     #[command(flatten)]
     pub release: ReleaseArgs,
 }
@@ -252,6 +267,13 @@ pub struct TargetArgs {
     /// Without any target flag, pinboard uses the local CRI endpoint if there is one, else this.
     #[arg(long)]
     pub cluster: bool,
+    /// Cluster mode: which API pinboard works through when the cluster serves both OpenShift's
+    /// machine-config API and pinboard's agents (default: agents); a cluster serving one needs no choice.
+    #[arg(long, value_enum, value_name = "API")]
+    pub cluster_api: Option<ClusterApi>,
+    /// Cluster mode on agents: the namespace they run in (their heartbeats and pull Secrets).
+    #[arg(long, value_name = "NS", default_value = crate::model::pinboard_api::DEFAULT_NAMESPACE)]
+    pub agents_namespace: String,
     /// A node's CRI endpoint: [NAME=]unix:///path or [NAME=]tcp://host:port. Repeatable. Without it or
     /// --nodes, the endpoint crictl would use (CONTAINER_RUNTIME_ENDPOINT, /etc/crictl.yaml, the CRI-O and
     /// containerd sockets).
@@ -434,10 +456,11 @@ pub fn registry_client(args: &RegistryArgs) -> Result<Registry, Failure> {
 
 impl CommonArgs {
     /// The nodes these arguments name, the one place that decides how they are reached: a cluster when
-    /// the flags choose it ([`TargetArgs::cluster_mode`]), else direct nodes. In cluster mode `--cri` and
+    /// the flags choose it ([`TargetArgs::cluster_mode`]), through the API it serves ([`Self::cluster_api`]),
+    /// else direct nodes. In cluster mode `--cri` and
     /// `--nodes` name nodes only for `check --verify-cri`; a headless command that does not ask runtimes
     /// says it ignores them (the TUI does not: the terminal is its own).
-    pub fn fleet(&self, caller: Caller) -> Result<Box<dyn Fleet>, Failure> {
+    pub async fn fleet(&self, caller: Caller) -> Result<Box<dyn Fleet>, Failure> {
         let targets = &self.targets;
         let release = self.input.release.set_options();
         let Some(connect) = targets.cluster_mode() else {
@@ -457,6 +480,16 @@ impl CommonArgs {
                 release_unowned: self.unpin.release_unowned,
             })));
         };
+        if self.cluster_api(&connect).await? == ClusterApi::Agents {
+            return Ok(Box::new(AgentsFleet::new(AgentsSettings {
+                connect,
+                namespace: targets.agents_namespace.clone(),
+                registry: registry_options(&self.registry)?,
+                platform: targets.platform()?,
+                limits: self.limits.limits(),
+                cache_dir: self.cache.dir().ok(),
+            })));
+        }
         let named = !targets.cri.is_empty() || targets.nodes.is_some();
         let verify = caller
             == (Caller::Command {
@@ -486,6 +519,29 @@ impl CommonArgs {
             lazy_store: targets.lazy_store.clone(),
             release,
         })))
+    }
+
+    /// The API to reach the cluster's nodes through: `--cluster-api`, else the one the cluster serves;
+    /// agents when it serves both.
+    async fn cluster_api(&self, connect: &ConnectOptions) -> Result<ClusterApi, Failure> {
+        if let Some(chosen) = self.targets.cluster_api {
+            return Ok(chosen);
+        }
+        let client = crate::backend::kube::connect(connect).await?;
+        let served = served_apis(&client).await.map_err(|e| {
+            Failure::unreachable(vec![format!(
+                "cannot reach the API server: {e}; check the kubeconfig's server and your network"
+            )])
+        })?;
+        match (served.agents, served.machine_config) {
+            (true, _) => Ok(ClusterApi::Agents),
+            (false, true) => Ok(ClusterApi::MachineConfig),
+            (false, false) => Err(Failure::bad_input(
+                "this cluster serves neither pinboard's agents nor OpenShift's machine-config API: \
+                 install the agents with `pinboard agent manifests --image IMAGE | kubectl apply -f -` \
+                 (docs/agents.md), or reach nodes directly with --cri or --nodes",
+            )),
+        }
     }
 
     /// The registry client that reads images as the nodes would: in cluster mode with the cluster's pull
@@ -526,6 +582,7 @@ impl SetInput {
             images_files: self.images_files.clone(),
             images: self.images.clone(),
             releases: self.releases.clone(),
+            selector: self.selector.clone(),
             release: self.release.set_options(),
         }
     }

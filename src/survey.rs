@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use futures::StreamExt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +17,7 @@ use crate::backend::openshift::Cluster;
 use crate::backend::registry::{PlatformFacts, Registry, RegistryError};
 use crate::backend::target::DirectNode;
 use crate::error::{Exit, Failure};
+use crate::model::agents_view::{AgentsView, NodeWithSet};
 use crate::model::image::{ImageFacts, Platform};
 use crate::model::machine_config::{ClusterNode, ClusterView};
 use crate::model::plan::{
@@ -292,6 +293,65 @@ pub async fn survey_cluster(
         )
     }));
     nodes.sort_by(|a, b| a.0.facts.name.cmp(&b.0.facts.name));
+    survey_nodes(&nodes, sets, registry, platform, limits, cache).await
+}
+
+/// On agents: every node the sets select, each planned for the union of the sets that select it, from
+/// what its agent reported at `now` (its complete image list, its image filesystem, its kubelet's
+/// thresholds). A node whose agent is missing or stale is unreachable, with why.
+pub async fn survey_reported(
+    view: &AgentsView,
+    sets: &[ImageSet],
+    registry: &Registry,
+    platform: &Platform,
+    limits: Limits,
+    cache: Option<&Path>,
+    now: SystemTime,
+) -> Result<Survey, SurveyError> {
+    let mut per_node: BTreeMap<&str, Vec<ImageSet>> = BTreeMap::new();
+    for set in sets {
+        let selector = set.node_selector.as_ref().map(|s| &s.0);
+        for node in view.nodes_selected(selector) {
+            per_node.entry(&node.name).or_default().push(set.clone());
+        }
+    }
+    if per_node.is_empty() {
+        return Err(SurveyError::NoTarget(vec![
+            "the sets select no node with an agent: check their nodeSelector (or --selector) against \
+             `kubectl get nodes --show-labels`, and that the agents run (docs/agents.md)"
+                .into(),
+        ]));
+    }
+    let nodes: Vec<(SurveyedNode, Vec<String>)> = per_node
+        .into_iter()
+        .map(|(name, chosen)| {
+            let references = union_of(&chosen);
+            let surveyed = match (view.agent_untrusted(name, now), view.report(name)) {
+                (None, Some(report)) => SurveyedNode {
+                    facts: report.facts(name),
+                    presence: references
+                        .iter()
+                        .map(|r| (r.clone(), Some(report.holds(r))))
+                        .collect(),
+                },
+                (untrusted, _) => SurveyedNode {
+                    facts: NodeFacts {
+                        name: name.to_owned(),
+                        unreachable: Some(match untrusted {
+                            Some(NodeWithSet::Stale { .. }) => {
+                                "its agent's heartbeat is stale: what it reported is not trusted"
+                                    .into()
+                            }
+                            _ => "no pinboard agent reports on it".into(),
+                        }),
+                        ..NodeFacts::default()
+                    },
+                    presence: references.iter().map(|r| (r.clone(), None)).collect(),
+                },
+            };
+            (surveyed, references)
+        })
+        .collect();
     survey_nodes(&nodes, sets, registry, platform, limits, cache).await
 }
 

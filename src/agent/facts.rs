@@ -14,7 +14,8 @@ use crate::backend::readiness::observe;
 use crate::backend::target::NodeTarget;
 use crate::model::holders::Holder;
 use crate::model::pinboard_api::{
-    FilesystemReport, ImageReport, KubeletReport, LazyReport, NodeReport, RuntimeReport,
+    FilesystemReport, ImageReport, KUBELET_CONFIG_SOURCE, KubeletReport, LazyReport, NodeReport,
+    RuntimeReport,
 };
 use crate::model::readiness::pin_method_name;
 
@@ -125,7 +126,7 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
         image_gc_high_threshold_percent: kubelet.image_gc_high_threshold_percent,
         image_gc_low_threshold_percent: kubelet.image_gc_low_threshold_percent,
         source: match kubelet.assumed {
-            None => "kubelet-config".into(),
+            None => KUBELET_CONFIG_SOURCE.into(),
             Some(why) => format!("default ({why})"),
         },
     });

@@ -297,14 +297,8 @@ impl Agent {
 
     /// Rolls out `images` of set `name` at `generation` on this node.
     async fn start(&mut self, name: &str, generation: i64, images: &[String]) {
-        let set = &self.sets[name];
         let mut image_set = from_flags(name, images);
-        image_set.pull_secrets = set
-            .spec
-            .pull_secrets
-            .iter()
-            .map(|s| s.name.clone())
-            .collect();
+        image_set.pull_secrets = self.sets[name].to_image_set().pull_secrets;
         let credentials = self.credentials(&image_set).await;
         let registry = match Registry::with_credentials(self.registry.clone(), credentials) {
             Ok(registry) => registry,

@@ -57,3 +57,22 @@ impl From<ConnectError> for crate::error::Failure {
         crate::error::Failure::bad_input(error.to_string())
     }
 }
+
+/// Which of the APIs pinboard works through a cluster serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServedApis {
+    /// OpenShift's machine-config API (PinnedImageSets, MachineConfigNodes).
+    pub machine_config: bool,
+    /// pinboard's own, served once its agents are installed.
+    pub agents: bool,
+}
+
+/// Asks the API server which API groups it serves.
+pub async fn served_apis(client: &Client) -> Result<ServedApis, kube::Error> {
+    let groups = client.list_api_groups().await?;
+    let served = |name: &str| groups.groups.iter().any(|g| g.name == name);
+    Ok(ServedApis {
+        machine_config: served(crate::model::set::API_GROUP),
+        agents: served(crate::model::pinboard_api::GROUP),
+    })
+}

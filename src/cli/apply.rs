@@ -67,9 +67,11 @@ pub struct ApplyReport {
 }
 
 pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
-    let fleet = args.fleet(Caller::Command {
-        asks_runtimes: false,
-    })?;
+    let fleet = args
+        .fleet(Caller::Command {
+            asks_runtimes: false,
+        })
+        .await?;
     let rollout = &args.rollout;
     let options = ApplyOptions {
         force: rollout.force,

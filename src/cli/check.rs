@@ -16,9 +16,11 @@ pub async fn check(args: CommonArgs) -> Result<String, Failure> {
         .rollout
         .wait
         .then(|| args.rollout.timeout_or(CHECK_WAIT));
-    let fleet = args.fleet(Caller::Command {
-        asks_runtimes: true,
-    })?;
+    let fleet = args
+        .fleet(Caller::Command {
+            asks_runtimes: true,
+        })
+        .await?;
     let readiness = fleet.readiness(&args.input.sources(), wait).await?;
     let text = render(&readiness, args.output(), || {
         readiness_table(&readiness.nodes) + &verdict_line(&readiness)
@@ -27,9 +29,11 @@ pub async fn check(args: CommonArgs) -> Result<String, Failure> {
 }
 
 pub async fn status(args: CommonArgs) -> Result<String, Failure> {
-    let fleet = args.fleet(Caller::Command {
-        asks_runtimes: false,
-    })?;
+    let fleet = args
+        .fleet(Caller::Command {
+            asks_runtimes: false,
+        })
+        .await?;
     let status = NodesStatus {
         nodes: fleet.readiness(&args.input.sources(), None).await?.nodes,
     };

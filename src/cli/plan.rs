@@ -16,9 +16,11 @@ use crate::ui::status::verdict_label;
 use crate::ui::theme::Theme;
 
 pub async fn run(args: CommonArgs) -> Result<String, Failure> {
-    let fleet = args.fleet(Caller::Command {
-        asks_runtimes: false,
-    })?;
+    let fleet = args
+        .fleet(Caller::Command {
+            asks_runtimes: false,
+        })
+        .await?;
     let survey = fleet.plan(&args.input.sources()).await?;
     render(&survey, args.output())
 }

@@ -11,9 +11,11 @@ use crate::fleet::{NodesUnpinned, SetDeleted, UnpinOptions, Unpinned};
 use crate::options::{Caller, CommonArgs};
 
 pub async fn unpin(args: CommonArgs) -> Result<String, Failure> {
-    let fleet = args.fleet(Caller::Command {
-        asks_runtimes: false,
-    })?;
+    let fleet = args
+        .fleet(Caller::Command {
+            asks_runtimes: false,
+        })
+        .await?;
     let options = UnpinOptions {
         all_sets: args.unpin.all_sets,
         release_unowned: args.unpin.release_unowned,

@@ -5,12 +5,15 @@
 //! - [`direct`]: nodes reached over their CRI sockets from where pinboard runs (`--cri`, `--nodes`, or
 //!   crictl's endpoint); pinboard pulls and pins through [`crate::engine`];
 //! - [`machine_config`]: an OpenShift cluster, whose machine-config daemons pull and pin the PinnedImageSets
-//!   pinboard writes.
+//!   pinboard writes;
+//! - [`agents`]: any Kubernetes cluster with pinboard's agents, which pull and pin the PinSets pinboard
+//!   writes, each on its own node through [`crate::engine`], and report in a PinboardNode.
 //!
 //! [`crate::options::CommonArgs::fleet`] is the one place that chooses between them. What the operations
 //! return is the same for every fleet ([`Survey`], [`Readiness`], [`Applied`], [`Unpinned`]); each fleet
 //! says what it can do through [`Traits`], which is all the TUI's pure state knows of it.
 
+pub mod agents;
 pub mod direct;
 pub mod machine_config;
 mod outcome;
@@ -56,6 +59,21 @@ pub enum Puller {
     Pinboard,
     /// The nodes' own daemons (OpenShift's machine-config daemon), which report generations.
     Daemons,
+    /// pinboard's agent on each node: pinboard's engine there, which skips a node without room and
+    /// retries on its own; pinboard follows their reports, byte by byte.
+    Agents,
+}
+
+impl Puller {
+    /// Whether a node the plan says has no room is left out unless forced.
+    pub fn skips_no_space(self) -> bool {
+        matches!(self, Puller::Pinboard | Puller::Agents)
+    }
+
+    /// Whether an operator can retry or cancel a pull, and fan the blobs out, from here.
+    pub fn steered_from_here(self) -> bool {
+        self == Puller::Pinboard
+    }
 }
 
 /// What the TUI needs to know of a fleet: how sets target it and who pulls.
@@ -69,6 +87,10 @@ impl Traits {
     pub const DIRECT: Traits = Traits {
         targets: Targets::Nodes,
         puller: Puller::Pinboard,
+    };
+    pub const AGENTS: Traits = Traits {
+        targets: Targets::Nodes,
+        puller: Puller::Agents,
     };
     pub const MACHINE_CONFIG: Traits = Traits {
         targets: Targets::Pools,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::backend::registry::Registry;
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
+use crate::model::labels::{Selector, parse_selector};
 use crate::model::release_payload::{ReleaseSets, SetOptions};
 use crate::model::set::{self, ImageSet};
 
@@ -21,6 +22,8 @@ pub struct SetSources {
     pub images: Vec<String>,
     /// `--release`.
     pub releases: Vec<String>,
+    /// `--selector`: the nodes every set lands on, replacing the sets' own selectors.
+    pub selector: Option<String>,
     /// How a release becomes sets.
     pub release: SetOptions,
 }
@@ -75,6 +78,9 @@ pub fn read(sources: &SetSources, required: bool) -> Result<Vec<ImageSet>, Failu
     if !sources.images.is_empty() {
         sets.push(set::from_image_flags(&sources.images));
     }
+    if let Err(problem) = select(&mut sets, sources) {
+        problems.push(problem);
+    }
     if required && sets.is_empty() && problems.is_empty() && sources.releases.is_empty() {
         return Err(Failure::bad_input(
             "no images given: pass --set FILE, --images-file FILE, --image REF or --release PULLSPEC",
@@ -95,6 +101,18 @@ pub fn read(sources: &SetSources, required: bool) -> Result<Vec<ImageSet>, Failu
     }
 }
 
+/// `--selector`, when given, as every set's node selector; the problem with it, when it has one.
+fn select(sets: &mut [ImageSet], sources: &SetSources) -> Result<(), String> {
+    let Some(text) = &sources.selector else {
+        return Ok(());
+    };
+    let selector = parse_selector(text).map_err(|e| format!("--selector {text:?}: {e}"))?;
+    for set in sets {
+        set.node_selector = Some(Selector(selector.clone()));
+    }
+    Ok(())
+}
+
 /// Every set of `sources`: those [`read`] reads, then the releases' ([`releases`]). Also what to tell
 /// about each release.
 pub async fn resolve(
@@ -104,7 +122,8 @@ pub async fn resolve(
     platform: &Platform,
 ) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
     let mut sets = read(sources, required)?;
-    let (releases, notes) = releases(sources, registry, platform).await?;
+    let (mut releases, notes) = releases(sources, registry, platform).await?;
+    select(&mut releases, sources).map_err(Failure::bad_input)?;
     sets.extend(releases);
     Ok((sets, notes))
 }
@@ -194,4 +213,14 @@ pub fn take_names(sources: &SetSources) -> Result<(SetSources, Vec<String>), Fai
 fn read_file(path: &Path) -> Result<String, Failure> {
     std::fs::read_to_string(path)
         .map_err(|e| Failure::bad_input(format!("cannot read {}: {e}", path.display())))
+}
+
+/// `"a" is` / `"a", "b" are`.
+pub(super) fn quoted_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+    format!(
+        "{} {}",
+        quoted.join(", "),
+        if items.len() == 1 { "is" } else { "are" }
+    )
 }

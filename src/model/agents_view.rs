@@ -6,6 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::labels::selector_matches;
 use super::machine_config::{ClusterNode, Connection};
 use super::pinboard_api::{NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode, stale};
 
@@ -51,11 +54,20 @@ impl AgentsView {
         !self.connections.is_empty() && self.connections.values().all(|c| *c == Connection::Synced)
     }
 
-    /// The nodes `set` lands on, by name.
+    /// The nodes `set` lands on.
     pub fn nodes_of(&self, set: &PinSet) -> Vec<&ClusterNode> {
+        self.nodes_selected(set.spec.node_selector.as_ref())
+    }
+
+    /// The nodes `selector` selects; without one, every node with an agent (one that ever reported or
+    /// renewed its heartbeat).
+    pub fn nodes_selected(&self, selector: Option<&LabelSelector>) -> Vec<&ClusterNode> {
         self.nodes
             .iter()
-            .filter(|n| set.selects(&n.labels))
+            .filter(|n| match selector {
+                Some(selector) => selector_matches(Some(selector), &n.labels),
+                None => self.reports.contains_key(&n.name) || self.heartbeats.contains_key(&n.name),
+            })
             .collect()
     }
 
@@ -72,21 +84,13 @@ impl AgentsView {
         generation: i64,
         now: SystemTime,
     ) -> NodeWithSet {
-        let Some(report) = self.report(node) else {
-            return NodeWithSet::NoAgent;
-        };
-        match stale(self.heartbeats.get(node).copied(), now) {
-            Some(true) | None => {
-                let seconds = self
-                    .heartbeats
-                    .get(node)
-                    .and_then(|at| now.duration_since(*at).ok())
-                    .map_or(u64::MAX, |age| age.as_secs());
-                return NodeWithSet::Stale { seconds };
-            }
-            Some(false) => {}
+        if let Some(untrusted) = self.agent_untrusted(node, now) {
+            return untrusted;
         }
-        let Some(on_node) = report.sets.iter().find(|s| s.name == name) else {
+        let Some(on_node) = self
+            .report(node)
+            .and_then(|r| r.sets.iter().find(|s| s.name == name))
+        else {
             return NodeWithSet::Waiting { observed: None };
         };
         if on_node.observed_generation < generation {
@@ -108,6 +112,23 @@ impl AgentsView {
                     .map(|c| c.message.clone())
                     .unwrap_or_else(|| "failed".into()),
             },
+        }
+    }
+
+    /// Why `node`'s report cannot be trusted at `now` ([`NodeWithSet::NoAgent`] or
+    /// [`NodeWithSet::Stale`]); None when its agent reported and its heartbeat is fresh.
+    pub fn agent_untrusted(&self, node: &str, now: SystemTime) -> Option<NodeWithSet> {
+        if self.report(node).is_none() {
+            return Some(NodeWithSet::NoAgent);
+        }
+        let heartbeat = self.heartbeats.get(node).copied();
+        match stale(heartbeat, now) {
+            Some(false) => None,
+            Some(true) | None => Some(NodeWithSet::Stale {
+                seconds: heartbeat
+                    .and_then(|at| now.duration_since(at).ok())
+                    .map_or(u64::MAX, |age| age.as_secs()),
+            }),
         }
     }
 

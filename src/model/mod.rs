@@ -18,6 +18,7 @@ pub mod plan;
 pub mod readiness;
 pub mod reference;
 pub mod release_payload;
+pub mod report_events;
 pub mod rollout;
 pub mod runtime;
 pub mod served;

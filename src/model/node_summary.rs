@@ -1,6 +1,10 @@
 //! What is known about a node for the Nodes screen: its runtime, space, images and pins, as the backends
-//! found them (a node's runtime in direct mode, its Node object in cluster mode).
+//! found them (a node's runtime in direct mode, its Node object in cluster mode, its agent's report on
+//! agents).
 
+use std::time::SystemTime;
+
+use super::agents_view::{AgentsView, NodeWithSet};
 use super::machine_config::ClusterView;
 use super::rollout::PinMethod;
 
@@ -20,6 +24,56 @@ pub struct NodeSummary {
     pub reachable: Option<bool>,
     /// Worth knowing about the node, though it works (e.g. a kubelet whose image GC ignores pins).
     pub warning: Option<String>,
+}
+
+/// On agents: each node with an agent, as its report says, at `now`; a node whose agent is stale is
+/// unreachable, with its last figures.
+pub fn of_agents(view: &AgentsView, now: SystemTime) -> Vec<NodeSummary> {
+    view.reports
+        .iter()
+        .filter_map(|(name, node)| Some((name, node.status.as_ref()?)))
+        .map(|(name, report)| {
+            let fs = report.image_filesystem.as_ref();
+            let untrusted = view.agent_untrusted(name, now);
+            NodeSummary {
+                name: name.clone(),
+                runtime: report
+                    .runtime
+                    .as_ref()
+                    .map(|r| format!("{} {}", r.name, r.version)),
+                capacity_bytes: fs.map(|f| f.capacity_bytes),
+                used_bytes: fs.map(|f| f.used_bytes),
+                available_bytes: fs.map(|f| f.available_bytes),
+                images: Some(report.images.len()),
+                pinned: Some(report.images.iter().filter(|i| i.pinned).count()),
+                pin_method: report.pin_method.as_deref().and_then(pin_method_named),
+                lazy_pulling: report
+                    .lazy_pulling
+                    .as_ref()
+                    .and_then(|l| match l.state.as_str() {
+                        "on" => Some(true),
+                        "off" => Some(false),
+                        _ => None,
+                    }),
+                reachable: Some(untrusted.is_none() && report.runtime_error.is_none()),
+                warning: match untrusted {
+                    Some(NodeWithSet::Stale { .. }) => {
+                        Some("its agent's heartbeat is stale: these are its last figures".into())
+                    }
+                    _ => report.runtime_error.clone(),
+                },
+            }
+        })
+        .collect()
+}
+
+/// A pin method by the name reports and nodes files give it.
+pub fn pin_method_named(name: &str) -> Option<PinMethod> {
+    match name {
+        "crio-drop-in" => Some(PinMethod::CrioDropIn),
+        "containerd-label" => Some(PinMethod::ContainerdLabel),
+        _ => None,
+    }
 }
 
 /// What the Nodes screen shows of each Node, by name.

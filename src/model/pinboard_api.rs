@@ -19,6 +19,11 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use serde::{Deserialize, Serialize};
 
+use super::labels::Selector;
+use super::machine_config::KubeletSettings;
+use super::plan::NodeFacts;
+use super::set::{ImageSet, from_flags};
+
 pub const GROUP: &str = "pinboard.dev";
 pub const VERSION: &str = "v1alpha1";
 pub const API_VERSION: &str = "pinboard.dev/v1alpha1";
@@ -292,6 +297,63 @@ pub enum ImagePhase {
     Pulled,
     Pinned,
     Failed,
+}
+
+impl PinSet {
+    /// The set as the commands and the agents work with it: its images, node selector and pull Secrets.
+    pub fn to_image_set(&self) -> ImageSet {
+        let images: Vec<String> = self.images().map(str::to_owned).collect();
+        let mut set = from_flags(self.name(), &images);
+        set.labels = self.metadata.labels.clone();
+        set.node_selector = self.spec.node_selector.clone().map(Selector);
+        set.pull_secrets = self
+            .spec
+            .pull_secrets
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
+        set
+    }
+}
+
+/// The agent's "reported by the kubelet's configuration" source word; anything else is its defaults.
+pub const KUBELET_CONFIG_SOURCE: &str = "kubelet-config";
+
+impl NodeReport {
+    /// Whether the runtime holds the image `reference` names (the report's list is complete).
+    pub fn holds(&self, reference: &str) -> bool {
+        self.images
+            .iter()
+            .any(|i| i.names.iter().any(|n| n == reference))
+    }
+
+    /// What the planner needs of node `name`: its runtime, its image filesystem's space and its kubelet's
+    /// image GC thresholds, as its agent measured them.
+    pub fn facts(&self, name: &str) -> NodeFacts {
+        let fs = self.image_filesystem.as_ref();
+        NodeFacts {
+            name: name.to_owned(),
+            runtime: self
+                .runtime
+                .as_ref()
+                .map(|r| format!("{} {}", r.name, r.version)),
+            capacity_bytes: fs.map(|f| f.capacity_bytes),
+            used_bytes: fs.map(|f| f.used_bytes),
+            available_bytes: fs.map(|f| f.available_bytes),
+            space_unknown_reason: fs.is_none().then(|| {
+                "its agent could not measure the image filesystem (is it mounted?)".to_owned()
+            }),
+            unreachable: self.runtime_error.clone(),
+            kubelet: self.kubelet.as_ref().map(|k| KubeletSettings {
+                // The agent's image list is complete: no kubelet list cap applies.
+                node_status_max_images: -1,
+                image_gc_high_threshold_percent: k.image_gc_high_threshold_percent,
+                image_gc_low_threshold_percent: k.image_gc_low_threshold_percent,
+                assumed: (k.source != KUBELET_CONFIG_SOURCE).then(|| k.source.clone()),
+            }),
+            ..NodeFacts::default()
+        }
+    }
 }
 
 /// Whether an agent's heartbeat is older than [`STALE_AFTER`] at `now`; None: no heartbeat at all.

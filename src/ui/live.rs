@@ -24,9 +24,13 @@ use crate::options::Caller;
 /// Opens the TUI on the nodes and sets of `args`; returns when the operator quits.
 pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     let common = &args.common;
-    let fleet: Arc<dyn Fleet> = Arc::from(common.fleet(Caller::Tui {
-        readonly: args.readonly,
-    })?);
+    let fleet: Arc<dyn Fleet> = Arc::from(
+        common
+            .fleet(Caller::Tui {
+                readonly: args.readonly,
+            })
+            .await?,
+    );
     let platform = common.targets.platform()?;
     let theme = theme_of(&args)?;
     fleet.connect().await?;
@@ -41,7 +45,7 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     let mut state = State::new(fleet.label(), theme, args.readonly, Instant::now());
     state.stall_after = Duration::from_secs(args.stall_after.max(1));
     state.join_fleet(fleet.traits(), denied, SystemTime::now());
-    state.fan_out = common.rollout.fan_out && state.pinboard_pulls();
+    state.fan_out = common.rollout.fan_out && state.steers_pulls();
     for warning in warnings {
         tracing::warn!("{warning}");
         notes.push(warning);

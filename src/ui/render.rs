@@ -50,7 +50,7 @@ pub fn render(state: &State, frame: &mut Frame) {
             format!("apply set {} to {ready} node(s)? y/n", confirm.set)
         };
         let mut lines = vec![Line::from(question)];
-        if !confirm.unpin && state.pinboard_pulls() {
+        if !confirm.unpin && state.steers_pulls() {
             lines.push(Line::from(if confirm.fan_out {
                 "fan-out on: every blob crosses the registry link once"
             } else {
@@ -201,7 +201,7 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
     spans.push(Span::styled("│", fg(theme.role(Role::Dim))));
     // The machine-config daemons pull in cluster mode: there is nothing to retry, cancel or fan out here.
     let engine_only = |b: &&Binding| {
-        !state.pinboard_pulls()
+        !state.steers_pulls()
             && matches!(
                 b.action,
                 Action::Retry | Action::Cancel | Action::ToggleFanOut

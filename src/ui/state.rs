@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::theme::Theme;
-use crate::fleet::{Puller, Targets, Traits};
+use crate::fleet::{Targets, Traits};
 use crate::model::cluster_session::ClusterSession;
 use crate::model::config_view::ConfigView;
 use crate::model::machine_config::ROLE_LABEL;
@@ -393,10 +393,10 @@ impl State {
         self.sets.iter_mut().find(|s| s.set.name == name)
     }
 
-    /// Whether pinboard pulls (its engine: retries, cancels, fan-out, full nodes skipped), rather than the
-    /// nodes' own daemons.
-    pub fn pinboard_pulls(&self) -> bool {
-        self.fleet.puller == Puller::Pinboard
+    /// Whether pinboard's engine pulls from here (retries, cancels, fan-out), rather than the nodes' own
+    /// daemons or agents.
+    pub fn steers_pulls(&self) -> bool {
+        self.fleet.puller.steered_from_here()
     }
 
     /// Whether a set targets pools (through its role label) rather than nodes.

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use super::super::sets::quoted_list;
 use crate::backend::openshift::{Cluster, ConnectOptions, Watch, connect, watch};
 use crate::error::Failure;
 use crate::model::cluster_session::ClusterSession;
@@ -132,14 +133,4 @@ impl Connected {
             ))
         })
     }
-}
-
-/// `"a" is` / `"a", "b" are`.
-fn quoted_list(items: &[String]) -> String {
-    let quoted: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
-    format!(
-        "{} {}",
-        quoted.join(", "),
-        if items.len() == 1 { "is" } else { "are" }
-    )
 }

@@ -17,9 +17,11 @@
 //! the node is not ready. An empty list, or a full one silent about an image, proves nothing either way.
 //! Each image says what decided it ([`Evidence`]).
 
+mod agents;
 mod daemons;
 mod direct;
 
+pub use agents::assess_agents;
 pub use daemons::{MACHINE_CONFIG_PINS, assess_cluster, assess_cluster_node};
 pub use direct::{assess, unreachable_reason};
 

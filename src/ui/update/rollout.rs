@@ -68,8 +68,9 @@ pub(super) fn confirm(state: &mut State, unpin: bool) {
         .survey
         .iter()
         .flat_map(|s| &s.nodes)
-        // The engine skips them; in cluster mode the daemons decide (the Plan shows the risk).
-        .filter(|n| state.pinboard_pulls() && !unpin && n.verdict == Verdict::NoSpace)
+        // The engine (here or in each agent) skips them; the machine-config daemons decide themselves
+        // (the Plan shows the risk).
+        .filter(|n| state.fleet.puller.skips_no_space() && !unpin && n.verdict == Verdict::NoSpace)
         .filter(|n| draft.targets.contains(&n.node))
         .map(|n| n.node.clone())
         .collect();
@@ -78,13 +79,13 @@ pub(super) fn confirm(state: &mut State, unpin: bool) {
         nodes,
         skipped,
         unpin,
-        fan_out: state.fan_out && state.pinboard_pulls() && !unpin,
+        fan_out: state.fan_out && state.steers_pulls() && !unpin,
     });
 }
 
 /// `f`: fan-out on or off for the next apply, saying what it changes on the link.
 pub(super) fn toggle_fan_out(state: &mut State) {
-    if !state.pinboard_pulls() {
+    if !state.steers_pulls() {
         state.say(
             "fan-out is for direct mode: in a cluster the machine-config daemons pull; serve them with \
              `pinboard mirror` and an ImageDigestMirrorSet",
@@ -145,7 +146,7 @@ pub(super) fn retry_or_cancel(state: &mut State, action: Action) -> Vec<Cmd> {
     if !state.writable(what) {
         return Vec::new();
     }
-    if !state.pinboard_pulls() {
+    if !state.steers_pulls() {
         state.say(
             "in cluster mode the machine-config daemons pull: there is no pull to retry or cancel from here",
         );

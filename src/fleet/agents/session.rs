@@ -1,0 +1,168 @@
+//! A cluster of agents connected and watched, for the headless commands: the first complete view waited
+//! for, then followed (never polled) until the sets are ready or the wait ends. A heartbeat goes stale
+//! without any object changing, so while waiting the view is also judged again every few seconds.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::super::sets::quoted_list;
+use crate::backend::kube::{ConnectOptions, connect};
+use crate::backend::pinboard_api::{AgentsWatch, PinboardApi};
+use crate::error::Failure;
+use crate::model::agents_view::AgentsView;
+use crate::model::machine_config::Connection;
+use crate::model::readiness::{Readiness, WantedSet, assess_agents};
+use crate::model::set::ImageSet;
+use crate::model::units::human;
+
+/// How long the first complete view of the cluster may take.
+const FIRST_SYNC: Duration = Duration::from_secs(30);
+/// How often a wait judges the view again when nothing changed (heartbeats age).
+const REJUDGE_EVERY: Duration = Duration::from_secs(5);
+
+/// pinboard's API connected and watched.
+pub(super) struct Connected {
+    pub(super) api: PinboardApi,
+    watch: AgentsWatch,
+    pub(super) view: AgentsView,
+}
+
+impl Connected {
+    /// Connects, finds pinboard's API and waits for the first complete view; exit 3 when the API server
+    /// does not answer, naming what failed.
+    pub(super) async fn open(
+        options: &ConnectOptions,
+        namespace: &str,
+    ) -> Result<Connected, Failure> {
+        let api = PinboardApi::discover(connect(options).await?, namespace).await?;
+        let mut connected = Connected {
+            watch: api.watch_all(),
+            api,
+            view: AgentsView::default(),
+        };
+        let deadline = Instant::now() + FIRST_SYNC;
+        while !connected.view.synced() {
+            let failing = connected
+                .view
+                .connections
+                .iter()
+                .find_map(|(kind, c)| match c {
+                    Connection::Reconnecting { error, .. } => Some((kind, error.clone())),
+                    _ => None,
+                });
+            if let Some((kind, error)) = failing {
+                return Err(Failure::unreachable(vec![format!(
+                    "cannot watch the cluster's {kind}s: {error}; check the API server and that your account \
+                     has the ClusterRole pinboard-agents-operator (pinboard agent manifests)"
+                )]));
+            }
+            if !connected.next_update(deadline).await {
+                return Err(Failure::unreachable(vec![format!(
+                    "the cluster's objects were not listed within {FIRST_SYNC:?}; the API server is too \
+                     slow or unreachable"
+                )]));
+            }
+        }
+        Ok(connected)
+    }
+
+    /// Applies the next update (and any already waiting) to the view; false at `deadline`.
+    async fn next_update(&mut self, deadline: Instant) -> bool {
+        match tokio::time::timeout_at(deadline, self.watch.updates.recv()).await {
+            Ok(Some(update)) => {
+                self.view.apply(update);
+                while let Ok(update) = self.watch.updates.try_recv() {
+                    self.view.apply(update);
+                }
+                true
+            }
+            Ok(None) | Err(_) => false,
+        }
+    }
+
+    /// The wanted sets judged on every node they land on, now.
+    pub(super) fn readiness(&self, wanted: &[WantedSet]) -> Readiness {
+        Readiness::of(assess_agents(&self.view, wanted, SystemTime::now()))
+    }
+
+    /// Follows the cluster until every node is ready or `limit` has passed, one line on stderr per change.
+    pub(super) async fn wait(&mut self, wanted: &[WantedSet], limit: Duration) -> Readiness {
+        let deadline = Instant::now() + limit;
+        let mut last_line = String::new();
+        loop {
+            let readiness = self.readiness(wanted);
+            if readiness.ready {
+                return readiness;
+            }
+            let line = self.progress_line(&readiness);
+            if line != last_line {
+                eprintln!("waiting: {line}");
+            }
+            let next = deadline.min(Instant::now() + REJUDGE_EVERY);
+            if !self.next_update(next).await && Instant::now() >= deadline {
+                eprintln!("waiting: timed out after {limit:?}: {line}");
+                return self.readiness(wanted);
+            }
+            last_line = line;
+        }
+    }
+
+    /// Readiness's line, with the bytes the nodes have fetched for the sets so far, and the API server's
+    /// connection when it is not synced.
+    fn progress_line(&self, readiness: &Readiness) -> String {
+        let mut line = readiness.progress_line();
+        let (done, total) = readiness
+            .nodes
+            .iter()
+            .filter_map(|n| self.view.report(&n.node))
+            .flat_map(|r| &r.sets)
+            .fold((0, 0), |(d, t), s| (d + s.done_bytes, t + s.total_bytes));
+        if total > 0 {
+            line.push_str(&format!(" ({} of {} fetched)", human(done), human(total)));
+        }
+        if !self.view.synced() {
+            line.push_str(" (API server: reconnecting)");
+        }
+        line
+    }
+
+    /// The sets to check: those read from files, and those `names` names on the cluster (each must be there).
+    pub(super) fn wanted(
+        &self,
+        files: Vec<ImageSet>,
+        names: Vec<String>,
+    ) -> Result<Vec<WantedSet>, Failure> {
+        let mut wanted: Vec<WantedSet> = files
+            .into_iter()
+            .map(|set| WantedSet {
+                set,
+                min_generation: 0,
+            })
+            .collect();
+        let mut unknown = Vec::new();
+        for name in names {
+            match self.view.set(&name) {
+                Some(set) => wanted.push(WantedSet {
+                    set: set.to_image_set(),
+                    min_generation: 0,
+                }),
+                None => unknown.push(name),
+            }
+        }
+        if unknown.is_empty() {
+            return Ok(wanted);
+        }
+        let there: Vec<&str> = self.view.sets.iter().map(|s| s.name()).collect();
+        Err(Failure::bad_input(format!(
+            "{} neither a file nor a PinSet on the cluster (sets there: {}); give a set's name or a set \
+             YAML file",
+            quoted_list(&unknown),
+            if there.is_empty() {
+                "none".into()
+            } else {
+                there.join(", ")
+            }
+        )))
+    }
+}

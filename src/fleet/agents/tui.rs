@@ -1,0 +1,271 @@
+//! The TUI on agents: the watchers ([`PinboardApi::watch_all`]) tell every change; the Nodes screen is the
+//! agents' reports, the Config screen each node's pins and their holders, and the Rollout screen folds
+//! the engine events each report's change stands for ([`events_between`]). Applying a set is a
+//! server-side apply of its PinSet, unpinning deletes it, and `L` asks the node's agent.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use tokio::task::JoinHandle;
+
+use crate::backend::kube::{ConnectOptions, connect};
+use crate::backend::pinboard_api::PinboardApi;
+use crate::error::Failure;
+use crate::fanout::Update;
+use crate::fleet::{Events, FleetEvent};
+use crate::model::agents_view::{AgentsUpdate, AgentsView};
+use crate::model::config_view::ConfigView;
+use crate::model::diff::DiffKind;
+use crate::model::labels::Selector;
+use crate::model::node_summary::{NodeSummary, of_agents, pin_method_named};
+use crate::model::pinboard_api::PinboardNode;
+use crate::model::report_events::events_between;
+use crate::model::rollout::PinMethod;
+use crate::model::set::ImageSet;
+
+/// How often the Nodes screen is judged again when nothing changed: a heartbeat goes stale silently.
+const REJUDGE_EVERY: Duration = Duration::from_secs(5);
+/// The label every kubelet sets to its node's name: how a set aimed at chosen nodes selects them.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// The TUI's connection to the cluster.
+#[derive(Default)]
+pub(super) struct Live {
+    api: Mutex<Option<PinboardApi>>,
+    /// The watched view, for the survey and the config views; the UI keeps its own summaries.
+    view: Arc<Mutex<AgentsView>>,
+    /// The sets applied in this session, whose progress the Rollout screen follows.
+    followed: Arc<Mutex<BTreeSet<String>>>,
+    watching: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(task) = self.watching.lock().expect("watch lock").take() {
+            task.abort();
+        }
+    }
+}
+
+impl Live {
+    /// Connects and finds pinboard's API.
+    pub(super) async fn connect(
+        &self,
+        options: &ConnectOptions,
+        namespace: &str,
+    ) -> Result<(), Failure> {
+        let api = PinboardApi::discover(connect(options).await?, namespace).await?;
+        *self.api.lock().expect("api lock") = Some(api);
+        Ok(())
+    }
+
+    fn api(&self) -> Result<PinboardApi, Failure> {
+        self.api
+            .lock()
+            .expect("api lock")
+            .clone()
+            .ok_or_else(|| Failure::bad_input("not connected to the cluster"))
+    }
+
+    /// The view as watched now.
+    pub(super) fn view(&self) -> Result<AgentsView, Failure> {
+        self.api()?;
+        Ok(self.view.lock().expect("view lock").clone())
+    }
+
+    /// Watches the cluster: the Nodes screen when a node's summary changes, the Rollout screen when a
+    /// followed set's report changes.
+    pub(super) fn watch(&self, events: Events) {
+        let Ok(api) = self.api() else {
+            return;
+        };
+        let (view, followed) = (Arc::clone(&self.view), Arc::clone(&self.followed));
+        let task = tokio::spawn(async move {
+            let mut watch = api.watch_all();
+            let mut shown: Vec<NodeSummary> = Vec::new();
+            let mut tick = tokio::time::interval(REJUDGE_EVERY);
+            loop {
+                let update = tokio::select! {
+                    update = watch.updates.recv() => match update {
+                        Some(update) => Some(update),
+                        None => return,
+                    },
+                    _ = tick.tick() => None,
+                };
+                let summaries = {
+                    let mut view = view.lock().expect("view lock");
+                    if let Some(AgentsUpdate::Reports(reports)) = &update {
+                        let followed = followed.lock().expect("followed lock");
+                        for event in rollout_events(&view.reports, reports, &followed) {
+                            let _ = events.send(FleetEvent::Rollout(Update::Event(event)));
+                        }
+                    }
+                    if let Some(update) = update {
+                        view.apply(update);
+                    }
+                    of_agents(&view, SystemTime::now())
+                };
+                if summaries != shown {
+                    shown = summaries.clone();
+                    if events.send(FleetEvent::Nodes(summaries)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        *self.watching.lock().expect("watch lock") = Some(task);
+    }
+
+    /// The Config screen: per node, each pinned image and who holds it, as its agent reports.
+    pub(super) fn refresh(&self, _sets: &[ImageSet], events: &Events) {
+        let views = config_views(&self.view.lock().expect("view lock"));
+        let _ = events.send(FleetEvent::ConfigViews(views));
+    }
+
+    /// `set` as written for the chosen `nodes`: its own selector when they are every node with an agent
+    /// (so a node that joins later gets it too), else the nodes by their hostname label.
+    pub(super) fn targeting(&self, mut set: ImageSet, nodes: &[String]) -> ImageSet {
+        let view = self.view.lock().expect("view lock");
+        let every: BTreeSet<&str> = view
+            .nodes_selected(set.node_selector.as_ref().map(|s| &s.0))
+            .into_iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        let chosen: BTreeSet<&str> = nodes.iter().map(String::as_str).collect();
+        if chosen != every {
+            set.node_selector = Some(Selector(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: HOSTNAME_LABEL.into(),
+                    operator: "In".into(),
+                    values: Some(nodes.to_vec()),
+                }]),
+                match_labels: None,
+            }));
+        }
+        set
+    }
+
+    /// Writes `set`'s PinSet; the Rollout screen then follows its nodes' reports.
+    pub(super) fn apply(&self, set: ImageSet, events: Events) {
+        self.followed
+            .lock()
+            .expect("followed lock")
+            .insert(set.name.clone());
+        self.notify(events, move |api| async move {
+            match api.apply_set(&set).await {
+                Ok(stored) => format!(
+                    "applied PinSet {} (generation {}): each node's agent pulls and pins it; the Rollout \
+                     screen follows their reports",
+                    set.name,
+                    stored.generation()
+                ),
+                Err(e) => format!("not applied: {e}"),
+            }
+        });
+    }
+
+    /// Deletes `set`: each node's agent releases the pins no other set holds.
+    pub(super) fn delete(&self, set: ImageSet, events: Events) {
+        self.notify(events, move |api| async move {
+            match api.delete_set(&set.name).await {
+                Ok(()) => format!(
+                    "deleted PinSet {}: each node's agent releases the pins no other set holds; the \
+                     images stay",
+                    set.name
+                ),
+                Err(e) => format!("not deleted: {e}"),
+            }
+        });
+    }
+
+    /// Asks `node`'s agent to turn lazy pulling on or off.
+    pub(super) fn set_lazy(&self, node: String, enable: bool, events: Events) {
+        self.notify(events, move |api| async move {
+            match api.set_lazy(&node, enable).await {
+                Ok(()) => format!(
+                    "lazy pulling {} asked of {node}'s agent; its report says when it is in force",
+                    if enable { "on" } else { "off" }
+                ),
+                Err(e) => format!("lazy pulling on {node} not changed: {e}"),
+            }
+        });
+    }
+
+    /// Runs `work` in a task and tells its outcome as a notice.
+    fn notify<W, F>(&self, events: Events, work: W)
+    where
+        W: FnOnce(PinboardApi) -> F,
+        F: Future<Output = String> + Send + 'static,
+    {
+        let said = match self.api() {
+            Ok(api) => work(api),
+            Err(e) => {
+                let _ = events.send(FleetEvent::Notice(e.to_string()));
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            let _ = events.send(FleetEvent::Notice(said.await));
+        });
+    }
+}
+
+/// The engine events the followed sets' reports stand for, from `before` to `after`.
+fn rollout_events(
+    before: &BTreeMap<String, PinboardNode>,
+    after: &[PinboardNode],
+    followed: &BTreeSet<String>,
+) -> Vec<crate::model::rollout::Event> {
+    let now = Instant::now();
+    let mut events = Vec::new();
+    for node in after {
+        let name = &node.metadata.name;
+        let Some(report) = &node.status else {
+            continue;
+        };
+        let method = report
+            .pin_method
+            .as_deref()
+            .and_then(pin_method_named)
+            .unwrap_or(PinMethod::ContainerdLabel);
+        let earlier = before.get(name).and_then(|n| n.status.as_ref());
+        for set in report.sets.iter().filter(|s| followed.contains(&s.name)) {
+            let was = earlier.and_then(|r| r.sets.iter().find(|s2| s2.name == set.name));
+            if was != Some(set) {
+                events.extend(events_between(name, was, set, method, now));
+            }
+        }
+    }
+    events
+}
+
+/// Per node, its pins and their holders as its agent reports them, keyed `PinboardNode/<name>`.
+fn config_views(view: &AgentsView) -> BTreeMap<String, ConfigView> {
+    view.reports
+        .iter()
+        .filter_map(|(name, node)| Some((name, node.status.as_ref()?)))
+        .map(|(name, report)| {
+            let lines = report
+                .images
+                .iter()
+                .filter(|i| i.pinned)
+                .map(|i| {
+                    let image = i.names.first().map_or("?", String::as_str);
+                    let holders = match i.held_by.is_empty() {
+                        true => "unowned".to_owned(),
+                        false => i.held_by.join(", "),
+                    };
+                    (DiffKind::Same, format!("{image}  held by {holders}"))
+                })
+                .collect();
+            let view = ConfigView {
+                path: format!("pinboardnodes/{name}: pins and their holders"),
+                notes: Vec::new(),
+                lines,
+            };
+            (format!("PinboardNode/{name}"), view)
+        })
+        .collect()
+}

@@ -1,0 +1,282 @@
+//! Readiness on a cluster of pinboard's agents: each node's agent asks its own runtime and reports what
+//! the node holds and pins ([`crate::model::pinboard_api::PinboardNode`]); a fresh report is the runtime's
+//! word, relayed. A node is ready for a set when its agent's heartbeat is fresh, its report has the set at
+//! the set's generation (or a newer one) pinned, and its complete image list holds every image of the set,
+//! pinned. A node the set selects whose agent never reported, or whose heartbeat is stale, is not ready,
+//! and the reason names it.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::SystemTime;
+
+use super::direct::image_readiness;
+use super::{
+    Evidence, ImageObserved, ImageReadiness, ImageReason, NodeReadiness, PinnedBy, SetOnNode,
+    SetState, WantedSet, with_reason,
+};
+use crate::model::agents_view::{AgentsView, NodeWithSet};
+use crate::model::holders::HeldBy;
+use crate::model::pinboard_api::{NodeReport, STALE_AFTER};
+use crate::model::reference::{count_images, some_of};
+use crate::model::units::{clock, human};
+
+/// Every node a wanted set lands on, judged from the agents' reports at `now`; nodes by name, each
+/// node's images the union of its sets' images, in set order.
+pub fn assess_agents(
+    view: &AgentsView,
+    wanted: &[WantedSet],
+    now: SystemTime,
+) -> Vec<NodeReadiness> {
+    let mut per_node: BTreeMap<&str, Vec<SetOnAgents>> = BTreeMap::new();
+    for wanted in wanted {
+        let set = SetOnAgents::new(view, wanted);
+        for node in view.nodes_selected(set.selector.as_ref()) {
+            per_node.entry(&node.name).or_default().push(set.clone());
+        }
+    }
+    per_node
+        .into_iter()
+        .map(|(node, sets)| assess_node(view, node, &sets, now))
+        .collect()
+}
+
+/// What is judged the same way on every node a wanted set lands on.
+#[derive(Clone)]
+struct SetOnAgents<'a> {
+    wanted: &'a WantedSet,
+    /// The generation the agents must reach; None when the set is not on the cluster.
+    generation: Option<i64>,
+    selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    /// Why the cluster's set is not the wanted one.
+    not_as_wanted: Option<String>,
+}
+
+impl<'a> SetOnAgents<'a> {
+    fn new(view: &AgentsView, wanted: &'a WantedSet) -> SetOnAgents<'a> {
+        let name = &wanted.set.name;
+        let on_cluster = view.set(name);
+        let listed: HashSet<&str> = on_cluster.into_iter().flat_map(|s| s.images()).collect();
+        let unlisted: Vec<&str> = wanted
+            .set
+            .references()
+            .filter(|r| !listed.contains(r))
+            .collect();
+        let not_as_wanted = match on_cluster {
+            None => Some(format!(
+                "set {name:?} is not on the cluster: `pinboard apply --set FILE` creates it"
+            )),
+            Some(_) if !unlisted.is_empty() => Some(format!(
+                "set {name:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
+                count_images(unlisted.len()),
+                some_of(&unlisted)
+            )),
+            Some(_) => None,
+        };
+        SetOnAgents {
+            wanted,
+            generation: on_cluster.map(|s| s.generation().max(wanted.min_generation)),
+            // The cluster's selector once the set is there; the wanted set's own before.
+            selector: match on_cluster {
+                Some(set) => set.spec.node_selector.clone(),
+                None => wanted.set.node_selector.as_ref().map(|s| s.0.clone()),
+            },
+            not_as_wanted,
+        }
+    }
+}
+
+fn assess_node(
+    view: &AgentsView,
+    node: &str,
+    sets: &[SetOnAgents],
+    now: SystemTime,
+) -> NodeReadiness {
+    let mut reasons = Vec::new();
+    let mut on_node = Vec::new();
+    let mut references: Vec<&str> = Vec::new();
+    // The report counts only while the agent's heartbeat is fresh.
+    let mut report = view.report(node);
+    for set in sets {
+        let name = &set.wanted.set.name;
+        for reference in set.wanted.set.references() {
+            if !references.contains(&reference) {
+                references.push(reference);
+            }
+        }
+        reasons.extend(set.not_as_wanted.clone());
+        let Some(generation) = set.generation else {
+            on_node.push(set_on_node(name, None, None, SetState::Absent, None));
+            continue;
+        };
+        let with_set = view.node_with_set(node, name, generation, now);
+        let observed = report
+            .and_then(|r| r.sets.iter().find(|s| s.name == *name))
+            .map(|s| s.observed_generation);
+        let (state, error) = match &with_set {
+            NodeWithSet::Ready => (SetState::Done, None),
+            NodeWithSet::NoAgent | NodeWithSet::Stale { .. } => (SetState::Unknown, None),
+            NodeWithSet::Waiting { .. } => (SetState::Waiting, None),
+            NodeWithSet::Pulling => (SetState::Pulling, None),
+            NodeWithSet::Failed { reason } => (SetState::Failed, Some(reason.clone())),
+        };
+        match &with_set {
+            NodeWithSet::NoAgent | NodeWithSet::Stale { .. } => report = None,
+            other => reasons.extend(set_reason(name, generation, other, report)),
+        }
+        on_node.push(set_on_node(name, Some(generation), observed, state, error));
+    }
+    let agent_reason = match view.agent_untrusted(node, now) {
+        Some(NodeWithSet::NoAgent) => Some(format!(
+            "no pinboard agent reports on node {node:?}: its DaemonSet has no running pod there; \
+             `kubectl -n {ns} get pods -o wide` shows why (docs/agents.md)",
+            ns = crate::model::pinboard_api::DEFAULT_NAMESPACE
+        )),
+        Some(NodeWithSet::Stale { seconds }) => Some(format!(
+            "the agent on node {node:?} is stale: {} since its last heartbeat (stale after {}); it \
+             stopped or cannot reach the API server, so what it last reported is not trusted",
+            match seconds {
+                u64::MAX => "no heartbeat at all".to_string(),
+                s => clock(std::time::Duration::from_secs(s)),
+            },
+            clock(STALE_AFTER)
+        )),
+        _ => None,
+    };
+    if let Some(reason) = agent_reason {
+        reasons.insert(0, reason);
+    }
+    let images: Vec<ImageReadiness> = references
+        .iter()
+        .map(|reference| reported_image(report, reference))
+        .collect();
+    let done = on_node.iter().all(|s| s.state == SetState::Done);
+    let missing = with_reason(&images, ImageReason::Missing);
+    if report.is_some() && done && !missing.is_empty() {
+        reasons.push(format!(
+            "the agent's complete image list lacks {}: {}; they were removed since they were pinned \
+             (`crictl rmi`), and the agent pulls them again at its next start or the set's next generation",
+            count_images(missing.len()),
+            some_of(&missing)
+        ));
+    }
+    let not_pinned = with_reason(&images, ImageReason::NotPinned);
+    if report.is_some() && done && !not_pinned.is_empty() {
+        reasons.push(format!(
+            "the runtime says {} not pinned: {}",
+            count_images(not_pinned.len()),
+            some_of(&not_pinned)
+        ));
+    }
+    NodeReadiness {
+        node: node.to_owned(),
+        runtime: report
+            .and_then(|r| r.runtime.as_ref())
+            .map(|r| format!("{} {}", r.name, r.version)),
+        reachable: report.is_some(),
+        pin_method: report.and_then(|r| r.pin_method.clone()),
+        pinned_by: report.map(pinned_by),
+        ready: reasons.is_empty(),
+        reasons,
+        images,
+        sets: on_node,
+        kubelet: None,
+        warnings: Vec::new(),
+    }
+}
+
+fn set_on_node(
+    name: &str,
+    generation: Option<i64>,
+    observed: Option<i64>,
+    state: SetState,
+    error: Option<String>,
+) -> SetOnNode {
+    SetOnNode {
+        name: name.to_owned(),
+        generation,
+        desired_generation: None,
+        current_generation: observed,
+        last_failed_generation: None,
+        state,
+        error,
+        elapsed_seconds: None,
+    }
+}
+
+/// Why a node whose agent reports is not done with generation `generation` of set `name`.
+fn set_reason(
+    name: &str,
+    generation: i64,
+    with_set: &NodeWithSet,
+    report: Option<&NodeReport>,
+) -> Option<String> {
+    Some(match with_set {
+        NodeWithSet::Waiting { observed: None } => format!(
+            "set {name:?}: the node's agent has not taken the set up yet (generation {generation})"
+        ),
+        NodeWithSet::Waiting {
+            observed: Some(observed),
+        } => format!(
+            "set {name:?}: the node's agent is at generation {observed}, not yet {generation}"
+        ),
+        NodeWithSet::Pulling => {
+            let on_node = report.and_then(|r| r.sets.iter().find(|s| s.name == name));
+            match on_node {
+                Some(s) if s.total_bytes > 0 => format!(
+                    "set {name:?}: pulling, {} of {}",
+                    human(s.done_bytes),
+                    human(s.total_bytes)
+                ),
+                _ => format!("set {name:?}: pulling"),
+            }
+        }
+        NodeWithSet::Failed { reason } => format!("set {name:?} failed: {reason}"),
+        NodeWithSet::Ready | NodeWithSet::NoAgent | NodeWithSet::Stale { .. } => return None,
+    })
+}
+
+/// One image as the node's report has it: its complete image list is the runtime's word on presence and
+/// pins; without a report (no agent, or a stale one) nothing is known.
+fn reported_image(report: Option<&NodeReport>, reference: &str) -> ImageReadiness {
+    let Some(report) = report else {
+        return image_readiness(&ImageObserved {
+            reference: reference.to_owned(),
+            ..ImageObserved::default()
+        });
+    };
+    let held = report
+        .images
+        .iter()
+        .find(|i| i.names.iter().any(|n| n == reference));
+    let mut image = image_readiness(&ImageObserved {
+        reference: reference.to_owned(),
+        present: Some(held.is_some()),
+        reported_pinned: held.map(|i| i.pinned),
+        ..ImageObserved::default()
+    });
+    image.evidence = Evidence::Runtime;
+    image.held_by = held.filter(|i| i.pinned).map(|i| HeldBy {
+        sets: i
+            .held_by
+            .iter()
+            .filter(|h| !matches!(h.as_str(), "admin" | "unowned"))
+            .cloned()
+            .collect(),
+        admin: i.held_by.iter().any(|h| h == "admin"),
+        unowned: i.held_by.iter().any(|h| h == "unowned"),
+    });
+    image
+}
+
+/// What the agent's pins rest on: the runtime's word, unless the agent said it had only the node's record
+/// to go by for some image (a runtime that cannot report pins).
+fn pinned_by(report: &NodeReport) -> PinnedBy {
+    let record = report
+        .sets
+        .iter()
+        .flat_map(|s| &s.images)
+        .any(|i| i.evidence.as_deref() == Some("record"));
+    match record {
+        true => PinnedBy::Record,
+        false => PinnedBy::Runtime,
+    }
+}
