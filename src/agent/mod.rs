@@ -10,7 +10,7 @@
 //! - It reports into its [`PinboardNode`] ([`crate::model::pinboard_api`]): the node's facts ([`facts`])
 //!   and, per set, where each image is ([`crate::model::node_report`]). Writes are bounded: a report is
 //!   written when it changed, at most every [`write_interval`]; the heartbeat is a small Lease renewed
-//!   every [`HEARTBEAT_EVERY`].
+//!   every `--heartbeat-every` (30 s).
 //! - Restart-safe and idempotent: a restarted agent finds present images present (nothing is pulled
 //!   twice) and pins unchanged, so it carries on where it stopped.
 //! - One agent, holding the Lease `pinboard-aggregator`, also sums up each set's nodes into its status
@@ -45,7 +45,7 @@ use crate::model::holders::Release;
 use crate::model::image::Platform;
 use crate::model::node_report;
 use crate::model::pinboard_api::{
-    DEFAULT_NAMESPACE, HEARTBEAT_EVERY, NodeReport, NodeSetPhase, PinSet, SetReport,
+    DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeReport, NodeSetPhase, PinSet, SetReport,
 };
 use crate::model::rollout::Rollout;
 use crate::model::set::{ImageSet, from_flags};
@@ -72,6 +72,11 @@ pub struct AgentArgs {
     /// /var/lib/kubelet/config.json, mounted read-only), used after a set's pull Secrets.
     #[arg(long, value_name = "FILE", help_heading = "Agent")]
     pub node_credentials: Option<PathBuf>,
+    /// How often the agent renews its heartbeat Lease; the Lease stands for four of these, after which
+    /// the node counts as not ready.
+    #[arg(long, value_name = "DURATION", value_parser = crate::model::units::parse_duration,
+          default_value = "30s", help_heading = "Agent")]
+    pub heartbeat_every: Duration,
     #[command(flatten)]
     pub targets: TargetArgs,
     #[command(flatten)]
@@ -123,6 +128,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         engine: args.rollout.engine_config(),
         timeout: args.targets.timeout(),
         platform: args.targets.platform()?,
+        heartbeat_every: args.heartbeat_every.max(Duration::from_secs(1)),
         node: None,
         labels: None,
         lazy_wish: None,
@@ -160,6 +166,7 @@ struct Agent {
     engine: EngineConfig,
     timeout: Duration,
     platform: Platform,
+    heartbeat_every: Duration,
     /// The Node object (its uid owns the report); None until it is seen.
     node: Option<Node>,
     labels: Option<BTreeMap<String, String>>,
@@ -181,7 +188,8 @@ struct Agent {
 impl Agent {
     async fn serve(&mut self, mut events: UnboundedReceiver<FleetEvent>) -> Result<(), Failure> {
         let mut watch = self.api.watch_node(&self.target.node.name);
-        let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
+        let mut heartbeat = tokio::time::interval(self.heartbeat_every);
+        let valid_for = self.heartbeat_every * HEARTBEAT_PERIODS_VALID;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut facts_read: Option<Instant> = None;
         let mut aggregator = aggregate::Aggregator::new(self.api.clone(), &self.target.node.name);
@@ -193,7 +201,7 @@ impl Agent {
                 },
                 Some(event) = events.recv() => self.fold(event).await,
                 _ = heartbeat.tick() => {
-                    if let Err(e) = self.api.renew(&self.target.node.name).await {
+                    if let Err(e) = self.api.renew(&self.target.node.name, valid_for).await {
                         tracing::warn!("cannot renew the heartbeat: {e}");
                     }
                     aggregator.turn().await;

@@ -5,7 +5,7 @@
 //! and only its own Node and report, so 5,000 agents do not each watch 5,000 nodes.
 
 use std::collections::BTreeMap;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Secret};
@@ -25,7 +25,7 @@ use crate::error::Failure;
 use crate::model::agents_view::AgentsUpdate;
 use crate::model::machine_config::ClusterNode;
 use crate::model::pinboard_api::{
-    AGENT_MANAGER, API_VERSION, GROUP, NODE_KIND, NodeReport, PinSet, PinSetStatus, PinboardNode,
+    AGENT_MANAGER, API_VERSION, GROUP, Heartbeat, NODE_KIND, NodeReport, PinSet, PinSetStatus, PinboardNode,
     SET_KIND, VERSION, lease_name,
 };
 use crate::model::set::ImageSet;
@@ -254,15 +254,15 @@ impl PinboardApi {
         Ok(())
     }
 
-    /// Renews `node`'s heartbeat Lease (made the first time).
-    pub async fn renew(&self, node: &str) -> Result<(), AgentsError> {
+    /// Renews `node`'s heartbeat Lease (made the first time), valid for `valid_for`.
+    pub async fn renew(&self, node: &str, valid_for: Duration) -> Result<(), AgentsError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let body = json!({
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": lease_name(node), "namespace": self.namespace},
             "spec": {
                 "holderIdentity": node,
-                "leaseDurationSeconds": crate::model::pinboard_api::STALE_AFTER.as_secs(),
+                "leaseDurationSeconds": valid_for.as_secs().max(1),
                 "renewTime": now,
             },
         });
@@ -366,19 +366,31 @@ impl PinboardApi {
     }
 }
 
-/// When each node's agent last renewed its Lease, by node (its `holderIdentity`).
-fn heartbeats_of(leases: &Snapshot<Lease>) -> BTreeMap<String, SystemTime> {
+/// Each node's agent's last heartbeat, by node (its Lease's `holderIdentity`).
+fn heartbeats_of(leases: &Snapshot<Lease>) -> BTreeMap<String, Heartbeat> {
     leases
         .iter()
+        .filter(|lease| {
+            let name = lease.metadata.name.as_deref().unwrap_or_default();
+            spec_node(lease).is_some_and(|node| lease_name(node) == name)
+        })
         .filter_map(|lease| {
             let spec = lease.spec.as_ref()?;
-            let node = spec.holder_identity.clone()?;
             let renewed = spec.renew_time.as_ref()?.0;
-            let at = SystemTime::UNIX_EPOCH
-                + std::time::Duration::from_nanos(u64::try_from(renewed.as_nanosecond()).ok()?);
-            Some((node, at))
+            let heartbeat = Heartbeat {
+                renewed: SystemTime::UNIX_EPOCH
+                    + Duration::from_nanos(u64::try_from(renewed.as_nanosecond()).ok()?),
+                valid_for: Duration::from_secs(
+                    u64::try_from(spec.lease_duration_seconds?).ok()?,
+                ),
+            };
+            Some((spec_node(lease)?.to_owned(), heartbeat))
         })
         .collect()
+}
+
+fn spec_node(lease: &Lease) -> Option<&str> {
+    lease.spec.as_ref()?.holder_identity.as_deref()
 }
 
 /// A write's error, with 403 and 404 told plainly.

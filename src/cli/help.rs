@@ -7,12 +7,20 @@ use clap::{Args, CommandFactory};
 use super::Cli;
 use crate::options::CommonArgs;
 
-/// Which images: every command that reads sets (`release` takes only how its sets are made).
-const SETS: &[&str] = &["sets", "images_files", "images", "releases"];
+/// Which images, and on agents which nodes: every command that reads sets (`release` takes only how its
+/// sets are made).
+const SETS: &[&str] = &["sets", "images_files", "images", "releases", "selector"];
 /// How a release becomes sets.
 const RELEASES: &[&str] = &["pool", "exclude", "release_name"];
-/// Cluster mode, and the cluster's pull secret for reading images as its nodes do.
-const CLUSTER: &[&str] = &["kubeconfig", "context", "cluster", "no_pull_secret"];
+/// Cluster mode, the API it goes through, and the cluster's pull secret for reading images as its nodes do.
+const CLUSTER: &[&str] = &[
+    "kubeconfig",
+    "context",
+    "cluster",
+    "cluster_api",
+    "agents_namespace",
+    "no_pull_secret",
+];
 /// Direct nodes: how they are reached, and where their CRI-O pins and fan-out's files are (every command
 /// that asks nodes first puts back fan-out files a killed pinboard left).
 const NODES: &[&str] = &[

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::labels::selector_matches;
 use super::machine_config::{ClusterNode, Connection};
-use super::pinboard_api::{NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode, stale};
+use super::pinboard_api::{NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode, Heartbeat};
 
 /// What the watches have said so far.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -19,7 +19,7 @@ pub struct AgentsView {
     pub reports: BTreeMap<String, PinboardNode>,
     pub nodes: Vec<ClusterNode>,
     /// Each node's agent's last heartbeat.
-    pub heartbeats: BTreeMap<String, SystemTime>,
+    pub heartbeats: BTreeMap<String, Heartbeat>,
     pub connections: BTreeMap<&'static str, Connection>,
 }
 
@@ -30,9 +30,11 @@ pub enum NodeWithSet {
     Ready,
     /// No agent has ever reported on the node.
     NoAgent,
-    /// Its agent's heartbeat is older than the stale limit (how old, in seconds).
+    /// Its agent's heartbeat lapsed: how old it is and how long it stood, in seconds (no heartbeat at
+    /// all: `u64::MAX` old).
     Stale {
         seconds: u64,
+        valid_for: u64,
     },
     /// The agent has not reached this generation yet.
     Waiting {
@@ -121,13 +123,18 @@ impl AgentsView {
         if self.report(node).is_none() {
             return Some(NodeWithSet::NoAgent);
         }
-        let heartbeat = self.heartbeats.get(node).copied();
-        match stale(heartbeat, now) {
-            Some(false) => None,
-            Some(true) | None => Some(NodeWithSet::Stale {
-                seconds: heartbeat
-                    .and_then(|at| now.duration_since(at).ok())
-                    .map_or(u64::MAX, |age| age.as_secs()),
+        match self.heartbeats.get(node) {
+            Some(beat) if !beat.stale(now) => None,
+            Some(beat) => Some(NodeWithSet::Stale {
+                seconds: now
+                    .duration_since(beat.renewed)
+                    .unwrap_or_default()
+                    .as_secs(),
+                valid_for: beat.valid_for.as_secs(),
+            }),
+            None => Some(NodeWithSet::Stale {
+                seconds: u64::MAX,
+                valid_for: 0,
             }),
         }
     }
@@ -157,8 +164,8 @@ pub enum AgentsUpdate {
     Sets(Vec<PinSet>),
     Reports(Vec<PinboardNode>),
     Nodes(Vec<ClusterNode>),
-    /// When each node's agent last renewed its Lease, by node.
-    Heartbeats(BTreeMap<String, SystemTime>),
+    /// Each node's agent's last heartbeat, by node.
+    Heartbeats(BTreeMap<String, Heartbeat>),
     Connection(&'static str, Connection),
 }
 

@@ -35,10 +35,12 @@ pub const NODE_PLURAL: &str = "pinboardnodes";
 pub const DEFAULT_NAMESPACE: &str = "pinboard-system";
 /// The field manager of what the agents write.
 pub const AGENT_MANAGER: &str = "pinboard-agent";
-/// An agent whose Lease was not renewed for this long is stale: its node is not ready.
-pub const STALE_AFTER: Duration = Duration::from_secs(120);
-/// How often an agent renews its Lease.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(30);
+/// An agent's Lease is valid for this many of its renewal periods (as the kubelet's node Lease is): one
+/// not renewed for that long is stale, and its node not ready.
+pub const HEARTBEAT_PERIODS_VALID: u32 = 4;
+/// How long a default agent's heartbeat (renewed every 30 s) stands, and how long the aggregator's
+/// Lease lasts.
+pub const STALE_AFTER: Duration = Duration::from_secs(30 * HEARTBEAT_PERIODS_VALID as u64);
 /// The agent's Lease of a node.
 pub fn lease_name(node: &str) -> String {
     format!("pinboard-agent-{node}")
@@ -356,7 +358,16 @@ impl NodeReport {
     }
 }
 
-/// Whether an agent's heartbeat is older than [`STALE_AFTER`] at `now`; None: no heartbeat at all.
-pub fn stale(renewed: Option<SystemTime>, now: SystemTime) -> Option<bool> {
-    renewed.map(|at| now.duration_since(at).unwrap_or_default() > STALE_AFTER)
+/// An agent's last heartbeat: when it renewed its Lease, and for how long that stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub renewed: SystemTime,
+    pub valid_for: Duration,
+}
+
+impl Heartbeat {
+    /// Whether it has lapsed at `now`.
+    pub fn stale(&self, now: SystemTime) -> bool {
+        now.duration_since(self.renewed).unwrap_or_default() > self.valid_for
+    }
 }

@@ -6,7 +6,7 @@
 //! and the reason names it.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::direct::image_readiness;
 use super::{
@@ -15,7 +15,7 @@ use super::{
 };
 use crate::model::agents_view::{AgentsView, NodeWithSet};
 use crate::model::holders::HeldBy;
-use crate::model::pinboard_api::{NodeReport, STALE_AFTER};
+use crate::model::pinboard_api::NodeReport;
 use crate::model::reference::{count_images, some_of};
 use crate::model::units::{clock, human};
 
@@ -130,14 +130,17 @@ fn assess_node(
              `kubectl -n {ns} get pods -o wide` shows why (docs/agents.md)",
             ns = crate::model::pinboard_api::DEFAULT_NAMESPACE
         )),
-        Some(NodeWithSet::Stale { seconds }) => Some(format!(
-            "the agent on node {node:?} is stale: {} since its last heartbeat (stale after {}); it \
-             stopped or cannot reach the API server, so what it last reported is not trusted",
+        Some(NodeWithSet::Stale { seconds, valid_for }) => Some(format!(
+            "the agent on node {node:?} is stale: {}; it stopped or cannot reach the API server, so \
+             what it last reported is not trusted",
             match seconds {
-                u64::MAX => "no heartbeat at all".to_string(),
-                s => clock(std::time::Duration::from_secs(s)),
+                u64::MAX => "it never renewed its heartbeat".to_string(),
+                s => format!(
+                    "{} since its last heartbeat, which stood for {}",
+                    clock(Duration::from_secs(s)),
+                    clock(Duration::from_secs(valid_for))
+                ),
             },
-            clock(STALE_AFTER)
         )),
         _ => None,
     };
