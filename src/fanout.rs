@@ -13,18 +13,21 @@
 //!   was killed mid-rollout are put back.
 
 use std::collections::HashMap;
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::task::JoinError;
 
 use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
 use crate::backend::credentials::Credentials;
-use crate::backend::cri::CriClient;
+use crate::backend::cri::{CriClient, CriEndpoint, CriError};
 use crate::backend::target::NodeTarget;
-use crate::backend::wiring::{self, Wired, Wiring};
+use crate::backend::wiring::{self, Wired, Wiring, WiringError};
 use crate::engine::{self, Control, EngineConfig, NodeJob};
+use crate::error::Failure;
 use crate::model::image::ImageFacts;
 use crate::model::plan::Verdict;
 use crate::model::rollout::Event;
@@ -35,6 +38,39 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 /// Where the endpoint listens unless `--fan-out-listen` says otherwise: loopback, any free port.
 pub const LOOPBACK: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+/// Why fan-out cannot start: its endpoint cannot listen. Nothing was written on the nodes then.
+#[derive(Debug, thiserror::Error)]
+#[error("fan-out cannot listen on {listen}: {error}; pass another --fan-out-listen")]
+pub struct FanOutError {
+    pub listen: SocketAddr,
+    pub error: io::Error,
+}
+
+impl From<FanOutError> for Failure {
+    fn from(error: FanOutError) -> Failure {
+        Failure::bad_input(error.to_string())
+    }
+}
+
+/// Why one node pulls directly, or fan-out's files on it are not all put back.
+#[derive(Debug, thiserror::Error)]
+enum NodeWiringError {
+    #[error(
+        "fan-out serves on {endpoint}, which {node} cannot reach; pass --fan-out-listen with an address of \
+         this machine that it can"
+    )]
+    Unreachable {
+        endpoint: SocketAddr,
+        node: CriEndpoint,
+    },
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error(transparent)]
+    Wiring(#[from] WiringError),
+    #[error("{0}")]
+    Task(#[from] JoinError),
+}
 
 /// What fan-out needs: the blob cache (opened by the caller, who keeps it between rollouts) and where to
 /// listen.
@@ -114,7 +150,7 @@ impl Run {
         fan_out: Option<FanOutSetup>,
         operator: bool,
         timeout: Duration,
-    ) -> Result<(Run, Vec<String>), String> {
+    ) -> Result<(Run, Vec<String>), FanOutError> {
         let mut notices = Vec::new();
         let fan_out = match fan_out.filter(|_| !config.readonly) {
             Some(setup) => {
@@ -207,16 +243,14 @@ impl FanOut {
         targets: &[NodeTarget],
         facts: &HashMap<String, ImageFacts>,
         timeout: Duration,
-    ) -> Result<(FanOut, Vec<String>), String> {
+    ) -> Result<(FanOut, Vec<String>), FanOutError> {
         let allowed = ServedDigests::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
         let link_before = setup.cache.link_bytes();
         let endpoint = Endpoint::start(setup.listen, Arc::clone(&setup.cache), allowed)
             .await
-            .map_err(|e| {
-                format!(
-                    "fan-out cannot listen on {}: {e}; pass another --fan-out-listen",
-                    setup.listen
-                )
+            .map_err(|error| FanOutError {
+                listen: setup.listen,
+                error,
             })?;
         let marker = wiring::marker(&endpoint.url());
         let mut sources: Vec<Source> = facts.keys().filter_map(|r| Source::of(r).ok()).collect();
@@ -226,21 +260,24 @@ impl FanOut {
         let wirings = futures::future::join_all(targets.iter().map(|target| async {
             let name = target.node.name.clone();
             if loopback && !target.node.endpoint.is_local() {
-                return (name, Err(format!(
-                    "fan-out serves on {}, which {} cannot reach; pass --fan-out-listen with an address of this \
-                     machine that it can",
-                    endpoint.addr(),
-                    target.node.endpoint
-                )));
+                return (
+                    name,
+                    Err(NodeWiringError::Unreachable {
+                        endpoint: endpoint.addr(),
+                        node: target.node.endpoint.clone(),
+                    }),
+                );
             }
             let wiring = located(target, timeout).await;
             let (marker, sources) = (marker.clone(), sources.clone());
             let wired = match wiring {
-                Ok(wiring) => blocking(move || {
-                    wiring::clean_stale(&wiring)?;
-                    wiring::wire(&wiring, &sources, &marker)
-                })
-                .await,
+                Ok(wiring) => {
+                    blocking(move || {
+                        wiring::clean_stale(&wiring)?;
+                        wiring::wire(&wiring, &sources, &marker)
+                    })
+                    .await
+                }
                 Err(e) => Err(e),
             };
             (name, wired)
@@ -288,19 +325,15 @@ impl FanOut {
 }
 
 /// How `target` is wired, asked over its socket.
-async fn located(target: &NodeTarget, timeout: Duration) -> Result<Wiring, String> {
-    let client = CriClient::connect(&target.node.endpoint, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    wiring::locate(&target.wiring, &target.pin, &client).await
+async fn located(target: &NodeTarget, timeout: Duration) -> Result<Wiring, NodeWiringError> {
+    let client = CriClient::connect(&target.node.endpoint, timeout).await?;
+    Ok(wiring::locate(&target.wiring, &target.pin, &client).await?)
 }
 
 async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| e.to_string())?
+    work: impl FnOnce() -> Result<T, WiringError> + Send + 'static,
+) -> Result<T, NodeWiringError> {
+    Ok(tokio::task::spawn_blocking(work).await??)
 }
 
 /// Puts back what a pinboard that was killed mid-rollout left on `targets`: every command that touches

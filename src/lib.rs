@@ -42,6 +42,7 @@
 //!   registries.conf.d drop-in), and putting its files back afterwards.
 //! - **lazy pulling**: a runtime that fetches an image's layers when they are first read (stargz store).
 
+pub mod agent;
 pub mod backend;
 pub mod cli;
 pub mod engine;

@@ -3,19 +3,14 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use pinboard::cli::{Command, parse, run};
-use tracing_subscriber::EnvFilter;
-
-/// Warnings, but not kube's "Server cert bypassed" once per connection (`cluster::connect` says it once),
-/// nor its error line for every refused request (pinboard says what each refusal means).
-const HEADLESS_LOG: &str = "warn,kube_client::client::tls=error,kube_client::client::builder=off";
+use pinboard::cli::{Command, parse, run, stderr_log};
 
 fn main() -> ExitCode {
     pinboard::install_crypto_provider();
     let cli = parse();
     let command = cli.command.unwrap_or(Command::Tui(cli.tui));
-    // The TUI owns the terminal: it logs to a file. Headless commands log to stderr (warnings by default;
-    // PINBOARD_LOG=debug for more) and keep stdout for their output.
+    // The TUI owns the terminal: it logs to a file. Headless commands log to stderr (warnings by default,
+    // as `warning:` lines; PINBOARD_LOG=debug for more) and keep stdout for their output.
     let _log_guard = match &command {
         Command::Tui(_) => match pinboard::ui::run::init_file_logging() {
             Ok(guard) => Some(guard),
@@ -27,13 +22,11 @@ fn main() -> ExitCode {
             }
         },
         _ => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    EnvFilter::try_from_env("PINBOARD_LOG")
-                        .unwrap_or_else(|_| EnvFilter::new(HEADLESS_LOG)),
-                )
-                .with_writer(std::io::stderr)
-                .init();
+            // The agent says what it does (its pod's log); a command only what went wrong.
+            stderr_log::init(match &command {
+                Command::Agent(_) => stderr_log::AGENT_FILTER,
+                _ => stderr_log::COMMAND_FILTER,
+            });
             None
         }
     };

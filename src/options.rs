@@ -6,7 +6,7 @@
 //! the [`Fleet`] of nodes ([`CommonArgs::fleet`], the one place that decides how nodes are reached), the
 //! sets' sources, and a registry client.
 
-use std::net::SocketAddr;
+use std::net::{AddrParseError, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -37,6 +37,21 @@ use crate::targets::{self, NodeDefaults, parse_reload};
 pub const CHECK_WAIT: Duration = Duration::from_secs(10 * 60);
 /// Cluster-mode `apply`'s default wait for the daemons.
 pub const APPLY_WAIT: Duration = Duration::from_secs(30 * 60);
+
+/// A flag's value that names nothing pinboard can use.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    #[error("{text:?} is not IP:PORT ({error})")]
+    NotAnAddress { text: String, error: AddrParseError },
+    #[error(
+        "{addr} is not an address nodes can be pointed at; give this machine's address on their network, \
+         e.g. 10.0.0.5:{}",
+        addr.port()
+    )]
+    Unspecified { addr: SocketAddr },
+    #[error("not a regular expression: {0}")]
+    NotARegex(regex::Error),
+}
 
 /// Who builds a fleet ([`CommonArgs::fleet`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,16 +131,13 @@ pub struct RolloutArgs {
 }
 
 /// `--fan-out-listen`: an address nodes can be pointed at, so not 0.0.0.0 or `[::]`.
-fn parse_reachable(text: &str) -> Result<SocketAddr, String> {
-    let addr: SocketAddr = text
-        .parse()
-        .map_err(|e| format!("{text:?} is not IP:PORT ({e})"))?;
+fn parse_reachable(text: &str) -> Result<SocketAddr, OptionsError> {
+    let addr: SocketAddr = text.parse().map_err(|error| OptionsError::NotAnAddress {
+        text: text.to_owned(),
+        error,
+    })?;
     if addr.ip().is_unspecified() {
-        return Err(format!(
-            "{addr} is not an address nodes can be pointed at; give this machine's address on their network, \
-             e.g. 10.0.0.5:{}",
-            addr.port()
-        ));
+        return Err(OptionsError::Unspecified { addr });
     }
     Ok(addr)
 }
@@ -221,8 +233,8 @@ impl ReleaseArgs {
     }
 }
 
-fn parse_regex(text: &str) -> Result<Regex, String> {
-    Regex::new(text).map_err(|e| format!("not a regular expression: {e}"))
+fn parse_regex(text: &str) -> Result<Regex, OptionsError> {
+    Regex::new(text).map_err(OptionsError::NotARegex)
 }
 
 /// Which nodes: reached directly over their CRI sockets (and how pinboard changes them), or through a
@@ -404,8 +416,8 @@ pub enum Output {
 }
 
 /// How to reach registries, with the local mirror rules.
-fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Failure> {
-    let mirrors = args.mirror_sources().load().map_err(Failure::bad_input)?;
+pub fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Failure> {
+    let mirrors = args.mirror_sources().load()?;
     Ok(RegistryOptions {
         authfile: args.authfile.clone(),
         insecure_registries: args.insecure_registries.clone(),
@@ -550,20 +562,13 @@ impl TargetArgs {
         };
         let text = self.nodes.as_deref().map(read_file).transpose()?;
         let file = self.nodes.as_deref().zip(text.as_deref());
-        targets::resolve(&self.cri, file, &defaults).map_err(|e| {
-            // Only "no endpoint at all" means nothing could be reached; everything else is a typo.
-            if e.starts_with("no CRI endpoint") {
-                Failure::unreachable(vec![e])
-            } else {
-                Failure::bad_input(e)
-            }
-        })
+        Ok(targets::resolve(&self.cri, file, &defaults)?)
     }
 
     pub fn platform(&self) -> Result<Platform, Failure> {
         self.platform.as_deref().map_or_else(
             || Ok(Platform::host()),
-            |p| Platform::parse(p).map_err(Failure::bad_input),
+            |p| Platform::parse(p).map_err(Failure::from),
         )
     }
 

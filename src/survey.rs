@@ -3,7 +3,9 @@
 //! `pinboard plan` prints a survey; the TUI's Plan screen shows one. Both get their figures from
 //! [`crate::model::plan::plan_node`] through [`survey`], so a number on screen and in `plan` cannot differ.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use futures::StreamExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -20,7 +22,12 @@ use crate::model::machine_config::{ClusterNode, ClusterView};
 use crate::model::plan::{
     Limits, LinkBytes, NodeFacts, NodePlan, PlannedImage, link_bytes, plan_node,
 };
+use crate::model::readiness::unreachable_reason;
+use crate::model::reference::{count_images, short_reference, some_of};
 use crate::model::set::ImageSet;
+
+/// Configs read at once for their layers' uncompressed digests.
+const DIFF_IDS_AT_ONCE: usize = 16;
 
 /// The result of a survey, serialized as `plan -o json|yaml` prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +55,7 @@ pub struct SetSummary {
 /// Why a survey could not produce a plan.
 #[derive(Debug)]
 pub enum SurveyError {
-    /// No node answered: each node's error, in order.
+    /// No node answered: each node's error, naming it, in order.
     NoTarget(Vec<String>),
     /// Some images could not be resolved in the registry: (reference, error), in set order.
     Images(Vec<(String, RegistryError)>),
@@ -57,17 +64,41 @@ pub enum SurveyError {
 impl From<SurveyError> for Failure {
     fn from(err: SurveyError) -> Failure {
         match err {
-            SurveyError::NoTarget(errors) => Failure::unreachable(
-                errors
-                    .into_iter()
-                    .map(|e| format!("{e}; check that the runtime is running and the path or address is right"))
-                    .collect(),
-            ),
-            SurveyError::Images(failed) => {
-                Failure { exit: Exit::BadInput, lines: failed.into_iter().map(|(_, err)| err.to_string()).collect() }
-            }
+            SurveyError::NoTarget(errors) => Failure::unreachable(errors),
+            SurveyError::Images(failed) => Failure {
+                exit: Exit::BadInput,
+                lines: problem_lines(failed),
+            },
         }
     }
+}
+
+/// One line per distinct problem: images that failed alike (the same message but for the image) are said
+/// once, the first image's message followed by how many failed so and the first few of them, e.g. a
+/// registry that speaks plain HTTP, for each of its images: `cannot reach registry … for a@…: …; pass
+/// --insecure-registry … (12 images: a@…, b@…, c@…, d@…, e@… and 7 more)`.
+fn problem_lines(failed: Vec<(String, RegistryError)>) -> Vec<String> {
+    // (the message with its image left out, the first message, every image that failed so)
+    let mut alike: Vec<(String, String, Vec<String>)> = Vec::new();
+    for (reference, err) in failed {
+        let message = err.to_string();
+        let image = err.reference().unwrap_or(&reference);
+        let problem = message.replace(image, "\0");
+        match alike.iter_mut().find(|(p, ..)| *p == problem) {
+            Some((_, _, images)) => images.push(reference),
+            None => alike.push((problem, message, vec![reference])),
+        }
+    }
+    alike
+        .into_iter()
+        .map(|(_, message, images)| match images.len() {
+            1 => message,
+            n => {
+                let short: Vec<String> = images.iter().map(|i| short_reference(i)).collect();
+                format!("{message} ({}: {})", count_images(n), some_of(&short))
+            }
+        })
+        .collect()
 }
 
 /// Every distinct reference of the sets, in first-seen order: a set's entries target the same nodes, so an
@@ -103,13 +134,68 @@ pub async fn survey(
         return Err(SurveyError::NoTarget(
             observations
                 .into_iter()
-                .filter_map(|o| o.facts.unreachable)
+                .filter_map(|o| {
+                    Some(format!(
+                        "{}: {}",
+                        o.facts.name,
+                        unreachable_reason(&o.facts.unreachable?)
+                    ))
+                })
                 .collect(),
         ));
     }
-    let facts = resolved(&references, inspected)?;
+    let mut facts = resolved(&references, inspected)?;
+    read_diff_ids(registry, &mut facts, &observations).await;
     let planned = observations.iter().map(|o| (o, references.as_slice()));
     Ok(summarize(sets, limits, planned, facts, cache))
+}
+
+/// The layers' uncompressed digests of the images some node holding layers by them (CRI-O) lacks, read
+/// from their configs, so its plan leaves out the layers it holds. An image whose config cannot be read
+/// keeps none: that node's figure is then an upper bound, and says so.
+async fn read_diff_ids(
+    registry: &Registry,
+    facts: &mut HashMap<String, ImageFacts>,
+    nodes: &[SurveyedNode],
+) {
+    let lacking: BTreeSet<&String> = nodes
+        .iter()
+        .filter(|n| n.facts.held.by_diff_id())
+        .flat_map(|n| n.presence.iter())
+        .filter(|(_, present)| **present != Some(true))
+        .map(|(reference, _)| reference)
+        .collect();
+    // Owned: a stream of futures borrowing them is not Send-general enough for the fleet's boxed futures.
+    let asked: Vec<(String, ImageFacts)> = lacking
+        .into_iter()
+        .filter_map(|reference| Some((reference.clone(), facts.get(reference)?.clone())))
+        .collect();
+    let read: Vec<(String, Result<Vec<String>, RegistryError>)> =
+        futures::stream::iter(asked.into_iter().map(|(reference, image)| async move {
+            let ids = registry.diff_ids(&reference, &image).await;
+            (reference, ids)
+        }))
+        .buffer_unordered(DIFF_IDS_AT_ONCE)
+        .collect()
+        .await;
+    for (reference, diff_ids) in read {
+        let Some(image) = facts.get_mut(&reference) else {
+            continue;
+        };
+        match diff_ids {
+            Ok(ids) if ids.len() == image.layers.len() => {
+                for (layer, id) in image.layers.iter_mut().zip(ids) {
+                    layer.diff_id = Some(id);
+                }
+            }
+            Ok(ids) => tracing::warn!(
+                "{reference}: its config lists {} layers, its manifest {}; its layers are counted as not held",
+                ids.len(),
+                image.layers.len()
+            ),
+            Err(e) => tracing::warn!("{reference}: its layers are counted as not held: {e}"),
+        }
+    }
 }
 
 /// Each node planned for its own images.
@@ -262,7 +348,9 @@ fn summarize<'a>(
         .map(|(observation, images)| plan_node(&observation.facts, images, &limits))
         .collect();
     let link_bytes = link_bytes(
-        planned.iter().map(|(_, images)| images.as_slice()),
+        planned
+            .iter()
+            .map(|(observation, images)| (&observation.facts.held, images.as_slice())),
         |digest| cache.is_some_and(|dir| blobs::cache::holds(dir, digest)),
     );
     Survey {
@@ -285,6 +373,49 @@ fn summarize<'a>(
 mod tests {
     use super::*;
     use crate::model::set::from_flags;
+
+    #[test]
+    fn images_that_fail_alike_are_one_line_with_their_count_and_the_first_few() {
+        let registry = "r.example:5000";
+        let image = |i: usize| format!("{registry}/shop/app{i}@sha256:{}", "ab".repeat(32));
+        let plain_http = |i: usize| {
+            let error = RegistryError::Unreachable {
+                reference: image(i),
+                registry: registry.into(),
+                cause: format!(
+                    "TLS handshake failed (corrupt message); the registry seems to speak plain HTTP: if that \
+                     is intended, pass --insecure-registry {registry}"
+                ),
+            };
+            (image(i), error)
+        };
+        let mut failed: Vec<_> = (0..12).map(plain_http).collect();
+        let missing = RegistryError::NotFound {
+            reference: image(99),
+            registry: registry.into(),
+        };
+        failed.insert(3, (image(99), missing.clone()));
+        let lines = Failure::from(SurveyError::Images(failed)).lines;
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        let short = |i: usize| format!("{registry}/shop/app{i}@sha256:abababababab…");
+        assert_eq!(
+            lines[0],
+            format!(
+                "{} (12 images: {}, {}, {}, {}, {} and 7 more)",
+                plain_http(0).1,
+                short(0),
+                short(1),
+                short(2),
+                short(3),
+                short(4)
+            )
+        );
+        assert_eq!(
+            lines[1],
+            missing.to_string(),
+            "a problem of one image, as it was"
+        );
+    }
 
     #[test]
     fn union_keeps_first_seen_order_without_duplicates() {

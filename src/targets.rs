@@ -21,15 +21,71 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::backend::cri::CriEndpoint;
+use crate::backend::cri::{CriEndpoint, CriEndpointError};
 use crate::backend::lazy::LazyConfig;
 use crate::backend::pins::{CRIO_CONFIG_DIR, PinTarget, Reload};
 use crate::backend::target::{DirectNode, NodeTarget};
 use crate::backend::wiring::WiringPaths;
 use crate::engine::NodeJob;
+use crate::error::Failure;
 use crate::model::holders::holders_of;
 use crate::model::plan::NodePlan;
 use crate::model::set::ImageSet;
+
+/// Why the nodes could not be known from `--cri`, the nodes file or crictl's configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetsError {
+    #[error(
+        "no CRI endpoint: CONTAINER_RUNTIME_ENDPOINT is unset, /etc/crictl.yaml names none, and neither \
+         /run/crio/crio.sock nor /run/containerd/containerd.sock exists, and no kubeconfig was found; pass --cri \
+         [NAME=]ENDPOINT or --nodes FILE for nodes, or --kubeconfig FILE for a cluster"
+    )]
+    NoEndpoint,
+    #[error("node name {name:?} is given twice")]
+    NameTwice { name: String },
+    #[error("--cri {flag}: {problem}")]
+    CriFlag {
+        flag: String,
+        #[source]
+        problem: NodeError,
+    },
+    #[error("{}: not a valid nodes file: {message}", path.display())]
+    NotANodesFile { path: PathBuf, message: String },
+    #[error("{}: lists no nodes", path.display())]
+    NoNodes { path: PathBuf },
+    #[error("{}: node {name:?}: {problem}", path.display())]
+    Entry {
+        path: PathBuf,
+        name: String,
+        #[source]
+        problem: NodeError,
+    },
+}
+
+/// Only "no endpoint at all" means nothing could be reached; everything else is a typo.
+impl From<TargetsError> for Failure {
+    fn from(error: TargetsError) -> Failure {
+        match error {
+            TargetsError::NoEndpoint => Failure::unreachable(vec![error.to_string()]),
+            _ => Failure::bad_input(error.to_string()),
+        }
+    }
+}
+
+/// What is wrong with one node as given (a `--cri` flag, a nodes-file entry), or with `--crio-reload`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Endpoint(#[from] CriEndpointError),
+    #[error("node name {name:?} is not a DNS name (lowercase letters, digits, '-', '.')")]
+    NotADnsName { name: String },
+    #[error("name each node when giving several: --cri NAME={endpoint}")]
+    Unnamed { endpoint: CriEndpoint },
+    #[error("CRI-O reload {text:?} is not signal:PIDFILE, systemctl, restart or none")]
+    Reload { text: String },
+    #[error("pin {pin:?} is not crio-drop-in or containerd-label")]
+    Pin { pin: String },
+}
 
 /// The engine's jobs: each target with its plan from a survey of those targets, in the same order, its
 /// images' pins held by the `sets` that list them.
@@ -75,7 +131,7 @@ impl NodeDefaults {
 }
 
 /// `signal:PIDFILE`, `systemctl`, `restart` or `none`, as `--crio-reload` takes it.
-pub fn parse_reload(text: &str) -> Result<Reload, String> {
+pub fn parse_reload(text: &str) -> Result<Reload, NodeError> {
     match text {
         "systemctl" => Ok(Reload::Systemctl),
         "restart" => Ok(Reload::Restart),
@@ -84,9 +140,9 @@ pub fn parse_reload(text: &str) -> Result<Reload, String> {
             Some(pidfile) if !pidfile.is_empty() => Ok(Reload::Signal {
                 pidfile: pidfile.into(),
             }),
-            _ => Err(format!(
-                "CRI-O reload {text:?} is not signal:PIDFILE, systemctl, restart or none"
-            )),
+            _ => Err(NodeError::Reload {
+                text: text.to_owned(),
+            }),
         },
     }
 }
@@ -96,7 +152,7 @@ pub fn resolve(
     cri: &[String],
     nodes_file: Option<(&Path, &str)>,
     defaults: &NodeDefaults,
-) -> Result<Vec<NodeTarget>, String> {
+) -> Result<Vec<NodeTarget>, TargetsError> {
     let target = |node| NodeTarget {
         node,
         pin: defaults.pin(),
@@ -113,11 +169,7 @@ pub fn resolve(
             .map(target),
     );
     if targets.is_empty() {
-        let endpoint = default_endpoint().ok_or(
-            "no CRI endpoint: CONTAINER_RUNTIME_ENDPOINT is unset, /etc/crictl.yaml names none, and neither \
-             /run/crio/crio.sock nor /run/containerd/containerd.sock exists, and no kubeconfig was found; pass --cri \
-             [NAME=]ENDPOINT or --nodes FILE for nodes, or --kubeconfig FILE for a cluster",
-        )?;
+        let endpoint = default_endpoint().ok_or(TargetsError::NoEndpoint)?;
         targets.push(target(DirectNode {
             name: host_name(),
             endpoint,
@@ -125,39 +177,45 @@ pub fn resolve(
     }
     let mut seen = std::collections::HashSet::new();
     if let Some(twice) = targets.iter().find(|t| !seen.insert(t.node.name.clone())) {
-        return Err(format!("node name {:?} is given twice", twice.node.name));
+        return Err(TargetsError::NameTwice {
+            name: twice.node.name.clone(),
+        });
     }
     Ok(targets)
 }
 
 /// `--cri` values to nodes. An unnamed endpoint is named after this host, if it is the only node.
-fn parse_cri_flags(flags: &[String], alone: bool) -> Result<Vec<DirectNode>, String> {
+fn parse_cri_flags(flags: &[String], alone: bool) -> Result<Vec<DirectNode>, TargetsError> {
     flags
         .iter()
         .map(|flag| {
-            // `NAME=` only when what precedes `=` cannot be part of an endpoint.
-            let (name, endpoint) = match flag.split_once('=') {
-                Some((name, endpoint)) if !name.contains([':', '/']) => (Some(name), endpoint),
-                _ => (None, flag.as_str()),
-            };
-            let endpoint: CriEndpoint = endpoint
-                .parse()
-                .map_err(|e: String| format!("--cri {flag}: {e}"))?;
-            let name = match name {
-                Some(name) => checked_name(name).map_err(|e| format!("--cri {flag}: {e}"))?,
-                None if alone && flags.len() == 1 => host_name(),
-                None => {
-                    return Err(format!(
-                        "--cri {flag}: name each node when giving several: --cri NAME={endpoint}"
-                    ));
+            parse_cri_flag(flag, alone && flags.len() == 1).map_err(|problem| {
+                TargetsError::CriFlag {
+                    flag: flag.clone(),
+                    problem,
                 }
-            };
-            Ok(DirectNode { name, endpoint })
+            })
         })
         .collect()
 }
 
-fn checked_name(name: &str) -> Result<String, String> {
+/// One `--cri` value; `only` when it is the only node, which may then go unnamed.
+fn parse_cri_flag(flag: &str, only: bool) -> Result<DirectNode, NodeError> {
+    // `NAME=` only when what precedes `=` cannot be part of an endpoint.
+    let (name, endpoint) = match flag.split_once('=') {
+        Some((name, endpoint)) if !name.contains([':', '/']) => (Some(name), endpoint),
+        _ => (None, flag),
+    };
+    let endpoint: CriEndpoint = endpoint.parse()?;
+    let name = match name {
+        Some(name) => checked_name(name)?,
+        None if only => host_name(),
+        None => return Err(NodeError::Unnamed { endpoint }),
+    };
+    Ok(DirectNode { name, endpoint })
+}
+
+fn checked_name(name: &str) -> Result<String, NodeError> {
     let valid = !name.is_empty()
         && name.len() <= 253
         && name
@@ -166,9 +224,9 @@ fn checked_name(name: &str) -> Result<String, String> {
     if valid {
         Ok(name.to_string())
     } else {
-        Err(format!(
-            "node name {name:?} is not a DNS name (lowercase letters, digits, '-', '.')"
-        ))
+        Err(NodeError::NotADnsName {
+            name: name.to_owned(),
+        })
     }
 }
 
@@ -190,22 +248,35 @@ fn parse_nodes_file(
     path: &Path,
     text: &str,
     defaults: &NodeDefaults,
-) -> Result<Vec<NodeTarget>, String> {
-    let at = |e: String| format!("{}: {e}", path.display());
-    let entries: Vec<NodeEntry> = serde_saphyr::from_str(text).map_err(|e| {
-        at(format!(
-            "not a valid nodes file: {}",
-            e.without_snippet().to_string().lines().next().unwrap_or("")
-        ))
-    })?;
+) -> Result<Vec<NodeTarget>, TargetsError> {
+    let entries: Vec<NodeEntry> =
+        serde_saphyr::from_str(text).map_err(|e| TargetsError::NotANodesFile {
+            path: path.to_owned(),
+            message: e
+                .without_snippet()
+                .to_string()
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned(),
+        })?;
     if entries.is_empty() {
-        return Err(at("lists no nodes".into()));
+        return Err(TargetsError::NoNodes {
+            path: path.to_owned(),
+        });
     }
     entries
         .into_iter()
         .map(|entry| {
-            let named = |e: String| at(format!("node {:?}: {e}", entry.name));
-            let endpoint: CriEndpoint = entry.endpoint.parse().map_err(named)?;
+            let named = |problem: NodeError| TargetsError::Entry {
+                path: path.to_owned(),
+                name: entry.name.clone(),
+                problem,
+            };
+            let endpoint: CriEndpoint = entry
+                .endpoint
+                .parse()
+                .map_err(|e: CriEndpointError| named(e.into()))?;
             let reload = entry
                 .crio_reload
                 .as_deref()
@@ -229,9 +300,9 @@ fn parse_nodes_file(
                 Some("crio-drop-in") => crio(),
                 Some("containerd-label") => PinTarget::ContainerdLabel,
                 Some(other) => {
-                    return Err(named(format!(
-                        "pin {other:?} is not crio-drop-in or containerd-label"
-                    )));
+                    return Err(named(NodeError::Pin {
+                        pin: other.to_owned(),
+                    }));
                 }
             };
             let lazy = LazyConfig {
@@ -331,23 +402,27 @@ mod tests {
             None,
             &d,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(unnamed.contains("name each node"), "{unnamed}");
         let twice = resolve(
             &["a=unix:///a.sock".into(), "a=unix:///b.sock".into()],
             None,
             &d,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(twice.contains("given twice"), "{twice}");
         assert!(
             resolve(&["n1=http://x".into()], None, &d)
                 .unwrap_err()
+                .to_string()
                 .starts_with("--cri n1=http://x: CRI endpoint")
         );
         assert!(
             resolve(&["N_1=unix:///a.sock".into()], None, &d)
                 .unwrap_err()
+                .to_string()
                 .contains("not a DNS name")
         );
     }
@@ -417,25 +492,25 @@ mod tests {
         let bad_pin = "- name: w0\n  endpoint: unix:///a.sock\n  pin: glue\n";
         let err = resolve(&[], Some((path, bad_pin)), &NodeDefaults::default()).unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "nodes.yaml: node \"w0\": pin \"glue\" is not crio-drop-in or containerd-label"
         );
         let typo = "- name: w0\n  endpoint: unix:///a.sock\n  pinn: crio-drop-in\n";
         assert!(
             resolve(&[], Some((path, typo)), &NodeDefaults::default())
                 .unwrap_err()
+                .to_string()
                 .starts_with("nodes.yaml: not a valid nodes file")
         );
         assert!(
             resolve(&[], Some((path, "[]")), &NodeDefaults::default())
                 .unwrap_err()
+                .to_string()
                 .contains("lists no nodes")
         );
         assert_eq!(
-            parse_reload("signal:"),
-            Err(
-                "CRI-O reload \"signal:\" is not signal:PIDFILE, systemctl, restart or none".into()
-            )
+            parse_reload("signal:").unwrap_err().to_string(),
+            "CRI-O reload \"signal:\" is not signal:PIDFILE, systemctl, restart or none"
         );
         assert_eq!(parse_reload("restart"), Ok(Reload::Restart));
     }

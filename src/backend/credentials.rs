@@ -159,7 +159,7 @@ pub enum CredentialsError {
     BadEntry {
         path: PathBuf,
         key: String,
-        problem: String,
+        problem: EntryProblem,
     },
     #[error(
         "credential helper docker-credential-{helper} (named in {}) failed for {server}: {cause}",
@@ -171,6 +171,21 @@ pub enum CredentialsError {
         server: String,
         cause: String,
     },
+}
+
+/// What is wrong with an auth file's entry, said without quoting any of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EntryProblem {
+    #[error("has an \"auth\" value that is not valid base64")]
+    AuthNotBase64,
+    #[error("has an \"auth\" value that is not UTF-8 text")]
+    AuthNotUtf8,
+    #[error("has an \"auth\" value that does not decode to user:password")]
+    AuthNotUserPassword,
+    #[error("has an \"auth\" value with an empty user name")]
+    AuthEmptyUser,
+    #[error("has no credentials")]
+    NoCredentials,
 }
 
 /// Which files to read, in order.
@@ -326,7 +341,11 @@ impl Credentials {
                     continue;
                 }
                 Err(e) if files.explicit.is_none() => {
-                    tracing::warn!(path = %path.display(), error = %e, "skipping unreadable auth file");
+                    tracing::warn!(
+                        "{}: cannot read this auth file ({e}), so its credentials are not used; make it \
+                         readable, or pass --authfile FILE",
+                        path.display()
+                    );
                     continue;
                 }
                 Err(e) => {
@@ -523,7 +542,7 @@ impl RawAuth {
     }
 
     /// The credential this entry holds. Errors describe the problem without quoting any of it.
-    fn decode(&self) -> Result<Credential, String> {
+    fn decode(&self) -> Result<Credential, EntryProblem> {
         let set = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
         if let Some(token) = set(&self.identitytoken) {
             return Ok(Credential::IdentityToken(token));
@@ -539,14 +558,13 @@ impl RawAuth {
             );
             let bytes = engine
                 .decode(auth.trim())
-                .map_err(|_| "has an \"auth\" value that is not valid base64".to_string())?;
-            let text = String::from_utf8(bytes)
-                .map_err(|_| "has an \"auth\" value that is not UTF-8 text".to_string())?;
-            let (username, password) = text.split_once(':').ok_or_else(|| {
-                "has an \"auth\" value that does not decode to user:password".to_string()
-            })?;
+                .map_err(|_| EntryProblem::AuthNotBase64)?;
+            let text = String::from_utf8(bytes).map_err(|_| EntryProblem::AuthNotUtf8)?;
+            let (username, password) = text
+                .split_once(':')
+                .ok_or(EntryProblem::AuthNotUserPassword)?;
             if username.is_empty() {
-                return Err("has an \"auth\" value with an empty user name".into());
+                return Err(EntryProblem::AuthEmptyUser);
             }
             return Ok(Credential::Basic {
                 username: username.to_string(),
@@ -555,7 +573,7 @@ impl RawAuth {
         }
         match (set(&self.username), set(&self.password)) {
             (Some(username), Some(password)) => Ok(Credential::Basic { username, password }),
-            _ => Err("has no credentials".into()),
+            _ => Err(EntryProblem::NoCredentials),
         }
     }
 }

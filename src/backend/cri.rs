@@ -55,11 +55,21 @@ impl CriEndpoint {
     }
 }
 
+/// A text that names no CRI socket.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "CRI endpoint {text:?} is not unix:///path/to/socket or tcp://host:port \
+     (e.g. unix:///run/containerd/containerd.sock)"
+)]
+pub struct CriEndpointError {
+    pub text: String,
+}
+
 impl FromStr for CriEndpoint {
-    type Err = String;
+    type Err = CriEndpointError;
 
     /// `unix:///run/containerd/containerd.sock`, a bare absolute path (as crictl accepts), or `tcp://host:port`.
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(text: &str) -> Result<Self, CriEndpointError> {
         if let Some(path) = text.strip_prefix("unix://") {
             if path.starts_with('/') {
                 return Ok(CriEndpoint::Unix(PathBuf::from(path)));
@@ -74,10 +84,9 @@ impl FromStr for CriEndpoint {
         } else if text.starts_with('/') {
             return Ok(CriEndpoint::Unix(PathBuf::from(text)));
         }
-        Err(format!(
-            "CRI endpoint {text:?} is not unix:///path/to/socket or tcp://host:port \
-             (e.g. unix:///run/containerd/containerd.sock)"
-        ))
+        Err(CriEndpointError {
+            text: text.to_owned(),
+        })
     }
 }
 
@@ -227,6 +236,26 @@ impl CriClient {
         timeout: Duration,
         request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, CriError> {
+        let answer = async { request.await.map(tonic::Response::into_inner) };
+        self.call_within(rpc, timeout, answer).await
+    }
+
+    /// One call of another containerd service on the same socket (its content service), under this
+    /// client's timeout, its failures as [`CriError`]s naming it.
+    pub async fn call_content<T>(
+        &self,
+        rpc: &'static str,
+        call: impl Future<Output = Result<T, tonic::Status>>,
+    ) -> Result<T, CriError> {
+        self.call_within(rpc, self.timeout, call).await
+    }
+
+    async fn call_within<T>(
+        &self,
+        rpc: &'static str,
+        timeout: Duration,
+        request: impl Future<Output = Result<T, tonic::Status>>,
+    ) -> Result<T, CriError> {
         let error = |cause: String, unreachable: bool, kind: CriErrorKind| CriError {
             endpoint: self.endpoint.to_string(),
             rpc,
@@ -263,7 +292,7 @@ impl CriClient {
                     kind,
                 ))
             }
-            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Ok(answer)) => Ok(answer),
         }
     }
 
@@ -322,6 +351,28 @@ impl CriClient {
             )
             .await?
             .image)
+    }
+
+    /// The image's OCI config as the runtime reports it with `verbose` (CRI-O: `info["info"]` holds
+    /// `{"labels", "imageSpec"}`), or None when it does not (containerd, or the image is gone).
+    pub async fn image_spec(&self, image: &str) -> Result<Option<serde_json::Value>, CriError> {
+        let request = ImageStatusRequest {
+            image: Some(spec(image)),
+            verbose: true,
+        };
+        let response = self
+            .call(
+                "ImageStatus",
+                self.timeout,
+                self.images().image_status(request),
+            )
+            .await?;
+        Ok(response
+            .info
+            .get("info")
+            .and_then(|info| serde_json::from_str::<serde_json::Value>(info).ok())
+            .map(|mut info| info["imageSpec"].take())
+            .filter(|spec| spec.is_object()))
     }
 
     /// ImageStatus of each image, in the order given, a few at a time.
@@ -469,7 +520,7 @@ mod tests {
             "http://x:1",
             "crio.sock",
         ] {
-            let err = bad.parse::<CriEndpoint>().unwrap_err();
+            let err = bad.parse::<CriEndpoint>().unwrap_err().to_string();
             assert!(
                 err.contains("unix:///path/to/socket or tcp://host:port"),
                 "{bad}: {err}"

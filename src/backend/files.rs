@@ -12,14 +12,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[error("{}: {cause}", path.display())]
 pub struct FileError {
     pub path: PathBuf,
-    pub cause: String,
+    #[source]
+    pub cause: Box<dyn std::error::Error + Send + Sync>,
 }
 
 /// Puts `path` on a cause: `map_err(file_error(&path))`.
-pub(crate) fn file_error(path: &Path) -> impl FnOnce(String) -> FileError + '_ {
+pub(crate) fn file_error<E>(path: &Path) -> impl FnOnce(E) -> FileError + '_
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     move |cause| FileError {
         path: path.to_owned(),
-        cause,
+        cause: cause.into(),
     }
 }
 
@@ -28,7 +32,7 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, FileError> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(file_error(path)(e.to_string())),
+        Err(e) => Err(file_error(path)(e)),
     }
 }
 
@@ -43,7 +47,7 @@ pub(crate) fn write_if_changed(
     if old == new {
         return Ok(false);
     }
-    let err = |e: io::Error| file_error(path)(e.to_string());
+    let err = |e: io::Error| file_error(path)(e);
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())

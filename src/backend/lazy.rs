@@ -12,7 +12,7 @@ use toml_edit::{Item, Value};
 
 use super::files::{file_error, read_optional, write_if_changed};
 use super::pins::PinError;
-use super::toml_doc::{parse, set_array, table_at};
+use super::toml_doc::{TomlDocError, parse, set_array, table_at};
 
 pub const STORAGE_CONF_DIR: &str = "/etc/containers/storage.conf.d";
 pub const LAZY_DROP_IN: &str = "lazy-image-pull.conf";
@@ -36,6 +36,17 @@ impl Default for LazyConfig {
     }
 }
 
+/// Why the drop-in cannot be edited.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LazyError {
+    #[error(transparent)]
+    Toml(#[from] TomlDocError),
+    #[error("storage.options.{KEY} is not an array")]
+    NotAnArray,
+    #[error("{KEY} entry {entry} is not a string")]
+    NotAString { entry: String },
+}
+
 /// What the drop-in says now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LazyState {
@@ -53,7 +64,7 @@ pub fn lazy_drop_in(
     old: Option<&str>,
     store: &str,
     enable: bool,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, LazyError> {
     let mut doc = parse(old)?;
     let options = table_at(&mut doc, &["storage", "options"], None)?;
     let mut stores = current(options.get(KEY))?;
@@ -82,19 +93,19 @@ pub fn lazy_drop_in(
     Ok((!text.trim().is_empty()).then_some(text))
 }
 
-fn current(item: Option<&Item>) -> Result<Vec<String>, String> {
+fn current(item: Option<&Item>) -> Result<Vec<String>, LazyError> {
     let Some(item) = item else {
         return Ok(Vec::new());
     };
-    let array = item
-        .as_array()
-        .ok_or_else(|| format!("storage.options.{KEY} is not an array"))?;
+    let array = item.as_array().ok_or(LazyError::NotAnArray)?;
     array
         .iter()
         .map(|v| {
             v.as_str()
                 .map(str::to_string)
-                .ok_or_else(|| format!("{KEY} entry {v} is not a string"))
+                .ok_or_else(|| LazyError::NotAString {
+                    entry: v.to_string(),
+                })
         })
         .collect()
 }

@@ -9,8 +9,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::cri::{CriClient, CriEndpoint, CriError};
+use super::held::held_blobs;
 use super::target::DirectNode;
 use crate::model::plan::{NodeFacts, Presence};
+use crate::model::runtime::RuntimeKind;
 
 #[derive(Clone, Debug, Default)]
 pub struct SurveyedNode {
@@ -42,12 +44,14 @@ async fn observe_reachable(
     let client = CriClient::connect(&node.endpoint, timeout).await?;
     let version = client.version().await?;
     let fs = client.image_fs_info().await?;
+    let runtime = RuntimeKind::of_cri_name(&version.runtime_name);
     let mut facts = NodeFacts {
         name: node.name.clone(),
         runtime: Some(format!(
             "{} {}",
             version.runtime_name, version.runtime_version
         )),
+        held: held_blobs(&client, runtime).await,
         ..NodeFacts::default()
     };
     let mountpoint = fs

@@ -18,6 +18,35 @@ pub struct PayloadFiles {
     pub release_metadata: String,
 }
 
+/// Why the two files could not be read from the layer: what it holds instead.
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadLayerError {
+    #[error("reading the payload layer failed: {0}")]
+    Task(tokio::task::JoinError),
+    #[error("the payload's last layer is not a gzip tar: {0}")]
+    NotGzipTar(io::Error),
+    #[error("{path} in the payload cannot be read as text: {error}")]
+    NotText { path: String, error: io::Error },
+    #[error(
+        "not a release payload: its last layer holds no {missing}{}",
+        held(seen)
+    )]
+    Missing {
+        missing: &'static str,
+        /// The first entries it holds instead.
+        seen: Vec<String>,
+    },
+}
+
+/// ` (it holds a, b…)`, or nothing when the layer is empty.
+fn held(seen: &[String]) -> String {
+    if seen.is_empty() {
+        String::new()
+    } else {
+        format!(" (it holds {}…)", seen.join(", "))
+    }
+}
+
 /// How many entry names a "not a release" message lists.
 const NAMED: usize = 5;
 /// Neither file is larger than this in a real payload (image-references is ~200 KiB).
@@ -25,26 +54,23 @@ const MAX_FILE: u64 = 16 << 20;
 
 /// Reads the two files from `layer`, a gzip tar arriving in chunks, and stops reading once both are read.
 /// Err says what the layer holds instead.
-pub async fn read_payload_layer<S>(layer: S) -> Result<PayloadFiles, String>
+pub async fn read_payload_layer<S>(layer: S) -> Result<PayloadFiles, PayloadLayerError>
 where
     S: Stream<Item = io::Result<Bytes>> + Send + Unpin + 'static,
 {
     let reader = SyncIoBridge::new(StreamReader::new(layer));
     tokio::task::spawn_blocking(move || read_tar_gz(reader))
         .await
-        .map_err(|e| format!("reading the payload layer failed: {e}"))?
+        .map_err(PayloadLayerError::Task)?
 }
 
-fn read_tar_gz(reader: impl Read) -> Result<PayloadFiles, String> {
+fn read_tar_gz(reader: impl Read) -> Result<PayloadFiles, PayloadLayerError> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(reader));
     let (mut references, mut metadata) = (None, None);
     let mut seen: Vec<String> = Vec::new();
-    let entries = archive
-        .entries()
-        .map_err(|e| format!("the payload's last layer is not a gzip tar: {e}"))?;
+    let entries = archive.entries().map_err(PayloadLayerError::NotGzipTar)?;
     for entry in entries {
-        let mut entry =
-            entry.map_err(|e| format!("the payload's last layer is not a gzip tar: {e}"))?;
+        let mut entry = entry.map_err(PayloadLayerError::NotGzipTar)?;
         let path = entry
             .path()
             .map(|p| p.to_string_lossy().trim_start_matches("./").to_owned())
@@ -64,7 +90,10 @@ fn read_tar_gz(reader: impl Read) -> Result<PayloadFiles, String> {
             .by_ref()
             .take(MAX_FILE)
             .read_to_string(&mut text)
-            .map_err(|e| format!("{path} in the payload cannot be read as text: {e}"))?;
+            .map_err(|error| PayloadLayerError::NotText {
+                path: path.clone(),
+                error,
+            })?;
         *slot = Some(text);
         if let (Some(references), Some(metadata)) = (&references, &metadata) {
             // Both read: dropping the archive drops the stream, and the rest is never downloaded.
@@ -78,14 +107,7 @@ fn read_tar_gz(reader: impl Read) -> Result<PayloadFiles, String> {
         (None, _) => IMAGE_REFERENCES,
         _ => RELEASE_METADATA,
     };
-    Err(format!(
-        "not a release payload: its last layer holds no {missing}{}",
-        if seen.is_empty() {
-            String::new()
-        } else {
-            format!(" (it holds {}…)", seen.join(", "))
-        }
-    ))
+    Err(PayloadLayerError::Missing { missing, seen })
 }
 
 #[cfg(test)]
@@ -175,13 +197,14 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "not a release payload: its last layer holds no release-manifests/image-references (it holds \
              release-manifests/, usr/bin/app, etc/config…)"
         );
         let err = read_payload_layer(chunked(b"not gzip at all".to_vec(), Arc::default()))
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not a gzip tar"), "{err}");
     }
 }

@@ -208,6 +208,7 @@ mod tests {
                     media_type: String::new(),
                     size: *size,
                     annotations: Default::default(),
+                    diff_id: None,
                 })
                 .collect(),
             annotations: Default::default(),

@@ -96,7 +96,7 @@ pub async fn observe(
                 Err(e) => Record::Unreadable(format!("reading the pin labels: {e}")),
             }
         }
-        Err(e) => Record::Unreadable(e),
+        Err(e) => Record::Unreadable(e.to_string()),
     };
     if let (Some(runtime), Record::Crio(config, _)) = (&runtime, &record)
         && runtime.kind == RuntimeKind::Crio

@@ -7,12 +7,29 @@
 //! unless named on the command line.
 
 use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::model::mirror_rules::MirrorRules;
+use crate::error::Failure;
+use crate::model::mirror_rules::{MirrorRules, MirrorRulesError};
 
 const SYSTEM_CONF: &str = "/etc/containers/registries.conf";
 const SYSTEM_DIR: &str = "/etc/containers/registries.conf.d";
+
+/// Why the mirror rules cannot be read: a file or directory that cannot be read, or what is wrong in one.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistriesConfError {
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Rules(#[from] MirrorRulesError),
+}
+
+impl From<RegistriesConfError> for Failure {
+    fn from(error: RegistriesConfError) -> Failure {
+        Failure::bad_input(error.to_string())
+    }
+}
 
 /// Where the rules come from.
 #[derive(Clone, Debug, Default)]
@@ -27,7 +44,7 @@ pub struct MirrorSources {
 
 impl MirrorSources {
     /// The rules in force. Errors name the file and what is wrong with it.
-    pub fn load(&self) -> Result<MirrorRules, String> {
+    pub fn load(&self) -> Result<MirrorRules, RegistriesConfError> {
         let home = std::env::var_os("HOME").map(PathBuf::from);
         let user = home.as_ref().map(|h| h.join(".config/containers"));
         let mut rules = MirrorRules::default();
@@ -75,20 +92,20 @@ impl MirrorSources {
 }
 
 /// The file's text; None when it is not there and not `required`.
-fn read(path: &Path, required: bool) -> Result<Option<String>, String> {
+fn read(path: &Path, required: bool) -> Result<Option<String>, RegistriesConfError> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(None),
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !required => Ok(None),
+        Err(source) => Err(unreadable(path, source)),
     }
 }
 
 /// The `*.conf` files of a drop-in directory, by name.
-fn drop_ins(dir: &Path, required: bool) -> Result<Vec<PathBuf>, String> {
+fn drop_ins(dir: &Path, required: bool) -> Result<Vec<PathBuf>, RegistriesConfError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => return Ok(Vec::new()),
-        Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !required => return Ok(Vec::new()),
+        Err(source) => return Err(unreadable(dir, source)),
     };
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -96,6 +113,13 @@ fn drop_ins(dir: &Path, required: bool) -> Result<Vec<PathBuf>, String> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+fn unreadable(path: &Path, source: io::Error) -> RegistriesConfError {
+    RegistriesConfError::Unreadable {
+        path: path.to_owned(),
+        source,
+    }
 }
 
 #[cfg(test)]
@@ -142,12 +166,18 @@ mod tests {
             conf: Some(dir.path().join("nope.conf")),
             ..MirrorSources::default()
         };
-        assert!(missing.load().unwrap_err().contains("nope.conf"));
+        assert!(
+            missing
+                .load()
+                .unwrap_err()
+                .to_string()
+                .contains("nope.conf")
+        );
         fs::write(drop_in_dir.join("30-bad.conf"), "[[registry]\n").unwrap();
         let bad = MirrorSources {
             dir: Some(drop_in_dir),
             ..MirrorSources::default()
         };
-        assert!(bad.load().unwrap_err().contains("30-bad.conf"));
+        assert!(bad.load().unwrap_err().to_string().contains("30-bad.conf"));
     }
 }

@@ -3,11 +3,22 @@
 
 use toml_edit::{Array, DocumentMut, Item, Table, TableLike, Value};
 
+/// Why a file cannot be edited: it is not TOML, or holds something else where a table goes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TomlDocError {
+    #[error("not valid TOML: {message}")]
+    NotToml { message: String },
+    #[error("{path} is not a table")]
+    NotATable { path: String },
+}
+
 /// The document in `text` (None: an empty one).
-pub(crate) fn parse(text: Option<&str>) -> Result<DocumentMut, String> {
+pub(crate) fn parse(text: Option<&str>) -> Result<DocumentMut, TomlDocError> {
     text.unwrap_or("")
         .parse()
-        .map_err(|e: toml_edit::TomlError| format!("not valid TOML: {}", e.message()))
+        .map_err(|e: toml_edit::TomlError| TomlDocError::NotToml {
+            message: e.message().to_owned(),
+        })
 }
 
 /// The table at `path`, created when missing: with `indent`, every level gets a header indented by it once
@@ -17,7 +28,7 @@ pub(crate) fn table_at<'d>(
     doc: &'d mut DocumentMut,
     path: &[&str],
     indent: Option<&str>,
-) -> Result<&'d mut dyn TableLike, String> {
+) -> Result<&'d mut dyn TableLike, TomlDocError> {
     let mut table: &mut dyn TableLike = doc.as_table_mut();
     for (depth, name) in path.iter().enumerate() {
         let item = table.entry(name).or_insert_with(|| {
@@ -30,7 +41,9 @@ pub(crate) fn table_at<'d>(
         });
         table = item
             .as_table_like_mut()
-            .ok_or_else(|| format!("{} is not a table", path[..=depth].join(".")))?;
+            .ok_or_else(|| TomlDocError::NotATable {
+                path: path[..=depth].join("."),
+            })?;
     }
     Ok(table)
 }

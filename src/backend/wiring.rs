@@ -17,13 +17,13 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::cri::CriClient;
-use super::files::{self, write_if_changed};
-use super::pins::{PinTarget, Reload, reload_crio};
+use super::cri::{CriClient, CriEndpoint, CriError};
+use super::files::{FileError, read_optional, write_if_changed};
+use super::pins::{PinError, PinTarget, Reload, reload_crio};
 use crate::model::runtime::RuntimeKind;
 use crate::model::served::Source;
 use crate::model::wiring::{
-    Marker, RegistriesFile, containerd_hosts, containerd_original, crio_registries,
+    Marker, RegistriesFile, WiringFileError, containerd_hosts, containerd_original, crio_registries,
 };
 
 /// CRI-O's drop-in directory for registries.conf.
@@ -32,6 +32,72 @@ pub const REGISTRIES_CONF_DIR: &str = "/etc/containers/registries.conf.d";
 /// over the administrator's) are the ones in force.
 pub const CRIO_DROP_IN: &str = "zz-pinboard-fan-out.conf";
 const HOSTS_TOML: &str = "hosts.toml";
+
+/// Why a node cannot be wired, or its files not all put back.
+#[derive(Debug, thiserror::Error)]
+pub enum WiringError {
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error(
+        "containerd at {endpoint}: its hosts.toml files are on the node, and pinboard writes where it runs; \
+         run pinboard on the node, or name a directory this machine shares with it as registryConfigDir in \
+         the nodes file"
+    )]
+    RemoteContainerd { endpoint: CriEndpoint },
+    #[error(
+        "containerd has no registry config_path, so it cannot be given a mirror without a restart: it pulls \
+         directly; to fan out to it, set config_path under [plugins.\"io.containerd.grpc.v1.cri\".registry] \
+         (e.g. /etc/containerd/certs.d) and restart containerd, or name it as registryConfigDir in the nodes \
+         file"
+    )]
+    NoConfigPath,
+    #[error(
+        "CRI-O at {endpoint}: its registries.conf.d is on the node, and pinboard writes where it runs"
+    )]
+    RemoteCrio { endpoint: CriEndpoint },
+    #[error("runtime {runtime:?}: fan-out wires only containerd and CRI-O")]
+    UnknownRuntime { runtime: String },
+    #[error("{}: another pinboard (pid {pid}) is fanning out to this node through it", path.display())]
+    Busy { path: PathBuf, pid: u32 },
+    #[error("{}: a file pinboard did not write has fan-out's name; move it away", path.display())]
+    NotOurs { path: PathBuf },
+    /// A hosts.toml that cannot be wired or put back.
+    #[error("{}: {problem}", path.display())]
+    Hosts {
+        path: PathBuf,
+        #[source]
+        problem: WiringFileError,
+    },
+    /// The administrator's registries.conf files (the error names the file).
+    #[error(transparent)]
+    Registries(#[from] WiringFileError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("{}: {error}", path.display())]
+    Dir { path: PathBuf, error: io::Error },
+    #[error(transparent)]
+    Reload(#[from] PinError),
+    #[error(
+        "{}: changed since pinboard wired it, so it is left as it is; remove its [host.\"{endpoint}\"] \
+         table and its pinboard-fan-out lines",
+        path.display()
+    )]
+    Changed { path: PathBuf, endpoint: String },
+    /// Wiring failed, and so did undoing what it had written.
+    #[error("{failed}; undoing it: {undoing}")]
+    NotUndone {
+        failed: Box<WiringError>,
+        undoing: Box<WiringError>,
+    },
+    /// Every file that could not be put back.
+    #[error("{}", joined(.0))]
+    Several(Vec<WiringError>),
+}
+
+fn joined(errors: &[WiringError]) -> String {
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    lines.join("; ")
+}
 
 /// Where fan-out writes on a node, as the command line and the nodes file say.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,8 +136,8 @@ pub async fn locate(
     paths: &WiringPaths,
     pin: &PinTarget,
     client: &CriClient,
-) -> Result<Wiring, String> {
-    let version = client.version().await.map_err(|e| e.to_string())?;
+) -> Result<Wiring, WiringError> {
+    let version = client.version().await?;
     let local = client.endpoint().is_local();
     let runtime = version.runtime_name;
     match RuntimeKind::of_cri_name(&runtime) {
@@ -79,30 +145,20 @@ pub async fn locate(
             let config_path = match &paths.registry_config_dir {
                 Some(dir) => dir.clone(),
                 None if !local => {
-                    return Err(format!(
-                        "containerd at {}: its hosts.toml files are on the node, and pinboard writes where it \
-                         runs; run pinboard on the node, or name a directory this machine shares with it as \
-                         registryConfigDir in the nodes file",
-                        client.endpoint()
-                    ));
+                    return Err(WiringError::RemoteContainerd {
+                        endpoint: client.endpoint().clone(),
+                    });
                 }
                 None => client
                     .registry_config_path()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .ok_or(
-                        "containerd has no registry config_path, so it cannot be given a mirror without a \
-                         restart: it pulls directly; to fan out to it, set config_path under \
-                         [plugins.\"io.containerd.grpc.v1.cri\".registry] (e.g. /etc/containerd/certs.d) and \
-                         restart containerd, or name it as registryConfigDir in the nodes file",
-                    )?,
+                    .await?
+                    .ok_or(WiringError::NoConfigPath)?,
             };
             Ok(Wiring::Containerd { config_path })
         }
-        Some(RuntimeKind::Crio) if !local => Err(format!(
-            "CRI-O at {}: its registries.conf.d is on the node, and pinboard writes where it runs",
-            client.endpoint()
-        )),
+        Some(RuntimeKind::Crio) if !local => Err(WiringError::RemoteCrio {
+            endpoint: client.endpoint().clone(),
+        }),
         Some(RuntimeKind::Crio) => Ok(Wiring::Crio {
             registries_dir: paths.crio_registries_dir.clone(),
             reload: match pin {
@@ -110,9 +166,7 @@ pub async fn locate(
                 _ => Reload::Systemctl,
             },
         }),
-        None => Err(format!(
-            "runtime {runtime:?}: fan-out wires only containerd and CRI-O"
-        )),
+        None => Err(WiringError::UnknownRuntime { runtime }),
     }
 }
 
@@ -157,7 +211,7 @@ impl Wired {
 /// Points the node at the endpoint `marker` names for `sources`. Call [`clean_stale`] first: a file still
 /// marked by another pinboard stops the wiring (another rollout fans out to this node). Nothing is left
 /// half-written: on failure, what was written is undone. Blocking: call from `spawn_blocking`.
-pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wired, String> {
+pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wired, WiringError> {
     let mut wired = Wired {
         wiring: wiring.clone(),
         marker: marker.clone(),
@@ -175,9 +229,9 @@ pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wire
                     return Err(busy(&path, &theirs));
                 }
                 let text = containerd_hosts(original.as_deref(), marker)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .map_err(|problem| hosts_error(&path, problem))?;
                 create_parent(&path)?;
-                write(&path, original.as_deref(), Some(&text))?;
+                write_if_changed(&path, original.as_deref(), Some(&text))?;
                 wired.files.push(path);
                 Ok(())
             })
@@ -191,10 +245,7 @@ pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wire
             if let Some(text) = &existing {
                 return Err(match Marker::of(text) {
                     Some(theirs) => busy(&path, &theirs),
-                    None => format!(
-                        "{}: a file pinboard did not write has fan-out's name; move it away",
-                        path.display()
-                    ),
+                    None => WiringError::NotOurs { path },
                 });
             }
             let files = registries_files(registries_dir)?;
@@ -204,31 +255,41 @@ pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wire
                 .collect();
             let text = crio_registries(&files, sources, marker)?;
             create_parent(&path)?;
-            write(&path, None, Some(&text))?;
+            write_if_changed(&path, None, Some(&text))?;
             wired.files.push(path);
-            reload_crio(reload).map_err(|e| e.to_string())
+            // Not `?`: a failed reload undoes the wiring below.
+            reload_crio(reload).map_err(WiringError::from)
         }
     };
     match written {
         Ok(()) => Ok(wired),
-        Err(e) => {
-            let undone = unwire(&wired).err().map(|u| format!("; undoing it: {u}"));
-            Err(format!("{e}{}", undone.unwrap_or_default()))
-        }
+        Err(failed) => Err(match unwire(&wired) {
+            Ok(()) => failed,
+            Err(undoing) => WiringError::NotUndone {
+                failed: Box::new(failed),
+                undoing: Box::new(undoing),
+            },
+        }),
     }
 }
 
-fn busy(path: &Path, theirs: &Marker) -> String {
-    format!(
-        "{}: another pinboard (pid {}) is fanning out to this node through it",
-        path.display(),
-        theirs.pid
-    )
+fn busy(path: &Path, theirs: &Marker) -> WiringError {
+    WiringError::Busy {
+        path: path.to_owned(),
+        pid: theirs.pid,
+    }
+}
+
+fn hosts_error(path: &Path, problem: WiringFileError) -> WiringError {
+    WiringError::Hosts {
+        path: path.to_owned(),
+        problem,
+    }
 }
 
 /// Puts back what [`wire`] wrote: each hosts.toml as it was (or gone), the CRI-O drop-in removed and CRI-O
 /// reloaded. A file changed since is left as it is, with an error saying what to remove. Blocking.
-pub fn unwire(wired: &Wired) -> Result<(), String> {
+pub fn unwire(wired: &Wired) -> Result<(), WiringError> {
     let mut problems = Vec::new();
     let mut removed = false;
     for path in &wired.files {
@@ -238,7 +299,7 @@ pub fn unwire(wired: &Wired) -> Result<(), String> {
             }
             // Gone, or someone else's now: nothing of ours to undo.
             Ok(_) => Ok(false),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         };
         match restored {
             Ok(done) => removed |= done,
@@ -249,22 +310,22 @@ pub fn unwire(wired: &Wired) -> Result<(), String> {
         && removed
         && let Err(e) = reload_crio(reload)
     {
-        problems.push(e.to_string());
+        problems.push(e.into());
     }
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(problems.join("; "))
+        Err(WiringError::Several(problems))
     }
 }
 
 /// Puts back every file of `wiring` that a pinboard which is gone left behind; returns one line per file
 /// restored. Files of a pinboard that still runs are left. Blocking.
-pub fn clean_stale(wiring: &Wiring) -> Result<Vec<String>, String> {
+pub fn clean_stale(wiring: &Wiring) -> Result<Vec<String>, WiringError> {
     let candidates = match wiring {
         Wiring::Containerd { config_path } => match fs::read_dir(config_path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(format!("{}: {e}", config_path.display())),
+            Err(e) => return Err(dir_error(config_path, e)),
             Ok(entries) => entries
                 .filter_map(Result::ok)
                 .map(|entry| entry.path().join(HOSTS_TOML))
@@ -292,33 +353,31 @@ pub fn clean_stale(wiring: &Wiring) -> Result<Vec<String>, String> {
     if let Wiring::Crio { reload, .. } = wiring
         && !restored.is_empty()
     {
-        reload_crio(reload).map_err(|e| e.to_string())?;
+        reload_crio(reload)?;
     }
     Ok(restored)
 }
 
 /// Puts one marked file back: a hosts.toml to its original (if nothing changed it since it was written),
 /// the CRI-O drop-in removed. Whether a file changed. Blocking.
-fn restore(wiring: &Wiring, path: &Path, text: &str) -> Result<bool, String> {
+fn restore(wiring: &Wiring, path: &Path, text: &str) -> Result<bool, WiringError> {
     let original = match wiring {
         Wiring::Crio { .. } => None,
         Wiring::Containerd { .. } => {
             let original =
-                containerd_original(text).map_err(|e| format!("{}: {e}", path.display()))?;
+                containerd_original(text).map_err(|problem| hosts_error(path, problem))?;
             let marker = Marker::of(text).expect("restore is given marked files");
             let unchanged = containerd_hosts(original.as_deref(), &marker).is_ok_and(|w| w == text);
             if !unchanged {
-                return Err(format!(
-                    "{}: changed since pinboard wired it, so it is left as it is; remove its [host.\"{}\"] \
-                     table and its pinboard-fan-out lines",
-                    path.display(),
-                    marker.endpoint
-                ));
+                return Err(WiringError::Changed {
+                    path: path.to_owned(),
+                    endpoint: marker.endpoint,
+                });
             }
             original
         }
     };
-    let changed = write(path, Some(text), original.as_deref())?;
+    let changed = write_if_changed(path, Some(text), original.as_deref())?;
     if original.is_none()
         && let Some(dir) = path
             .parent()
@@ -332,7 +391,7 @@ fn restore(wiring: &Wiring, path: &Path, text: &str) -> Result<bool, String> {
 
 /// What containers-image reads before fan-out's drop-in: `registries.conf` beside the directory, then the
 /// directory's `*.conf` files by name (fan-out's own left out), as (name, text).
-fn registries_files(dir: &Path) -> Result<Vec<(String, String)>, String> {
+fn registries_files(dir: &Path) -> Result<Vec<(String, String)>, WiringError> {
     let main = dir
         .parent()
         .unwrap_or(Path::new("/"))
@@ -343,7 +402,7 @@ fn registries_files(dir: &Path) -> Result<Vec<(String, String)>, String> {
         .collect();
     let mut names = match fs::read_dir(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Err(e) => return Err(dir_error(dir, e)),
         Ok(entries) => entries
             .filter_map(Result::ok)
             .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -360,15 +419,14 @@ fn registries_files(dir: &Path) -> Result<Vec<(String, String)>, String> {
     Ok(files)
 }
 
-fn read_optional(path: &Path) -> Result<Option<String>, String> {
-    files::read_optional(path).map_err(|e| e.to_string())
-}
-
-fn create_parent(path: &Path) -> Result<(), String> {
+fn create_parent(path: &Path) -> Result<(), WiringError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+    fs::create_dir_all(dir).map_err(|e| dir_error(dir, e))
 }
 
-fn write(path: &Path, old: Option<&str>, new: Option<&str>) -> Result<bool, String> {
-    write_if_changed(path, old, new).map_err(|e| e.to_string())
+fn dir_error(dir: &Path, error: io::Error) -> WiringError {
+    WiringError::Dir {
+        path: dir.to_owned(),
+        error,
+    }
 }

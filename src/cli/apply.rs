@@ -12,13 +12,13 @@ use serde::{Deserialize, Serialize};
 use super::Interrupts;
 use super::check::{readiness_table, verdict, verdict_line};
 use super::output::{render, short_reference, table};
-use crate::error::Failure;
+use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutReport, Update};
-use crate::fleet::{Applied, ApplyOptions, ApplyProgress, SetUsed};
+use crate::fleet::{Applied, ApplyOptions, ApplyProgress, Rolled, SetUsed};
 use crate::model::readiness::Readiness;
-use crate::model::rollout::{Event, ImageState, NodeRollout, NodeState, Rollout};
+use crate::model::rollout::{Event, FetchedSource, ImageState, NodeRollout, NodeState, Rollout};
 use crate::model::units::human;
-use crate::options::{APPLY_WAIT, Caller, CommonArgs};
+use crate::options::{APPLY_WAIT, Caller, CommonArgs, Output};
 use crate::ui::status::{node_status, pin_method_label};
 
 /// How often the progress bar is redrawn at most.
@@ -37,15 +37,23 @@ pub struct NodeOutcome {
     /// Why the node was refused, stopped or not pinned.
     pub reason: Option<String>,
     pub images: usize,
+    /// Images that were on the node before, and images the rollout pulled.
     pub present: usize,
     pub pulled: usize,
+    /// What the node's runtime fetched, measured where it can be.
     pub fetched_bytes: u64,
+    /// How `fetchedBytes` is known: `content-store` (the blobs containerd's store gained, by their sizes),
+    /// `plan` (what the plan counts for the images pulled: the runtime reports no bytes), or null when the
+    /// node pulled nothing.
+    pub fetched_source: Option<FetchedSource>,
+    /// What the plan said the node would fetch.
+    pub planned_bytes: u64,
     /// `REF: reason` of every pull that failed.
     pub failed: Vec<String>,
 }
 
 /// What `apply -o json|yaml` prints: the rollout, what fan-out moved (null without it), then the check
-/// after it.
+/// after it (null when interrupted).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplyReport {
@@ -53,7 +61,9 @@ pub struct ApplyReport {
     pub sets: Vec<SetUsed>,
     pub rollout: Vec<NodeOutcome>,
     pub fan_out: Option<FanOutReport>,
-    pub readiness: Readiness,
+    pub readiness: Option<Readiness>,
+    /// A signal (SIGINT, SIGTERM) stopped the rollout before it ended.
+    pub interrupted: bool,
 }
 
 pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
@@ -82,42 +92,64 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
             Box::pin(interrupt),
         )
         .await?;
-    let text = match &applied {
-        Applied::Rolled {
-            sets,
-            rollout,
-            fan_out,
-            readiness,
-        } => {
-            let report = ApplyReport {
-                sets: sets.clone(),
-                rollout: rollout
-                    .nodes()
-                    .iter()
-                    .map(|(name, node)| outcome(name, node))
-                    .collect(),
-                fan_out: *fan_out,
-                readiness: readiness.clone(),
-            };
-            render(&report, args.output(), || {
-                report
-                    .sets
-                    .iter()
-                    .map(|s| set_line(s, true))
-                    .collect::<String>()
-                    + "\n"
-                    + &rollout_table(&report.rollout)
-                    + &fan_out_line(report.fan_out.as_ref())
-                    + "\n"
-                    + &readiness_table(&report.readiness.nodes)
-                    + &verdict_line(&report.readiness)
-            })?
+    match applied {
+        Applied::Rolled(rolled) => rolled_report(*rolled, args.output()),
+        Applied::Written(readiness) => {
+            let text = render(&readiness, args.output(), || {
+                readiness_table(&readiness.nodes) + &verdict_line(&readiness)
+            })?;
+            verdict(text, &readiness)
         }
-        Applied::Written(readiness) => render(readiness, args.output(), || {
-            readiness_table(&readiness.nodes) + &verdict_line(readiness)
-        })?,
+    }
+}
+
+/// What `apply` prints of a rollout pinboard ran, and its verdict: the readiness check's, or exit 1 when a
+/// signal interrupted it.
+fn rolled_report(rolled: Rolled, output: Output) -> Result<String, Failure> {
+    let report = ApplyReport {
+        sets: rolled.sets,
+        rollout: rolled
+            .rollout
+            .nodes()
+            .iter()
+            .map(|(name, node)| outcome(name, node, rolled.planned.get(name).copied()))
+            .collect(),
+        fan_out: rolled.fan_out,
+        readiness: rolled.readiness,
+        interrupted: rolled.interrupted.is_some(),
     };
-    verdict(text, applied.readiness())
+    let text = render(&report, output, || {
+        let readiness = report.readiness.as_ref().map_or_else(String::new, |r| {
+            "\n".to_string() + &readiness_table(&r.nodes) + &verdict_line(r)
+        });
+        report
+            .sets
+            .iter()
+            .map(|s| set_line(s, true))
+            .collect::<String>()
+            + "\n"
+            + &rollout_table(&report.rollout)
+            + &fan_out_line(report.fan_out.as_ref())
+            + &readiness
+    })?;
+    match (rolled.interrupted, &report.readiness) {
+        (None, Some(readiness)) => verdict(text, readiness),
+        (signal, _) => {
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            Err(Failure {
+                exit: Exit::NotReady,
+                lines: vec![format!(
+                    "interrupted by {}: the rollout stopped{}; `pinboard apply` again finishes it",
+                    signal.unwrap_or("a signal"),
+                    if report.fan_out.is_some() {
+                        ", and fan-out's files on the nodes were put back"
+                    } else {
+                        ""
+                    }
+                )],
+            })
+        }
+    }
 }
 
 /// `fan-out: 967 MiB over the registry link, 2.83 GiB served to the nodes`, or nothing without fan-out.
@@ -131,7 +163,7 @@ fn fan_out_line(report: Option<&FanOutReport>) -> String {
     })
 }
 
-fn outcome(name: &str, node: &NodeRollout) -> NodeOutcome {
+fn outcome(name: &str, node: &NodeRollout, planned: Option<u64>) -> NodeOutcome {
     let (confirmed, reason) = match &node.state {
         NodeState::Pinned { confirmed, .. } => (Some(*confirmed), None),
         NodeState::Refused { reason }
@@ -155,16 +187,17 @@ fn outcome(name: &str, node: &NodeRollout) -> NodeOutcome {
         confirmed,
         reason,
         images: node.images().len(),
-        // Pinning turns every image's state to pinned: present and pulled are told apart before that.
-        present: node.count(|s| *s == ImageState::Present),
-        pulled: node.count(|s| matches!(s, ImageState::Pulled { .. })),
-        fetched_bytes: node.done_bytes(),
+        present: node.present_count(),
+        pulled: node.pulled_count(),
+        fetched_bytes: node.fetched().map_or(0, |(bytes, _)| bytes),
+        fetched_source: node.fetched().map(|(_, source)| source),
+        planned_bytes: planned.unwrap_or_default(),
         failed,
     }
 }
 
 fn rollout_table(outcomes: &[NodeOutcome]) -> String {
-    let headers = ["NODE", "ROLLOUT", "IMAGES", "FETCHED", "REASON"].map(String::from);
+    let headers = ["NODE", "ROLLOUT", "IMAGES", "PLANNED", "FETCHED", "REASON"].map(String::from);
     let rows: Vec<Vec<String>> = outcomes
         .iter()
         .map(|o| {
@@ -176,7 +209,11 @@ fn rollout_table(outcomes: &[NodeOutcome]) -> String {
                 o.node.clone(),
                 state,
                 o.images.to_string(),
-                human(o.fetched_bytes),
+                human(o.planned_bytes),
+                match o.fetched_source {
+                    Some(FetchedSource::Plan) => format!("{} (plan)", human(o.fetched_bytes)),
+                    _ => human(o.fetched_bytes),
+                },
                 o.reason.clone().unwrap_or_default(),
             ]
         })
@@ -230,6 +267,18 @@ fn event_line(event: &Event) -> Option<String> {
             ..
         } => format!("{node}: {} failed: {reason}", image(i)),
         Event::PullCancelled { node, image: i, .. } => format!("{node}: {} cancelled", image(i)),
+        Event::Fetched {
+            node,
+            bytes,
+            source,
+        } => format!(
+            "{node}: fetched {}{}",
+            human(*bytes),
+            match source {
+                FetchedSource::ContentStore => " (the runtime's content store)",
+                FetchedSource::Plan => " (the plan's figure: the runtime reports no bytes)",
+            }
+        ),
         Event::NodeStopped { node, reason, .. } => format!("{node}: stopped: {reason}"),
         Event::Pinned {
             node,
@@ -267,7 +316,15 @@ impl Progress {
         let mut stderr = std::io::stderr().lock();
         if !self.terminal {
             if let Some(line) = line {
-                let _ = writeln!(stderr, "{line}");
+                // Under fan-out, what the link carried so far: the figure fan-out is about.
+                match rollout.link_bytes() {
+                    Some(link) => {
+                        let _ = writeln!(stderr, "{line} (link so far: {})", human(link));
+                    }
+                    None => {
+                        let _ = writeln!(stderr, "{line}");
+                    }
+                }
             }
             return;
         }

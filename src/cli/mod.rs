@@ -1,20 +1,24 @@
 //! The command line: `pinboard` alone opens the terminal UI; `pinboard plan`, `check`, `status`, `apply`
 //! and `unpin` run headless; `pinboard mirror` serves the sets' images as a registry mirror. Every command
-//! takes the same argument list ([`CommonArgs`]; `mirror` also needs `--listen`). Each reads its
-//! input completely and checks it before touching anything, so bad input ends with one clear message per
-//! problem, exit code 2, and nothing done.
+//! takes the same argument list ([`CommonArgs`]; `mirror` also needs `--listen`), its help showing the flags
+//! it uses (`help`). Each reads its input completely and checks it before touching anything, so bad input
+//! ends with one clear message per problem, exit code 2, and nothing done.
 
 mod apply;
 mod check;
+mod help;
 mod mirror;
 mod output;
 mod plan;
 mod release;
+pub mod stderr_log;
 mod unpin;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 use clap_complete::Shell;
 
+use crate::agent::AgentArgs;
+use crate::agent::manifests::ManifestArgs;
 use crate::error::Failure;
 use crate::options::CommonArgs;
 use crate::ui::TuiArgs;
@@ -40,7 +44,8 @@ pub enum Command {
     Plan(CommonArgs),
     /// Exit 0 only when every image is present and pinned on every node; else exit 1 with what is missing.
     Check(CommonArgs),
-    /// Per node and image: present, pinned, and why not (the data `check` judges, without its verdict).
+    /// Per node and image: present, pinned, and why not, as `check` shows them; exit 0 whether or not they are
+    /// ready.
     Status(CommonArgs),
     /// Pre-load then pin the images on every node, as the TUI does; then check (exit code as `check`'s).
     Apply(CommonArgs),
@@ -58,6 +63,26 @@ pub enum Command {
     },
     /// The terminal UI (the same as `pinboard` without a subcommand).
     Tui(TuiArgs),
+    /// pinboard's agent, on one node of any Kubernetes cluster (run by its DaemonSet); `agent manifests`
+    /// prints what installs it.
+    Agent(AgentCommand),
+}
+
+/// `pinboard agent`: the agent itself, or `pinboard agent manifests`.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct AgentCommand {
+    #[command(subcommand)]
+    pub manifests: Option<AgentSubcommand>,
+    #[command(flatten)]
+    pub agent: Option<AgentArgs>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentSubcommand {
+    /// Prints the namespace, CRDs, RBAC and DaemonSet that install the agent: `pinboard agent manifests
+    /// --image REF | kubectl apply -f -`.
+    Manifests(ManifestArgs),
 }
 
 /// How the program was invoked: `kubectl pinboard` or `oc pinboard` when run as a kubectl/oc plugin (a binary
@@ -80,7 +105,7 @@ pub fn program_name() -> String {
 
 /// The command line, parsed with usage and help naming the program as it was invoked.
 pub fn parse() -> Cli {
-    let matches = Cli::command().bin_name(program_name()).get_matches();
+    let matches = help::command().bin_name(program_name()).get_matches();
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
@@ -89,7 +114,7 @@ fn completion(shell: Shell, name: &str) -> String {
     let mut script = Vec::new();
     // Completion scripts complete one word: a plugin's is registered for its binary name.
     let binary = name.replace(' ', "-");
-    clap_complete::generate(shell, &mut Cli::command(), binary, &mut script);
+    clap_complete::generate(shell, &mut help::command(), binary, &mut script);
     String::from_utf8_lossy(&script).into_owned()
 }
 
@@ -131,6 +156,16 @@ pub async fn run(command: Command) -> Result<String, Failure> {
         Command::Release(args) => release::run(args).await,
         Command::Completion { shell } => Ok(completion(shell, &program_name())),
         Command::Tui(args) => crate::ui::live::run(args).await.map(|()| String::new()),
+        Command::Agent(AgentCommand {
+            manifests: Some(AgentSubcommand::Manifests(args)),
+            ..
+        }) => crate::agent::manifests::render(&args).map_err(|e| Failure::bad_input(e.to_string())),
+        Command::Agent(AgentCommand {
+            agent: Some(args), ..
+        }) => crate::agent::run(args).await.map(|()| String::new()),
+        Command::Agent(_) => Err(Failure::bad_input(
+            "pinboard agent runs on a node: pass --node NAME (or set NODE_NAME), or `agent manifests`",
+        )),
     }
 }
 
@@ -207,7 +242,11 @@ mod tests {
             };
             let start: Vec<&str> = ["pinboard", command].iter().chain(own).copied().collect();
             let line = start.iter().chain(APPLY_ARGS);
-            let parsed = Cli::try_parse_from(line).unwrap_or_else(|e| panic!("{command}: {e}"));
+            // As `parse` parses it: flags hidden from a command's help are accepted all the same.
+            let matches = help::command()
+                .try_get_matches_from(line)
+                .unwrap_or_else(|e| panic!("{command}: {e}"));
+            let parsed = Cli::from_arg_matches(&matches).unwrap();
             let common = match parsed.command.expect("a subcommand") {
                 Command::Plan(c)
                 | Command::Check(c)

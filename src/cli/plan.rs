@@ -8,7 +8,7 @@ use ratatui::backend::IntoCrossterm;
 
 use super::output::{image_matrix, table};
 use crate::error::Failure;
-use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, NodePlan, SpaceSource};
+use crate::model::plan::{EstimateBasis, FetchBasis, GcSource, ImagePlan, NodePlan, SpaceSource};
 use crate::model::units::{human, human_signed};
 use crate::options::{Caller, CommonArgs, Output};
 use crate::survey::Survey;
@@ -95,6 +95,19 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         });
     }
     out.push_str(&mirrors_used(survey));
+    let bounds: Vec<&str> = survey
+        .nodes
+        .iter()
+        .filter(|n| n.fetch_basis == FetchBasis::UpperBound)
+        .map(|n| n.node.as_str())
+        .collect();
+    if !bounds.is_empty() {
+        out.push_str(&format!(
+            "FETCH of {} is an upper bound: its runtime could not say which blobs it holds, so only the \
+             sets' present images are left out\n",
+            bounds.join(", ")
+        ));
+    }
     for node in survey.nodes.iter().filter(|n| !n.reasons.is_empty()) {
         out.push_str(&format!("\n{}:\n", node.node));
         for reason in &node.reasons {

@@ -1,19 +1,26 @@
 //! Which credential goes to the runtime with a pull, and what to tell the operator when the registry
 //! refuses it.
 
-use crate::backend::credentials::{Credential, Credentials, Found};
-use crate::model::reference::ImageRef;
+use crate::backend::credentials::{Credential, Credentials, CredentialsError, Found};
+use crate::model::reference::{ImageRef, ReferenceError};
 use crate::model::runtime::RuntimeKind;
+
+/// Why the credential for an image could not be known.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CredentialError {
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+}
 
 /// The credential for the image's registry and repository (None: anonymous).
 pub(super) fn find_credential(
     credentials: &Credentials,
     image: &str,
-) -> Result<Option<Found>, String> {
+) -> Result<Option<Found>, CredentialError> {
     let reference = ImageRef::parse(image)?;
-    credentials
-        .lookup(&reference.registry, &reference.repository)
-        .map_err(|e| e.to_string())
+    Ok(credentials.lookup(&reference.registry, &reference.repository)?)
 }
 
 /// For a refused pull: which credential went to the node, and what its runtime (None: one pinboard does

@@ -1,7 +1,8 @@
 //! One node's rollout: refused when its plan says no-space (unless forced) or it cannot be reached; images
 //! already present are skipped; the rest are pulled `parallel` at a time from a queue the operator can
 //! cancel from and retry into, with byte progress where the runtime shows it (containerd); "no space left
-//! on device" stops the remaining pulls; pins are written last, once every image is there.
+//! on device" stops the remaining pulls; pins are written last, once every image is there. What the runtime
+//! fetched is measured where it can be (containerd's content store before and after).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -16,10 +17,11 @@ use super::pin::Pinning;
 use super::pull::{PullFailure, pull};
 use super::shared::Shared;
 use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
+use crate::backend::held::content_store;
 use crate::backend::pins::PinTarget;
 use crate::backend::progress::{self, Tracker};
-use crate::model::plan::Verdict;
-use crate::model::rollout::Event;
+use crate::model::plan::{NodePlan, Verdict};
+use crate::model::rollout::{Event, FetchedSource};
 use crate::model::runtime::{Runtime, RuntimeKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +111,14 @@ pub(super) async fn run_node(
     for image in &node.queue {
         node.status.insert(image.clone(), Status::Queued);
     }
-    if node.pull_all(&mut control).await {
+    let to_pull: Vec<String> = node.queue.iter().cloned().collect();
+    let store_before = match node.progress {
+        true => content_store(&node.client).await.ok(),
+        false => None,
+    };
+    let pulled_all = node.pull_all(&mut control).await;
+    node.report_fetched(store_before, &to_pull, &job.plan).await;
+    if pulled_all {
         let holds = order
             .into_iter()
             .map(|image| {
@@ -168,6 +177,45 @@ struct Running {
 impl NodeRun {
     fn emit(&self, event: Event) {
         self.shared.emit(event);
+    }
+
+    /// Says what the runtime fetched for the images of `to_pull`: the blobs containerd's content store
+    /// gained since `store_before` (when it could be listed both times), else what the plan counts for the
+    /// images that were pulled.
+    async fn report_fetched(
+        &self,
+        store_before: Option<HashMap<String, u64>>,
+        to_pull: &[String],
+        plan: &NodePlan,
+    ) {
+        let store_after = match store_before {
+            Some(_) => content_store(&self.client).await.ok(),
+            None => None,
+        };
+        let (bytes, source) = match (store_before, store_after) {
+            (Some(before), Some(after)) => (
+                after
+                    .iter()
+                    .filter(|(digest, _)| !before.contains_key(*digest))
+                    .map(|(_, size)| size)
+                    .sum(),
+                FetchedSource::ContentStore,
+            ),
+            _ => (
+                plan.images
+                    .iter()
+                    .filter(|i| to_pull.contains(&i.reference))
+                    .filter(|i| self.status.get(&i.reference) == Some(&Status::Ok))
+                    .map(|i| i.fetch_bytes)
+                    .sum(),
+                FetchedSource::Plan,
+            ),
+        };
+        self.emit(Event::Fetched {
+            node: self.name.clone(),
+            bytes,
+            source,
+        });
     }
 
     /// Pulls until every image is pulled (true: pin now) or the node settles with failures and no retry
@@ -433,7 +481,11 @@ impl NodeRun {
                 confirmed,
                 at,
             },
-            Err(reason) => Event::PinFailed { node, reason, at },
+            Err(reason) => Event::PinFailed {
+                node,
+                reason: reason.to_string(),
+                at,
+            },
         });
     }
 }

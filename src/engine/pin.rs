@@ -7,8 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use tokio::task::JoinError;
+
 use crate::backend::cri::CriClient;
-use crate::backend::pins::{self, PinTarget, Reload, resolve};
+use crate::backend::pins::{self, PinError, PinTarget, Reload, resolve};
 use crate::model::crio::{Unpinned, explain_unpinned};
 use crate::model::holders::Holder;
 use crate::model::rollout::PinMethod;
@@ -18,6 +20,27 @@ use crate::model::runtime::{PinReports, Runtime};
 /// how often it is asked meanwhile.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 const CONFIRM_EVERY: Duration = Duration::from_millis(250);
+
+/// Why a node's pins could not be written, or are not in force once written.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PinningError {
+    #[error(transparent)]
+    Pin(#[from] PinError),
+    #[error("labelling: {0}")]
+    Labelling(PinError),
+    #[error("writing the CRI-O drop-in: {0}")]
+    Writing(JoinError),
+    #[error(
+        "the CRI-O drop-in does not list {} for its sets after writing it",
+        .missing.join(", ")
+    )]
+    NotListed { missing: Vec<String> },
+    #[error("reloading CRI-O: {0}")]
+    Reloading(JoinError),
+    /// The runtime does not report them pinned: the causes and fixes its files and version explain.
+    #[error("{}", .reasons.join("; "))]
+    NotPinned { reasons: Vec<String> },
+}
 
 /// A node's runtime, as pinning needs it.
 pub(super) struct Pinning<'a> {
@@ -36,7 +59,7 @@ impl Pinning<'_> {
         &self,
         target: PinTarget,
         holds: BTreeMap<String, BTreeSet<String>>,
-    ) -> Result<(PinMethod, bool), String> {
+    ) -> Result<(PinMethod, bool), PinningError> {
         match resolve(target, self.runtime_name, self.client) {
             Ok(PinTarget::CrioDropIn { config_dir, reload }) => self
                 .drop_in(config_dir, reload, holds)
@@ -45,8 +68,8 @@ impl Pinning<'_> {
             Ok(_) => pins::hold_containerd(self.client, &holds)
                 .await
                 .map(|held| (PinMethod::ContainerdLabel, held.confirmed))
-                .map_err(|e| format!("labelling: {e}")),
-            Err(e) => Err(e),
+                .map_err(PinningError::Labelling),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -58,7 +81,7 @@ impl Pinning<'_> {
         dir: PathBuf,
         reload: Reload,
         holds: BTreeMap<String, BTreeSet<String>>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, PinningError> {
         let images: Vec<String> = holds.keys().cloned().collect();
         let images = images.as_slice();
         let config_dir = dir.clone();
@@ -78,16 +101,13 @@ impl Pinning<'_> {
                 })
                 .map(|(image, _)| image)
                 .collect();
-            Ok::<_, pins::PinError>((changed, missing))
+            Ok::<_, PinError>((changed, missing))
         })
         .await
-        .map_err(|e| format!("writing the CRI-O drop-in: {e}"))?;
-        let (changed, missing) = changed.map_err(|e| e.to_string())?;
+        .map_err(PinningError::Writing)?;
+        let (changed, missing) = changed?;
         if !missing.is_empty() {
-            return Err(format!(
-                "the CRI-O drop-in does not list {} for its sets after writing it",
-                missing.join(", ")
-            ));
+            return Err(PinningError::NotListed { missing });
         }
         let reports = self.reports();
         // Also when the file is as wanted but CRI-O does not pin it yet: a reload that did not take
@@ -96,8 +116,7 @@ impl Pinning<'_> {
             let how = reload.clone();
             tokio::task::spawn_blocking(move || pins::reload_crio(&how))
                 .await
-                .map_err(|e| format!("reloading CRI-O: {e}"))?
-                .map_err(|e| e.to_string())?;
+                .map_err(PinningError::Reloading)??;
         }
         if !reports.any() {
             return Ok(false);
@@ -106,7 +125,9 @@ impl Pinning<'_> {
         if unpinned.is_empty() {
             return Ok(true);
         }
-        Err(self.why_not_pinned(dir, &unpinned).await)
+        Err(PinningError::NotPinned {
+            reasons: self.why_not_pinned(dir, &unpinned).await,
+        })
     }
 
     /// Which CRI calls carry this runtime's word on pins.
@@ -149,7 +170,11 @@ impl Pinning<'_> {
 
     /// Why CRI-O does not pin `unpinned` after the drop-in in `dir` listed them and it was reloaded: its
     /// files and version explain it as `check` does; what they do not explain is listed.
-    async fn why_not_pinned(&self, dir: PathBuf, unpinned: &[(String, Vec<String>)]) -> String {
+    async fn why_not_pinned(
+        &self,
+        dir: PathBuf,
+        unpinned: &[(String, Vec<String>)],
+    ) -> Vec<String> {
         let runtime = self
             .runtime
             .map_or_else(|| self.runtime_name.to_string(), Runtime::to_string);
@@ -175,6 +200,6 @@ impl Pinning<'_> {
                 rest.join(", ")
             ));
         }
-        reasons.join("; ")
+        reasons
     }
 }

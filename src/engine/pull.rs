@@ -38,7 +38,7 @@ pub(super) async fn pull(
     let found = tokio::task::spawn_blocking(move || find_credential(&credentials, &reference))
         .await
         .map_err(|e| e.to_string())
-        .and_then(|r| r)
+        .and_then(|found| found.map_err(|e| e.to_string()))
         .map_err(|reason| PullFailure {
             reason,
             no_space: false,

@@ -3,12 +3,29 @@
 
 use std::collections::BTreeSet;
 
-use crate::backend::cri::DEFAULT_TIMEOUT;
-use crate::backend::pins::{self, PinTarget, Reload, connect_resolved};
+use tokio::task::JoinError;
+
+use crate::backend::cri::{CriError, DEFAULT_TIMEOUT};
+use crate::backend::pins::{self, PinError, PinTarget, Reload, connect_resolved};
 use crate::backend::target::DirectNode;
 use crate::model::crio::ReloadPins;
 use crate::model::holders::{Holder, Holders, PinChange, Release};
 use crate::model::runtime::Runtime;
+
+/// Why unpinning on one node, or asking which sets hold its pins, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpinError {
+    #[error(transparent)]
+    Pin(#[from] PinError),
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error("rewriting the CRI-O drop-in: {0}")]
+    Rewriting(JoinError),
+    #[error("reading the CRI-O drop-in: {0}")]
+    Reading(JoinError),
+    #[error("unlabelling: {0}")]
+    Unlabelling(PinError),
+}
 
 /// What unpinning did on one node: each pin it released a holder of or was asked about, and, on a CRI-O
 /// whose reload ignores removals, that the pins stay until it restarts.
@@ -26,12 +43,12 @@ pub async fn unpin(
     node: &DirectNode,
     target: PinTarget,
     release: &Release,
-) -> Result<NodeUnpinned, String> {
+) -> Result<NodeUnpinned, UnpinError> {
     let (client, pin) = connect_resolved(&node.endpoint, target, DEFAULT_TIMEOUT).await?;
     match pin {
         PinTarget::CrioDropIn { config_dir, reload } => {
             // A reload that ignores removals leaves them pinned until CRI-O restarts: say so.
-            let version = client.version().await.map_err(|e| e.to_string())?;
+            let version = client.version().await?;
             let kept_until_restart =
                 Runtime::identify(&version.runtime_name, &version.runtime_version)
                     .and_then(|r| r.crio_version())
@@ -43,11 +60,10 @@ pub async fn unpin(
                 if changed {
                     pins::reload_crio(&reload)?;
                 }
-                Ok::<_, pins::PinError>(changes)
+                Ok::<_, PinError>(changes)
             })
             .await
-            .map_err(|e| format!("rewriting the CRI-O drop-in: {e}"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(UnpinError::Rewriting)??;
             let removed = changes.iter().any(PinChange::removed);
             Ok(NodeUnpinned {
                 changes,
@@ -57,7 +73,7 @@ pub async fn unpin(
         _ => Ok(NodeUnpinned {
             changes: pins::release_containerd(&client, release)
                 .await
-                .map_err(|e| format!("unlabelling: {e}"))?,
+                .map_err(UnpinError::Unlabelling)?,
             note: None,
         }),
     }
@@ -67,21 +83,19 @@ pub async fn unpin(
 pub async fn sets_holding(
     node: &DirectNode,
     target: PinTarget,
-) -> Result<BTreeSet<String>, String> {
+) -> Result<BTreeSet<String>, UnpinError> {
     let (client, pin) = connect_resolved(&node.endpoint, target, DEFAULT_TIMEOUT).await?;
     let holders: Vec<Holders> = match pin {
         PinTarget::CrioDropIn { config_dir, .. } => {
             tokio::task::spawn_blocking(move || pins::read_drop_in(&config_dir))
                 .await
-                .map_err(|e| format!("reading the CRI-O drop-in: {e}"))?
-                .map_err(|e| e.to_string())?
+                .map_err(UnpinError::Reading)??
                 .into_iter()
                 .map(|e| e.holders)
                 .collect()
         }
         _ => pins::containerd_images(&client)
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .iter()
             .map(pins::ContainerdImage::holders)
             .collect(),

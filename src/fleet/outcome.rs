@@ -1,5 +1,7 @@
 //! What `apply` and `unpin` come back with, from any fleet: the commands print it, as a table or as JSON.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::fanout::FanOutReport;
@@ -10,24 +12,25 @@ use crate::model::set::{ImageSet, Origin, content_name};
 
 /// How an `apply` ended.
 pub enum Applied {
-    /// pinboard pulled and pinned: the sets, the rollout node by node, what fan-out moved (None without
-    /// it), then the readiness check.
-    Rolled {
-        sets: Vec<SetUsed>,
-        rollout: Rollout,
-        fan_out: Option<FanOutReport>,
-        readiness: Readiness,
-    },
+    /// pinboard pulled and pinned.
+    Rolled(Box<Rolled>),
     /// The sets were written for the nodes' daemons: the readiness once they were done, or the wait ended.
     Written(Readiness),
 }
 
-impl Applied {
-    pub fn readiness(&self) -> &Readiness {
-        match self {
-            Applied::Rolled { readiness, .. } | Applied::Written(readiness) => readiness,
-        }
-    }
+/// A rollout pinboard ran.
+pub struct Rolled {
+    pub sets: Vec<SetUsed>,
+    /// Node by node.
+    pub rollout: Rollout,
+    /// What the plan counted each node would fetch, by node.
+    pub planned: BTreeMap<String, u64>,
+    /// What fan-out moved; None without it.
+    pub fan_out: Option<FanOutReport>,
+    /// The readiness check after the rollout; None when it was interrupted.
+    pub readiness: Option<Readiness>,
+    /// The signal that stopped the rollout, when one did.
+    pub interrupted: Option<&'static str>,
 }
 
 /// A set as a command used it: its name (what holds its pins on the nodes) and where it came from.

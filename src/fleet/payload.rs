@@ -5,12 +5,14 @@
 
 use futures::StreamExt as _;
 
-use crate::backend::payload_layer::read_payload_layer;
+use crate::backend::payload_layer::{PayloadLayerError, read_payload_layer};
 use crate::backend::registry::{Registry, RegistryError};
 use crate::error::Failure;
 use crate::model::image::Platform;
-use crate::model::reference::ImageRef;
-use crate::model::release_payload::{Release, ReleaseSets, SetOptions, release_sets};
+use crate::model::reference::{ImageRef, ReferenceError};
+use crate::model::release_payload::{
+    Release, ReleasePayloadError, ReleaseSets, SetOptions, release_sets,
+};
 use crate::model::served::Source;
 
 /// A release as read from its payload.
@@ -29,7 +31,24 @@ pub enum ReleaseError {
     #[error(transparent)]
     Registry(#[from] RegistryError),
     #[error("{pullspec}: {why}")]
-    NotARelease { pullspec: String, why: String },
+    NotARelease {
+        pullspec: String,
+        #[source]
+        why: NotARelease,
+    },
+}
+
+/// Why what a pull spec names is not a release payload.
+#[derive(Debug, thiserror::Error)]
+pub enum NotARelease {
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error("its image has no layers")]
+    NoLayers,
+    #[error(transparent)]
+    Layer(#[from] PayloadLayerError),
+    #[error("not a release payload: {0}")]
+    Payload(#[from] ReleasePayloadError),
 }
 
 impl From<ReleaseError> for Failure {
@@ -44,11 +63,11 @@ pub async fn resolve(
     pullspec: &str,
     platform: &Platform,
 ) -> Result<Resolved, ReleaseError> {
-    let not_a_release = |why: String| ReleaseError::NotARelease {
+    let not_a_release = |why: NotARelease| ReleaseError::NotARelease {
         pullspec: pullspec.to_owned(),
         why,
     };
-    let parsed = ImageRef::parse(pullspec).map_err(not_a_release)?;
+    let parsed = ImageRef::parse(pullspec).map_err(|e| not_a_release(e.into()))?;
     let (_, facts) = registry
         .inspect(pullspec, std::slice::from_ref(platform))
         .await?
@@ -64,7 +83,7 @@ pub async fn resolve(
     let last = facts
         .layers
         .last()
-        .ok_or_else(|| not_a_release("its image has no layers".into()))?;
+        .ok_or_else(|| not_a_release(NotARelease::NoLayers))?;
     let source = Source {
         registry: parsed.registry.clone(),
         repository: parsed.repository.clone(),
@@ -76,9 +95,11 @@ pub async fn resolve(
     let bytes = layer
         .stream
         .map(|chunk| chunk.map_err(std::io::Error::other));
-    let files = read_payload_layer(bytes).await.map_err(not_a_release)?;
+    let files = read_payload_layer(bytes)
+        .await
+        .map_err(|e| not_a_release(e.into()))?;
     let release = Release::parse(&files.image_references, &files.release_metadata)
-        .map_err(|why| not_a_release(format!("not a release payload: {why}")))?;
+        .map_err(|e| not_a_release(e.into()))?;
     Ok(Resolved {
         image,
         release,

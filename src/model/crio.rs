@@ -22,12 +22,43 @@ pub fn drop_in_order(paths: &mut [PathBuf]) {
     paths.sort();
 }
 
+/// Why CRI-O refuses a file for its `pinned_images`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PinnedImagesError {
+    #[error("not valid TOML: {message}")]
+    NotToml { message: String },
+    #[error("crio.image.pinned_images is not an array")]
+    NotAnArray,
+    #[error("pinned_images entry {entry} is not a string")]
+    NotAString { entry: String },
+}
+
+impl PinnedImagesError {
+    /// An entry of the array that is not a string, as written.
+    pub fn not_a_string(value: &toml_edit::Value) -> PinnedImagesError {
+        PinnedImagesError::NotAString {
+            entry: value.to_string().trim().to_owned(),
+        }
+    }
+}
+
+/// The file of CRI-O's configuration it would refuse, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {problem}")]
+pub struct CrioFileError {
+    pub file: String,
+    #[source]
+    pub problem: PinnedImagesError,
+}
+
 /// The `crio.image.pinned_images` a file sets; None when it does not set it. Fails, as CRI-O refuses the
 /// file, when the text is not TOML or the key is not an array of strings.
-pub fn pinned_images_in(text: &str) -> Result<Option<Vec<String>>, String> {
-    let doc: toml_edit::DocumentMut = text
-        .parse()
-        .map_err(|e: toml_edit::TomlError| format!("not valid TOML: {}", e.message()))?;
+pub fn pinned_images_in(text: &str) -> Result<Option<Vec<String>>, PinnedImagesError> {
+    let doc: toml_edit::DocumentMut =
+        text.parse()
+            .map_err(|e: toml_edit::TomlError| PinnedImagesError::NotToml {
+                message: e.message().to_owned(),
+            })?;
     let Some(item) = doc
         .get("crio")
         .and_then(|c| c.get("image"))
@@ -35,18 +66,13 @@ pub fn pinned_images_in(text: &str) -> Result<Option<Vec<String>>, String> {
     else {
         return Ok(None);
     };
-    let array = item
-        .as_array()
-        .ok_or("crio.image.pinned_images is not an array")?;
+    let array = item.as_array().ok_or(PinnedImagesError::NotAnArray)?;
     array
         .iter()
         .map(|v| {
-            v.as_str().map(str::to_string).ok_or_else(|| {
-                format!(
-                    "pinned_images entry {} is not a string",
-                    v.to_string().trim()
-                )
-            })
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| PinnedImagesError::not_a_string(v))
         })
         .collect::<Result<_, _>>()
         .map(Some)
@@ -112,11 +138,15 @@ pub struct CrioConfig {
 impl CrioConfig {
     /// From each file's name and text, in CRI-O's order (`crio.conf` first, then [`drop_in_order`]). Fails
     /// naming the first file CRI-O would refuse.
-    pub fn read(files: impl IntoIterator<Item = (String, String)>) -> Result<CrioConfig, String> {
+    pub fn read(
+        files: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<CrioConfig, CrioFileError> {
         let mut settings = Vec::new();
         for (file, text) in files {
-            if let Some(patterns) = pinned_images_in(&text).map_err(|e| format!("{file}: {e}"))? {
-                settings.push(PinnedImagesSetting { file, patterns });
+            match pinned_images_in(&text) {
+                Ok(Some(patterns)) => settings.push(PinnedImagesSetting { file, patterns }),
+                Ok(None) => {}
+                Err(problem) => return Err(CrioFileError { file, problem }),
             }
         }
         Ok(CrioConfig { settings })
@@ -398,16 +428,21 @@ mod tests {
 
     #[test]
     fn files_crio_would_refuse_are_named() {
-        let err = CrioConfig::read([("20-bad.conf".into(), "[crio.image".into())]).unwrap_err();
+        let err = CrioConfig::read([("20-bad.conf".into(), "[crio.image".into())])
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("20-bad.conf: not valid TOML"), "{err}");
         let err = CrioConfig::read([(
             "20-bad.conf".into(),
             "[crio.image]\npinned_images = \"a\"\n".into(),
         )])
         .unwrap_err();
-        assert_eq!(err, "20-bad.conf: crio.image.pinned_images is not an array");
+        assert_eq!(
+            err.to_string(),
+            "20-bad.conf: crio.image.pinned_images is not an array"
+        );
         let err = pinned_images_in("[crio.image]\npinned_images = [1]\n").unwrap_err();
-        assert_eq!(err, "pinned_images entry 1 is not a string");
+        assert_eq!(err.to_string(), "pinned_images entry 1 is not a string");
     }
 
     #[test]

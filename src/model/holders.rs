@@ -143,6 +143,9 @@ pub enum Sets {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Release {
     pub sets: Sets,
+    /// When given, only the pins these images name lose the sets' holds (a set that no longer lists them);
+    /// every other pin keeps them.
+    pub only: Option<BTreeSet<String>>,
     /// The images the command's sets list: reported on even when another holder keeps them, and, with
     /// `release_unowned`, released from their unowned holder.
     pub images: BTreeSet<String>,
@@ -156,8 +159,20 @@ impl Release {
         let strings = |list: &[S]| list.iter().map(|s| s.as_ref().to_string()).collect();
         Release {
             sets: Sets::Named(strings(sets)),
+            only: None,
             images: strings(images),
             release_unowned,
+        }
+    }
+
+    /// Releases set `set`'s hold on the pins of `images` only: what an edited set no longer lists.
+    pub fn of_images<S: AsRef<str>>(set: &str, images: &[S]) -> Release {
+        let images: BTreeSet<String> = images.iter().map(|s| s.as_ref().to_string()).collect();
+        Release {
+            sets: Sets::Named([set.to_string()].into()),
+            only: Some(images.clone()),
+            images,
+            release_unowned: false,
         }
     }
 
@@ -166,6 +181,7 @@ impl Release {
         holders
             .iter()
             .filter(|h| match h {
+                Holder::Set(_) if self.only.is_some() && !self.names_any(names) => true,
                 Holder::Set(name) => match &self.sets {
                     Sets::Named(released) => !released.contains(name),
                     Sets::All => false,
@@ -286,6 +302,20 @@ mod tests {
     }
 
     #[test]
+    fn an_edited_set_loses_its_hold_only_on_the_images_it_no_longer_lists() {
+        let release = Release::of_images("web", &["quay.io/a@sha256:1"]);
+        let held = holders(&[set("web"), set("db")]);
+        let dropped = ["quay.io/a@sha256:1".to_string()];
+        let kept = ["quay.io/b@sha256:2".to_string()];
+        assert_eq!(release.after(&held, &dropped), holders(&[set("db")]));
+        assert_eq!(
+            release.after(&held, &kept),
+            held,
+            "still listed: still held"
+        );
+    }
+
+    #[test]
     fn each_image_is_held_by_the_sets_that_list_it() {
         let a = from_flags("a", &["x".into(), "y".into()]);
         let b = from_flags("b", &["y".into(), "z".into()]);
@@ -314,6 +344,7 @@ mod tests {
         let admin = holders(&[Holder::Admin, set("a")]);
         let all = Release {
             sets: Sets::All,
+            only: None,
             images: BTreeSet::new(),
             release_unowned: true,
         };

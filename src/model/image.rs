@@ -8,6 +8,21 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Failure;
+
+/// A `--platform` that is not `os/architecture[/variant]`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("platform {text:?} is not os/architecture[/variant], e.g. linux/arm64/v8")]
+pub struct PlatformError {
+    pub text: String,
+}
+
+impl From<PlatformError> for Failure {
+    fn from(error: PlatformError) -> Failure {
+        Failure::bad_input(error.to_string())
+    }
+}
+
 /// An OCI platform: what an image index is resolved against for one node.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Platform {
@@ -34,7 +49,7 @@ impl Platform {
     }
 
     /// Parses `os/arch[/variant]`, as `--platform` takes it.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, PlatformError> {
         let parts: Vec<&str> = text.split('/').collect();
         match parts.as_slice() {
             [os, arch] if !os.is_empty() && !arch.is_empty() => Ok(Platform {
@@ -49,9 +64,9 @@ impl Platform {
                     variant: Some(variant.to_string()),
                 })
             }
-            _ => Err(format!(
-                "platform {text:?} is not os/architecture[/variant], e.g. linux/arm64/v8"
-            )),
+            _ => Err(PlatformError {
+                text: text.to_owned(),
+            }),
         }
     }
 
@@ -127,6 +142,10 @@ pub struct Layer {
     /// Compressed size: what crosses the network.
     pub size: u64,
     pub annotations: BTreeMap<String, String>,
+    /// The uncompressed digest (from the image config's `rootfs.diff_ids`), where the config was read: how
+    /// CRI-O knows a layer it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_id: Option<String>,
 }
 
 impl Layer {
@@ -182,9 +201,32 @@ impl ImageFacts {
     }
 }
 
+/// The uncompressed digests of an OCI image config's layers (`rootfs.diff_ids`), in layer order; empty when
+/// it lists none.
+pub fn config_diff_ids(config: &serde_json::Value) -> Vec<String> {
+    config["rootfs"]["diff_ids"]
+        .as_array()
+        .map(|ids| {
+            ids.iter()
+                .filter_map(|id| id.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_config_lists_its_layers_by_uncompressed_digest() {
+        let config = serde_json::json!({
+            "architecture": "amd64",
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:aa", "sha256:bb"]},
+        });
+        assert_eq!(config_diff_ids(&config), ["sha256:aa", "sha256:bb"]);
+        assert!(config_diff_ids(&serde_json::json!({})).is_empty());
+    }
 
     fn layer(media_type: &str, annotations: &[(&str, &str)]) -> Layer {
         Layer {
@@ -195,6 +237,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            diff_id: None,
         }
     }
 

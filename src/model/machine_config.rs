@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use serde::{Deserialize, Serialize};
 
+use super::labels::selector_matches;
 use super::set::{ImageSet, from_flags};
 use super::units::parse_bytes;
 
@@ -504,33 +505,6 @@ impl ClusterNode {
                 node_set_state(mcn, set_name, generation, now)
             })
     }
-}
-
-/// Whether `labels` satisfy `selector`, as Kubernetes evaluates it: an absent selector matches nothing, an
-/// empty one everything; an unknown operator matches nothing.
-pub fn selector_matches(
-    selector: Option<&LabelSelector>,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    let Some(selector) = selector else {
-        return false;
-    };
-    let match_labels = selector.match_labels.iter().flatten();
-    let labels_ok = match_labels
-        .into_iter()
-        .all(|(key, value)| labels.get(key) == Some(value));
-    let expressions_ok = selector.match_expressions.iter().flatten().all(|req| {
-        let value = labels.get(&req.key);
-        let listed = || value.is_some_and(|v| req.values.iter().flatten().any(|x| x == v));
-        match req.operator.as_str() {
-            "In" => listed(),
-            "NotIn" => !listed(),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    labels_ok && expressions_ok
 }
 
 /// The pools whose `machineConfigSelector` picks up a set with these labels.

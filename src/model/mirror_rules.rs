@@ -12,6 +12,32 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use crate::error::Failure;
+
+/// A file of mirror rules that cannot be read, named by its path.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MirrorRulesError {
+    #[error("{path}: not a registries.conf this tool reads: {message}")]
+    NotRegistriesConf { path: String, message: String },
+    #[error("{path}: a [[registry]] has neither prefix nor location")]
+    NoPrefix { path: String },
+    #[error("{path}: not YAML: {message}")]
+    NotYaml { path: String, message: String },
+    #[error("{path}: holds no ImageDigestMirrorSet or ImageContentSourcePolicy")]
+    NoMirrorSets { path: String },
+    #[error(
+        "{path}: a {kind:?} document; only ImageDigestMirrorSet and ImageContentSourcePolicy name digest \
+         mirrors"
+    )]
+    OtherKind { path: String, kind: String },
+}
+
+impl From<MirrorRulesError> for Failure {
+    fn from(error: MirrorRulesError) -> Failure {
+        Failure::bad_input(error.to_string())
+    }
+}
+
 /// When a mirror is used (`pull-from-mirror`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 pub enum PullFrom {
@@ -124,18 +150,19 @@ struct DigestMirrors {
 impl MirrorRules {
     /// Adds the `[[registry]]` tables of a registries.conf file (`path` for messages); a table with the
     /// prefix of an earlier one replaces it, as in a later drop-in.
-    pub fn add_registries_conf(&mut self, text: &str, path: &str) -> Result<(), String> {
-        let conf: RegistriesConf = toml_edit::de::from_str(text).map_err(|e| {
-            format!(
-                "{path}: not a registries.conf this tool reads: {}",
-                e.message()
-            )
-        })?;
+    pub fn add_registries_conf(&mut self, text: &str, path: &str) -> Result<(), MirrorRulesError> {
+        let conf: RegistriesConf =
+            toml_edit::de::from_str(text).map_err(|e| MirrorRulesError::NotRegistriesConf {
+                path: path.to_owned(),
+                message: e.message().to_owned(),
+            })?;
         for table in conf.registry {
             let prefix = table
                 .prefix
                 .or_else(|| table.location.clone())
-                .ok_or_else(|| format!("{path}: a [[registry]] has neither prefix nor location"))?;
+                .ok_or_else(|| MirrorRulesError::NoPrefix {
+                    path: path.to_owned(),
+                })?;
             self.replace(Rule {
                 prefix: trimmed(&prefix),
                 location: table.location.map(|l| trimmed(&l)),
@@ -157,26 +184,29 @@ impl MirrorRules {
     /// Adds the ImageDigestMirrorSet and ImageContentSourcePolicy documents of a YAML file, as the
     /// machine-config operator renders them: digest-only mirrors, the source blocked by
     /// `NeverContactSource`; several entries for one source add their mirrors in order.
-    pub fn add_mirror_sets(&mut self, text: &str, path: &str) -> Result<(), String> {
+    pub fn add_mirror_sets(&mut self, text: &str, path: &str) -> Result<(), MirrorRulesError> {
         let documents: Vec<MirrorSetDocument> = serde_saphyr::from_multiple::<Option<_>>(text)
-            .map_err(|e| format!("{path}: not YAML: {}", e.without_snippet()))?
+            .map_err(|e| MirrorRulesError::NotYaml {
+                path: path.to_owned(),
+                message: e.without_snippet().to_string(),
+            })?
             .into_iter()
             .flatten()
             .collect();
         if documents.is_empty() {
-            return Err(format!(
-                "{path}: holds no ImageDigestMirrorSet or ImageContentSourcePolicy"
-            ));
+            return Err(MirrorRulesError::NoMirrorSets {
+                path: path.to_owned(),
+            });
         }
         for document in documents {
             let entries = match document.kind.as_str() {
                 "ImageDigestMirrorSet" => document.spec.image_digest_mirrors,
                 "ImageContentSourcePolicy" => document.spec.repository_digest_mirrors,
                 other => {
-                    return Err(format!(
-                        "{path}: a {other:?} document; only ImageDigestMirrorSet and ImageContentSourcePolicy \
-                         name digest mirrors"
-                    ));
+                    return Err(MirrorRulesError::OtherKind {
+                        path: path.to_owned(),
+                        kind: other.to_owned(),
+                    });
                 }
             };
             for entry in entries {
@@ -465,7 +495,8 @@ spec:
         );
         let wrong = mirrors
             .add_mirror_sets("kind: Deployment\n", "d.yaml")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(wrong.contains("a \"Deployment\" document"), "{wrong}");
     }
 }

@@ -3,9 +3,11 @@
 //! This is the one function behind every figure `pinboard plan` prints and the TUI shows. It is pure: the
 //! backends gather [`NodeFacts`] and [`ImageFacts`], and [`plan_node`] turns them into a [`NodePlan`].
 //!
-//! - `fetchBytes`: unique compressed bytes (layers and configs) not yet on the node. A blob belonging to an
-//!   image already present is on the node; a blob shared by several missing images is counted once, for the
-//!   first image in set order that needs it (so per-image figures add up to the node's).
+//! - `fetchBytes`: unique compressed bytes (layers and configs) the node's runtime will really fetch: not a
+//!   blob it holds already, whichever image brought it (containerd's content store; CRI-O's layers, by
+//!   uncompressed digest), nor one of an image of the sets already present; a blob shared by several
+//!   missing images is counted once, for the first image in set order that needs it (so per-image figures
+//!   add up to the node's). Where the runtime cannot say what it holds, `fetchBasis` is `upper-bound`.
 //! - `estimatedDiskBytes`: for those same layers, the uncompressed size where an annotation gives it, else
 //!   twice the compressed size (the OpenShift daemon's rule); configs count as stored. `estimateBasis` says
 //!   which rule was used.
@@ -40,6 +42,58 @@ pub struct NodeFacts {
     pub space_source: Option<SpaceSource>,
     /// Cluster mode: what the node's kubelet configuration says (or that its defaults are assumed).
     pub kubelet: Option<KubeletSettings>,
+    /// What the node's runtime holds already, whichever image brought it.
+    #[serde(skip)]
+    pub held: HeldBlobs,
+}
+
+/// What a node's runtime holds already: the blobs a pull skips.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum HeldBlobs {
+    /// The runtime could not be asked: only the sets' present images count, and the figures are an upper
+    /// bound.
+    #[default]
+    Unknown,
+    /// Every blob of its content store, by digest (containerd skips any of them).
+    Digests(HashSet<String>),
+    /// Its layers by uncompressed digest, and its images' configs by digest (CRI-O reuses any of them).
+    Layers {
+        diff_ids: HashSet<String>,
+        configs: HashSet<String>,
+    },
+}
+
+impl HeldBlobs {
+    /// Whether the runtime holds `blob`; None when it cannot be told (unknown holdings, or a layer whose
+    /// uncompressed digest was not read).
+    fn holds(&self, blob: &Lacking) -> Option<bool> {
+        match (self, blob) {
+            (HeldBlobs::Unknown, _) => None,
+            (HeldBlobs::Digests(digests), blob) => Some(digests.contains(blob.digest())),
+            (HeldBlobs::Layers { configs, .. }, Lacking::Config { digest, .. }) => {
+                Some(configs.contains(*digest))
+            }
+            (HeldBlobs::Layers { diff_ids, .. }, Lacking::Layer(layer)) => {
+                layer.diff_id.as_ref().map(|id| diff_ids.contains(id))
+            }
+        }
+    }
+
+    /// Whether CRI-O's layers are known, so the images' uncompressed digests are worth reading.
+    pub fn by_diff_id(&self) -> bool {
+        matches!(self, HeldBlobs::Layers { .. })
+    }
+}
+
+/// How exact `fetchBytes` is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FetchBasis {
+    /// Every blob was checked against what the runtime holds.
+    #[default]
+    Exact,
+    /// The runtime could not say what it holds: blobs it may hold are counted too.
+    UpperBound,
 }
 
 /// Where a node's space figures come from in cluster mode.
@@ -203,6 +257,9 @@ pub struct NodePlan {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub space_source: Option<SpaceSource>,
     pub fetch_bytes: u64,
+    /// Whether `fetch_bytes` (and the disk estimate) left out exactly what the runtime holds.
+    #[serde(default)]
+    pub fetch_basis: FetchBasis,
     pub estimated_disk_bytes: u64,
     pub estimate_basis: EstimateBasis,
     pub available_after_bytes: Option<i64>,
@@ -228,9 +285,10 @@ fn default_gc_source() -> GcSource {
 pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits) -> NodePlan {
     let (mut with_size, mut without_size) = (0usize, 0usize);
     let unknown_presence = images.iter().filter(|i| i.present.is_none()).count();
+    let (lacking, fetch_basis) = lacking(images, &node.held);
     let image_plans: Vec<ImagePlan> = images
         .iter()
-        .zip(lacking(images))
+        .zip(lacking)
         .map(|(image, blobs)| {
             let (mut fetch, mut disk) = (0u64, 0u64);
             for blob in blobs {
@@ -314,6 +372,7 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
         available_bytes: node.available_bytes,
         space_source: node.space_source,
         fetch_bytes,
+        fetch_basis,
         estimated_disk_bytes,
         estimate_basis,
         available_after_bytes,
@@ -389,14 +448,19 @@ impl<'a> Lacking<'a> {
 }
 
 /// Per image, in order, the blobs the node lacks that no earlier image brings: the blobs of an image
-/// already present are on the node, and a blob shared by several missing images counts for the first.
-fn lacking<'a>(images: &[PlannedImage<'a>]) -> Vec<Vec<Lacking<'a>>> {
+/// already present are on the node, so is every blob the runtime `held`, and a blob shared by several
+/// missing images counts for the first. Also whether every blob could be checked against `held`.
+fn lacking<'a>(
+    images: &[PlannedImage<'a>],
+    held: &HeldBlobs,
+) -> (Vec<Vec<Lacking<'a>>>, FetchBasis) {
     let mut counted: HashSet<&str> = images
         .iter()
         .filter(|i| i.present == Some(true))
         .flat_map(|i| blob_digests(i.facts))
         .collect();
-    images
+    let mut basis = FetchBasis::Exact;
+    let lacking = images
         .iter()
         .map(|image| {
             if image.present == Some(true) {
@@ -409,10 +473,19 @@ fn lacking<'a>(images: &[PlannedImage<'a>]) -> Vec<Vec<Lacking<'a>>> {
             };
             std::iter::once(config)
                 .chain(facts.layers.iter().map(Lacking::Layer))
+                .filter(|blob| match held.holds(blob) {
+                    Some(true) => false,
+                    Some(false) => true,
+                    None => {
+                        basis = FetchBasis::UpperBound;
+                        true
+                    }
+                })
                 .filter(|blob| counted.insert(blob.digest()))
                 .collect()
         })
-        .collect()
+        .collect();
+    (lacking, basis)
 }
 
 /// What pre-loading the images costs the registry link, with and without fan-out: `plan -o json`'s
@@ -427,16 +500,16 @@ pub struct LinkBytes {
     pub direct: u64,
 }
 
-/// [`LinkBytes`] for nodes each planned with its own images (as [`plan_node`] takes them); `cached` says
-/// whether the blob cache holds a digest.
+/// [`LinkBytes`] for nodes each planned with its own images (as [`plan_node`] takes them, with what each
+/// node holds); `cached` says whether the blob cache holds a digest.
 pub fn link_bytes<'a>(
-    nodes: impl IntoIterator<Item = &'a [PlannedImage<'a>]>,
+    nodes: impl IntoIterator<Item = (&'a HeldBlobs, &'a [PlannedImage<'a>])>,
     cached: impl Fn(&str) -> bool,
 ) -> LinkBytes {
     let mut direct = 0;
     let mut once: BTreeMap<&str, u64> = BTreeMap::new();
-    for images in nodes {
-        let blobs = lacking(images).into_iter().flatten();
+    for (held, images) in nodes {
+        let blobs = lacking(images, held).0.into_iter().flatten();
         let manifests = images
             .iter()
             .filter(|i| i.present != Some(true))
@@ -476,6 +549,7 @@ mod tests {
             media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
             size,
             annotations,
+            diff_id: None,
         }
     }
 
@@ -509,6 +583,66 @@ mod tests {
             min_free_bytes: min_free,
             ..Limits::default()
         }
+    }
+
+    #[test]
+    fn what_the_runtime_holds_is_not_fetched_whichever_image_brought_it() {
+        let mut base = layer("base", 10 * MI, None);
+        base.diff_id = Some("diff-base".into());
+        let mut own = layer("own", 2 * MI, None);
+        own.diff_id = Some("diff-own".into());
+        let y = image("cy", vec![base, own]);
+        let images = [PlannedImage {
+            reference: "y",
+            facts: &y,
+            present: Some(false),
+        }];
+        let with = |held| NodeFacts {
+            held,
+            ..node(100 * MI, 90 * MI)
+        };
+        let plan = |held| plan_node(&with(held), &images, &limits(MI));
+
+        // containerd: its content store holds the base (another image brought it).
+        let store = plan(HeldBlobs::Digests(["base".to_string()].into()));
+        assert_eq!(
+            store.fetch_bytes,
+            2 * MI + 1000,
+            "the own layer and the config"
+        );
+        assert_eq!(store.fetch_basis, FetchBasis::Exact);
+        assert_eq!(store.estimated_disk_bytes, 4 * MI + 1000);
+
+        // CRI-O: it holds the base's layer by uncompressed digest, and no config of Y.
+        let layers = plan(HeldBlobs::Layers {
+            diff_ids: ["diff-base".to_string()].into(),
+            configs: ["c-other".to_string()].into(),
+        });
+        assert_eq!(layers.fetch_bytes, 2 * MI + 1000);
+        assert_eq!(layers.fetch_basis, FetchBasis::Exact);
+
+        // Unknown holdings count everything, and say it is an upper bound.
+        let unknown = plan(HeldBlobs::Unknown);
+        assert_eq!(unknown.fetch_bytes, 12 * MI + 1000);
+        assert_eq!(unknown.fetch_basis, FetchBasis::UpperBound);
+        let json = serde_json::to_value(&unknown).unwrap();
+        assert_eq!(json["fetchBasis"], "upper-bound");
+
+        // A layer whose uncompressed digest was not read cannot be matched on CRI-O.
+        let mut unread = y.clone();
+        unread.layers[0].diff_id = None;
+        let images = [PlannedImage {
+            reference: "y",
+            facts: &unread,
+            present: Some(false),
+        }];
+        let held = HeldBlobs::Layers {
+            diff_ids: ["diff-base".to_string()].into(),
+            configs: Default::default(),
+        };
+        let partly = plan_node(&with(held), &images, &limits(MI));
+        assert_eq!(partly.fetch_bytes, 12 * MI + 1000);
+        assert_eq!(partly.fetch_basis, FetchBasis::UpperBound);
     }
 
     #[test]
@@ -694,7 +828,12 @@ mod tests {
             planned(true, false),
             planned(true, true),
         );
-        let nodes = [&n1[..], &n2[..], &n3[..]];
+        let unknown = HeldBlobs::Unknown;
+        let nodes = [
+            (&unknown, &n1[..]),
+            (&unknown, &n2[..]),
+            (&unknown, &n3[..]),
+        ];
         let n1_bytes = 16 * MI + 2000 + 2 * MANIFEST;
         let n2_bytes = 2 * MI + 1000 + MANIFEST;
         let nothing_cached = link_bytes(nodes, |_| false);
@@ -709,7 +848,10 @@ mod tests {
             base_cached.direct, nothing_cached.direct,
             "nodes do not share the cache"
         );
-        assert_eq!(link_bytes([&n3[..]], |_| false), LinkBytes::default());
+        assert_eq!(
+            link_bytes([(&unknown, &n3[..])], |_| false),
+            LinkBytes::default()
+        );
         let json = serde_json::to_value(nothing_cached).unwrap();
         assert_eq!(json["fanOut"], n1_bytes);
         assert_eq!(json["direct"], n1_bytes + n2_bytes);

@@ -11,6 +11,17 @@ use std::fmt;
 pub const MAX_PINNED_REFERENCE_LEN: usize = 447;
 const DEFAULT_REGISTRY: &str = "docker.io";
 
+/// Why a text is not an image reference at all.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReferenceError {
+    #[error("empty image reference")]
+    Empty,
+    #[error("{text:?} has an empty path component")]
+    EmptyPathComponent { text: String },
+    #[error("{text:?} has an empty tag")]
+    EmptyTag { text: String },
+}
+
 /// A parsed, normalized image reference: `registry/repository[:tag][@digest]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ImageRef {
@@ -26,10 +37,10 @@ pub struct ImageRef {
 impl ImageRef {
     /// Parses a reference the way docker and containerd do: a first path component without `.` or `:`
     /// (and not `localhost`) is a Docker Hub repository, and single-name Hub repositories live in `library/`.
-    pub fn parse(text: &str) -> Result<ImageRef, String> {
+    pub fn parse(text: &str) -> Result<ImageRef, ReferenceError> {
         let text = text.trim();
         if text.is_empty() {
-            return Err("empty image reference".into());
+            return Err(ReferenceError::Empty);
         }
         let (name_and_tag, digest) = match text.split_once('@') {
             Some((name, digest)) => (name, Some(digest.to_string())),
@@ -56,10 +67,14 @@ impl ImageRef {
             repository
         };
         if repository.is_empty() || repository.split('/').any(str::is_empty) {
-            return Err(format!("{text:?} has an empty path component"));
+            return Err(ReferenceError::EmptyPathComponent {
+                text: text.to_owned(),
+            });
         }
         if tag.as_deref() == Some("") {
-            return Err(format!("{text:?} has an empty tag"));
+            return Err(ReferenceError::EmptyTag {
+                text: text.to_owned(),
+            });
         }
         Ok(ImageRef {
             registry,
@@ -279,6 +294,27 @@ pub fn short_reference(reference: &str) -> String {
         Some((name, hex)) if hex.len() > 12 => format!("{name}@sha256:{}…", &hex[..12]),
         _ => reference.to_string(),
     }
+}
+
+/// How many references a line names before it says how many more there are.
+const NAMED_IN_A_LINE: usize = 5;
+
+/// `a, b, c` or, for a long list, its first few and `and 104 more`.
+pub fn some_of<S: AsRef<str>>(references: &[S]) -> String {
+    let named: Vec<&str> = references
+        .iter()
+        .take(NAMED_IN_A_LINE)
+        .map(AsRef::as_ref)
+        .collect();
+    match references.len().saturating_sub(NAMED_IN_A_LINE) {
+        0 => named.join(", "),
+        more => format!("{} and {more} more", named.join(", ")),
+    }
+}
+
+/// `1 image` / `3 images`.
+pub fn count_images(n: usize) -> String {
+    format!("{n} image{}", if n == 1 { "" } else { "s" })
 }
 
 /// `text` with every `@sha256:` digest cut to 12 hex digits, as [`short_reference`] cuts one reference:

@@ -16,6 +16,25 @@ use super::set::{Entry, ImageSet, MAX_ENTRIES, Origin};
 pub const IMAGE_REFERENCES: &str = "release-manifests/image-references";
 pub const RELEASE_METADATA: &str = "release-manifests/release-metadata";
 
+/// Why the two files are not a release's: what was found instead.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleasePayloadError {
+    #[error("{IMAGE_REFERENCES} is not JSON ({0}); a release payload holds an ImageStream there")]
+    ReferencesNotJson(serde_json::Error),
+    #[error(
+        "{IMAGE_REFERENCES} is kind {kind:?} apiVersion {api_version:?}, not an ImageStream of \
+         image.openshift.io/v1"
+    )]
+    NotAnImageStream { kind: String, api_version: String },
+    #[error("{RELEASE_METADATA} is not JSON ({0})")]
+    MetadataNotJson(serde_json::Error),
+    #[error(
+        "{RELEASE_METADATA} is kind {kind:?} with version {version:?}, not cincinnati-metadata-v0 with a \
+         version"
+    )]
+    NotReleaseMetadata { kind: String, version: String },
+}
+
 /// One component of a release: its tag name in `image-references` and its pull spec.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Component {
@@ -75,25 +94,25 @@ struct Metadata {
 
 impl Release {
     /// Reads the two files. Errors say what was found instead of a release.
-    pub fn parse(image_references: &str, release_metadata: &str) -> Result<Release, String> {
-        let stream: ImageStream = serde_json::from_str(image_references).map_err(|e| {
-            format!(
-                "{IMAGE_REFERENCES} is not JSON ({e}); a release payload holds an ImageStream there"
-            )
-        })?;
+    pub fn parse(
+        image_references: &str,
+        release_metadata: &str,
+    ) -> Result<Release, ReleasePayloadError> {
+        let stream: ImageStream = serde_json::from_str(image_references)
+            .map_err(ReleasePayloadError::ReferencesNotJson)?;
         if stream.kind != "ImageStream" || !stream.api_version.starts_with("image.openshift.io/") {
-            return Err(format!(
-                "{IMAGE_REFERENCES} is kind {:?} apiVersion {:?}, not an ImageStream of image.openshift.io/v1",
-                stream.kind, stream.api_version
-            ));
+            return Err(ReleasePayloadError::NotAnImageStream {
+                kind: stream.kind,
+                api_version: stream.api_version,
+            });
         }
-        let metadata: Metadata = serde_json::from_str(release_metadata)
-            .map_err(|e| format!("{RELEASE_METADATA} is not JSON ({e})"))?;
+        let metadata: Metadata =
+            serde_json::from_str(release_metadata).map_err(ReleasePayloadError::MetadataNotJson)?;
         if metadata.kind != "cincinnati-metadata-v0" || metadata.version.is_empty() {
-            return Err(format!(
-                "{RELEASE_METADATA} is kind {:?} with version {:?}, not cincinnati-metadata-v0 with a version",
-                metadata.kind, metadata.version
-            ));
+            return Err(ReleasePayloadError::NotReleaseMetadata {
+                kind: metadata.kind,
+                version: metadata.version,
+            });
         }
         let (mut components, mut skipped) = (Vec::new(), Vec::new());
         for tag in stream.spec.tags {
@@ -185,6 +204,8 @@ pub fn release_sets(release_image: &str, release: &Release, options: &SetOptions
             labels: labels.clone(),
             entries: chunk.to_vec(),
             origin: origin(None),
+            node_selector: None,
+            pull_secrets: Vec::new(),
         })
         .collect();
     ReleaseSets {
@@ -253,17 +274,23 @@ mod tests {
     #[test]
     fn what_is_not_a_release_says_what_it_is() {
         let deployment = r#"{"kind": "Deployment", "apiVersion": "apps/v1"}"#;
-        let err = Release::parse(deployment, METADATA).unwrap_err();
+        let err = Release::parse(deployment, METADATA)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("kind \"Deployment\" apiVersion \"apps/v1\""),
             "{err}"
         );
-        let err = Release::parse("not json", METADATA).unwrap_err();
+        let err = Release::parse("not json", METADATA)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with("release-manifests/image-references is not JSON"),
             "{err}"
         );
-        let err = Release::parse(&references(&[]), "{\"kind\": \"x\"}").unwrap_err();
+        let err = Release::parse(&references(&[]), "{\"kind\": \"x\"}")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not cincinnati-metadata-v0"), "{err}");
     }
 

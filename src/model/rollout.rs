@@ -17,6 +17,17 @@ pub enum PinMethod {
     ContainerdLabel,
 }
 
+/// How the bytes a node's runtime fetched are known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FetchedSource {
+    /// The blobs containerd's content store gained during the rollout, by their sizes: what the runtime
+    /// really downloaded.
+    ContentStore,
+    /// What the plan counts for the images pulled: the runtime reports no bytes (CRI-O).
+    Plan,
+}
+
 /// What the engine reports. `at` is when it happened.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
@@ -69,6 +80,12 @@ pub enum Event {
         node: String,
         image: String,
         at: Instant,
+    },
+    /// What the node's runtime fetched for the rollout, once its pulls are over.
+    Fetched {
+        node: String,
+        bytes: u64,
+        source: FetchedSource,
     },
     /// The node stopped pulling (e.g. out of space): its remaining images will not be pulled.
     NodeStopped {
@@ -263,6 +280,11 @@ pub struct NodeRollout {
     failed: usize,
     /// Running pulls (positions in `images`) and when their bytes last moved, by reference.
     pulling: Vec<(usize, Instant)>,
+    /// Images found present, and images pulled: kept apart, as pinning turns both into pinned.
+    present: usize,
+    pulled: usize,
+    /// What the runtime fetched, once its pulls are over.
+    fetched: Option<(u64, FetchedSource)>,
 }
 
 impl NodeRollout {
@@ -275,7 +297,25 @@ impl NodeRollout {
             total: 0,
             failed: 0,
             pulling: Vec::new(),
+            present: 0,
+            pulled: 0,
+            fetched: None,
         }
+    }
+
+    /// Images that were on the node before the rollout.
+    pub fn present_count(&self) -> usize {
+        self.present
+    }
+
+    /// Images the rollout pulled.
+    pub fn pulled_count(&self) -> usize {
+        self.pulled
+    }
+
+    /// What the runtime fetched for the rollout, and how that is known; None until its pulls are over.
+    pub fn fetched(&self) -> Option<(u64, FetchedSource)> {
+        self.fetched
     }
 
     /// The node's images in the order the engine pulls them.
@@ -353,10 +393,13 @@ impl NodeRollout {
                 *self =
                     NodeRollout::new(NodeState::Pulling { since: at }, interner.catalog(&images));
             }
-            Event::ImagePresent { image, .. } => self.update_image(interner, &image, |i| {
-                i.state = ImageState::Present;
-                None
-            }),
+            Event::ImagePresent { image, .. } => {
+                self.present += 1;
+                self.update_image(interner, &image, |i| {
+                    i.state = ImageState::Present;
+                    None
+                })
+            }
             Event::PullStarted {
                 image, attempt, at, ..
             } => {
@@ -396,15 +439,18 @@ impl NodeRollout {
                 };
                 None
             }),
-            Event::PullDone { image, at, .. } => self.update_image(interner, &image, |i| {
-                let took = match i.state {
-                    ImageState::Pulling { since, .. } => at.saturating_duration_since(since),
-                    _ => Duration::ZERO,
-                };
-                i.state = ImageState::Pulled { took };
-                i.total_bytes = i.total_bytes.max(i.done_bytes);
-                None
-            }),
+            Event::PullDone { image, at, .. } => {
+                self.pulled += 1;
+                self.update_image(interner, &image, |i| {
+                    let took = match i.state {
+                        ImageState::Pulling { since, .. } => at.saturating_duration_since(since),
+                        _ => Duration::ZERO,
+                    };
+                    i.state = ImageState::Pulled { took };
+                    i.total_bytes = i.total_bytes.max(i.done_bytes);
+                    None
+                })
+            }
             Event::PullFailed { image, reason, .. } => self.update_image(interner, &image, |i| {
                 i.state = ImageState::Failed {
                     reason: reason.into(),
@@ -415,6 +461,7 @@ impl NodeRollout {
                 i.state = ImageState::Cancelled;
                 None
             }),
+            Event::Fetched { bytes, source, .. } => self.fetched = Some((bytes, source)),
             Event::NodeStopped { reason, .. } => {
                 self.state = NodeState::Stopped { reason };
                 // Neither bytes, failures nor running pulls change.
@@ -596,6 +643,7 @@ impl Event {
             | Event::PullDone { node, .. }
             | Event::PullFailed { node, .. }
             | Event::PullCancelled { node, .. }
+            | Event::Fetched { node, .. }
             | Event::NodeStopped { node, .. }
             | Event::Pinned { node, .. }
             | Event::PinFailed { node, .. } => node,
@@ -744,6 +792,12 @@ mod tests {
             at: at(5),
         });
         assert!(!r.is_finished());
+        assert_eq!(r.nodes()["n1"].fetched(), None, "not measured yet");
+        r.apply(Event::Fetched {
+            node: s("n1"),
+            bytes: 180,
+            source: FetchedSource::ContentStore,
+        });
         r.apply(Event::Pinned {
             node: s("n1"),
             method: PinMethod::ContainerdLabel,
@@ -751,6 +805,12 @@ mod tests {
             at: at(5),
         });
         let n = &r.nodes()["n1"];
+        assert_eq!(
+            (n.present_count(), n.pulled_count()),
+            (1, 2),
+            "told apart after pinning turned every image pinned"
+        );
+        assert_eq!(n.fetched(), Some((180, FetchedSource::ContentStore)));
         assert_eq!(
             n.state,
             NodeState::Pinned {

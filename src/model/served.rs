@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::model::image::ImageFacts;
-use crate::model::reference::ImageRef;
+use crate::model::reference::{ImageRef, ReferenceError};
 
 /// A repository on its source registry, as the image reference names it (`127.0.0.1:5000` + `app/web`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -21,7 +21,7 @@ pub struct Source {
 
 impl Source {
     /// The source repository of an image reference.
-    pub fn of(reference: &str) -> Result<Source, String> {
+    pub fn of(reference: &str) -> Result<Source, ReferenceError> {
         let parsed = ImageRef::parse(reference)?;
         Ok(Source {
             registry: parsed.registry,
@@ -171,6 +171,7 @@ mod tests {
                     media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
                     size,
                     annotations: BTreeMap::new(),
+                    diff_id: None,
                 })
                 .collect(),
             annotations: BTreeMap::new(),

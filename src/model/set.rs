@@ -16,6 +16,10 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_saphyr::Spanned;
 use sha2::{Digest as _, Sha256};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+use super::labels::{Selector, SelectorError, valid_key, valid_value};
+use super::pinboard_api;
 use super::reference::check_pinned;
 
 pub const MAX_ENTRIES: usize = 500;
@@ -75,9 +79,14 @@ pub struct Entry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageSet {
     pub name: String,
+    /// Its labels: on OpenShift, the pool role label decides where it lands.
     pub labels: BTreeMap<String, String>,
     pub entries: Vec<Entry>,
     pub origin: Origin,
+    /// pinboard's agents: the nodes it lands on (none: every node with an agent).
+    pub node_selector: Option<Selector>,
+    /// pinboard's agents: Secrets in the agents' namespace whose credentials pull its images.
+    pub pull_secrets: Vec<String>,
 }
 
 /// One thing wrong with the input: where, what, and how to fix it.
@@ -223,6 +232,8 @@ pub fn from_flags(name: &str, references: &[String]) -> ImageSet {
             })
             .collect(),
         origin: Origin::Flag { index: 1 },
+        node_selector: None,
+        pull_secrets: Vec::new(),
     }
 }
 
@@ -248,6 +259,8 @@ pub fn parse_list(text: &str, path: &str) -> ImageSet {
         labels: BTreeMap::new(),
         entries,
         origin: file_origin(path, None),
+        node_selector: None,
+        pull_secrets: Vec::new(),
     }
 }
 
@@ -269,7 +282,8 @@ struct Document {
 
 #[derive(Deserialize)]
 struct Metadata {
-    name: Option<String>,
+    /// Where it is written: the line a problem with the set's name points at.
+    name: Option<Spanned<String>>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
 }
@@ -279,6 +293,79 @@ struct Metadata {
 struct Spec {
     #[serde(default)]
     pinned_images: Vec<Spanned<YamlEntry>>,
+    /// PinSet only. Strict: an unknown key (`matchLabel`) would be dropped by the API server's pruning and
+    /// leave a selector that selects every node.
+    node_selector: Option<Spanned<SelectorYaml>>,
+    #[serde(default)]
+    pull_secrets: Vec<SecretYaml>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SelectorYaml {
+    #[serde(default)]
+    match_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    match_expressions: Vec<ExpressionYaml>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpressionYaml {
+    key: String,
+    operator: String,
+    #[serde(default)]
+    values: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretYaml {
+    name: String,
+}
+
+/// A node selector as written, checked as the API server would (operators and their values, label keys
+/// and values), or why not.
+fn node_selector(yaml: SelectorYaml) -> Result<LabelSelector, SelectorError> {
+    for (key, value) in &yaml.match_labels {
+        if !valid_key(key) || !valid_value(value) {
+            return Err(SelectorError::MatchLabel {
+                key: key.clone(),
+                value: value.clone(),
+            });
+        }
+    }
+    let mut expressions = Vec::new();
+    for e in yaml.match_expressions {
+        let needs_values = match e.operator.as_str() {
+            "In" | "NotIn" => true,
+            "Exists" | "DoesNotExist" => false,
+            _ => {
+                return Err(SelectorError::Operator {
+                    key: e.key,
+                    operator: e.operator,
+                });
+            }
+        };
+        if !valid_key(&e.key) {
+            return Err(SelectorError::Key(e.key));
+        }
+        if needs_values == e.values.is_empty() {
+            return Err(SelectorError::Values {
+                key: e.key,
+                operator: e.operator,
+            });
+        }
+        expressions.push(LabelSelectorRequirement {
+            key: e.key,
+            operator: e.operator,
+            values: (!e.values.is_empty()).then_some(e.values),
+        });
+    }
+    Ok(LabelSelector {
+        match_labels: (!yaml.match_labels.is_empty()).then_some(yaml.match_labels),
+        match_expressions: (!expressions.is_empty()).then_some(expressions),
+    })
 }
 
 /// `- name: REF` (v1, later v1alpha1) or `- REF` (early v1alpha1).
@@ -332,11 +419,12 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
         let line = Some(document.defined.line() as usize);
         let doc = document.value;
         let here = file_origin(path, line);
-        let kind_ok = doc.kind.as_deref() == Some(KIND)
-            && doc
-                .api_version
-                .as_deref()
-                .is_some_and(|v| v.split('/').next() == Some(API_GROUP));
+        let group = doc.api_version.as_deref().and_then(|v| v.split('/').next());
+        let kind_ok = matches!(
+            (group, doc.kind.as_deref()),
+            (Some(API_GROUP), Some(KIND))
+                | (Some(pinboard_api::GROUP), Some(pinboard_api::SET_KIND))
+        );
         if !kind_ok {
             problems.push(Problem {
                 origin: here,
@@ -346,7 +434,12 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
                     doc.api_version.as_deref().unwrap_or("<no apiVersion>"),
                     doc.kind.as_deref().unwrap_or("<no kind>")
                 ),
-                fix: format!("use apiVersion: {API_GROUP}/v1 and kind: {KIND}, or pass a plain list with --images-file"),
+                fix: format!(
+                    "use apiVersion: {API_GROUP}/v1 and kind: {KIND} (or apiVersion: {} and kind: {}), \
+                     or pass a plain list with --images-file",
+                    pinboard_api::API_VERSION,
+                    pinboard_api::SET_KIND
+                ),
             });
             continue;
         }
@@ -359,10 +452,31 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
             });
             continue;
         };
-        let entries = doc
-            .spec
-            .map(|s| s.pinned_images)
-            .unwrap_or_default()
+        let (pinned_images, selector, pull_secrets) = match doc.spec {
+            Some(spec) => (spec.pinned_images, spec.node_selector, spec.pull_secrets),
+            None => (Vec::new(), None, Vec::new()),
+        };
+        let node_selector = match selector {
+            Some(selector) => {
+                let line = Some(selector.defined.line() as usize);
+                match node_selector(selector.value) {
+                    Ok(selector) => Some(Selector(selector)),
+                    Err(message) => {
+                        problems.push(Problem {
+                            origin: file_origin(path, line),
+                            entry: None,
+                            message: format!("spec.nodeSelector: {message}"),
+                            fix: "write matchLabels (key: value) and matchExpressions (key, operator, values) \
+                                  as a Kubernetes label selector"
+                                .into(),
+                        });
+                        continue;
+                    }
+                }
+            }
+            None => None,
+        };
+        let entries = pinned_images
             .into_iter()
             .map(|e| Entry {
                 reference: e.value.0.trim().to_string(),
@@ -370,10 +484,13 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
             })
             .collect();
         sets.push(ImageSet {
-            name,
+            name: name.value,
             labels,
             entries,
-            origin: here,
+            node_selector,
+            pull_secrets: pull_secrets.into_iter().map(|s| s.name).collect(),
+            // Its name's line: where a problem with the set as a whole is found and fixed.
+            origin: file_origin(path, Some(name.referenced.line() as usize)),
         });
     }
     if problems.is_empty() {
@@ -386,6 +503,48 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pin_set_carries_its_node_selector_and_pull_secrets_and_a_mistyped_selector_is_refused() {
+        let digest = "a".repeat(64);
+        let yaml = format!(
+            "apiVersion: pinboard.dev/v1alpha1\nkind: PinSet\nmetadata:\n  name: web\nspec:\n  \
+             pinnedImages:\n  - name: quay.io/ns/app@sha256:{digest}\n  nodeSelector:\n    matchLabels:\n      \
+             zone: a\n    matchExpressions:\n    - key: node-role.kubernetes.io/worker\n      operator: Exists\n  \
+             pullSecrets:\n  - name: quay-login\n"
+        );
+        let sets = parse_yaml(&yaml, "web.yaml").unwrap();
+        let set = &sets[0];
+        assert_eq!(set.pull_secrets, ["quay-login"]);
+        let selector = set.node_selector.as_ref().unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(selector.matches(&labels(&[
+            ("zone", "a"),
+            ("node-role.kubernetes.io/worker", "")
+        ])));
+        assert!(!selector.matches(&labels(&[("zone", "a")])));
+        assert!(set.validate().is_empty());
+
+        // `matchLabel` would be pruned by the API server, leaving a selector that selects every node.
+        let typo = yaml.replace("matchLabels", "matchLabel");
+        let problems = parse_yaml(&typo, "web.yaml").unwrap_err();
+        let text = problems[0].to_string();
+        assert!(
+            text.contains("matchLabel") && text.contains("web.yaml:"),
+            "{text}"
+        );
+        let operator = yaml.replace("Exists", "Exist");
+        let text = parse_yaml(&operator, "web.yaml").unwrap_err()[0].to_string();
+        assert!(
+            text.contains("operator \"Exist\" is not In, NotIn, Exists or DoesNotExist"),
+            "{text}"
+        );
+    }
 
     const D1: &str = "sha256:4198606580b69c8335ad7ae531c3a74e51aee25db5faaf368234e8c8dae5cbea";
     const D2: &str = "sha256:513cf1028aa1a021fa73d0601427a0fbcf6d212b88aaf9d76d4e4841a061e44e";
@@ -432,6 +591,38 @@ spec:
             format!("quay.io/ocp/release@{D2}")
         );
         assert_eq!(sets[1].entries[0].origin.to_string(), "sets.yaml:18");
+    }
+
+    #[test]
+    fn a_bad_name_is_reported_at_the_line_of_its_name() {
+        let text = format!(
+            "apiVersion: machineconfiguration.openshift.io/v1
+kind: PinnedImageSet
+metadata:
+  name: ok
+spec:
+  pinnedImages: [{{name: quay.io/a@{D1}}}]
+---
+apiVersion: machineconfiguration.openshift.io/v1
+kind: PinnedImageSet
+metadata:
+  labels: {{a: b}}
+  name: Bad_Name
+spec:
+  pinnedImages: [{{name: quay.io/a@{D1}}}]
+"
+        );
+        let sets = parse_yaml(&text, "s.yaml").unwrap();
+        assert!(sets[0].validate().is_empty());
+        let problems = sets[1].validate();
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0]
+                .to_string()
+                .starts_with("s.yaml:12: set name \"Bad_Name\" has characters"),
+            "{}",
+            problems[0]
+        );
     }
 
     #[test]

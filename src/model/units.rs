@@ -5,15 +5,26 @@ use std::time::Duration;
 
 use humansize::{BINARY, format_size};
 
+/// A quantity or a duration written in a way pinboard does not read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UnitsError {
+    #[error("{text:?} is not a byte quantity: write e.g. 16Gi, 500Mi, 2G or 1048576")]
+    NotBytes { text: String },
+    #[error("{text:?} is not a duration: write e.g. 30s, 10m or 1h")]
+    NotDuration { text: String },
+}
+
 /// Parses a Kubernetes-style quantity of bytes: a whole number with an optional suffix
 /// `Ki Mi Gi Ti Pi` (powers of 1024) or `k K M G T P` (powers of 1000).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, UnitsError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (number, suffix) = text.split_at(split);
-    let bad = || format!("{text:?} is not a byte quantity: write e.g. 16Gi, 500Mi, 2G or 1048576");
+    let bad = || UnitsError::NotBytes {
+        text: text.to_owned(),
+    };
     let number: u64 = number.parse().map_err(|_| bad())?;
     let multiplier: u64 = match suffix {
         "" => 1,
@@ -34,13 +45,15 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 
 /// Parses a duration: a whole number with the unit `s`, `m` or `h` (`30s`, `10m`, `1h`); a bare number is
 /// seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, UnitsError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let bad = || format!("{text:?} is not a duration: write e.g. 30s, 10m or 1h");
+    let bad = || UnitsError::NotDuration {
+        text: text.to_owned(),
+    };
     let number: u64 = number.parse().map_err(|_| bad())?;
     let seconds: u64 = match unit {
         "" | "s" => 1,
@@ -88,7 +101,12 @@ mod tests {
         assert_eq!(parse_bytes("500Mi"), Ok(500 << 20));
         assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
         assert_eq!(parse_bytes(" 1048576 "), Ok(1_048_576));
-        assert!(parse_bytes("16GB").unwrap_err().contains("16Gi"));
+        assert!(
+            parse_bytes("16GB")
+                .unwrap_err()
+                .to_string()
+                .contains("16Gi")
+        );
         assert!(parse_bytes("Gi").is_err());
         assert!(parse_bytes("-1").is_err());
         assert!(parse_bytes("99999999999Pi").is_err());
@@ -100,7 +118,12 @@ mod tests {
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration(" 45 "), Ok(Duration::from_secs(45)));
-        assert!(parse_duration("10 min").unwrap_err().contains("10m"));
+        assert!(
+            parse_duration("10 min")
+                .unwrap_err()
+                .to_string()
+                .contains("10m")
+        );
         assert!(parse_duration("m").is_err());
         assert!(parse_duration("1.5h").is_err());
         assert!(parse_duration("99999999999999999h").is_err());

@@ -34,6 +34,29 @@ const NO_ORIGINAL: &str = "none";
 const EXPLAIN: &str = "# written by `pinboard apply --fan-out` for the rollout; pinboard puts the original back when \
                        it ends, or the next pinboard command does if this process is gone";
 
+/// Why fan-out's file cannot be made from the administrator's, or the administrator's read back from it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WiringFileError {
+    #[error("not valid TOML: {message}")]
+    NotToml { message: String },
+    #[error("its `host` is not a table of [host.\"URL\"] tables")]
+    HostNotATable,
+    #[error("it already names {endpoint}")]
+    AlreadyNamed { endpoint: String },
+    #[error("its second line does not hold the original")]
+    NoOriginal,
+    #[error("its original is damaged: {0}")]
+    OriginalNotBase64(base64::DecodeError),
+    #[error("its original is damaged: {0}")]
+    OriginalNotUtf8(std::string::FromUtf8Error),
+    #[error("{file}: not valid TOML: {message}")]
+    RegistriesNotToml { file: String, message: String },
+    #[error("{file}: `registry` is not an array of [[registry]] tables")]
+    RegistryNotAnArray { file: String },
+    #[error("{file}: a [[registry]] has neither prefix nor location")]
+    NoPrefix { file: String },
+}
+
 /// The pinboard process that wrote a file, and the endpoint the file points at.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Marker {
@@ -80,11 +103,17 @@ impl Marker {
 
 /// The hosts.toml that points containerd at the endpoint first, given the administrator's file (None: there
 /// was none). Fails, naming the cause, when the original is not a hosts.toml containerd could read.
-pub fn containerd_hosts(original: Option<&str>, marker: &Marker) -> Result<String, String> {
-    let mut doc: DocumentMut = original
-        .unwrap_or("")
-        .parse()
-        .map_err(|e: toml_edit::TomlError| format!("not valid TOML: {}", e.message()))?;
+pub fn containerd_hosts(
+    original: Option<&str>,
+    marker: &Marker,
+) -> Result<String, WiringFileError> {
+    let mut doc: DocumentMut =
+        original
+            .unwrap_or("")
+            .parse()
+            .map_err(|e: toml_edit::TomlError| WiringFileError::NotToml {
+                message: e.message().to_owned(),
+            })?;
     let first = lowest_position(doc.as_table()).unwrap_or(0);
     let hosts = doc
         .entry("host")
@@ -94,9 +123,11 @@ pub fn containerd_hosts(original: Option<&str>, marker: &Marker) -> Result<Strin
             Item::Table(implicit)
         })
         .as_table_mut()
-        .ok_or("its `host` is not a table of [host.\"URL\"] tables")?;
+        .ok_or(WiringFileError::HostNotATable)?;
     if hosts.contains_key(&marker.endpoint) {
-        return Err(format!("it already names {}", marker.endpoint));
+        return Err(WiringFileError::AlreadyNamed {
+            endpoint: marker.endpoint.clone(),
+        });
     }
     let mut endpoint = Table::new();
     endpoint["capabilities"] = value(toml_edit::Array::from_iter(["pull"]));
@@ -120,21 +151,21 @@ pub fn containerd_hosts(original: Option<&str>, marker: &Marker) -> Result<Strin
 
 /// What a hosts.toml pinboard wrote replaced: `Ok(Some(text))` the administrator's file, `Ok(None)` no file.
 /// Err when the original line is missing or damaged.
-pub fn containerd_original(wired: &str) -> Result<Option<String>, String> {
+pub fn containerd_original(wired: &str) -> Result<Option<String>, WiringFileError> {
     let line = wired
         .lines()
         .nth(1)
         .and_then(|l| l.strip_prefix(ORIGINAL))
-        .ok_or("its second line does not hold the original")?;
+        .ok_or(WiringFileError::NoOriginal)?;
     if line == NO_ORIGINAL {
         return Ok(None);
     }
     let bytes = BASE64
         .decode(line.trim())
-        .map_err(|e| format!("its original is damaged: {e}"))?;
+        .map_err(WiringFileError::OriginalNotBase64)?;
     String::from_utf8(bytes)
         .map(Some)
-        .map_err(|e| format!("its original is damaged: {e}"))
+        .map_err(WiringFileError::OriginalNotUtf8)
 }
 
 /// The lowest position of any table in `table`, nested ones included.
@@ -161,17 +192,19 @@ pub fn crio_registries<'s>(
     files: &[RegistriesFile<'_>],
     sources: impl IntoIterator<Item = &'s Source>,
     marker: &Marker,
-) -> Result<String, String> {
+) -> Result<String, WiringFileError> {
     let docs = files
         .iter()
         .map(|file| {
-            let doc = file
-                .text
-                .parse::<DocumentMut>()
-                .map_err(|e| format!("{}: not valid TOML: {}", file.name, e.message()))?;
+            let doc = file.text.parse::<DocumentMut>().map_err(|e| {
+                WiringFileError::RegistriesNotToml {
+                    file: file.name.to_owned(),
+                    message: e.message().to_owned(),
+                }
+            })?;
             Ok((file.name, doc))
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, WiringFileError>>()?;
     let tables = registry_tables(&docs)?;
     let mut prefixes: BTreeMap<String, Option<&Table>> = BTreeMap::new();
     for Source {
@@ -219,20 +252,25 @@ pub fn crio_registries<'s>(
 /// earlier one. Wildcard prefixes are left out: a host's own table ranks above them.
 fn registry_tables<'d>(
     docs: &'d [(&str, DocumentMut)],
-) -> Result<BTreeMap<String, &'d Table>, String> {
+) -> Result<BTreeMap<String, &'d Table>, WiringFileError> {
     let mut tables = BTreeMap::new();
     for (name, doc) in docs {
         let Some(registries) = doc.get("registry") else {
             continue;
         };
-        let registries = registries
-            .as_array_of_tables()
-            .ok_or_else(|| format!("{name}: `registry` is not an array of [[registry]] tables"))?;
+        let registries =
+            registries
+                .as_array_of_tables()
+                .ok_or_else(|| WiringFileError::RegistryNotAnArray {
+                    file: name.to_string(),
+                })?;
         for table in registries.iter() {
             let prefix = ["prefix", "location"]
                 .iter()
                 .find_map(|key| table.get(key).and_then(Item::as_str))
-                .ok_or_else(|| format!("{name}: a [[registry]] has neither prefix nor location"))?;
+                .ok_or_else(|| WiringFileError::NoPrefix {
+                    file: name.to_string(),
+                })?;
             let prefix = prefix.trim_end_matches('/').to_string();
             if !prefix.starts_with("*.") {
                 tables.insert(prefix, table);
@@ -315,9 +353,13 @@ mod tests {
     fn files_that_are_not_pinboards_or_cannot_be_read_are_told_apart() {
         assert_eq!(Marker::of("server = \"https://x\"\n"), None);
         assert_eq!(Marker::of("# pinboard-fan-out: pid=x\n"), None);
-        let bad = containerd_hosts(Some("server = \n"), &marker()).unwrap_err();
+        let bad = containerd_hosts(Some("server = \n"), &marker())
+            .unwrap_err()
+            .to_string();
         assert!(bad.starts_with("not valid TOML"), "{bad}");
-        let inline = containerd_hosts(Some("host = 3\n"), &marker()).unwrap_err();
+        let inline = containerd_hosts(Some("host = 3\n"), &marker())
+            .unwrap_err()
+            .to_string();
         assert!(inline.contains("`host` is not a table"), "{inline}");
         assert!(containerd_original("# pinboard-fan-out: pid=1 started=2 endpoint=e\n").is_err());
     }
@@ -435,7 +477,7 @@ mod tests {
         }];
         let err = crio_registries(&files, &[source("quay.io", "a")], &marker()).unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "20-broken.conf: a [[registry]] has neither prefix nor location"
         );
     }

@@ -21,7 +21,9 @@ use crate::model::diff::DiffKind;
 use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
 use crate::model::node_summary::NodeSummary;
-use crate::model::plan::{EstimateBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict};
+use crate::model::plan::{
+    EstimateBasis, FetchBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict,
+};
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};
 use crate::survey::{SetSummary, Survey};
@@ -81,6 +83,7 @@ fn node_plan(
         space_source: None,
         fetch_bytes: fetch,
         estimated_disk_bytes: 2 * fetch,
+        fetch_basis: FetchBasis::Exact,
         estimate_basis: EstimateBasis::TwiceCompressed,
         available_after_bytes: Some(available as i64 - 2 * fetch as i64),
         gc_high_percent: 85,

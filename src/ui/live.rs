@@ -66,7 +66,7 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
 fn theme_of(args: &TuiArgs) -> Result<Theme, Failure> {
     match &args.theme {
         Some(name) if std::env::var_os("NO_COLOR").is_none() => {
-            Theme::named(name).map_err(Failure::bad_input)
+            Theme::named(name).map_err(Failure::from)
         }
         _ => Ok(Theme::from_env()),
     }

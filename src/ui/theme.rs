@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use ratatui::style::Color;
 
+use crate::error::Failure;
 use crate::model::plan::Verdict;
 use crate::ui::status::Tone;
 
@@ -39,6 +40,50 @@ const THEMES: [(&str, &str); 3] = [
     ("monochrome", include_str!("../../themes/monochrome.toml")),
 ];
 
+/// Why a theme cannot be used: no such built-in theme, or what is wrong in its file.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ThemeError {
+    #[error("no theme {name:?}: choose one of {}", theme_names())]
+    Unknown { name: String },
+    #[error("theme is not valid TOML: {0}")]
+    NotToml(toml_edit::TomlError),
+    #[error("theme has no name")]
+    NoName,
+    #[error("theme {theme} has no [{table}] table")]
+    NoTable { theme: String, table: String },
+    #[error("theme {theme}: {table}.{key} is not a string")]
+    NotAString {
+        theme: String,
+        table: String,
+        key: String,
+    },
+    #[error("theme {theme}: {table}.{key} = {text:?} is not a color")]
+    NotAColor {
+        theme: String,
+        table: String,
+        key: String,
+        text: String,
+    },
+    #[error("theme {theme}: {table}.{key} is missing")]
+    Missing {
+        theme: String,
+        table: String,
+        key: String,
+    },
+}
+
+impl From<ThemeError> for Failure {
+    fn from(error: ThemeError) -> Failure {
+        Failure::bad_input(error.to_string())
+    }
+}
+
+/// The built-in themes' names, for the message naming them.
+fn theme_names() -> String {
+    let names: Vec<&str> = THEMES.iter().map(|(n, _)| *n).collect();
+    names.join(", ")
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Theme {
     pub name: String,
@@ -48,11 +93,14 @@ pub struct Theme {
 
 impl Theme {
     /// A built-in theme by name.
-    pub fn named(name: &str) -> Result<Theme, String> {
-        let (_, text) = THEMES.iter().find(|(n, _)| *n == name).ok_or_else(|| {
-            let names: Vec<&str> = THEMES.iter().map(|(n, _)| *n).collect();
-            format!("no theme {name:?}: choose one of {}", names.join(", "))
-        })?;
+    pub fn named(name: &str) -> Result<Theme, ThemeError> {
+        let (_, text) =
+            THEMES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| ThemeError::Unknown {
+                    name: name.to_owned(),
+                })?;
         Theme::parse(text)
     }
 
@@ -66,14 +114,12 @@ impl Theme {
         Theme::named(name).expect("built-in themes parse")
     }
 
-    pub fn parse(text: &str) -> Result<Theme, String> {
-        let doc: toml_edit::DocumentMut = text
-            .parse()
-            .map_err(|e| format!("theme is not valid TOML: {e}"))?;
+    pub fn parse(text: &str) -> Result<Theme, ThemeError> {
+        let doc: toml_edit::DocumentMut = text.parse().map_err(ThemeError::NotToml)?;
         let name = doc
             .get("name")
             .and_then(|v| v.as_str())
-            .ok_or("theme has no name")?
+            .ok_or(ThemeError::NoName)?
             .to_string();
         let status = colors(&doc, &name, "status")?;
         let ui = colors(&doc, &name, "ui")?;
@@ -91,7 +137,11 @@ impl Theme {
             ("ui", &UI_KEYS[..], &ui),
         ] {
             if let Some(key) = keys.iter().find(|k| !have.contains_key(**k)) {
-                return Err(format!("theme {name}: {table}.{key} is missing"));
+                return Err(ThemeError::Missing {
+                    theme: name,
+                    table: table.to_owned(),
+                    key: key.to_string(),
+                });
             }
         }
         Ok(Theme { name, status, ui })
@@ -122,20 +172,28 @@ fn colors(
     doc: &toml_edit::DocumentMut,
     name: &str,
     table: &str,
-) -> Result<HashMap<String, Color>, String> {
+) -> Result<HashMap<String, Color>, ThemeError> {
     let items = doc
         .get(table)
         .and_then(|v| v.as_table())
-        .ok_or_else(|| format!("theme {name} has no [{table}] table"))?;
+        .ok_or_else(|| ThemeError::NoTable {
+            theme: name.to_owned(),
+            table: table.to_owned(),
+        })?;
     items
         .iter()
         .map(|(key, value)| {
-            let text = value
-                .as_str()
-                .ok_or_else(|| format!("theme {name}: {table}.{key} is not a string"))?;
-            let color = text
-                .parse()
-                .map_err(|_| format!("theme {name}: {table}.{key} = {text:?} is not a color"))?;
+            let text = value.as_str().ok_or_else(|| ThemeError::NotAString {
+                theme: name.to_owned(),
+                table: table.to_owned(),
+                key: key.to_owned(),
+            })?;
+            let color = text.parse().map_err(|_| ThemeError::NotAColor {
+                theme: name.to_owned(),
+                table: table.to_owned(),
+                key: key.to_owned(),
+                text: text.to_owned(),
+            })?;
             Ok((key.to_string(), color))
         })
         .collect()
@@ -159,6 +217,7 @@ mod tests {
         assert!(
             Theme::named("neon")
                 .unwrap_err()
+                .to_string()
                 .contains("dark, light, monochrome")
         );
     }
@@ -168,11 +227,13 @@ mod tests {
         assert!(
             Theme::parse("name = \"x\"\n[status]\nfits = \"chartreuse-ish\"\n")
                 .unwrap_err()
+                .to_string()
                 .contains("not a color")
         );
         assert!(
             Theme::parse("name = \"x\"\n[ui]\n[status]\nfits = \"red\"\n")
                 .unwrap_err()
+                .to_string()
                 .contains("status.tight is missing")
         );
     }

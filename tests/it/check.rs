@@ -153,7 +153,7 @@ fn an_image_pulled_without_the_pin_label_is_present_but_not_pinned() {
 }
 
 #[test]
-fn unreachable_nodes_are_named_and_none_reachable_exits_3() {
+fn unreachable_nodes_are_named_by_every_command_and_none_reachable_exits_3() {
     let (lab, images) = lab("check-unreachable", &["n1"], 1);
     let run = pinboard(args("check", &lab, &images, &["--cri", NO_NODE]));
     assert_eq!(run.code, 1, "{}", run.stderr);
@@ -172,8 +172,96 @@ fn unreachable_nodes_are_named_and_none_reachable_exits_3() {
     assert_eq!(run.code, 3, "{}", run.stderr);
     assert!(run.stdout.is_empty());
     assert!(run.stderr.contains("n9: unreachable"), "{}", run.stderr);
-    only_gone[0] = "status".into();
-    assert_eq!(pinboard(&only_gone).code, 3);
+    // Every command says which node it could not reach, in check's words (unpin: what it could not do).
+    for (command, said) in [
+        (
+            "status",
+            "error: n9: unreachable: CRI endpoint unix:///nonexistent/",
+        ),
+        (
+            "plan",
+            "error: n9: unreachable: CRI endpoint unix:///nonexistent/",
+        ),
+        (
+            "apply",
+            "error: n9: unreachable: CRI endpoint unix:///nonexistent/",
+        ),
+        (
+            "unpin",
+            "error: n9: not unpinned: CRI endpoint unix:///nonexistent/",
+        ),
+    ] {
+        only_gone[0] = command.into();
+        let run = pinboard(&only_gone);
+        assert_eq!(run.code, 3, "{command}: {}", run.stderr);
+        assert!(
+            run.stderr.lines().any(|l| l.starts_with(said)),
+            "{command}: {said:?} not in {}",
+            run.stderr
+        );
+    }
+}
+
+/// `check` with stderr in a file, a warning logged on the way (an auth file that cannot be read): plain
+/// text, each problem one line, `warning:` or `error:` first; with `PINBOARD_LOG=debug` the lines below
+/// warning have their timestamp and module path, still without colour.
+#[test]
+fn check_says_each_problem_on_one_plain_line_when_stderr_is_a_file() {
+    let (lab, images) = lab("check-stderr", &["n1"], 2);
+    let home = tempfile::tempdir().unwrap();
+    let unreadable = home.path().join(".docker/config.json");
+    std::fs::create_dir_all(&unreadable).unwrap();
+    let logged = |level: Option<&str>| {
+        let file = home.path().join("stderr.txt");
+        let stderr = std::fs::File::create(&file).unwrap();
+        let run = support::pinboard_with(args("check", &lab, &images, &["--cri", NO_NODE]), |c| {
+            support::isolated(home.path())(c);
+            match level {
+                Some(level) => c.env("PINBOARD_LOG", level),
+                None => c.env_remove("PINBOARD_LOG"),
+            };
+            c.stderr(stderr);
+        });
+        assert_eq!(run.code, 1, "{}", run.stdout);
+        std::fs::read_to_string(&file).unwrap()
+    };
+
+    let stderr = logged(None);
+    assert!(!stderr.contains('\x1b'), "no colour in a file: {stderr:?}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "a warning and two problems: {stderr}");
+    assert!(
+        lines[0].starts_with(&format!("warning: {}: ", unreadable.display())),
+        "the warning names the file: {stderr}"
+    );
+    assert!(lines[0].contains("--authfile"), "and the fix: {stderr}");
+    assert!(
+        lines[1].starts_with("error: n1: 2 images missing: ")
+            && lines[2].starts_with("error: n9: unreachable: "),
+        "{stderr}"
+    );
+
+    let stderr = logged(Some("debug"));
+    assert!(!stderr.contains('\x1b'), "no colour in a file: {stderr:?}");
+    let debug: Vec<&str> = stderr.lines().filter(|l| l.contains(" DEBUG ")).collect();
+    assert!(
+        debug.iter().any(|l| l.contains(" DEBUG pinboard::")),
+        "debug lines name their module: {stderr}"
+    );
+    assert!(
+        debug
+            .iter()
+            .all(|l| l.starts_with(|c: char| c.is_ascii_digit())),
+        "and start with their time: {stderr}"
+    );
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("warning: "))
+            .count(),
+        1,
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -85,6 +85,7 @@ fn facts_of(p: &PushedImage) -> ImageFacts {
                 media_type: l.media_type.clone(),
                 size: l.size,
                 annotations: Default::default(),
+                diff_id: None,
             })
             .collect(),
         annotations: Default::default(),

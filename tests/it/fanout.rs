@@ -266,6 +266,18 @@ fn fan_out_moves_each_blob_over_the_link_once_and_puts_every_hosts_toml_back() {
     assert_ok(&run, &lab);
     assert_moved_about_once(&lab, bytes_before, unique, 1.05);
     let report = ready_with_link_bytes(&run, unique);
+    // stderr is not a terminal here: one line per event, each with what the link carried so far.
+    let pulled: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains(": pulled "))
+        .collect();
+    assert_eq!(pulled.len(), 3 * images.len(), "{}", run.stderr);
+    assert!(
+        pulled.iter().all(|l| l.contains(" (link so far: ")),
+        "{}",
+        run.stderr
+    );
     let served = report["fanOut"]["servedBytes"].as_u64().unwrap();
     assert!(
         served >= 3 * (unique - 4 * KI),

@@ -19,6 +19,7 @@ mod engine;
 mod fanout;
 mod kube_cluster;
 mod lab_smoke;
+mod measured;
 mod mirror;
 mod pins;
 mod plan;

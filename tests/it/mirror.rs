@@ -404,7 +404,7 @@ fn head(addr: &str, path: &str) -> (String, Vec<(String, String)>, Vec<u8>) {
 }
 
 #[test]
-fn head_and_range_requests_are_answered_as_a_registry_answers_them() {
+fn head_range_and_refused_requests_are_answered_as_a_registry_answers_them_and_counted() {
     let lab = Lab::with_nodes("mirror-head-range", Vec::new());
     let image = push(&lab, "mirror/ranged", &[(720, 768 * KI)]);
     let proxy = lab.proxy_host();
@@ -500,8 +500,29 @@ fn head_and_range_requests_are_answered_as_a_registry_answers_them() {
         .filter(|h| h.to_ascii_lowercase().starts_with("get ") && h.contains(&layer.digest))
         .count();
     assert_eq!(fetched, 1, "the blob crossed the link once for all ranges");
-    let (code, _) = mirror.stop();
+
+    // Writes are 405, a tag 404: each counted as refused, with the 416 above.
+    let url = |path: &str| format!("http://{}{path}", mirror.addr);
+    let refusals = [
+        agent.put(url(&manifest)).send_empty(),
+        agent.delete(url(&blob)).call(),
+        agent
+            .post(url("/v2/mirror/ranged/blobs/uploads/"))
+            .send_empty(),
+        agent
+            .get(url(&format!(
+                "/v2/mirror/ranged/manifests/latest?ns={proxy}"
+            )))
+            .call(),
+    ];
+    let statuses: Vec<u16> = refusals
+        .into_iter()
+        .map(|r| r.expect("the mirror answers").status().as_u16())
+        .collect();
+    assert_eq!(statuses, [405, 405, 405, 404]);
+    let (code, stdout) = mirror.stop();
     assert_eq!(code, 0);
+    assert!(stdout.contains(", 5 refused\n"), "{stdout}");
 }
 
 #[test]

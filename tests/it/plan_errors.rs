@@ -5,6 +5,7 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
+use pinboard::model::reference::short_reference;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, Run, pinboard};
 
 const D: &str = "sha256:4198606580b69c8335ad7ae531c3a74e51aee25db5faaf368234e8c8dae5cbea";
@@ -162,8 +163,9 @@ fn an_unreachable_cri_endpoint_exits_3() {
         &run,
         3,
         &[
-            &format!("CRI endpoint {NO_NODE}: connect:"),
+            &format!("error: n1: unreachable: CRI endpoint {NO_NODE}: connect:"),
             "No such file or directory",
+            "check that the runtime is running",
         ],
     );
 }
@@ -244,6 +246,30 @@ fn unknown_registries_and_missing_manifests_are_bad_input() {
     // The image that exists plans fine on the same node: the failures above were about the references.
     let ok = base(&image.reference(&host));
     assert_eq!(ok.code, 0, "{}", ok.stderr);
+
+    // A plain-HTTP registry without --insecure-registry, for 12 images: one line, with the count and the
+    // first few, and the fix.
+    let mut args = vec![
+        "--cri".to_string(),
+        node.clone(),
+        "--min-free".into(),
+        "1Mi".into(),
+    ];
+    for i in 0..12 {
+        args.extend(["--image".into(), format!("{host}/errors/app{i}@{D}")]);
+    }
+    let plain = pinboard(std::iter::once("plan".to_string()).chain(args));
+    assert_refused(
+        &plain,
+        2,
+        &[
+            &format!("registry {host} for {host}/errors/app0@{D}"),
+            &format!("pass --insecure-registry {host}"),
+            &format!("(12 images: {host}/errors/app0@sha256:419860658"),
+            " and 7 more)",
+        ],
+    );
+    assert_eq!(plain.stderr.lines().count(), 1, "{}", plain.stderr);
 }
 
 #[test]
@@ -317,13 +343,21 @@ fn a_busy_registry_is_asked_again_and_named_with_its_status_when_it_stays_busy()
     );
     assert_ne!(run.code, 0);
     assert!(run.stdout.is_empty(), "{}", run.stdout);
+    // The same problem for every image: one line, naming the first image and then all three.
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(
+        lines[0].contains(&format!("registry {proxy} failed for {}", references[0]))
+            && lines[0].contains("HTTP 503")
+            && lines[0].contains("(3 images: "),
+        "{}",
+        run.stderr
+    );
     for reference in &references {
         assert!(
-            run.stderr.lines().any(|l| l
-                .contains(&format!("registry {proxy} failed for {reference}"))
-                && l.contains("HTTP 503")),
+            lines[0].contains(&short_reference(reference)),
             "{}",
-            run.stderr
+            lines[0]
         );
     }
     assert_eq!(gets, 3 * 4, "four tries per image");

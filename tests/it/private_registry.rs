@@ -22,6 +22,7 @@ use crate::support;
 use std::path::Path;
 
 use base64::Engine as _;
+use pinboard::model::reference::short_reference;
 use serde_json::{Value, json};
 use support::crio::CrioStandIn;
 use support::private::{IDENTITY_TOKEN, SCOPED_PASSWORD, SCOPED_USER, USER, auth_file, token_lab};
@@ -84,18 +85,21 @@ fn private_images_are_planned_applied_and_pinned_with_the_auth_file_which_never_
         args
     };
 
-    // No auth file anywhere: exit 2, one line per private image, naming what is missing.
+    // No auth file anywhere: exit 2, one line for both private images, naming what is missing.
     let denied = run(home.path(), &args("plan", &[]), &[]);
     assert_eq!(denied.code, 2, "{}{}", denied.stdout, denied.stderr);
-    for private in [&app, &robot_image] {
-        assert!(
-            denied.stderr.contains(&format!(
-                "registry {proxy} refused access to {private} (no credentials found for it: no auth file was found)"
-            )),
-            "{}",
-            denied.stderr
-        );
-    }
+    assert_eq!(denied.stderr.lines().count(), 1, "{}", denied.stderr);
+    assert!(
+        denied.stderr.contains(&format!(
+            "registry {proxy} refused access to {app} (no credentials found for it: no auth file was found)"
+        )) && denied.stderr.contains(&format!(
+            "(2 images: {}, {})",
+            short_reference(&app),
+            short_reference(&robot_image)
+        )),
+        "{}",
+        denied.stderr
+    );
     assert!(
         denied.stderr.contains("or pass --authfile"),
         "{}",

@@ -282,6 +282,7 @@ impl LabRegistry {
                 media_type: if docker { DOCKER_LAYER } else { GZIP_LAYER }.into(),
                 size,
                 annotations: annotations.clone(),
+                diff_id: None,
             });
         }
         let descriptor = |l: &Layer| {

@@ -51,7 +51,8 @@ pub struct EndpointStats {
     pub served_bytes: u64,
     /// Requests answered.
     pub requests: u64,
-    /// Requests answered 404 because the sets do not name what they asked for.
+    /// Requests refused: 404 because the sets do not name what they asked for, 405 for anything but a
+    /// pull (HEAD or GET), 416 for a range outside the blob.
     pub refused: u64,
 }
 
@@ -180,10 +181,11 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
     tracing::debug!(%method, path, ns, "blob endpoint request");
     let head = method == Method::HEAD;
     if method != Method::GET && !head {
-        return error(
+        return refuse(
+            shared,
             StatusCode::METHOD_NOT_ALLOWED,
             "UNSUPPORTED",
-            "this mirror is read-only: it serves pulls by digest",
+            "this mirror is read-only: it serves pulls by digest".into(),
         );
     }
     if path == "/v2/" || path == "/v2" {
@@ -195,6 +197,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
     let Some((name, kind, reference)) = split_path(&path) else {
         return refuse(
             shared,
+            StatusCode::NOT_FOUND,
             "NAME_UNKNOWN",
             format!("{path} is not a pull of a manifest or blob"),
         );
@@ -203,6 +206,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
         let named = ns.map_or_else(|| name.to_string(), |ns| format!("{ns}/{name}"));
         return refuse(
             shared,
+            StatusCode::NOT_FOUND,
             "NAME_UNKNOWN",
             format!("{named} is not a repository of the sets this mirror serves"),
         );
@@ -217,6 +221,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
         }
         (Kind::Manifest, _) => refuse(
             shared,
+            StatusCode::NOT_FOUND,
             "MANIFEST_UNKNOWN",
             format!(
                 "{reference} is not a manifest of the sets this mirror serves in {source} (tags are never served)"
@@ -224,6 +229,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
         ),
         (Kind::Blob, _) => refuse(
             shared,
+            StatusCode::NOT_FOUND,
             "BLOB_UNKNOWN",
             format!("{reference} is not a blob of the sets this mirror serves in {source}"),
         ),
@@ -261,6 +267,7 @@ async fn blob(
     let wanted = match parse_range(range, size) {
         Ok(wanted) => wanted,
         Err(()) => {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
             return response(StatusCode::RANGE_NOT_SATISFIABLE)
                 .header(CONTENT_RANGE, format!("bytes */{size}"))
                 .body(empty())
@@ -423,10 +430,11 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
         .expect("a valid response")
 }
 
-fn refuse(shared: &Shared, code: &str, message: String) -> Response<Body> {
+/// A request the endpoint does not serve, counted ([`EndpointStats::refused`]).
+fn refuse(shared: &Shared, status: StatusCode, code: &str, message: String) -> Response<Body> {
     shared.refused.fetch_add(1, Ordering::Relaxed);
     tracing::info!(message, "blob endpoint refused a request");
-    error(StatusCode::NOT_FOUND, code, &message)
+    error(status, code, &message)
 }
 
 /// What a client sees when the cache could not get something the sets do name: 404 when the source

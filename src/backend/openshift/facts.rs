@@ -7,142 +7,22 @@
 //! answer. Presence of images comes from `Node.status.images`, judged against that `nodeStatusMaxImages`.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use futures::StreamExt as _;
-use serde::Deserialize;
 
 use super::Cluster;
+use crate::backend::kubelet::{self, FsStats};
 use crate::backend::node::SurveyedNode;
-use crate::model::machine_config::{
-    ClusterNode, KUBELET_DEFAULT_GC_HIGH, KUBELET_DEFAULT_GC_LOW, KUBELET_DEFAULT_MAX_IMAGES,
-    KubeletSettings, Presence,
-};
+use crate::model::machine_config::{ClusterNode, KubeletSettings, Presence};
 use crate::model::plan::{NodeFacts, SpaceSource};
 
 /// Summaries asked at once.
 const CONCURRENCY: usize = 32;
-/// How long one kubelet is given to answer through the node proxy.
-const KUBELET_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The part of the kubelet's `/stats/summary` pinboard reads.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-struct Summary {
-    node: SummaryNode,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct SummaryNode {
-    runtime: Option<RuntimeStats>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-struct RuntimeStats {
-    image_fs: Option<FsStats>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-struct FsStats {
-    available_bytes: Option<u64>,
-    capacity_bytes: Option<u64>,
-    used_bytes: Option<u64>,
-}
-
-/// The part of the kubelet's `/configz` pinboard reads: `{"kubeletconfig": {...}}`.
-#[derive(Debug, Deserialize)]
-struct Configz {
-    kubeletconfig: KubeletConfig,
-}
-
-/// A field the kubelet leaves out has its default.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-struct KubeletConfig {
-    node_status_max_images: Option<i64>,
-    #[serde(rename = "imageGCHighThresholdPercent")]
-    image_gc_high_threshold_percent: Option<i64>,
-    #[serde(rename = "imageGCLowThresholdPercent")]
-    image_gc_low_threshold_percent: Option<i64>,
-}
-
-impl From<KubeletConfig> for KubeletSettings {
-    fn from(config: KubeletConfig) -> KubeletSettings {
-        let percent =
-            |value: Option<i64>, default: u8| value.map_or(default, |v| v.clamp(0, 100) as u8);
-        KubeletSettings {
-            node_status_max_images: config
-                .node_status_max_images
-                .unwrap_or(KUBELET_DEFAULT_MAX_IMAGES),
-            image_gc_high_threshold_percent: percent(
-                config.image_gc_high_threshold_percent,
-                KUBELET_DEFAULT_GC_HIGH,
-            ),
-            image_gc_low_threshold_percent: percent(
-                config.image_gc_low_threshold_percent,
-                KUBELET_DEFAULT_GC_LOW,
-            ),
-            assumed: None,
-        }
-    }
-}
 
 impl Cluster {
-    /// `path` of `node`'s kubelet through the API server's node proxy; Err says why not (403, no kubelet...).
-    async fn kubelet<T: serde::de::DeserializeOwned>(
-        &self,
-        node: &str,
-        path: &str,
-    ) -> Result<T, String> {
-        let request = http::Request::get(format!("/api/v1/nodes/{node}/proxy/{path}"))
-            .body(Vec::new())
-            .map_err(|e| e.to_string())?;
-        tokio::time::timeout(KUBELET_TIMEOUT, self.client.request::<T>(request))
-            .await
-            .map_err(|_| format!("no answer within {KUBELET_TIMEOUT:?}"))?
-            .map_err(|e| match e {
-                kube::Error::Api(status) => format!("HTTP {}: {}", status.code, status.message),
-                other => other.to_string(),
-            })
-    }
-
-    /// The image filesystem of `node` from its kubelet's summary.
-    async fn image_fs(&self, node: &str) -> Result<FsStats, String> {
-        let summary: Summary = self.kubelet(node, "stats/summary").await?;
-        summary
-            .node
-            .runtime
-            .and_then(|r| r.image_fs)
-            .ok_or_else(|| "the summary has no node.runtime.imageFs".into())
-    }
-
-    /// `node`'s kubelet configuration, or its defaults labelled with why they are assumed.
-    async fn kubelet_config(&self, node: &str) -> KubeletSettings {
-        match self.kubelet::<Configz>(node, "configz").await {
-            Ok(configz) => configz.kubeletconfig.into(),
-            Err(why) => {
-                tracing::debug!("{node}: kubelet configz unavailable: {why}");
-                KubeletSettings::assumed(format!("/configz through the node proxy: {why}"))
-            }
-        }
-    }
-
-    /// Each named node's kubelet configuration (see [`Cluster::kubelet_config`]), asked concurrently.
+    /// Each named node's kubelet configuration, asked concurrently.
     pub async fn kubelet_settings(&self, nodes: &[String]) -> HashMap<String, KubeletSettings> {
-        futures::stream::iter(nodes.to_vec())
-            .map(|name| {
-                let cluster = self.clone();
-                async move {
-                    let settings = cluster.kubelet_config(&name).await;
-                    (name, settings)
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await
+        kubelet::settings_of(&self.client, nodes).await
     }
 
     /// Each node observed for the planner, with the references it must hold, in the order given.
@@ -153,8 +33,10 @@ impl Cluster {
             .map(|name| {
                 let cluster = self.clone();
                 async move {
-                    let (summary, settings) =
-                        tokio::join!(cluster.image_fs(&name), cluster.kubelet_config(&name));
+                    let (summary, settings) = tokio::join!(
+                        kubelet::image_fs(&cluster.client, &name),
+                        kubelet::settings(&cluster.client, &name)
+                    );
                     if let Err(why) = &summary {
                         tracing::debug!("{name}: kubelet summary unavailable: {why}");
                     }
@@ -225,56 +107,6 @@ fn observation(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kubelet_summary_wire_format_is_read() {
-        // As the kubelet serves it (trimmed): stats/v1alpha1 Summary.
-        let text = r#"{"node": {"nodeName": "n1", "fs": {"availableBytes": 1},
-            "runtime": {"imageFs": {"time": "2026-11-21T10:00:00Z", "availableBytes": 60000000000,
-                                    "capacityBytes": 100000000000, "usedBytes": 40000000000, "inodesFree": 5}}},
-            "pods": []}"#;
-        let summary: Summary = serde_json::from_str(text).unwrap();
-        let fs = summary.node.runtime.unwrap().image_fs.unwrap();
-        assert_eq!(
-            (fs.available_bytes, fs.capacity_bytes, fs.used_bytes),
-            (
-                Some(60_000_000_000),
-                Some(100_000_000_000),
-                Some(40_000_000_000)
-            )
-        );
-    }
-
-    #[test]
-    fn kubelet_configz_wire_format_is_read_and_missing_fields_are_the_defaults() {
-        // As the kubelet serves /configz (trimmed): {"kubeletconfig": KubeletConfiguration}.
-        let text = r#"{"kubeletconfig": {"enableServer": true, "nodeStatusMaxImages": 200,
-            "imageGCHighThresholdPercent": 90, "imageGCLowThresholdPercent": 70, "imageMinimumGCAge": "2m0s"}}"#;
-        let settings: KubeletSettings = serde_json::from_str::<Configz>(text)
-            .unwrap()
-            .kubeletconfig
-            .into();
-        assert_eq!(
-            (
-                settings.node_status_max_images,
-                settings.image_gc_high_threshold_percent,
-                settings.image_gc_low_threshold_percent,
-                settings.assumed
-            ),
-            (200, 90, 70, None)
-        );
-        let bare: KubeletSettings = serde_json::from_str::<Configz>(r#"{"kubeletconfig": {}}"#)
-            .unwrap()
-            .kubeletconfig
-            .into();
-        assert_eq!(
-            (
-                bare.node_status_max_images,
-                bare.image_gc_high_threshold_percent
-            ),
-            (50, 85)
-        );
-    }
 
     #[test]
     fn without_a_summary_the_allocatable_figures_are_used_and_labelled() {

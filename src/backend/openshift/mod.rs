@@ -9,15 +9,14 @@
 //! [`Cluster::observe`] gathers what the planner needs about nodes, and [`Cluster::pull_secret`] reads the
 //! registry credentials the nodes pull with.
 
+use crate::backend::kube_watch::typed;
+
 mod facts;
 pub mod mirror_sets;
 pub mod pull_secret;
 mod sets;
 mod watch;
 
-use std::path::PathBuf;
-
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::ApiResource;
 use kube::error::DiscoveryError;
 use kube::{Client, discovery};
@@ -27,21 +26,14 @@ use crate::model::set::{API_GROUP, Problem};
 
 pub use watch::{Watch, watch};
 
-/// Where the kubeconfig comes from: `--kubeconfig` and `--context`; both `None` means `KUBECONFIG`, then
-/// `~/.kube/config`, then the pod's service account.
-#[derive(Clone, Debug, Default)]
-pub struct ConnectOptions {
-    pub kubeconfig: Option<PathBuf>,
-    pub context: Option<String>,
-}
+use crate::backend::kube::ConnectError;
+pub use crate::backend::kube::{ConnectOptions, connect};
 
 /// Why cluster mode could not do what was asked; each message says what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error(
-        "cannot load a kubeconfig: {0}; pass --kubeconfig FILE (and --context NAME) or set KUBECONFIG"
-    )]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] ConnectError),
     #[error(
         "this cluster serves no {API_GROUP} API: it is plain Kubernetes, not OpenShift, so it has no \
          PinnedImageSets; use direct mode instead: --cri NODE=unix:///run/containerd/containerd.sock \
@@ -86,34 +78,6 @@ impl From<ClusterError> for Failure {
             Failure::bad_input(error.to_string())
         }
     }
-}
-
-/// A client from the kubeconfig `options` name, else from the environment (kubeconfig, then in-cluster).
-pub async fn connect(options: &ConnectOptions) -> Result<Client, ClusterError> {
-    let config_error = |e: &dyn std::error::Error| ClusterError::Config(e.to_string());
-    let kube_options = KubeConfigOptions {
-        context: options.context.clone(),
-        ..KubeConfigOptions::default()
-    };
-    let config = match (&options.kubeconfig, &options.context) {
-        (Some(path), _) => {
-            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| config_error(&e))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &kube_options)
-                .await
-                .map_err(|e| config_error(&e))?
-        }
-        (None, Some(_)) => kube::Config::from_kubeconfig(&kube_options)
-            .await
-            .map_err(|e| config_error(&e))?,
-        (None, None) => kube::Config::infer().await.map_err(|e| config_error(&e))?,
-    };
-    if config.accept_invalid_certs {
-        tracing::warn!(
-            "the kubeconfig turns off TLS verification of the API server {} (insecure-skip-tls-verify)",
-            config.cluster_url
-        );
-    }
-    Client::try_from(config).map_err(ClusterError::Api)
 }
 
 /// The API resources of the machine-config kinds, as this cluster serves them.
@@ -169,15 +133,4 @@ impl Cluster {
     pub fn client(&self) -> &Client {
         &self.client
     }
-}
-
-/// The typed view of a dynamic object; `None` (and a log line) when even the tolerant view cannot read it.
-fn typed<T: serde::de::DeserializeOwned>(object: &kube::core::DynamicObject) -> Option<T> {
-    let parsed = serde_json::to_value(object).and_then(serde_json::from_value);
-    parsed
-        .inspect_err(|e| {
-            let name = object.metadata.name.as_deref().unwrap_or("?");
-            tracing::warn!("cannot read {name}: {e}");
-        })
-        .ok()
 }

@@ -18,8 +18,8 @@ use toml_edit::{Array, DocumentMut, Value};
 
 use super::PinError;
 use crate::backend::files::{file_error, read_optional, write_if_changed};
-use crate::backend::toml_doc::{decor_text, has_values, parse, set_value, table_at};
-use crate::model::crio::{self, CrioConfig};
+use crate::backend::toml_doc::{TomlDocError, decor_text, has_values, parse, set_value, table_at};
+use crate::model::crio::{self, CrioConfig, PinnedImagesError};
 use crate::model::holders::{CrioEntry, Holder, Holders, PinChange, Release};
 
 pub const CRIO_CONFIG_DIR: &str = "/etc/crio/crio.conf.d";
@@ -35,6 +35,15 @@ const HEADER: &str =
 /// How the mark of an entry begins, and how an unowned holder is written in it (not a set name).
 const MARK: &str = "# pinboard:";
 const UNOWNED_MARK: &str = "(unowned)";
+
+/// Why the drop-in's text cannot be edited: CRI-O would refuse it too.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DropInError {
+    #[error(transparent)]
+    Toml(#[from] TomlDocError),
+    #[error(transparent)]
+    PinnedImages(#[from] PinnedImagesError),
+}
 
 /// The drop-in as pinboard edits it: the document, and each `pinned_images` entry with who holds it and the
 /// comments around it, so that a rewrite keeps them.
@@ -135,7 +144,7 @@ fn parse_mark(mark: &str) -> Holders {
 impl DropIn {
     /// Reads the drop-in's text (None: no file). toml_edit keeps the comment after an entry's comma in the
     /// next entry's prefix, or, after the last entry, in the array's trailing text.
-    fn parse(old: Option<&str>) -> Result<DropIn, String> {
+    fn parse(old: Option<&str>) -> Result<DropIn, DropInError> {
         let doc = parse(old)?;
         let marked = old.is_some_and(|text| text.lines().any(|l| l.trim_end() == MARKED));
         let mut entries = Vec::new();
@@ -145,18 +154,13 @@ impl DropIn {
             .and_then(|c| c.get("image"))
             .and_then(|i| i.get("pinned_images"))
         {
-            let array = item
-                .as_array()
-                .ok_or("crio.image.pinned_images is not an array")?;
+            let array = item.as_array().ok_or(PinnedImagesError::NotAnArray)?;
             let values: Vec<&Value> = array.iter().collect();
             let trailing = decor_text(Some(array.trailing()));
             for (i, value) in values.iter().enumerate() {
-                let pattern = value.as_str().ok_or_else(|| {
-                    format!(
-                        "pinned_images entry {} is not a string",
-                        value.to_string().trim()
-                    )
-                })?;
+                let pattern = value
+                    .as_str()
+                    .ok_or_else(|| PinnedImagesError::not_a_string(value))?;
                 let prefix = decor_text(value.decor().prefix());
                 let above = if i == 0 {
                     comment_lines(prefix)
@@ -199,7 +203,7 @@ impl DropIn {
 
     /// The new text: entries sorted (stable, so an administrator's duplicate keeps its place), one per line
     /// with its mark, comments kept; the note on top. None when no entry and nothing else is left.
-    fn render(mut self) -> Result<Option<String>, String> {
+    fn render(mut self) -> Result<Option<String>, DropInError> {
         self.entries
             .sort_by(|a, b| a.entry.pattern.cmp(&b.entry.pattern));
         let image = table_at(&mut self.doc, &["crio", "image"], Some("  "))?;
@@ -260,7 +264,7 @@ impl DropIn {
 }
 
 /// Every `pinned_images` entry of a drop-in's text, with who holds it.
-pub fn crio_entries(text: &str) -> Result<Vec<CrioEntry>, String> {
+pub fn crio_entries(text: &str) -> Result<Vec<CrioEntry>, DropInError> {
     Ok(DropIn::parse(Some(text))?
         .entries
         .into_iter()
@@ -274,7 +278,7 @@ pub fn crio_entries(text: &str) -> Result<Vec<CrioEntry>, String> {
 pub fn hold_in_drop_in(
     old: Option<&str>,
     holds: &BTreeMap<String, BTreeSet<String>>,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, DropInError> {
     let mut drop_in = DropIn::parse(old)?;
     for (image, sets) in holds {
         let sets = sets.iter().map(|s| Holder::Set(s.clone()));
@@ -298,7 +302,7 @@ pub fn hold_in_drop_in(
 pub fn release_in_drop_in(
     old: Option<&str>,
     release: &Release,
-) -> Result<(Option<String>, Vec<PinChange>), String> {
+) -> Result<(Option<String>, Vec<PinChange>), DropInError> {
     let mut drop_in = DropIn::parse(old)?;
     let mut changes = Vec::new();
     for entry in &mut drop_in.entries {
@@ -382,7 +386,7 @@ pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
     crio::drop_in_order(&mut drop_ins);
     for relative in drop_ins {
         let path = config_dir.join(&relative);
-        let text = fs::read_to_string(&path).map_err(|e| file_error(&path)(e.to_string()))?;
+        let text = fs::read_to_string(&path).map_err(file_error(&path))?;
         files.push((relative.display().to_string(), text));
     }
     Ok(CrioConfig::read(files).map_err(file_error(config_dir))?)
@@ -391,7 +395,7 @@ pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
 /// Every file under `dir` (whose path below the drop-in directory is `relative`), as CRI-O's walk finds
 /// them: directories are entered (not through symlinks), anything else that reads as a file is one.
 fn collect_files(dir: &Path, relative: &Path, out: &mut Vec<PathBuf>) -> Result<(), PinError> {
-    let err = |e: io::Error| file_error(dir)(e.to_string());
+    let err = |e: io::Error| file_error(dir)(e);
     let entries = match fs::read_dir(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         entries => entries.map_err(err)?,
@@ -585,6 +589,7 @@ mod tests {
         assert_eq!(entries[0].holders, Holders::from([Holder::Admin]));
         let all = Release {
             sets: Sets::All,
+            only: None,
             images: BTreeSet::new(),
             release_unowned: true,
         };
@@ -665,16 +670,19 @@ mod tests {
         assert!(
             hold_in_drop_in(Some("crio = 1"), &one)
                 .unwrap_err()
+                .to_string()
                 .contains("crio is not a table")
         );
         assert!(
             hold_in_drop_in(Some("[crio"), &one)
                 .unwrap_err()
+                .to_string()
                 .contains("not valid TOML")
         );
         assert!(
             crio_entries("[crio.image]\npinned_images = [1]\n")
                 .unwrap_err()
+                .to_string()
                 .contains("is not a string")
         );
         assert_eq!(read_back(None), Vec::<String>::new());

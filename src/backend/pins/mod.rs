@@ -29,7 +29,7 @@ pub use crio::{
     read_crio_config, read_crio_pins, read_drop_in, release_crio_pins, reload_crio,
 };
 
-/// Why pins could not be read or written.
+/// Why pins could not be read or written, or a node cannot be pinned on at all.
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
     #[error(transparent)]
@@ -40,6 +40,10 @@ pub enum PinError {
     Containerd(String),
     #[error(transparent)]
     Cri(#[from] CriError),
+    #[error("CRI-O at {endpoint}: its pin drop-in can only be written on the node itself")]
+    RemoteCrio { endpoint: CriEndpoint },
+    #[error("runtime {runtime:?}: pinboard pins only on containerd and CRI-O")]
+    UnknownRuntime { runtime: String },
 }
 
 /// How a node's pins are written.
@@ -63,38 +67,35 @@ pub async fn connect_resolved(
     endpoint: &CriEndpoint,
     target: PinTarget,
     timeout: Duration,
-) -> Result<(CriClient, PinTarget), String> {
-    let client = CriClient::connect(endpoint, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    let runtime = client
-        .version()
-        .await
-        .map_err(|e| e.to_string())?
-        .runtime_name;
+) -> Result<(CriClient, PinTarget), PinError> {
+    let client = CriClient::connect(endpoint, timeout).await?;
+    let runtime = client.version().await?.runtime_name;
     let pin = resolve(target, &runtime, &client)?;
     Ok((client, pin))
 }
 
 /// The target with `Detect` decided from the runtime CRI Version names `runtime` (named in the refusal of
 /// one pinboard does not pin on).
-pub fn resolve(target: PinTarget, runtime: &str, client: &CriClient) -> Result<PinTarget, String> {
+pub fn resolve(
+    target: PinTarget,
+    runtime: &str,
+    client: &CriClient,
+) -> Result<PinTarget, PinError> {
     if target != PinTarget::Detect {
         return Ok(target);
     }
     match RuntimeKind::of_cri_name(runtime) {
         Some(RuntimeKind::Containerd) => Ok(PinTarget::ContainerdLabel),
         // The drop-in is a file on the node: only writable when pinboard runs there.
-        Some(RuntimeKind::Crio) if !client.endpoint().is_local() => Err(format!(
-            "CRI-O at {}: its pin drop-in can only be written on the node itself",
-            client.endpoint()
-        )),
+        Some(RuntimeKind::Crio) if !client.endpoint().is_local() => Err(PinError::RemoteCrio {
+            endpoint: client.endpoint().clone(),
+        }),
         Some(RuntimeKind::Crio) => Ok(PinTarget::CrioDropIn {
             config_dir: CRIO_CONFIG_DIR.into(),
             reload: Reload::Systemctl,
         }),
-        None => Err(format!(
-            "runtime {runtime:?}: pinboard pins only on containerd and CRI-O"
-        )),
+        None => Err(PinError::UnknownRuntime {
+            runtime: runtime.to_owned(),
+        }),
     }
 }

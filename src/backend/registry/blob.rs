@@ -22,7 +22,14 @@ pub struct BlobBody {
     /// answered 200 (it ignored the `Range`, or none was sent).
     pub start: u64,
     /// The body as it arrives. An error means the transfer broke off (reset, closed early).
-    pub stream: BoxStream<'static, Result<Bytes, String>>,
+    pub stream: BoxStream<'static, Result<Bytes, BrokenOff>>,
+}
+
+/// Why a blob's body broke off on the way, in the transport's words made actionable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{cause}")]
+pub struct BrokenOff {
+    pub cause: String,
 }
 
 /// Why a blob request failed, and how long the registry asked to be left alone (`Retry-After` of a 429 or
@@ -152,7 +159,9 @@ impl Registry {
                                 certs: &certs,
                                 host: Some(&host),
                             };
-                            transport_cause(&e, &context)
+                            BrokenOff {
+                                cause: transport_cause(&e, &context),
+                            }
                         })
                     })
                     .boxed();

@@ -163,14 +163,38 @@ impl RawDescriptor {
             media_type: self.media_type,
             size: self.size,
             annotations: self.annotations.unwrap_or_default(),
+            diff_id: None,
         }
     }
 }
 
+/// What is wrong with a manifest a registry sent.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ManifestError {
+    #[error("the registry sent a manifest that cannot be read ({0})")]
+    Unreadable(serde_json::Error),
+    #[error(
+        "is a Docker schema 1 manifest, which pinboard and current runtimes do not support; \
+         push the image again with a current tool"
+    )]
+    Schema1,
+    #[error("has manifest schemaVersion {0}; only 2 is supported")]
+    SchemaVersion(u32),
+    #[error("has media type {0}, which is not an image manifest or index")]
+    MediaType(String),
+    #[error("is neither an image manifest nor an image index")]
+    Neither,
+    #[error("is an index without a \"manifests\" list")]
+    IndexWithoutManifests,
+    #[error("lists a manifest with an invalid digest {0:?}")]
+    EntryDigest(String),
+    #[error("is an image manifest without a config descriptor")]
+    NoConfig,
+}
+
 /// Reads an OCI manifest or index, or a Docker v2 manifest or manifest list. Errors say what is wrong.
-pub(super) fn parse_manifest(body: &[u8]) -> Result<Manifest, String> {
-    let raw: RawManifest = serde_json::from_slice(body)
-        .map_err(|e| format!("the registry sent a manifest that cannot be read ({e})"))?;
+pub(super) fn parse_manifest(body: &[u8]) -> Result<Manifest, ManifestError> {
+    let raw: RawManifest = serde_json::from_slice(body).map_err(ManifestError::Unreadable)?;
     let media_type = raw.media_type.as_deref().filter(|m| !m.is_empty());
     if raw.schema_version == Some(1)
         || matches!(
@@ -178,40 +202,27 @@ pub(super) fn parse_manifest(body: &[u8]) -> Result<Manifest, String> {
             Some(MEDIA_TYPE_DOCKER_SCHEMA1 | MEDIA_TYPE_DOCKER_SCHEMA1_SIGNED)
         )
     {
-        return Err(
-            "is a Docker schema 1 manifest, which pinboard and current runtimes do not support; \
-                    push the image again with a current tool"
-                .into(),
-        );
+        return Err(ManifestError::Schema1);
     }
     if let Some(version) = raw.schema_version.filter(|v| *v != 2) {
-        return Err(format!(
-            "has manifest schemaVersion {version}; only 2 is supported"
-        ));
+        return Err(ManifestError::SchemaVersion(version));
     }
     let is_index = match media_type {
         Some(MEDIA_TYPE_OCI_INDEX | MEDIA_TYPE_DOCKER_MANIFEST_LIST) => true,
         Some(MEDIA_TYPE_OCI_MANIFEST | MEDIA_TYPE_DOCKER_MANIFEST) => false,
-        Some(other) => {
-            return Err(format!(
-                "has media type {other}, which is not an image manifest or index"
-            ));
-        }
+        Some(other) => return Err(ManifestError::MediaType(other.to_owned())),
         None if raw.manifests.is_some() => true,
         None if raw.config.is_some() => false,
-        None => return Err("is neither an image manifest nor an image index".into()),
+        None => return Err(ManifestError::Neither),
     };
     if is_index {
         let entries = raw
             .manifests
-            .ok_or("is an index without a \"manifests\" list")?
+            .ok_or(ManifestError::IndexWithoutManifests)?
             .into_iter()
             .map(|d| {
                 if !valid_digest(&d.digest) {
-                    return Err(format!(
-                        "lists a manifest with an invalid digest {:?}",
-                        d.digest
-                    ));
+                    return Err(ManifestError::EntryDigest(d.digest));
                 }
                 Ok(IndexEntry {
                     platform: d.platform.map(|p| Platform {
@@ -225,13 +236,10 @@ pub(super) fn parse_manifest(body: &[u8]) -> Result<Manifest, String> {
                     annotations: d.annotations.unwrap_or_default(),
                 })
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, ManifestError>>()?;
         Ok(Manifest::Index { entries })
     } else {
-        let config = raw
-            .config
-            .ok_or("is an image manifest without a config descriptor")?
-            .layer();
+        let config = raw.config.ok_or(ManifestError::NoConfig)?.layer();
         let layers = raw
             .layers
             .unwrap_or_default()
@@ -400,12 +408,14 @@ mod tests {
         assert!(
             parse_manifest(schema1.to_string().as_bytes())
                 .unwrap_err()
+                .to_string()
                 .contains("schema 1")
         );
         let artifact = serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.cncf.helm.chart", "config": config});
         assert!(
             parse_manifest(artifact.to_string().as_bytes())
                 .unwrap_err()
+                .to_string()
                 .contains("application/vnd.cncf.helm.chart")
         );
         let negative = serde_json::json!({"schemaVersion": 2, "config": {"mediaType": "x", "digest": D1, "size": -1}});
@@ -414,11 +424,13 @@ mod tests {
         assert!(
             parse_manifest(bad_entry.to_string().as_bytes())
                 .unwrap_err()
+                .to_string()
                 .contains("invalid digest")
         );
         assert!(
             parse_manifest(b"<html>")
                 .unwrap_err()
+                .to_string()
                 .contains("cannot be read")
         );
     }

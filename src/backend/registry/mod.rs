@@ -39,12 +39,13 @@ use crate::model::served::Source;
 
 mod access;
 mod blob;
+mod config;
 mod error;
 mod manifest;
 mod reference;
 
 use access::AuthState;
-pub use blob::{BlobBody, BlobFailure};
+pub use blob::{BlobBody, BlobFailure, BrokenOff};
 pub use error::RegistryError;
 use error::{map_error, timeout_error, tried_everywhere};
 pub use manifest::{
@@ -458,9 +459,9 @@ impl Registry {
             }
             None => format!("sha256:{:x}", sha2::Sha256::digest(&body)),
         };
-        let manifest = parse_manifest(&body).map_err(|cause| RegistryError::Invalid {
+        let manifest = parse_manifest(&body).map_err(|e| RegistryError::Invalid {
             reference: label.to_string(),
-            cause,
+            cause: e.to_string(),
         })?;
         Ok(Arc::new(Fetched {
             digest,

@@ -2,7 +2,22 @@
 //! registries named as references spell them.
 
 use super::error::RegistryError;
-use crate::model::reference::ImageRef;
+use crate::model::reference::{ImageRef, ReferenceError};
+
+/// Why a reference is not one the registry client sends.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum InvalidReference {
+    #[error(transparent)]
+    Unparsed(#[from] ReferenceError),
+    #[error("bad registry host {0:?}")]
+    Host(String),
+    #[error("bad repository {0:?}: lower-case letters, digits and . _ - only")]
+    Repository(String),
+    #[error("bad tag {0:?}")]
+    Tag(String),
+    #[error("bad digest {0:?}")]
+    Digest(String),
+}
 
 /// `http://host:port/` or `host:port` as image references spell registries (Docker Hub is `docker.io`).
 pub(super) fn normalize_registry(text: &str) -> String {
@@ -21,6 +36,7 @@ pub(super) fn normalize_registry(text: &str) -> String {
 /// A reference as the registry client takes it: parsed, and spelled as the distribution spec allows.
 pub(super) fn parse_reference(text: &str) -> Result<ImageRef, RegistryError> {
     ImageRef::parse(text)
+        .map_err(InvalidReference::from)
         .and_then(|r| well_formed(&r).map(|()| r))
         .map_err(|e| RegistryError::Invalid {
             reference: text.to_string(),
@@ -30,14 +46,14 @@ pub(super) fn parse_reference(text: &str) -> Result<ImageRef, RegistryError> {
 
 /// Whether every part of the reference is spelled as the distribution spec allows, so nothing else is
 /// sent to a registry: host, lower-case path components, tag and digest.
-fn well_formed(reference: &ImageRef) -> Result<(), String> {
+fn well_formed(reference: &ImageRef) -> Result<(), InvalidReference> {
     let host_ok = !reference.registry.is_empty()
         && reference
             .registry
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'));
     if !host_ok {
-        return Err(format!("bad registry host {:?}", reference.registry));
+        return Err(InvalidReference::Host(reference.registry.clone()));
     }
     let component_ok = |c: &str| {
         c.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
@@ -47,10 +63,7 @@ fn well_formed(reference: &ImageRef) -> Result<(), String> {
             })
     };
     if !reference.repository.split('/').all(component_ok) {
-        return Err(format!(
-            "bad repository {:?}: lower-case letters, digits and . _ - only",
-            reference.repository
-        ));
+        return Err(InvalidReference::Repository(reference.repository.clone()));
     }
     if let Some(tag) = &reference.tag {
         let ok = tag.len() <= 128
@@ -62,11 +75,11 @@ fn well_formed(reference: &ImageRef) -> Result<(), String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
         if !ok {
-            return Err(format!("bad tag {tag:?}"));
+            return Err(InvalidReference::Tag(tag.clone()));
         }
     }
     match &reference.digest {
-        Some(digest) if !valid_digest(digest) => Err(format!("bad digest {digest:?}")),
+        Some(digest) if !valid_digest(digest) => Err(InvalidReference::Digest(digest.clone())),
         _ => Ok(()),
     }
 }

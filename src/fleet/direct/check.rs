@@ -8,7 +8,7 @@ use super::Direct;
 use crate::backend::readiness::{observe, observe_pulls};
 use crate::error::Failure;
 use crate::fleet::SetSources;
-use crate::model::readiness::{NodeReadiness, ObservedNode, Readiness, assess};
+use crate::model::readiness::{NodeReadiness, ObservedNode, Readiness, assess, unreachable_reason};
 use crate::model::set::ImageSet;
 use crate::survey::union_of;
 
@@ -88,10 +88,13 @@ impl<'f> Checker<'f> {
                         plans[*i] = Some(plan);
                     }
                 }
-                Err(e) => tracing::warn!(
-                    "cannot plan the nodes missing images, so \"no space\" is not checked: {}",
-                    Failure::from(e)
-                ),
+                Err(e) => {
+                    for problem in Failure::from(e).lines {
+                        tracing::warn!(
+                            "cannot plan the nodes missing images, so \"no space\" is not checked: {problem}"
+                        );
+                    }
+                }
             }
         }
         observed
@@ -144,7 +147,7 @@ fn all_unreachable(observed: &[ObservedNode]) -> Result<(), Failure> {
                 .iter()
                 .map(|o| {
                     let error = o.unreachable.as_deref().unwrap_or_default();
-                    format!("{}: unreachable: {error}; check that the runtime is running and the endpoint is right", o.node)
+                    format!("{}: {}", o.node, unreachable_reason(error))
                 })
                 .collect(),
         ));

@@ -106,10 +106,11 @@ impl Direct {
             .collect()
     }
 
-    /// Puts back fan-out files a killed pinboard left on the nodes, saying so on stderr.
+    /// Puts back fan-out files a killed pinboard left on the nodes, with a warning on stderr for each (or
+    /// for what could not be put back), naming the node.
     async fn clean_stale(&self) {
         for line in crate::fanout::clean_stale(&self.targets, self.timeout).await {
-            eprintln!("pinboard: {line}");
+            eprintln!("warning: {line}");
         }
     }
 

@@ -14,7 +14,7 @@ use crate::engine::{self, Control, EngineConfig};
 use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutSetup, Run, Update};
 use crate::fleet::{
-    Applied, ApplyOptions, ApplyProgress, Events, FleetEvent, NodeUnpinned, NodesUnpinned,
+    Applied, ApplyOptions, ApplyProgress, Events, FleetEvent, NodeUnpinned, NodesUnpinned, Rolled,
     RolloutControl, SetSources, SetUsed, UnpinOptions, Unpinned,
 };
 use crate::model::holders::{Release, Sets, UnpinReport};
@@ -45,8 +45,7 @@ async fn start(
         operator,
         fleet.timeout,
     )
-    .await
-    .map_err(Failure::bad_input)?;
+    .await?;
     Ok((planned, run, notices))
 }
 
@@ -80,7 +79,7 @@ pub(super) async fn apply(
     };
     let names: Vec<String> = fleet.targets.iter().map(|t| t.node.name.clone()).collect();
     // No operator retries headless: nodes with failures finish instead of waiting.
-    let (_, mut run, notices) =
+    let (planned, mut run, notices) =
         start(fleet, &fleet.targets, &checker.sets, config, fan_out, false).await?;
     for notice in notices {
         eprintln!("warning: {notice}");
@@ -107,25 +106,22 @@ pub(super) async fn apply(
     for problem in problems {
         eprintln!("warning: {problem}");
     }
-    if let Some(signal) = interrupted {
-        return Err(Failure {
-            exit: Exit::NotReady,
-            lines: vec![format!(
-                "interrupted by {signal}: the rollout stopped{}; `pinboard apply` again finishes it",
-                if fan_out.is_some() {
-                    ", and fan-out's files on the nodes were put back"
-                } else {
-                    ""
-                }
-            )],
-        });
-    }
-    Ok(Applied::Rolled {
+    let readiness = match interrupted {
+        Some(_) => None,
+        None => Some(checker.readiness().await?),
+    };
+    Ok(Applied::Rolled(Box::new(Rolled {
         sets: checker.sets.iter().map(SetUsed::of).collect(),
         rollout,
+        planned: planned
+            .nodes
+            .iter()
+            .map(|n| (n.node.clone(), n.fetch_bytes))
+            .collect(),
         fan_out,
-        readiness: checker.readiness().await?,
-    })
+        readiness,
+        interrupted,
+    })))
 }
 
 /// Headless `unpin`: the named sets' holds released on every node (or every set's, with `all_sets`).
@@ -142,6 +138,7 @@ pub(super) async fn unpin(
     let mut used: Vec<SetUsed> = sets.iter().map(SetUsed::of).collect();
     used.extend(names.iter().map(|name| SetUsed::named(name)));
     let release = Release {
+        only: None,
         sets: match all_sets {
             true => Sets::All,
             false => Sets::Named(used.iter().map(|s| s.name.clone()).collect()),
@@ -164,7 +161,7 @@ pub(super) async fn unpin(
                 node,
                 ok: false,
                 report: UnpinReport::default(),
-                message: Some(e),
+                message: Some(e.to_string()),
             },
         }
     }))

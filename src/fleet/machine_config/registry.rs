@@ -61,8 +61,7 @@ pub async fn client(
     for documents in &mirror_sets.documents {
         options
             .mirrors
-            .add_mirror_sets(documents, "the cluster's mirror sets")
-            .map_err(Failure::bad_input)?;
+            .add_mirror_sets(documents, "the cluster's mirror sets")?;
     }
     let registry = Registry::with_credentials(options, credentials).map_err(|e| bad_input(&e))?;
     let warnings = warning.into_iter().chain(mirror_sets.warnings).collect();

@@ -10,11 +10,12 @@ use std::time::SystemTime;
 use super::direct::image_readiness;
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, KubeletReport, NodeReadiness, SetOnNode,
-    SetState, WantedSet, count_images, some_of, with_reason,
+    SetState, WantedSet, with_reason,
 };
 use crate::model::machine_config::{
     ClusterNode, ClusterView, ImageList, KubeletSettings, Presence, SetProgress,
 };
+use crate::model::reference::{count_images, some_of};
 use crate::model::units::clock;
 
 /// Cluster mode: every node of every pool a wanted set lands in, judged from the watched view at `now`.

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, NodeReadiness, ObservedNode, PinnedBy,
-    PullSeen, STUCK_AFTER_SECONDS, count_images, pin_method_name, some_of, with_reason,
+    PullSeen, STUCK_AFTER_SECONDS, pin_method_name, with_reason,
 };
 use crate::model::crio::{Unpinned, explain_unpinned};
 use crate::model::holders::HeldBy;
 use crate::model::plan::{NodePlan, Verdict};
+use crate::model::reference::{count_images, some_of};
 use crate::model::units::{clock, human};
 
 fn pinned(image: &ImageObserved) -> Option<bool> {
@@ -81,15 +82,19 @@ fn pinned_by(images: &[ImageObserved]) -> Option<PinnedBy> {
         .flatten()
 }
 
+/// Why a node that did not answer is not ready, as every command says it after the node's name
+/// (`n2: unreachable: CRI endpoint …: connect: …; check …`).
+pub fn unreachable_reason(error: &str) -> String {
+    format!("unreachable: {error}; check that the runtime is running and the endpoint is right")
+}
+
 /// One node's readiness from what was observed there. `plan`, when given, is the node's plan for the same
 /// images: a `no-space` verdict says why missing images cannot be pre-loaded.
 pub fn assess(observed: &ObservedNode, plan: Option<&NodePlan>) -> NodeReadiness {
     let images: Vec<ImageReadiness> = observed.images.iter().map(image_readiness).collect();
     let mut reasons = Vec::new();
     if let Some(error) = &observed.unreachable {
-        reasons.push(format!(
-            "unreachable: {error}; check that the runtime is running and the endpoint is right"
-        ));
+        reasons.push(unreachable_reason(error));
     } else {
         if let Some(why) = &observed.not_ready {
             reasons.push(format!(

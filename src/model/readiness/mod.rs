@@ -21,7 +21,7 @@ mod daemons;
 mod direct;
 
 pub use daemons::{MACHINE_CONFIG_PINS, assess_cluster, assess_cluster_node};
-pub use direct::assess;
+pub use direct::{assess, unreachable_reason};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::crio::CrioConfig;
 use super::holders::{HeldBy, Holders};
 use super::machine_config::{ClusterView, KubeletSettings, SetProgress};
+use super::reference::count_images;
 use super::rollout::PinMethod;
 use super::set::ImageSet;
 use super::units::clock;
@@ -333,27 +334,6 @@ pub(super) fn with_reason(images: &[ImageReadiness], reason: ImageReason) -> Vec
         .filter(|i| i.reason == Some(reason))
         .map(|i| i.reference.as_str())
         .collect()
-}
-
-/// How many references a reason names before it says how many more there are (JSON has them all).
-const NAMED_IN_A_REASON: usize = 5;
-
-/// `a, b, c` or, for a long list, its first few and `and 104 more`.
-pub(super) fn some_of<S: AsRef<str>>(references: &[S]) -> String {
-    let named: Vec<&str> = references
-        .iter()
-        .take(NAMED_IN_A_REASON)
-        .map(AsRef::as_ref)
-        .collect();
-    match references.len().saturating_sub(NAMED_IN_A_REASON) {
-        0 => named.join(", "),
-        more => format!("{} and {more} more", named.join(", ")),
-    }
-}
-
-/// `1 image` / `3 images`.
-pub(super) fn count_images(n: usize) -> String {
-    format!("{n} image{}", if n == 1 { "" } else { "s" })
 }
 
 /// What decided the pins of a node's present images.

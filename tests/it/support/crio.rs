@@ -733,6 +733,35 @@ fn record(storage: &Path, image: Stored) -> Result<(), String> {
 
 /// Keeps a pulled blob's `bytes` in the storage's `blobs/` (once per digest), as c/storage keeps layers: a
 /// full image filesystem fails the pull with the write's error, as CRI-O's does.
+/// `rootfs.diff_ids` of an image config's bytes.
+fn config_diff_ids(config: &[u8]) -> Vec<String> {
+    serde_json::from_slice::<serde_json::Value>(config)
+        .ok()
+        .and_then(|c| {
+            let ids = c["rootfs"]["diff_ids"].as_array()?.iter();
+            Some(
+                ids.filter_map(|id| id.as_str().map(str::to_string))
+                    .collect(),
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// The image config a stored image keeps in `blobs/`, as JSON.
+fn stored_config(storage: &Path, image: &Stored) -> Option<serde_json::Value> {
+    let bytes = std::fs::read(storage.join("blobs").join(&image.id)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The uncompressed digests of every layer the storage holds, from its images' configs.
+fn held_diff_ids(storage: &Path) -> Result<std::collections::HashSet<String>, String> {
+    Ok(load(storage)?
+        .iter()
+        .filter_map(|image| std::fs::read(storage.join("blobs").join(&image.id)).ok())
+        .flat_map(|config| config_diff_ids(&config))
+        .collect())
+}
+
 fn keep_blob(storage: &Path, digest: &str, bytes: &[u8]) -> Result<(), String> {
     let dir = storage.join("blobs");
     let path = dir.join(digest.trim_start_matches("sha256:"));
@@ -1097,18 +1126,30 @@ fn pull_from(
         let bytes = verified(get(&format!("manifests/{child}"), MANIFEST_TYPES)?, &child)?;
         manifest = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     }
-    let mut size = 0;
-    let mut blobs = Vec::new();
-    let listed = std::iter::once(&manifest["config"])
-        .chain(manifest["layers"].as_array().into_iter().flatten());
-    for blob in listed {
-        let blob_digest = blob["digest"].as_str().ok_or("a blob without digest")?;
+    let config = manifest["config"]["digest"].as_str().ok_or("no config")?;
+    let config_bytes = verified(get(&format!("blobs/{config}"), "*/*")?, config)?;
+    keep_blob(storage, config, &config_bytes)?;
+    let diff_ids = config_diff_ids(&config_bytes);
+    // c/storage reuses a layer it holds, by its uncompressed digest, whichever image brought it.
+    let held = held_diff_ids(storage)?;
+    let mut size = config_bytes.len() as u64;
+    let mut blobs = vec![config.to_string()];
+    for (at, layer) in manifest["layers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let blob_digest = layer["digest"].as_str().ok_or("a blob without digest")?;
+        blobs.push(blob_digest.to_string());
+        if diff_ids.get(at).is_some_and(|id| held.contains(id)) {
+            size += layer["size"].as_u64().unwrap_or(0);
+            continue;
+        }
         let bytes = verified(get(&format!("blobs/{blob_digest}"), "*/*")?, blob_digest)?;
         keep_blob(storage, blob_digest, &bytes)?;
         size += bytes.len() as u64;
-        blobs.push(blob_digest.to_string());
     }
-    let config = manifest["config"]["digest"].as_str().ok_or("no config")?;
     let stored = Stored {
         id: config.trim_start_matches("sha256:").to_string(),
         names: Vec::new(),
@@ -1171,20 +1212,34 @@ impl ImageService for Shared {
     ) -> Result<Response<ImageStatusResponse>, Status> {
         let state = &self.0;
         state.count("ImageStatus");
-        let name = request
-            .into_inner()
-            .image
-            .map(|i| i.image)
-            .unwrap_or_default();
+        let request = request.into_inner();
+        let name = request.image.map(|i| i.image).unwrap_or_default();
         // ImageStatus reports pins only from 1.29.7 / 1.30.6 / 1.31.0 on.
         let report = match state.version {
             (1, 29, patch) => patch >= 7,
             (1, 30, patch) => patch >= 6,
             v => v >= (1, 31, 0),
         };
+        let found = state.find(&name)?;
+        // With `verbose`, CRI-O answers `info["info"]`: the image's labels and its OCI config.
+        let info = match (&found, request.verbose) {
+            (Some(image), true) => {
+                let spec = stored_config(&state.settings.storage, image);
+                let labels = spec
+                    .as_ref()
+                    .map(|s| s["config"]["Labels"].clone())
+                    .filter(|l| l.is_object());
+                let mut info = serde_json::json!({"imageSpec": spec});
+                if let Some(labels) = labels {
+                    info["labels"] = labels;
+                }
+                [("info".to_string(), info.to_string())].into()
+            }
+            _ => Default::default(),
+        };
         Ok(Response::new(ImageStatusResponse {
-            image: state.find(&name)?.map(|i| state.cri_image(&i, report)),
-            ..ImageStatusResponse::default()
+            image: found.map(|i| state.cri_image(&i, report)),
+            info,
         }))
     }
 

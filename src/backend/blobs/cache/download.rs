@@ -280,7 +280,12 @@ impl BlobCache {
             let chunk = match tokio::time::timeout(stall, stream.next()).await {
                 Err(_) => return Err(stalled()),
                 Ok(None) => return Ok(()),
-                Ok(Some(Err(cause))) => return Err(Attempt::Retry { cause, wait: None }),
+                Ok(Some(Err(broken))) => {
+                    return Err(Attempt::Retry {
+                        cause: broken.to_string(),
+                        wait: None,
+                    });
+                }
                 Ok(Some(Ok(chunk))) => chunk,
             };
             self.link_bytes

@@ -1,0 +1,157 @@
+//! `pinboard agent manifests`: what `kubectl apply -f -` installs, printed by the binary it runs, so the two
+//! always match: the namespace, the CRDs, least-privilege RBAC and the agent's DaemonSet for one runtime,
+//! from `deploy/agent/`.
+
+use clap::{Args, ValueEnum};
+
+const NAMESPACE: &str = include_str!("../../deploy/agent/namespace.yaml");
+const CRDS: &str = include_str!("../../deploy/agent/crds.yaml");
+const RBAC: &str = include_str!("../../deploy/agent/rbac.yaml");
+const DAEMONSET_CONTAINERD: &str = include_str!("../../deploy/agent/daemonset-containerd.yaml");
+const DAEMONSET_CRIO: &str = include_str!("../../deploy/agent/daemonset-crio.yaml");
+
+/// The runtime a DaemonSet is for: each mounts only what its runtime needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ForRuntime {
+    Containerd,
+    #[value(name = "cri-o")]
+    Crio,
+}
+
+#[derive(Args, Debug)]
+pub struct ManifestArgs {
+    /// The agent's image: this binary, built by the Containerfile.
+    #[arg(long, value_name = "REF", default_value_t = default_image())]
+    pub image: String,
+    /// The agents' namespace.
+    #[arg(long, value_name = "NS", default_value = crate::model::pinboard_api::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// The runtime of the nodes: the DaemonSet mounts what it needs. A cluster with both runs the command
+    /// twice, each with --node-selector.
+    #[arg(long, value_enum, default_value = "containerd")]
+    pub runtime: ForRuntime,
+    /// Only nodes with this label (KEY=VALUE), e.g. for a cluster whose nodes run different runtimes.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub node_selector: Option<String>,
+    /// Also mount the node's own registry credentials (the kubelet's /var/lib/kubelet/config.json,
+    /// read-only), used after a set's pull Secrets. Only where every node has that file.
+    #[arg(long)]
+    pub node_credentials: bool,
+}
+
+fn default_image() -> String {
+    format!(
+        "ghcr.io/pinboard-dev/pinboard:v{}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// A `--node-selector` that is no label.
+#[derive(Debug, thiserror::Error)]
+#[error("--node-selector {0:?} is not KEY=VALUE with a label key and value")]
+pub struct NodeSelectorError(String);
+
+/// The manifests for `args`, as one multi-document YAML.
+pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
+    let mut daemonset = match args.runtime {
+        ForRuntime::Containerd => DAEMONSET_CONTAINERD,
+        ForRuntime::Crio => DAEMONSET_CRIO,
+    }
+    .to_string();
+    if let Some(selector) = &args.node_selector {
+        let (key, value) = selector
+            .split_once('=')
+            .filter(|(k, v)| {
+                crate::model::labels::valid_key(k) && crate::model::labels::valid_value(v)
+            })
+            .ok_or_else(|| NodeSelectorError(selector.clone()))?;
+        daemonset = daemonset.replace(
+            "      serviceAccountName: pinboard-agent\n",
+            &format!(
+                "      serviceAccountName: pinboard-agent\n      nodeSelector:\n        {key}: {value:?}\n"
+            ),
+        );
+    }
+    if args.node_credentials {
+        daemonset = daemonset
+            .replace(
+                "args: [agent, ",
+                "args: [agent, --node-credentials, /var/lib/kubelet/config.json, ",
+            )
+            .replace(
+                "        volumeMounts:\n",
+                "        volumeMounts:\n        - {name: node-credentials, mountPath: /var/lib/kubelet/config.json, readOnly: true}\n",
+            )
+            .replace(
+                "      volumes:\n",
+                "      volumes:\n      - {name: node-credentials, hostPath: {path: /var/lib/kubelet/config.json, type: File}}\n",
+            );
+    }
+    let documents = [NAMESPACE, CRDS, RBAC, &daemonset];
+    Ok(documents
+        .iter()
+        .map(|d| {
+            d.replace("{{NAMESPACE}}", &args.namespace)
+                .replace("{{IMAGE}}", &args.image)
+        })
+        .collect::<Vec<_>>()
+        .join("---\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(runtime: ForRuntime) -> ManifestArgs {
+        ManifestArgs {
+            image: "registry.lab:5000/pinboard@sha256:0".into(),
+            namespace: "pins".into(),
+            runtime,
+            node_selector: None,
+            node_credentials: false,
+        }
+    }
+
+    #[test]
+    fn the_manifests_name_the_image_and_namespace_and_mount_only_what_the_runtime_needs() {
+        let containerd = render(&args(ForRuntime::Containerd)).unwrap();
+        assert!(!containerd.contains("{{"), "every placeholder filled");
+        assert!(containerd.contains("image: registry.lab:5000/pinboard@sha256:0"));
+        assert!(containerd.contains("namespace: pins"));
+        assert!(containerd.contains("/run/containerd") && !containerd.contains("/var/run/crio"));
+        assert!(
+            !containerd.contains("hostPID"),
+            "containerd needs no host PID namespace"
+        );
+        let crio = render(&args(ForRuntime::Crio)).unwrap();
+        assert!(crio.contains("/var/run/crio") && crio.contains("hostPID: true"));
+        assert!(!crio.contains("/run/containerd"));
+        for yaml in [&containerd, &crio] {
+            assert!(yaml.contains("readOnlyRootFilesystem: true"));
+            assert!(yaml.contains("drop: [ALL]"));
+            assert!(yaml.contains("- operator: Exists"), "tolerates every taint");
+            assert!(
+                !yaml.contains("/var/lib/kubelet"),
+                "no node credentials unless asked"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_selector_and_the_nodes_credentials_are_added_when_asked() {
+        let mut asked = args(ForRuntime::Containerd);
+        asked.node_selector = Some("pinboard.dev/runtime=containerd".into());
+        asked.node_credentials = true;
+        let yaml = render(&asked).unwrap();
+        assert!(yaml.contains("nodeSelector:\n        pinboard.dev/runtime: \"containerd\""));
+        assert!(yaml.contains("--node-credentials, /var/lib/kubelet/config.json"));
+        assert!(yaml.contains("mountPath: /var/lib/kubelet/config.json, readOnly: true"));
+        asked.node_selector = Some("no value".into());
+        assert!(
+            render(&asked)
+                .unwrap_err()
+                .to_string()
+                .contains("KEY=VALUE")
+        );
+    }
+}

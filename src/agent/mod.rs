@@ -1,0 +1,502 @@
+//! `pinboard agent`: the node side on any Kubernetes cluster, one pod per node (a DaemonSet), or a process
+//! started as its pod would be. It does on its node what direct mode does, through the same code: the
+//! survey and planner, the engine's bounded, retried, stall-cancelled pulls, pins written last and
+//! verified through the runtime ([`crate::fleet::direct::DirectFleet`] on this one node), and
+//! [`crate::engine::unpin`] to release what a deleted or edited set held, and only what no other set holds.
+//!
+//! - It follows every [`PinSet`] and its own Node and report (watches, never polls), and carries out each
+//!   set that selects its node, one at a time; an edited set's rollout is cancelled and started again on
+//!   the new content, and the images it no longer lists lose its hold once the new content is pinned.
+//! - It reports into its [`PinboardNode`] ([`crate::model::pinboard_api`]): the node's facts ([`facts`])
+//!   and, per set, where each image is ([`crate::model::node_report`]). Writes are bounded: a report is
+//!   written when it changed, at most every [`write_interval`]; the heartbeat is a small Lease renewed
+//!   every [`HEARTBEAT_EVERY`].
+//! - Restart-safe and idempotent: a restarted agent finds present images present (nothing is pulled
+//!   twice) and pins unchanged, so it carries on where it stopped.
+//! - One agent, holding the Lease `pinboard-aggregator`, also sums up each set's nodes into its status
+//!   ([`aggregate`]), so `kubectl get pinsets` shows them.
+
+mod aggregate;
+mod facts;
+pub mod manifests;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use k8s_openapi::api::core::v1::Node;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use crate::backend::credentials::{AuthFiles, Credentials};
+use crate::backend::kube::{ConnectOptions, connect};
+use crate::backend::pinboard_api::PinboardApi;
+use crate::backend::readiness::observe;
+use crate::backend::registry::Registry;
+use crate::backend::target::NodeTarget;
+use crate::engine::{self, Control, EngineConfig};
+use crate::error::Failure;
+use crate::fanout::{LOOPBACK, Update};
+use crate::fleet::direct::{DirectConfig, DirectFleet};
+use crate::fleet::{Fleet, FleetEvent, RolloutControl};
+use crate::model::agents_view::AgentsUpdate;
+use crate::model::holders::Release;
+use crate::model::image::Platform;
+use crate::model::node_report;
+use crate::model::pinboard_api::{
+    DEFAULT_NAMESPACE, HEARTBEAT_EVERY, NodeReport, NodeSetPhase, PinSet, SetReport,
+};
+use crate::model::rollout::Rollout;
+use crate::model::set::{ImageSet, from_flags};
+use crate::options::{LimitArgs, RegistryArgs, RolloutArgs, TargetArgs, registry_options};
+
+/// A failed set is tried again after this long (or as soon as it changes).
+const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
+/// The node's facts are read again this often when nothing happens (images come and go on their own).
+const FACTS_EVERY: Duration = Duration::from_secs(300);
+
+/// `pinboard agent`'s arguments.
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// The node this agent runs on: its Node's name (the DaemonSet passes the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME", help_heading = "Agent")]
+    pub node: String,
+    /// The agents' namespace: their heartbeat Leases and the sets' pull Secrets.
+    #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE, help_heading = "Agent")]
+    pub namespace: String,
+    /// The node's registry config directory (containerd's config_path) when its runtime does not say.
+    #[arg(long, value_name = "DIR", help_heading = "Agent")]
+    pub registry_config_dir: Option<PathBuf>,
+    /// The node's own registry credentials (docker config JSON, e.g. the kubelet's
+    /// /var/lib/kubelet/config.json, mounted read-only), used after a set's pull Secrets.
+    #[arg(long, value_name = "FILE", help_heading = "Agent")]
+    pub node_credentials: Option<PathBuf>,
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub rollout: RolloutArgs,
+}
+
+/// How often a node writes its report while something moves, for a set that lands on `nodes` nodes: every
+/// node writes at most every 5 s, and all of them together at most 100 times a second, so the API server
+/// takes 100 writes a second from 5,000 nodes pre-loading at once (every 50 s each), as it takes their
+/// kubelets' heartbeats.
+pub fn write_interval(nodes: i64) -> Duration {
+    Duration::from_secs(5).max(Duration::from_millis(
+        u64::try_from(nodes).unwrap_or(0) * 10,
+    ))
+}
+
+/// Runs the agent until it is stopped.
+pub async fn run(args: AgentArgs) -> Result<(), Failure> {
+    let connect_options = ConnectOptions {
+        kubeconfig: args.targets.kubeconfig.clone(),
+        context: args.targets.context.clone(),
+    };
+    let client = connect(&connect_options).await?;
+    let api = PinboardApi::discover(client, &args.namespace).await?;
+    let mut target = args
+        .targets
+        .resolve()?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::bad_input("no CRI endpoint: pass --cri ENDPOINT"))?;
+    target.node.name = args.node.clone();
+    if target.wiring.registry_config_dir.is_none() {
+        target.wiring.registry_config_dir = args.registry_config_dir.clone();
+    }
+    let node_credentials = match &args.node_credentials {
+        Some(file) => Credentials::load(&AuthFiles::from_env(Some(file.clone())))
+            .map_err(|e| Failure::bad_input(e.to_string()))?,
+        None => Credentials::default(),
+    };
+    let (events, received) = unbounded_channel();
+    let mut agent = Agent {
+        registry: registry_options(&args.registry)?,
+        node_credentials: Arc::new(node_credentials),
+        limits: args.limits.limits(),
+        engine: args.rollout.engine_config(),
+        timeout: args.targets.timeout(),
+        platform: args.targets.platform()?,
+        node: None,
+        labels: None,
+        lazy_wish: None,
+        sets: BTreeMap::new(),
+        reports: BTreeMap::new(),
+        facts: NodeReport::default(),
+        running: None,
+        failed: BTreeMap::new(),
+        written: None,
+        last_write: None,
+        events,
+        api,
+        target,
+    };
+    tracing::info!(node = args.node, "pinboard agent starting");
+    agent.serve(received).await
+}
+
+/// The rollout of one set under way.
+struct Running {
+    set: String,
+    generation: i64,
+    /// The set's images before this content, which lose its hold once the new content is pinned.
+    dropped: Vec<String>,
+    control: Option<RolloutControl>,
+    rollout: Rollout,
+}
+
+struct Agent {
+    api: PinboardApi,
+    target: NodeTarget,
+    registry: crate::backend::registry::RegistryOptions,
+    node_credentials: Arc<Credentials>,
+    limits: crate::model::plan::Limits,
+    engine: EngineConfig,
+    timeout: Duration,
+    platform: Platform,
+    /// The Node object (its uid owns the report); None until it is seen.
+    node: Option<Node>,
+    labels: Option<BTreeMap<String, String>>,
+    /// What an administrator asked of lazy pulling (`spec.lazyPulling`).
+    lazy_wish: Option<bool>,
+    sets: BTreeMap<String, PinSet>,
+    /// Per set that selects the node.
+    reports: BTreeMap<String, SetReport>,
+    /// The node's facts, without the sets.
+    facts: NodeReport,
+    running: Option<Running>,
+    /// Sets that failed, at which generation and when: tried again after [`RETRY_FAILED_AFTER`].
+    failed: BTreeMap<String, (i64, Instant)>,
+    written: Option<NodeReport>,
+    last_write: Option<Instant>,
+    events: UnboundedSender<FleetEvent>,
+}
+
+impl Agent {
+    async fn serve(&mut self, mut events: UnboundedReceiver<FleetEvent>) -> Result<(), Failure> {
+        let mut watch = self.api.watch_node(&self.target.node.name);
+        let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut facts_read: Option<Instant> = None;
+        let mut aggregator = aggregate::Aggregator::new(self.api.clone(), &self.target.node.name);
+        loop {
+            tokio::select! {
+                update = watch.updates.recv() => match update {
+                    Some(update) => self.take(update).await,
+                    None => return Err(Failure::unreachable(vec!["the watches ended".into()])),
+                },
+                Some(event) = events.recv() => self.fold(event).await,
+                _ = heartbeat.tick() => {
+                    if let Err(e) = self.api.renew(&self.target.node.name).await {
+                        tracing::warn!("cannot renew the heartbeat: {e}");
+                    }
+                    aggregator.turn().await;
+                }
+                _ = tick.tick() => {
+                    if facts_read.is_none_or(|at| at.elapsed() >= FACTS_EVERY) && self.node.is_some() {
+                        self.read_facts().await;
+                        facts_read = Some(Instant::now());
+                    }
+                    self.reconcile().await;
+                    self.write().await;
+                }
+            }
+        }
+    }
+
+    /// Takes in a change the watches saw.
+    async fn take(&mut self, update: AgentsUpdate) {
+        match update {
+            AgentsUpdate::Sets(sets) => {
+                self.sets = sets
+                    .into_iter()
+                    .map(|s| (s.name().to_string(), s))
+                    .collect();
+            }
+            AgentsUpdate::Nodes(nodes) => {
+                self.labels = nodes.into_iter().next().map(|n| n.labels);
+                if self.node.is_none() {
+                    match self.api.node(&self.target.node.name).await {
+                        Ok(node) => self.node = node,
+                        Err(e) => tracing::warn!("cannot read the Node: {e}"),
+                    }
+                }
+            }
+            AgentsUpdate::Reports(reports) => {
+                self.lazy_wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
+            }
+            AgentsUpdate::Heartbeats(_) => {}
+            AgentsUpdate::Connection(kind, state) => tracing::debug!("watch of {kind}: {state}"),
+        }
+    }
+
+    /// The sets that select this node, by name.
+    fn desired(&self) -> BTreeMap<&str, &PinSet> {
+        let Some(labels) = &self.labels else {
+            return BTreeMap::new();
+        };
+        self.sets
+            .values()
+            .filter(|s| s.selects(labels))
+            .map(|s| (s.name(), s))
+            .collect()
+    }
+
+    /// Starts what is to be done next: a running rollout whose set changed or left is cancelled; a set no
+    /// longer selecting the node is released; the next set not pinned at its generation is rolled out.
+    async fn reconcile(&mut self) {
+        if self.node.is_none() {
+            return;
+        }
+        let desired: BTreeMap<String, (i64, Vec<String>)> = self
+            .desired()
+            .into_iter()
+            .map(|(name, set)| {
+                (
+                    name.to_string(),
+                    (set.generation(), set.images().map(str::to_string).collect()),
+                )
+            })
+            .collect();
+        if let Some(running) = &mut self.running {
+            let current = desired.get(&running.set).map(|(g, _)| *g);
+            if current != Some(running.generation)
+                && let Some(control) = running.control.take()
+            {
+                let _ = control.send(Control::CancelAll);
+            }
+            return;
+        }
+        self.reports.retain(|name, _| desired.contains_key(name));
+        let held = facts::holding_sets(&self.facts);
+        if let Some(gone) = held.iter().find(|set| !desired.contains_key(*set)) {
+            self.release(&Release::of_sets(&[gone.as_str()], &[], false), gone)
+                .await;
+            return;
+        }
+        let next = desired.iter().find(|(name, (generation, _))| {
+            let done = self.reports.get(*name).is_some_and(|r| {
+                r.observed_generation == *generation && r.state == NodeSetPhase::Pinned
+            });
+            let backing_off = self
+                .failed
+                .get(*name)
+                .is_some_and(|(g, at)| g == generation && at.elapsed() < RETRY_FAILED_AFTER);
+            !done && !backing_off
+        });
+        if let Some((name, (generation, images))) = next {
+            self.start(name, *generation, images).await;
+        }
+    }
+
+    /// Rolls out `images` of set `name` at `generation` on this node.
+    async fn start(&mut self, name: &str, generation: i64, images: &[String]) {
+        let set = &self.sets[name];
+        let mut image_set = from_flags(name, images);
+        image_set.pull_secrets = set
+            .spec
+            .pull_secrets
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
+        let credentials = self.credentials(&image_set).await;
+        let registry = match Registry::with_credentials(self.registry.clone(), credentials) {
+            Ok(registry) => registry,
+            Err(e) => return self.fail(name, generation, images, e.to_string()),
+        };
+        let fleet = DirectFleet::new(DirectConfig {
+            targets: vec![self.target.clone()],
+            registry,
+            platform: self.platform.clone(),
+            limits: self.limits,
+            timeout: self.timeout,
+            engine: self.engine.clone(),
+            cache_dir: None,
+            cache_options: Default::default(),
+            fan_out_listen: LOOPBACK,
+            release_unowned: false,
+        });
+        let dropped = self
+            .facts
+            .images
+            .iter()
+            .filter(|i| i.held_by.iter().any(|h| h == name))
+            .flat_map(|i| i.names.first().cloned())
+            .filter(|image| !images.contains(image))
+            .collect();
+        tracing::info!(set = name, generation, "rolling out");
+        self.reports.insert(
+            name.to_string(),
+            node_report::queued(name, generation, images),
+        );
+        let control = fleet.roll_out(
+            image_set,
+            vec![self.target.node.name.clone()],
+            false,
+            false,
+            self.events.clone(),
+        );
+        self.running = Some(Running {
+            set: name.to_string(),
+            generation,
+            dropped,
+            control,
+            rollout: Rollout::expecting(std::slice::from_ref(&self.target.node.name)),
+        });
+    }
+
+    /// The credentials a set's images are pulled with: its pull Secrets, then the node's own.
+    async fn credentials(&self, set: &ImageSet) -> Credentials {
+        let mut credentials = (*self.node_credentials).clone();
+        for secret in set.pull_secrets.iter().rev() {
+            match self.api.pull_secret(secret).await {
+                Ok(Some(text)) => match Credentials::from_text(format!("secret {secret}"), &text) {
+                    Ok(found) => credentials = found.then(credentials),
+                    Err(e) => tracing::warn!("pull secret {secret}: {e}"),
+                },
+                Ok(None) => tracing::warn!("pull secret {secret} of set {} is not there", set.name),
+                Err(e) => tracing::warn!("cannot read pull secret {secret}: {e}"),
+            }
+        }
+        credentials
+    }
+
+    /// Marks a set failed at `generation`, saying why.
+    fn fail(&mut self, name: &str, generation: i64, images: &[String], why: String) {
+        let mut report = node_report::queued(name, generation, images);
+        report.state = NodeSetPhase::Failed;
+        report.conditions = node_report::failed_conditions(&why);
+        self.reports.insert(name.to_string(), report);
+        self.failed
+            .insert(name.to_string(), (generation, Instant::now()));
+    }
+
+    /// Folds in what the running rollout tells.
+    async fn fold(&mut self, event: FleetEvent) {
+        let Some(running) = &mut self.running else {
+            return;
+        };
+        let node = &self.target.node.name;
+        match event {
+            FleetEvent::Rollout(Update::Event(event)) => {
+                running.rollout.apply(event);
+                if let Some(progress) = running.rollout.nodes().get(node) {
+                    let report = node_report::rolling(&running.set, running.generation, progress);
+                    self.reports.insert(running.set.clone(), report);
+                }
+            }
+            FleetEvent::RolloutFinished(result) => {
+                let running = self.running.take().expect("running");
+                self.finish(running, result.err()).await;
+            }
+            FleetEvent::Notice(text) => tracing::info!(set = running.set, "{text}"),
+            _ => {}
+        }
+    }
+
+    /// Ends a rollout: asks the runtime what is pinned, releases what the set no longer lists, and reads
+    /// the node again.
+    async fn finish(&mut self, running: Running, failure: Option<Failure>) {
+        let images: Vec<String> = self
+            .sets
+            .get(&running.set)
+            .map_or_else(Vec::new, |s| s.images().map(str::to_string).collect());
+        let report = match (failure, running.rollout.nodes().get(&self.target.node.name)) {
+            (Some(failure), _) => {
+                self.fail(
+                    &running.set,
+                    running.generation,
+                    &images,
+                    failure.to_string(),
+                );
+                None
+            }
+            (None, Some(progress)) => {
+                let report = node_report::rolling(&running.set, running.generation, progress);
+                let observed = observe(&self.target, &images, self.timeout).await;
+                Some(node_report::verified(report, &observed))
+            }
+            (None, None) => None,
+        };
+        if let Some(report) = report {
+            match report.state {
+                NodeSetPhase::Pinned => {
+                    self.failed.remove(&running.set);
+                    if !running.dropped.is_empty() {
+                        let release = Release::of_images(&running.set, &running.dropped);
+                        self.release(&release, &running.set).await;
+                    }
+                }
+                NodeSetPhase::Failed => {
+                    self.failed
+                        .insert(running.set.clone(), (running.generation, Instant::now()));
+                }
+                _ => {}
+            }
+            self.reports.insert(running.set.clone(), report);
+        }
+        self.read_facts().await;
+    }
+
+    /// Releases what `release` says on this node, then reads it again.
+    async fn release(&mut self, release: &Release, set: &str) {
+        match engine::unpin(&self.target.node, self.target.pin.clone(), release).await {
+            Ok(_) => tracing::info!(set, "released"),
+            Err(e) => tracing::warn!(set, "cannot release: {e}"),
+        }
+        self.read_facts().await;
+    }
+
+    /// Reads the node's facts again, and carries out an administrator's lazy-pull wish.
+    async fn read_facts(&mut self) {
+        if let Some(wish) = self.lazy_wish {
+            let lazy = self.target.lazy.clone();
+            let outcome =
+                tokio::task::spawn_blocking(move || crate::backend::lazy::set_lazy(&lazy, wish))
+                    .await;
+            if let Ok(Err(e)) = outcome {
+                tracing::warn!("lazy pulling not changed: {e}");
+            }
+        }
+        self.facts = facts::read(&self.target, self.api.client(), self.timeout).await;
+    }
+
+    /// Writes the report when it changed, at most every [`write_interval`] for the sets' sizes.
+    async fn write(&mut self) {
+        let Some(node) = &self.node else {
+            return;
+        };
+        let mut report = self.facts.clone();
+        report.sets = self.reports.values().cloned().collect();
+        if self.written.as_ref() == Some(&report) {
+            return;
+        }
+        let nodes = self
+            .sets
+            .values()
+            .filter_map(|s| s.status.as_ref().map(|st| st.nodes))
+            .max()
+            .unwrap_or(0);
+        let settled = self.running.is_none();
+        if !settled
+            && self
+                .last_write
+                .is_some_and(|at| at.elapsed() < write_interval(nodes))
+        {
+            return;
+        }
+        match self.api.write_report(node, &report).await {
+            Ok(()) => {
+                self.written = Some(report);
+                self.last_write = Some(Instant::now());
+            }
+            Err(e) => tracing::warn!("cannot write the report: {e}"),
+        }
+    }
+}

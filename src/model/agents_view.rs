@@ -1,0 +1,161 @@
+//! A cluster of pinboard's agents as the commands, the TUI and the aggregating agent follow it: the sets,
+//! each node's report, the Nodes (for their labels) and each agent's last heartbeat, kept current by the
+//! watches' updates. Pure: what a set's nodes are, whether a node is ready for it and why not, and a set's
+//! summary come from here.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use super::machine_config::{ClusterNode, Connection};
+use super::pinboard_api::{NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode, stale};
+
+/// What the watches have said so far.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentsView {
+    pub sets: Vec<PinSet>,
+    pub reports: BTreeMap<String, PinboardNode>,
+    pub nodes: Vec<ClusterNode>,
+    /// Each node's agent's last heartbeat.
+    pub heartbeats: BTreeMap<String, SystemTime>,
+    pub connections: BTreeMap<&'static str, Connection>,
+}
+
+/// Where a node is with a set, as readiness sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeWithSet {
+    /// Every image pinned at the set's generation, the agent's heartbeat fresh.
+    Ready,
+    /// No agent has ever reported on the node.
+    NoAgent,
+    /// Its agent's heartbeat is older than the stale limit (how old, in seconds).
+    Stale {
+        seconds: u64,
+    },
+    /// The agent has not reached this generation yet.
+    Waiting {
+        observed: Option<i64>,
+    },
+    Pulling,
+    Failed {
+        reason: String,
+    },
+}
+
+impl AgentsView {
+    pub fn set(&self, name: &str) -> Option<&PinSet> {
+        self.sets.iter().find(|s| s.name() == name)
+    }
+
+    /// Every watch has listed once, and none is failing now.
+    pub fn synced(&self) -> bool {
+        !self.connections.is_empty() && self.connections.values().all(|c| *c == Connection::Synced)
+    }
+
+    /// The nodes `set` lands on, by name.
+    pub fn nodes_of(&self, set: &PinSet) -> Vec<&ClusterNode> {
+        self.nodes
+            .iter()
+            .filter(|n| set.selects(&n.labels))
+            .collect()
+    }
+
+    /// A node's report, when its agent wrote one.
+    pub fn report(&self, node: &str) -> Option<&NodeReport> {
+        self.reports.get(node)?.status.as_ref()
+    }
+
+    /// Where `node` is with generation `generation` of set `name`, at `now`.
+    pub fn node_with_set(
+        &self,
+        node: &str,
+        name: &str,
+        generation: i64,
+        now: SystemTime,
+    ) -> NodeWithSet {
+        let Some(report) = self.report(node) else {
+            return NodeWithSet::NoAgent;
+        };
+        match stale(self.heartbeats.get(node).copied(), now) {
+            Some(true) | None => {
+                let seconds = self
+                    .heartbeats
+                    .get(node)
+                    .and_then(|at| now.duration_since(*at).ok())
+                    .map_or(u64::MAX, |age| age.as_secs());
+                return NodeWithSet::Stale { seconds };
+            }
+            Some(false) => {}
+        }
+        let Some(on_node) = report.sets.iter().find(|s| s.name == name) else {
+            return NodeWithSet::Waiting { observed: None };
+        };
+        if on_node.observed_generation < generation {
+            return NodeWithSet::Waiting {
+                observed: Some(on_node.observed_generation),
+            };
+        }
+        match on_node.state {
+            NodeSetPhase::Pinned => NodeWithSet::Ready,
+            NodeSetPhase::Queued => NodeWithSet::Waiting {
+                observed: Some(on_node.observed_generation),
+            },
+            NodeSetPhase::Pulling => NodeWithSet::Pulling,
+            NodeSetPhase::Failed => NodeWithSet::Failed {
+                reason: on_node
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == super::pinboard_api::DEGRADED)
+                    .map(|c| c.message.clone())
+                    .unwrap_or_else(|| "failed".into()),
+            },
+        }
+    }
+
+    /// A set's summary over the nodes it lands on, at `now`.
+    pub fn summary(&self, set: &PinSet, now: SystemTime) -> PinSetStatus {
+        let mut status = PinSetStatus {
+            observed_generation: set.generation(),
+            ..PinSetStatus::default()
+        };
+        for node in self.nodes_of(set) {
+            status.nodes += 1;
+            match self.node_with_set(&node.name, set.name(), set.generation(), now) {
+                NodeWithSet::Ready => status.ready += 1,
+                NodeWithSet::Pulling => status.pulling += 1,
+                NodeWithSet::Failed { .. } => status.failed += 1,
+                _ => {}
+            }
+        }
+        status
+    }
+}
+
+/// One change from the watches.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AgentsUpdate {
+    Sets(Vec<PinSet>),
+    Reports(Vec<PinboardNode>),
+    Nodes(Vec<ClusterNode>),
+    /// When each node's agent last renewed its Lease, by node.
+    Heartbeats(BTreeMap<String, SystemTime>),
+    Connection(&'static str, Connection),
+}
+
+impl AgentsView {
+    pub fn apply(&mut self, update: AgentsUpdate) {
+        match update {
+            AgentsUpdate::Sets(sets) => self.sets = sets,
+            AgentsUpdate::Reports(reports) => {
+                self.reports = reports
+                    .into_iter()
+                    .map(|r| (r.metadata.name.clone(), r))
+                    .collect();
+            }
+            AgentsUpdate::Nodes(nodes) => self.nodes = nodes,
+            AgentsUpdate::Heartbeats(heartbeats) => self.heartbeats = heartbeats,
+            AgentsUpdate::Connection(kind, state) => {
+                self.connections.insert(kind, state);
+            }
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! What an agent says of one set on its node ([`SetReport`]), made of what its rollout did (the engine's
+//! [`Rollout`]) and what the runtime then said ([`ObservedNode`]): pure, so the same facts always make the
+//! same report, and a report written again only when it changed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::pinboard_api::{DEGRADED, ImagePhase, ImageState, NodeSetPhase, PROGRESSING, SetReport};
+use super::readiness::{ImageReason, ObservedNode, PinnedBy, assess};
+use super::rollout::{self, NodeRollout, NodeState};
+
+/// A set the agent has not started on at `generation`: every image queued.
+pub fn queued(name: &str, generation: i64, images: &[String]) -> SetReport {
+    SetReport {
+        name: name.to_string(),
+        observed_generation: generation,
+        state: NodeSetPhase::Queued,
+        done_bytes: 0,
+        total_bytes: 0,
+        images: images
+            .iter()
+            .map(|image| ImageState {
+                name: image.clone(),
+                ..ImageState::default()
+            })
+            .collect(),
+        conditions: Vec::new(),
+    }
+}
+
+/// A set while its rollout runs: each image where the engine has it.
+pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
+    let images: Vec<ImageState> = node
+        .images()
+        .map(|(image, rollout)| {
+            let (state, reason) = match &rollout.state {
+                rollout::ImageState::Queued
+                | rollout::ImageState::Retrying { .. }
+                | rollout::ImageState::Skipped => (ImagePhase::Queued, None),
+                rollout::ImageState::Pulling { .. } => (ImagePhase::Pulling, None),
+                rollout::ImageState::Present | rollout::ImageState::Pulled { .. } => {
+                    (ImagePhase::Pulled, None)
+                }
+                rollout::ImageState::Pinned { .. } => (ImagePhase::Pinned, None),
+                rollout::ImageState::Failed { reason } => {
+                    (ImagePhase::Failed, Some(reason.to_string()))
+                }
+                rollout::ImageState::Cancelled => (
+                    ImagePhase::Queued,
+                    Some("cancelled: the set changed".into()),
+                ),
+            };
+            ImageState {
+                name: image.to_string(),
+                state,
+                reason: reason.or_else(|| rollout.retries().last().cloned()),
+                done_bytes: rollout.done_bytes,
+                total_bytes: rollout.total_bytes,
+                evidence: None,
+            }
+        })
+        .collect();
+    let failed = match &node.state {
+        NodeState::Refused { reason }
+        | NodeState::Stopped { reason }
+        | NodeState::PinFailed { reason } => Some(reason.clone()),
+        _ => images
+            .iter()
+            .find(|i| i.state == ImagePhase::Failed)
+            .map(|i| format!("{}: {}", i.name, i.reason.as_deref().unwrap_or("failed"))),
+    };
+    let state = match (&node.state, &failed) {
+        (_, Some(_)) => NodeSetPhase::Failed,
+        (NodeState::Pinned { .. }, None) => NodeSetPhase::Pinned,
+        _ => NodeSetPhase::Pulling,
+    };
+    SetReport {
+        name: name.to_string(),
+        observed_generation: generation,
+        state,
+        done_bytes: node.done_bytes(),
+        total_bytes: node.total_bytes(),
+        images,
+        conditions: conditions(state, failed.as_deref()),
+    }
+}
+
+/// A set once the runtime was asked again after its rollout: pinned only where the runtime (or, where it
+/// cannot report, the node's pin record) says so, each image with what that rests on.
+pub fn verified(mut report: SetReport, observed: &ObservedNode) -> SetReport {
+    let judged = assess(observed, None);
+    let evidence = match judged.pinned_by {
+        Some(PinnedBy::Runtime) => "runtime",
+        _ => "record",
+    };
+    for image in &mut report.images {
+        let Some(seen) = judged.images.iter().find(|i| i.reference == image.name) else {
+            continue;
+        };
+        match seen.reason {
+            None => {
+                image.state = ImagePhase::Pinned;
+                image.evidence = Some(evidence.to_string());
+            }
+            Some(ImageReason::NotPinned) if image.state != ImagePhase::Failed => {
+                image.state = ImagePhase::Pulled;
+            }
+            Some(_) => {}
+        }
+    }
+    if report.state == NodeSetPhase::Pinned && !judged.ready {
+        report.state = NodeSetPhase::Failed;
+        let why = judged.reasons.join("; ");
+        report.conditions = conditions(report.state, Some(&why));
+    }
+    report
+}
+
+/// The conditions of a set that failed before its rollout could start (its credentials, say).
+pub fn failed_conditions(why: &str) -> Vec<Condition> {
+    conditions(NodeSetPhase::Failed, Some(why))
+}
+
+/// Progressing and Degraded, as Kubernetes' conventions have them.
+fn conditions(state: NodeSetPhase, failed: Option<&str>) -> Vec<Condition> {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let condition = |kind: &str, status: bool, reason: &str, message: String| Condition {
+        type_: kind.to_string(),
+        status: if status { "True" } else { "False" }.to_string(),
+        reason: reason.to_string(),
+        message,
+        last_transition_time: now.clone(),
+        observed_generation: None,
+    };
+    let pulling = state == NodeSetPhase::Pulling;
+    vec![
+        condition(
+            PROGRESSING,
+            pulling,
+            if pulling { "Pulling" } else { "AsExpected" },
+            if pulling {
+                "the agent is pulling the set's images".into()
+            } else {
+                String::new()
+            },
+        ),
+        match failed {
+            Some(why) => condition(DEGRADED, true, "PullFailed", why.to_string()),
+            None => condition(DEGRADED, false, "AsExpected", String::new()),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::model::readiness::ImageObserved;
+    use crate::model::rollout::{Event, PinMethod, Rollout};
+
+    fn s(text: &str) -> String {
+        text.to_string()
+    }
+
+    #[test]
+    fn a_rollout_reads_as_the_report_says_it_and_the_runtime_has_the_last_word() {
+        let at = Instant::now();
+        let mut r = Rollout::default();
+        r.apply(Event::NodeStarted {
+            node: s("n1"),
+            images: vec![s("a"), s("b")],
+            at,
+        });
+        r.apply(Event::ImagePresent {
+            node: s("n1"),
+            image: s("a"),
+        });
+        r.apply(Event::PullStarted {
+            node: s("n1"),
+            image: s("b"),
+            attempt: 1,
+            at,
+        });
+        let pulling = rolling("web", 3, &r.nodes()["n1"]);
+        assert_eq!(pulling.state, NodeSetPhase::Pulling);
+        assert_eq!(pulling.observed_generation, 3);
+        assert_eq!(
+            pulling.images.iter().map(|i| i.state).collect::<Vec<_>>(),
+            [ImagePhase::Pulled, ImagePhase::Pulling]
+        );
+        assert_eq!(pulling.conditions[0].status, "True", "Progressing");
+
+        r.apply(Event::PullDone {
+            node: s("n1"),
+            image: s("b"),
+            at,
+        });
+        r.apply(Event::Pinned {
+            node: s("n1"),
+            method: PinMethod::ContainerdLabel,
+            confirmed: true,
+            at,
+        });
+        let pinned = rolling("web", 3, &r.nodes()["n1"]);
+        assert_eq!(pinned.state, NodeSetPhase::Pinned);
+
+        // The runtime then says b is not pinned after all: the set is not pinned, and says why.
+        let image = |reference: &str, pinned: bool| ImageObserved {
+            reference: s(reference),
+            present: Some(true),
+            reported_pinned: Some(pinned),
+            ..ImageObserved::default()
+        };
+        let observed = ObservedNode {
+            node: s("n1"),
+            runtime: Some(s("containerd 1.7.24")),
+            images: vec![image("a", true), image("b", false)],
+            ..ObservedNode::default()
+        };
+        let report = verified(pinned, &observed);
+        assert_eq!(report.images[0].evidence.as_deref(), Some("runtime"));
+        assert_eq!(report.images[1].state, ImagePhase::Pulled);
+        assert_eq!(report.state, NodeSetPhase::Failed);
+        let degraded = &report.conditions[1];
+        assert_eq!(
+            (degraded.type_.as_str(), degraded.status.as_str()),
+            (DEGRADED, "True")
+        );
+        assert!(
+            degraded.message.contains("not pinned"),
+            "{}",
+            degraded.message
+        );
+    }
+}
