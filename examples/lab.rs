@@ -146,6 +146,7 @@ fn run() -> Result<ExitCode> {
                 }),
                 ..RegistrySetup::default()
             },
+            ..LabConfig::default()
         },
     )?;
     let nodes = start_nodes(&lab, cluster)?;

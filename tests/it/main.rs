@@ -17,6 +17,7 @@ mod cluster_pull_secret;
 mod crio;
 mod engine;
 mod fanout;
+mod kube_cluster;
 mod lab_smoke;
 mod measured;
 mod mirror;

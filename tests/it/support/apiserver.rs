@@ -3,8 +3,14 @@
 //! admin kubeconfig. Files live in `<lab>/apiserver/`, logs in `<lab>/etcd.log` and
 //! `<lab>/kube-apiserver.log`. The kube-apiserver can be stopped and started again on the same port while
 //! etcd (and so the data) stays, for tests of an API server outage.
+//!
+//! A cluster lab's API server ([`ClusterApiServer`]) runs with etcd in the lab's network namespace, on the
+//! lab's address and port 443, which is also the `kubernetes` Service's ClusterIP and port, so that pods
+//! reach it without kube-proxy; it serves a certificate of the cluster's CA, authenticates the kubelets'
+//! client certificates from that CA and authorizes them with the Node authorizer.
 
 use std::collections::hash_map::RandomState;
+use std::ffi::OsStr;
 use std::hash::{BuildHasher as _, Hasher as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +20,18 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use super::http;
+use super::network::{LabNetwork, command_in};
+use super::pki::Ca;
 use super::process::{Proc, free_port, run, stop_all};
+
+/// How a cluster lab's API server runs.
+pub(crate) struct ClusterApiServer<'a> {
+    pub(crate) network: &'a LabNetwork,
+    /// Signs its serving certificate and the clients' certificates it accepts.
+    pub(crate) ca: &'a Ca,
+    /// ServiceAccounts (namespace, name) given a static token.
+    pub(crate) service_accounts: &'a [(String, String)],
+}
 
 /// The running kube-apiserver (stopped when this is dropped, before the lab stops etcd) and how to start
 /// it again.
@@ -24,6 +41,12 @@ pub struct ApiServer {
     kubeconfig: PathBuf,
     admin_token: String,
     viewer_token: String,
+    /// (namespace, name, token) of the ServiceAccounts with a static token.
+    service_account_tokens: Vec<(String, String, String)>,
+    /// The key that signs ServiceAccount tokens.
+    service_account_key: PathBuf,
+    /// The network namespace it runs in (a cluster lab's).
+    network_namespace: Option<PathBuf>,
     binary: PathBuf,
     args: Vec<String>,
     log: PathBuf,
@@ -32,12 +55,13 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// `https://127.0.0.1:PORT`
+    /// `https://127.0.0.1:PORT`, a cluster lab's `https://10.77.N.1:443`
     pub fn url(&self) -> String {
         self.url.clone()
     }
 
-    /// A kubeconfig for the admin: token auth, `insecure-skip-tls-verify: true`.
+    /// A kubeconfig for the admin: token auth, `insecure-skip-tls-verify: true` (a cluster lab's: the
+    /// cluster's CA).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
@@ -52,7 +76,22 @@ impl ApiServer {
         &self.viewer_token
     }
 
-    /// `http://127.0.0.1:PORT` of etcd, whose v3 JSON gateway (`/v3/kv/...`) reaches the stored objects
+    /// The static token of ServiceAccount `namespace/name`, if [`super::ClusterConfig`] asked for one:
+    /// with it, a process acts as that ServiceAccount's pod would.
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> Option<&str> {
+        self.service_account_tokens
+            .iter()
+            .find(|(ns, n, _)| ns == namespace && n == name)
+            .map(|(_, _, token)| token.as_str())
+    }
+
+    /// The private key that signs ServiceAccount tokens (PEM), which the controller manager signs the
+    /// token Secrets' tokens with.
+    pub(crate) fn service_account_key(&self) -> &Path {
+        &self.service_account_key
+    }
+
+    /// `http://127.0.0.1:PORT` (a cluster lab's `http://10.77.N.1:2379`) of etcd, whose v3 JSON gateway (`/v3/kv/...`) reaches the stored objects
     /// behind the API server's back.
     pub fn etcd_url(&self) -> String {
         self.etcd_url.clone()
@@ -79,7 +118,7 @@ impl ApiServer {
     }
 
     fn spawn(&self) -> Result<Proc> {
-        let mut command = Command::new(&self.binary);
+        let mut command = command(self.network_namespace.as_deref(), &self.binary);
         command.args(&self.args);
         Proc::spawn("kube-apiserver", command, &self.log)
     }
@@ -93,22 +132,30 @@ impl ApiServer {
     }
 
     /// Starts etcd (added to `procs` before it is waited on) and kube-apiserver (owned by the result) and
-    /// returns once `/readyz` answers 200 to the admin.
-    pub(crate) fn start(lab_dir: &Path, procs: &mut Vec<Proc>) -> Result<ApiServer> {
-        let binary = kube_apiserver_binary();
-        if !binary.is_file() {
-            bail!(
-                "{} is missing: run scripts/setup, which builds kube-apiserver once and caches it there",
-                binary.display()
-            );
-        }
+    /// returns once `/readyz` answers 200 to the admin; a cluster lab's as `cluster` says.
+    pub(crate) fn start(
+        lab_dir: &Path,
+        procs: &mut Vec<Proc>,
+        cluster: Option<&ClusterApiServer<'_>>,
+    ) -> Result<ApiServer> {
+        let binary = kube_binary("kube-apiserver")?;
         let dir = lab_dir.join("apiserver");
         std::fs::create_dir_all(&dir)?;
         let agent = http::agent();
+        let network_namespace = cluster.map(|c| c.network.namespace());
 
-        let etcd_url = format!("http://127.0.0.1:{}", free_port()?);
-        let peer_url = format!("http://127.0.0.1:{}", free_port()?);
-        let mut etcd = Command::new("etcd");
+        // A cluster lab's network namespace is the lab's own: its ports are all free.
+        let (etcd_url, peer_url) = match cluster {
+            None => (
+                format!("http://127.0.0.1:{}", free_port()?),
+                format!("http://127.0.0.1:{}", free_port()?),
+            ),
+            Some(c) => {
+                let ip = c.network.lab_ip();
+                (format!("http://{ip}:2379"), format!("http://{ip}:2380"))
+            }
+        };
+        let mut etcd = command(network_namespace.as_deref(), "etcd");
         etcd.args(["--name", "lab", "--data-dir"])
             .arg(dir.join("etcd"))
             .args([
@@ -135,11 +182,22 @@ impl ApiServer {
 
         let admin_token = random_token("admin");
         let viewer_token = random_token("viewer");
+        let service_account_tokens: Vec<_> = cluster
+            .map_or(&[][..], |c| c.service_accounts)
+            .iter()
+            .map(|(ns, name)| (ns.clone(), name.clone(), random_token(name)))
+            .collect();
+        let mut token_lines =
+            format!("{admin_token},admin,admin,\"system:masters\"\n{viewer_token},viewer,viewer\n");
+        for (ns, name, token) in &service_account_tokens {
+            // What the ServiceAccount's own token would authenticate as.
+            token_lines.push_str(&format!(
+                "{token},system:serviceaccount:{ns}:{name},{ns}-{name},\
+                 \"system:serviceaccounts,system:serviceaccounts:{ns},system:authenticated\"\n"
+            ));
+        }
         let tokens = dir.join("tokens.csv");
-        std::fs::write(
-            &tokens,
-            format!("{admin_token},admin,admin,\"system:masters\"\n{viewer_token},viewer,viewer\n"),
-        )?;
+        std::fs::write(&tokens, token_lines)?;
         let (sa_key, sa_pub) = (dir.join("sa.key"), dir.join("sa.pub"));
         run(Command::new("openssl")
             .arg("genrsa")
@@ -152,31 +210,66 @@ impl ApiServer {
             .arg("-out")
             .arg(&sa_pub))?;
 
-        let port = free_port()?;
-        let url = format!("https://127.0.0.1:{port}");
-        let args = vec![
+        let mut args = vec![
             format!("--etcd-servers={etcd_url}"),
-            format!("--secure-port={port}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
             "--insecure-port=0".to_owned(),
-            format!("--cert-dir={}", dir.join("certs").display()),
             format!("--token-auth-file={}", tokens.display()),
-            "--authorization-mode=RBAC".to_owned(),
             format!("--service-account-key-file={}", sa_pub.display()),
             format!("--service-account-signing-key-file={}", sa_key.display()),
             "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
-            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
         ];
+        let (url, certificate_authority) = match cluster {
+            None => {
+                let port = free_port()?;
+                args.extend([
+                    format!("--secure-port={port}"),
+                    "--bind-address=127.0.0.1".to_owned(),
+                    "--advertise-address=127.0.0.1".to_owned(),
+                    format!("--cert-dir={}", dir.join("certs").display()),
+                    "--authorization-mode=RBAC".to_owned(),
+                    "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+                ]);
+                (format!("https://127.0.0.1:{port}"), None)
+            }
+            Some(c) => {
+                let ip = c.network.lab_ip();
+                let (cert, key) = c.ca.sign(
+                    "kube-apiserver",
+                    "/CN=kube-apiserver",
+                    &format!(
+                        "subjectAltName=IP:{ip},DNS:kubernetes,DNS:kubernetes.default,\
+                         DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n\
+                         basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+                    ),
+                )?;
+                args.extend([
+                    "--secure-port=443".to_owned(),
+                    format!("--bind-address={ip}"),
+                    format!("--advertise-address={ip}"),
+                    format!("--tls-cert-file={}", cert.display()),
+                    format!("--tls-private-key-file={}", key.display()),
+                    format!("--client-ca-file={}", c.ca.cert.display()),
+                    "--authorization-mode=Node,RBAC".to_owned(),
+                    format!("--service-cluster-ip-range={}", c.network.service_range()),
+                    "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
+                    "--allow-privileged=true".to_owned(),
+                ]);
+                (format!("https://{ip}:443"), Some(c.ca.cert.as_path()))
+            }
+        };
 
         let kubeconfig = dir.join("kubeconfig");
+        let trust = match certificate_authority {
+            None => "insecure-skip-tls-verify: true".to_owned(),
+            Some(ca) => format!("certificate-authority: {}", ca.display()),
+        };
         std::fs::write(
             &kubeconfig,
             format!(
                 "apiVersion: v1\n\
                  kind: Config\n\
                  clusters:\n\
-                 - name: lab\n  cluster:\n    server: {url}\n    insecure-skip-tls-verify: true\n\
+                 - name: lab\n  cluster:\n    server: {url}\n    {trust}\n\
                  users:\n\
                  - name: admin\n  user:\n    token: {admin_token}\n\
                  contexts:\n\
@@ -190,6 +283,9 @@ impl ApiServer {
             kubeconfig,
             admin_token,
             viewer_token,
+            service_account_tokens,
+            service_account_key: sa_key,
+            network_namespace,
             binary,
             args,
             log: lab_dir.join("kube-apiserver.log"),
@@ -207,13 +303,29 @@ impl Drop for ApiServer {
     }
 }
 
-/// `${PINBOARD_CACHE:-$HOME/.cache/pinboard}/bin/kube-apiserver`, where scripts/setup puts it.
-fn kube_apiserver_binary() -> PathBuf {
+/// `${PINBOARD_CACHE:-$HOME/.cache/pinboard}/bin/<name>`, where scripts/setup builds the Kubernetes
+/// commands; an error saying so if it is missing.
+pub(crate) fn kube_binary(name: &str) -> Result<PathBuf> {
     let cache = std::env::var_os("PINBOARD_CACHE").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pinboard"),
         PathBuf::from,
     );
-    cache.join("bin/kube-apiserver")
+    let binary = cache.join("bin").join(name);
+    if !binary.is_file() {
+        bail!(
+            "{} is missing: run scripts/setup, which builds {name} once and caches it there",
+            binary.display()
+        );
+    }
+    Ok(binary)
+}
+
+/// `program`, in the network namespace `namespace` if there is one.
+fn command(namespace: Option<&Path>, program: impl AsRef<OsStr>) -> Command {
+    match namespace {
+        Some(namespace) => command_in(namespace, program),
+        None => Command::new(program),
+    }
 }
 
 /// `<user>-` and 16 random hex digits (std's randomly keyed hasher: no rand crate needed).

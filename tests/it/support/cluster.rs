@@ -16,6 +16,7 @@ use pinboard::backend::openshift::{Cluster, ClusterError, ConnectOptions, connec
 use pinboard::model::machine_config::{DEGRADED, PROGRESSING, ROLE_LABEL, pool_label};
 use serde_json::{Value, json};
 
+use super::kube_objects::wait_for;
 use super::{Lab, LabConfig};
 
 /// How long the API server gets for anything a test waits on.
@@ -423,14 +424,10 @@ pub async fn eventually<T, F: Future<Output = Option<T>>>(
     what: &str,
     attempt: impl Fn() -> F,
 ) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = attempt().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for(what, WAIT, || async {
+        attempt().await.ok_or_else(|| "not yet".to_owned())
+    })
+    .await
 }
 
 /// Stores `docker_config` (`{"auths": ...}`) as the cluster's global pull secret,

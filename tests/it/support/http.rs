@@ -1,4 +1,4 @@
-//! The one HTTP client setup for talking to the lab's loopback servers (registry, proxy, kube-apiserver).
+//! The one HTTP client setup for talking to the lab's servers (registry, proxy, kube-apiserver).
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,16 +14,30 @@ pub fn agent() -> ureq::Agent {
 
 /// [`agent`], presenting the client certificate `cert` with its key `key` (PEM) to TLS servers.
 pub fn agent_with_client_certificate(cert: &Path, key: &Path) -> Result<ureq::Agent> {
-    let chain = ureq::tls::parse_pem(&std::fs::read(cert)?)
-        .filter_map(|item| match item {
-            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-            _ => None,
-        })
-        .collect::<Vec<_>>();
+    let chain = certificates(cert)?;
     let key = ureq::tls::PrivateKey::from_pem(&std::fs::read(key)?)?;
     Ok(agent_presenting(Some(
         ureq::tls::ClientCert::new_with_certs(&chain, key),
     )))
+}
+
+/// [`agent`], verifying TLS servers' certificates against the CA certificate `ca` (PEM) only.
+pub fn agent_trusting(ca: &Path) -> Result<ureq::Agent> {
+    let roots = certificates(ca)?;
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(roots)))
+        .build();
+    Ok(with_tls(tls))
+}
+
+/// The certificates in the PEM file `path`.
+fn certificates(path: &Path) -> Result<Vec<ureq::tls::Certificate<'static>>> {
+    Ok(ureq::tls::parse_pem(&std::fs::read(path)?)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect())
 }
 
 fn agent_presenting(client: Option<ureq::tls::ClientCert>) -> ureq::Agent {
@@ -31,6 +45,10 @@ fn agent_presenting(client: Option<ureq::tls::ClientCert>) -> ureq::Agent {
         .disable_verification(true)
         .client_cert(client)
         .build();
+    with_tls(tls)
+}
+
+fn with_tls(tls: ureq::tls::TlsConfig) -> ureq::Agent {
     ureq::Agent::config_builder()
         .tls_config(tls)
         .proxy(None)

@@ -28,7 +28,7 @@ const CONFIG_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 const GZIP_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const ZSTD_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
 /// Every timestamp in generated images (tar headers, config): 2000-01-01T00:00:00Z.
-const EPOCH: u64 = 946_684_800;
+pub(crate) const EPOCH: u64 = 946_684_800;
 const CREATED: &str = "2000-01-01T00:00:00Z";
 /// Fast levels: the content is random, so higher levels would only cost time.
 const GZIP_LEVEL: u32 = 1;
@@ -188,6 +188,8 @@ pub(crate) struct Extras<'a> {
     pub labels: BTreeMap<String, String>,
     /// Also push the manifest under this tag.
     pub tag: Option<&'a str>,
+    /// The config's `Entrypoint`, unless empty.
+    pub entrypoint: Vec<String>,
 }
 
 /// Builds the image's blobs and pushes them (each blob once per registry) and its manifest.
@@ -210,24 +212,10 @@ pub(crate) fn push_image_with(
     platform: &Platform,
     extras: &Extras<'_>,
 ) -> Result<PushedImage> {
-    let mut layers = Vec::new();
-    let mut descriptors = Vec::new();
-    let mut diff_ids = Vec::new();
-    let mut history = Vec::new();
     let built = extras.built.iter().map(|layer| {
-        let digest = sha256_digest(&layer.blob);
-        registry.push_blob(repo, &digest, &layer.blob)?;
-        Ok::<_, anyhow::Error>((
-            LayerMeta {
-                digest,
-                size: len_u64(&layer.blob),
-                diff_id: layer.diff_id.clone(),
-                uncompressed_size: layer.uncompressed_size,
-                media_type: layer.media_type,
-                annotations: BTreeMap::new(),
-            },
-            "pinboard lab layer: built".to_owned(),
-        ))
+        let meta = LayerMeta::of_built(layer);
+        registry.push_blob(repo, &meta.digest, &layer.blob)?;
+        Ok::<_, anyhow::Error>((meta, BUILT_HISTORY.to_owned()))
     });
     let generated = spec.layers.iter().map(|layer_spec| {
         let layer = push_layer(registry, cache, repo, layer_spec)?;
@@ -239,63 +227,134 @@ pub(crate) fn push_image_with(
             ),
         ))
     });
-    for pushed in generated.chain(built) {
-        let (layer, created_by) = pushed?;
-        let mut descriptor = json!({
-            "mediaType": layer.media_type,
-            "digest": layer.digest,
-            "size": layer.size,
-        });
-        if !layer.annotations.is_empty() {
-            descriptor["annotations"] = json!(layer.annotations);
-        }
-        descriptors.push(descriptor);
-        diff_ids.push(layer.diff_id.clone());
-        history.push(json!({"created": CREATED, "created_by": created_by}));
-        layers.push(PushedLayer {
-            digest: layer.digest,
-            size: layer.size,
-            uncompressed_size: layer.uncompressed_size,
-            media_type: layer.media_type.to_owned(),
-        });
-    }
-
-    let mut config = platform.to_json();
-    config.insert("created".into(), CREATED.into());
-    let mut image_config =
-        json!({"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]});
-    if !extras.labels.is_empty() {
-        image_config["Labels"] = json!(extras.labels);
-    }
-    config.insert("config".into(), image_config);
-    config.insert(
-        "rootfs".into(),
-        json!({"type": "layers", "diff_ids": diff_ids}),
-    );
-    config.insert("history".into(), history.into());
-    let config = serde_json::to_vec(&config)?;
-    let config_digest = sha256_digest(&config);
-    registry.push_blob(repo, &config_digest, &config)?;
-
-    let mut manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_TYPE,
-        "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": config.len()},
-        "layers": descriptors,
-    });
-    if !spec.annotations.is_empty() {
-        manifest["annotations"] = json!(spec.annotations);
-    }
-    let manifest = serde_json::to_vec(&manifest)?;
-    let manifest_digest = registry.put_manifest_as(repo, extras.tag, MANIFEST_TYPE, &manifest)?;
+    let layers = generated.chain(built).collect::<Result<Vec<_>>>()?;
+    let documents = ImageDocuments::new(layers, platform, extras, &spec.annotations)?;
+    let (config, manifest) = (&documents.config, &documents.manifest);
+    let config_digest = sha256_digest(config);
+    registry.push_blob(repo, &config_digest, config)?;
+    let manifest_digest = registry.put_manifest_as(repo, extras.tag, MANIFEST_TYPE, manifest)?;
+    let layers = documents.layers;
     Ok(PushedImage {
         repo: repo.to_owned(),
         manifest_digest,
-        manifest_size: len_u64(&manifest),
+        manifest_size: len_u64(manifest),
         config_digest,
-        config_size: len_u64(&config),
+        config_size: len_u64(config),
         layers,
     })
+}
+
+/// The history line of a layer built elsewhere.
+const BUILT_HISTORY: &str = "pinboard lab layer: built";
+
+/// An image's config and manifest, and its layers as the manifest lists them.
+struct ImageDocuments {
+    config: Vec<u8>,
+    manifest: Vec<u8>,
+    layers: Vec<PushedLayer>,
+}
+
+impl ImageDocuments {
+    /// The documents of an image of `layers` (bottom first, each with its history line) for `platform`,
+    /// with the config settings of `extras` and the manifest `annotations`.
+    fn new(
+        layers: Vec<(LayerMeta, String)>,
+        platform: &Platform,
+        extras: &Extras<'_>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<ImageDocuments> {
+        let mut pushed = Vec::new();
+        let mut descriptors = Vec::new();
+        let mut diff_ids = Vec::new();
+        let mut history = Vec::new();
+        for (layer, created_by) in layers {
+            let mut descriptor = json!({
+                "mediaType": layer.media_type,
+                "digest": layer.digest,
+                "size": layer.size,
+            });
+            if !layer.annotations.is_empty() {
+                descriptor["annotations"] = json!(layer.annotations);
+            }
+            descriptors.push(descriptor);
+            diff_ids.push(layer.diff_id.clone());
+            history.push(json!({"created": CREATED, "created_by": created_by}));
+            pushed.push(PushedLayer {
+                digest: layer.digest,
+                size: layer.size,
+                uncompressed_size: layer.uncompressed_size,
+                media_type: layer.media_type.to_owned(),
+            });
+        }
+
+        let mut config = platform.to_json();
+        config.insert("created".into(), CREATED.into());
+        let mut image_config =
+            json!({"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]});
+        if !extras.labels.is_empty() {
+            image_config["Labels"] = json!(extras.labels);
+        }
+        if !extras.entrypoint.is_empty() {
+            image_config["Entrypoint"] = json!(extras.entrypoint);
+        }
+        config.insert("config".into(), image_config);
+        config.insert(
+            "rootfs".into(),
+            json!({"type": "layers", "diff_ids": diff_ids}),
+        );
+        config.insert("history".into(), history.into());
+        let config = serde_json::to_vec(&config)?;
+
+        let mut manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_TYPE,
+            "config": {"mediaType": CONFIG_TYPE, "digest": sha256_digest(&config), "size": config.len()},
+            "layers": descriptors,
+        });
+        if !annotations.is_empty() {
+            manifest["annotations"] = json!(annotations);
+        }
+        Ok(ImageDocuments {
+            manifest: serde_json::to_vec(&manifest)?,
+            config,
+            layers: pushed,
+        })
+    }
+}
+
+/// A linux/amd64 image of the one layer `layer`, with the config settings of `extras`, as an OCI image
+/// layout in a tar whose index names it `name`: what `ctr images import` takes.
+pub(crate) fn oci_archive(name: &str, layer: &BuiltLayer, extras: &Extras<'_>) -> Result<Vec<u8>> {
+    let layers = vec![(LayerMeta::of_built(layer), BUILT_HISTORY.to_owned())];
+    let documents =
+        ImageDocuments::new(layers, &Platform::linux_amd64(), extras, &BTreeMap::new())?;
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": INDEX_TYPE,
+        "manifests": [{
+            "mediaType": MANIFEST_TYPE,
+            "digest": sha256_digest(&documents.manifest),
+            "size": documents.manifest.len(),
+            "annotations": {"io.containerd.image.name": name},
+        }],
+    }))?;
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, bytes: &[u8]| {
+        let mut header = tar::Header::new_ustar();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o644);
+        header.set_size(len_u64(bytes));
+        header.set_mtime(EPOCH);
+        archive.append_data(&mut header, path, bytes)
+    };
+    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    add("index.json", &index)?;
+    for blob in [&layer.blob, &documents.config, &documents.manifest] {
+        let digest = sha256_digest(blob);
+        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+        add(&format!("blobs/sha256/{hex}"), blob)?;
+    }
+    Ok(archive.into_inner()?)
 }
 
 /// Pushes one image per platform, then an OCI index over them.
@@ -385,6 +444,19 @@ struct LayerMeta {
     uncompressed_size: u64,
     media_type: &'static str,
     annotations: BTreeMap<String, String>,
+}
+
+impl LayerMeta {
+    fn of_built(layer: &BuiltLayer) -> LayerMeta {
+        LayerMeta {
+            digest: sha256_digest(&layer.blob),
+            size: len_u64(&layer.blob),
+            diff_id: layer.diff_id.clone(),
+            uncompressed_size: layer.uncompressed_size,
+            media_type: layer.media_type,
+            annotations: BTreeMap::new(),
+        }
+    }
 }
 
 /// A built layer blob.

@@ -1,6 +1,8 @@
-//! [`Lab`]: starts the registry, its proxy, the containerd nodes and optionally the API server, gives tests
-//! their addresses, and stops everything (by PID) and unmounts the nodes' tmpfs when dropped.
+//! [`Lab`]: starts the registry, its proxy, the containerd nodes and optionally the API server (or a whole
+//! plain Kubernetes cluster, in a network namespace of the lab's own), gives tests their addresses, and
+//! stops everything (by PID) and unmounts the nodes' tmpfs when dropped.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -9,10 +11,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 
-use super::apiserver::ApiServer;
-use super::images::{self, ImageSpec, LayerCache, Platform, PushedImage, PushedIndex};
-use super::node::{Node, NodeEnv, NodeSpec};
-use super::pki::SitePki;
+use super::apiserver::{ApiServer, ClusterApiServer};
+use super::binary_image::binary_layer;
+use super::images::{self, Extras, ImageSpec, LayerCache, Platform, PushedImage, PushedIndex};
+use super::kube_cluster::{ClusterConfig, KubeCluster, SANDBOX_IMAGE};
+use super::network::LabNetwork;
+use super::node::{ClusterNodeEnv, Node, NodeEnv, NodeSpec};
+use super::node_sandbox::{RUNC_ROOT, own_path, remove_container_cgroups};
+use super::pki::{Ca, SitePki};
 use super::process::{Proc, run, stop_all};
 use super::proxy::{Proxy, ProxyControl};
 use super::registry::{Registry, RegistrySetup, RegistryTls};
@@ -28,20 +34,29 @@ pub struct LabConfig {
     /// CA and present its client certificate as the setup needs; clients outside the lab are given the
     /// files by the test ([`Lab::pki`]).
     pub registry: RegistrySetup,
+    /// Make the lab a plain Kubernetes cluster ([`KubeCluster`]; implies `apiserver`): the API server,
+    /// controller manager and scheduler, and a kubelet beside each node's containerd, all in the lab's
+    /// network namespace ([`LabNetwork`]), where the registry and proxy are reached on the host's side.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// A running lab. Dropping it stops every process it started and unmounts the nodes' image filesystems;
 /// logs stay in [`Lab::dir`].
 pub struct Lab {
-    // Declared (and so dropped) before `resources`: the proxy thread stops before the processes do.
+    // Declared (and so dropped) before `resources`: the proxy thread stops before the processes do; the
+    // kubelets before their nodes; the network namespace last.
     proxy: Proxy,
     registry: Registry,
     tokens: Option<Arc<TokenService>>,
     pki: Option<SitePki>,
+    /// Whether the nodes present the site's client certificate to the registry.
+    client_certificate: bool,
     layers: LayerCache,
+    cluster: Option<KubeCluster>,
     nodes: Vec<Node>,
     apiserver: Option<ApiServer>,
     resources: Resources,
+    network: Option<LabNetwork>,
 }
 
 impl Lab {
@@ -65,6 +80,7 @@ impl Lab {
         check_nodes(&config.nodes)?;
         let root = target_dir().join("lab");
         unmount_stale(&root);
+        remove_stale_cgroups(&root);
         let (dir, unique) = create_unique_dir(&root, name)?;
         eprintln!("lab {name}: logs and state in {}", dir.display());
         let mut resources = Resources {
@@ -76,6 +92,14 @@ impl Lab {
         };
         let context = || format!("lab {name} did not start; logs in {}", dir.display());
 
+        let network = match config.cluster {
+            Some(_) => Some(LabNetwork::create(&dir).with_context(context)?),
+            None => None,
+        };
+        // Where the nodes reach the registry and proxy.
+        let registry_ip = network
+            .as_ref()
+            .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |n| n.host_ip().into());
         let setup = &config.registry;
         let tokens = match &setup.tokens {
             Some(users) => Some(Arc::new(
@@ -85,24 +109,31 @@ impl Lab {
         };
         let pki = match setup.tls {
             RegistryTls::Off => None,
-            _ => Some(SitePki::make(&dir.join("pki")).with_context(context)?),
+            _ => Some(SitePki::make(&dir.join("pki"), registry_ip).with_context(context)?),
         };
         let registry = Registry::start(
             &dir,
+            registry_ip,
             &mut resources.procs,
             tokens.clone(),
             setup.tls,
             pki.as_ref(),
         )
         .with_context(context)?;
-        let proxy = Proxy::start(registry.host().parse()?)?;
+        let proxy = Proxy::start(registry_ip, registry.host().parse()?)?;
+        let client_certificate = setup.tls == RegistryTls::ClientCertificates;
+        let registry_hosts = [registry.host(), proxy.host()];
         let env = NodeEnv {
             lab_dir: &dir,
-            registry_hosts: &[registry.host(), proxy.host()],
+            registry_hosts: &registry_hosts,
             scheme: registry.scheme(),
             pki: pki.as_ref(),
-            client_certificate: setup.tls == RegistryTls::ClientCertificates,
+            client_certificate,
             short_socket_dir: &resources.short_socket_dir,
+            cluster: network.as_ref().map(|network| ClusterNodeEnv {
+                network,
+                sandbox_image: SANDBOX_IMAGE,
+            }),
         };
         let nodes = config
             .nodes
@@ -110,10 +141,32 @@ impl Lab {
             .map(|spec| Node::start(spec, &env, &mut resources.procs, &mut resources.mounts))
             .collect::<Result<Vec<_>>>()
             .with_context(context)?;
-        let apiserver = if config.apiserver {
-            Some(ApiServer::start(&dir, &mut resources.procs).with_context(context)?)
-        } else {
-            None
+        let (apiserver, cluster) = match (&network, &config.cluster) {
+            (Some(network), Some(cluster_config)) => {
+                let ca = Ca::make(&dir.join("cluster-pki"), "pinboard lab cluster CA")
+                    .with_context(context)?;
+                let in_cluster = ClusterApiServer {
+                    network,
+                    ca: &ca,
+                    service_accounts: &cluster_config.service_account_tokens,
+                };
+                let apiserver = ApiServer::start(&dir, &mut resources.procs, Some(&in_cluster))
+                    .with_context(context)?;
+                let mut cluster =
+                    KubeCluster::start(&dir, network, &apiserver, ca).with_context(context)?;
+                for node in &nodes {
+                    cluster.start_kubelet(node, network).with_context(context)?;
+                }
+                for node in &nodes {
+                    cluster.wait_registered(&node.name).with_context(context)?;
+                }
+                (Some(apiserver), Some(cluster))
+            }
+            _ if config.apiserver => (
+                Some(ApiServer::start(&dir, &mut resources.procs, None).with_context(context)?),
+                None,
+            ),
+            _ => (None, None),
         };
         eprintln!(
             "lab {name}: ready in {:.1} s",
@@ -124,10 +177,13 @@ impl Lab {
             registry,
             tokens,
             pki,
+            client_certificate,
             layers: LayerCache::default(),
+            cluster,
             nodes,
             apiserver,
             resources,
+            network,
         })
     }
 
@@ -220,6 +276,75 @@ impl Lab {
         self.apiserver.as_ref()
     }
 
+    /// The controllers and kubelets of a cluster lab.
+    pub fn cluster(&self) -> Option<&KubeCluster> {
+        self.cluster.as_ref()
+    }
+
+    /// A cluster lab's network namespace and its addresses.
+    pub fn network(&self) -> Option<&LabNetwork> {
+        self.network.as_ref()
+    }
+
+    /// Starts one more node; in a cluster lab with its kubelet, returning once its Node is registered.
+    pub fn add_node(&mut self, spec: NodeSpec) -> Result<&Node> {
+        check_nodes(std::slice::from_ref(&spec))?;
+        ensure!(
+            self.nodes.iter().all(|n| n.name != spec.name),
+            "node name {:?} is used twice",
+            spec.name
+        );
+        let registry_hosts = [self.registry.host(), self.proxy.host()];
+        let (lab_dir, short_socket_dir) = (
+            self.resources.dir.clone(),
+            self.resources.short_socket_dir.clone(),
+        );
+        let env = NodeEnv {
+            lab_dir: &lab_dir,
+            registry_hosts: &registry_hosts,
+            scheme: self.registry.scheme(),
+            pki: self.pki.as_ref(),
+            client_certificate: self.client_certificate,
+            short_socket_dir: &short_socket_dir,
+            cluster: self.network.as_ref().map(|network| ClusterNodeEnv {
+                network,
+                sandbox_image: SANDBOX_IMAGE,
+            }),
+        };
+        let resources = &mut self.resources;
+        let node = Node::start(&spec, &env, &mut resources.procs, &mut resources.mounts)?;
+        if let (Some(cluster), Some(network)) = (&mut self.cluster, &self.network) {
+            cluster.start_kubelet(&node, network)?;
+            cluster.wait_registered(&node.name)?;
+        }
+        self.nodes.push(node);
+        Ok(self.nodes.last().expect("just pushed"))
+    }
+
+    /// Stops node `name` for good: in a cluster lab its kubelet too, and deletes its Node object (as
+    /// `kubectl delete node` does). Its containerd, its pods and its image filesystem go.
+    pub fn remove_node(&mut self, name: &str) -> Result<()> {
+        let at = self
+            .nodes
+            .iter()
+            .position(|n| n.name == name)
+            .with_context(|| format!("the lab has no node {name:?}"))?;
+        if let (Some(cluster), Some(network)) = (&mut self.cluster, &self.network) {
+            cluster.stop_kubelet(name, network);
+            cluster.delete_node(name)?;
+        }
+        let node = self.nodes.remove(at);
+        let procs = &mut self.resources.procs;
+        if let Some(at) = procs.iter().position(|p| p.name() == node.process_name()) {
+            stop_all(std::slice::from_mut(&mut procs.remove(at)));
+        }
+        let root = node.root.clone();
+        drop(node); // a cluster node's sandbox goes with it
+        self.resources.mounts.retain(|mount| *mount != root);
+        unmount(&root);
+        Ok(())
+    }
+
     /// Kills node `name`'s containerd (SIGKILL, as a crash) and starts it again on the same root, state and
     /// socket; returns once it serves CRI again.
     pub fn restart_node(&mut self, name: &str) -> Result<()> {
@@ -257,6 +382,27 @@ impl Lab {
         &self.layers
     }
 
+    /// Pushes an image of `binary` (a program of this machine) to `repo`: one layer holding it at
+    /// `/usr/local/bin/<name>` with every shared library `ldd` says it links, its entrypoint the binary.
+    /// Returns its reference by digest, `HOST:PORT/REPO@sha256:…`.
+    pub fn push_binary_image(&self, binary: &Path, repo: &str) -> Result<String> {
+        let (layer, path) = binary_layer(binary)?;
+        let extras = Extras {
+            built: std::slice::from_ref(&layer),
+            entrypoint: vec![path],
+            ..Extras::default()
+        };
+        let image = images::push_image_with(
+            &self.registry,
+            &self.layers,
+            repo,
+            &ImageSpec::default(),
+            &Platform::linux_amd64(),
+            &extras,
+        )?;
+        Ok(image.reference(self.registry.host()))
+    }
+
     /// Pushes one image per platform and an OCI index over them.
     pub fn push_index(&self, repo: &str, images: &[(Platform, ImageSpec)]) -> Result<PushedIndex> {
         images::push_index(&self.registry, &self.layers, repo, images)
@@ -286,6 +432,25 @@ impl Drop for Resources {
             if path.exists() {
                 let _ = std::fs::remove_dir_all(&path);
             }
+        }
+    }
+}
+
+/// Removes the cgroups that runc made for the containers of cluster labs whose process is gone (killed
+/// before it could clean up: its nodes' processes died with it, the cgroups stayed).
+fn remove_stale_cgroups(root: &Path) {
+    let Ok(labs) = std::fs::read_dir(root) else {
+        return;
+    };
+    for lab in labs.flatten() {
+        if !lab.file_name().to_str().is_some_and(owner_is_gone) {
+            continue;
+        }
+        let Ok(nodes) = std::fs::read_dir(lab.path().join("nodes")) else {
+            continue;
+        };
+        for node in nodes.flatten() {
+            remove_container_cgroups(&own_path(&node.path(), RUNC_ROOT));
         }
     }
 }
@@ -353,8 +518,16 @@ pub(crate) fn unmount(mount: &Path) {
     }
 }
 
+/// Whether the process that started the lab in directory `lab` (`<name>-<pid>-<n>`) is gone.
+fn owner_is_gone(lab: &str) -> bool {
+    lab.rsplit('-')
+        .nth(1)
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+}
+
 /// Unmounts the tmpfs of labs under `root` whose process is gone (killed before it could clean up), so
-/// their memory is freed. The owning PID is the second-last `-` field of the lab directory's name.
+/// their memory is freed.
 fn unmount_stale(root: &Path) {
     let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
         return;
@@ -366,11 +539,7 @@ fn unmount_stale(root: &Path) {
         let Some(lab) = rest.iter().next().and_then(|c| c.to_str()) else {
             continue;
         };
-        let owner = lab
-            .rsplit('-')
-            .nth(1)
-            .and_then(|pid| pid.parse::<u32>().ok());
-        if owner.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+        if owner_is_gone(lab) {
             eprintln!("lab: unmounting {mountpoint}, left behind by a lab whose process is gone");
             unmount(Path::new(mountpoint));
         }

@@ -1,7 +1,8 @@
 //! The lab: real containerd nodes, a real docker-registry behind a controllable TCP proxy (optionally behind
 //! a token service, over TLS with a site CA, or asking for client certificates), and (optionally) a real
-//! etcd + kube-apiserver, all started as local processes for integration tests and the `lab` example;
-//! stand-ins, speaking the real formats, for what cannot run here (kubelet, CRI-O).
+//! etcd + kube-apiserver, or a whole plain Kubernetes cluster with real kubelets, controller manager and
+//! scheduler, all started as local processes for integration tests and the `lab` example; stand-ins,
+//! speaking the real formats, for what cannot run here (CRI-O, and the kubelet of an OpenShift lab).
 //!
 //! The test binary (tests/it/main.rs) declares it with `mod support;`; the benches and the example include
 //! it with `#[path = "../tests/it/support/mod.rs"] mod support;`, allowing what only the tests use to be
@@ -10,16 +11,21 @@
 //! run on this machine is described in docs/lab.md.
 
 mod apiserver;
+mod binary_image;
 pub mod cluster;
 mod cri;
 pub mod crio;
 pub mod http;
 pub mod hup;
 mod images;
+pub mod kube_cluster;
+pub mod kube_objects;
 pub mod kubelet;
 pub mod lab;
 pub mod logs;
+pub mod network;
 mod node;
+mod node_sandbox;
 mod pki;
 pub mod private;
 mod process;
@@ -31,6 +37,7 @@ pub mod tmux;
 mod token;
 
 pub use images::{ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage};
+pub use kube_cluster::ClusterConfig;
 pub use lab::{Lab, LabConfig};
 pub use node::{Node, NodeSpec};
 pub use process::free_port;

@@ -1,5 +1,8 @@
 //! A lab node: one real containerd (with its CRI plugin) whose root is a size-limited tmpfs, so each node
 //! has an image filesystem of its own size. Its config, log and state live in `<lab>/nodes/<name>/`.
+//!
+//! A cluster lab's node runs its containerd in a [`NodeSandbox`] (with the kubelet the cluster starts beside
+//! it), at the standard paths, configured as a kubelet needs it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,6 +13,8 @@ use anyhow::{Context, Result, bail};
 
 use super::cri;
 use super::lab::mount_tmpfs;
+use super::network::LabNetwork;
+use super::node_sandbox::{self, NodeSandbox, RUNC_ROOT};
 use super::pki::SitePki;
 use super::process::{Proc, run};
 
@@ -54,6 +59,10 @@ pub struct Node {
     pub imagefs_bytes: u64,
     /// containerd's config file, for starting it again.
     config: PathBuf,
+    /// Its registry `config_path`, as the lab sees it.
+    certs: PathBuf,
+    /// A cluster node's namespaces.
+    sandbox: Option<NodeSandbox>,
 }
 
 /// What a node needs from the lab to start.
@@ -69,7 +78,22 @@ pub(crate) struct NodeEnv<'a> {
     pub(crate) client_certificate: bool,
     /// Where to put the socket if the path under the lab dir is too long for a unix socket.
     pub(crate) short_socket_dir: &'a Path,
+    /// Set in a cluster lab.
+    pub(crate) cluster: Option<ClusterNodeEnv<'a>>,
 }
+
+/// What a cluster lab's node needs besides.
+#[derive(Clone, Copy)]
+pub(crate) struct ClusterNodeEnv<'a> {
+    pub(crate) network: &'a LabNetwork,
+    /// The pod sandbox ("pause") image, in the lab registry.
+    pub(crate) sandbox_image: &'a str,
+}
+
+/// The standard paths a cluster node's containerd is configured with (in its [`NodeSandbox`]).
+const STANDARD_SOCKET: &str = "/run/containerd/containerd.sock";
+const STANDARD_STATE: &str = "/run/containerd";
+const STANDARD_CERTS: &str = "/etc/containerd/certs.d";
 
 impl Node {
     /// Mounts the node's tmpfs (recorded in `mounts` at once, for unmounting) and starts its containerd
@@ -82,20 +106,10 @@ impl Node {
     ) -> Result<Node> {
         let dir = env.lab_dir.join("nodes").join(&spec.name);
         let root = dir.join("root");
-        let state = dir.join("state");
-        let certs = dir.join("certs.d");
-        for d in [&root, &state, &certs] {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-        }
-        let mut socket = dir.join("containerd.sock");
-        if socket.as_os_str().len() > MAX_SOCKET_PATH {
-            std::fs::create_dir_all(env.short_socket_dir)?;
-            let short = env.short_socket_dir.join(format!("{}.sock", spec.name));
-            std::os::unix::fs::symlink(&short, &socket)?;
-            socket = short;
-        }
+        let paths = ContainerdPaths::new(&dir, env, &spec.name)?;
+        std::fs::create_dir_all(&root)?;
         for host in env.registry_hosts {
-            let host_dir = certs.join(host);
+            let host_dir = paths.certs.join(host);
             std::fs::create_dir_all(&host_dir)?;
             let scheme = env.scheme;
             let mut text = format!(
@@ -118,6 +132,11 @@ impl Node {
 
         mount_tmpfs(&root, spec.imagefs_bytes)?;
         mounts.push(root.clone());
+        // After the tmpfs is mounted: the sandbox's mount namespace is a copy of the host's.
+        let sandbox = match &env.cluster {
+            Some(cluster) => Some(NodeSandbox::create(&dir, cluster.network)?),
+            None => None,
+        };
 
         let registry = if spec.without_config_path {
             env.registry_hosts
@@ -130,7 +149,14 @@ impl Node {
                 })
                 .collect()
         } else {
-            format!("    config_path = \"{}\"\n", certs.display())
+            format!(
+                "    config_path = \"{}\"\n",
+                paths.certs_in_config.display()
+            )
+        };
+        let (cri, runtimes) = match &env.cluster {
+            Some(cluster) => kubelet_cri_config(&dir, cluster.sandbox_image)?,
+            None => (String::new(), String::new()),
         };
         let config = dir.join("config.toml");
         std::fs::write(
@@ -148,21 +174,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri"]
   # A free port rather than the default 10010, so several nodes can run side by side.
   stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
+{cri}  [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "native"
-  [plugins."io.containerd.grpc.v1.cri".registry]
+{runtimes}  [plugins."io.containerd.grpc.v1.cri".registry]
 {registry}"#,
                 root = root.display(),
-                state = state.display(),
-                socket = socket.display(),
+                state = paths.state_in_config.display(),
+                socket = paths.socket_in_config.display(),
             ),
         )?;
         let node = Node {
             name: spec.name.clone(),
-            socket,
+            socket: paths.socket,
             root,
             imagefs_bytes: spec.imagefs_bytes,
             config,
+            certs: paths.certs,
+            sandbox,
         };
         procs.push(node.spawn_containerd()?);
         node.wait_ready(procs.last_mut().expect("just pushed"))?;
@@ -176,13 +204,42 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     /// Starts this node's containerd (its log appended to), without waiting for it.
     pub(crate) fn spawn_containerd(&self) -> Result<Proc> {
-        let mut command = Command::new("containerd");
-        command.arg("--config").arg(&self.config);
-        let dir = self
-            .config
+        let dir = self.dir();
+        let log = dir.join("containerd.log");
+        match &self.sandbox {
+            None => {
+                let mut command = Command::new("containerd");
+                command.arg("--config").arg(&self.config);
+                Proc::spawn(&self.process_name(), command, &log)
+            }
+            Some(sandbox) => {
+                let mut command = sandbox.command("containerd");
+                command.arg("--config").arg(&self.config);
+                Proc::spawn_group(&self.process_name(), command, &log)
+            }
+        }
+    }
+
+    /// `<lab>/nodes/<name>/`
+    pub(crate) fn dir(&self) -> &Path {
+        self.config
             .parent()
-            .expect("the config is in the node's directory");
-        Proc::spawn(&self.process_name(), command, &dir.join("containerd.log"))
+            .expect("the config is in the node's directory")
+    }
+
+    /// A cluster node's namespaces.
+    pub(crate) fn sandbox(&self) -> Option<&NodeSandbox> {
+        self.sandbox.as_ref()
+    }
+
+    /// Where the lab finds `path` (absolute) as a cluster node sees it, for a path under `/run`,
+    /// `/var/lib`, `/var/log` or `/etc/containerd`: e.g. the node's `/var/lib/kubelet/config.json`.
+    /// Panics for a node outside a cluster lab (a mistake in the test).
+    pub fn path_in_node(&self, path: &str) -> PathBuf {
+        self.sandbox
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {} is not a cluster lab's", self.name))
+            .host_path(path)
     }
 
     /// Returns once `proc`, this node's containerd, serves containerd's API and CRI.
@@ -199,12 +256,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     /// The `hosts.toml` through which this node's containerd reaches `registry_host` (`HOST:PORT`), in its
     /// registry `config_path`: what an administrator edits to add a mirror.
     pub fn hosts_toml(&self, registry_host: &str) -> PathBuf {
-        self.root
-            .parent()
-            .expect("the root is in the node's directory")
-            .join("certs.d")
-            .join(registry_host)
-            .join("hosts.toml")
+        self.certs.join(registry_host).join("hosts.toml")
     }
 
     /// `unix:///abs/path/containerd.sock`
@@ -280,6 +332,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         }
         run(command.arg(reference))
             .with_context(|| format!("node {}: ctr pull {reference}", self.name))?;
+        self.wait_for_cri_image(reference, "ctr pulled it")
+    }
+
+    /// Imports the image `name` from the OCI archive `archive` with `ctr images import` in containerd's
+    /// `k8s.io` namespace, the way an administrator pre-loads an image without a registry, then waits until
+    /// the node's CRI ImageStatus reports it.
+    pub fn import(&self, archive: &Path, name: &str) -> Result<()> {
+        run(ctr(&self.socket)
+            .args(["images", "import", "--snapshotter", "native"])
+            .arg(archive))
+        .with_context(|| format!("node {}: ctr import {}", self.name, archive.display()))?;
+        self.wait_for_cri_image(name, "ctr imported it")
+    }
+
+    /// Waits until the node's CRI reports `reference`, which containerd's `k8s.io` namespace has (CRI
+    /// picks up images created there from containerd's events, asynchronously).
+    fn wait_for_cri_image(&self, reference: &str, after: &str) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if cri::image_id(&self.socket, reference)?.is_some() {
@@ -287,13 +356,111 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             }
             if Instant::now() >= deadline {
                 bail!(
-                    "node {}: CRI does not report {reference} after ctr pulled it",
+                    "node {}: CRI does not report {reference} after {after}",
                     self.name
                 );
             }
             thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// Where a node's containerd has its socket, state and registry config: as its config says (for a cluster
+/// node, the standard paths in its sandbox) and, for the socket and registry config, as the lab sees them.
+struct ContainerdPaths {
+    socket_in_config: PathBuf,
+    state_in_config: PathBuf,
+    certs_in_config: PathBuf,
+    /// A path short enough for a unix socket.
+    socket: PathBuf,
+    certs: PathBuf,
+}
+
+impl ContainerdPaths {
+    /// The paths of node `name` in `dir`, with their directories created.
+    fn new(dir: &Path, env: &NodeEnv<'_>, name: &str) -> Result<ContainerdPaths> {
+        let short = env.short_socket_dir.join(format!("{name}.sock"));
+        let paths = match env.cluster {
+            None => {
+                let state = dir.join("state");
+                let certs = dir.join("certs.d");
+                let mut socket = dir.join("containerd.sock");
+                for d in [&state, &certs] {
+                    std::fs::create_dir_all(d)
+                        .with_context(|| format!("creating {}", d.display()))?;
+                }
+                // containerd listens on the short path, linked from the long one.
+                if socket.as_os_str().len() > MAX_SOCKET_PATH {
+                    std::fs::create_dir_all(env.short_socket_dir)?;
+                    std::os::unix::fs::symlink(&short, &socket)?;
+                    socket = short;
+                }
+                ContainerdPaths {
+                    socket_in_config: socket.clone(),
+                    state_in_config: state,
+                    certs_in_config: certs.clone(),
+                    socket,
+                    certs,
+                }
+            }
+            Some(_) => {
+                let in_sandbox = |path: &str| node_sandbox::own_path(dir, path);
+                let certs = in_sandbox(STANDARD_CERTS);
+                let mut socket = in_sandbox(STANDARD_SOCKET);
+                for d in [&certs, &in_sandbox(STANDARD_STATE)] {
+                    std::fs::create_dir_all(d)
+                        .with_context(|| format!("creating {}", d.display()))?;
+                }
+                // containerd listens on the standard path in its sandbox; the lab reaches it through a
+                // short link when the path under the lab dir is too long.
+                if socket.as_os_str().len() > MAX_SOCKET_PATH {
+                    std::fs::create_dir_all(env.short_socket_dir)?;
+                    std::os::unix::fs::symlink(&socket, &short)?;
+                    socket = short;
+                }
+                ContainerdPaths {
+                    socket_in_config: PathBuf::from(STANDARD_SOCKET),
+                    state_in_config: PathBuf::from(STANDARD_STATE),
+                    certs_in_config: PathBuf::from(STANDARD_CERTS),
+                    socket,
+                    certs,
+                }
+            }
+        };
+        Ok(paths)
+    }
+}
+
+/// The CRI plugin's settings for a kubelet, beyond those every node has: the lines of its own table and
+/// those of its `containerd` table. The node's CNI directories (in `dir`) stay empty: pods use the host's
+/// network (the node stays NotReady, "cni plugin not initialized", which hostNetwork pods do not mind).
+fn kubelet_cri_config(dir: &Path, sandbox_image: &str) -> Result<(String, String)> {
+    let (cni_bin, cni_conf) = (dir.join("cni/bin"), dir.join("cni/net.d"));
+    for d in [&cni_bin, &cni_conf] {
+        std::fs::create_dir_all(d)?;
+    }
+    let cri = format!(
+        r#"  # This machine's root lacks CAP_SYS_RESOURCE: runc could not raise a container's oom_score_adj.
+  restrict_oom_score_adj = true
+  # In the lab registry: there is no other registry to pull the default one from.
+  sandbox_image = "{sandbox_image}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
+"#,
+        cni_bin = cni_bin.display(),
+        cni_conf = cni_conf.display(),
+    );
+    let runtimes = format!(
+        r#"    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{RUNC_ROOT}"
+"#
+    );
+    Ok((cri, runtimes))
 }
 
 /// `ctr` talking to this node's containerd in the CRI namespace.

@@ -2,7 +2,7 @@
 //! timeout, and stopped by PID (SIGTERM, a short grace period, then SIGKILL). Never by name.
 
 use std::fs::File;
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,15 +15,29 @@ use anyhow::{Context, Result, bail};
 const GRACE: Duration = Duration::from_secs(5);
 
 /// A running lab process and the log file its stdout and stderr go to.
+#[derive(Debug)]
 pub(crate) struct Proc {
     name: String,
     child: Child,
     log: PathBuf,
+    /// Signals go to the process group the child leads, not only to the child.
+    group: bool,
 }
 
 impl Proc {
     /// Starts `command` with stdin closed and stdout + stderr appended to `log`.
-    pub(crate) fn spawn(name: &str, mut command: Command, log: &Path) -> Result<Proc> {
+    pub(crate) fn spawn(name: &str, command: Command, log: &Path) -> Result<Proc> {
+        Proc::start(name, command, log, false)
+    }
+
+    /// [`Proc::spawn`] in a process group of its own, which stopping and killing signal as a whole: for a
+    /// command that runs the real process as its child (`nsenter` entering a PID namespace forks).
+    pub(crate) fn spawn_group(name: &str, mut command: Command, log: &Path) -> Result<Proc> {
+        command.process_group(0);
+        Proc::start(name, command, log, true)
+    }
+
+    fn start(name: &str, mut command: Command, log: &Path, group: bool) -> Result<Proc> {
         let out = File::options()
             .create(true)
             .append(true)
@@ -51,6 +65,7 @@ impl Proc {
             name: name.to_owned(),
             child,
             log: log.to_owned(),
+            group,
         })
     }
 
@@ -90,23 +105,49 @@ impl Proc {
         &self.name
     }
 
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(crate) fn has_exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself.
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !self.has_exited() {
+            if Instant::now() >= deadline {
+                bail!("{} did not exit within {timeout:?}", self.name);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// SIGKILL, as a crash: the process gets no chance to clean up. Returns once it is gone.
     pub(crate) fn kill(&mut self) -> Result<()> {
-        self.child.kill()?;
+        self.signal(libc::SIGKILL);
         self.child.wait()?;
         Ok(())
+    }
+
+    /// Sends `signal` to the process (or its group), unless it has exited.
+    fn signal(&mut self, signal: libc::c_int) {
+        if let Ok(None) = self.child.try_wait() {
+            let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
+            let target = if self.group { -pid } else { pid };
+            // SAFETY: kill(2) takes no pointers; the PID is our own unreaped child (and the group it leads),
+            // so it cannot have been reused by another process.
+            unsafe { libc::kill(target, signal) };
+        }
     }
 }
 
 /// Stops all `procs`: SIGTERM to each, then SIGKILL to those still running after [`GRACE`].
 pub(crate) fn stop_all(procs: &mut [Proc]) {
     for p in procs.iter_mut() {
-        if let Ok(None) = p.child.try_wait() {
-            let pid = libc::pid_t::try_from(p.child.id()).expect("pid fits pid_t");
-            // SAFETY: kill(2) takes no pointers; the PID is our own unreaped child, so it cannot have been
-            // reused by another process.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
+        p.signal(libc::SIGTERM);
     }
     let deadline = Instant::now() + GRACE;
     for p in procs.iter_mut() {
@@ -115,7 +156,7 @@ pub(crate) fn stop_all(procs: &mut [Proc]) {
         }
         if let Ok(None) = p.child.try_wait() {
             eprintln!("lab: {} did not exit after SIGTERM; killing it", p.name);
-            let _ = p.child.kill();
+            p.signal(libc::SIGKILL);
             let _ = p.child.wait();
         }
     }
@@ -123,7 +164,12 @@ pub(crate) fn stop_all(procs: &mut [Proc]) {
 
 /// A loopback port that was free a moment ago (bind port 0, read it, close).
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    free_port_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// A port of `ip` (an address of this machine) that was free a moment ago.
+pub(crate) fn free_port_on(ip: IpAddr) -> Result<u16> {
+    Ok(TcpListener::bind((ip, 0))?.local_addr()?.port())
 }
 
 /// The last lines of a log file, headed by its path, for error messages.

@@ -8,7 +8,7 @@
 //! error status and `Retry-After`, trickle responses in small pieces, and drop `Range` headers so the
 //! registry answers 200 with the whole blob. It records every request head it sees, as the client sent it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -282,9 +282,10 @@ pub(crate) struct Proxy {
 }
 
 impl Proxy {
-    /// Listens on a free loopback port and forwards every connection to `upstream`.
-    pub(crate) fn start(upstream: SocketAddr) -> Result<Proxy> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// Listens on a free port of `ip` (loopback, or a cluster lab's host-side address) and forwards every
+    /// connection to `upstream`.
+    pub(crate) fn start(ip: IpAddr, upstream: SocketAddr) -> Result<Proxy> {
+        let listener = std::net::TcpListener::bind((ip, 0))?;
         listener.set_nonblocking(true)?;
         let host = listener.local_addr()?.to_string();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -316,7 +317,7 @@ impl Proxy {
         })
     }
 
-    /// `127.0.0.1:PORT`
+    /// `IP:PORT`
     pub(crate) fn host(&self) -> &str {
         &self.host
     }

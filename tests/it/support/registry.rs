@@ -6,6 +6,7 @@
 //! pusher then speaks HTTPS, presents the client certificate, and sends tokens it mints with the service.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ use anyhow::{Context, Result, bail, ensure};
 use super::http;
 use super::images::sha256_digest;
 use super::pki::SitePki;
-use super::process::{Proc, free_port};
+use super::process::{Proc, free_port_on};
 use super::token::{ISSUER, SERVICE, TokenConfig, TokenService};
 
 /// How the lab registry guards itself. The default is open, plain HTTP.
@@ -50,17 +51,19 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    /// Starts `docker-registry serve` with its config, storage and `registry.log` in `dir`, guarded by
-    /// `tokens` and `pki` as `tls` says; the process is added to `procs` before it is waited on, so it is
-    /// stopped even if it never becomes ready.
+    /// Starts `docker-registry serve` on a free port of `ip` (loopback, or a cluster lab's host-side
+    /// address) with its config, storage and `registry.log` in `dir`, guarded by `tokens` and `pki` as `tls`
+    /// says; the process is added to `procs` before it is waited on, so it is stopped even if it never
+    /// becomes ready.
     pub(crate) fn start(
         dir: &Path,
+        ip: IpAddr,
         procs: &mut Vec<Proc>,
         tokens: Option<Arc<TokenService>>,
         tls: RegistryTls,
         pki: Option<&SitePki>,
     ) -> Result<Registry> {
-        let host = format!("127.0.0.1:{}", free_port()?);
+        let host = SocketAddr::new(ip, free_port_on(ip)?).to_string();
         let storage = dir.join("registry");
         std::fs::create_dir_all(&storage)?;
         let (scheme, tls_config, agent) = match (tls, pki) {
@@ -127,7 +130,7 @@ impl Registry {
         })
     }
 
-    /// `127.0.0.1:PORT`
+    /// `IP:PORT`
     pub(crate) fn host(&self) -> &str {
         &self.host
     }

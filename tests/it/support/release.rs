@@ -117,6 +117,7 @@ impl Lab {
             built: std::slice::from_ref(&payload),
             labels: spec.labels(),
             tag: Some(tag),
+            ..Extras::default()
         };
         let image = images::push_image_with(
             self.registry(),
@@ -152,6 +153,7 @@ impl Lab {
                     built: std::slice::from_ref(payload),
                     labels: spec.labels(),
                     tag: None,
+                    ..Extras::default()
                 };
                 (platform.clone(), spec.base(), extras)
             })

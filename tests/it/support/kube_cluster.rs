@@ -1,0 +1,291 @@
+//! A plain Kubernetes cluster in the lab ([`super::LabConfig::cluster`]): besides the API server
+//! (`apiserver.rs`, on the lab's address), the real kube-controller-manager and kube-scheduler (so a
+//! DaemonSet is played by its own controller, ServiceAccount token Secrets are minted and ownerReferences
+//! are garbage-collected) and a real kubelet per containerd node, each in its node's [`NodeSandbox`] and
+//! registering its Node. Everything runs in the lab's network namespace ([`LabNetwork`]); logs are
+//! `<lab>/kube-controller-manager.log`, `<lab>/kube-scheduler.log` and `<lab>/nodes/<name>/kubelet.log`.
+//!
+//! The kubelets authenticate with client certificates of the cluster's CA (`system:node:<name>` in
+//! `system:nodes`, authorized by the Node authorizer), so a node can join at any time. The cluster's
+//! network plugin is none: the Nodes stay NotReady ("cni plugin not initialized") and only hostNetwork
+//! pods run, which is all a DaemonSet of node agents needs. Tolerate every taint to be scheduled there.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::apiserver::{ApiServer, kube_binary};
+use super::binary_image::binary_layer;
+use super::http;
+use super::images::{Extras, oci_archive};
+use super::network::LabNetwork;
+use super::node::Node;
+use super::pki::Ca;
+use super::process::{Proc, stop_all};
+
+/// The pod sandbox ("pause") image every node is configured with and has from the start, imported rather
+/// than pulled (the lab's registry may want credentials): busybox sleeping.
+pub(crate) const SANDBOX_IMAGE: &str = "lab.invalid/pause:busybox";
+const BUSYBOX: &str = "/bin/busybox";
+
+/// What a cluster lab has besides its nodes.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterConfig {
+    /// ServiceAccounts (namespace, name) given a static token in the API server's token file, written
+    /// before it starts: with [`super::apiserver::ApiServer::service_account_token`], a process acts as
+    /// that ServiceAccount's pod would, on a node without the pod.
+    pub service_account_tokens: Vec<(String, String)>,
+}
+
+/// The cluster's controllers and kubelets, stopped when dropped.
+pub struct KubeCluster {
+    ca: Ca,
+    /// The admin's kubeconfig, which the controllers use too.
+    kubeconfig: PathBuf,
+    apiserver_url: String,
+    admin_token: String,
+    /// [`SANDBOX_IMAGE`] as `ctr images import` takes it.
+    sandbox_archive: PathBuf,
+    controllers: Vec<Proc>,
+    kubelets: Vec<Kubelet>,
+}
+
+struct Kubelet {
+    node: String,
+    ip: Ipv4Addr,
+    process: Proc,
+}
+
+impl KubeCluster {
+    /// Starts kube-controller-manager and kube-scheduler against `apiserver` in `network`, with `ca` (which
+    /// signed the API server's certificate) as the root CA of the ServiceAccount token Secrets. Kubelets
+    /// are added with [`KubeCluster::start_kubelet`].
+    pub(crate) fn start(
+        lab_dir: &Path,
+        network: &LabNetwork,
+        apiserver: &ApiServer,
+        ca: Ca,
+    ) -> Result<KubeCluster> {
+        let (layer, busybox) = binary_layer(Path::new(BUSYBOX))?;
+        let sleep = [busybox.as_str(), "sleep", "2147483647"];
+        let extras = Extras {
+            entrypoint: sleep.map(str::to_owned).to_vec(),
+            ..Extras::default()
+        };
+        let sandbox_archive = lab_dir.join("sandbox-image.tar");
+        std::fs::write(
+            &sandbox_archive,
+            oci_archive(SANDBOX_IMAGE, &layer, &extras)?,
+        )?;
+        let mut cluster = KubeCluster {
+            ca,
+            kubeconfig: apiserver.kubeconfig().to_owned(),
+            apiserver_url: apiserver.url(),
+            admin_token: apiserver.admin_token().to_owned(),
+            sandbox_archive,
+            controllers: Vec::new(),
+            kubelets: Vec::new(),
+        };
+        // Neither serves anything: their health is the cluster's.
+        let common = |name: &str| -> Result<std::process::Command> {
+            let mut command = network.command(kube_binary(name)?);
+            command
+                .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+                .args(["--leader-elect=false", "--port=0", "--secure-port=0"]);
+            Ok(command)
+        };
+        let flex_volumes = lab_dir.join("controller-manager/volume-plugins");
+        let mut controller_manager = common("kube-controller-manager")?;
+        controller_manager
+            .arg(format!("--root-ca-file={}", cluster.ca.cert.display()))
+            // Its default is on the host, which it would create.
+            .arg(format!(
+                "--flex-volume-plugin-dir={}",
+                flex_volumes.display()
+            ))
+            .arg(format!(
+                "--service-account-private-key-file={}",
+                apiserver.service_account_key().display()
+            ))
+            .arg("--controllers=*");
+        let scheduler = common("kube-scheduler")?;
+        for (name, command) in [
+            ("kube-controller-manager", controller_manager),
+            ("kube-scheduler", scheduler),
+        ] {
+            let log = lab_dir.join(format!("{name}.log"));
+            cluster.controllers.push(Proc::spawn(name, command, &log)?);
+        }
+        Ok(cluster)
+    }
+
+    /// Starts `node`'s kubelet (a cluster node's, in its sandbox) on a new address of `network`, without
+    /// waiting for it (see [`KubeCluster::wait_registered`]).
+    pub(crate) fn start_kubelet(&mut self, node: &Node, network: &LabNetwork) -> Result<()> {
+        let sandbox = node
+            .sandbox()
+            .with_context(|| format!("node {} has no sandbox", node.name))?;
+        let name = &node.name;
+        let dir = node.dir().join("kubelet");
+        std::fs::create_dir_all(&dir)?;
+        let (cert, key) = self.ca.sign(
+            &format!("kubelet-{name}"),
+            &format!("/O=system:nodes/CN=system:node:{name}"),
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        )?;
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\n\
+                 kind: Config\n\
+                 clusters:\n\
+                 - name: lab\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\n\
+                 users:\n\
+                 - name: {name}\n  user:\n    client-certificate: {cert}\n    client-key: {key}\n\
+                 contexts:\n\
+                 - name: lab\n  context:\n    cluster: lab\n    user: {name}\n\
+                 current-context: lab\n",
+                url = self.apiserver_url,
+                ca = self.ca.cert.display(),
+                cert = cert.display(),
+                key = key.display(),
+            ),
+        )?;
+        // The sandbox image is there before the first pod, as on a provisioned node.
+        node.import(&self.sandbox_archive, SANDBOX_IMAGE)?;
+        std::fs::create_dir_all(sandbox.host_path("/var/lib/kubelet/manifests"))?;
+
+        let ip = network.add_node_ip()?;
+        let mut command = sandbox.command(kube_binary("kubelet")?);
+        command
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args([
+                "--container-runtime=remote",
+                "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+                // What this machine lacks or the lab does not want the kubelet to touch: swap, QoS
+                // cgroups and node allocatable enforcement, the systemd cgroup driver, iptables.
+                "--fail-swap-on=false",
+                "--cgroups-per-qos=false",
+                "--enforce-node-allocatable=",
+                "--cgroup-driver=cgroupfs",
+                "--make-iptables-util-chains=false",
+                "--root-dir=/var/lib/kubelet",
+                "--cert-dir=/var/lib/kubelet/pki",
+                "--volume-plugin-dir=/var/lib/kubelet/volumeplugins",
+                "--pod-manifest-path=/var/lib/kubelet/manifests",
+                "--read-only-port=0",
+                "--healthz-port=0",
+                "--port=10250",
+            ])
+            .arg(format!("--hostname-override={name}"))
+            .arg(format!("--node-ip={ip}"))
+            .arg(format!("--address={ip}"))
+            // Which image the kubelet's image garbage collection spares.
+            .arg(format!("--pod-infra-container-image={SANDBOX_IMAGE}"));
+        let log = node.dir().join("kubelet.log");
+        let process = match Proc::spawn_group(&format!("kubelet ({name})"), command, &log) {
+            Ok(process) => process,
+            Err(e) => {
+                let _ = network.remove_node_ip(ip);
+                return Err(e);
+            }
+        };
+        self.kubelets.push(Kubelet {
+            node: name.clone(),
+            ip,
+            process,
+        });
+        Ok(())
+    }
+
+    /// Returns once node `name`'s kubelet has registered its Node, with its runtime's version.
+    pub(crate) fn wait_registered(&mut self, name: &str) -> Result<()> {
+        let kubelet = self
+            .kubelets
+            .iter_mut()
+            .find(|k| k.node == name)
+            .with_context(|| format!("node {name} has no kubelet"))?;
+        let agent = http::agent();
+        let url = format!("{}/api/v1/nodes/{name}", self.apiserver_url);
+        let token = &self.admin_token;
+        kubelet
+            .process
+            .wait_ready(Duration::from_secs(60), || registered(&agent, &url, token))
+    }
+
+    /// Stops node `name`'s kubelet and takes its address away; returns its address, if it had a kubelet.
+    pub(crate) fn stop_kubelet(&mut self, name: &str, network: &LabNetwork) -> Option<Ipv4Addr> {
+        let at = self.kubelets.iter().position(|k| k.node == name)?;
+        let mut kubelet = self.kubelets.remove(at);
+        stop_all(std::slice::from_mut(&mut kubelet.process));
+        if let Err(e) = network.remove_node_ip(kubelet.ip) {
+            eprintln!("lab: {e:#}");
+        }
+        Some(kubelet.ip)
+    }
+
+    /// Deletes the Node object `name`, as `kubectl delete node` does.
+    pub(crate) fn delete_node(&self, name: &str) -> Result<()> {
+        let response = http::agent()
+            .delete(format!("{}/api/v1/nodes/{name}", self.apiserver_url))
+            .header("Authorization", format!("Bearer {}", self.admin_token))
+            .call()?;
+        anyhow::ensure!(
+            matches!(response.status().as_u16(), 200 | 404),
+            "deleting Node {name}: HTTP {}",
+            response.status()
+        );
+        Ok(())
+    }
+
+    /// The cluster's CA certificate: what pods find in their ServiceAccount's `ca.crt`, and what the
+    /// admin's kubeconfig trusts.
+    pub fn ca_cert(&self) -> &Path {
+        &self.ca.cert
+    }
+
+    /// The admin's kubeconfig (token, trusting the cluster's CA).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Node `name`'s address (its kubelet's and its hostNetwork pods'), if it runs a kubelet.
+    pub fn node_ip(&self, name: &str) -> Option<Ipv4Addr> {
+        self.kubelets.iter().find(|k| k.node == name).map(|k| k.ip)
+    }
+}
+
+impl Drop for KubeCluster {
+    fn drop(&mut self) {
+        let mut processes: Vec<Proc> = self.kubelets.drain(..).map(|k| k.process).collect();
+        processes.append(&mut self.controllers);
+        stop_all(&mut processes);
+    }
+}
+
+/// Whether Node `url` exists and says which container runtime its kubelet found.
+fn registered(agent: &ureq::Agent, url: &str, token: &str) -> bool {
+    let Ok(mut response) = agent
+        .get(url)
+        .header("Authorization", format!("Bearer {token}"))
+        .call()
+    else {
+        return false;
+    };
+    if response.status() != 200 {
+        return false;
+    }
+    let Ok(node) = response
+        .body_mut()
+        .read_to_string()
+        .map(|body| serde_json::from_str::<serde_json::Value>(&body).unwrap_or_default())
+    else {
+        return false;
+    };
+    node["status"]["nodeInfo"]["containerRuntimeVersion"]
+        .as_str()
+        .is_some_and(|version| !version.is_empty())
+}
