@@ -283,3 +283,147 @@ fn pinned_by(report: &NodeReport) -> PinnedBy {
         false => PinnedBy::Runtime,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::agents_view::AgentsUpdate;
+    use crate::model::machine_config::ClusterNode;
+    use crate::model::pinboard_api::{
+        Heartbeat, ImagePhase, ImageReport, ImageState, NodeSetPhase, ObjectMeta, PinSet,
+        PinSetSpec, PinboardNode, PinnedImage, SetReport,
+    };
+    use crate::model::set::from_flags;
+
+    const IMAGE: &str = "r.example/app@sha256:aa";
+
+    fn node(name: &str) -> ClusterNode {
+        ClusterNode {
+            name: name.into(),
+            ..ClusterNode::default()
+        }
+    }
+
+    /// n1 pinned the set, n2's agent went quiet 10 minutes ago, n3 has none but the set selects it.
+    fn view(now: SystemTime) -> AgentsView {
+        let set = PinSet {
+            metadata: ObjectMeta {
+                name: "web".into(),
+                generation: Some(2),
+                ..ObjectMeta::default()
+            },
+            spec: PinSetSpec {
+                pinned_images: vec![PinnedImage { name: IMAGE.into() }],
+                node_selector: Some(Default::default()),
+                ..PinSetSpec::default()
+            },
+            status: None,
+        };
+        let report = |name: &str| PinboardNode {
+            metadata: ObjectMeta {
+                name: name.into(),
+                ..ObjectMeta::default()
+            },
+            spec: Default::default(),
+            status: Some(NodeReport {
+                images: vec![ImageReport {
+                    names: vec![IMAGE.into()],
+                    size_bytes: 10,
+                    pinned: true,
+                    held_by: vec!["web".into()],
+                }],
+                sets: vec![SetReport {
+                    name: "web".into(),
+                    observed_generation: 2,
+                    state: NodeSetPhase::Pinned,
+                    images: vec![ImageState {
+                        name: IMAGE.into(),
+                        state: ImagePhase::Pinned,
+                        evidence: Some("runtime".into()),
+                        ..ImageState::default()
+                    }],
+                    ..SetReport::default()
+                }],
+                ..NodeReport::default()
+            }),
+        };
+        let beat = |ago: u64| Heartbeat {
+            renewed: now - Duration::from_secs(ago),
+            valid_for: Duration::from_secs(120),
+        };
+        let mut view = AgentsView::default();
+        view.apply(AgentsUpdate::Sets(vec![set]));
+        view.apply(AgentsUpdate::Nodes(vec![node("n1"), node("n2"), node("n3")]));
+        view.apply(AgentsUpdate::Reports(vec![report("n1"), report("n2")]));
+        view.apply(AgentsUpdate::Heartbeats(
+            [("n1".to_string(), beat(5)), ("n2".to_string(), beat(600))].into(),
+        ));
+        view
+    }
+
+    #[test]
+    fn a_node_is_ready_on_its_fresh_agents_word_and_a_stale_or_missing_agent_is_named() {
+        let now = SystemTime::now();
+        let wanted = [WantedSet {
+            set: from_flags("web", &[IMAGE.to_string()]),
+            min_generation: 0,
+        }];
+        let nodes = assess_agents(&view(now), &wanted, now);
+        assert_eq!(
+            nodes.iter().map(|n| n.node.as_str()).collect::<Vec<_>>(),
+            ["n1", "n2", "n3"]
+        );
+        let (n1, n2, n3) = (&nodes[0], &nodes[1], &nodes[2]);
+        assert!(n1.ready, "{:?}", n1.reasons);
+        assert_eq!(n1.images[0].evidence, Evidence::Runtime);
+        assert_eq!(n1.pinned_by, Some(PinnedBy::Runtime));
+        assert_eq!(
+            n1.images[0].held_by.as_ref().map(|h| h.sets.clone()),
+            Some(vec!["web".to_string()])
+        );
+        assert!(!n2.ready);
+        assert!(
+            n2.reasons[0].contains("n2") && n2.reasons[0].contains("stale"),
+            "{:?}",
+            n2.reasons
+        );
+        assert_eq!(n2.images[0].present, None, "a stale report proves nothing");
+        assert!(!n3.ready);
+        assert!(
+            n3.reasons[0].contains("no pinboard agent reports on node \"n3\""),
+            "{:?}",
+            n3.reasons
+        );
+    }
+
+    #[test]
+    fn a_newer_generation_waits_for_the_agent_and_an_image_removed_since_is_named() {
+        let now = SystemTime::now();
+        let mut view = view(now);
+        view.sets[0].metadata.generation = Some(3);
+        let wanted = [WantedSet {
+            set: from_flags("web", &[IMAGE.to_string()]),
+            min_generation: 0,
+        }];
+        let n1 = &assess_agents(&view, &wanted, now)[0];
+        assert!(!n1.ready);
+        assert!(
+            n1.reasons.iter().any(|r| r.contains("generation 2, not yet 3")),
+            "{:?}",
+            n1.reasons
+        );
+        view.sets[0].metadata.generation = Some(2);
+        if let Some(report) = view.reports.get_mut("n1").and_then(|r| r.status.as_mut()) {
+            report.images.clear();
+        }
+        let n1 = &assess_agents(&view, &wanted, now)[0];
+        assert!(!n1.ready);
+        assert!(
+            n1.reasons.iter().any(|r| r.contains("lacks 1 image")),
+            "{:?}",
+            n1.reasons
+        );
+    }
+}
