@@ -25,8 +25,8 @@ use crate::error::Failure;
 use crate::model::agents_view::AgentsUpdate;
 use crate::model::machine_config::ClusterNode;
 use crate::model::pinboard_api::{
-    AGENT_MANAGER, API_VERSION, GROUP, Heartbeat, NODE_KIND, NodeReport, PinSet, PinSetStatus, PinboardNode,
-    SET_KIND, VERSION, lease_name,
+    AGENT_MANAGER, API_VERSION, GROUP, Heartbeat, NODE_KIND, NodeReport, PinSet, PinSetStatus,
+    PinboardNode, SET_KIND, VERSION, lease_name,
 };
 use crate::model::set::ImageSet;
 
@@ -380,9 +380,7 @@ fn heartbeats_of(leases: &Snapshot<Lease>) -> BTreeMap<String, Heartbeat> {
             let heartbeat = Heartbeat {
                 renewed: SystemTime::UNIX_EPOCH
                     + Duration::from_nanos(u64::try_from(renewed.as_nanosecond()).ok()?),
-                valid_for: Duration::from_secs(
-                    u64::try_from(spec.lease_duration_seconds?).ok()?,
-                ),
+                valid_for: Duration::from_secs(u64::try_from(spec.lease_duration_seconds?).ok()?),
             };
             Some((spec_node(lease)?.to_owned(), heartbeat))
         })

@@ -13,7 +13,7 @@ use super::output::table;
 use crate::error::Failure;
 use crate::fleet::payload::{Resolved, sets};
 use crate::fleet::sets::release_note;
-use crate::model::export::{document, pinned_image_set_yaml};
+use crate::model::export::{SetKind, document, set_yaml};
 use crate::model::release_payload::ReleaseSets;
 use crate::model::units::human;
 use crate::options::{CommonArgs, Output};
@@ -23,6 +23,10 @@ pub struct ReleaseCommand {
     /// The release image, by tag or digest, e.g. quay.io/openshift-release-dev/ocp-release:4.19.3-x86_64.
     #[arg(value_name = "PULLSPEC")]
     pub pullspec: String,
+    /// What to write the sets as: OpenShift's PinnedImageSet, or pinboard's PinSet for its agents on any
+    /// Kubernetes cluster.
+    #[arg(long, value_enum, default_value = "pinned-image-set")]
+    pub kind: SetKind,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -60,11 +64,11 @@ pub async fn run(args: ReleaseCommand) -> Result<String, Failure> {
         Output::Yaml => Ok(made
             .sets
             .iter()
-            .map(pinned_image_set_yaml)
+            .map(|set| set_yaml(set, args.kind))
             .collect::<Vec<_>>()
             .join("---\n")),
         Output::Json => {
-            let documents: Vec<_> = made.sets.iter().map(document).collect();
+            let documents: Vec<_> = made.sets.iter().map(|s| document(s, args.kind)).collect();
             let json = match documents.len() {
                 1 => serde_json::to_string_pretty(&documents[0]),
                 _ => serde_json::to_string_pretty(&List {

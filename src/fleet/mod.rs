@@ -32,6 +32,7 @@ use crate::engine::Control;
 use crate::error::Failure;
 use crate::fanout::Update;
 use crate::model::config_view::ConfigView;
+use crate::model::export::SetKind;
 use crate::model::machine_config::{ClusterUpdate, KubeletSettings};
 use crate::model::node_summary::NodeSummary;
 use crate::model::readiness::Readiness;
@@ -84,6 +85,14 @@ pub struct Traits {
 }
 
 impl Traits {
+    /// The kind a set is written as for this fleet: the agents' PinSet, else a PinnedImageSet.
+    pub fn set_kind(self) -> SetKind {
+        match self.puller {
+            Puller::Agents => SetKind::PinSet,
+            Puller::Pinboard | Puller::Daemons => SetKind::PinnedImageSet,
+        }
+    }
+
     pub const DIRECT: Traits = Traits {
         targets: Targets::Nodes,
         puller: Puller::Pinboard,

@@ -10,7 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::labels::selector_matches;
 use super::machine_config::{ClusterNode, Connection};
-use super::pinboard_api::{NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode, Heartbeat};
+use super::pinboard_api::{
+    Heartbeat, NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode,
+};
 
 /// What the watches have said so far.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -14,7 +14,7 @@ use crate::error::Failure;
 use crate::fleet::{Events, FleetEvent};
 use crate::model::config_view::ConfigView;
 use crate::model::diff;
-use crate::model::export::pinned_image_set_yaml;
+use crate::model::export::{SetKind, set_yaml};
 use crate::model::machine_config::{ClusterUpdate, ClusterView, pool_warning, pools_for_set};
 use crate::model::set::ImageSet;
 
@@ -217,8 +217,8 @@ fn config_views(view: &ClusterView, sets: &[ImageSet]) -> BTreeMap<String, Confi
         .map(|set| {
             let stored = view
                 .set(&set.name)
-                .map(|s| pinned_image_set_yaml(&s.to_image_set()));
-            let wanted = pinned_image_set_yaml(set);
+                .map(|s| set_yaml(&s.to_image_set(), SetKind::PinnedImageSet));
+            let wanted = set_yaml(set, SetKind::PinnedImageSet);
             let view = ConfigView {
                 path: format!("pinnedimagesets/{} on the cluster", set.name),
                 notes: Vec::new(),

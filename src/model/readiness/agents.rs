@@ -355,7 +355,11 @@ mod tests {
         };
         let mut view = AgentsView::default();
         view.apply(AgentsUpdate::Sets(vec![set]));
-        view.apply(AgentsUpdate::Nodes(vec![node("n1"), node("n2"), node("n3")]));
+        view.apply(AgentsUpdate::Nodes(vec![
+            node("n1"),
+            node("n2"),
+            node("n3"),
+        ]));
         view.apply(AgentsUpdate::Reports(vec![report("n1"), report("n2")]));
         view.apply(AgentsUpdate::Heartbeats(
             [("n1".to_string(), beat(5)), ("n2".to_string(), beat(600))].into(),
@@ -410,7 +414,9 @@ mod tests {
         let n1 = &assess_agents(&view, &wanted, now)[0];
         assert!(!n1.ready);
         assert!(
-            n1.reasons.iter().any(|r| r.contains("generation 2, not yet 3")),
+            n1.reasons
+                .iter()
+                .any(|r| r.contains("generation 2, not yet 3")),
             "{:?}",
             n1.reasons
         );

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::model::export::pinned_image_set_yaml;
+use crate::model::export::set_yaml;
 use crate::model::set::{self, Entry, ImageSet, Origin};
 use crate::ui::msg::{Cmd, FilePurpose};
 use crate::ui::state::{Pane, Prompt, SetDraft, State};
@@ -24,7 +24,7 @@ pub(super) fn submit(state: &mut State, prompt: Prompt, text: &str) -> Vec<Cmd> 
         }
         Prompt::ExportPath => {
             if let Some(draft) = state.selected_set() {
-                let yaml = pinned_image_set_yaml(&draft.set);
+                let yaml = set_yaml(&draft.set, state.fleet.set_kind());
                 return vec![Cmd::WriteFile(PathBuf::from(text), yaml)];
             }
         }
