@@ -40,7 +40,11 @@ pub fn render(state: &State, frame: &mut Frame) {
     message_line(state, frame, message);
     status_line(state, frame, status);
     if let Mode::Confirm(confirm) = state.mode() {
-        let ready = confirm.nodes.len() - confirm.skipped.len();
+        let skipped = match confirm.skips_no_space {
+            true => confirm.no_space.len(),
+            false => 0,
+        };
+        let ready = confirm.nodes.len() - skipped;
         let question = if confirm.unpin {
             format!(
                 "unpin set {} from {ready} node(s)? y/n (images stay)",
@@ -57,11 +61,16 @@ pub fn render(state: &State, frame: &mut Frame) {
                 "fan-out off: each node pulls from the registry (f on Plan)"
             }));
         }
-        if !confirm.skipped.is_empty() {
-            lines.push(Line::from(format!(
+        match (confirm.no_space.is_empty(), confirm.skips_no_space) {
+            (true, _) => {}
+            (false, true) => lines.push(Line::from(format!(
                 "will be skipped (no-space): {}; F to force",
-                confirm.skipped.join(", ")
-            )));
+                confirm.no_space.join(", ")
+            ))),
+            (false, false) => lines.push(Line::from(format!(
+                "no room by the plan: {}; the daemons will fail there",
+                confirm.no_space.join(", ")
+            ))),
         }
         popup(state, frame, "confirm", lines);
     }

@@ -129,9 +129,13 @@ impl Prompt {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Confirm {
     pub set: String,
-    /// Every target node; `skipped` are the no-space ones the engine will refuse without force.
+    /// Every target node.
     pub nodes: Vec<String>,
-    pub skipped: Vec<String>,
+    /// The target nodes the plan says have no room: the engine (here or in each agent) skips them unless
+    /// forced; the machine-config daemons try them and fail.
+    pub no_space: Vec<String>,
+    /// Whether `no_space` nodes are skipped (pinboard's engine pulls) rather than tried.
+    pub skips_no_space: bool,
     /// Unpin the set from its nodes instead of applying it.
     pub unpin: bool,
     /// Whether the nodes will pull through fan-out.

@@ -407,6 +407,46 @@ fn apply_asks_first_and_names_the_nodes_it_will_skip() {
 }
 
 #[test]
+fn apply_names_the_nodes_without_room_whoever_pulls() {
+    use crate::fleet::{Puller, Targets, Traits};
+    let confirm_text = |puller: Puller| {
+        let mut state = state();
+        state.fleet = Traits {
+            targets: Targets::Nodes,
+            puller,
+        };
+        // As above: monitoring chosen, then worker-0 (no room) targeted too.
+        for keys in ["2a", "<Tab><Tab>j", "a", "n", "<Tab><Tab>g a"] {
+            type_keys(&mut state, keys);
+        }
+        screen_text(&state)
+    };
+    let agents = confirm_text(Puller::Agents);
+    assert!(
+        agents.contains("apply set monitoring to 2 node(s)? y/n")
+            && agents.contains("will be skipped (no-space): worker-0; F to force"),
+        "each node's agent skips a node without room: {agents}"
+    );
+    assert!(!agents.contains("fan-out"), "{agents}");
+    // The machine-config daemons try every node: the one without room is named, not skipped.
+    let mut state = state();
+    state.mode = Mode::Confirm(crate::ui::state::Confirm {
+        set: "monitoring".into(),
+        nodes: vec!["worker-0".into(), "worker-1".into()],
+        no_space: vec!["worker-0".into()],
+        skips_no_space: Puller::Daemons.skips_no_space(),
+        unpin: false,
+        fan_out: false,
+    });
+    let daemons = screen_text(&state);
+    assert!(
+        daemons.contains("apply set monitoring to 2 node(s)? y/n")
+            && daemons.contains("no room by the plan: worker-0; the daemons will fail there"),
+        "{daemons}"
+    );
+}
+
+#[test]
 fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_counts_link_bytes() {
     let mut state = state();
     let link = state.survey.as_ref().unwrap().link_bytes;

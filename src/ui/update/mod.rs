@@ -202,7 +202,9 @@ fn on_key(state: &mut State, key: KeyEvent) -> Vec<Cmd> {
         Mode::Confirm(confirm) => match key.code {
             KeyCode::Char('y') if confirm.unpin => unpin(state, confirm),
             KeyCode::Char('y') => apply(state, confirm, false),
-            KeyCode::Char('F') if !confirm.skipped.is_empty() && !confirm.unpin => {
+            KeyCode::Char('F')
+                if confirm.skips_no_space && !confirm.no_space.is_empty() && !confirm.unpin =>
+            {
                 apply(state, confirm, true)
             }
             KeyCode::Char('n') | KeyCode::Esc => {

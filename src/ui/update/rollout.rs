@@ -64,20 +64,19 @@ pub(super) fn confirm(state: &mut State, unpin: bool) {
         return;
     }
     let nodes: Vec<String> = draft.targets.iter().cloned().collect();
-    let skipped = state
+    let no_space = state
         .survey
         .iter()
         .flat_map(|s| &s.nodes)
-        // The engine (here or in each agent) skips them; the machine-config daemons decide themselves
-        // (the Plan shows the risk).
-        .filter(|n| state.fleet.puller.skips_no_space() && !unpin && n.verdict == Verdict::NoSpace)
+        .filter(|n| !unpin && n.verdict == Verdict::NoSpace)
         .filter(|n| draft.targets.contains(&n.node))
         .map(|n| n.node.clone())
         .collect();
     state.mode = Mode::Confirm(Confirm {
         set: name,
         nodes,
-        skipped,
+        no_space,
+        skips_no_space: state.fleet.puller.skips_no_space(),
         unpin,
         fan_out: state.fan_out && state.steers_pulls() && !unpin,
     });
