@@ -11,7 +11,8 @@ use kube::Client;
 use serde::Deserialize;
 
 use crate::model::machine_config::{
-    KUBELET_DEFAULT_GC_HIGH, KUBELET_DEFAULT_GC_LOW, KUBELET_DEFAULT_MAX_IMAGES, KubeletSettings,
+    ImageFsSpace, KUBELET_DEFAULT_GC_HIGH, KUBELET_DEFAULT_GC_LOW, KUBELET_DEFAULT_MAX_IMAGES,
+    KubeletSettings,
 };
 
 /// Kubelets asked at once.
@@ -50,15 +51,7 @@ struct SummaryNode {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 struct RuntimeStats {
-    image_fs: Option<FsStats>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-pub struct FsStats {
-    pub available_bytes: Option<u64>,
-    pub capacity_bytes: Option<u64>,
-    pub used_bytes: Option<u64>,
+    image_fs: Option<ImageFsSpace>,
 }
 
 /// The part of the kubelet's `/configz` pinboard reads: `{"kubeletconfig": {...}}`.
@@ -121,7 +114,7 @@ async fn proxied<T: serde::de::DeserializeOwned>(
 }
 
 /// The image filesystem of `node` from its kubelet's summary.
-pub async fn image_fs(client: &Client, node: &str) -> Result<FsStats, KubeletError> {
+pub async fn image_fs(client: &Client, node: &str) -> Result<ImageFsSpace, KubeletError> {
     let summary: Summary = proxied(client, node, "stats/summary").await?;
     summary
         .node
@@ -149,6 +142,20 @@ pub async fn settings_of(client: &Client, nodes: &[String]) -> HashMap<String, K
             (name, settings)
         })
         .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// Each of `nodes`' image filesystem from its kubelet's summary; a node whose kubelet does not say is
+/// left out.
+pub async fn image_fs_of(client: &Client, nodes: &[String]) -> HashMap<String, ImageFsSpace> {
+    futures::stream::iter(nodes.to_vec())
+        .map(|name| async move {
+            let space = image_fs(client, &name).await;
+            (name, space)
+        })
+        .buffer_unordered(CONCURRENCY)
+        .filter_map(|(name, space)| async move { Some((name, space.ok()?)) })
         .collect()
         .await
 }

@@ -33,7 +33,7 @@ use crate::error::Failure;
 use crate::fanout::Update;
 use crate::model::config_view::ConfigView;
 use crate::model::export::SetKind;
-use crate::model::machine_config::{ClusterUpdate, KubeletSettings};
+use crate::model::machine_config::{ClusterUpdate, ImageFsSpace, KubeletSettings};
 use crate::model::node_summary::NodeSummary;
 use crate::model::readiness::Readiness;
 use crate::model::rollout::Rollout;
@@ -144,6 +144,8 @@ pub enum FleetEvent {
     Cluster(ClusterUpdate),
     /// OpenShift: what some nodes' kubelet configurations say.
     Kubelets(HashMap<String, KubeletSettings>),
+    /// OpenShift: some nodes' image filesystems, as their kubelets' summaries say (the Plan's figures).
+    ImageFs(HashMap<String, ImageFsSpace>),
     /// A fresh survey made for a rollout.
     Surveyed(Survey),
     /// A rollout's progress.

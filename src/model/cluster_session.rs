@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
-use super::machine_config::{ClusterUpdate, ClusterView, KubeletSettings};
+use super::machine_config::{ClusterUpdate, ClusterView, ImageFsSpace, KubeletSettings};
 use super::readiness::{NodeReadiness, Readiness, WantedSet, assess_cluster, assess_cluster_node};
 use super::set::ImageSet;
 
@@ -23,6 +23,8 @@ pub struct ClusterSession {
     pub view: ClusterView,
     /// What each node's kubelet configuration says, as read.
     pub kubelets: HashMap<String, KubeletSettings>,
+    /// Each node's image filesystem as its kubelet's summary last said.
+    pub image_fs: HashMap<String, ImageFsSpace>,
     /// Per set on the cluster, the nodes it lands on, by name.
     pub members: BTreeMap<String, Vec<String>>,
 }

@@ -426,6 +426,15 @@ impl KubeletSettings {
     }
 }
 
+/// A node's image filesystem as its kubelet's summary reports it (`node.runtime.imageFs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct ImageFsSpace {
+    pub available_bytes: Option<u64>,
+    pub capacity_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+}
+
 /// How much `Node.status.images` can prove about an image it does not name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ImageList {

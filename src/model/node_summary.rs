@@ -5,7 +5,9 @@
 use std::time::SystemTime;
 
 use super::agents_view::{AgentsView, NodeWithSet};
-use super::machine_config::ClusterView;
+use std::collections::HashMap;
+
+use super::machine_config::{ClusterView, ImageFsSpace};
 use super::rollout::PinMethod;
 
 /// What the Nodes screen knows about a node. `None`: unknown, shown as such.
@@ -76,17 +78,25 @@ pub fn pin_method_named(name: &str) -> Option<PinMethod> {
     }
 }
 
-/// What the Nodes screen shows of each Node, by name.
-pub fn of_cluster(view: &ClusterView) -> Vec<NodeSummary> {
+/// What the Nodes screen shows of each Node, by name: its image filesystem as its kubelet's summary says
+/// (`image_fs`, the figures the Plan counts), else its ephemeral storage, as the Plan falls back to.
+pub fn of_cluster(
+    view: &ClusterView,
+    image_fs: &HashMap<String, ImageFsSpace>,
+) -> Vec<NodeSummary> {
     let lazy = view.lazy_pools();
     view.nodes()
         .iter()
-        .map(|node| NodeSummary {
+        .map(|node| {
+            let summary = image_fs.get(&node.name);
+            (node, summary)
+        })
+        .map(|(node, summary)| NodeSummary {
             name: node.name.clone(),
             runtime: node.runtime.clone(),
-            capacity_bytes: node.capacity_ephemeral,
-            used_bytes: None,
-            available_bytes: node.allocatable_ephemeral,
+            capacity_bytes: summary.map_or(node.capacity_ephemeral, |s| s.capacity_bytes),
+            used_bytes: summary.and_then(|s| s.used_bytes),
+            available_bytes: summary.map_or(node.allocatable_ephemeral, |s| s.available_bytes),
             images: Some(node.image_entries),
             pinned: None,
             // The machine-config daemon pins through CRI-O's drop-in.

@@ -138,6 +138,7 @@ fn message(event: FleetEvent) -> Msg {
         FleetEvent::ConfigViews(views) => Msg::ConfigViews(views),
         FleetEvent::Cluster(update) => Msg::Cluster(update),
         FleetEvent::Kubelets(read) => Msg::Kubelets(read),
+        FleetEvent::ImageFs(read) => Msg::ImageFs(read),
         FleetEvent::Surveyed(survey) => Msg::SurveyDone(Ok(survey)),
         FleetEvent::Rollout(Update::Event(event)) => Msg::Rollout(event),
         FleetEvent::Rollout(Update::FanOut { direct }) => Msg::FanOut(direct),

@@ -9,7 +9,7 @@ use crossterm::event::KeyEvent;
 
 use crate::error::Failure;
 use crate::model::config_view::ConfigView;
-use crate::model::machine_config::{ClusterUpdate, KubeletSettings};
+use crate::model::machine_config::{ClusterUpdate, ImageFsSpace, KubeletSettings};
 use crate::model::node_summary::NodeSummary;
 use crate::model::rollout::Event;
 use crate::model::set::ImageSet;
@@ -57,6 +57,8 @@ pub enum Msg {
     Cluster(ClusterUpdate),
     /// Cluster mode: what some nodes' kubelet configurations say (read once per node).
     Kubelets(HashMap<String, KubeletSettings>),
+    /// Cluster mode: some nodes' image filesystems, as their kubelets' summaries say.
+    ImageFs(HashMap<String, ImageFsSpace>),
     /// A release read for import: its sets and what to say of it, or why it could not be read.
     ReleaseRead(Result<(Vec<ImageSet>, String), Failure>),
 }

@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use futures::StreamExt as _;
 
 use super::Cluster;
-use crate::backend::kubelet::{self, FsStats};
+use crate::backend::kubelet;
 use crate::backend::node::SurveyedNode;
-use crate::model::machine_config::{ClusterNode, KubeletSettings, Presence};
+use crate::model::machine_config::{ClusterNode, ImageFsSpace, KubeletSettings, Presence};
 use crate::model::plan::{NodeFacts, SpaceSource};
 
 /// Summaries asked at once.
@@ -25,11 +25,16 @@ impl Cluster {
         kubelet::settings_of(&self.client, nodes).await
     }
 
+    /// Each of `nodes`' image filesystem, as its kubelet's summary says (what the planner counts too).
+    pub async fn image_fs(&self, nodes: &[String]) -> HashMap<String, ImageFsSpace> {
+        kubelet::image_fs_of(&self.client, nodes).await
+    }
+
     /// Each node observed for the planner, with the references it must hold, in the order given.
     pub async fn observe(&self, nodes: &[(&ClusterNode, Vec<String>)]) -> Vec<SurveyedNode> {
         // Owned names: a stream of futures borrowing `nodes` is not Send-general enough for tokio::spawn.
         let names: Vec<String> = nodes.iter().map(|(node, _)| node.name.clone()).collect();
-        let asked: Vec<(Option<FsStats>, KubeletSettings)> = futures::stream::iter(names)
+        let asked: Vec<(Option<ImageFsSpace>, KubeletSettings)> = futures::stream::iter(names)
             .map(|name| {
                 let cluster = self.clone();
                 async move {
@@ -61,7 +66,7 @@ impl Cluster {
 fn observation(
     node: &ClusterNode,
     references: &[String],
-    image_fs: Option<FsStats>,
+    image_fs: Option<ImageFsSpace>,
     kubelet: KubeletSettings,
 ) -> SurveyedNode {
     let max_images = kubelet.node_status_max_images;
@@ -147,7 +152,7 @@ mod tests {
             Some(false),
             "50 of at most 200: complete"
         );
-        let fs = FsStats {
+        let fs = ImageFsSpace {
             available_bytes: Some(1),
             capacity_bytes: Some(2),
             used_bytes: Some(1),

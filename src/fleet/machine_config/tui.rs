@@ -88,8 +88,12 @@ impl Live {
                     if !due.is_empty() {
                         let (cluster, events) = (cluster.clone(), events.clone());
                         tokio::spawn(async move {
-                            let read = cluster.kubelet_settings(&due).await;
+                            let (read, space) = tokio::join!(
+                                cluster.kubelet_settings(&due),
+                                cluster.image_fs(&due)
+                            );
                             let _ = events.send(FleetEvent::Kubelets(read));
+                            let _ = events.send(FleetEvent::ImageFs(space));
                         });
                     }
                 }
@@ -103,10 +107,17 @@ impl Live {
     }
 
     /// The config views for `sets`: each PinnedImageSet as the cluster stores it against what applying the
-    /// draft writes.
+    /// draft writes; and every node's image filesystem read again.
     pub(super) fn refresh(&self, sets: &[ImageSet], events: &Events) {
-        let views = config_views(&self.view.lock().expect("view lock"), sets);
-        let _ = events.send(FleetEvent::ConfigViews(views));
+        let view = self.view.lock().expect("view lock");
+        let _ = events.send(FleetEvent::ConfigViews(config_views(&view, sets)));
+        let nodes: Vec<String> = view.nodes().iter().map(|n| n.name.clone()).collect();
+        if let Ok(cluster) = self.cluster() {
+            let events = events.clone();
+            tokio::spawn(async move {
+                let _ = events.send(FleetEvent::ImageFs(cluster.image_fs(&nodes).await));
+            });
+        }
     }
 
     /// Writes `set`, unless it lands in no pool and `force` is not given; says how it went.

@@ -2,12 +2,12 @@
 //! the cluster's PinnedImageSets joining the composer's sets, each set's nodes), and targeting a set at a
 //! pool.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
 
 use crate::fleet::{Targets, Traits};
 use crate::model::cluster_session::Changed;
-use crate::model::machine_config::{ClusterUpdate, ROLE_LABEL};
+use crate::model::machine_config::{ClusterUpdate, ImageFsSpace, ROLE_LABEL};
 use crate::model::node_summary;
 use crate::ui::state::{SetDraft, State};
 
@@ -28,6 +28,15 @@ impl State {
     }
 }
 
+/// Takes in some nodes' image filesystems: the Nodes screen shows the figures the Plan counts.
+pub(super) fn learn_image_fs(state: &mut State, read: HashMap<String, ImageFsSpace>) {
+    let Some(session) = state.cluster.as_mut() else {
+        return;
+    };
+    session.image_fs.extend(read);
+    state.nodes = node_summary::of_cluster(&session.view, &session.image_fs);
+}
+
 /// Applies a change from the watchers and refreshes what is derived from it.
 pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
     let Some(session) = state.cluster.as_mut() else {
@@ -36,7 +45,7 @@ pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
     let changed = session.apply(change);
     let view = &session.view;
     if changed == Changed::Nodes {
-        state.nodes = node_summary::of_cluster(view);
+        state.nodes = node_summary::of_cluster(view, &session.image_fs);
     }
     if changed == Changed::Sets {
         // The cluster's sets join the composer; a draft of the same name (being edited) is left alone.
@@ -169,6 +178,30 @@ mod tests {
         update(&mut state, read(&[("w1", &answered(200))]));
         let kubelets = &state.cluster.as_ref().unwrap().kubelets;
         assert_eq!(kubelets["w1"], answered(200), "reconfigured");
+    }
+
+    #[test]
+    fn the_nodes_screen_shows_the_image_filesystem_the_plan_counts_once_the_kubelet_says_it() {
+        let mut state = cluster_state(Instant::now(), Theme::named("monochrome").unwrap());
+        let name = state.nodes[0].name.clone();
+        let allocatable = state.nodes[0].available_bytes;
+        let space = ImageFsSpace {
+            capacity_bytes: Some(200 << 20),
+            available_bytes: Some(160 << 20),
+            used_bytes: Some(40 << 20),
+        };
+        update(&mut state, Msg::ImageFs([(name.clone(), space)].into()));
+        let node = state.nodes.iter().find(|n| n.name == name).unwrap();
+        assert_ne!(
+            allocatable,
+            Some(160 << 20),
+            "the demo's ephemeral storage differs"
+        );
+        assert_eq!(
+            (node.capacity_bytes, node.available_bytes, node.used_bytes),
+            (Some(200 << 20), Some(160 << 20), Some(40 << 20)),
+            "the kubelet summary's image filesystem, as survey_cluster counts it"
+        );
     }
 
     #[test]

@@ -125,6 +125,10 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             }
             Vec::new()
         }
+        Msg::ImageFs(read) => {
+            machine_config::learn_image_fs(state, read);
+            Vec::new()
+        }
         Msg::ReleaseRead(read) => {
             match read {
                 Ok((sets, note)) => {
