@@ -371,3 +371,67 @@ impl Heartbeat {
         now.duration_since(self.renewed).unwrap_or_default() > self.valid_for
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// etcd refuses objects over 1.5 MiB (its default `--max-request-bytes`).
+    const ETCD_LIMIT: usize = 1536 * 1024;
+
+    #[test]
+    fn a_node_with_500_images_and_3_sets_of_200_reports_in_a_small_fraction_of_etcds_limit() {
+        let reference =
+            |i: usize| format!("registry.example.com/some-team/component-{i:04}@sha256:{i:064x}");
+        let images = (0..500)
+            .map(|i| ImageReport {
+                names: vec![
+                    reference(i),
+                    format!("registry.example.com/some-team/component-{i:04}:v4.19.{i}"),
+                ],
+                size_bytes: 123_456_789,
+                pinned: i < 300,
+                held_by: if i < 300 {
+                    vec!["release-4-19".into(), "monitoring".into()]
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        let sets = (0..3)
+            .map(|s| SetReport {
+                name: format!("set-{s}"),
+                observed_generation: 7,
+                state: NodeSetPhase::Pulling,
+                done_bytes: 1 << 30,
+                total_bytes: 1 << 34,
+                images: (0..200)
+                    .map(|i| ImageState {
+                        name: reference(s * 100 + i),
+                        state: ImagePhase::Pulling,
+                        reason: Some("retrying: connection reset by peer".into()),
+                        done_bytes: 12_345_678,
+                        total_bytes: 123_456_789,
+                        evidence: Some("runtime".into()),
+                    })
+                    .collect(),
+                conditions: crate::model::node_report::failed_conditions("one image failed"),
+            })
+            .collect();
+        let node = PinboardNode {
+            metadata: ObjectMeta {
+                name: "worker-0001".into(),
+                ..ObjectMeta::default()
+            },
+            spec: NodeSpec::default(),
+            status: Some(NodeReport {
+                images,
+                sets,
+                ..NodeReport::default()
+            }),
+        };
+        let bytes = serde_json::to_vec(&node).unwrap().len();
+        println!("report of 500 images and 3 sets of 200: {bytes} bytes of JSON");
+        assert!(bytes < ETCD_LIMIT / 4, "{bytes} bytes");
+    }
+}
