@@ -153,23 +153,11 @@ impl KubeCluster {
             "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
         )?;
         let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(
+        write_kubeconfig(
             &kubeconfig,
-            format!(
-                "apiVersion: v1\n\
-                 kind: Config\n\
-                 clusters:\n\
-                 - name: lab\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\n\
-                 users:\n\
-                 - name: {name}\n  user:\n    client-certificate: {cert}\n    client-key: {key}\n\
-                 contexts:\n\
-                 - name: lab\n  context:\n    cluster: lab\n    user: {name}\n\
-                 current-context: lab\n",
-                url = self.apiserver_url,
-                ca = self.ca.cert.display(),
-                cert = cert.display(),
-                key = key.display(),
-            ),
+            json!({"server": self.apiserver_url, "certificate-authority": self.ca.cert}),
+            json!({"client-certificate": cert, "client-key": key}),
+            None,
         )?;
         // The sandbox image is there before the first pod, as on a provisioned node.
         node.import(&self.sandbox_archive, SANDBOX_IMAGE)?;
@@ -356,22 +344,37 @@ pub struct InClusterView {
 impl InClusterView {
     /// Writes a kubeconfig saying the same (CA inline, token, default namespace) at `path`.
     pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
-        let kubeconfig = json!({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "lab", "cluster": {
-                "server": self.server,
-                "certificate-authority-data": BASE64.encode(&self.ca_pem),
-            }}],
-            "users": [{"name": "in-cluster", "user": {"token": self.token}}],
-            "contexts": [{"name": "in-cluster", "context": {
-                "cluster": "lab", "user": "in-cluster", "namespace": self.namespace,
-            }}],
-            "current-context": "in-cluster",
-        });
-        std::fs::write(path, serde_json::to_vec_pretty(&kubeconfig)?)
-            .with_context(|| format!("writing {}", path.display()))
+        write_kubeconfig(
+            path,
+            json!({"server": self.server, "certificate-authority-data": BASE64.encode(&self.ca_pem)}),
+            json!({"token": self.token}),
+            Some(&self.namespace),
+        )
     }
+}
+
+/// Writes at `path` a kubeconfig of one context: the `cluster` entry (the server and how to trust it) and
+/// the `user` entry (credentials), in `namespace` if given.
+fn write_kubeconfig(
+    path: &Path,
+    cluster: serde_json::Value,
+    user: serde_json::Value,
+    namespace: Option<&str>,
+) -> Result<()> {
+    let mut context = json!({"cluster": "lab", "user": "lab"});
+    if let Some(namespace) = namespace {
+        context["namespace"] = namespace.into();
+    }
+    let kubeconfig = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "lab", "cluster": cluster}],
+        "users": [{"name": "lab", "user": user}],
+        "contexts": [{"name": "lab", "context": context}],
+        "current-context": "lab",
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&kubeconfig)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The pod network of `node`, whose address is `ip` (`10.77.N.H`): a bridge `pbrH` of its own in the

@@ -390,55 +390,51 @@ struct ContainerdPaths {
 impl ContainerdPaths {
     /// The paths of node `name` in `dir`, with their directories created.
     fn new(dir: &Path, env: &NodeEnv<'_>, name: &str) -> Result<ContainerdPaths> {
-        let short = env.short_socket_dir.join(format!("{name}.sock"));
-        let paths = match env.cluster {
-            None => {
-                let state = dir.join("state");
-                let certs = dir.join("certs.d");
-                let mut socket = dir.join("containerd.sock");
-                for d in [&state, &certs] {
-                    std::fs::create_dir_all(d)
-                        .with_context(|| format!("creating {}", d.display()))?;
-                }
-                // containerd listens on the short path, linked from the long one.
-                if socket.as_os_str().len() > MAX_SOCKET_PATH {
-                    std::fs::create_dir_all(env.short_socket_dir)?;
-                    std::os::unix::fs::symlink(&short, &socket)?;
-                    socket = short;
-                }
-                ContainerdPaths {
-                    socket_in_config: socket.clone(),
-                    state_in_config: state,
-                    certs_in_config: certs.clone(),
-                    socket,
-                    certs,
-                }
-            }
-            Some(_) => {
-                let in_sandbox = |path: &str| node_sandbox::own_path(dir, path);
-                let certs = in_sandbox(STANDARD_CERTS);
-                let mut socket = in_sandbox(STANDARD_SOCKET);
-                for d in [&certs, &in_sandbox(STANDARD_STATE)] {
-                    std::fs::create_dir_all(d)
-                        .with_context(|| format!("creating {}", d.display()))?;
-                }
-                // containerd listens on the standard path in its sandbox; the lab reaches it through a
-                // short link when the path under the lab dir is too long.
-                if socket.as_os_str().len() > MAX_SOCKET_PATH {
-                    std::fs::create_dir_all(env.short_socket_dir)?;
-                    std::os::unix::fs::symlink(&socket, &short)?;
-                    socket = short;
-                }
-                ContainerdPaths {
-                    socket_in_config: PathBuf::from(STANDARD_SOCKET),
-                    state_in_config: PathBuf::from(STANDARD_STATE),
-                    certs_in_config: PathBuf::from(STANDARD_CERTS),
-                    socket,
-                    certs,
-                }
-            }
+        let in_sandbox = |path: &str| node_sandbox::own_path(dir, path);
+        let (certs, state, listening) = match env.cluster {
+            None => (
+                dir.join("certs.d"),
+                dir.join("state"),
+                dir.join("containerd.sock"),
+            ),
+            Some(_) => (
+                in_sandbox(STANDARD_CERTS),
+                in_sandbox(STANDARD_STATE),
+                in_sandbox(STANDARD_SOCKET),
+            ),
         };
-        Ok(paths)
+        for d in [&certs, &state] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let mut socket = listening.clone();
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            std::fs::create_dir_all(env.short_socket_dir)?;
+            let short = env.short_socket_dir.join(format!("{name}.sock"));
+            match env.cluster {
+                // containerd listens on the short path, linked from the long one.
+                None => std::os::unix::fs::symlink(&short, &listening)?,
+                // containerd listens on the standard path in its sandbox; the lab reaches it through
+                // the short link.
+                Some(_) => std::os::unix::fs::symlink(&listening, &short)?,
+            }
+            socket = short;
+        }
+        Ok(match env.cluster {
+            None => ContainerdPaths {
+                socket_in_config: socket.clone(),
+                state_in_config: state,
+                certs_in_config: certs.clone(),
+                socket,
+                certs,
+            },
+            Some(_) => ContainerdPaths {
+                socket_in_config: PathBuf::from(STANDARD_SOCKET),
+                state_in_config: PathBuf::from(STANDARD_STATE),
+                certs_in_config: PathBuf::from(STANDARD_CERTS),
+                socket,
+                certs,
+            },
+        })
     }
 }
 
