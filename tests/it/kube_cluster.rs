@@ -1,6 +1,7 @@
 //! The plain Kubernetes cluster lab itself (tests/it/support/kube_cluster.rs): real kubelets register their
-//! nodes, the controllers play a DaemonSet and collect garbage, and a pod on a node sees what it would on a
-//! real one. It fails, never skips, when the lab cannot start.
+//! nodes, the controllers play a DaemonSet and collect garbage, a pod on a node sees what it would on a
+//! real one, and a process outside any pod acts as the pod would. It fails, never skips, when the lab
+//! cannot start.
 
 use crate::support;
 
@@ -8,8 +9,8 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 use support::cluster::client;
 use support::kube_objects::{
@@ -18,6 +19,8 @@ use support::kube_objects::{
 use support::{ClusterConfig, Lab, LabConfig, NodeSpec};
 
 const MIB: u64 = 1 << 20;
+/// n1's image filesystem, with room for the pinboard binary's image; the other nodes have 200 MiB.
+const N1_IMAGEFS: u64 = 512 * MIB;
 const NAMESPACE: &str = "pinboard-agent";
 const ACCOUNT: &str = "agent";
 const BUSYBOX: &str = "/usr/local/bin/busybox";
@@ -34,10 +37,11 @@ fn start() -> Lab {
     Lab::start(
         "kube-cluster",
         LabConfig {
-            nodes: ["n1", "n2", "n3"]
-                .iter()
-                .map(|name| NodeSpec::new(name, 200 * MIB))
-                .collect(),
+            nodes: vec![
+                NodeSpec::new("n1", N1_IMAGEFS),
+                NodeSpec::new("n2", 200 * MIB),
+                NodeSpec::new("n3", 200 * MIB),
+            ],
             cluster: Some(ClusterConfig {
                 service_account_tokens: vec![(NAMESPACE.to_owned(), ACCOUNT.to_owned())],
             }),
@@ -47,8 +51,9 @@ fn start() -> Lab {
     .expect("the cluster lab must start")
 }
 
-/// The node agent as its DaemonSet would run it: on every node whatever its taints, on the host's network,
-/// with its own ServiceAccount's token and the node's containerd socket, registry config and kubelet
+/// The node agent as its DaemonSet would run it (as deploy/agent/daemonset-containerd.yaml does): on every
+/// node whatever its taints, on the pod network, without capabilities on a read-only root, with its own
+/// ServiceAccount's token and the node's containerd socket, registry config, image filesystem and kubelet
 /// credentials. An init container checks with openssl that the API server the pod's environment names
 /// is served with a certificate its `ca.crt` verifies; the agent then prints what it sees and sleeps.
 fn agent_yaml(busybox: &str, openssl: &str) -> String {
@@ -60,6 +65,7 @@ fn agent_yaml(busybox: &str, openssl: &str) -> String {
          $B test -s {SERVICE_ACCOUNT_DIR}/ca.crt && echo ca=present; \
          $B test -S /run/containerd/containerd.sock && echo containerd=socket; \
          echo hosts=$($B ls /etc/containerd/certs.d | $B wc -l); \
+         echo imagefs=$(( $($B stat -f -c '%b * %S' /var/lib/containerd) )); \
          echo docker-config=$($B cat /var/lib/kubelet/config.json); \
          exec $B sleep 2147483647"
     );
@@ -76,7 +82,6 @@ fn agent_yaml(busybox: &str, openssl: &str) -> String {
                 "template": {
                     "metadata": {"labels": {"app": "agent"}},
                     "spec": {
-                        "hostNetwork": true,
                         "tolerations": [{"operator": "Exists"}],
                         "serviceAccountName": ACCOUNT,
                         "automountServiceAccountToken": true,
@@ -89,9 +94,14 @@ fn agent_yaml(busybox: &str, openssl: &str) -> String {
                         "containers": [{
                             "name": "agent", "image": busybox,
                             "command": [BUSYBOX, "sh", "-c", script],
+                            "securityContext": {
+                                "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                                "runAsUser": 0, "capabilities": {"drop": ["ALL"]},
+                            },
                             "volumeMounts": [
                                 {"name": "containerd", "mountPath": "/run/containerd"},
                                 {"name": "certs", "mountPath": "/etc/containerd/certs.d"},
+                                {"name": "image-fs", "mountPath": "/var/lib/containerd", "readOnly": true},
                                 {"name": "docker-config", "mountPath": "/var/lib/kubelet/config.json",
                                  "readOnly": true},
                             ],
@@ -99,6 +109,7 @@ fn agent_yaml(busybox: &str, openssl: &str) -> String {
                         "volumes": [
                             hostpath("containerd", "/run/containerd", "Directory"),
                             hostpath("certs", "/etc/containerd/certs.d", "Directory"),
+                            hostpath("image-fs", "/var/lib/containerd", "Directory"),
                             hostpath("docker-config", "/var/lib/kubelet/config.json", "FileOrCreate"),
                         ],
                     },
@@ -111,6 +122,23 @@ fn agent_yaml(busybox: &str, openssl: &str) -> String {
         .map(|d| serde_saphyr::to_string(d).expect("YAML"))
         .collect::<Vec<_>>()
         .join("---\n")
+}
+
+/// A pod on n1's host network running the image of the pinboard binary (dynamically linked: its libraries
+/// and loader come along) with `--version`.
+fn pinboard_version_yaml(pinboard: &str) -> String {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pinboard-version", "namespace": NAMESPACE},
+        "spec": {
+            "nodeName": "n1",
+            "hostNetwork": true,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "pinboard", "image": pinboard, "args": ["--version"]}],
+        },
+    });
+    serde_saphyr::to_string(&pod).expect("YAML")
 }
 
 /// `key=value` lines of `logs` whose key is `key`.
@@ -217,7 +245,7 @@ async fn kubelets_run_a_daemonset_that_reaches_the_api_server_and_deleted_nodes_
             let summary: Value = serde_json::from_str(&summary).map_err(|e| e.to_string())?;
             let capacity = &summary["node"]["runtime"]["imageFs"]["capacityBytes"];
             match capacity.as_u64() {
-                Some(bytes) if bytes == 200 * MIB => Ok(()),
+                Some(bytes) if bytes == N1_IMAGEFS => Ok(()),
                 _ => Err(format!("imageFs capacity {capacity}")),
             }
         },
@@ -238,7 +266,12 @@ async fn kubelets_run_a_daemonset_that_reaches_the_api_server_and_deleted_nodes_
     apply_yaml(&admin, &agent_yaml(&busybox, &openssl)).await;
     let pod = wait_for_daemonset_pod(&admin, NAMESPACE, "agent", "n1", PodState::Running).await;
     let pod_name = pod.metadata.name.unwrap();
-    wait_for_pod(&admin, NAMESPACE, &pod_name, PodState::Ready).await;
+    let pod = wait_for_pod(&admin, NAMESPACE, &pod_name, PodState::Ready).await;
+    let pod_ip = pod.status.unwrap().pod_ip.unwrap();
+    assert!(
+        pod_ip.starts_with("10.244."),
+        "a pod network address: {pod_ip}"
+    );
     let verified = pod_logs(&admin, NAMESPACE, &pod_name, Some("verify")).await;
     assert!(verified.contains("Verification: OK"), "{verified}");
     let logs = wait_for("the agent to print what it sees", POD_WAIT, || async {
@@ -259,18 +292,47 @@ async fn kubelets_run_a_daemonset_that_reaches_the_api_server_and_deleted_nodes_
         "2",
         "the registry's and the proxy's hosts.toml"
     );
+    assert_eq!(logged(&logs, "imagefs"), N1_IMAGEFS.to_string());
     assert_eq!(logged(&logs, "docker-config"), r#"{"auths":{}}"#);
 
-    // Its token authenticates as its ServiceAccount, as does the static token the lab gave that account.
+    // The pinboard binary runs from its image.
+    let pinboard = lab
+        .push_binary_image(Path::new(env!("CARGO_BIN_EXE_pinboard")), "lab/pinboard")
+        .unwrap();
+    apply_yaml(&admin, &pinboard_version_yaml(&pinboard)).await;
+    wait_for_pod(&admin, NAMESPACE, "pinboard-version", PodState::Succeeded).await;
+    let version = pod_logs(&admin, NAMESPACE, "pinboard-version", None).await;
+    assert!(version.starts_with("pinboard "), "{version}");
+
+    // Its token authenticates as its ServiceAccount, as do the static token the lab gave that account and
+    // the token Secret minted for another; a kubeconfig of the first acts as the pod would.
     let url = format!("https://{lab_ip}:443/api/v1/namespaces/{NAMESPACE}/secrets");
-    let account = format!("system:serviceaccount:{NAMESPACE}:{ACCOUNT}");
-    let apiserver = lab.apiserver().unwrap();
-    let static_token = apiserver.service_account_token(NAMESPACE, ACCOUNT).unwrap();
-    for token in [logged(&logs, "token"), static_token] {
+    let as_agent = cluster.in_cluster_view(NAMESPACE, ACCOUNT).unwrap();
+    let as_default = cluster.in_cluster_view(NAMESPACE, "default").unwrap();
+    assert_eq!(as_agent.server, format!("https://{lab_ip}:443"));
+    assert_eq!(as_agent.ca_pem, std::fs::read_to_string(&ca).unwrap());
+    for (token, account) in [
+        (logged(&logs, "token"), ACCOUNT),
+        (&as_agent.token, ACCOUNT),
+        (&as_default.token, "default"),
+    ] {
         let (status, body) = get_verified(&ca, &url, token);
         assert_eq!(status, 403, "{body}");
-        assert!(body.contains(&account), "{body}");
+        let user = format!("system:serviceaccount:{NAMESPACE}:{account}");
+        assert!(body.contains(&user), "{body}");
     }
+    let kubeconfig = lab.dir().join("kubeconfig-as-agent");
+    cluster
+        .write_in_cluster_kubeconfig(NAMESPACE, ACCOUNT, &kubeconfig)
+        .unwrap();
+    let secrets: Api<Secret> = Api::default_namespaced(client(&kubeconfig, None).await);
+    let refused = secrets.list(&ListParams::default()).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains(&format!("system:serviceaccount:{NAMESPACE}:{ACCOUNT}")),
+        "{refused}"
+    );
 
     // A fourth node joins and gets the agent; once it leaves, what its Node owned is collected.
     lab.add_node(NodeSpec::new("n4", 200 * MIB)).unwrap();

@@ -76,13 +76,9 @@ impl ApiServer {
         &self.viewer_token
     }
 
-    /// The static token of ServiceAccount `namespace/name`, if [`super::ClusterConfig`] asked for one:
-    /// with it, a process acts as that ServiceAccount's pod would.
-    pub fn service_account_token(&self, namespace: &str, name: &str) -> Option<&str> {
-        self.service_account_tokens
-            .iter()
-            .find(|(ns, n, _)| ns == namespace && n == name)
-            .map(|(_, _, token)| token.as_str())
+    /// (namespace, name, token) of every ServiceAccount with a static token.
+    pub(crate) fn service_account_tokens(&self) -> &[(String, String, String)] {
+        &self.service_account_tokens
     }
 
     /// The private key that signs ServiceAccount tokens (PEM), which the controller manager signs the
@@ -134,6 +130,27 @@ impl ApiServer {
     /// Starts etcd (added to `procs` before it is waited on) and kube-apiserver (owned by the result) and
     /// returns once `/readyz` answers 200 to the admin; a cluster lab's as `cluster` says.
     pub(crate) fn start(
+        lab_dir: &Path,
+        procs: &mut Vec<Proc>,
+        cluster: Option<&ClusterApiServer<'_>>,
+    ) -> Result<ApiServer> {
+        let apiserver = ApiServer::launch(lab_dir, procs, cluster)?;
+        apiserver.wait_launched()?;
+        Ok(apiserver)
+    }
+
+    /// Returns once the kube-apiserver [`ApiServer::launch`] started answers `/readyz` with 200.
+    pub(crate) fn wait_launched(&self) -> Result<()> {
+        let mut process = self.process.lock().unwrap_or_else(PoisonError::into_inner);
+        match process.as_mut() {
+            Some(process) => self.wait_ready(process),
+            None => bail!("the kube-apiserver was stopped"),
+        }
+    }
+
+    /// [`ApiServer::start`], returning once etcd is ready and the kube-apiserver started, without waiting
+    /// for it ([`ApiServer::wait_launched`] does): what keeps trying it (a kubelet) can start meanwhile.
+    pub(crate) fn launch(
         lab_dir: &Path,
         procs: &mut Vec<Proc>,
         cluster: Option<&ClusterApiServer<'_>>,
@@ -291,8 +308,10 @@ impl ApiServer {
             log: lab_dir.join("kube-apiserver.log"),
             process: Mutex::new(None),
         };
-        // Once `apiserver` exists, dropping it (on any error below) stops the process.
-        apiserver.start_again()?;
+        *apiserver
+            .process
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(apiserver.spawn()?);
         Ok(apiserver)
     }
 }

@@ -6,15 +6,23 @@
 //! `<lab>/kube-controller-manager.log`, `<lab>/kube-scheduler.log` and `<lab>/nodes/<name>/kubelet.log`.
 //!
 //! The kubelets authenticate with client certificates of the cluster's CA (`system:node:<name>` in
-//! `system:nodes`, authorized by the Node authorizer), so a node can join at any time. The cluster's
-//! network plugin is none: the Nodes stay NotReady ("cni plugin not initialized") and only hostNetwork
-//! pods run, which is all a DaemonSet of node agents needs. Tolerate every taint to be scheduled there.
+//! `system:nodes`, authorized by the Node authorizer), so a node can join at any time. Each node's pods get
+//! a network of their own ([`write_pod_network`]: Debian's CNI bridge plugin, no kube-proxy, no iptables),
+//! from which they reach the API server at the `kubernetes` Service's address; hostNetwork pods share the
+//! lab's namespace and reach it too.
+//!
+//! [`InClusterView`] is what a pod of a ServiceAccount finds (server, `ca.crt`, token), for running a
+//! process "as the pod would" outside any pod, e.g. `pinboard agent --kubeconfig FILE` on the host against
+//! a node's socket.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::json;
 
 use super::apiserver::{ApiServer, kube_binary};
 use super::binary_image::binary_layer;
@@ -34,8 +42,8 @@ const BUSYBOX: &str = "/bin/busybox";
 #[derive(Clone, Debug, Default)]
 pub struct ClusterConfig {
     /// ServiceAccounts (namespace, name) given a static token in the API server's token file, written
-    /// before it starts: with [`super::apiserver::ApiServer::service_account_token`], a process acts as
-    /// that ServiceAccount's pod would, on a node without the pod.
+    /// before it starts: with [`KubeCluster::in_cluster_view`], a process acts as that ServiceAccount's
+    /// pod would, on a node without the pod, even before the ServiceAccount exists.
     pub service_account_tokens: Vec<(String, String)>,
 }
 
@@ -46,6 +54,8 @@ pub struct KubeCluster {
     kubeconfig: PathBuf,
     apiserver_url: String,
     admin_token: String,
+    /// (namespace, name, token) of the ServiceAccounts with a static token.
+    service_account_tokens: Vec<(String, String, String)>,
     /// [`SANDBOX_IMAGE`] as `ctr images import` takes it.
     sandbox_archive: PathBuf,
     controllers: Vec<Proc>,
@@ -59,15 +69,10 @@ struct Kubelet {
 }
 
 impl KubeCluster {
-    /// Starts kube-controller-manager and kube-scheduler against `apiserver` in `network`, with `ca` (which
-    /// signed the API server's certificate) as the root CA of the ServiceAccount token Secrets. Kubelets
-    /// are added with [`KubeCluster::start_kubelet`].
-    pub(crate) fn start(
-        lab_dir: &Path,
-        network: &LabNetwork,
-        apiserver: &ApiServer,
-        ca: Ca,
-    ) -> Result<KubeCluster> {
+    /// The cluster around `apiserver` (launched, perhaps not ready yet), whose certificate `ca` signed.
+    /// Nothing runs yet: kubelets start with [`KubeCluster::start_kubelet`] (at once: they keep trying the
+    /// API server), the controllers with [`KubeCluster::start_controllers`].
+    pub(crate) fn new(lab_dir: &Path, apiserver: &ApiServer, ca: Ca) -> Result<KubeCluster> {
         let (layer, busybox) = binary_layer(Path::new(BUSYBOX))?;
         let sleep = [busybox.as_str(), "sleep", "2147483647"];
         let extras = Extras {
@@ -79,27 +84,39 @@ impl KubeCluster {
             &sandbox_archive,
             oci_archive(SANDBOX_IMAGE, &layer, &extras)?,
         )?;
-        let mut cluster = KubeCluster {
+        Ok(KubeCluster {
             ca,
             kubeconfig: apiserver.kubeconfig().to_owned(),
             apiserver_url: apiserver.url(),
             admin_token: apiserver.admin_token().to_owned(),
+            service_account_tokens: apiserver.service_account_tokens().to_vec(),
             sandbox_archive,
             controllers: Vec::new(),
             kubelets: Vec::new(),
-        };
+        })
+    }
+
+    /// Starts kube-controller-manager and kube-scheduler against `apiserver` in `network`, with the
+    /// cluster's CA as the root CA of the ServiceAccount token Secrets. The API server must be ready: the
+    /// controller manager gives up on one that does not answer within seconds.
+    pub(crate) fn start_controllers(
+        &mut self,
+        lab_dir: &Path,
+        network: &LabNetwork,
+        apiserver: &ApiServer,
+    ) -> Result<()> {
         // Neither serves anything: their health is the cluster's.
         let common = |name: &str| -> Result<std::process::Command> {
             let mut command = network.command(kube_binary(name)?);
             command
-                .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
                 .args(["--leader-elect=false", "--port=0", "--secure-port=0"]);
             Ok(command)
         };
         let flex_volumes = lab_dir.join("controller-manager/volume-plugins");
         let mut controller_manager = common("kube-controller-manager")?;
         controller_manager
-            .arg(format!("--root-ca-file={}", cluster.ca.cert.display()))
+            .arg(format!("--root-ca-file={}", self.ca.cert.display()))
             // Its default is on the host, which it would create.
             .arg(format!(
                 "--flex-volume-plugin-dir={}",
@@ -116,9 +133,9 @@ impl KubeCluster {
             ("kube-scheduler", scheduler),
         ] {
             let log = lab_dir.join(format!("{name}.log"));
-            cluster.controllers.push(Proc::spawn(name, command, &log)?);
+            self.controllers.push(Proc::spawn(name, command, &log)?);
         }
-        Ok(cluster)
+        Ok(())
     }
 
     /// Starts `node`'s kubelet (a cluster node's, in its sandbox) on a new address of `network`, without
@@ -136,29 +153,18 @@ impl KubeCluster {
             "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
         )?;
         let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(
+        write_kubeconfig(
             &kubeconfig,
-            format!(
-                "apiVersion: v1\n\
-                 kind: Config\n\
-                 clusters:\n\
-                 - name: lab\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\n\
-                 users:\n\
-                 - name: {name}\n  user:\n    client-certificate: {cert}\n    client-key: {key}\n\
-                 contexts:\n\
-                 - name: lab\n  context:\n    cluster: lab\n    user: {name}\n\
-                 current-context: lab\n",
-                url = self.apiserver_url,
-                ca = self.ca.cert.display(),
-                cert = cert.display(),
-                key = key.display(),
-            ),
+            json!({"server": self.apiserver_url, "certificate-authority": self.ca.cert}),
+            json!({"client-certificate": cert, "client-key": key}),
+            None,
         )?;
         // The sandbox image is there before the first pod, as on a provisioned node.
         node.import(&self.sandbox_archive, SANDBOX_IMAGE)?;
         std::fs::create_dir_all(sandbox.host_path("/var/lib/kubelet/manifests"))?;
 
         let ip = network.add_node_ip()?;
+        write_pod_network(node, ip)?;
         let mut command = sandbox.command(kube_binary("kubelet")?);
         command
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -256,6 +262,147 @@ impl KubeCluster {
     pub fn node_ip(&self, name: &str) -> Option<Ipv4Addr> {
         self.kubelets.iter().find(|k| k.node == name).map(|k| k.ip)
     }
+
+    /// What a pod of ServiceAccount `namespace/name` finds: the API server's URL, the cluster's CA and
+    /// the account's token: its static one if [`ClusterConfig::service_account_tokens`] named it (usable
+    /// before the ServiceAccount even exists), else that of the token Secret the controller manager mints
+    /// for the ServiceAccount (waited for, up to a minute).
+    pub fn in_cluster_view(&self, namespace: &str, name: &str) -> Result<InClusterView> {
+        let token = match self
+            .service_account_tokens
+            .iter()
+            .find(|(ns, n, _)| ns == namespace && n == name)
+        {
+            Some((_, _, token)) => token.clone(),
+            None => self.minted_token(namespace, name)?,
+        };
+        Ok(InClusterView {
+            server: self.apiserver_url.clone(),
+            ca_pem: std::fs::read_to_string(&self.ca.cert)?,
+            token,
+            namespace: namespace.to_owned(),
+        })
+    }
+
+    /// Writes a kubeconfig at `path` that acts as ServiceAccount `namespace/name`
+    /// ([`KubeCluster::in_cluster_view`]), for `--kubeconfig` of a process run outside a pod.
+    pub fn write_in_cluster_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        path: &Path,
+    ) -> Result<()> {
+        self.in_cluster_view(namespace, name)?
+            .write_kubeconfig(path)
+    }
+
+    /// The token of the token Secret of ServiceAccount `namespace/name`, once the controller manager has
+    /// minted it.
+    fn minted_token(&self, namespace: &str, name: &str) -> Result<String> {
+        let url = format!(
+            "{}/api/v1/namespaces/{namespace}/secrets?fieldSelector=type%3Dkubernetes.io%2Fservice-account-token",
+            self.apiserver_url
+        );
+        let agent = http::agent_trusting(&self.ca.cert)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let body = agent
+                .get(&url)
+                .header("Authorization", format!("Bearer {}", self.admin_token))
+                .call()?
+                .body_mut()
+                .read_to_string()?;
+            let secrets: serde_json::Value = serde_json::from_str(&body)?;
+            let minted = secrets["items"].as_array().into_iter().flatten().find(|s| {
+                s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == name
+            });
+            if let Some(token) = minted.and_then(|s| s["data"]["token"].as_str()) {
+                return Ok(String::from_utf8(BASE64.decode(token)?)?);
+            }
+            if Instant::now() >= deadline {
+                bail!("no token Secret for ServiceAccount {namespace}/{name} after a minute");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// What a pod of a ServiceAccount finds: `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT` and
+/// the files of `/var/run/secrets/kubernetes.io/serviceaccount/`.
+#[derive(Clone, Debug)]
+pub struct InClusterView {
+    /// `https://10.77.N.1:443`, reached from the host through the lab's veth.
+    pub server: String,
+    /// `ca.crt`: the cluster's CA (PEM), which verifies the API server's certificate for that address.
+    pub ca_pem: String,
+    /// `token`
+    pub token: String,
+    /// `namespace`
+    pub namespace: String,
+}
+
+impl InClusterView {
+    /// Writes a kubeconfig saying the same (CA inline, token, default namespace) at `path`.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
+        write_kubeconfig(
+            path,
+            json!({"server": self.server, "certificate-authority-data": BASE64.encode(&self.ca_pem)}),
+            json!({"token": self.token}),
+            Some(&self.namespace),
+        )
+    }
+}
+
+/// Writes at `path` a kubeconfig of one context: the `cluster` entry (the server and how to trust it) and
+/// the `user` entry (credentials), in `namespace` if given.
+fn write_kubeconfig(
+    path: &Path,
+    cluster: serde_json::Value,
+    user: serde_json::Value,
+    namespace: Option<&str>,
+) -> Result<()> {
+    let mut context = json!({"cluster": "lab", "user": "lab"});
+    if let Some(namespace) = namespace {
+        context["namespace"] = namespace.into();
+    }
+    let kubeconfig = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "lab", "cluster": cluster}],
+        "users": [{"name": "lab", "user": user}],
+        "contexts": [{"name": "lab", "context": context}],
+        "current-context": "lab",
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&kubeconfig)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The pod network of `node`, whose address is `ip` (`10.77.N.H`): a bridge `pbrH` of its own in the
+/// lab's namespace, the gateway of the pods' subnet `10.244.H.0/24`. Pods reach the lab's addresses (the
+/// API server's among them) through it and the lab routes back to them; nothing is masqueraded. Written
+/// whole under a temporary name, then renamed: containerd watches the directory.
+fn write_pod_network(node: &Node, ip: Ipv4Addr) -> Result<()> {
+    let host = ip.octets()[3];
+    let config = json!({
+        "cniVersion": "0.4.0",
+        "name": "lab-pods",
+        "plugins": [{
+            "type": "bridge",
+            "bridge": format!("pbr{host}"),
+            "isGateway": true,
+            "ipMasq": false,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": format!("10.244.{host}.0/24")}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
+        }],
+    });
+    let dir = node.cni_conf_dir();
+    let (partial, path) = (dir.join("pods.partial"), dir.join("10-pods.conflist"));
+    std::fs::write(&partial, serde_json::to_vec_pretty(&config)?)?;
+    std::fs::rename(&partial, &path)?;
+    Ok(())
 }
 
 impl Drop for KubeCluster {

@@ -67,6 +67,8 @@ pub enum PodState {
     Running,
     /// Running, and every container ready.
     Ready,
+    /// Phase Succeeded: every container exited 0 and will not restart.
+    Succeeded,
 }
 
 /// Waits for the pod of DaemonSet `namespace/name` on node `node` to be in `state`; returns it.
@@ -161,12 +163,14 @@ pub async fn wait_for<T, F: Future<Output = Result<T, String>>>(
 /// `pod` if it is in `state`, else what it is.
 fn in_state(pod: Pod, state: PodState) -> Result<Pod, String> {
     let status = pod.status.as_ref();
-    let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+    let phase = status.and_then(|s| s.phase.as_deref());
     let containers_ready = status
         .and_then(|s| s.container_statuses.as_ref())
         .is_some_and(|statuses| statuses.iter().all(|s| s.ready));
-    match (state, running, containers_ready) {
-        (PodState::Running, true, _) | (PodState::Ready, true, true) => Ok(pod),
+    match (state, phase, containers_ready) {
+        (PodState::Running, Some("Running"), _)
+        | (PodState::Ready, Some("Running"), true)
+        | (PodState::Succeeded, Some("Succeeded"), _) => Ok(pod),
         _ => Err(describe(&pod)),
     }
 }

@@ -150,13 +150,17 @@ impl Lab {
                     ca: &ca,
                     service_accounts: &cluster_config.service_account_tokens,
                 };
-                let apiserver = ApiServer::start(&dir, &mut resources.procs, Some(&in_cluster))
+                let apiserver = ApiServer::launch(&dir, &mut resources.procs, Some(&in_cluster))
                     .with_context(context)?;
-                let mut cluster =
-                    KubeCluster::start(&dir, network, &apiserver, ca).with_context(context)?;
+                let mut cluster = KubeCluster::new(&dir, &apiserver, ca).with_context(context)?;
+                // The kubelets take seconds to start and keep trying the API server meanwhile.
                 for node in &nodes {
                     cluster.start_kubelet(node, network).with_context(context)?;
                 }
+                apiserver.wait_launched().with_context(context)?;
+                cluster
+                    .start_controllers(&dir, network, &apiserver)
+                    .with_context(context)?;
                 for node in &nodes {
                     cluster.wait_registered(&node.name).with_context(context)?;
                 }

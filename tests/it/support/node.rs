@@ -2,7 +2,8 @@
 //! has an image filesystem of its own size. Its config, log and state live in `<lab>/nodes/<name>/`.
 //!
 //! A cluster lab's node runs its containerd in a [`NodeSandbox`] (with the kubelet the cluster starts beside
-//! it), at the standard paths, configured as a kubelet needs it.
+//! it), at the standard paths (root `/var/lib/containerd`, socket `/run/containerd/containerd.sock`, registry
+//! config `/etc/containerd/certs.d`), configured as a kubelet needs it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use super::cri;
 use super::lab::mount_tmpfs;
 use super::network::LabNetwork;
-use super::node_sandbox::{self, NodeSandbox, RUNC_ROOT};
+use super::node_sandbox::{self, CONTAINERD_ROOT, NodeSandbox, RUNC_ROOT};
 use super::pki::SitePki;
 use super::process::{Proc, run};
 
@@ -94,6 +95,8 @@ pub(crate) struct ClusterNodeEnv<'a> {
 const STANDARD_SOCKET: &str = "/run/containerd/containerd.sock";
 const STANDARD_STATE: &str = "/run/containerd";
 const STANDARD_CERTS: &str = "/etc/containerd/certs.d";
+/// Where Debian's containernetworking-plugins are.
+const CNI_PLUGINS: &str = "/usr/lib/cni";
 
 impl Node {
     /// Mounts the node's tmpfs (recorded in `mounts` at once, for unmounting) and starts its containerd
@@ -134,7 +137,7 @@ impl Node {
         mounts.push(root.clone());
         // After the tmpfs is mounted: the sandbox's mount namespace is a copy of the host's.
         let sandbox = match &env.cluster {
-            Some(cluster) => Some(NodeSandbox::create(&dir, cluster.network)?),
+            Some(cluster) => Some(NodeSandbox::create(&dir, &root, cluster.network)?),
             None => None,
         };
 
@@ -154,9 +157,12 @@ impl Node {
                 paths.certs_in_config.display()
             )
         };
-        let (cri, runtimes) = match &env.cluster {
-            Some(cluster) => kubelet_cri_config(&dir, cluster.sandbox_image)?,
-            None => (String::new(), String::new()),
+        let (root_in_config, cri, runtimes) = match &env.cluster {
+            Some(cluster) => {
+                let (cri, runtimes) = kubelet_cri_config(&dir, cluster.sandbox_image)?;
+                (PathBuf::from(CONTAINERD_ROOT), cri, runtimes)
+            }
+            None => (root.clone(), String::new(), String::new()),
         };
         let config = dir.join("config.toml");
         std::fs::write(
@@ -178,7 +184,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     snapshotter = "native"
 {runtimes}  [plugins."io.containerd.grpc.v1.cri".registry]
 {registry}"#,
-                root = root.display(),
+                root = root_in_config.display(),
                 state = paths.state_in_config.display(),
                 socket = paths.socket_in_config.display(),
             ),
@@ -225,6 +231,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.config
             .parent()
             .expect("the config is in the node's directory")
+    }
+
+    /// Where a cluster node's containerd finds its CNI network config.
+    pub(crate) fn cni_conf_dir(&self) -> PathBuf {
+        cni_conf_dir(self.dir())
     }
 
     /// A cluster node's namespaces.
@@ -379,76 +390,70 @@ struct ContainerdPaths {
 impl ContainerdPaths {
     /// The paths of node `name` in `dir`, with their directories created.
     fn new(dir: &Path, env: &NodeEnv<'_>, name: &str) -> Result<ContainerdPaths> {
-        let short = env.short_socket_dir.join(format!("{name}.sock"));
-        let paths = match env.cluster {
-            None => {
-                let state = dir.join("state");
-                let certs = dir.join("certs.d");
-                let mut socket = dir.join("containerd.sock");
-                for d in [&state, &certs] {
-                    std::fs::create_dir_all(d)
-                        .with_context(|| format!("creating {}", d.display()))?;
-                }
-                // containerd listens on the short path, linked from the long one.
-                if socket.as_os_str().len() > MAX_SOCKET_PATH {
-                    std::fs::create_dir_all(env.short_socket_dir)?;
-                    std::os::unix::fs::symlink(&short, &socket)?;
-                    socket = short;
-                }
-                ContainerdPaths {
-                    socket_in_config: socket.clone(),
-                    state_in_config: state,
-                    certs_in_config: certs.clone(),
-                    socket,
-                    certs,
-                }
-            }
-            Some(_) => {
-                let in_sandbox = |path: &str| node_sandbox::own_path(dir, path);
-                let certs = in_sandbox(STANDARD_CERTS);
-                let mut socket = in_sandbox(STANDARD_SOCKET);
-                for d in [&certs, &in_sandbox(STANDARD_STATE)] {
-                    std::fs::create_dir_all(d)
-                        .with_context(|| format!("creating {}", d.display()))?;
-                }
-                // containerd listens on the standard path in its sandbox; the lab reaches it through a
-                // short link when the path under the lab dir is too long.
-                if socket.as_os_str().len() > MAX_SOCKET_PATH {
-                    std::fs::create_dir_all(env.short_socket_dir)?;
-                    std::os::unix::fs::symlink(&socket, &short)?;
-                    socket = short;
-                }
-                ContainerdPaths {
-                    socket_in_config: PathBuf::from(STANDARD_SOCKET),
-                    state_in_config: PathBuf::from(STANDARD_STATE),
-                    certs_in_config: PathBuf::from(STANDARD_CERTS),
-                    socket,
-                    certs,
-                }
-            }
+        let in_sandbox = |path: &str| node_sandbox::own_path(dir, path);
+        let (certs, state, listening) = match env.cluster {
+            None => (
+                dir.join("certs.d"),
+                dir.join("state"),
+                dir.join("containerd.sock"),
+            ),
+            Some(_) => (
+                in_sandbox(STANDARD_CERTS),
+                in_sandbox(STANDARD_STATE),
+                in_sandbox(STANDARD_SOCKET),
+            ),
         };
-        Ok(paths)
+        for d in [&certs, &state] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let mut socket = listening.clone();
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            std::fs::create_dir_all(env.short_socket_dir)?;
+            let short = env.short_socket_dir.join(format!("{name}.sock"));
+            match env.cluster {
+                // containerd listens on the short path, linked from the long one.
+                None => std::os::unix::fs::symlink(&short, &listening)?,
+                // containerd listens on the standard path in its sandbox; the lab reaches it through
+                // the short link.
+                Some(_) => std::os::unix::fs::symlink(&listening, &short)?,
+            }
+            socket = short;
+        }
+        Ok(match env.cluster {
+            None => ContainerdPaths {
+                socket_in_config: socket.clone(),
+                state_in_config: state,
+                certs_in_config: certs.clone(),
+                socket,
+                certs,
+            },
+            Some(_) => ContainerdPaths {
+                socket_in_config: PathBuf::from(STANDARD_SOCKET),
+                state_in_config: PathBuf::from(STANDARD_STATE),
+                certs_in_config: PathBuf::from(STANDARD_CERTS),
+                socket,
+                certs,
+            },
+        })
     }
 }
 
 /// The CRI plugin's settings for a kubelet, beyond those every node has: the lines of its own table and
-/// those of its `containerd` table. The node's CNI directories (in `dir`) stay empty: pods use the host's
-/// network (the node stays NotReady, "cni plugin not initialized", which hostNetwork pods do not mind).
+/// those of its `containerd` table. Its CNI plugins are Debian's; its network config is written into the
+/// node's [`Node::cni_conf_dir`] once the node has an address (containerd watches that directory): until
+/// then the node is NotReady ("cni plugin not initialized").
 fn kubelet_cri_config(dir: &Path, sandbox_image: &str) -> Result<(String, String)> {
-    let (cni_bin, cni_conf) = (dir.join("cni/bin"), dir.join("cni/net.d"));
-    for d in [&cni_bin, &cni_conf] {
-        std::fs::create_dir_all(d)?;
-    }
+    let cni_conf = cni_conf_dir(dir);
+    std::fs::create_dir_all(&cni_conf)?;
     let cri = format!(
         r#"  # This machine's root lacks CAP_SYS_RESOURCE: runc could not raise a container's oom_score_adj.
   restrict_oom_score_adj = true
   # In the lab registry: there is no other registry to pull the default one from.
   sandbox_image = "{sandbox_image}"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_bin}"
+    bin_dir = "{CNI_PLUGINS}"
     conf_dir = "{cni_conf}"
 "#,
-        cni_bin = cni_bin.display(),
         cni_conf = cni_conf.display(),
     );
     let runtimes = format!(
@@ -461,6 +466,11 @@ fn kubelet_cri_config(dir: &Path, sandbox_image: &str) -> Result<(String, String
 "#
     );
     Ok((cri, runtimes))
+}
+
+/// A cluster node's CNI config directory, in its directory `dir`.
+fn cni_conf_dir(dir: &Path) -> PathBuf {
+    dir.join("cni/net.d")
 }
 
 /// `ctr` talking to this node's containerd in the CRI namespace.

@@ -5,9 +5,11 @@
 //!   (containerd's socket at `/run/containerd/containerd.sock`, runc's state, the shims' sockets),
 //!   `/var/lib` (the kubelet's root `/var/lib/kubelet`, with its hard-coded device-plugins directory),
 //!   `/var/log` (`/var/log/pods`, `/var/log/containers`) and `/etc/containerd` (its registry config
-//!   `certs.d`). A pod spec written for a real node (hostPath `/run/containerd`, `/etc/containerd/certs.d`,
-//!   `/var/lib/kubelet/config.json`) therefore runs unchanged, and the lab reads and writes the same files
-//!   under `<node>/fs/`. The rest of the host's filesystem (the lab directory, the binaries) is seen as is.
+//!   `certs.d`); `/var/lib/containerd` is the node's image filesystem (its tmpfs), containerd's root. A pod
+//!   spec written for a real node (hostPath `/run/containerd`, `/etc/containerd/certs.d`,
+//!   `/var/lib/containerd`, `/var/lib/kubelet/config.json`) therefore runs unchanged, and the lab reads and
+//!   writes the same files under `<node>/fs/` (and the tmpfs). The rest of the host's filesystem (the lab
+//!   directory, the binaries) is seen as is.
 //! - The kernel settings the kubelet insists on (`vm.overcommit_memory=1`, `kernel.panic=10`, ...) are
 //!   files of the node bind-mounted over `/proc/sys/...` with the values it wants, so it finds them set and
 //!   never writes the host's.
@@ -44,12 +46,17 @@ const KUBELET_SYSCTLS: [(&str, &str); 6] = [
 /// runc's state directory as the node sees it (containerd's runc runtime is configured with it).
 pub(crate) const RUNC_ROOT: &str = "/run/containerd/runc";
 
+/// containerd's root as the node sees it, where its image filesystem is mounted.
+pub(crate) const CONTAINERD_ROOT: &str = "/var/lib/containerd";
+
 /// A node's namespaces and the process holding them.
 #[derive(Debug)]
 pub(crate) struct NodeSandbox {
     /// `<lab>/nodes/<name>`, whose `fs/` holds the node's own `/run`, `/var/lib`, `/var/log` and
     /// `/etc/containerd`.
     node_dir: PathBuf,
+    /// The node's image filesystem, seen at [`CONTAINERD_ROOT`].
+    image_fs: PathBuf,
     /// `unshare --fork --pid --mount-proc ... sleep`; its child is the namespace's init.
     holder: Proc,
     /// The host PID of the namespaces' init.
@@ -58,8 +65,12 @@ pub(crate) struct NodeSandbox {
 
 impl NodeSandbox {
     /// Creates the namespaces for the node whose directory is `node_dir`, inside `network`, and mounts the
-    /// node's own paths and kernel settings in them.
-    pub(crate) fn create(node_dir: &Path, network: &LabNetwork) -> Result<NodeSandbox> {
+    /// node's own paths, its image filesystem `image_fs` (a mount point) and kernel settings in them.
+    pub(crate) fn create(
+        node_dir: &Path,
+        image_fs: &Path,
+        network: &LabNetwork,
+    ) -> Result<NodeSandbox> {
         for path in OWN_PATHS {
             ensure!(
                 !node_dir.starts_with(path),
@@ -88,6 +99,7 @@ impl NodeSandbox {
         }
         let sandbox = NodeSandbox {
             node_dir: node_dir.to_owned(),
+            image_fs: image_fs.to_owned(),
             holder,
             init: init.expect("found"),
         };
@@ -95,6 +107,8 @@ impl NodeSandbox {
         for path in OWN_PATHS {
             sandbox.mount_bind(&own_path(node_dir, path), Path::new(path))?;
         }
+        std::fs::create_dir_all(own_path(node_dir, CONTAINERD_ROOT))?;
+        sandbox.mount_bind(image_fs, Path::new(CONTAINERD_ROOT))?;
         let sysctls = node_dir.join("sysctl");
         std::fs::create_dir_all(&sysctls)?;
         for (name, value) in KUBELET_SYSCTLS {
@@ -105,9 +119,13 @@ impl NodeSandbox {
         Ok(sandbox)
     }
 
-    /// `path` (absolute, as the node sees it) as the lab sees it, for one of the node's own paths.
+    /// `path` (absolute, as the node sees it) as the lab sees it, for one of the node's own paths or its
+    /// image filesystem.
     pub(crate) fn host_path(&self, path: &str) -> PathBuf {
-        own_path(&self.node_dir, path)
+        match Path::new(path).strip_prefix(CONTAINERD_ROOT) {
+            Ok(inside) => self.image_fs.join(inside),
+            Err(_) => own_path(&self.node_dir, path),
+        }
     }
 
     /// `program` to be run in the node's namespaces. `nsenter` forks to enter the PID namespace: start it
