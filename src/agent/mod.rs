@@ -61,7 +61,7 @@ const FACTS_EVERY: Duration = Duration::from_secs(300);
 pub struct AgentArgs {
     /// The node this agent runs on: its Node's name (the DaemonSet passes the downward API's spec.nodeName).
     #[arg(long, env = "NODE_NAME", value_name = "NAME", help_heading = "Agent")]
-    pub node: String,
+    pub node: Option<String>,
     /// The agents' namespace: their heartbeat Leases and the sets' pull Secrets.
     #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE, help_heading = "Agent")]
     pub namespace: String,
@@ -99,6 +99,12 @@ pub fn write_interval(nodes: i64) -> Duration {
 
 /// Runs the agent until it is stopped.
 pub async fn run(args: AgentArgs) -> Result<(), Failure> {
+    let node = args.node.clone().ok_or_else(|| {
+        Failure::bad_input(
+            "pinboard agent runs on a node: pass --node NAME (or set NODE_NAME, as its DaemonSet does), \
+             or `pinboard agent manifests`",
+        )
+    })?;
     let connect_options = ConnectOptions {
         kubeconfig: args.targets.kubeconfig.clone(),
         context: args.targets.context.clone(),
@@ -111,7 +117,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         .into_iter()
         .next()
         .ok_or_else(|| Failure::bad_input("no CRI endpoint: pass --cri ENDPOINT"))?;
-    target.node.name = args.node.clone();
+    target.node.name = node.clone();
     if target.wiring.registry_config_dir.is_none() {
         target.wiring.registry_config_dir = args.registry_config_dir.clone();
     }
@@ -143,7 +149,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         api,
         target,
     };
-    tracing::info!(node = args.node, "pinboard agent starting");
+    tracing::info!(node, "pinboard agent starting");
     agent.serve(received).await
 }
 

@@ -75,7 +75,7 @@ pub struct AgentCommand {
     #[command(subcommand)]
     pub manifests: Option<AgentSubcommand>,
     #[command(flatten)]
-    pub agent: Option<AgentArgs>,
+    pub agent: AgentArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -161,11 +161,9 @@ pub async fn run(command: Command) -> Result<String, Failure> {
             ..
         }) => crate::agent::manifests::render(&args).map_err(|e| Failure::bad_input(e.to_string())),
         Command::Agent(AgentCommand {
-            agent: Some(args), ..
-        }) => crate::agent::run(args).await.map(|()| String::new()),
-        Command::Agent(_) => Err(Failure::bad_input(
-            "pinboard agent runs on a node: pass --node NAME (or set NODE_NAME), or `agent manifests`",
-        )),
+            manifests: None,
+            agent,
+        }) => crate::agent::run(agent).await.map(|()| String::new()),
     }
 }
 

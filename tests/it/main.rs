@@ -5,6 +5,7 @@
 //! environment, current directory, signal dispositions or global `tracing` subscriber (`support::logs`
 //! captures logs); child processes get their settings through `Command`.
 
+mod agents;
 mod support;
 
 mod apply;

@@ -1,0 +1,319 @@
+//! pinboard's agents on a plain Kubernetes cluster (real kubelets, controllers, containerd nodes; the
+//! registry behind the counting proxy): sets applied with `pinboard apply --kubeconfig`, carried out by
+//! each node's agent, judged by `check` from the agents' reports, and read back from the nodes themselves.
+//! One agent runs as a real pod of the manifests' DaemonSet, from an image of this build; the others as
+//! processes started exactly as their pods would run.
+
+use crate::support;
+
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use pinboard::model::readiness::Readiness;
+use serde_json::{Value, json};
+use support::agents::AgentsLab;
+use support::kube_objects::wait_for;
+use support::{ImageSpec, LayerFormat, LayerSpec, NodeSpec};
+
+const MIB: u64 = 1 << 20;
+const WAIT: Duration = Duration::from_secs(120);
+
+fn small_images(lab: &AgentsLab, repositories: &[&str], seed: u64) -> Vec<String> {
+    repositories
+        .iter()
+        .zip(seed..)
+        .map(|(repository, seed)| {
+            lab.lab
+                .push_image(repository, &ImageSpec::small(seed))
+                .expect("push")
+                .reference(&lab.lab.registry_host())
+        })
+        .collect()
+}
+
+fn readiness(lab: &AgentsLab, args: &[&str]) -> (i32, Readiness, String) {
+    let mut all = vec!["check", "-o", "json"];
+    all.extend(args);
+    let run = lab.pinboard(&all);
+    let parsed = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("check -o json ({e}): {}\n{}", run.stdout, run.stderr));
+    (run.code, parsed, run.stderr)
+}
+
+/// The PinboardNode reports, by node.
+async fn reports(lab: &AgentsLab) -> Vec<Value> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", "PinboardNode"),
+        "pinboardnodes",
+    );
+    let api: Api<DynamicObject> = Api::all_with(lab.admin.clone(), &resource);
+    api.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|o| serde_json::to_value(o).unwrap())
+        .collect()
+}
+
+/// Waits until `node`'s `ctr images ls` line of each of `images` says `pinned` as `wanted`.
+async fn wait_pinned(lab: &AgentsLab, node: &str, images: &[&String], wanted: bool) {
+    wait_for(&format!("{node}: pins {wanted}"), WAIT, || async {
+        let listed = lab.lab.node(node).images_ls();
+        let right = images.iter().all(|image| {
+            listed
+                .lines()
+                .find(|l| l.starts_with(image.as_str()))
+                .is_some_and(|l| l.contains("io.cri-containerd.pinned=pinned") == wanted)
+        });
+        right.then_some(()).ok_or(listed)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_what_another_set_holds()
+ {
+    let nodes = vec![
+        NodeSpec::new("n1", 512 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+        NodeSpec::new("n3", 200 * MIB),
+    ];
+    let lab = AgentsLab::start("agents-apply", nodes, Some("n1")).await;
+    let images = small_images(&lab, &["agents/a", "agents/b", "agents/c"], 7100);
+    let (a, b, c) = (&images[0], &images[1], &images[2]);
+    let web = lab.set_file("web", &[a, b], "");
+    let run = lab.pinboard(&["apply", "--set", web.to_str().unwrap(), "--timeout", "120s"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("applied PinSet web (generation 1)"),
+        "{}",
+        run.stderr
+    );
+    for node in ["n1", "n2", "n3"] {
+        // Read back from the node itself: the pin label and the set's holder label.
+        lab.lab.node(node).assert_pinned(&[a, b]);
+        let listed = lab.lab.node(node).images_ls();
+        assert!(listed.contains("pinboard.dev/set.web"), "{node}: {listed}");
+    }
+    let (code, judged, stderr) = readiness(&lab, &["--set", "web"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(judged.nodes.len(), 3);
+    for node in &judged.nodes {
+        assert!(node.ready, "{node:?}");
+        assert!(
+            node.runtime
+                .as_deref()
+                .is_some_and(|r| r.starts_with("containerd"))
+        );
+    }
+    for report in reports(&lab).await {
+        let set = &report["status"]["sets"][0];
+        assert_eq!(set["name"], "web", "{report}");
+        assert_eq!(set["state"], "pinned", "{report}");
+        for image in set["images"].as_array().unwrap() {
+            assert_eq!(image["state"], "pinned", "{report}");
+            // containerd 1.6.20 cannot report pins: the agent's word rests on the label it wrote.
+            assert_eq!(image["evidence"], "record", "{report}");
+        }
+        assert!(
+            report["status"]["imageFilesystem"]["capacityBytes"]
+                .as_u64()
+                .unwrap()
+                >= 150 * MIB,
+            "statvfs of the node's image filesystem: {report}"
+        );
+    }
+    // The pod's agent ran from the manifests' template and the image of this build.
+    let pod_report = reports(&lab)
+        .await
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "n1")
+        .unwrap();
+    assert_eq!(
+        pod_report["status"]["agentVersion"],
+        env!("CARGO_PKG_VERSION")
+    );
+
+    // A second set shares b; deleting the first keeps b and c pinned and releases a.
+    let api = lab.set_file("api", &[b, c], "");
+    let run = lab.pinboard(&["apply", "--set", api.to_str().unwrap(), "--timeout", "120s"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let run = lab.pinboard(&["unpin", "--set", "web"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("deleted") || run.stderr.contains("deleted"),
+        "{}",
+        run.stdout
+    );
+    for node in ["n1", "n2", "n3"] {
+        wait_pinned(&lab, node, &[a], false).await;
+        lab.lab.node(node).assert_pinned(&[b, c]);
+        assert!(
+            lab.lab.node(node).images_ls().contains(a.as_str()),
+            "images stay"
+        );
+    }
+    let (code, _, stderr) = readiness(&lab, &["--set", "api"]);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_nothing() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+        NodeSpec::new("n3", 24 * MIB),
+    ];
+    let mut lab = AgentsLab::start("agents-faults", nodes, None).await;
+    let big = ImageSpec {
+        layers: vec![LayerSpec {
+            seed: 7200,
+            bytes: 30 * MIB as usize,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    let big = lab
+        .lab
+        .push_image("agents/big", &big)
+        .unwrap()
+        .reference(&lab.lab.registry_host());
+    let set = lab.set_file("big", &[&big], "");
+    let set = set.to_str().unwrap();
+
+    // Bad input is refused before anything is written.
+    let tag_only = lab.set_file(
+        "tagged",
+        &[&format!("{}/agents/big:latest", lab.lab.registry_host())],
+        "",
+    );
+    let run = lab.pinboard(&["apply", "--set", tag_only.to_str().unwrap()]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let run = lab.pinboard(&["apply", "--set", set, "--selector", "zone in a"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("--selector"), "{}", run.stderr);
+    let pin_sets: Api<DynamicObject> = Api::all_with(
+        lab.admin.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", "PinSet"),
+            "pinsets",
+        ),
+    );
+    assert!(
+        pin_sets
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // The CRD's schema refuses what it can: an image without a name.
+    let nameless: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "pinboard.dev/v1alpha1", "kind": "PinSet",
+        "metadata": {"name": "nameless"}, "spec": {"pinnedImages": [{}]},
+    }))
+    .unwrap();
+    let refused = pin_sets.create(&PostParams::default(), &nameless).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
+        "{refused:?}"
+    );
+
+    // The plan says the big image does not fit on n3: apply names it and writes nothing, unless forced.
+    let run = lab.pinboard(&["apply", "--set", set]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("do not fit on 1 node (n3)"),
+        "{}",
+        run.stderr
+    );
+    let run = lab.pinboard(&["apply", "--set", set, "--force", "--timeout", "60s"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let (code, judged, stderr) = readiness(&lab, &["--set", "big"]);
+    assert_eq!(code, 1, "{stderr}");
+    let n3 = judged.nodes.iter().find(|n| n.node == "n3").unwrap();
+    assert!(!n3.ready);
+    assert!(
+        n3.reasons
+            .iter()
+            .any(|r| r.contains("failed") && r.contains("space")),
+        "the agent's refusal, with the plan's reason: {:?}",
+        n3.reasons
+    );
+    assert!(
+        judged
+            .nodes
+            .iter()
+            .filter(|n| n.node != "n3")
+            .all(|n| n.ready),
+        "{judged:?}"
+    );
+
+    // A stopped agent: its node becomes not ready, named, once its heartbeat lapses (four 1 s renewals).
+    lab.stop_agent("n2");
+    let stale = wait_for("n2 stale", WAIT, || async {
+        let (code, judged, stderr) = readiness(&lab, &["--set", "big"]);
+        let n2 = judged
+            .nodes
+            .iter()
+            .find(|n| n.node == "n2")
+            .cloned()
+            .unwrap();
+        (code == 1 && !n2.ready).then_some(n2).ok_or(stderr)
+    })
+    .await;
+    assert!(
+        stale.reasons[0].contains("the agent on node \"n2\" is stale"),
+        "{:?}",
+        stale.reasons
+    );
+    // Started again, it carries on: the image is there, nothing is pulled again.
+    lab.start_agent("n2");
+    let (code, judged, stderr) = readiness(&lab, &["--set", "big", "--wait", "60s"]);
+    assert_eq!(code, 1, "n3 still has no room: {stderr}");
+    assert!(
+        judged.nodes.iter().find(|n| n.node == "n2").unwrap().ready,
+        "{judged:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_it() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+    ];
+    let mut lab = AgentsLab::start("agents-join", nodes, None).await;
+    let images = small_images(&lab, &["agents/j1", "agents/j2"], 7300);
+    let set = lab.set_file("joined", &[&images[0], &images[1]], "");
+    let run = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "120s"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let proxied_before = lab.lab.proxy().requests();
+
+    lab.lab
+        .add_node(NodeSpec::new("n3", 200 * MIB))
+        .expect("n3 joins");
+    lab.start_agent("n3");
+    // Once its agent reports, the set (no selector: every node with an agent) counts n3, not ready yet
+    // or already pinned; `--wait` follows it to ready.
+    wait_for("n3's report", WAIT, || async {
+        let (_, judged, stderr) = readiness(&lab, &["--set", "joined"]);
+        judged
+            .nodes
+            .iter()
+            .any(|n| n.node == "n3")
+            .then_some(())
+            .ok_or(stderr)
+    })
+    .await;
+    let (code, judged, stderr) = readiness(&lab, &["--set", "joined", "--wait", "90s"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(judged.nodes.len(), 3);
+    lab.lab.node("n3").assert_pinned(&[&images[0], &images[1]]);
+    assert!(
+        lab.lab.proxy().requests() > proxied_before,
+        "n3 pulled through the link"
+    );
+}
