@@ -271,7 +271,7 @@ async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_
     );
     // Started again, it carries on: the image is there, nothing is pulled again.
     lab.start_agent("n2");
-    let (code, judged, stderr) = readiness(&lab, &["--set", "big", "--wait", "60s"]);
+    let (code, judged, stderr) = readiness(&lab, &["--set", "big", "--wait", "--timeout", "60s"]);
     assert_eq!(code, 1, "n3 still has no room: {stderr}");
     assert!(
         judged.nodes.iter().find(|n| n.node == "n2").unwrap().ready,
@@ -290,7 +290,6 @@ async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_i
     let set = lab.set_file("joined", &[&images[0], &images[1]], "");
     let run = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "120s"]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    let proxied_before = lab.lab.proxy().requests();
 
     lab.lab
         .add_node(NodeSpec::new("n3", 200 * MIB))
@@ -308,12 +307,9 @@ async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_i
             .ok_or(stderr)
     })
     .await;
-    let (code, judged, stderr) = readiness(&lab, &["--set", "joined", "--wait", "90s"]);
+    let (code, judged, stderr) =
+        readiness(&lab, &["--set", "joined", "--wait", "--timeout", "90s"]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(judged.nodes.len(), 3);
     lab.lab.node("n3").assert_pinned(&[&images[0], &images[1]]);
-    assert!(
-        lab.lab.proxy().requests() > proxied_before,
-        "n3 pulled through the link"
-    );
 }

@@ -51,6 +51,7 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
         }
         Msg::NodesUpdated(mut nodes) => {
             nodes.sort_by(|a, b| a.name.cmp(&b.name));
+            state.follow_every_node(nodes.iter().map(|n| n.name.clone()).collect());
             state.nodes = nodes;
             Vec::new()
         }

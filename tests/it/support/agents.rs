@@ -23,6 +23,8 @@ const DAEMONSET: &str = "pinboard-agent-containerd";
 const POD_LABEL: &str = "pinboard.dev/agent-pod";
 /// Short, so that a stopped agent is stale within seconds (its Lease stands for four of these).
 pub const HEARTBEAT: &str = "1s";
+/// The lab's nodes are small: the free-space floor is theirs (the default, 16 GiB, is a real node's).
+const MIN_FREE: &str = "4Mi";
 
 /// A cluster lab whose nodes run pinboard's agent.
 pub struct AgentsLab {
@@ -76,6 +78,7 @@ impl AgentsLab {
                 &format!("{POD_LABEL}=true"),
                 &format!("--agent-arg=--insecure-registry={}", lab.registry_host()),
                 &format!("--agent-arg=--heartbeat-every={HEARTBEAT}"),
+                &format!("--agent-arg=--min-free={MIN_FREE}"),
             ],
             |_| {},
         );
@@ -110,6 +113,11 @@ impl AgentsLab {
     /// Starts `node`'s agent as a process, as the DaemonSet's pod would run: its arguments, `NODE_NAME`
     /// and `POD_NAMESPACE`, the ServiceAccount's token, in the node's namespaces.
     pub fn start_agent(&mut self, node: &str) {
+        self.start_agent_with(node, &[]);
+    }
+
+    /// [`Self::start_agent`], with `extra` arguments.
+    pub fn start_agent_with(&mut self, node: &str, extra: &[&str]) {
         let sandbox = self.lab.node(node).sandbox().expect("a cluster node");
         let mut command = sandbox.command(binary());
         command
@@ -123,9 +131,12 @@ impl AgentsLab {
                 &self.lab.registry_host(),
                 "--heartbeat-every",
                 HEARTBEAT,
+                "--min-free",
+                MIN_FREE,
                 "--kubeconfig",
             ])
             .arg(&self.agent_kubeconfig)
+            .args(extra)
             .env("NODE_NAME", node)
             .env("POD_NAMESPACE", NAMESPACE)
             .env("PINBOARD_LOG", "info");
@@ -149,6 +160,7 @@ impl AgentsLab {
         let mut all: Vec<String> = vec![command.to_string(), "--kubeconfig".into()];
         all.push(cluster.kubeconfig().display().to_string());
         all.extend(["--insecure-registry".into(), self.lab.registry_host()]);
+        all.extend(["--min-free".into(), MIN_FREE.into()]);
         all.extend(rest.iter().map(|a| a.to_string()));
         pinboard_with(all, |_| {})
     }
