@@ -470,7 +470,11 @@ fn on_agents_a_set_that_targets_every_node_follows_the_nodes_that_join() {
     };
     let targets = |state: &State| state.sets[0].targets.iter().cloned().collect::<Vec<_>>();
     update(&mut state, nodes(&["n1", "n2"]));
-    assert_eq!(targets(&state), ["n1", "n2"], "the agents' nodes, once they report");
+    assert_eq!(
+        targets(&state),
+        ["n1", "n2"],
+        "the agents' nodes, once they report"
+    );
     update(&mut state, nodes(&["n1", "n2", "n3"]));
     assert_eq!(targets(&state), ["n1", "n2", "n3"], "n3 joined");
     // Chosen nodes stay chosen.

@@ -14,6 +14,7 @@ use pinboard::model::readiness::Readiness;
 use serde_json::{Value, json};
 use support::agents::AgentsLab;
 use support::kube_objects::wait_for;
+use support::tmux::Tmux;
 use support::{ImageSpec, LayerFormat, LayerSpec, NodeSpec};
 
 const MIB: u64 = 1 << 20;
@@ -312,4 +313,123 @@ async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_i
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(judged.nodes.len(), 3);
     lab.lab.node("n3").assert_pinned(&[&images[0], &images[1]]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tui_on_agents_shows_nodes_plans_applies_follows_the_rollout_and_shows_the_pins() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+    ];
+    let lab = AgentsLab::start("agents-tui", nodes, None).await;
+    let images = small_images(&lab, &["agents/t1", "agents/t2"], 7500);
+    let cluster = lab.lab.cluster().unwrap();
+    let command = format!(
+        "XDG_STATE_HOME={state} {bin} --kubeconfig {kubeconfig} --insecure-registry {registry} --min-free 4Mi \
+         --image {a} --image {b}; echo EXITED $?; sleep 60",
+        state = lab.lab.dir().join("state").display(),
+        bin = env!("CARGO_BIN_EXE_pinboard"),
+        kubeconfig = cluster.kubeconfig().display(),
+        registry = lab.lab.registry_host(),
+        a = images[0],
+        b = images[1],
+    );
+    let tmux = Tmux::start("agents-tui", 140, 40, &command);
+    // Nodes: the agents' reports, with their runtime and space.
+    let nodes = tmux.wait_for("2/2 reachable", Duration::from_secs(30));
+    assert!(
+        nodes.contains("agents: "),
+        "the status line names the fleet:\n{nodes}"
+    );
+    for node in ["n1", "n2"] {
+        let row = nodes
+            .lines()
+            .find(|l| l.contains(&format!("│{node} ")))
+            .unwrap_or_default();
+        assert!(row.contains("containerd"), "{node}:\n{nodes}");
+    }
+    // Plan, from the agents' complete image lists.
+    tmux.keys(&["3", "p"]);
+    let plan = tmux.wait_for("survey done: 2 nodes", Duration::from_secs(30));
+    assert!(plan.contains("✓"), "both fit:\n{plan}");
+    // Apply from the Sets screen; the Rollout screen follows the agents' reports to pinned.
+    tmux.keys(&["2", "a"]);
+    tmux.wait_for("apply set", Duration::from_secs(5));
+    tmux.keys(&["y"]);
+    let rollout = tmux.wait_for("applied PinSet", Duration::from_secs(20));
+    assert!(rollout.contains("Rollout"), "{rollout}");
+    let pinned = wait_for("both nodes pinned on the Rollout screen", WAIT, || async {
+        let screen = tmux.screen();
+        let rows = screen
+            .lines()
+            .filter(|l| (l.contains("│n1 ") || l.contains("│n2 ")) && l.contains("pinned"))
+            .count();
+        (rows == 2).then_some(screen.clone()).ok_or(screen)
+    })
+    .await;
+    assert!(!pinned.contains("EXITED"), "{pinned}");
+    for node in ["n1", "n2"] {
+        lab.lab.node(node).assert_pinned(&images);
+    }
+    // Config: each node's pins and who holds them.
+    tmux.keys(&["5"]);
+    let config = tmux.wait_for("held by", Duration::from_secs(10));
+    assert!(config.contains("pinboardnodes/"), "{config}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_killed_mid_rollout_carries_on_and_pulls_no_image_twice() {
+    let mut lab =
+        AgentsLab::start("agents-restart", vec![NodeSpec::new("n1", 400 * MIB)], None).await;
+    // One pull at a time, so the agent can be caught between two images.
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &["--parallel", "1"]);
+    let pushed: Vec<_> = (0..12)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![LayerSpec {
+                    seed: 7400 + i,
+                    bytes: 8 * MIB as usize,
+                    format: LayerFormat::Gzip,
+                }],
+                ..ImageSpec::default()
+            };
+            lab.lab.push_image(&format!("agents/r{i}"), &spec).unwrap()
+        })
+        .collect();
+    let host = lab.lab.registry_host();
+    let images: Vec<String> = pushed.iter().map(|p| p.reference(&host)).collect();
+    let listed: Vec<&str> = images.iter().map(String::as_str).collect();
+    let set = lab.set_file("restart", &listed, "");
+    let run = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "1s"]);
+    assert_ne!(run.code, 2, "{}", run.stderr);
+    let held = wait_for("n1 midway", WAIT, || async {
+        let on_node = lab.lab.node("n1").images_ls();
+        let held: Vec<usize> = (0..images.len())
+            .filter(|&i| on_node.contains(images[i].as_str()))
+            .collect();
+        (!held.is_empty() && held.len() < images.len())
+            .then_some(held)
+            .ok_or(on_node)
+    })
+    .await;
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &["--parallel", "1"]);
+    let (code, _, stderr) = readiness(&lab, &["--set", "restart", "--wait", "--timeout", "120s"]);
+    assert_eq!(code, 0, "{stderr}");
+    lab.lab.node("n1").assert_pinned(&images);
+    // The images the node held when its agent was killed were not fetched again.
+    let log = std::fs::read_to_string(lab.lab.dir().join("registry.log")).unwrap();
+    for i in held {
+        let layer = &pushed[i].layers[0].digest;
+        let fetched = log
+            .lines()
+            .filter(|l| l.contains("GET /v2/") && l.contains(layer.as_str()))
+            .count();
+        assert_eq!(
+            fetched, 1,
+            "{}: its layer fetched {fetched} times",
+            images[i]
+        );
+    }
 }
