@@ -14,7 +14,9 @@ use clap::{Args, ValueEnum};
 use regex::Regex;
 
 use crate::backend::blobs::cache::{self, CacheOptions};
-use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
+use crate::backend::lazy::LazyConfig;
+use crate::backend::lazy::containerd::{CONTAINERD_CONFIG, STARGZ_SOCKET};
+use crate::backend::lazy::storage::{LAZY_DROP_IN, STARGZ_STORE, STORAGE_CONF_DIR};
 use crate::backend::openshift::ConnectOptions;
 use crate::backend::registries_conf::MirrorSources;
 use crate::backend::registry::{Registry, RegistryOptions};
@@ -276,12 +278,18 @@ pub struct TargetArgs {
     /// CRI-O nodes under fan-out: the registries.conf.d directory its mirror drop-in goes to.
     #[arg(long, value_name = "DIR", default_value = REGISTRIES_CONF_DIR)]
     pub crio_registries_dir: PathBuf,
-    /// The lazy-pull storage drop-in.
+    /// CRI-O nodes: the lazy-pull storage drop-in.
     #[arg(long, value_name = "FILE", default_value_t = format!("{STORAGE_CONF_DIR}/{LAZY_DROP_IN}"))]
     pub lazy_drop_in: String,
-    /// The additional layer store the lazy-pull drop-in names.
+    /// CRI-O nodes: the additional layer store the lazy-pull drop-in names.
     #[arg(long, value_name = "PATH:ref", default_value = STARGZ_STORE)]
     pub lazy_store: String,
+    /// containerd nodes: containerd's config, whose `imports` name the directory lazy pulling's file goes in.
+    #[arg(long, value_name = "FILE", default_value = CONTAINERD_CONFIG)]
+    pub containerd_config: PathBuf,
+    /// containerd nodes: stargz-snapshotter's socket, which lazy pulling's proxy plugin names.
+    #[arg(long, value_name = "PATH", default_value = STARGZ_SOCKET)]
+    pub stargz_socket: PathBuf,
 }
 
 /// How to reach registries.
@@ -558,6 +566,8 @@ impl TargetArgs {
             lazy: LazyConfig {
                 file: PathBuf::from(&self.lazy_drop_in),
                 store: self.lazy_store.clone(),
+                containerd_config: self.containerd_config.clone(),
+                stargz_socket: self.stargz_socket.clone(),
             },
         };
         let text = self.nodes.as_deref().map(read_file).transpose()?;

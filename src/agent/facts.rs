@@ -8,11 +8,12 @@ use std::time::Duration;
 use kube::Client;
 
 use crate::backend::cri::CriClient;
-use crate::backend::lazy::{LazyState, read_lazy};
+use crate::backend::lazy::{read_lazy, runtime_kind};
 use crate::backend::node::observe as survey_node;
 use crate::backend::readiness::observe;
 use crate::backend::target::NodeTarget;
 use crate::model::holders::Holder;
+use crate::model::lazy::LazyPulling;
 use crate::model::pinboard_api::{
     FilesystemReport, ImageReport, KubeletReport, LazyReport, NodeReport, RuntimeReport,
 };
@@ -32,18 +33,17 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
             return report;
         }
     };
-    match client.version().await {
-        Ok(version) => {
-            report.runtime = Some(RuntimeReport {
-                name: version.runtime_name,
-                version: version.runtime_version,
-            });
-        }
+    let version = match client.version().await {
+        Ok(version) => version,
         Err(e) => {
             report.runtime_error = Some(e.to_string());
             return report;
         }
-    }
+    };
+    report.runtime = Some(RuntimeReport {
+        name: version.runtime_name.clone(),
+        version: version.runtime_version.clone(),
+    });
     let space = survey_node(&target.node, &[], timeout).await.facts;
     if let (Some(capacity), Some(available)) = (space.capacity_bytes, space.available_bytes) {
         report.image_filesystem = Some(FilesystemReport {
@@ -90,28 +90,13 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
             }
         })
         .collect();
-    let lazy = target.lazy.clone();
-    report.lazy_pulling = tokio::task::spawn_blocking(move || read_lazy(&lazy))
-        .await
-        .ok()
-        .map(|state| match state {
-            Ok(LazyState::On) => LazyReport {
-                state: "on".into(),
-                detail: None,
-            },
-            Ok(LazyState::Off) => LazyReport {
-                state: "off".into(),
-                detail: None,
-            },
-            Ok(LazyState::Other(text)) => LazyReport {
-                state: "other".into(),
-                detail: Some(text),
-            },
-            Err(e) => LazyReport {
-                state: "unknown".into(),
-                detail: Some(e.to_string()),
-            },
-        });
+    report.lazy_pulling = Some(match runtime_kind(&version.runtime_name) {
+        Ok(kind) => match read_lazy(&client, kind, &target.lazy).await {
+            Ok((lazy, _)) => lazy_report(&lazy),
+            Err(e) => unknown_lazy(e.to_string()),
+        },
+        Err(e) => unknown_lazy(e.to_string()),
+    });
     report.registry_config_dir = match client.registry_config_path().await {
         Ok(Some(dir)) => Some(dir.display().to_string()),
         _ => target
@@ -130,6 +115,30 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
         },
     });
     report
+}
+
+/// Lazy pulling as the report says it: its state (`on`, `on-after-restart`, …) and its words.
+fn lazy_report(lazy: &LazyPulling) -> LazyReport {
+    let state = serde_json::to_value(lazy.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let words = match &lazy.detail {
+        Some(detail) => format!("{}; {detail}", lazy.text),
+        None => lazy.text.clone(),
+    };
+    LazyReport {
+        state,
+        detail: Some(words),
+    }
+}
+
+/// Lazy pulling that could not be read, and why.
+fn unknown_lazy(why: String) -> LazyReport {
+    LazyReport {
+        state: "unknown".into(),
+        detail: Some(why),
+    }
 }
 
 /// The sets holding some pin on the node, by the report's holders.

@@ -31,6 +31,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::kube::{ConnectOptions, connect};
+use crate::backend::lazy::{Apply, set_lazy};
 use crate::backend::pinboard_api::PinboardApi;
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
@@ -456,12 +457,24 @@ impl Agent {
     /// Reads the node's facts again, and carries out an administrator's lazy-pull wish.
     async fn read_facts(&mut self) {
         if let Some(wish) = self.lazy_wish {
-            let lazy = self.target.lazy.clone();
-            let outcome =
-                tokio::task::spawn_blocking(move || crate::backend::lazy::set_lazy(&lazy, wish))
-                    .await;
-            if let Ok(Err(e)) = outcome {
-                tracing::warn!("lazy pulling not changed: {e}");
+            // As direct mode's `L` does: the node's runtime decides what is written; no restart unasked.
+            let target = &self.target;
+            let apply = Apply {
+                write: true,
+                restart: false,
+            };
+            let changed = set_lazy(
+                &target.node.endpoint,
+                &target.lazy,
+                wish,
+                apply,
+                self.timeout,
+            )
+            .await;
+            match changed {
+                Ok(outcome) if outcome.changed => tracing::info!("{}", outcome.summary()),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("lazy pulling not changed: {e}"),
             }
         }
         self.facts = facts::read(&self.target, self.api.client(), self.timeout).await;

@@ -9,6 +9,7 @@ pub mod export;
 pub mod holders;
 pub mod image;
 pub mod labels;
+pub mod lazy;
 pub mod machine_config;
 pub mod mirror_rules;
 pub mod node_report;

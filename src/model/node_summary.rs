@@ -1,6 +1,7 @@
 //! What is known about a node for the Nodes screen: its runtime, space, images and pins, as the backends
 //! found them (a node's runtime in direct mode, its Node object in cluster mode).
 
+use super::lazy::LazyPulling;
 use super::machine_config::ClusterView;
 use super::rollout::PinMethod;
 
@@ -16,7 +17,7 @@ pub struct NodeSummary {
     pub images: Option<usize>,
     pub pinned: Option<usize>,
     pub pin_method: Option<PinMethod>,
-    pub lazy_pulling: Option<bool>,
+    pub lazy_pulling: Option<LazyPulling>,
     pub reachable: Option<bool>,
     /// Worth knowing about the node, though it works (e.g. a kubelet whose image GC ignores pins).
     pub warning: Option<String>,
@@ -37,7 +38,10 @@ pub fn of_cluster(view: &ClusterView) -> Vec<NodeSummary> {
             pinned: None,
             // The machine-config daemon pins through CRI-O's drop-in.
             pin_method: Some(PinMethod::CrioDropIn),
-            lazy_pulling: view.pool_of(&node.name).and_then(|p| lazy.get(p).copied()),
+            lazy_pulling: view
+                .pool_of(&node.name)
+                .and_then(|p| lazy.get(p).copied())
+                .map(LazyPulling::of_pool),
             reachable: node.ready,
             warning: node.pins_ignored_warning(),
         })

@@ -23,7 +23,7 @@ use super::{
     RolloutControl, SetSources, Traits, UnpinOptions, Unpinned,
 };
 use crate::backend::blobs::{BlobCache, CacheOptions};
-use crate::backend::lazy::set_lazy;
+use crate::backend::lazy::{Apply, set_lazy};
 use crate::backend::registry::Registry;
 use crate::backend::target::NodeTarget;
 use crate::engine::EngineConfig;
@@ -280,15 +280,17 @@ impl Fleet for DirectFleet {
         };
         let direct = Arc::clone(&self.0);
         tokio::spawn(async move {
-            let lazy = target.lazy.clone();
-            let message = match tokio::task::spawn_blocking(move || set_lazy(&lazy, enable)).await {
-                Ok(Ok(outcome)) => outcome.warning,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(e.to_string()),
+            let timeout = direct.timeout;
+            let apply = Apply {
+                write: true,
+                restart: false,
             };
-            if let Some(message) = message {
-                let _ = events.send(FleetEvent::Notice(format!("{node}: {message}")));
-            }
+            let changed = set_lazy(&target.node.endpoint, &target.lazy, enable, apply, timeout);
+            let message = match changed.await {
+                Ok(outcome) => outcome.summary(),
+                Err(e) => format!("lazy pulling not changed: {e}"),
+            };
+            let _ = events.send(FleetEvent::Notice(format!("{node}: {message}")));
             direct.send_nodes(&events).await;
         });
     }
