@@ -31,6 +31,7 @@ use crate::fleet::machine_config::{self, MachineConfigFleet, MachineConfigSettin
 use crate::fleet::{Fleet, SetSources};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
+use crate::model::readiness::LazyImages;
 use crate::model::release_payload::SetOptions;
 use crate::model::units::{parse_bytes, parse_duration};
 use crate::targets::{self, NodeDefaults, parse_reload};
@@ -117,6 +118,10 @@ pub struct RolloutArgs {
     /// confirmation.
     #[arg(long)]
     pub verify_cri: bool,
+    /// `check`, `status`, `apply` (direct mode): an image present only lazily (layers still in the registry)
+    /// counts as there, for sets whose purpose is a fast start rather than independence from the link.
+    #[arg(long)]
+    pub allow_lazy: bool,
     /// `apply` and the TUI: fan out. pinboard serves the sets' images from its blob cache and points every
     /// node at it for the rollout, so each blob crosses the registry link once (docs/fan-out.md).
     #[arg(long)]
@@ -152,6 +157,7 @@ impl Default for RolloutArgs {
             wait: false,
             timeout: None,
             verify_cri: false,
+            allow_lazy: false,
             fan_out: false,
             fan_out_listen: None,
             pull_progress_timeout: EngineConfig::default().pull_progress_timeout,
@@ -163,6 +169,14 @@ impl RolloutArgs {
     /// `--timeout`, or `default` when it was not given.
     pub fn timeout_or(&self, default: Duration) -> Duration {
         self.timeout.unwrap_or(default)
+    }
+
+    /// Whether an image present only lazily counts as there (`--allow-lazy`).
+    pub fn lazy_images(&self) -> LazyImages {
+        match self.allow_lazy {
+            true => LazyImages::Accepted,
+            false => LazyImages::NotReady,
+        }
     }
 
     /// How the engine runs these flags' rollouts.
@@ -463,6 +477,7 @@ impl CommonArgs {
                 cache_options: self.cache.options(),
                 fan_out_listen: self.rollout.fan_out_listen.unwrap_or(LOOPBACK),
                 release_unowned: self.unpin.release_unowned,
+                lazy_images: self.rollout.lazy_images(),
             })));
         };
         let named = !targets.cri.is_empty() || targets.nodes.is_some();

@@ -48,6 +48,7 @@ use crate::model::node_report;
 use crate::model::pinboard_api::{
     DEFAULT_NAMESPACE, HEARTBEAT_EVERY, NodeReport, NodeSetPhase, PinSet, SetReport,
 };
+use crate::model::readiness::LazyImages;
 use crate::model::rollout::Rollout;
 use crate::model::set::{ImageSet, from_flags};
 use crate::options::{LimitArgs, RegistryArgs, RolloutArgs, TargetArgs, registry_options};
@@ -322,6 +323,7 @@ impl Agent {
             cache_options: Default::default(),
             fan_out_listen: LOOPBACK,
             release_unowned: false,
+            lazy_images: LazyImages::NotReady,
         });
         let dropped = self
             .facts

@@ -180,6 +180,26 @@ pub fn restart_command(runtime: RuntimeKind) -> &'static str {
     }
 }
 
+/// How to make a node's lazily present images local, by its runtime (`containerd 1.6.20`): without the
+/// remote snapshotter or store, a pull fetches them whole; pinboard does not remove images.
+pub fn make_local(runtime: Option<&str>) -> String {
+    let kind = runtime
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(RuntimeKind::of_cri_name);
+    let without = match kind {
+        Some(RuntimeKind::Crio) => "without the additional layer store",
+        _ => "with a snapshotter that does not pull lazily",
+    };
+    let restart = kind.map_or_else(
+        || "restart the runtime".to_string(),
+        |k| format!("`{}`", restart_command(k)),
+    );
+    format!(
+        "to make them local, remove them (`crictl rmi IMAGE`) and pull them again {without} (`pinboard lazy \
+         off`, {restart}, `pinboard apply`)"
+    )
+}
+
 /// The layers of a lazily present image whose bytes are still in the registry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -200,15 +220,26 @@ impl RemoteLayers {
         })
     }
 
+    /// `3 of 5 layers remote`.
+    pub fn count(&self) -> String {
+        remote_count(self.remote_layers.len(), self.layers)
+    }
+
     /// `lazy (3 of 5 layers remote)`.
     pub fn words(&self) -> String {
-        format!(
-            "lazy ({} of {} layer{} remote)",
-            self.remote_layers.len(),
-            self.layers,
-            if self.layers == 1 { "" } else { "s" }
-        )
+        lazy_words(self.remote_layers.len(), self.layers)
     }
+}
+
+/// `3 of 5 layers remote`.
+pub fn remote_count(remote: usize, layers: usize) -> String {
+    let plural = if layers == 1 { "" } else { "s" };
+    format!("{remote} of {layers} layer{plural} remote")
+}
+
+/// `lazy (3 of 5 layers remote)`: how the Rollout, `status` and `apply` say an image is present only lazily.
+pub fn lazy_words(remote: usize, layers: usize) -> String {
+    format!("lazy ({})", remote_count(remote, layers))
 }
 
 /// One containerd snapshot: its parent (empty for a bottom layer) and whether it is remote.

@@ -99,6 +99,7 @@ fn node_plan(
                 fetch_bytes: *bytes,
                 estimated_disk_bytes: 2 * bytes,
                 lazy_format: LazyFormat::None,
+                lazy: None,
                 mirror: None,
             })
             .collect(),

@@ -30,6 +30,7 @@ use crate::engine::EngineConfig;
 use crate::error::Failure;
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
+use crate::model::readiness::LazyImages;
 use crate::model::set::ImageSet;
 use crate::survey::{Survey, survey};
 
@@ -54,6 +55,8 @@ pub struct DirectConfig {
     pub fan_out_listen: SocketAddr,
     /// TUI: unpinning a set also releases its images' unowned pins (`--release-unowned`).
     pub release_unowned: bool,
+    /// Whether readiness counts an image present only lazily as there (`--allow-lazy`).
+    pub lazy_images: LazyImages,
 }
 
 /// Nodes reached over their CRI sockets.
@@ -71,6 +74,7 @@ struct Direct {
     cache_options: CacheOptions,
     fan_out_listen: SocketAddr,
     release_unowned: bool,
+    lazy_images: LazyImages,
     /// Opened at the first fan-out and kept (it holds the directory's lock).
     cache: Mutex<Option<Arc<BlobCache>>>,
     /// The TUI's rollout tasks, waited for when it quits.
@@ -90,6 +94,7 @@ impl DirectFleet {
             cache_options: config.cache_options,
             fan_out_listen: config.fan_out_listen,
             release_unowned: config.release_unowned,
+            lazy_images: config.lazy_images,
             cache: Mutex::default(),
             rollouts: Mutex::default(),
         }))
