@@ -468,7 +468,7 @@ impl Agent {
             let changed = set_lazy(
                 &target.node.endpoint,
                 &target.lazy,
-                wish,
+                Some(wish),
                 apply,
                 self.timeout,
             )

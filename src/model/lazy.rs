@@ -120,6 +120,67 @@ impl LazyPulling {
     }
 }
 
+/// One node's lazy pulling as `pinboard lazy` prints it: what it is, and what turning it on or off did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLazy {
+    pub node: String,
+    /// `containerd 1.6.20`; None when the node could not be asked.
+    pub runtime: Option<String>,
+    pub reachable: bool,
+    /// None when it could not be read (`error` says why).
+    pub lazy_pulling: Option<LazyPulling>,
+    /// The file pinboard writes for the node.
+    pub file: Option<String>,
+    /// What became of that file; None for `status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<FileChangeKind>,
+    /// The command pinboard ran to restart the runtime (`--restart`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted: Option<String>,
+    /// `--readonly`: the file as the change would write it, each line marked `+ ` (added), `- `
+    /// (removed) or two spaces (kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diff: Vec<String>,
+    /// Why nothing was done, when nothing could be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// containerd's config imports no directory for pinboard's file: the lines to add, and where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add: Option<AddLines>,
+}
+
+/// Lines an administrator adds to a file, and where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddLines {
+    pub lines: Vec<String>,
+    /// `before line 4 (`[grpc]`) of /etc/containerd/config.toml`.
+    pub place: String,
+}
+
+/// What became of the file pinboard writes for lazy pulling on a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FileChangeKind {
+    Written,
+    Unchanged,
+    /// `--readonly`: it would be written.
+    WouldWrite,
+    /// Refused, or writing failed: `error` says why.
+    NotWritten,
+}
+
+impl FileChangeKind {
+    pub fn word(self) -> &'static str {
+        match self {
+            FileChangeKind::Written => "written",
+            FileChangeKind::Unchanged => "unchanged",
+            FileChangeKind::WouldWrite => "would write",
+            FileChangeKind::NotWritten => "not written",
+        }
+    }
+}
+
 /// containerd's lazy pulling: whether pinboard's file configures the snapshotter `via`, which snapshotter
 /// the CRI plugin reports in force (None: it could not be asked), and whether the snapshotter's socket
 /// serves. `restart` is the command that applies a change.

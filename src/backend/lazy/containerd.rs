@@ -18,7 +18,7 @@ use toml_edit::{DocumentMut, Item, TableLike, Value};
 
 use super::{FileChange, LazyError};
 use crate::backend::files::{file_error, read_optional};
-use crate::backend::toml_doc::{parse, set_value, table_at};
+use crate::backend::toml_doc::{decor_text, parse, set_value, table_at};
 
 pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 /// containerd-stargz-grpc's default socket.
@@ -414,8 +414,15 @@ fn on_v2(
     let plugins = table_at(&mut doc, &["plugins"], None).map_err(|e| e.to_string())?;
     plugins.remove(CRI);
     if let Some((mut section, _)) = section {
-        // Placed where it now goes, not where it was in its own file.
+        // Placed where it now goes, not where it was in its own file, after a blank line.
         unset_positions(&mut section);
+        if let Some(table) = section.as_table_mut() {
+            let prefix = decor_text(table.decor().prefix());
+            if !prefix.starts_with('\n') {
+                let spaced = format!("\n{prefix}");
+                table.decor_mut().set_prefix(spaced);
+            }
+        }
         plugins.insert(CRI, section);
     }
     let containerd =

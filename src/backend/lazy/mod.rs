@@ -106,9 +106,11 @@ pub struct Apply {
     pub restart: bool,
 }
 
-/// What turning lazy pulling on or off did on one node.
+/// What turning lazy pulling on or off did on one node, or what it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LazyOutcome {
+    /// `containerd 1.6.20`, as CRI `Version` names it.
+    pub runtime: String,
     /// The file pinboard writes for the node.
     pub file: PathBuf,
     /// Whether the file changed (without `write`: would change).
@@ -190,23 +192,37 @@ pub async fn read_lazy(
     }
 }
 
-/// Turns lazy pulling on or off on the node at `endpoint`, the way its runtime does it: writes (or, without
-/// `apply.write`, only says) what the runtime needs, then with `apply.restart` restarts the runtime when it
-/// has not read that yet. Refused on a node pinboard does not share files with.
+/// Turns lazy pulling on or off (`wanted`; None: only reads it) on the node at `endpoint`, the way its
+/// runtime does it: writes (or, without `apply.write`, only says) what the runtime needs, then with
+/// `apply.restart` restarts the runtime when it has not read that yet. A change is refused on a node
+/// pinboard does not share files with.
 pub async fn set_lazy(
     endpoint: &CriEndpoint,
     config: &LazyConfig,
-    enable: bool,
+    wanted: Option<bool>,
     apply: Apply,
     timeout: Duration,
 ) -> Result<LazyOutcome, LazyError> {
+    let client = CriClient::connect(endpoint, timeout).await?;
+    let version = client.version().await?;
+    let runtime = runtime_kind(&version.runtime_name)?;
+    let runtime_text = format!("{} {}", version.runtime_name, version.runtime_version);
+    let Some(enable) = wanted else {
+        let (now, file) = read_lazy(&client, runtime, config).await?;
+        return Ok(LazyOutcome {
+            runtime: runtime_text,
+            file,
+            changed: false,
+            diff: Vec::new(),
+            restarted: None,
+            now,
+        });
+    };
     if !endpoint.is_local() {
         return Err(LazyError::Remote {
             endpoint: endpoint.clone(),
         });
     }
-    let client = CriClient::connect(endpoint, timeout).await?;
-    let runtime = runtime_kind(&client.version().await?.runtime_name)?;
     let client = &client;
     let owned = config.clone();
     let change = blocking(move || match runtime {
@@ -233,6 +249,7 @@ pub async fn set_lazy(
             false => Vec::new(),
         };
         return Ok(LazyOutcome {
+            runtime: runtime_text,
             file: change.path,
             changed,
             diff,
@@ -261,6 +278,7 @@ pub async fn set_lazy(
         ));
     }
     Ok(LazyOutcome {
+        runtime: runtime_text,
         file: path,
         changed,
         diff: Vec::new(),
@@ -335,6 +353,7 @@ mod tests {
     #[test]
     fn the_summary_says_what_changed_and_what_is_in_force() {
         let outcome = |changed, diff: Vec<(DiffKind, String)>, restarted, now| LazyOutcome {
+            runtime: "containerd 1.6.20".into(),
             file: "/etc/containerd/conf.d/x.toml".into(),
             changed,
             diff,

@@ -6,6 +6,7 @@
 //! Every operation first puts back fan-out files that a pinboard killed mid-rollout left on the nodes.
 
 mod check;
+mod lazy;
 mod rollout;
 mod views;
 
@@ -29,6 +30,7 @@ use crate::backend::target::NodeTarget;
 use crate::engine::EngineConfig;
 use crate::error::Failure;
 use crate::model::image::Platform;
+use crate::model::lazy::NodeLazy;
 use crate::model::plan::Limits;
 use crate::model::readiness::LazyImages;
 use crate::model::set::ImageSet;
@@ -290,7 +292,13 @@ impl Fleet for DirectFleet {
                 write: true,
                 restart: false,
             };
-            let changed = set_lazy(&target.node.endpoint, &target.lazy, enable, apply, timeout);
+            let changed = set_lazy(
+                &target.node.endpoint,
+                &target.lazy,
+                Some(enable),
+                apply,
+                timeout,
+            );
             let message = match changed.await {
                 Ok(outcome) => outcome.summary(),
                 Err(e) => format!("lazy pulling not changed: {e}"),
@@ -298,6 +306,14 @@ impl Fleet for DirectFleet {
             let _ = events.send(FleetEvent::Notice(format!("{node}: {message}")));
             direct.send_nodes(&events).await;
         });
+    }
+
+    fn lazy(
+        &self,
+        wanted: Option<bool>,
+        apply: Apply,
+    ) -> BoxFuture<'_, Result<Vec<NodeLazy>, Failure>> {
+        async move { Ok(lazy::lazy(&self.0, wanted, apply).await) }.boxed()
     }
 
     fn shut_down(&self) -> BoxFuture<'_, ()> {
