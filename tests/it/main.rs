@@ -18,6 +18,7 @@ mod crio;
 mod engine;
 mod fanout;
 mod lab_smoke;
+mod lazy;
 mod measured;
 mod mirror;
 mod pins;
