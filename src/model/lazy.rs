@@ -218,18 +218,23 @@ pub fn containerd_lazy(
     LazyPulling::new(state, Some(via), remote, detail)
 }
 
-/// CRI-O's lazy pulling: whether its storage drop-in names the store `via`, and whether the store is
-/// mounted (`not_mounted` says why not). CRI-O does not report what it has in force.
+/// CRI-O's lazy pulling: whether its storage drop-in names stargz-store, and whether the store is mounted
+/// (`not_mounted` says why not). CRI-O does not report what it has in force: it reads the drop-in when it
+/// starts, which the detail says with the command.
 pub fn crio_lazy(configured: bool, not_mounted: Option<String>) -> LazyPulling {
+    let when = format!(
+        "CRI-O reads it when it starts: `{}` applies a change",
+        restart_command(RuntimeKind::Crio)
+    );
     match (configured, not_mounted) {
         (false, _) => LazyPulling::new(LazyState::Off, None, None, None),
-        (true, Some(why)) => LazyPulling::new(LazyState::StoreNotMounted, None, None, Some(why)),
-        (true, None) => LazyPulling::new(
-            LazyState::On,
-            Some("stargz-store"),
+        (true, Some(why)) => LazyPulling::new(
+            LazyState::StoreNotMounted,
             None,
-            Some("CRI-O reads its storage configuration when it starts".into()),
+            None,
+            Some(format!("{why}; {when}")),
         ),
+        (true, None) => LazyPulling::new(LazyState::On, Some("stargz-store"), None, Some(when)),
     }
 }
 

@@ -271,11 +271,6 @@ pub async fn set_lazy(
         let client = answering(client.endpoint(), timeout).await?;
         now = read_lazy(&client, runtime, config).await?.0;
         restarted = Some(command);
-    } else if changed && runtime == RuntimeKind::Crio {
-        now.detail = Some(format!(
-            "CRI-O reads it when it starts: `{}` applies it",
-            restart_command(runtime)
-        ));
     }
     Ok(LazyOutcome {
         runtime: runtime_text,
