@@ -461,15 +461,11 @@ impl Agent {
         if let Some(wish) = self.lazy_wish {
             // As direct mode's `L` does: the node's runtime decides what is written; no restart unasked.
             let target = &self.target;
-            let apply = Apply {
-                write: true,
-                restart: false,
-            };
             let changed = set_lazy(
                 &target.node.endpoint,
                 &target.lazy,
                 Some(wish),
-                apply,
+                Apply::WRITE,
                 self.timeout,
             )
             .await;

@@ -106,6 +106,14 @@ pub struct Apply {
     pub restart: bool,
 }
 
+impl Apply {
+    /// Written, the runtime left to restart when its administrator says (`L`, an agent's wish).
+    pub const WRITE: Apply = Apply {
+        write: true,
+        restart: false,
+    };
+}
+
 /// What turning lazy pulling on or off did on one node, or what it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LazyOutcome {

@@ -288,10 +288,6 @@ impl Fleet for DirectFleet {
         let direct = Arc::clone(&self.0);
         tokio::spawn(async move {
             let timeout = direct.timeout;
-            let apply = Apply {
-                write: true,
-                restart: false,
-            };
             let changed = set_lazy(
                 &target.node.endpoint,
                 &target.lazy,
