@@ -292,7 +292,7 @@ impl Fleet for DirectFleet {
                 &target.node.endpoint,
                 &target.lazy,
                 Some(enable),
-                apply,
+                Apply::WRITE,
                 timeout,
             );
             let message = match changed.await {
