@@ -433,3 +433,84 @@ async fn an_agent_killed_mid_rollout_carries_on_and_pulls_no_image_twice() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lazy_pulling_asked_through_the_agents_is_written_by_each_agent_and_reported() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB).importing_conf_d(),
+        NodeSpec::new("n2", 200 * MIB),
+    ];
+    let mut lab = AgentsLab::start("agents-lazy", nodes, None).await;
+    let socket = lab.lab.dir().join("stargz.sock");
+    for node in ["n1", "n2"] {
+        let config = lab.lab.node(node).config_file().display().to_string();
+        lab.stop_agent(node);
+        lab.start_agent_with(
+            node,
+            &[
+                "--containerd-config",
+                &config,
+                "--stargz-socket",
+                socket.to_str().unwrap(),
+            ],
+        );
+    }
+
+    let run = lab.pinboard(&["lazy", "on", "--restart"]);
+    assert_eq!(
+        run.code, 2,
+        "agents never restart a runtime: {}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("never restart"), "{}", run.stderr);
+
+    // n1's agent writes the file its containerd imports; n2's config imports nothing: its agent says
+    // what to add, in its report, and writes nothing.
+    let run = lab.pinboard(&["lazy", "on", "-o", "json"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let said: Value = serde_json::from_str(&run.stdout).unwrap();
+    let node = |name: &str| {
+        said["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} in {said}"))
+    };
+    assert_eq!(
+        node("n1")["lazyPulling"]["text"],
+        "on after restart",
+        "{said}"
+    );
+    assert!(node("n1")["error"].is_null(), "{said}");
+    let n2_error = node("n2")["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        n2_error.contains("nothing written") && n2_error.contains("imports = ["),
+        "{said}"
+    );
+    assert!(
+        run.stderr
+            .contains("error: n2: lazy pulling not changed: nothing written"),
+        "{}",
+        run.stderr
+    );
+    let n1_dir = lab.lab.node("n1").dir().to_path_buf();
+    let written =
+        std::fs::read_to_string(n1_dir.join("conf.d/zz-pinboard-lazy-pulling.toml")).unwrap();
+    assert!(written.contains("[proxy_plugins.stargz]"), "{written}");
+    let n2_dir = lab.lab.node("n2").dir().to_path_buf();
+    assert!(!n2_dir.join("conf.d").exists(), "nothing written on n2");
+
+    // Asked off again, n1's file no longer turns it on and its report follows.
+    let run = lab.pinboard(&["lazy", "off", "-o", "json"]);
+    let said: Value = serde_json::from_str(&run.stdout).unwrap();
+    let n1 = said["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == "n1")
+        .cloned()
+        .unwrap();
+    assert_eq!(n1["lazyPulling"]["state"], "off", "{said}\n{}", run.stderr);
+}

@@ -20,6 +20,7 @@ mod engine;
 mod fanout;
 mod kube_cluster;
 mod lab_smoke;
+mod lazy;
 mod measured;
 mod mirror;
 mod pins;

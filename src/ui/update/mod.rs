@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
+use crate::model::lazy::LazyPulling;
 use crate::model::rollout::NodeState;
 use crate::model::set;
 use crate::ui::keymap::{Action, lookup};
@@ -390,7 +391,9 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
                 && let Some(name) = state.selected(Pane::Nodes)
             {
                 let node = state.nodes.iter().find(|n| n.name == name);
-                let enable = !node.and_then(|n| n.lazy_pulling).unwrap_or(false);
+                let enable = !node
+                    .and_then(|n| n.lazy_pulling.as_ref())
+                    .is_some_and(LazyPulling::configured);
                 return vec![Cmd::ToggleLazy {
                     node: name.to_string(),
                     enable,
