@@ -133,7 +133,10 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         registry: registry_options(&args.registry)?,
         node_credentials: Arc::new(node_credentials),
         limits: args.limits.limits(),
-        engine: args.rollout.engine_config(),
+        engine: EngineConfig {
+            no_space_hint: "free space on the node, or lower its agent's --min-free",
+            ..args.rollout.engine_config()
+        },
         timeout: args.targets.timeout(),
         platform: args.targets.platform()?,
         heartbeat_every: args.heartbeat_every.max(Duration::from_secs(1)),
