@@ -319,7 +319,9 @@ impl PinboardApi {
                 Api::all_with(client.clone(), &self.sets),
                 watcher::Config::default(),
                 Writer::new(self.sets.clone()),
-                move |objects: &Snapshot<DynamicObject>| AgentsUpdate::Sets(set_views.all(objects)),
+                move |objects: &Snapshot<DynamicObject>| {
+                    AgentsUpdate::Sets(set_views.owned(objects))
+                },
                 AgentsUpdate::Connection,
                 tx.clone(),
             ),
