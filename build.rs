@@ -5,6 +5,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/cri.proto",
         "proto/containerd/content.proto",
         "proto/containerd/images.proto",
+        "proto/containerd/snapshots.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -20,8 +20,9 @@
 //! for real, with its storage on a tmpfs of the node's size. It is this binary run again: `main` serves it
 //! when the stand-in's variable is set. Each node pins the way its runtime enforces: n1 through the CRI-O
 //! drop-in in the stand-in's `crio.conf.d`, reloaded through its pidfile; n2 and n3 with containerd labels.
-//! The nodes file keeps every write in `target/lab`: the containerd nodes' lazy-pull drop-ins in the lab
-//! dir, n1's drop-ins (pins, lazy pulling, fan-out's registries.conf.d) in the stand-in's directory.
+//! The nodes file keeps every write in `target/lab`: the containerd nodes' configs import their own
+//! `conf.d` in the lab dir, where `L` writes their lazy-pull file; n1's drop-ins (pins, lazy pulling,
+//! fan-out's registries.conf.d) are in the stand-in's directory.
 //!
 //! With `--cluster`, the nodes stand in an OpenShift cluster's workers: the lab's etcd + kube-apiserver with
 //! the machine-config CRDs, a worker pool, a Node (ephemeral storage: the node's image filesystem) and a
@@ -136,7 +137,7 @@ fn run() -> Result<ExitCode> {
             nodes: NODES
                 .iter()
                 .filter(|(name, _)| !runs_crio(name, cluster))
-                .map(|&(name, bytes)| NodeSpec::new(name, bytes))
+                .map(|&(name, bytes)| NodeSpec::new(name, bytes).importing_conf_d())
                 .collect(),
             apiserver: cluster,
             registry: RegistrySetup {
@@ -602,7 +603,7 @@ fn push_samples(lab: &Lab, nodes: &[DemoNode], runtime: &Runtime) -> Result<Samp
 /// `<lab>/nodes.yaml`: each node pins the way its runtime enforces. A CRI-O node's drop-ins (the pins,
 /// applied by a SIGHUP through the stand-in's pidfile; lazy pulling; fan-out's registries, which the same
 /// reload re-reads) are where the stand-in reads them, in its directory; a containerd node pins with labels
-/// and its lazy-pull drop-in is in the lab dir.
+/// and its lazy-pull file goes in the `conf.d` its config in the lab dir imports.
 fn write_nodes_file(lab: &Lab, nodes: &[DemoNode]) -> Result<PathBuf> {
     let mut text = String::from("# written by examples/lab.rs: every write stays in target/lab\n");
     for node in nodes {
@@ -612,30 +613,25 @@ fn write_nodes_file(lab: &Lab, nodes: &[DemoNode]) -> Result<PathBuf> {
             node.name,
             node.endpoint(lab)
         )?;
-        let lazy_dir = match &node.crio {
-            Some(crio) => {
-                writeln!(
-                    text,
-                    "  pin: crio-drop-in\n  crioConfigDir: {}\n  crioReload: signal:{}\n  crioRegistriesDir: {}",
-                    crio.config_dir().display(),
-                    crio.pidfile().display(),
-                    crio.registries_dir().display()
-                )?;
-                crio.registries_dir().with_file_name("storage.conf.d")
-            }
-            None => {
-                writeln!(text, "  pin: containerd-label")?;
-                lab.dir()
-                    .join("nodes")
-                    .join(node.name)
-                    .join("storage.conf.d")
-            }
-        };
-        writeln!(
-            text,
-            "  lazyDropIn: {}",
-            lazy_dir.join("lazy-image-pull.conf").display()
-        )?;
+        match &node.crio {
+            Some(crio) => writeln!(
+                text,
+                "  pin: crio-drop-in\n  crioConfigDir: {}\n  crioReload: signal:{}\n  crioRegistriesDir: {}\n  \
+                 lazyDropIn: {}",
+                crio.config_dir().display(),
+                crio.pidfile().display(),
+                crio.registries_dir().display(),
+                crio.registries_dir()
+                    .with_file_name("storage.conf.d")
+                    .join("lazy-image-pull.conf")
+                    .display()
+            )?,
+            None => writeln!(
+                text,
+                "  pin: containerd-label\n  containerdConfig: {}",
+                lab.node(node.name).config_file().display()
+            )?,
+        }
     }
     let path = lab.dir().join("nodes.yaml");
     std::fs::write(&path, text)?;

@@ -15,7 +15,9 @@ use regex::Regex;
 
 use crate::backend::blobs::cache::{self, CacheOptions};
 use crate::backend::kube::served_apis;
-use crate::backend::lazy::{LAZY_DROP_IN, LazyConfig, STARGZ_STORE, STORAGE_CONF_DIR};
+use crate::backend::lazy::LazyConfig;
+use crate::backend::lazy::containerd::{CONTAINERD_CONFIG, STARGZ_SOCKET};
+use crate::backend::lazy::storage::{LAZY_DROP_IN, STARGZ_STORE, STORAGE_CONF_DIR};
 use crate::backend::openshift::ConnectOptions;
 use crate::backend::registries_conf::MirrorSources;
 use crate::backend::registry::{Registry, RegistryOptions};
@@ -31,6 +33,7 @@ use crate::fleet::machine_config::{self, MachineConfigFleet, MachineConfigSettin
 use crate::fleet::{Fleet, SetSources};
 use crate::model::image::Platform;
 use crate::model::plan::Limits;
+use crate::model::readiness::LazyImages;
 use crate::model::release_payload::SetOptions;
 use crate::model::units::{parse_bytes, parse_duration};
 use crate::targets::{self, NodeDefaults, parse_reload};
@@ -126,6 +129,10 @@ pub struct RolloutArgs {
     /// confirmation.
     #[arg(long)]
     pub verify_cri: bool,
+    /// `check`, `status`, `apply` (direct mode): an image present only lazily (layers still in the registry)
+    /// counts as there, for sets whose purpose is a fast start rather than independence from the link.
+    #[arg(long)]
+    pub allow_lazy: bool,
     /// `apply` and the TUI: fan out. pinboard serves the sets' images from its blob cache and points every
     /// node at it for the rollout, so each blob crosses the registry link once (docs/fan-out.md).
     #[arg(long)]
@@ -161,6 +168,7 @@ impl Default for RolloutArgs {
             wait: false,
             timeout: None,
             verify_cri: false,
+            allow_lazy: false,
             fan_out: false,
             fan_out_listen: None,
             pull_progress_timeout: EngineConfig::default().pull_progress_timeout,
@@ -172,6 +180,14 @@ impl RolloutArgs {
     /// `--timeout`, or `default` when it was not given.
     pub fn timeout_or(&self, default: Duration) -> Duration {
         self.timeout.unwrap_or(default)
+    }
+
+    /// Whether an image present only lazily counts as there (`--allow-lazy`).
+    pub fn lazy_images(&self) -> LazyImages {
+        match self.allow_lazy {
+            true => LazyImages::Accepted,
+            false => LazyImages::NotReady,
+        }
     }
 
     /// How the engine runs these flags' rollouts.
@@ -298,12 +314,18 @@ pub struct TargetArgs {
     /// CRI-O nodes under fan-out: the registries.conf.d directory its mirror drop-in goes to.
     #[arg(long, value_name = "DIR", default_value = REGISTRIES_CONF_DIR)]
     pub crio_registries_dir: PathBuf,
-    /// The lazy-pull storage drop-in.
+    /// CRI-O nodes: the lazy-pull storage drop-in.
     #[arg(long, value_name = "FILE", default_value_t = format!("{STORAGE_CONF_DIR}/{LAZY_DROP_IN}"))]
     pub lazy_drop_in: String,
-    /// The additional layer store the lazy-pull drop-in names.
+    /// CRI-O nodes: the additional layer store the lazy-pull drop-in names.
     #[arg(long, value_name = "PATH:ref", default_value = STARGZ_STORE)]
     pub lazy_store: String,
+    /// containerd nodes: containerd's config, whose `imports` name the directory lazy pulling's file goes in.
+    #[arg(long, value_name = "FILE", default_value = CONTAINERD_CONFIG)]
+    pub containerd_config: PathBuf,
+    /// containerd nodes: stargz-snapshotter's socket, which lazy pulling's proxy plugin names.
+    #[arg(long, value_name = "PATH", default_value = STARGZ_SOCKET)]
+    pub stargz_socket: PathBuf,
 }
 
 /// How to reach registries.
@@ -478,6 +500,7 @@ impl CommonArgs {
                 cache_options: self.cache.options(),
                 fan_out_listen: self.rollout.fan_out_listen.unwrap_or(LOOPBACK),
                 release_unowned: self.unpin.release_unowned,
+                lazy_images: self.rollout.lazy_images(),
             })));
         };
         if self.cluster_api(&connect).await? == ClusterApi::Agents {
@@ -615,6 +638,8 @@ impl TargetArgs {
             lazy: LazyConfig {
                 file: PathBuf::from(&self.lazy_drop_in),
                 store: self.lazy_store.clone(),
+                containerd_config: self.containerd_config.clone(),
+                stargz_socket: self.stargz_socket.clone(),
             },
         };
         let text = self.nodes.as_deref().map(read_file).transpose()?;

@@ -398,6 +398,7 @@ fn summarize<'a>(
                     reference: r,
                     facts: &facts[r.as_str()],
                     present: observation.presence.get(r).copied().flatten(),
+                    lazy: observation.facts.lazy.get(r),
                 })
                 .collect();
             (observation, images)

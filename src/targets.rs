@@ -8,13 +8,16 @@
 //!   pin: crio-drop-in            # or containerd-label; default: from the runtime's name
 //!   crioConfigDir: /etc/crio/crio.conf.d
 //!   crioReload: signal:/var/run/crio/crio.pid   # or systemctl, restart, none
-//!   lazyDropIn: /etc/containers/storage.conf.d/lazy-image-pull.conf
+//!   lazyDropIn: /etc/containers/storage.conf.d/lazy-image-pull.conf   # CRI-O: lazy pulling's drop-in
 //!   lazyStore: /var/lib/stargz-store/store:ref
+//!   containerdConfig: /etc/containerd/config.toml   # containerd: whose `imports` take lazy pulling's file
+//!   stargzSocket: /run/containerd-stargz-grpc/containerd-stargz-grpc.sock
 //!   crioRegistriesDir: /etc/containers/registries.conf.d   # CRI-O: where fan-out's drop-in goes
 //!   registryConfigDir: /etc/containerd/certs.d   # containerd: its config_path, if not the one it reports
 //! ```
 //! Settings a node leaves out come from the command line's `--crio-config-dir`, `--crio-reload`,
-//! `--crio-registries-dir`, `--lazy-drop-in` and `--lazy-store`, then from the defaults.
+//! `--crio-registries-dir`, `--lazy-drop-in`, `--lazy-store`, `--containerd-config` and `--stargz-socket`, then
+//! from the defaults.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -240,6 +243,8 @@ struct NodeEntry {
     crio_reload: Option<String>,
     lazy_drop_in: Option<PathBuf>,
     lazy_store: Option<String>,
+    containerd_config: Option<PathBuf>,
+    stargz_socket: Option<PathBuf>,
     crio_registries_dir: Option<PathBuf>,
     registry_config_dir: Option<PathBuf>,
 }
@@ -312,6 +317,12 @@ fn parse_nodes_file(
                 store: entry
                     .lazy_store
                     .unwrap_or_else(|| defaults.lazy.store.clone()),
+                containerd_config: entry
+                    .containerd_config
+                    .unwrap_or_else(|| defaults.lazy.containerd_config.clone()),
+                stargz_socket: entry
+                    .stargz_socket
+                    .unwrap_or_else(|| defaults.lazy.stargz_socket.clone()),
             };
             let wiring = WiringPaths {
                 registry_config_dir: entry.registry_config_dir,
@@ -453,7 +464,8 @@ mod tests {
         let text = "- name: w0\n  endpoint: unix:///run/crio/crio.sock\n  crioReload: signal:/run/crio.pid\n  \
                     crioRegistriesDir: /tmp/registries.conf.d\n\
                     - name: w1\n  endpoint: unix:///run/containerd/containerd.sock\n  pin: containerd-label\n  \
-                    lazyDropIn: /tmp/lazy.conf\n  registryConfigDir: /tmp/certs.d\n\
+                    lazyDropIn: /tmp/lazy.conf\n  registryConfigDir: /tmp/certs.d\n  \
+                    containerdConfig: /tmp/containerd.toml\n  stargzSocket: /tmp/stargz.sock\n\
                     - name: w2\n  endpoint: tcp://10.0.0.3:10010\n";
         let targets = resolve(
             &[],
@@ -473,6 +485,14 @@ mod tests {
         );
         assert_eq!(targets[1].pin, PinTarget::ContainerdLabel);
         assert_eq!(targets[1].lazy.file, PathBuf::from("/tmp/lazy.conf"));
+        assert_eq!(
+            targets[1].lazy.containerd_config,
+            PathBuf::from("/tmp/containerd.toml")
+        );
+        assert_eq!(
+            targets[1].lazy.stargz_socket,
+            PathBuf::from("/tmp/stargz.sock")
+        );
         assert_eq!(targets[2].pin, PinTarget::Detect);
         assert_eq!(targets[2].lazy, LazyConfig::default());
         assert_eq!(

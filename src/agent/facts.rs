@@ -8,14 +8,13 @@ use std::time::Duration;
 use kube::Client;
 
 use crate::backend::cri::CriClient;
-use crate::backend::lazy::{LazyState, read_lazy};
+use crate::backend::lazy::{read_lazy, runtime_kind};
 use crate::backend::node::observe as survey_node;
 use crate::backend::readiness::observe;
 use crate::backend::target::NodeTarget;
 use crate::model::holders::Holder;
 use crate::model::pinboard_api::{
-    FilesystemReport, ImageReport, KUBELET_CONFIG_SOURCE, KubeletReport, LazyReport, NodeReport,
-    RuntimeReport,
+    FilesystemReport, ImageReport, KUBELET_CONFIG_SOURCE, KubeletReport, NodeReport, RuntimeReport,
 };
 use crate::model::readiness::pin_method_name;
 
@@ -33,18 +32,17 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
             return report;
         }
     };
-    match client.version().await {
-        Ok(version) => {
-            report.runtime = Some(RuntimeReport {
-                name: version.runtime_name,
-                version: version.runtime_version,
-            });
-        }
+    let version = match client.version().await {
+        Ok(version) => version,
         Err(e) => {
             report.runtime_error = Some(e.to_string());
             return report;
         }
-    }
+    };
+    report.runtime = Some(RuntimeReport {
+        name: version.runtime_name.clone(),
+        version: version.runtime_version.clone(),
+    });
     let space = survey_node(&target.node, &[], timeout).await.facts;
     if let (Some(capacity), Some(available)) = (space.capacity_bytes, space.available_bytes) {
         report.image_filesystem = Some(FilesystemReport {
@@ -91,28 +89,17 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
             }
         })
         .collect();
-    let lazy = target.lazy.clone();
-    report.lazy_pulling = tokio::task::spawn_blocking(move || read_lazy(&lazy))
-        .await
-        .ok()
-        .map(|state| match state {
-            Ok(LazyState::On) => LazyReport {
-                state: "on".into(),
-                detail: None,
-            },
-            Ok(LazyState::Off) => LazyReport {
-                state: "off".into(),
-                detail: None,
-            },
-            Ok(LazyState::Other(text)) => LazyReport {
-                state: "other".into(),
-                detail: Some(text),
-            },
-            Err(e) => LazyReport {
-                state: "unknown".into(),
-                detail: Some(e.to_string()),
-            },
-        });
+    let lazy = match runtime_kind(&version.runtime_name) {
+        Ok(kind) => read_lazy(&client, kind, &target.lazy)
+            .await
+            .map(|(lazy, _)| lazy)
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    (report.lazy_pulling, report.lazy_pulling_error) = match lazy {
+        Ok(lazy) => (Some(lazy), None),
+        Err(why) => (None, Some(why)),
+    };
     report.registry_config_dir = match client.registry_config_path().await {
         Ok(Some(dir)) => Some(dir.display().to_string()),
         _ => target

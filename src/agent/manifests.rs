@@ -37,6 +37,10 @@ pub struct ManifestArgs {
     /// read-only), used after a set's pull Secrets. Only where every node has that file.
     #[arg(long)]
     pub node_credentials: bool,
+    /// One more argument for the agent (repeatable), e.g. `--agent-arg=--insecure-registry
+    /// --agent-arg=registry.lab:5000` or `--agent-arg=--parallel=4`.
+    #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
 }
 
 fn default_image() -> String {
@@ -87,6 +91,13 @@ pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
                 "      volumes:\n      - {name: node-credentials, hostPath: {path: /var/lib/kubelet/config.json, type: File}}\n",
             );
     }
+    if !args.agent_args.is_empty() {
+        let extra: Vec<String> = args.agent_args.iter().map(|a| format!("{a:?}")).collect();
+        daemonset = daemonset.replace(
+            "args: [agent, ",
+            &format!("args: [agent, {}, ", extra.join(", ")),
+        );
+    }
     let documents = [NAMESPACE, CRDS, RBAC, &daemonset];
     Ok(documents
         .iter()
@@ -109,6 +120,7 @@ mod tests {
             runtime,
             node_selector: None,
             node_credentials: false,
+            agent_args: vec!["--insecure-registry".into(), "registry.lab:5000".into()],
         }
     }
 
@@ -130,6 +142,10 @@ mod tests {
             assert!(yaml.contains("readOnlyRootFilesystem: true"));
             assert!(yaml.contains("drop: [ALL]"));
             assert!(yaml.contains("- operator: Exists"), "tolerates every taint");
+            assert!(
+                yaml.contains(r#"args: [agent, "--insecure-registry", "registry.lab:5000", "#),
+                "the agent's extra arguments come first"
+            );
             assert!(
                 !yaml.contains("/var/lib/kubelet"),
                 "no node credentials unless asked"

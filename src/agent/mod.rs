@@ -31,6 +31,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::kube::{ConnectOptions, connect};
+use crate::backend::lazy::{Apply, set_lazy};
 use crate::backend::pinboard_api::PinboardApi;
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
@@ -47,6 +48,7 @@ use crate::model::node_report;
 use crate::model::pinboard_api::{
     DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeReport, NodeSetPhase, PinSet, SetReport,
 };
+use crate::model::readiness::LazyImages;
 use crate::model::rollout::Rollout;
 use crate::model::set::{ImageSet, from_flags};
 use crate::options::{LimitArgs, RegistryArgs, RolloutArgs, TargetArgs, registry_options};
@@ -61,7 +63,7 @@ const FACTS_EVERY: Duration = Duration::from_secs(300);
 pub struct AgentArgs {
     /// The node this agent runs on: its Node's name (the DaemonSet passes the downward API's spec.nodeName).
     #[arg(long, env = "NODE_NAME", value_name = "NAME", help_heading = "Agent")]
-    pub node: String,
+    pub node: Option<String>,
     /// The agents' namespace: their heartbeat Leases and the sets' pull Secrets.
     #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE, help_heading = "Agent")]
     pub namespace: String,
@@ -99,6 +101,12 @@ pub fn write_interval(nodes: i64) -> Duration {
 
 /// Runs the agent until it is stopped.
 pub async fn run(args: AgentArgs) -> Result<(), Failure> {
+    let node = args.node.clone().ok_or_else(|| {
+        Failure::bad_input(
+            "pinboard agent runs on a node: pass --node NAME (or set NODE_NAME, as its DaemonSet does), \
+             or `pinboard agent manifests`",
+        )
+    })?;
     let connect_options = ConnectOptions {
         kubeconfig: args.targets.kubeconfig.clone(),
         context: args.targets.context.clone(),
@@ -111,7 +119,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         .into_iter()
         .next()
         .ok_or_else(|| Failure::bad_input("no CRI endpoint: pass --cri ENDPOINT"))?;
-    target.node.name = args.node.clone();
+    target.node.name = node.clone();
     if target.wiring.registry_config_dir.is_none() {
         target.wiring.registry_config_dir = args.registry_config_dir.clone();
     }
@@ -143,7 +151,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         api,
         target,
     };
-    tracing::info!(node = args.node, "pinboard agent starting");
+    tracing::info!(node, "pinboard agent starting");
     agent.serve(received).await
 }
 
@@ -196,7 +204,12 @@ impl Agent {
         loop {
             tokio::select! {
                 update = watch.updates.recv() => match update {
-                    Some(update) => self.take(update).await,
+                    Some(update) => {
+                        if self.take(update).await {
+                            // An administrator's lazy-pull wish is carried out now, not at the next read.
+                            facts_read = None;
+                        }
+                    }
                     None => return Err(Failure::unreachable(vec!["the watches ended".into()])),
                 },
                 Some(event) = events.recv() => self.fold(event).await,
@@ -218,8 +231,8 @@ impl Agent {
         }
     }
 
-    /// Takes in a change the watches saw.
-    async fn take(&mut self, update: AgentsUpdate) {
+    /// Takes in a change the watches saw; true when it changed the administrator's lazy-pull wish.
+    async fn take(&mut self, update: AgentsUpdate) -> bool {
         match update {
             AgentsUpdate::Sets(sets) => {
                 self.sets = sets
@@ -237,11 +250,13 @@ impl Agent {
                 }
             }
             AgentsUpdate::Reports(reports) => {
-                self.lazy_wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
+                let wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
+                return std::mem::replace(&mut self.lazy_wish, wish) != wish;
             }
             AgentsUpdate::Heartbeats(_) => {}
             AgentsUpdate::Connection(kind, state) => tracing::debug!("watch of {kind}: {state}"),
         }
+        false
     }
 
     /// The sets that select this node, by name.
@@ -323,6 +338,7 @@ impl Agent {
             cache_options: Default::default(),
             fan_out_listen: LOOPBACK,
             release_unowned: false,
+            lazy_images: LazyImages::NotReady,
         });
         let dropped = self
             .facts
@@ -457,16 +473,32 @@ impl Agent {
 
     /// Reads the node's facts again, and carries out an administrator's lazy-pull wish.
     async fn read_facts(&mut self) {
+        let mut refused = None;
         if let Some(wish) = self.lazy_wish {
-            let lazy = self.target.lazy.clone();
-            let outcome =
-                tokio::task::spawn_blocking(move || crate::backend::lazy::set_lazy(&lazy, wish))
-                    .await;
-            if let Ok(Err(e)) = outcome {
-                tracing::warn!("lazy pulling not changed: {e}");
+            // As direct mode's `L` does: the node's runtime decides what is written; no restart unasked.
+            let target = &self.target;
+            let changed = set_lazy(
+                &target.node.endpoint,
+                &target.lazy,
+                Some(wish),
+                Apply::WRITE,
+                self.timeout,
+            )
+            .await;
+            match changed {
+                Ok(outcome) if outcome.changed => tracing::info!("{}", outcome.summary()),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("lazy pulling not changed: {e}");
+                    refused = Some(format!("lazy pulling not changed: {e}"));
+                }
             }
         }
         self.facts = facts::read(&self.target, self.api.client(), self.timeout).await;
+        // The wish's failure is what an administrator asking for it needs to see, in the report.
+        if refused.is_some() {
+            self.facts.lazy_pulling_error = refused;
+        }
     }
 
     /// Writes the report when it changed, at most every [`write_interval`] for the sets' sizes.

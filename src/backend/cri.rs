@@ -317,10 +317,9 @@ impl CriClient {
             .map(|c| format!("RuntimeReady=false ({}: {})", c.reason, c.message)))
     }
 
-    /// containerd's registry `config_path` (its hosts.toml directory), from the CRI `Status` call with
-    /// `verbose`: `info["config"]` is the CRI plugin's configuration as JSON, with `registry.configPath`.
-    /// None when the runtime does not report one (not set, or not containerd).
-    pub async fn registry_config_path(&self) -> Result<Option<PathBuf>, CriError> {
+    /// The CRI plugin's configuration as containerd reports it with CRI `Status` and `verbose`
+    /// (`info["config"]`, JSON); None when the runtime reports none (CRI-O).
+    pub async fn cri_config(&self) -> Result<Option<serde_json::Value>, CriError> {
         let request = super::proto::cri::StatusRequest { verbose: true };
         let response = self
             .call("Status", self.timeout, self.runtime().status(request))
@@ -328,13 +327,32 @@ impl CriClient {
         Ok(response
             .info
             .get("config")
-            .and_then(|config| serde_json::from_str::<serde_json::Value>(config).ok())
-            .and_then(|config| {
-                config["registry"]["configPath"]
-                    .as_str()
-                    .filter(|path| !path.is_empty())
-                    .map(PathBuf::from)
-            }))
+            .and_then(|config| serde_json::from_str(config).ok()))
+    }
+
+    /// containerd's registry `config_path` (its hosts.toml directory), from [`CriClient::cri_config`]'s
+    /// `registry.configPath`. None when the runtime does not report one (not set, or not containerd).
+    pub async fn registry_config_path(&self) -> Result<Option<PathBuf>, CriError> {
+        Ok(self
+            .cri_config_text("registry", "configPath")
+            .await?
+            .map(PathBuf::from))
+    }
+
+    /// The snapshotter containerd's CRI plugin unpacks images with, from [`CriClient::cri_config`]'s
+    /// `containerd.snapshotter`. None when the runtime does not report one.
+    pub async fn cri_snapshotter(&self) -> Result<Option<String>, CriError> {
+        self.cri_config_text("containerd", "snapshotter").await
+    }
+
+    /// The text [`CriClient::cri_config`] holds at `section.key`, when it is set.
+    async fn cri_config_text(&self, section: &str, key: &str) -> Result<Option<String>, CriError> {
+        Ok(self.cri_config().await?.and_then(|config| {
+            config[section][key]
+                .as_str()
+                .filter(|text| !text.is_empty())
+                .map(str::to_string)
+        }))
     }
 
     /// The image's record, or None when the runtime does not have it.

@@ -198,14 +198,17 @@ impl Distribution {
             .map_err(HttpError::Certs)?;
         // No read timeout: callers bound manifest and token exchanges as a whole, and the blob cache
         // detects stalled bodies itself.
-        let mut builder = reqwest::Client::builder()
+        let cas = tls
+            .cas
+            .iter()
+            .filter_map(|der| reqwest::Certificate::from_der(der).ok());
+        let builder = reqwest::Client::builder()
             .user_agent(USER_AGENT)
-            .connect_timeout(self.timeout)
-            .tls_certs_merge(
-                tls.cas
-                    .iter()
-                    .filter_map(|der| reqwest::Certificate::from_der(der).ok()),
-            );
+            .connect_timeout(self.timeout);
+        let mut builder = match system_roots_usable() {
+            true => builder.tls_certs_merge(cas),
+            false => builder.tls_certs_only(cas),
+        };
         if let Some(client) = &tls.client {
             let identity = reqwest::Identity::from_pem(&client.pem).map_err(|e| {
                 HttpError::Setup(format!(
@@ -596,6 +599,23 @@ fn form_urlencoded(pairs: &[(&str, &str)]) -> String {
         .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
         .collect::<Vec<_>>()
         .join("&")
+}
+
+/// Whether the system's CA certificates can be used (asked once). In a bare image (the agent's) there are
+/// none and the platform verifier cannot start: then only each registry's own CAs (certs.d) are trusted,
+/// and a plain-HTTP registry needs none.
+fn system_roots_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| match reqwest::Client::builder().build() {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(
+                "no usable system CA certificates ({e}): registries are trusted only through their \
+                 certs.d CAs"
+            );
+            false
+        }
+    })
 }
 
 #[cfg(test)]

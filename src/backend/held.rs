@@ -15,8 +15,8 @@ use std::collections::{HashMap, HashSet};
 use futures::StreamExt;
 
 use super::cri::{CriClient, CriError};
-use super::pins::CONTAINERD_NAMESPACE;
-use super::proto::containerd_content::{ListContentRequest, content_client::ContentClient};
+use super::pins::containerd::namespaced;
+use super::proto::containerd_content::{Info, ListContentRequest, content_client::ContentClient};
 use crate::model::image::config_diff_ids;
 use crate::model::plan::HeldBlobs;
 use crate::model::runtime::RuntimeKind;
@@ -43,21 +43,23 @@ pub async fn held_blobs(client: &CriClient, runtime: Option<RuntimeKind>) -> Hel
 
 /// Every blob containerd's content store holds in the `k8s.io` namespace, by digest, with its size.
 pub async fn content_store(client: &CriClient) -> Result<HashMap<String, u64>, CriError> {
+    Ok(content_infos(client)
+        .await?
+        .into_iter()
+        .map(|info| (info.digest, u64::try_from(info.size).unwrap_or(0)))
+        .collect())
+}
+
+/// Every blob containerd's content store holds in the `k8s.io` namespace, with its size and labels.
+pub async fn content_infos(client: &CriClient) -> Result<Vec<Info>, CriError> {
     let listing = async {
-        let mut request = tonic::Request::new(ListContentRequest::default());
-        request.metadata_mut().insert(
-            "containerd-namespace",
-            CONTAINERD_NAMESPACE.parse().expect("ascii"),
-        );
         let mut stream = ContentClient::new(client.channel())
-            .list(request)
+            .list(namespaced(ListContentRequest::default()))
             .await?
             .into_inner();
-        let mut blobs = HashMap::new();
+        let mut blobs = Vec::new();
         while let Some(page) = stream.next().await {
-            for info in page?.info {
-                blobs.insert(info.digest, u64::try_from(info.size).unwrap_or(0));
-            }
+            blobs.extend(page?.info);
         }
         Ok(blobs)
     };

@@ -23,6 +23,7 @@ pub mod proto;
 pub mod readiness;
 pub mod registries_conf;
 pub mod registry;
+pub mod remote_layers;
 pub mod target;
 pub mod tls_probe;
 pub mod toml_doc;

@@ -1,5 +1,5 @@
 //! What a node reached directly over its CRI socket says about itself: runtime, image filesystem space,
-//! and which of a set's images it already has. Feeds [`crate::model::plan`].
+//! which of a set's images it already has, and which of those only lazily. Feeds [`crate::model::plan`].
 //!
 //! Free space: CRI's ImageFsInfo gives the image filesystem's mountpoint and used bytes, but no capacity.
 //! On a local unix socket pinboard shares the node's filesystem and measures the mountpoint with statvfs;
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::cri::{CriClient, CriEndpoint, CriError};
 use super::held::held_blobs;
+use super::remote_layers::remote_layers;
 use super::target::DirectNode;
 use crate::model::plan::{NodeFacts, Presence};
 use crate::model::runtime::RuntimeKind;
@@ -84,8 +85,18 @@ async fn observe_reachable(
     // One ListImages answers for the whole set: a release's ~190 ImageStatus calls cost more than it.
     let statuses = client.image_records(references, true).await;
     let mut presence = HashMap::with_capacity(references.len());
+    let mut present = Vec::new();
     for (reference, status) in references.iter().zip(statuses) {
-        presence.insert(reference.clone(), Some(status?.is_some()));
+        let status = status?;
+        presence.insert(reference.clone(), Some(status.is_some()));
+        present.extend(status.map(|image| (reference.clone(), image)));
     }
+    let records: Vec<_> = present.iter().map(|(_, image)| image).collect();
+    let remote = remote_layers(&client, runtime, &records).await;
+    facts.lazy = present
+        .into_iter()
+        .zip(remote)
+        .filter_map(|((reference, _), remote)| Some((reference, remote?)))
+        .collect();
     Ok(SurveyedNode { facts, presence })
 }

@@ -14,3 +14,8 @@ pub mod containerd_content {
 pub mod containerd_images {
     tonic::include_proto!("containerd.services.images.v1");
 }
+
+#[allow(clippy::all, missing_docs)]
+pub mod containerd_snapshots {
+    tonic::include_proto!("containerd.services.snapshots.v1");
+}

@@ -9,14 +9,18 @@
 //! counts), or the containerd pin label, which decides only where the runtime cannot report it; the
 //! drop-in's marks or the holder labels say who holds each pin (one containerd List per node). How the node pins
 //! is resolved exactly as the engine resolves it when it writes pins ([`pins::resolve`]). On containerd,
-//! pulls in flight for missing images are read from its content ingests ([`observe_pulls`]).
+//! pulls in flight for missing images are read from its content ingests ([`observe_pulls`]). Also which present
+//! images are there only lazily ([`remote_layers`]), and lazy pulling as the runtime has it ([`read_lazy`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::cri::{CriClient, CriError};
+use super::lazy::read_lazy;
 use super::pins::{self, PinTarget};
 use super::progress;
+use super::proto::cri::Image;
+use super::remote_layers::remote_layers;
 use super::target::NodeTarget;
 use crate::model::crio::CrioConfig;
 use crate::model::holders::{CrioEntry, crio_holders};
@@ -107,6 +111,21 @@ pub async fn observe(
             config: config.clone(),
         });
     }
+    let kind = runtime.as_ref().map(|r| r.kind);
+    if let Some(kind) = kind {
+        observed.lazy_pulling = match read_lazy(&client, kind, &target.lazy).await {
+            Ok((lazy, _)) => Some(lazy),
+            Err(e) => {
+                tracing::warn!("{}: cannot read lazy pulling: {e}", observed.node);
+                None
+            }
+        };
+    }
+    let present: Vec<&Image> = records
+        .iter()
+        .filter_map(|r| r.as_ref().ok()?.as_ref())
+        .collect();
+    let mut remote = remote_layers(&client, kind, &present).await.into_iter();
     for (reference, record_of) in references.iter().zip(records) {
         let mut image = ImageObserved {
             reference: reference.clone(),
@@ -122,6 +141,7 @@ pub async fn observe(
         };
         image.present = Some(status.is_some());
         if let Some(status) = &status {
+            image.lazy = remote.next().flatten();
             image.names = status
                 .repo_tags
                 .iter()

@@ -15,6 +15,7 @@ use super::output::{render, short_reference, table};
 use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutReport, Update};
 use crate::fleet::{Applied, ApplyOptions, ApplyProgress, Rolled, SetUsed};
+use crate::model::lazy::lazy_words;
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, FetchedSource, ImageState, NodeRollout, NodeState, Rollout};
 use crate::model::units::human;
@@ -239,6 +240,16 @@ fn event_line(event: &Event) -> Option<String> {
             format!("{node}: started ({} images)", images.len())
         }
         Event::ImagePresent { node, image: i } => format!("{node}: {} already present", image(i)),
+        Event::ImageLazy {
+            node,
+            image: i,
+            remote,
+            layers,
+        } => format!(
+            "{node}: {} {}: present only lazily, not pulled again",
+            image(i),
+            lazy_words(*remote, *layers)
+        ),
         Event::PullStarted {
             node,
             image: i,

@@ -8,6 +8,7 @@ use std::io::Write as _;
 use super::output::{image_matrix, render, table};
 use crate::error::{Exit, Failure};
 use crate::model::holders::HeldBy;
+use crate::model::lazy::RemoteLayers;
 use crate::model::readiness::{ImageReadiness, ImageReason, NodeReadiness, NodesStatus, Readiness};
 use crate::options::{CHECK_WAIT, Caller, CommonArgs};
 
@@ -178,12 +179,20 @@ fn image_cell(image: &ImageReadiness) -> String {
         .as_ref()
         .map(HeldBy::short)
         .filter(|h| h != "-");
+    let lazy = image.lazy.as_ref().map(RemoteLayers::words);
     match image.reason {
-        // Direct mode: for whom.
-        None => match held {
-            Some(held) => format!("✓ pinned ({held})"),
-            None => "✓ pinned".into(),
-        },
+        // Direct mode: for whom; accepted though lazily present (--allow-lazy), that too.
+        None => {
+            let pinned = match held {
+                Some(held) => format!("✓ pinned ({held})"),
+                None => "✓ pinned".into(),
+            };
+            match lazy {
+                Some(lazy) => format!("{pinned}, {lazy}"),
+                None => pinned,
+            }
+        }
+        Some(ImageReason::Lazy) => format!("~ {}", lazy.unwrap_or_else(|| "lazy".into())),
         Some(ImageReason::NotPinned) => "! not pinned".into(),
         Some(ImageReason::Missing) => "✗ missing".into(),
         Some(ImageReason::Pulling) => "↓ pulling".into(),

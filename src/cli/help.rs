@@ -32,8 +32,14 @@ const NODES: &[&str] = &[
     "crio_reload",
     "crio_registries_dir",
 ];
-/// The lazy-pull drop-in, which only the TUI turns on and off.
-const LAZY: &[&str] = &["lazy_drop_in", "lazy_store"];
+/// Where each runtime's lazy-pull settings are: what `lazy` and the TUI write, and what the commands that
+/// say a node's lazy pulling read.
+const LAZY: &[&str] = &[
+    "lazy_drop_in",
+    "lazy_store",
+    "containerd_config",
+    "stargz_socket",
+];
 /// How pinboard itself reaches registries.
 const REGISTRY: &[&str] = &[
     "authfile",
@@ -75,25 +81,38 @@ fn used_by(command: &str) -> Option<Vec<&'static str>> {
             RELEASES,
             CLUSTER,
             NODES,
+            LAZY,
             REGISTRY,
             LIMITS,
             WAIT,
-            &["verify_cri"],
+            &["verify_cri", "allow_lazy"],
             OUTPUT,
         ],
-        "status" => &[SETS, RELEASES, CLUSTER, NODES, REGISTRY, LIMITS, OUTPUT],
+        "status" => &[
+            SETS,
+            RELEASES,
+            CLUSTER,
+            NODES,
+            LAZY,
+            REGISTRY,
+            LIMITS,
+            &["allow_lazy"],
+            OUTPUT,
+        ],
         "apply" => &[
             SETS,
             RELEASES,
             CLUSTER,
             NODES,
+            LAZY,
             REGISTRY,
             LIMITS,
             CACHE,
             PULLS,
-            &["timeout"],
+            &["timeout", "allow_lazy"],
             OUTPUT,
         ],
+        "lazy" => &[NODES, LAZY, OUTPUT],
         "unpin" => &[SETS, RELEASES, CLUSTER, NODES, REGISTRY, UNPIN, OUTPUT],
         "mirror" => &[SETS, RELEASES, &["platform"], REGISTRY, CACHE, OUTPUT],
         "release" => &[RELEASES, CLUSTER, &["platform"], REGISTRY, OUTPUT],
@@ -192,6 +211,7 @@ mod tests {
                     "--all-sets",
                     "--cache-max",
                     "--lazy-store",
+                    "--allow-lazy",
                 ],
             ),
             (
@@ -202,6 +222,8 @@ mod tests {
                     "--wait",
                     "--timeout",
                     "--verify-cri",
+                    "--allow-lazy",
+                    "--containerd-config",
                     "--min-free",
                     "--output",
                 ],
@@ -215,7 +237,7 @@ mod tests {
             ),
             (
                 "status",
-                &["--set", "--nodes", "--authfile", "--output"],
+                &["--set", "--nodes", "--authfile", "--allow-lazy", "--output"],
                 &["--wait", "--verify-cri", "--fan-out", "--release-unowned"],
             ),
             (
@@ -229,13 +251,29 @@ mod tests {
                     "--force",
                     "--cache-max",
                     "--timeout",
+                    "--allow-lazy",
+                    "--lazy-drop-in",
+                ],
+                &["--wait", "--verify-cri", "--all-sets", "--release-unowned"],
+            ),
+            (
+                "lazy",
+                &[
+                    "--cri",
+                    "--nodes",
+                    "--containerd-config",
+                    "--stargz-socket",
+                    "--lazy-drop-in",
+                    "--readonly",
+                    "--restart",
+                    "--output",
                 ],
                 &[
+                    "--set",
+                    "--kubeconfig",
+                    "--fan-out",
+                    "--allow-lazy",
                     "--wait",
-                    "--verify-cri",
-                    "--all-sets",
-                    "--release-unowned",
-                    "--lazy-drop-in",
                 ],
             ),
             (
@@ -342,7 +380,7 @@ mod tests {
     fn every_flag_named_here_is_in_the_shared_list() {
         let shared = shared();
         for command in [
-            "plan", "check", "status", "apply", "unpin", "mirror", "release", "tui",
+            "plan", "check", "status", "apply", "unpin", "lazy", "mirror", "release", "tui",
         ] {
             for id in used_by(command).expect("a command with the shared list") {
                 assert!(shared.iter().any(|s| s == id), "{command}: no flag {id:?}");

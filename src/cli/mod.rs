@@ -1,5 +1,5 @@
-//! The command line: `pinboard` alone opens the terminal UI; `pinboard plan`, `check`, `status`, `apply`
-//! and `unpin` run headless; `pinboard mirror` serves the sets' images as a registry mirror. Every command
+//! The command line: `pinboard` alone opens the terminal UI; `pinboard plan`, `check`, `status`, `apply`,
+//! `unpin` and `lazy` run headless; `pinboard mirror` serves the sets' images as a registry mirror. Every command
 //! takes the same argument list ([`CommonArgs`]; `mirror` also needs `--listen`), its help showing the flags
 //! it uses (`help`). Each reads its input completely and checks it before touching anything, so bad input
 //! ends with one clear message per problem, exit code 2, and nothing done.
@@ -7,6 +7,7 @@
 mod apply;
 mod check;
 mod help;
+mod lazy;
 mod mirror;
 mod output;
 mod plan;
@@ -51,6 +52,8 @@ pub enum Command {
     Apply(CommonArgs),
     /// Release the sets' holds on every node: a pin goes with its last holder (the images stay).
     Unpin(CommonArgs),
+    /// Lazy pulling on every node, the way its runtime does it: `on`, `off`, or its `status`.
+    Lazy(lazy::LazyArgs),
     /// Serve the sets' images as a read-only registry mirror (digests of the sets only) until interrupted;
     /// every blob is fetched from its registry once, into the blob cache.
     Mirror(mirror::MirrorArgs),
@@ -75,7 +78,7 @@ pub struct AgentCommand {
     #[command(subcommand)]
     pub manifests: Option<AgentSubcommand>,
     #[command(flatten)]
-    pub agent: Option<AgentArgs>,
+    pub agent: AgentArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -152,6 +155,7 @@ pub async fn run(command: Command) -> Result<String, Failure> {
         Command::Status(args) => check::status(args).await,
         Command::Apply(args) => apply::apply(args).await,
         Command::Unpin(args) => unpin::unpin(args).await,
+        Command::Lazy(args) => lazy::run(args).await,
         Command::Mirror(args) => mirror::run(args).await,
         Command::Release(args) => release::run(args).await,
         Command::Completion { shell } => Ok(completion(shell, &program_name())),
@@ -161,11 +165,9 @@ pub async fn run(command: Command) -> Result<String, Failure> {
             ..
         }) => crate::agent::manifests::render(&args).map_err(|e| Failure::bad_input(e.to_string())),
         Command::Agent(AgentCommand {
-            agent: Some(args), ..
-        }) => crate::agent::run(args).await.map(|()| String::new()),
-        Command::Agent(_) => Err(Failure::bad_input(
-            "pinboard agent runs on a node: pass --node NAME (or set NODE_NAME), or `agent manifests`",
-        )),
+            manifests: None,
+            agent,
+        }) => crate::agent::run(agent).await.map(|()| String::new()),
     }
 }
 

@@ -126,10 +126,12 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         &columns,
         |i| &i.reference,
         |i| vec![i.lazy_format.to_string()],
-        |i| match i.present {
-            Some(true) => "✓ present".to_string(),
-            Some(false) => format!("↓ {}", human(i.fetch_bytes)),
-            None => "? unknown".to_string(),
+        |i| match (i.present, &i.lazy) {
+            // Its remote layers still come over the link.
+            (Some(true), Some(lazy)) => format!("~ {}, ↓ {}", lazy.words(), human(i.fetch_bytes)),
+            (Some(true), None) => "✓ present".to_string(),
+            (Some(false), _) => format!("↓ {}", human(i.fetch_bytes)),
+            (None, _) => "? unknown".to_string(),
         },
     );
     if !matrix.is_empty() {

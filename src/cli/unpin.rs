@@ -8,6 +8,7 @@ use super::apply::set_line;
 use super::output::{render, short_reference, table};
 use crate::error::{Exit, Failure};
 use crate::fleet::{NodesUnpinned, SetDeleted, UnpinOptions, Unpinned};
+use crate::model::readiness::unreachable_reason;
 use crate::options::{Caller, CommonArgs};
 
 pub async fn unpin(args: CommonArgs) -> Result<String, Failure> {
@@ -34,11 +35,14 @@ fn nodes_unpinned(output: &NodesUnpinned, args: &CommonArgs) -> Result<String, F
         .iter()
         .filter(|u| !u.ok)
         .map(|u| {
-            format!(
-                "{}: not unpinned: {}; fix it and run unpin again",
-                u.node,
-                u.message.as_deref().unwrap_or_default()
-            )
+            let error = u.message.as_deref().unwrap_or_default();
+            match u.reachable {
+                true => format!(
+                    "{}: not unpinned: {error}; fix it and run unpin again",
+                    u.node
+                ),
+                false => format!("{}: {}", u.node, unreachable_reason(error)),
+            }
         })
         .collect();
     if failed.is_empty() {

@@ -1,5 +1,5 @@
 //! One node's rollout: refused when its plan says no-space (unless forced) or it cannot be reached; images
-//! already present are skipped; the rest are pulled `parallel` at a time from a queue the operator can
+//! already present are skipped (those present only lazily said so, as the plan found them); the rest are pulled `parallel` at a time from a queue the operator can
 //! cancel from and retry into, with byte progress where the runtime shows it (containerd); "no space left
 //! on device" stops the remaining pulls; pins are written last, once every image is there. What the runtime
 //! fetched is measured where it can be (containerd's content store before and after).
@@ -103,9 +103,24 @@ pub(super) async fn run_node(
         if let Some(facts) = shared.images.get(image) {
             node.tracker.add_present(facts);
         }
-        shared.emit(Event::ImagePresent {
-            node: name.clone(),
-            image: image.clone(),
+        let lazy = job
+            .plan
+            .images
+            .iter()
+            .find(|i| &i.reference == image)
+            .and_then(|i| i.lazy.as_ref());
+        shared.emit(match lazy {
+            // Its runtime would pull it lazily again: the readiness check after says how to make it local.
+            Some(lazy) => Event::ImageLazy {
+                node: name.clone(),
+                image: image.clone(),
+                remote: lazy.remote_layers.len(),
+                layers: lazy.layers,
+            },
+            None => Event::ImagePresent {
+                node: name.clone(),
+                image: image.clone(),
+            },
         });
     }
     for image in &node.queue {

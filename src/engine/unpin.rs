@@ -27,6 +27,16 @@ pub enum UnpinError {
     Unlabelling(PinError),
 }
 
+impl UnpinError {
+    /// Whether the node's runtime did not answer at all: nothing was tried there.
+    pub fn unreachable(&self) -> bool {
+        match self {
+            UnpinError::Cri(e) | UnpinError::Pin(PinError::Cri(e)) => e.unreachable,
+            _ => false,
+        }
+    }
+}
+
 /// What unpinning did on one node: each pin it released a holder of or was asked about, and, on a CRI-O
 /// whose reload ignores removals, that the pins stay until it restarts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

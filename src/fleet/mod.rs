@@ -1,6 +1,6 @@
 //! The nodes pinboard works on, however it reaches them. A [`Fleet`] is what every command and the terminal
-//! UI talk to: the same few operations — plan, readiness, apply, unpin, and the TUI's watch, refresh and
-//! lazy-pull toggle — whichever way the nodes are reached:
+//! UI talk to: the same few operations — plan, readiness, apply, unpin, lazy pulling, and the TUI's watch,
+//! refresh and lazy-pull toggle — whichever way the nodes are reached:
 //!
 //! - [`direct`]: nodes reached over their CRI sockets from where pinboard runs (`--cri`, `--nodes`, or
 //!   crictl's endpoint); pinboard pulls and pins through [`crate::engine`];
@@ -24,15 +24,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::backend::lazy::Apply;
 use crate::backend::registry::Registry;
 use crate::engine::Control;
 use crate::error::Failure;
 use crate::fanout::Update;
 use crate::model::config_view::ConfigView;
 use crate::model::export::SetKind;
+use crate::model::lazy::NodeLazy;
 use crate::model::machine_config::{ClusterUpdate, ImageFsSpace, KubeletSettings};
 use crate::model::node_summary::NodeSummary;
 use crate::model::readiness::Readiness;
@@ -243,6 +246,24 @@ pub trait Fleet: Send + Sync {
 
     /// TUI: lazy pulling on or off for `node` (on a cluster, for its pool); told to `events`.
     fn set_lazy(&self, node: String, enable: bool, events: Events);
+
+    /// `pinboard lazy`: each node's lazy pulling, after turning it on or off where `wanted` says so (as
+    /// `apply` says: written, or only said; the runtimes restarted). Nodes reached over CRI or through
+    /// pinboard's agents.
+    fn lazy(
+        &self,
+        wanted: Option<bool>,
+        apply: Apply,
+    ) -> BoxFuture<'_, Result<Vec<NodeLazy>, Failure>> {
+        let _ = (wanted, apply);
+        async {
+            Err(Failure::bad_input(
+                "`pinboard lazy` works on nodes reached over their CRI sockets (--cri, --nodes) or through \
+                 pinboard's agents; on OpenShift, `L` on the Nodes screen sets lazy pulling for a node's pool",
+            ))
+        }
+        .boxed()
+    }
 
     /// Waits for rollouts the TUI left running to put their nodes' files back.
     fn shut_down(&self) -> BoxFuture<'_, ()>;

@@ -90,6 +90,8 @@ pub struct NodesUnpinned {
 pub struct NodeUnpinned {
     pub node: String,
     pub ok: bool,
+    /// False when the node's runtime did not answer: nothing was unpinned there.
+    pub reachable: bool,
     #[serde(flatten)]
     pub report: UnpinReport,
     /// What else to know (a CRI-O that keeps removed pins until it restarts), or why it failed.

@@ -40,6 +40,9 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
                 rollout::ImageState::Present | rollout::ImageState::Pulled { .. } => {
                     (ImagePhase::Pulled, None)
                 }
+                rollout::ImageState::Lazy { .. } => {
+                    (ImagePhase::Pulled, rollout.state.lazy_words())
+                }
                 rollout::ImageState::Pinned { .. } => (ImagePhase::Pinned, None),
                 rollout::ImageState::Failed { reason } => {
                     (ImagePhase::Failed, Some(reason.to_string()))

@@ -2,11 +2,11 @@
 //! found them (a node's runtime in direct mode, its Node object in cluster mode, its agent's report on
 //! agents).
 
+use std::collections::HashMap;
 use std::time::SystemTime;
 
 use super::agents_view::{AgentsView, NodeWithSet};
-use std::collections::HashMap;
-
+use super::lazy::LazyPulling;
 use super::machine_config::{ClusterView, ImageFsSpace};
 use super::rollout::PinMethod;
 
@@ -22,7 +22,7 @@ pub struct NodeSummary {
     pub images: Option<usize>,
     pub pinned: Option<usize>,
     pub pin_method: Option<PinMethod>,
-    pub lazy_pulling: Option<bool>,
+    pub lazy_pulling: Option<LazyPulling>,
     pub reachable: Option<bool>,
     /// Worth knowing about the node, though it works (e.g. a kubelet whose image GC ignores pins).
     pub warning: Option<String>,
@@ -49,14 +49,7 @@ pub fn of_agents(view: &AgentsView, now: SystemTime) -> Vec<NodeSummary> {
                 images: Some(report.images.len()),
                 pinned: Some(report.images.iter().filter(|i| i.pinned).count()),
                 pin_method: report.pin_method.as_deref().and_then(pin_method_named),
-                lazy_pulling: report
-                    .lazy_pulling
-                    .as_ref()
-                    .and_then(|l| match l.state.as_str() {
-                        "on" => Some(true),
-                        "off" => Some(false),
-                        _ => None,
-                    }),
+                lazy_pulling: report.lazy_pulling.clone(),
                 reachable: Some(untrusted.is_none() && report.runtime_error.is_none()),
                 warning: match untrusted {
                     Some(NodeWithSet::Stale { .. }) => {
@@ -101,7 +94,10 @@ pub fn of_cluster(
             pinned: None,
             // The machine-config daemon pins through CRI-O's drop-in.
             pin_method: Some(PinMethod::CrioDropIn),
-            lazy_pulling: view.pool_of(&node.name).and_then(|p| lazy.get(p).copied()),
+            lazy_pulling: view
+                .pool_of(&node.name)
+                .and_then(|p| lazy.get(p).copied())
+                .map(LazyPulling::of_pool),
             reachable: node.ready,
             warning: node.pins_ignored_warning(),
         })

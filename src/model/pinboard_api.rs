@@ -20,17 +20,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use serde::{Deserialize, Serialize};
 
 use super::labels::Selector;
+use super::lazy::LazyPulling;
 use super::machine_config::KubeletSettings;
 use super::plan::NodeFacts;
 use super::set::{ImageSet, from_flags};
 
-pub const GROUP: &str = "pinboard.dev";
-pub const VERSION: &str = "v1alpha1";
-pub const API_VERSION: &str = "pinboard.dev/v1alpha1";
-pub const SET_KIND: &str = "PinSet";
-pub const SET_PLURAL: &str = "pinsets";
-pub const NODE_KIND: &str = "PinboardNode";
-pub const NODE_PLURAL: &str = "pinboardnodes";
+pub use super::pinboard_kinds::{
+    API_VERSION, GROUP, NODE_KIND, NODE_PLURAL, SET_KIND, SET_PLURAL, VERSION,
+};
 /// The namespace the manifests install the agents in.
 pub const DEFAULT_NAMESPACE: &str = "pinboard-system";
 /// The field manager of what the agents write.
@@ -175,8 +172,12 @@ pub struct NodeReport {
     /// How the node pins: `containerd-label` or `crio-drop-in`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pin_method: Option<String>,
+    /// Lazy pulling as the agent judges it on its node, as `pinboard lazy status` does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lazy_pulling: Option<LazyReport>,
+    pub lazy_pulling: Option<LazyPulling>,
+    /// Why lazy pulling could not be read, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy_pulling_error: Option<String>,
     /// Where the runtime reads its registry hosts (containerd's `config_path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_config_dir: Option<String>,
@@ -215,15 +216,6 @@ pub struct ImageReport {
     /// Who holds its pin: set names, `admin`, `unowned`; empty when it is not pinned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LazyReport {
-    /// `on`, `off`, or why it is neither.
-    pub state: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
 }
 
 /// The node's kubelet image GC thresholds, as the agent read them.

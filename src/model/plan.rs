@@ -7,7 +7,9 @@
 //!   blob it holds already, whichever image brought it (containerd's content store; CRI-O's layers, by
 //!   uncompressed digest), nor one of an image of the sets already present; a blob shared by several
 //!   missing images is counted once, for the first image in set order that needs it (so per-image figures
-//!   add up to the node's). Where the runtime cannot say what it holds, `fetchBasis` is `upper-bound`.
+//!   add up to the node's). Where the runtime cannot say what it holds, `fetchBasis` is `upper-bound`. An
+//!   image present only lazily ([`RemoteLayers`]) still needs its remote layers from the registry: they
+//!   count here, for the link, and not for the disk.
 //! - `estimatedDiskBytes`: for those same layers, the uncompressed size where an annotation gives it, else
 //!   twice the compressed size (the OpenShift daemon's rule); configs count as stored. `estimateBasis` says
 //!   which rule was used.
@@ -17,11 +19,12 @@
 //!   The threshold is `--gc-high-percent` when given, else the node's kubelet's own (cluster mode, read from
 //!   its configuration), else the kubelet's default; `gcHighSource` says which.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::image::{ImageFacts, Layer, LazyFormat};
+use super::lazy::RemoteLayers;
 use super::machine_config::KubeletSettings;
 use super::units::{human, human_signed};
 
@@ -45,6 +48,9 @@ pub struct NodeFacts {
     /// What the node's runtime holds already, whichever image brought it.
     #[serde(skip)]
     pub held: HeldBlobs,
+    /// By reference, the images of the sets present only lazily there.
+    #[serde(skip)]
+    pub lazy: HashMap<String, RemoteLayers>,
 }
 
 /// What a node's runtime holds already: the blobs a pull skips.
@@ -73,9 +79,10 @@ impl HeldBlobs {
             (HeldBlobs::Layers { configs, .. }, Lacking::Config { digest, .. }) => {
                 Some(configs.contains(*digest))
             }
-            (HeldBlobs::Layers { diff_ids, .. }, Lacking::Layer(layer)) => {
-                layer.diff_id.as_ref().map(|id| diff_ids.contains(id))
-            }
+            (
+                HeldBlobs::Layers { diff_ids, .. },
+                Lacking::Layer(layer) | Lacking::Remote(layer),
+            ) => layer.diff_id.as_ref().map(|id| diff_ids.contains(id)),
         }
     }
 
@@ -126,6 +133,8 @@ pub struct PlannedImage<'a> {
     pub reference: &'a str,
     pub facts: &'a ImageFacts,
     pub present: Presence,
+    /// Its layers still in the registry, when it is present only lazily.
+    pub lazy: Option<&'a RemoteLayers>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,6 +249,9 @@ pub struct ImagePlan {
     pub fetch_bytes: u64,
     pub estimated_disk_bytes: u64,
     pub lazy_format: LazyFormat,
+    /// Present only lazily: its layers still in the registry, whose bytes `fetchBytes` counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<RemoteLayers>,
     /// The mirror that answered for the image (registries.conf, ImageDigestMirrorSet); absent: the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<String>,
@@ -296,6 +308,8 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
                 disk += match blob {
                     // Configs are stored as they are.
                     Lacking::Config { size, .. } => size,
+                    // On the disk already, as far as the runtime is concerned: only the link is needed.
+                    Lacking::Remote(_) => 0,
                     Lacking::Layer(layer) => match layer.uncompressed_size() {
                         Some(size) => {
                             with_size += 1;
@@ -314,6 +328,7 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
                 fetch_bytes: fetch,
                 estimated_disk_bytes: disk,
                 lazy_format: image.facts.lazy_format(),
+                lazy: image.lazy.cloned(),
                 mirror: image.facts.mirror.clone(),
             }
         })
@@ -424,32 +439,44 @@ fn blob_digests(facts: &ImageFacts) -> impl Iterator<Item = &str> {
         .chain(facts.layers.iter().map(|l| l.digest.as_str()))
 }
 
-/// A blob a node lacks: a config or a layer.
+/// A blob a node lacks: a config or a layer, or a layer of a lazily present image still in the registry.
 #[derive(Clone, Copy, Debug)]
 enum Lacking<'a> {
     Config { digest: &'a str, size: u64 },
     Layer(&'a Layer),
+    Remote(&'a Layer),
 }
 
 impl<'a> Lacking<'a> {
     fn digest(&self) -> &'a str {
         match self {
             Lacking::Config { digest, .. } => digest,
-            Lacking::Layer(layer) => &layer.digest,
+            Lacking::Layer(layer) | Lacking::Remote(layer) => &layer.digest,
         }
     }
 
     fn size(&self) -> u64 {
         match self {
             Lacking::Config { size, .. } => *size,
-            Lacking::Layer(layer) => layer.size,
+            Lacking::Layer(layer) | Lacking::Remote(layer) => layer.size,
         }
     }
 }
 
+/// The layers of a lazily present image still in the registry, as its facts describe them.
+fn remote_layers<'a>(image: &PlannedImage<'a>) -> impl Iterator<Item = &'a Layer> {
+    let layers = &image.facts.layers;
+    image
+        .lazy
+        .into_iter()
+        .flat_map(|lazy| lazy.remote_layers.iter())
+        .filter_map(|&at| layers.get(at))
+}
+
 /// Per image, in order, the blobs the node lacks that no earlier image brings: the blobs of an image
-/// already present are on the node, so is every blob the runtime `held`, and a blob shared by several
-/// missing images counts for the first. Also whether every blob could be checked against `held`.
+/// already present are on the node, but for the remote layers of one present only lazily; so is every blob
+/// the runtime `held`, and a blob shared by several missing images counts for the first. Also whether every
+/// blob could be checked against `held`.
 fn lacking<'a>(
     images: &[PlannedImage<'a>],
     held: &HeldBlobs,
@@ -457,14 +484,21 @@ fn lacking<'a>(
     let mut counted: HashSet<&str> = images
         .iter()
         .filter(|i| i.present == Some(true))
-        .flat_map(|i| blob_digests(i.facts))
+        .flat_map(|i| {
+            let remote: HashSet<&str> = remote_layers(i).map(|l| l.digest.as_str()).collect();
+            blob_digests(i.facts).filter(move |d| !remote.contains(d))
+        })
         .collect();
     let mut basis = FetchBasis::Exact;
     let lacking = images
         .iter()
         .map(|image| {
             if image.present == Some(true) {
-                return Vec::new();
+                // Still read from the registry, whatever the content store holds.
+                return remote_layers(image)
+                    .map(Lacking::Remote)
+                    .filter(|blob| counted.insert(blob.digest()))
+                    .collect();
             }
             let facts = image.facts;
             let config = Lacking::Config {
@@ -586,6 +620,66 @@ mod tests {
     }
 
     #[test]
+    fn a_lazily_present_images_remote_layers_are_fetched_over_the_link_not_onto_the_disk() {
+        let shared = layer("shared", 8 * MI, None);
+        let lazy = image(
+            "cl",
+            vec![
+                layer("l0", MI, None),
+                shared.clone(),
+                layer("l2", 4 * MI, None),
+            ],
+        );
+        let missing = image("cm", vec![shared, layer("m1", 2 * MI, None)]);
+        let remote = RemoteLayers {
+            remote_layers: vec![1, 2],
+            layers: 3,
+        };
+        let images = [
+            PlannedImage {
+                reference: "lazy",
+                facts: &lazy,
+                present: Some(true),
+                lazy: Some(&remote),
+            },
+            PlannedImage {
+                reference: "missing",
+                facts: &missing,
+                present: Some(false),
+                lazy: None,
+            },
+        ];
+        let held = HeldBlobs::Digests(["cl".to_string(), "l0".to_string()].into());
+        let node = NodeFacts {
+            held: held.clone(),
+            ..node(100 * MI, 90 * MI)
+        };
+        let plan = plan_node(&node, &images, &limits(MI));
+        assert_eq!(plan.images[0].fetch_bytes, 12 * MI, "its two remote layers");
+        assert_eq!(plan.images[0].estimated_disk_bytes, 0, "not for the disk");
+        assert_eq!(plan.images[0].lazy.as_ref(), Some(&remote));
+        assert_eq!(plan.images[0].present, Some(true));
+        // The layer both share is fetched once, for the first image that needs it.
+        assert_eq!(plan.images[1].fetch_bytes, 2 * MI + 1000);
+        assert_eq!(plan.fetch_bytes, 14 * MI + 1000);
+        assert_eq!(plan.estimated_disk_bytes, 4 * MI + 1000);
+        let json = serde_json::to_value(&plan.images[0]).unwrap();
+        assert_eq!(json["lazy"]["remoteLayers"], serde_json::json!([1, 2]));
+        assert!(
+            serde_json::to_value(&plan.images[1])
+                .unwrap()
+                .get("lazy")
+                .is_none()
+        );
+        let link = link_bytes([(&held, &images[..])], |_| false);
+        assert_eq!(
+            link.direct,
+            14 * MI + 1000 + 500,
+            "with the missing image's manifest"
+        );
+    }
+
+    #[test]
     fn what_the_runtime_holds_is_not_fetched_whichever_image_brought_it() {
         let mut base = layer("base", 10 * MI, None);
         base.diff_id = Some("diff-base".into());
@@ -596,6 +690,7 @@ mod tests {
             reference: "y",
             facts: &y,
             present: Some(false),
+            lazy: None,
         }];
         let with = |held| NodeFacts {
             held,
@@ -635,6 +730,7 @@ mod tests {
             reference: "y",
             facts: &unread,
             present: Some(false),
+            lazy: None,
         }];
         let held = HeldBlobs::Layers {
             diff_ids: ["diff-base".to_string()].into(),
@@ -656,16 +752,19 @@ mod tests {
                 reference: "a",
                 facts: &a,
                 present: Some(false),
+                lazy: None,
             },
             PlannedImage {
                 reference: "b",
                 facts: &b,
                 present: Some(false),
+                lazy: None,
             },
             PlannedImage {
                 reference: "c",
                 facts: &c,
                 present: Some(true),
+                lazy: None,
             },
         ];
         let plan = plan_node(&node(1000 * MI, 900 * MI), &images, &limits(MI));
@@ -696,11 +795,13 @@ mod tests {
                 reference: "missing",
                 facts: &missing,
                 present: Some(false),
+                lazy: None,
             },
             PlannedImage {
                 reference: "present",
                 facts: &present,
                 present: Some(true),
+                lazy: None,
             },
         ];
         let plan = plan_node(&node(1000 * MI, 900 * MI), &images, &limits(MI));
@@ -720,6 +821,7 @@ mod tests {
             reference: "big",
             facts: &big,
             present: Some(false),
+            lazy: None,
         }];
         let plan = |capacity, available, min_free| {
             plan_node(&node(capacity, available), &images, &limits(min_free))
@@ -763,6 +865,7 @@ mod tests {
             reference: "i",
             facts: &img,
             present: None,
+            lazy: None,
         }];
         let remote = NodeFacts {
             name: "remote".into(),
@@ -814,11 +917,13 @@ mod tests {
                     reference: "a",
                     facts: &a,
                     present: Some(a_present),
+                    lazy: None,
                 },
                 PlannedImage {
                     reference: "b",
                     facts: &b,
                     present: Some(b_present),
+                    lazy: None,
                 },
             ]
         };
@@ -864,6 +969,7 @@ mod tests {
             reference: "r",
             facts: &img,
             present: Some(false),
+            lazy: None,
         }];
         let json = serde_json::to_value(plan_node(&node(100 * MI, 90 * MI), &images, &limits(MI)))
             .unwrap();

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::lazy::lazy_words;
+
 /// How a node enforces pins.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PinMethod {
@@ -41,6 +43,14 @@ pub enum Event {
     },
     /// Already on the node: nothing to pull.
     ImagePresent { node: String, image: String },
+    /// On the node only lazily: `remote` of its `layers` layers are still in the registry. Not pulled
+    /// again: a pull through the same runtime would leave it so.
+    ImageLazy {
+        node: String,
+        image: String,
+        remote: usize,
+        layers: usize,
+    },
     PullStarted {
         node: String,
         image: String,
@@ -111,6 +121,11 @@ pub enum Event {
 pub enum ImageState {
     Queued,
     Present,
+    /// Present only lazily: `remote` of its `layers` layers still in the registry.
+    Lazy {
+        remote: u16,
+        layers: u16,
+    },
     Pulling {
         attempt: u32,
         since: Instant,
@@ -136,11 +151,22 @@ pub enum ImageState {
 }
 
 impl ImageState {
+    /// `lazy (2 of 3 layers remote)` for an image present only lazily.
+    pub fn lazy_words(&self) -> Option<String> {
+        match self {
+            ImageState::Lazy { remote, layers } => {
+                Some(lazy_words((*remote).into(), (*layers).into()))
+            }
+            _ => None,
+        }
+    }
+
     /// A state that will not change without an operator (retry) or a new rollout.
     pub fn is_final(&self) -> bool {
         matches!(
             self,
             ImageState::Present
+                | ImageState::Lazy { .. }
                 | ImageState::Pinned { .. }
                 | ImageState::Failed { .. }
                 | ImageState::Cancelled
@@ -400,6 +426,22 @@ impl NodeRollout {
                     None
                 })
             }
+            Event::ImageLazy {
+                image,
+                remote,
+                layers,
+                ..
+            } => {
+                self.present += 1;
+                let count = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
+                self.update_image(interner, &image, |i| {
+                    i.state = ImageState::Lazy {
+                        remote: count(remote),
+                        layers: count(layers),
+                    };
+                    None
+                })
+            }
             Event::PullStarted {
                 image, attempt, at, ..
             } => {
@@ -637,6 +679,7 @@ impl Event {
             Event::NodeRefused { node, .. }
             | Event::NodeStarted { node, .. }
             | Event::ImagePresent { node, .. }
+            | Event::ImageLazy { node, .. }
             | Event::PullStarted { node, .. }
             | Event::PullProgress { node, .. }
             | Event::PullRetry { node, .. }
@@ -704,6 +747,46 @@ mod tests {
         r.apply(progress("n3", 100));
         r.apply(progress("n1", 100));
         assert_eq!(r.link_bytes(), Some(50 + 100), "n1 pulls through the cache");
+    }
+
+    #[test]
+    fn a_lazily_present_image_stays_lazy_when_its_node_pins() {
+        let at = Instant::now();
+        let mut r = Rollout::default();
+        r.apply(Event::NodeStarted {
+            node: s("n1"),
+            images: vec![s("a"), s("b")],
+            at,
+        });
+        r.apply(Event::ImagePresent {
+            node: s("n1"),
+            image: s("a"),
+        });
+        r.apply(Event::ImageLazy {
+            node: s("n1"),
+            image: s("b"),
+            remote: 2,
+            layers: 3,
+        });
+        r.apply(Event::Pinned {
+            node: s("n1"),
+            method: PinMethod::ContainerdLabel,
+            confirmed: true,
+            at,
+        });
+        let n = &r.nodes()["n1"];
+        assert_eq!(
+            n.image("a").unwrap().state,
+            ImageState::Pinned { confirmed: true }
+        );
+        assert_eq!(
+            n.image("b").unwrap().state,
+            ImageState::Lazy {
+                remote: 2,
+                layers: 3
+            }
+        );
+        assert!(n.image("b").unwrap().state.is_final());
     }
 
     #[test]

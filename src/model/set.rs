@@ -19,7 +19,7 @@ use sha2::{Digest as _, Sha256};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use super::labels::{Selector, SelectorError, valid_key, valid_value};
-use super::pinboard_api;
+use super::pinboard_kinds;
 use super::reference::check_pinned;
 
 pub const MAX_ENTRIES: usize = 500;
@@ -423,7 +423,7 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
         let kind_ok = matches!(
             (group, doc.kind.as_deref()),
             (Some(API_GROUP), Some(KIND))
-                | (Some(pinboard_api::GROUP), Some(pinboard_api::SET_KIND))
+                | (Some(pinboard_kinds::GROUP), Some(pinboard_kinds::SET_KIND))
         );
         if !kind_ok {
             problems.push(Problem {
@@ -437,8 +437,8 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
                 fix: format!(
                     "use apiVersion: {API_GROUP}/v1 and kind: {KIND} (or apiVersion: {} and kind: {}), \
                      or pass a plain list with --images-file",
-                    pinboard_api::API_VERSION,
-                    pinboard_api::SET_KIND
+                    pinboard_kinds::API_VERSION,
+                    pinboard_kinds::SET_KIND
                 ),
             });
             continue;

@@ -20,6 +20,7 @@ use crate::model::crio::{CrioConfig, PinnedImagesSetting};
 use crate::model::diff::DiffKind;
 use crate::model::holders::{Holder, Holders};
 use crate::model::image::LazyFormat;
+use crate::model::lazy::{LazyPulling, LazyState};
 use crate::model::node_summary::NodeSummary;
 use crate::model::plan::{
     EstimateBasis, FetchBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict,
@@ -48,7 +49,7 @@ fn node_info(
     (capacity, used): (u64, u64),
     (images, pinned): (usize, Option<usize>),
     pin_method: PinMethod,
-    lazy: Option<bool>,
+    lazy: Option<LazyPulling>,
 ) -> NodeSummary {
     NodeSummary {
         name: name.into(),
@@ -98,6 +99,7 @@ fn node_plan(
                 fetch_bytes: *bytes,
                 estimated_disk_bytes: 2 * bytes,
                 lazy_format: LazyFormat::None,
+                lazy: None,
                 mirror: None,
             })
             .collect(),
@@ -311,7 +313,7 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
             (60 * GI, 32 * GI),
             (48, Some(12)),
             PinMethod::ContainerdLabel,
-            Some(false),
+            Some(LazyPulling::new(LazyState::Off, None, None, None)),
         ),
         node_info(
             "worker-1",
@@ -327,7 +329,12 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
             (200 * GI, 50 * GI),
             (37, None),
             PinMethod::ContainerdLabel,
-            Some(true),
+            Some(LazyPulling::new(
+                LazyState::On,
+                Some("stargz"),
+                Some(true),
+                None,
+            )),
         ),
     ];
     let full = [

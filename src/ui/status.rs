@@ -57,6 +57,8 @@ pub fn image_status(state: &ImageState, stalled: bool) -> Status {
         ImageState::Pulling { .. } if stalled => status("‖", "stalled", Tone::Warn),
         ImageState::Queued => status("·", "queued", Tone::Idle),
         ImageState::Present => status("=", "present", Tone::Ok),
+        // How many layers are remote: the detail line says.
+        ImageState::Lazy { .. } => status("~", "lazy", Tone::Warn),
         ImageState::Pulling { .. } => status("↓", "pulling", Tone::Active),
         ImageState::Retrying { .. } => status("↻", "retrying", Tone::Active),
         ImageState::Pulled { .. } => status("●", "pulled", Tone::Ok),

@@ -447,6 +447,43 @@ fn apply_names_the_nodes_without_room_whoever_pulls() {
 }
 
 #[test]
+fn on_agents_a_set_that_targets_every_node_follows_the_nodes_that_join() {
+    use crate::fleet::Traits;
+    use crate::model::node_summary::NodeSummary;
+    let theme = Theme::named("monochrome").unwrap();
+    let mut state = State::new("agents: lab", theme, false, Instant::now());
+    state.join_fleet(Traits::AGENTS, None, std::time::SystemTime::now());
+    state.sets.push(crate::ui::state::SetDraft::new(
+        crate::model::set::from_flags("web", &[]),
+        Default::default(),
+    ));
+    let nodes = |names: &[&str]| {
+        Msg::NodesUpdated(
+            names
+                .iter()
+                .map(|n| NodeSummary {
+                    name: n.to_string(),
+                    ..NodeSummary::default()
+                })
+                .collect(),
+        )
+    };
+    let targets = |state: &State| state.sets[0].targets.iter().cloned().collect::<Vec<_>>();
+    update(&mut state, nodes(&["n1", "n2"]));
+    assert_eq!(
+        targets(&state),
+        ["n1", "n2"],
+        "the agents' nodes, once they report"
+    );
+    update(&mut state, nodes(&["n1", "n2", "n3"]));
+    assert_eq!(targets(&state), ["n1", "n2", "n3"], "n3 joined");
+    // Chosen nodes stay chosen.
+    state.sets[0].targets.remove("n1");
+    update(&mut state, nodes(&["n1", "n2", "n3", "n4"]));
+    assert_eq!(targets(&state), ["n2", "n3"]);
+}
+
+#[test]
 fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_counts_link_bytes() {
     let mut state = state();
     let link = state.survey.as_ref().unwrap().link_bytes;

@@ -114,6 +114,7 @@ async fn jobs(
                 reference: r,
                 facts: &facts[r],
                 present: seen.presence[r],
+                lazy: None,
             })
             .collect();
         let plan = plan_node(&seen.facts, &planned, &limits);

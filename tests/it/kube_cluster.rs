@@ -420,3 +420,84 @@ fn assert_host_address_gone(host_ip: Ipv4Addr) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// OpenShift mode's figures come from a real kubelet: the lab's cluster made an OpenShift one (the
+/// machine-config CRDs, a pool, n1's MachineConfigNode), `plan` reads n1's image filesystem from its
+/// kubelet's summary and its image GC threshold from its `/configz`, through the API server's node proxy:
+/// what the stand-in kubelet of cluster_cli's tests answers with figures a lab node cannot have.
+#[tokio::test(flavor = "multi_thread")]
+async fn openshift_mode_plans_from_a_real_kubelets_summary_and_configuration() {
+    pinboard::install_crypto_provider();
+    let lab = Lab::start(
+        "kube-cluster-openshift",
+        LabConfig {
+            nodes: vec![NodeSpec::new("n1", 200 * MIB)],
+            cluster: Some(ClusterConfig::default()),
+            ..LabConfig::default()
+        },
+    )
+    .expect("the cluster lab must start");
+    let kubeconfig = lab.cluster().unwrap().kubeconfig().to_owned();
+    let admin = client(&kubeconfig, None).await;
+    support::cluster::install_crds(&admin).await;
+    let writer = support::cluster::Writer {
+        cluster: support::cluster::discover(&admin).await,
+    };
+    writer.pool("worker").await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let role = json!({"metadata": {"labels": {"node-role.kubernetes.io/worker": ""}}});
+    nodes
+        .patch(
+            "n1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&role),
+        )
+        .await
+        .unwrap();
+    let resource = &writer.cluster.resources().machine_config_node;
+    writer
+        .apply(
+            resource,
+            "n1",
+            json!({"spec": {"node": {"name": "n1"}, "pool": {"name": "worker"}}}),
+        )
+        .await;
+    let image = lab
+        .push_image("openshift/app", &support::ImageSpec::small(7600))
+        .unwrap()
+        .reference(&lab.registry_host());
+    let set = lab.dir().join("app.yaml");
+    std::fs::write(
+        &set,
+        format!(
+            "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  name: app\n  \
+             labels:\n    machineconfiguration.openshift.io/role: worker\nspec:\n  pinnedImages:\n  - name: {image}\n"
+        ),
+    )
+    .unwrap();
+    let run = support::pinboard([
+        "plan",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--set",
+        set.to_str().unwrap(),
+        "--insecure-registry",
+        &lab.registry_host(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let survey: Value = serde_json::from_str(&run.stdout).unwrap();
+    let n1 = &survey["nodes"][0];
+    assert_eq!(n1["node"], "n1", "{n1}");
+    assert_eq!(n1["spaceSource"], "kubelet-summary", "{n1}");
+    let capacity = n1["capacityBytes"].as_u64().unwrap();
+    assert!(
+        (150 * MIB..=200 * MIB).contains(&capacity),
+        "n1's image filesystem is its 200 MiB tmpfs: {n1}"
+    );
+    assert_eq!(
+        n1["gcHighSource"], "kubelet-config",
+        "read from its /configz: {n1}"
+    );
+}

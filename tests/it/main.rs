@@ -5,6 +5,7 @@
 //! environment, current directory, signal dispositions or global `tracing` subscriber (`support::logs`
 //! captures logs); child processes get their settings through `Command`.
 
+mod agents;
 mod support;
 
 mod apply;
@@ -19,6 +20,7 @@ mod engine;
 mod fanout;
 mod kube_cluster;
 mod lab_smoke;
+mod lazy;
 mod measured;
 mod mirror;
 mod pins;

@@ -14,6 +14,7 @@ use pinboard::fleet::Fleet;
 use pinboard::fleet::machine_config::registry::RegistrySettings;
 use pinboard::fleet::machine_config::{MachineConfigFleet, MachineConfigSettings};
 use pinboard::model::image::Platform;
+use pinboard::model::lazy::LazyPulling;
 use pinboard::model::machine_config::{ROLE_LABEL, lazy_config_name};
 use pinboard::model::plan::{Limits, SpaceSource};
 use pinboard::model::release_payload::SetOptions;
@@ -232,7 +233,10 @@ async fn the_tui_follows_and_writes_the_cluster() {
         enable: true,
     });
     tui.until("lazy pulling on for the pool", |s| {
-        s.state.nodes.iter().all(|n| n.lazy_pulling == Some(true))
+        s.state
+            .nodes
+            .iter()
+            .all(|n| n.lazy_pulling == Some(LazyPulling::of_pool(true)))
     })
     .await;
     let written = configs.get(&lazy_config_name("worker")).await.unwrap();
@@ -245,7 +249,10 @@ async fn the_tui_follows_and_writes_the_cluster() {
         enable: false,
     });
     tui.until("lazy pulling off again", |s| {
-        s.state.nodes.iter().all(|n| n.lazy_pulling == Some(false))
+        s.state
+            .nodes
+            .iter()
+            .all(|n| n.lazy_pulling == Some(LazyPulling::of_pool(false)))
     })
     .await;
 

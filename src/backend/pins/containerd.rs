@@ -22,7 +22,8 @@ pub const CONTAINERD_PIN_VALUE: &str = "pinned";
 /// The containerd namespace the CRI plugin keeps its images in.
 pub const CONTAINERD_NAMESPACE: &str = "k8s.io";
 
-fn namespaced<T>(message: T) -> tonic::Request<T> {
+/// A request to one of containerd's own services, in the CRI plugin's namespace.
+pub(crate) fn namespaced<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.metadata_mut().insert(
         "containerd-namespace",

@@ -4,6 +4,7 @@
 //! polls) and judges through [`crate::model::readiness::assess_agents`]. An agent's image list is
 //! complete, so the plan knows exactly which images each node holds.
 
+mod lazy;
 mod session;
 mod tui;
 
@@ -19,10 +20,12 @@ use super::{
     SetDeleted, SetSources, Traits, UnpinOptions, Unpinned,
 };
 use crate::backend::kube::ConnectOptions;
+use crate::backend::lazy::Apply;
 use crate::backend::pinboard_api::AgentsError;
 use crate::backend::registry::{Registry, RegistryOptions};
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
+use crate::model::lazy::NodeLazy;
 use crate::model::plan::{Limits, Verdict};
 use crate::model::readiness::{Readiness, WantedSet};
 use crate::model::set::ImageSet;
@@ -347,6 +350,14 @@ impl Fleet for AgentsFleet {
 
     fn set_lazy(&self, node: String, enable: bool, events: Events) {
         self.tui.set_lazy(node, enable, events)
+    }
+
+    fn lazy(
+        &self,
+        wanted: Option<bool>,
+        apply: Apply,
+    ) -> BoxFuture<'_, Result<Vec<NodeLazy>, Failure>> {
+        async move { lazy::lazy(&mut self.open().await?, wanted, apply).await }.boxed()
     }
 
     fn shut_down(&self) -> BoxFuture<'_, ()> {

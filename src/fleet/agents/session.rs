@@ -86,6 +86,12 @@ impl Connected {
         Readiness::of(assess_agents(&self.view, wanted, SystemTime::now()))
     }
 
+    /// Follows the cluster until `done` says so of the view or `limit` has passed.
+    pub(super) async fn follow(&mut self, limit: Duration, done: impl Fn(&AgentsView) -> bool) {
+        let deadline = Instant::now() + limit;
+        while !done(&self.view) && self.next_update(deadline).await {}
+    }
+
     /// Follows the cluster until every node is ready or `limit` has passed, one line on stderr per change.
     pub(super) async fn wait(&mut self, wanted: &[WantedSet], limit: Duration) -> Readiness {
         let deadline = Instant::now() + limit;

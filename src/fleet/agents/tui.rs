@@ -101,6 +101,14 @@ impl Live {
                         for event in rollout_events(&view.reports, reports, &followed) {
                             let _ = events.send(FleetEvent::Rollout(Update::Event(event)));
                         }
+                        // The Config screen of the nodes whose report changed.
+                        let changed: Vec<&PinboardNode> = reports
+                            .iter()
+                            .filter(|r| view.reports.get(&r.metadata.name) != Some(*r))
+                            .collect();
+                        if !changed.is_empty() {
+                            let _ = events.send(FleetEvent::ConfigViews(config_views(changed)));
+                        }
                     }
                     if let Some(update) = update {
                         view.apply(update);
@@ -120,8 +128,8 @@ impl Live {
 
     /// The Config screen: per node, each pinned image and who holds it, as its agent reports.
     pub(super) fn refresh(&self, _sets: &[ImageSet], events: &Events) {
-        let views = config_views(&self.view.lock().expect("view lock"));
-        let _ = events.send(FleetEvent::ConfigViews(views));
+        let view = self.view.lock().expect("view lock");
+        let _ = events.send(FleetEvent::ConfigViews(config_views(view.reports.values())));
     }
 
     /// `set` as written for the chosen `nodes`: its own selector when they are every node with an agent
@@ -241,11 +249,14 @@ fn rollout_events(
     events
 }
 
-/// Per node, its pins and their holders as its agent reports them, keyed `PinboardNode/<name>`.
-fn config_views(view: &AgentsView) -> BTreeMap<String, ConfigView> {
-    view.reports
-        .iter()
-        .filter_map(|(name, node)| Some((name, node.status.as_ref()?)))
+/// Per node of `reports`, its pins and their holders as its agent reports them, keyed
+/// `PinboardNode/<name>`.
+fn config_views<'a>(
+    reports: impl IntoIterator<Item = &'a PinboardNode>,
+) -> BTreeMap<String, ConfigView> {
+    reports
+        .into_iter()
+        .filter_map(|node| Some((&node.metadata.name, node.status.as_ref()?)))
         .map(|(name, report)| {
             let lines = report
                 .images

@@ -1,5 +1,5 @@
 //! Readiness on direct nodes: each node observed through [`crate::backend::readiness`] and judged through
-//! [`crate::model::readiness::assess`]; nodes that miss images are planned too, so that "no space" can be
+//! [`crate::model::readiness::assess_with`] (`--allow-lazy` decides whether lazily present images count); nodes that miss images are planned too, so that "no space" can be
 //! a reason, and asked for the pulls in flight. `check --wait` observes again every 2 s.
 
 use std::time::{Duration, Instant};
@@ -8,7 +8,9 @@ use super::Direct;
 use crate::backend::readiness::{observe, observe_pulls};
 use crate::error::Failure;
 use crate::fleet::SetSources;
-use crate::model::readiness::{NodeReadiness, ObservedNode, Readiness, assess, unreachable_reason};
+use crate::model::readiness::{
+    NodeReadiness, ObservedNode, Readiness, assess_with, unreachable_reason,
+};
 use crate::model::set::ImageSet;
 use crate::survey::union_of;
 
@@ -100,7 +102,7 @@ impl<'f> Checker<'f> {
         observed
             .iter()
             .zip(&plans)
-            .map(|(o, plan)| assess(o, plan.as_ref()))
+            .map(|(o, plan)| assess_with(o, plan.as_ref(), fleet.lazy_images))
             .collect()
     }
 
@@ -120,7 +122,13 @@ impl<'f> Checker<'f> {
         let mut last_line = String::new();
         loop {
             let observed = self.observe_all(call_timeout).await;
-            let readiness = Readiness::of(observed.iter().map(|o| assess(o, None)).collect());
+            let lazy = self.fleet.lazy_images;
+            let readiness = Readiness::of(
+                observed
+                    .iter()
+                    .map(|o| assess_with(o, None, lazy))
+                    .collect(),
+            );
             let line = readiness.progress_line();
             if !readiness.ready && line != last_line {
                 eprintln!("waiting: {line}");

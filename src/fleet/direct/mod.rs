@@ -6,6 +6,7 @@
 //! Every operation first puts back fan-out files that a pinboard killed mid-rollout left on the nodes.
 
 mod check;
+mod lazy;
 mod rollout;
 mod views;
 
@@ -23,13 +24,15 @@ use super::{
     RolloutControl, SetSources, Traits, UnpinOptions, Unpinned,
 };
 use crate::backend::blobs::{BlobCache, CacheOptions};
-use crate::backend::lazy::set_lazy;
+use crate::backend::lazy::{Apply, set_lazy};
 use crate::backend::registry::Registry;
 use crate::backend::target::NodeTarget;
 use crate::engine::EngineConfig;
 use crate::error::Failure;
 use crate::model::image::Platform;
+use crate::model::lazy::NodeLazy;
 use crate::model::plan::Limits;
+use crate::model::readiness::LazyImages;
 use crate::model::set::ImageSet;
 use crate::survey::{Survey, survey};
 
@@ -54,6 +57,8 @@ pub struct DirectConfig {
     pub fan_out_listen: SocketAddr,
     /// TUI: unpinning a set also releases its images' unowned pins (`--release-unowned`).
     pub release_unowned: bool,
+    /// Whether readiness counts an image present only lazily as there (`--allow-lazy`).
+    pub lazy_images: LazyImages,
 }
 
 /// Nodes reached over their CRI sockets.
@@ -71,6 +76,7 @@ struct Direct {
     cache_options: CacheOptions,
     fan_out_listen: SocketAddr,
     release_unowned: bool,
+    lazy_images: LazyImages,
     /// Opened at the first fan-out and kept (it holds the directory's lock).
     cache: Mutex<Option<Arc<BlobCache>>>,
     /// The TUI's rollout tasks, waited for when it quits.
@@ -90,6 +96,7 @@ impl DirectFleet {
             cache_options: config.cache_options,
             fan_out_listen: config.fan_out_listen,
             release_unowned: config.release_unowned,
+            lazy_images: config.lazy_images,
             cache: Mutex::default(),
             rollouts: Mutex::default(),
         }))
@@ -280,17 +287,29 @@ impl Fleet for DirectFleet {
         };
         let direct = Arc::clone(&self.0);
         tokio::spawn(async move {
-            let lazy = target.lazy.clone();
-            let message = match tokio::task::spawn_blocking(move || set_lazy(&lazy, enable)).await {
-                Ok(Ok(outcome)) => outcome.warning,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(e.to_string()),
+            let timeout = direct.timeout;
+            let changed = set_lazy(
+                &target.node.endpoint,
+                &target.lazy,
+                Some(enable),
+                Apply::WRITE,
+                timeout,
+            );
+            let message = match changed.await {
+                Ok(outcome) => outcome.summary(),
+                Err(e) => format!("lazy pulling not changed: {e}"),
             };
-            if let Some(message) = message {
-                let _ = events.send(FleetEvent::Notice(format!("{node}: {message}")));
-            }
+            let _ = events.send(FleetEvent::Notice(format!("{node}: {message}")));
             direct.send_nodes(&events).await;
         });
+    }
+
+    fn lazy(
+        &self,
+        wanted: Option<bool>,
+        apply: Apply,
+    ) -> BoxFuture<'_, Result<Vec<NodeLazy>, Failure>> {
+        async move { Ok(lazy::lazy(&self.0, wanted, apply).await) }.boxed()
     }
 
     fn shut_down(&self) -> BoxFuture<'_, ()> {

@@ -154,12 +154,14 @@ pub(super) async fn unpin(
             Ok(done) => NodeUnpinned {
                 node,
                 ok: true,
+                reachable: true,
                 report: UnpinReport::of(&done.changes),
                 message: done.note,
             },
             Err(e) => NodeUnpinned {
                 node,
                 ok: false,
+                reachable: !e.unreachable(),
                 report: UnpinReport::default(),
                 message: Some(e.to_string()),
             },

@@ -1,5 +1,5 @@
 //! What the TUI shows of direct nodes, read from the nodes themselves: each node's runtime, space, images,
-//! pins and lazy pulling (the Nodes screen), and per node what pinning a set writes against what is there
+//! pins and lazy pulling as its runtime has it (the Nodes screen), and per node what pinning a set writes against what is there
 //! (the Config screen: the CRI-O drop-in, or the containerd labels, each pin with who holds it).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::backend::cri::CriClient;
-use crate::backend::lazy::{LazyState, read_lazy};
+use crate::backend::lazy::{read_lazy, runtime_kind};
 use crate::backend::node::observe;
 use crate::backend::pins::{self, CONTAINERD_PIN_VALUE, PinTarget, connect_resolved};
 use crate::backend::target::NodeTarget;
@@ -160,13 +160,6 @@ async fn containerd_view(
 async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeSummary {
     let facts = observe(&target.node, &[], timeout).await.facts;
     let reachable = facts.unreachable.is_none();
-    let lazy = {
-        let lazy = target.lazy.clone();
-        tokio::task::spawn_blocking(move || read_lazy(&lazy))
-            .await
-            .ok()
-            .and_then(Result::ok)
-    };
     let mut info = NodeSummary {
         name: target.node.name.clone(),
         runtime: facts.runtime,
@@ -176,7 +169,7 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeSummary {
         images: None,
         pinned: None,
         pin_method: None,
-        lazy_pulling: lazy.map(|s| s == LazyState::On),
+        lazy_pulling: None,
         reachable: Some(reachable),
         warning: None,
     };
@@ -192,12 +185,21 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeSummary {
         PinTarget::CrioDropIn { .. } => PinMethod::CrioDropIn,
         _ => PinMethod::ContainerdLabel,
     });
-    let reports = match client.version().await {
-        Ok(v) => Runtime::identify(&v.runtime_name, &v.runtime_version)
-            .map(|r| r.reports_pinned())
-            .unwrap_or_default(),
-        Err(_) => return info,
+    let Ok(version) = client.version().await else {
+        return info;
     };
+    let reports = Runtime::identify(&version.runtime_name, &version.runtime_version)
+        .map(|r| r.reports_pinned())
+        .unwrap_or_default();
+    if let Ok(kind) = runtime_kind(&version.runtime_name) {
+        match read_lazy(&client, kind, &target.lazy).await {
+            Ok((lazy, _)) => {
+                info.warning = lazy.warning();
+                info.lazy_pulling = Some(lazy);
+            }
+            Err(e) => tracing::warn!("{}: cannot read lazy pulling: {e}", target.node.name),
+        }
+    }
     let Ok(images) = client.list_images().await else {
         return info;
     };

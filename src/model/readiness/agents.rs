@@ -176,6 +176,7 @@ fn assess_node(
             .map(|r| format!("{} {}", r.name, r.version)),
         reachable: report.is_some(),
         pin_method: report.and_then(|r| r.pin_method.clone()),
+        lazy_pulling: report.and_then(|r| r.lazy_pulling.clone()),
         pinned_by: report.map(pinned_by),
         ready: reasons.is_empty(),
         reasons,

@@ -271,6 +271,7 @@ fn assess_node(
         sets: on_node,
         warnings: node_view.map_or_else(Vec::new, |n| kubelet_warnings(n, kubelet)),
         kubelet: report,
+        lazy_pulling: None,
     }
 }
 

@@ -1,15 +1,18 @@
 //! Readiness of a node reached over its CRI socket: where the runtime reports pins (CRI `pinned`), its word
 //! decides; the node's pin record (the CRI-O files' effective `pinned_images`, the containerd label) then
 //! only explains a disagreement, and decides only where the runtime cannot report. Unknown stays unknown.
+//! An image present only lazily is not ready unless lazily present images are accepted ([`LazyImages`]):
+//! the link is still needed for it.
 
 use std::time::Duration;
 
 use super::{
-    Evidence, ImageObserved, ImageReadiness, ImageReason, NodeReadiness, ObservedNode, PinnedBy,
-    PullSeen, STUCK_AFTER_SECONDS, pin_method_name, with_reason,
+    Evidence, ImageObserved, ImageReadiness, ImageReason, LazyImages, NodeReadiness, ObservedNode,
+    PinnedBy, PullSeen, STUCK_AFTER_SECONDS, pin_method_name, with_reason,
 };
 use crate::model::crio::{Unpinned, explain_unpinned};
 use crate::model::holders::HeldBy;
+use crate::model::lazy::make_local;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::{count_images, some_of};
 use crate::model::units::{clock, human};
@@ -24,12 +27,14 @@ pub(super) fn image_readiness(image: &ImageObserved) -> ImageReadiness {
         .pulling
         .clone()
         .filter(|_| image.present == Some(false));
+    let lazy = image.lazy.clone().filter(|_| image.present == Some(true));
     let reason = match (image.present, pinned) {
         (None, _) => Some(ImageReason::Unknown),
         (Some(false), _) if pulling.is_some() => Some(ImageReason::Pulling),
         (Some(false), _) => Some(ImageReason::Missing),
         (Some(true), Some(false)) => Some(ImageReason::NotPinned),
         (Some(true), None) => Some(ImageReason::Unknown),
+        (Some(true), Some(true)) if lazy.is_some() => Some(ImageReason::Lazy),
         (Some(true), Some(true)) => None,
     };
     ImageReadiness {
@@ -43,6 +48,7 @@ pub(super) fn image_readiness(image: &ImageObserved) -> ImageReadiness {
             None => Evidence::None,
         },
         held_by: image.holders.as_ref().map(HeldBy::from),
+        lazy,
     }
 }
 
@@ -88,10 +94,28 @@ pub fn unreachable_reason(error: &str) -> String {
     format!("unreachable: {error}; check that the runtime is running and the endpoint is right")
 }
 
-/// One node's readiness from what was observed there. `plan`, when given, is the node's plan for the same
-/// images: a `no-space` verdict says why missing images cannot be pre-loaded.
+/// One node's readiness from what was observed there, an image present only lazily not ready.
 pub fn assess(observed: &ObservedNode, plan: Option<&NodePlan>) -> NodeReadiness {
-    let images: Vec<ImageReadiness> = observed.images.iter().map(image_readiness).collect();
+    assess_with(observed, plan, LazyImages::NotReady)
+}
+
+/// One node's readiness from what was observed there. `plan`, when given, is the node's plan for the same
+/// images: a `no-space` verdict says why missing images cannot be pre-loaded. `lazy` says whether an image
+/// present only lazily is ready.
+pub fn assess_with(
+    observed: &ObservedNode,
+    plan: Option<&NodePlan>,
+    lazy: LazyImages,
+) -> NodeReadiness {
+    let mut images: Vec<ImageReadiness> = observed.images.iter().map(image_readiness).collect();
+    if lazy == LazyImages::Accepted {
+        for image in images
+            .iter_mut()
+            .filter(|i| i.reason == Some(ImageReason::Lazy))
+        {
+            image.reason = None;
+        }
+    }
     let mut reasons = Vec::new();
     if let Some(error) = &observed.unreachable {
         reasons.push(unreachable_reason(error));
@@ -159,6 +183,20 @@ pub fn assess(observed: &ObservedNode, plan: Option<&NodePlan>) -> NodeReadiness
                 some_of(&unpinned)
             ));
         }
+        let lazily: Vec<String> = images
+            .iter()
+            .filter(|i| i.reason == Some(ImageReason::Lazy))
+            .filter_map(|i| Some(format!("{} ({})", i.reference, i.lazy.as_ref()?.count())))
+            .collect();
+        if !lazily.is_empty() {
+            reasons.push(format!(
+                "{} present only lazily, the registry link still needed for their layers: {}; {}, or \
+                 pass --allow-lazy when a fast start is all the set is for",
+                count_images(lazily.len()),
+                some_of(&lazily),
+                make_local(observed.runtime.as_deref())
+            ));
+        }
         let unknown = with(ImageReason::Unknown);
         if !unknown.is_empty() {
             let why = observed
@@ -184,6 +222,7 @@ pub fn assess(observed: &ObservedNode, plan: Option<&NodePlan>) -> NodeReadiness
         sets: Vec::new(),
         kubelet: None,
         warnings: Vec::new(),
+        lazy_pulling: observed.lazy_pulling.clone(),
     }
 }
 
@@ -192,6 +231,7 @@ mod tests {
     use super::super::{CrioObserved, Readiness};
     use super::*;
     use crate::model::crio::CrioConfig;
+    use crate::model::lazy::RemoteLayers;
     use crate::model::rollout::PinMethod;
 
     fn image(
@@ -208,6 +248,7 @@ mod tests {
             names: Vec::new(),
             pulling: None,
             holders: None,
+            lazy: None,
         }
     }
 
@@ -408,6 +449,39 @@ mod tests {
         let mut there = image("a", Some(true), Some(true), None);
         there.pulling = Some(pull(1));
         assert!(assess(&node(vec![there]), None).ready);
+    }
+
+    #[test]
+    fn a_lazily_present_image_is_not_ready_unless_accepted() {
+        let mut lazy = image("q.io/a@sha256:1", Some(true), Some(true), None);
+        lazy.lazy = Some(RemoteLayers {
+            remote_layers: vec![0, 1, 2],
+            layers: 3,
+        });
+        let observed = node(vec![lazy, image("b", Some(true), Some(true), None)]);
+        let n = assess(&observed, None);
+        assert!(!n.ready);
+        assert_eq!(n.images[0].reason, Some(ImageReason::Lazy));
+        assert_eq!(n.images[1].reason, None);
+        assert_eq!(
+            n.reasons,
+            [
+                "1 image present only lazily, the registry link still needed for their layers: q.io/a@sha256:1 \
+                 (3 of 3 layers remote); to make them local, remove them (`crictl rmi IMAGE`) and pull \
+                 them again with a snapshotter that does not pull lazily (`pinboard lazy off`, `systemctl \
+                 restart containerd`, `pinboard apply`), or pass --allow-lazy when a fast start is all the set \
+                 is for"
+            ]
+        );
+        assert_eq!(n.summary(), "1 image lazily present");
+        let json = serde_json::to_value(&n.images[0]).unwrap();
+        assert_eq!(json["reason"], "lazy");
+        assert_eq!(json["lazy"]["layers"], 3);
+
+        let accepted = assess_with(&observed, None, LazyImages::Accepted);
+        assert!(accepted.ready, "{:?}", accepted.reasons);
+        assert_eq!(accepted.images[0].reason, None);
+        assert!(accepted.images[0].lazy.is_some(), "still said");
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod direct;
 
 pub use agents::assess_agents;
 pub use daemons::{MACHINE_CONFIG_PINS, assess_cluster, assess_cluster_node};
-pub use direct::{assess, unreachable_reason};
+pub use direct::{assess, assess_with, unreachable_reason};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::crio::CrioConfig;
 use super::holders::{HeldBy, Holders};
+use super::lazy::{LazyPulling, RemoteLayers};
 use super::machine_config::{ClusterView, KubeletSettings, SetProgress};
 use super::reference::count_images;
 use super::rollout::PinMethod;
@@ -53,6 +54,8 @@ pub struct ObservedNode {
     pub crio: Option<CrioObserved>,
     /// Why some image could not be observed (ImageStatus failed, the pin record could not be read).
     pub error: Option<String>,
+    /// Lazy pulling on the node, as its runtime has it; None where it could not be read.
+    pub lazy_pulling: Option<LazyPulling>,
     /// In set order.
     pub images: Vec<ImageObserved>,
 }
@@ -83,6 +86,8 @@ pub struct ImageObserved {
     pub pulling: Option<PullSeen>,
     /// Who holds its pin, by the node's record (drop-in marks, holder labels); None: could not be read.
     pub holders: Option<Holders>,
+    /// Its layers still in the registry, when it is present only lazily.
+    pub lazy: Option<RemoteLayers>,
 }
 
 /// A pull in flight, as the runtime's content ingests show it.
@@ -121,8 +126,19 @@ pub enum ImageReason {
     /// Missing, and the runtime is pulling it now.
     Pulling,
     NotPinned,
+    /// Present only lazily: some of its layers are still in the registry, fetched on first read.
+    Lazy,
     /// The node or its pin record could not be asked.
     Unknown,
+}
+
+/// Whether an image present only lazily counts as there (`--allow-lazy`: for sets whose purpose is a fast
+/// start rather than independence from the registry link).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LazyImages {
+    #[default]
+    NotReady,
+    Accepted,
 }
 
 impl ImageReason {
@@ -132,6 +148,7 @@ impl ImageReason {
             ImageReason::Missing => "missing",
             ImageReason::Pulling => "pulling",
             ImageReason::NotPinned => "present but not pinned",
+            ImageReason::Lazy => "lazily present",
             ImageReason::Unknown => "unknown",
         }
     }
@@ -155,6 +172,9 @@ pub struct ImageReadiness {
     /// Direct mode: who holds its pin, by the node's record (sets, an administrator, unowned).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<HeldBy>,
+    /// Present only lazily: its layers still in the registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<RemoteLayers>,
 }
 
 /// What an image's judgement rests on.
@@ -209,6 +229,9 @@ pub struct NodeReadiness {
     /// What is worth knowing but does not make the node not ready.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Direct mode: lazy pulling on the node, as its runtime has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy_pulling: Option<LazyPulling>,
 }
 
 /// Cluster mode: the node's kubelet as far as readiness is concerned.
@@ -368,6 +391,7 @@ impl NodeReadiness {
                     (ImageReason::Missing, "missing"),
                     (ImageReason::Pulling, "pulling"),
                     (ImageReason::NotPinned, "not pinned"),
+                    (ImageReason::Lazy, "lazily present"),
                     (ImageReason::Unknown, "unknown"),
                 ]
                 .into_iter()

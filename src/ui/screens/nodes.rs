@@ -6,6 +6,7 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Wrap};
 
+use crate::model::lazy::LazyPulling;
 use crate::model::units::human;
 use crate::ui::state::{Pane, Screen, State, matches};
 use crate::ui::status::{Tone, pin_method_label};
@@ -23,7 +24,7 @@ const NODE_COLUMNS: [Column; 10] = [
     col("IMAGES", 7, 6),
     col("PINNED", 7, 0),
     col("PIN METHOD", 16, 5),
-    col("LAZY", 8, 0),
+    col("LAZY", 21, 0),
 ];
 
 pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
@@ -61,11 +62,7 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
                 Some(false) => ("✗", "down", Tone::Error),
                 None => ("?", UNKNOWN, Tone::Idle),
             };
-            let lazy = match n.lazy_pulling {
-                Some(true) => "on",
-                Some(false) => "off",
-                None => UNKNOWN,
-            };
+            let lazy = n.lazy_pulling.as_ref().map_or(UNKNOWN, LazyPulling::short);
             [
                 Line::from(n.name.clone()),
                 Line::styled(format!("{glyph} {word}"), fg(theme.tone(tone))),

@@ -203,15 +203,21 @@ fn plan_detail(state: &State, frame: &mut Frame, area: Rect, survey: &Survey, no
     ));
     let room = usize::from(inner.height).saturating_sub(lines.len());
     lines.extend(node.images.iter().take(room).map(|image| {
-        let (glyph, word, style) = match image.present {
-            Some(true) => ("=", "present", fg(theme.tone(Tone::Ok))),
-            Some(false) => ("↓", "fetch", Style::new()),
-            None => ("?", "maybe", fg(theme.verdict(Verdict::Unknown))),
+        let (glyph, word, style) = match (image.present, &image.lazy) {
+            // Its remote layers still come over the link: the line says how many.
+            (Some(true), Some(_)) => ("~", "lazy", fg(theme.tone(Tone::Warn))),
+            (Some(true), None) => ("=", "present", fg(theme.tone(Tone::Ok))),
+            (Some(false), _) => ("↓", "fetch", Style::new()),
+            (None, _) => ("?", "maybe", fg(theme.verdict(Verdict::Unknown))),
         };
+        let remote = image
+            .lazy
+            .as_ref()
+            .map_or_else(String::new, |lazy| format!(" ({})", lazy.count()));
         Line::from(vec![
             Span::styled(format!("{glyph} {word:<8}"), style),
             Span::raw(format!(
-                "{:>11}  {}",
+                "{:>11}  {}{remote}",
                 human(image.fetch_bytes),
                 image.reference
             )),

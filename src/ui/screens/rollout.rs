@@ -236,6 +236,11 @@ fn counts(
         ),
         ("↓", Tone::Active, pulling - stalled),
         ("‖", Tone::Warn, stalled),
+        (
+            "~",
+            Tone::Warn,
+            node.count(|s| matches!(s, ImageState::Lazy { .. })),
+        ),
         ("✗", Tone::Error, node.failed()),
         (
             "·",
@@ -283,6 +288,13 @@ fn image_detail(
             ImageState::Failed { reason } => {
                 lines.push(Line::styled(format!("failed: {reason} (r retries)"), error))
             }
+            ImageState::Lazy { .. } => lines.push(Line::styled(
+                format!(
+                    "{}: present only lazily, its layers read from the registry when first used",
+                    image.state.lazy_words().unwrap_or_default()
+                ),
+                fg(theme.tone(Tone::Warn)),
+            )),
             ImageState::Pulling { .. }
                 if node
                     .stalled(state.now, state.stall_after)

@@ -241,7 +241,12 @@ mod tests {
             Some(false),
             "worker-3 is NotReady"
         );
-        assert!(state.nodes.iter().all(|n| n.lazy_pulling == Some(true)));
+        assert!(
+            state
+                .nodes
+                .iter()
+                .all(|n| n.lazy_pulling.as_ref().is_some_and(|l| l.configured()))
+        );
         assert_eq!(session.members["ocp-4.19-release"].len(), 5);
         assert_eq!(state.sets.len(), 1, "the cluster's set joined the composer");
         assert_eq!(state.followed_set(), Some("ocp-4.19-release"));

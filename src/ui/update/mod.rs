@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
+use crate::model::lazy::LazyPulling;
 use crate::model::rollout::NodeState;
 use crate::model::set;
 use crate::ui::keymap::{Action, lookup};
@@ -51,6 +52,7 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
         }
         Msg::NodesUpdated(mut nodes) => {
             nodes.sort_by(|a, b| a.name.cmp(&b.name));
+            state.follow_every_node(nodes.iter().map(|n| n.name.clone()).collect());
             state.nodes = nodes;
             Vec::new()
         }
@@ -389,7 +391,9 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
                 && let Some(name) = state.selected(Pane::Nodes)
             {
                 let node = state.nodes.iter().find(|n| n.name == name);
-                let enable = !node.and_then(|n| n.lazy_pulling).unwrap_or(false);
+                let enable = !node
+                    .and_then(|n| n.lazy_pulling.as_ref())
+                    .is_some_and(LazyPulling::configured);
                 return vec![Cmd::ToggleLazy {
                     node: name.to_string(),
                     enable,

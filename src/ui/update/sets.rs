@@ -1,8 +1,10 @@
 //! Composing sets on the Sets screen: what is typed at its prompts, imported files, removing entries and
 //! sets, and choosing their target nodes.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use crate::fleet::Targets;
 use crate::model::export::set_yaml;
 use crate::model::set::{self, Entry, ImageSet, Origin};
 use crate::ui::msg::{Cmd, FilePurpose};
@@ -156,6 +158,25 @@ pub(super) fn toggle_target(state: &mut State) {
         && !draft.targets.remove(&node)
     {
         draft.targets.insert(node);
+    }
+}
+
+impl State {
+    /// Nodes that come and go (a cluster's): a set that targeted every node keeps targeting every node,
+    /// the ones that joined included; sets aimed at chosen nodes keep their choice.
+    pub(super) fn follow_every_node(&mut self, now: BTreeSet<String>) {
+        if self.fleet.targets != Targets::Nodes {
+            return;
+        }
+        let before: BTreeSet<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        if before == now {
+            return;
+        }
+        for draft in &mut self.sets {
+            if draft.targets == before {
+                draft.targets = now.clone();
+            }
+        }
     }
 }
 

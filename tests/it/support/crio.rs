@@ -16,12 +16,18 @@
 //! - PullImage really resolves the image against the registries it is given (plain HTTP, as a
 //!   registries.conf `insecure` entry): manifest (an index resolved to linux/amd64), config and layers,
 //!   each checked against its digest, so a missing image fails with c/image's `manifest unknown`. The
-//!   image is then recorded in its storage (`images.json`, re-read on every call as c/storage does, so a
-//!   test can also put an image there under any name, as a `podman pull` into the same storage would), and
-//!   its config and layers are kept there (`blobs/`, compressed, once per digest; RemoveImage drops those no
-//!   image holds), so a full image filesystem fails the pull with `no space left on device`. Sizes are the
-//!   compressed ones (real CRI-O stores and reports uncompressed sizes). ImageFsInfo names the storage
-//!   directory as the image filesystem; [`CrioStandIn::start_on_tmpfs`] makes it a tmpfs of a given size.
+//!   image is then recorded in its storage, laid out as containers-storage lays out its graphroot with the
+//!   overlay driver: `overlay-images/images.json` (re-read on every call as c/storage does, so a test can
+//!   also put an image there under any name, as a `podman pull` into the same storage would), each image
+//!   naming its top layer; `overlay-layers/layers.json`, each layer its parent and digests, with IDs made
+//!   as containers/image makes them; a directory `overlay/<id>/` per layer. Its config and layers' bytes are
+//!   kept in `blobs/` (compressed, once per digest; RemoveImage drops those and the layers no image holds),
+//!   so a full image filesystem fails the pull with `no space left on device`. Sizes are the compressed
+//!   ones (real CRI-O stores and reports uncompressed sizes). ImageFsInfo names `<storage>/overlay-images`
+//!   as the image filesystem, as CRI-O names `<graphroot>/<driver>-images`;
+//!   [`CrioStandIn::start_on_tmpfs`] makes the storage a tmpfs of a given size.
+//!   [`CrioStandIn::make_lazy`] leaves an image as stargz-store leaves a lazily pulled one: each layer an
+//!   additional-layer-store layer (an `additionallayer` file naming the store's copy, `diff` a link to it).
 //! - It reads `registries.conf` and `registries.conf.d/*.conf` (by name; a later `[[registry]]` with the
 //!   same prefix replaces an earlier one) at start and on SIGHUP, as containers-image does for CRI-O. A
 //!   digest reference is pulled from the mirrors of the longest matching prefix that serve digests
@@ -84,7 +90,7 @@ struct Settings {
     crio_conf: PathBuf,
     config_dir: PathBuf,
     pidfile: PathBuf,
-    /// Its image storage: `images.json`, and the image filesystem ImageFsInfo reports.
+    /// Its image storage, a containers-storage graphroot (see [`IMAGES_DIR`], [`LAYERS_DIR`], [`LAYER_DIRS`]).
     storage: PathBuf,
     status: PathBuf,
     /// `127.0.0.1:PORT` registries it pulls from over plain HTTP.
@@ -93,17 +99,39 @@ struct Settings {
     registries_dir: PathBuf,
 }
 
-/// An image in the stand-in's storage.
+/// The storage's image records (`images.json`), its layer records (`layers.json`) and its layers'
+/// directories, as containers-storage names them for the overlay driver; the image filesystem CRI-O
+/// reports is [`IMAGES_DIR`].
+const IMAGES_DIR: &str = "overlay-images";
+const LAYERS_DIR: &str = "overlay-layers";
+const LAYER_DIRS: &str = "overlay";
+
+/// An image in the stand-in's storage, with c/storage's names for what c/storage records.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Stored {
     /// The config digest's hex, as CRI-O's image ids are.
     id: String,
     /// Repo tags and repo digests.
     names: Vec<String>,
+    /// Its top layer's ID; empty for an image put there without layers.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    layer: String,
     size: u64,
     /// Its config's and layers' digests: the storage keeps their bytes in `blobs/`.
     #[serde(default)]
     blobs: Vec<String>,
+}
+
+/// A layer in the stand-in's storage, as c/storage's `layers.json` records it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct StoredLayer {
+    id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    parent: String,
+    compressed_diff_digest: String,
+    compressed_size: u64,
+    diff_digest: String,
 }
 
 /// What the stand-in did since it first started, for tests: a restart carries the counts on.
@@ -200,6 +228,8 @@ impl CrioStandIn {
             }
             None => None,
         };
+        // The image filesystem CRI-O reports, made after the tmpfs hides what was under it.
+        std::fs::create_dir_all(settings.storage.join(IMAGES_DIR))?;
         let mut stand_in = CrioStandIn {
             dir,
             settings,
@@ -350,10 +380,43 @@ esac
             id: id.clone(),
             names: names.iter().map(|n| n.to_string()).collect(),
             size: 1 << 20,
-            blobs: Vec::new(),
+            ..Stored::default()
         };
         record(&self.settings.storage, image).map_err(anyhow::Error::msg)?;
         Ok(id)
+    }
+
+    /// Leaves the stored image named `name` as CRI-O with stargz-store among its additional layer stores
+    /// leaves a lazily pulled one (c/storage's `CreateFromAdditionalLayer`): each of its layers' directories
+    /// holds an `additionallayer` file naming the layer's directory in the store, and its `diff` is a link
+    /// to the store's; the layers' bytes are no longer in the storage. Returns how many layers it has.
+    pub fn make_lazy(&self, name: &str) -> Result<usize> {
+        let storage = &self.settings.storage;
+        let _held = STORAGE.lock().unwrap();
+        let image = load(storage)
+            .map_err(anyhow::Error::msg)?
+            .into_iter()
+            .find(|i| i.names.iter().any(|n| n == name))
+            .with_context(|| format!("the stand-in holds no image {name}"))?;
+        let layers = chain(
+            &load_layers(storage).map_err(anyhow::Error::msg)?,
+            &image.layer,
+        );
+        for layer in &layers {
+            let digest = &layer.compressed_diff_digest;
+            let store = self.dir.join("stargz-store/store").join(digest);
+            std::fs::create_dir_all(store.join("diff"))?;
+            let dir = storage.join(LAYER_DIRS).join(&layer.id);
+            let _ = std::fs::remove_dir_all(dir.join("diff"));
+            std::fs::write(dir.join("additionallayer"), store.display().to_string())?;
+            std::os::unix::fs::symlink(store.join("diff"), dir.join("diff"))?;
+            let _ = std::fs::remove_file(
+                storage
+                    .join("blobs")
+                    .join(digest.trim_start_matches("sha256:")),
+            );
+        }
+        Ok(layers.len())
     }
 
     /// What it did so far.
@@ -703,10 +766,66 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
 }
 
 fn load(storage: &Path) -> Result<Vec<Stored>, String> {
-    match std::fs::read_to_string(storage.join("images.json")) {
+    read_records(&storage.join(IMAGES_DIR).join("images.json"))
+}
+
+fn load_layers(storage: &Path) -> Result<Vec<StoredLayer>, String> {
+    read_records(&storage.join(LAYERS_DIR).join("layers.json"))
+}
+
+/// A JSON list of records; none when the file is not there.
+fn read_records<T: serde::de::DeserializeOwned>(file: &Path) -> Result<Vec<T>, String> {
+    match std::fs::read_to_string(file) {
         Ok(text) => serde_json::from_str(&text).map_err(|e| e.to_string()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Writes a JSON list of records atomically, its directory made first.
+fn write_records<T: Serialize>(file: &Path, records: &[T]) -> Result<(), String> {
+    let dir = file.parent().expect("a records file has a directory");
+    let tmp = dir.join(format!(".records.tmp-{}", std::process::id()));
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, serde_json::to_string_pretty(records).expect("json")))
+        .and_then(|()| std::fs::rename(&tmp, file))
+        .map_err(|e| e.to_string())
+}
+
+/// The layers from `top` down to the bottom one, bottom first.
+fn chain(layers: &[StoredLayer], top: &str) -> Vec<StoredLayer> {
+    let mut chain = Vec::new();
+    let mut at = top;
+    while let Some(layer) = layers.iter().find(|l| l.id == at) {
+        chain.push(layer.clone());
+        at = &layer.parent;
+    }
+    chain.reverse();
+    chain
+}
+
+/// Records `layers` (a chain, bottom first) that the storage does not have yet, each with its directory.
+fn record_layers(storage: &Path, layers: &[StoredLayer]) -> Result<(), String> {
+    let _held = STORAGE.lock().unwrap();
+    let mut stored = load_layers(storage)?;
+    for layer in layers {
+        if stored.iter().any(|l| l.id == layer.id) {
+            continue;
+        }
+        std::fs::create_dir_all(storage.join(LAYER_DIRS).join(&layer.id).join("diff"))
+            .map_err(|e| e.to_string())?;
+        stored.push(layer.clone());
+    }
+    write_records(&storage.join(LAYERS_DIR).join("layers.json"), &stored)
+}
+
+/// A layer's ID as containers/image gives it: its uncompressed digest's hex for a bottom layer, else the hex
+/// of the SHA-256 of `PARENT+HEX`.
+fn layer_id(parent: &str, diff_id: &str) -> String {
+    let hex = diff_id.trim_start_matches("sha256:");
+    match parent {
+        "" => hex.to_string(),
+        _ => sha256_digest(format!("{parent}+{hex}").as_bytes())["sha256:".len()..].to_string(),
     }
 }
 
@@ -793,6 +912,22 @@ fn keep_blob(storage: &Path, digest: &str, bytes: &[u8]) -> Result<(), String> {
     })
 }
 
+/// Removes the layers no image in `images` holds any more, with their directories, as c/storage does.
+fn drop_unused_layers(storage: &Path, images: &[Stored]) -> Result<(), String> {
+    let layers = load_layers(storage)?;
+    let used: std::collections::BTreeSet<String> = images
+        .iter()
+        .flat_map(|i| chain(&layers, &i.layer))
+        .map(|l| l.id)
+        .collect();
+    let (kept, gone): (Vec<StoredLayer>, Vec<StoredLayer>) =
+        layers.into_iter().partition(|l| used.contains(&l.id));
+    for layer in gone {
+        let _ = std::fs::remove_dir_all(storage.join(LAYER_DIRS).join(&layer.id));
+    }
+    write_records(&storage.join(LAYERS_DIR).join("layers.json"), &kept)
+}
+
 /// Removes the blobs no image in `images` holds any more, as c/storage removes an image's unused layers.
 fn drop_unused_blobs(storage: &Path, images: &[Stored]) {
     let held: std::collections::BTreeSet<&str> = images
@@ -814,10 +949,7 @@ fn drop_unused_blobs(storage: &Path, images: &[Stored]) {
 
 /// Writes the storage's image list atomically.
 fn save(storage: &Path, images: &[Stored]) -> Result<(), String> {
-    let tmp = storage.join(format!("images.json.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, serde_json::to_string_pretty(images).expect("json"))
-        .and_then(|()| std::fs::rename(&tmp, storage.join("images.json")))
-        .map_err(|e| e.to_string())
+    write_records(&storage.join(IMAGES_DIR).join("images.json"), images)
 }
 
 const MANIFEST_TYPES: &str = "application/vnd.oci.image.manifest.v1+json, \
@@ -1134,6 +1266,7 @@ fn pull_from(
     let held = held_diff_ids(storage)?;
     let mut size = config_bytes.len() as u64;
     let mut blobs = vec![config.to_string()];
+    let mut layers: Vec<StoredLayer> = Vec::new();
     for (at, layer) in manifest["layers"]
         .as_array()
         .into_iter()
@@ -1142,7 +1275,17 @@ fn pull_from(
     {
         let blob_digest = layer["digest"].as_str().ok_or("a blob without digest")?;
         blobs.push(blob_digest.to_string());
-        if diff_ids.get(at).is_some_and(|id| held.contains(id)) {
+        let diff_id = diff_ids.get(at).cloned().unwrap_or_default();
+        let parent = layers.last().map_or("", |l| l.id.as_str());
+        let record = StoredLayer {
+            id: layer_id(parent, &diff_id),
+            parent: parent.to_string(),
+            compressed_diff_digest: blob_digest.to_string(),
+            compressed_size: layer["size"].as_u64().unwrap_or(0),
+            diff_digest: diff_id.clone(),
+        };
+        layers.push(record);
+        if held.contains(&diff_id) {
             size += layer["size"].as_u64().unwrap_or(0);
             continue;
         }
@@ -1150,9 +1293,11 @@ fn pull_from(
         keep_blob(storage, blob_digest, &bytes)?;
         size += bytes.len() as u64;
     }
+    record_layers(storage, &layers)?;
     let stored = Stored {
         id: config.trim_start_matches("sha256:").to_string(),
         names: Vec::new(),
+        layer: layers.last().map(|l| l.id.clone()).unwrap_or_default(),
         size,
         blobs,
     };
@@ -1290,6 +1435,7 @@ impl ImageService for Shared {
             let mut images = load(&state.settings.storage).map_err(Status::internal)?;
             images.retain(|i| i.id != gone.id);
             save(&state.settings.storage, &images).map_err(Status::internal)?;
+            drop_unused_layers(&state.settings.storage, &images).map_err(Status::internal)?;
             drop_unused_blobs(&state.settings.storage, &images);
         }
         Ok(Response::new(RemoveImageResponse {}))
@@ -1308,7 +1454,12 @@ impl ImageService for Shared {
             .sum();
         let usage = FilesystemUsage {
             fs_id: Some(FilesystemIdentifier {
-                mountpoint: state.settings.storage.display().to_string(),
+                mountpoint: state
+                    .settings
+                    .storage
+                    .join(IMAGES_DIR)
+                    .display()
+                    .to_string(),
             }),
             used_bytes: Some(UInt64Value { value: used }),
             ..FilesystemUsage::default()

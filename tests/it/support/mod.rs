@@ -10,6 +10,7 @@
 //! Start with [`Lab::start`]; everything it starts is stopped when the [`Lab`] is dropped. How the pieces are
 //! run on this machine is described in docs/lab.md.
 
+pub mod agents;
 mod apiserver;
 mod binary_image;
 pub mod cluster;

@@ -30,6 +30,8 @@ pub struct NodeSpec {
     /// containerd's CRI plugin configured the deprecated way: `registry.mirrors` in its config, no
     /// `config_path` (so no hosts.toml is read).
     pub without_config_path: bool,
+    /// containerd's config imports `<node>/conf.d/*.toml`, as a site's drop-in directory.
+    pub imports_conf_d: bool,
 }
 
 impl NodeSpec {
@@ -38,7 +40,14 @@ impl NodeSpec {
             name: name.to_owned(),
             imagefs_bytes,
             without_config_path: false,
+            imports_conf_d: false,
         }
+    }
+
+    /// The node's containerd config importing `<node>/conf.d/*.toml`.
+    pub fn importing_conf_d(mut self) -> NodeSpec {
+        self.imports_conf_d = true;
+        self
     }
 
     /// The node's containerd without a registry `config_path`, reaching the registries through
@@ -165,11 +174,15 @@ impl Node {
             None => (root.clone(), String::new(), String::new()),
         };
         let config = dir.join("config.toml");
+        let imports = match spec.imports_conf_d {
+            true => format!("imports = [\"{}/*.toml\"]\n", dir.join("conf.d").display()),
+            false => String::new(),
+        };
         std::fs::write(
             &config,
             format!(
                 r#"version = 2
-root = "{root}"
+{imports}root = "{root}"
 state = "{state}"
 # Only the native snapshotter is used; skip probing the others.
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
@@ -203,6 +216,60 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         Ok(node)
     }
 
+    /// containerd's config file.
+    pub fn config_file(&self) -> &Path {
+        &self.config
+    }
+
+    /// `<lab>/nodes/<name>/`: the node's config, state and log (and `conf.d`, when it imports one).
+    pub fn dir(&self) -> &Path {
+        self.config
+            .parent()
+            .expect("the config is in the node's directory")
+    }
+
+    /// Leaves an image pulled here as a remote snapshotter leaves a lazily pulled one: its layers'
+    /// snapshots labelled `containerd.io/snapshot/remote` (`ctr snapshots label`), and its layer blobs
+    /// removed from the content store (`ctr content rm`). `config` is the image's config digest, `layers`
+    /// its layer digests.
+    pub fn make_lazy(&self, config: &str, layers: &[String]) -> Result<()> {
+        let listed = run_ctr(&self.socket, &["content", "ls"])?;
+        let top = listed
+            .lines()
+            .find(|l| l.starts_with(config))
+            .and_then(|l| {
+                l.split([',', '\t', ' '])
+                    .find_map(|label| label.strip_prefix("containerd.io/gc.ref.snapshot.native="))
+            })
+            .with_context(|| {
+                format!(
+                    "node {}: {config} names no native snapshot:\n{listed}",
+                    self.name
+                )
+            })?
+            .to_string();
+        let mut snapshot = Some(top);
+        while let Some(key) = snapshot {
+            let snapshots = ["snapshots", "--snapshotter", "native"];
+            let label = [
+                &snapshots[..],
+                &["label", &key, "containerd.io/snapshot/remote=true"],
+            ]
+            .concat();
+            run_ctr(&self.socket, &label)?;
+            let info = run_ctr(&self.socket, &[&snapshots[..], &["info", &key]].concat())?;
+            let info: serde_json::Value = serde_json::from_str(&info)?;
+            snapshot = info["Parent"].as_str().map(str::to_string);
+        }
+        let remove = [
+            &["content", "rm"][..],
+            &layers.iter().map(String::as_str).collect::<Vec<_>>(),
+        ]
+        .concat();
+        run_ctr(&self.socket, &remove)?;
+        Ok(())
+    }
+
     /// The name of this node's containerd among the lab's processes.
     pub(crate) fn process_name(&self) -> String {
         format!("containerd ({})", self.name)
@@ -224,13 +291,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 Proc::spawn_group(&self.process_name(), command, &log)
             }
         }
-    }
-
-    /// `<lab>/nodes/<name>/`
-    pub(crate) fn dir(&self) -> &Path {
-        self.config
-            .parent()
-            .expect("the config is in the node's directory")
     }
 
     /// Where a cluster node's containerd finds its CNI network config.
@@ -471,6 +531,19 @@ fn kubelet_cri_config(dir: &Path, sandbox_image: &str) -> Result<(String, String
 /// A cluster node's CNI config directory, in its directory `dir`.
 fn cni_conf_dir(dir: &Path) -> PathBuf {
     dir.join("cni/net.d")
+}
+
+/// `ctr ARGS` on the node's containerd, in the CRI namespace: what it prints.
+fn run_ctr(socket: &Path, args: &[&str]) -> Result<String> {
+    let out = ctr(socket).args(args).output().context("ctr runs")?;
+    if !out.status.success() {
+        bail!(
+            "ctr {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `ctr` talking to this node's containerd in the CRI namespace.

@@ -1,18 +1,13 @@
-//! The lazy-pull storage drop-in for CRI-O (containers-storage): `additionallayerstores` pointing at
-//! stargz-store, so eStargz and zstd:chunked images start before they are fully fetched.
+//! CRI-O's lazy pulling: the containers-storage drop-in `additionallayerstores` pointing at stargz-store,
+//! so eStargz and zstd:chunked images start before they are fully fetched. CRI-O reads it when it starts.
 //!
-//! Same rules as the pin drop-in ([`super::pins::crio`]): edited with `toml_edit` so other content survives
-//! ([`super::toml_doc`]), written atomically and only on change ([`super::files`]). The store only helps when
-//! stargz-store has it mounted, so a missing mount comes back as a warning rather than an error: the file
-//! may well be written before the store is started.
-
-use std::path::{Path, PathBuf};
+//! Same rules as the pin drop-in ([`crate::backend::pins::crio`]): edited with `toml_edit` so other content
+//! survives ([`crate::backend::toml_doc`]). The store only helps when stargz-store has it mounted, so a
+//! missing mount is said rather than refused: the file may well be written before the store is started.
 
 use toml_edit::{Item, Value};
 
-use super::files::{file_error, read_optional, write_if_changed};
-use super::pins::PinError;
-use super::toml_doc::{TomlDocError, parse, set_array, table_at};
+use crate::backend::toml_doc::{TomlDocError, parse, set_array, table_at};
 
 pub const STORAGE_CONF_DIR: &str = "/etc/containers/storage.conf.d";
 pub const LAZY_DROP_IN: &str = "lazy-image-pull.conf";
@@ -20,25 +15,9 @@ pub const LAZY_DROP_IN: &str = "lazy-image-pull.conf";
 pub const STARGZ_STORE: &str = "/var/lib/stargz-store/store:ref";
 const KEY: &str = "additionallayerstores";
 
-/// Where the drop-in lives and which store it names.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LazyConfig {
-    pub file: PathBuf,
-    pub store: String,
-}
-
-impl Default for LazyConfig {
-    fn default() -> Self {
-        LazyConfig {
-            file: Path::new(STORAGE_CONF_DIR).join(LAZY_DROP_IN),
-            store: STARGZ_STORE.into(),
-        }
-    }
-}
-
 /// Why the drop-in cannot be edited.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LazyError {
+pub enum DropInError {
     #[error(transparent)]
     Toml(#[from] TomlDocError),
     #[error("storage.options.{KEY} is not an array")]
@@ -47,24 +26,13 @@ pub enum LazyError {
     NotAString { entry: String },
 }
 
-/// What the drop-in says now.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LazyState {
-    /// No file.
-    Off,
-    /// The file names the store.
-    On,
-    /// The file exists but does not name the store: its text, for the operator to look at.
-    Other(String),
-}
-
 /// The drop-in's new content (None: no file) with the store added (`enable`) or removed. Other stores and
 /// keys are kept; a file left with nothing in it goes.
 pub fn lazy_drop_in(
     old: Option<&str>,
     store: &str,
     enable: bool,
-) -> Result<Option<String>, LazyError> {
+) -> Result<Option<String>, DropInError> {
     let mut doc = parse(old)?;
     let options = table_at(&mut doc, &["storage", "options"], None)?;
     let mut stores = current(options.get(KEY))?;
@@ -93,29 +61,26 @@ pub fn lazy_drop_in(
     Ok((!text.trim().is_empty()).then_some(text))
 }
 
-fn current(item: Option<&Item>) -> Result<Vec<String>, LazyError> {
+fn current(item: Option<&Item>) -> Result<Vec<String>, DropInError> {
     let Some(item) = item else {
         return Ok(Vec::new());
     };
-    let array = item.as_array().ok_or(LazyError::NotAnArray)?;
+    let array = item.as_array().ok_or(DropInError::NotAnArray)?;
     array
         .iter()
         .map(|v| {
             v.as_str()
                 .map(str::to_string)
-                .ok_or_else(|| LazyError::NotAString {
+                .ok_or_else(|| DropInError::NotAString {
                     entry: v.to_string(),
                 })
         })
         .collect()
 }
 
-/// The state of the drop-in.
-pub fn read_lazy(config: &LazyConfig) -> Result<LazyState, PinError> {
-    let Some(text) = read_optional(&config.file)? else {
-        return Ok(LazyState::Off);
-    };
-    let named = parse(Some(&text))
+/// Whether the drop-in's `text` names `store` among its additional layer stores.
+pub fn names_store(text: &str, store: &str) -> bool {
+    parse(Some(text))
         .ok()
         .and_then(|doc| {
             let stores = doc
@@ -124,42 +89,15 @@ pub fn read_lazy(config: &LazyConfig) -> Result<LazyState, PinError> {
                 .get(KEY)?
                 .as_array()?
                 .clone();
-            Some(
-                stores
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .any(|s| s == config.store),
-            )
+            Some(stores.iter().filter_map(Value::as_str).any(|s| s == store))
         })
-        .unwrap_or(false);
-    Ok(if named {
-        LazyState::On
-    } else {
-        LazyState::Other(text)
-    })
+        .unwrap_or(false)
 }
 
-/// What [`set_lazy`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LazyOutcome {
-    pub changed: bool,
-    /// Set when lazy pulling is on but the store is not mounted.
-    pub warning: Option<String>,
-}
-
-/// Turns lazy pulling on or off in the drop-in. Blocking: call from `spawn_blocking`.
-pub fn set_lazy(config: &LazyConfig, enable: bool) -> Result<LazyOutcome, PinError> {
-    let old = read_optional(&config.file)?;
-    let new =
-        lazy_drop_in(old.as_deref(), &config.store, enable).map_err(file_error(&config.file))?;
-    let changed = write_if_changed(&config.file, old.as_deref(), new.as_deref())?;
-    let warning = if enable {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        store_warning(&config.store, &mountinfo)
-    } else {
-        None
-    };
-    Ok(LazyOutcome { changed, warning })
+/// Why `store` does not serve layers: not a mount point now (None when it is).
+pub fn store_not_mounted(store: &str) -> Option<String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    store_warning(store, &mountinfo)
 }
 
 /// A warning when the store's directory (the part before `:ref`) is not a mount point in `mountinfo`
@@ -247,35 +185,15 @@ mod tests {
     }
 
     #[test]
-    fn state_and_writes_go_through_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = LazyConfig {
-            file: dir.path().join(LAZY_DROP_IN),
-            store: format!("{}:ref", dir.path().display()),
-        };
-        assert_eq!(read_lazy(&config).unwrap(), LazyState::Off);
-        let first = set_lazy(&config, true).unwrap();
-        assert!(first.changed);
-        assert!(first.warning.unwrap().contains("is not mounted"));
-        assert_eq!(read_lazy(&config).unwrap(), LazyState::On);
-        assert!(!set_lazy(&config, true).unwrap().changed);
-        std::fs::write(&config.file, "[storage]\ndriver = \"overlay\"\n").unwrap();
-        assert!(
-            matches!(read_lazy(&config).unwrap(), LazyState::Other(t) if t.contains("overlay"))
-        );
-        assert!(
-            set_lazy(&config, false).unwrap()
-                == LazyOutcome {
-                    changed: false,
-                    warning: None
-                }
-        );
-        assert!(set_lazy(&config, true).unwrap().changed);
-        assert!(set_lazy(&config, false).unwrap().changed);
-        assert_eq!(
-            std::fs::read_to_string(&config.file).unwrap(),
-            "[storage]\ndriver = \"overlay\"\n"
-        );
+    fn a_drop_in_names_the_store_or_not() {
+        let on = lazy_drop_in(None, STARGZ_STORE, true).unwrap().unwrap();
+        assert!(names_store(&on, STARGZ_STORE));
+        assert!(!names_store(&on, "/other:ref"));
+        assert!(!names_store(
+            "[storage]\ndriver = \"overlay\"\n",
+            STARGZ_STORE
+        ));
+        assert!(!names_store("not toml [", STARGZ_STORE));
     }
 
     #[test]

@@ -1,0 +1,564 @@
+//! Lazy pulling as pinboard judges it: whether a node pulls lazily, and which of its images are only lazily
+//! present. Pure: the backends gather the facts ([`crate::backend::lazy`], [`crate::backend::remote_layers`]).
+//!
+//! - A node's lazy pulling ([`LazyPulling`]) is what its runtime has in force where it can say (containerd's
+//!   CRI `Status` names its snapshotter), against what its files configure and whether the store that
+//!   serves the layers is there (stargz-snapshotter's socket, stargz-store's mount): never a file alone.
+//! - A lazily present image ([`RemoteLayers`]) has its image record and layers on the node while some
+//!   layers' bytes are still in the registry, fetched on first read. containerd: its layers' snapshots
+//!   carry `containerd.io/snapshot/remote` (the label stays after a full fetch: it means "was lazy"), or
+//!   its layer blobs are absent from the content store while its snapshots exist. CRI-O (c/storage): its
+//!   layers are additional-layer-store layers (an `additionallayer` file in the layer's directory). For
+//!   pre-loading such an image is not there yet: the link is still needed.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::runtime::RuntimeKind;
+
+/// The label a remote snapshotter (stargz) puts on the snapshots it mounts from the registry.
+pub const REMOTE_SNAPSHOT_LABEL: &str = "containerd.io/snapshot/remote";
+/// containerd's garbage-collection label from an image config to the top snapshot of its layers, per
+/// snapshotter: `containerd.io/gc.ref.snapshot.<snapshotter>`.
+const SNAPSHOT_REF_LABEL: &str = "containerd.io/gc.ref.snapshot.";
+/// containerd's labels from a manifest to its config and to its layers (`….l.<position>`).
+const CONFIG_REF_LABEL: &str = "containerd.io/gc.ref.content.config";
+const LAYER_REF_LABEL: &str = "containerd.io/gc.ref.content.l.";
+/// Snapshotters that mount layers from the registry: a CRI plugin using one of them pulls lazily.
+pub const REMOTE_SNAPSHOTTERS: [&str; 4] = ["stargz", "nydus", "soci", "overlaybd"];
+/// A snapshot chain longer than this is taken for a loop in what containerd reported.
+const MAX_LAYERS: usize = 1000;
+
+/// Where a node stands with lazy pulling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LazyState {
+    /// On: in force where the runtime can say (containerd), configured with its store there otherwise.
+    On,
+    /// Configured, but the runtime has not read it yet: on once it restarts.
+    OnAfterRestart,
+    /// Configured, but what serves the layers is not there (stargz-snapshotter's socket is not live,
+    /// stargz-store is not mounted): containerd's pulls fail, CRI-O's are whole.
+    StoreNotMounted,
+    /// No longer configured, still in force: off once the runtime restarts.
+    OffAfterRestart,
+    Off,
+}
+
+/// A node's lazy pulling, as the Nodes screen, `status -o json` and `pinboard lazy` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LazyPulling {
+    pub state: LazyState,
+    /// What pulls lazily: a snapshotter (`stargz`) or a store (`stargz-store`); None where not named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// Whether the runtime itself reports it in force; None where it cannot say (CRI-O, a cluster pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_force: Option<bool>,
+    /// In words: `on (stargz, in force)`, `on after restart`, `configured but store not mounted`, `off`.
+    pub text: String,
+    /// What else is worth knowing: why a store counts as not mounted, the restart that applies it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl LazyPulling {
+    pub fn new(
+        state: LazyState,
+        via: Option<&str>,
+        in_force: Option<bool>,
+        detail: Option<String>,
+    ) -> LazyPulling {
+        let text = match (state, via, in_force) {
+            (LazyState::On, Some(via), Some(true)) => format!("on ({via}, in force)"),
+            (LazyState::On, Some(via), _) => format!("on ({via})"),
+            (LazyState::On, None, _) => "on".into(),
+            (LazyState::OnAfterRestart, ..) => "on after restart".into(),
+            (LazyState::StoreNotMounted, ..) => "configured but store not mounted".into(),
+            (LazyState::OffAfterRestart, ..) => "off after restart".into(),
+            (LazyState::Off, ..) => "off".into(),
+        };
+        LazyPulling {
+            state,
+            via: via.map(str::to_string),
+            in_force,
+            text,
+            detail,
+        }
+    }
+
+    /// A cluster pool's lazy pulling, from whether a ContainerRuntimeConfig selecting it turns it on.
+    pub fn of_pool(on: bool) -> LazyPulling {
+        let state = if on { LazyState::On } else { LazyState::Off };
+        LazyPulling::new(state, None, None, None)
+    }
+
+    /// The words where a table cell is narrow: the same, but `store not mounted`.
+    pub fn short(&self) -> &str {
+        match self.state {
+            LazyState::StoreNotMounted => "store not mounted",
+            _ => &self.text,
+        }
+    }
+
+    /// What an operator should know, when anything: `lazy pulling on after restart: containerd reads it
+    /// when it restarts: …`.
+    pub fn warning(&self) -> Option<String> {
+        let pending = !matches!(self.state, LazyState::On | LazyState::Off);
+        let detail = self.detail.as_deref().filter(|_| pending)?;
+        Some(format!("lazy pulling {}: {detail}", self.text))
+    }
+
+    /// Whether it is configured on: what toggling turns off.
+    pub fn configured(&self) -> bool {
+        matches!(
+            self.state,
+            LazyState::On | LazyState::OnAfterRestart | LazyState::StoreNotMounted
+        )
+    }
+}
+
+/// One node's lazy pulling as `pinboard lazy` prints it: what it is, and what turning it on or off did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLazy {
+    pub node: String,
+    /// `containerd 1.6.20`; None when the node could not be asked.
+    pub runtime: Option<String>,
+    pub reachable: bool,
+    /// None when it could not be read (`error` says why).
+    pub lazy_pulling: Option<LazyPulling>,
+    /// The file pinboard writes for the node.
+    pub file: Option<String>,
+    /// What became of that file; None for `status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<FileChangeKind>,
+    /// The command pinboard ran to restart the runtime (`--restart`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted: Option<String>,
+    /// `--readonly`: the file as the change would write it, each line marked `+ ` (added), `- `
+    /// (removed) or two spaces (kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diff: Vec<String>,
+    /// Why nothing was done, when nothing could be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// containerd's config imports no directory for pinboard's file: the lines to add, and where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add: Option<AddLines>,
+}
+
+/// Lines an administrator adds to a file, and where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddLines {
+    pub lines: Vec<String>,
+    /// `before line 4 (`[grpc]`) of /etc/containerd/config.toml`.
+    pub place: String,
+}
+
+/// What became of the file pinboard writes for lazy pulling on a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FileChangeKind {
+    Written,
+    Unchanged,
+    /// `--readonly`: it would be written.
+    WouldWrite,
+    /// Refused, or writing failed: `error` says why.
+    NotWritten,
+}
+
+impl FileChangeKind {
+    pub fn word(self) -> &'static str {
+        match self {
+            FileChangeKind::Written => "written",
+            FileChangeKind::Unchanged => "unchanged",
+            FileChangeKind::WouldWrite => "would write",
+            FileChangeKind::NotWritten => "not written",
+        }
+    }
+}
+
+/// containerd's lazy pulling: whether pinboard's file configures the snapshotter `via`, which snapshotter
+/// the CRI plugin reports in force (None: it could not be asked), and whether the snapshotter's socket
+/// serves. `restart` is the command that applies a change.
+pub fn containerd_lazy(
+    via: &str,
+    configured: bool,
+    in_force: Option<&str>,
+    socket_live: bool,
+    restart: &str,
+) -> LazyPulling {
+    let remote = in_force.map(|s| s == via || REMOTE_SNAPSHOTTERS.contains(&s));
+    let not_live = format!("{via}'s socket is not live: containerd's pulls fail until it serves");
+    let (state, detail) = match (configured, remote) {
+        (true, Some(true)) | (true, None) if !socket_live => {
+            (LazyState::StoreNotMounted, Some(not_live))
+        }
+        (true, Some(true)) | (true, None) => (LazyState::On, None),
+        (true, Some(false)) => {
+            let mut detail = format!("containerd reads it when it restarts: `{restart}`");
+            if !socket_live {
+                detail.push_str(&format!("; {not_live}"));
+            }
+            (LazyState::OnAfterRestart, Some(detail))
+        }
+        (false, Some(true)) => (
+            LazyState::OffAfterRestart,
+            Some(format!(
+                "containerd still uses the snapshotter {}; `{restart}` applies the change",
+                in_force.unwrap_or(via)
+            )),
+        ),
+        (false, _) => (LazyState::Off, None),
+    };
+    let via = in_force.filter(|_| remote == Some(true)).unwrap_or(via);
+    LazyPulling::new(state, Some(via), remote, detail)
+}
+
+/// CRI-O's lazy pulling: whether its storage drop-in names stargz-store, and whether the store is mounted
+/// (`not_mounted` says why not). CRI-O does not report what it has in force: it reads the drop-in when it
+/// starts, which the detail says with the command.
+pub fn crio_lazy(configured: bool, not_mounted: Option<String>) -> LazyPulling {
+    let when = format!(
+        "CRI-O reads it when it starts: `{}` applies a change",
+        restart_command(RuntimeKind::Crio)
+    );
+    match (configured, not_mounted) {
+        (false, _) => LazyPulling::new(LazyState::Off, None, None, None),
+        (true, Some(why)) => LazyPulling::new(
+            LazyState::StoreNotMounted,
+            None,
+            None,
+            Some(format!("{why}; {when}")),
+        ),
+        (true, None) => LazyPulling::new(LazyState::On, Some("stargz-store"), None, Some(when)),
+    }
+}
+
+/// The command that restarts `runtime` so that it reads its lazy-pull configuration again.
+pub fn restart_command(runtime: RuntimeKind) -> &'static str {
+    match runtime {
+        RuntimeKind::Containerd => "systemctl restart containerd",
+        RuntimeKind::Crio => "systemctl restart crio",
+    }
+}
+
+/// How to make a node's lazily present images local, by its runtime (`containerd 1.6.20`): without the
+/// remote snapshotter or store, a pull fetches them whole; pinboard does not remove images.
+pub fn make_local(runtime: Option<&str>) -> String {
+    let kind = runtime
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(RuntimeKind::of_cri_name);
+    let without = match kind {
+        Some(RuntimeKind::Crio) => "without the additional layer store",
+        _ => "with a snapshotter that does not pull lazily",
+    };
+    let restart = kind.map_or_else(
+        || "restart the runtime".to_string(),
+        |k| format!("`{}`", restart_command(k)),
+    );
+    format!(
+        "to make them local, remove them (`crictl rmi IMAGE`) and pull them again {without} (`pinboard lazy \
+         off`, {restart}, `pinboard apply`)"
+    )
+}
+
+/// The layers of a lazily present image whose bytes are still in the registry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteLayers {
+    /// Their positions in the image, the bottom layer 0, as its manifest lists them.
+    pub remote_layers: Vec<usize>,
+    /// How many layers the image has.
+    pub layers: usize,
+}
+
+impl RemoteLayers {
+    /// From each layer, bottom first, whether it is remote; None when none is.
+    pub fn of(remote: &[bool]) -> Option<RemoteLayers> {
+        let remote_layers: Vec<usize> = (0..remote.len()).filter(|&i| remote[i]).collect();
+        (!remote_layers.is_empty()).then_some(RemoteLayers {
+            remote_layers,
+            layers: remote.len(),
+        })
+    }
+
+    /// `3 of 5 layers remote`.
+    pub fn count(&self) -> String {
+        remote_count(self.remote_layers.len(), self.layers)
+    }
+
+    /// `lazy (3 of 5 layers remote)`.
+    pub fn words(&self) -> String {
+        lazy_words(self.remote_layers.len(), self.layers)
+    }
+}
+
+/// `3 of 5 layers remote`.
+pub fn remote_count(remote: usize, layers: usize) -> String {
+    let plural = if layers == 1 { "" } else { "s" };
+    format!("{remote} of {layers} layer{plural} remote")
+}
+
+/// `lazy (3 of 5 layers remote)`: how the Rollout, `status` and `apply` say an image is present only lazily.
+pub fn lazy_words(remote: usize, layers: usize) -> String {
+    format!("lazy ({})", remote_count(remote, layers))
+}
+
+/// One containerd snapshot: its parent (empty for a bottom layer) and whether it is remote.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub parent: String,
+    pub remote: bool,
+}
+
+/// What a containerd node holds of its images: the content store's blobs with their labels, and the CRI
+/// plugin's snapshotter with its snapshots, by name.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerdHoldings {
+    snapshotter: String,
+    /// Every blob's digest, with its labels.
+    content: HashMap<String, HashMap<String, String>>,
+    snapshots: HashMap<String, Snapshot>,
+    /// Per config digest, its manifest's layer digests in order.
+    layers_of: HashMap<String, Vec<String>>,
+}
+
+impl ContainerdHoldings {
+    pub fn new(
+        snapshotter: &str,
+        content: HashMap<String, HashMap<String, String>>,
+        snapshots: HashMap<String, Snapshot>,
+    ) -> ContainerdHoldings {
+        let mut layers_of = HashMap::new();
+        for labels in content.values() {
+            let Some(config) = labels.get(CONFIG_REF_LABEL) else {
+                continue;
+            };
+            let mut layers: Vec<(usize, &String)> = labels
+                .iter()
+                .filter_map(|(key, digest)| {
+                    Some((key.strip_prefix(LAYER_REF_LABEL)?.parse().ok()?, digest))
+                })
+                .collect();
+            layers.sort();
+            let in_order = layers.iter().enumerate().all(|(i, (at, _))| i == *at);
+            if in_order {
+                let digests = layers.into_iter().map(|(_, d)| d.clone()).collect();
+                layers_of.insert(config.clone(), digests);
+            }
+        }
+        ContainerdHoldings {
+            snapshotter: snapshotter.to_string(),
+            content,
+            snapshots,
+            layers_of,
+        }
+    }
+
+    /// The remote layers of the image whose config is `config` (CRI's image ID): a layer is remote when
+    /// its snapshot carries the remote label, or its blob is not in the content store while its snapshot
+    /// exists. None when none is, or the image is not unpacked for the CRI plugin's snapshotter.
+    pub fn remote_layers(&self, config: &str) -> Option<RemoteLayers> {
+        let label = format!("{SNAPSHOT_REF_LABEL}{}", self.snapshotter);
+        let top = self.content.get(config)?.get(&label)?;
+        let chain = layer_chain(top, |name| {
+            self.snapshots
+                .get(name)
+                .map(|s| Some(s.parent.as_str()).filter(|p| !p.is_empty()))
+        })?;
+        let blobs = self
+            .layers_of
+            .get(config)
+            .filter(|digests| digests.len() == chain.len());
+        let remote: Vec<bool> = chain
+            .iter()
+            .enumerate()
+            .map(|(at, name)| {
+                let labelled = self.snapshots.get(*name).is_some_and(|s| s.remote);
+                let absent = blobs.is_some_and(|digests| !self.content.contains_key(&digests[at]));
+                labelled || absent
+            })
+            .collect();
+        RemoteLayers::of(&remote)
+    }
+}
+
+/// A layer chain, bottom first, from its `top` layer: `parent_of` gives a layer's parent (None: it is the
+/// bottom), or None for a layer that is not there. None when the chain is broken or loops.
+pub fn layer_chain<'a>(
+    top: &'a str,
+    parent_of: impl Fn(&str) -> Option<Option<&'a str>>,
+) -> Option<Vec<&'a str>> {
+    let mut chain = vec![top];
+    let mut seen = HashSet::from([top]);
+    while let Some(parent) = parent_of(chain[chain.len() - 1])? {
+        if !seen.insert(parent) || chain.len() >= MAX_LAYERS {
+            return None;
+        }
+        chain.push(parent);
+    }
+    chain.reverse();
+    Some(chain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// A node holding one image of three layers (chain a, b, c), unpacked with the native snapshotter;
+    /// `blobs` says which layer blobs the content store still has, `remote` which snapshots are labelled.
+    fn node(blobs: [bool; 3], remote: [bool; 3]) -> ContainerdHoldings {
+        let mut content = HashMap::from([
+            (
+                "sha256:config".to_string(),
+                labels(&[("containerd.io/gc.ref.snapshot.native", "c")]),
+            ),
+            (
+                "sha256:manifest".to_string(),
+                labels(&[
+                    ("containerd.io/gc.ref.content.config", "sha256:config"),
+                    ("containerd.io/gc.ref.content.l.0", "sha256:l0"),
+                    ("containerd.io/gc.ref.content.l.1", "sha256:l1"),
+                    ("containerd.io/gc.ref.content.l.2", "sha256:l2"),
+                ]),
+            ),
+        ]);
+        for (at, held) in blobs.iter().enumerate() {
+            if *held {
+                content.insert(format!("sha256:l{at}"), HashMap::new());
+            }
+        }
+        let snapshots = [("a", ""), ("b", "a"), ("c", "b")]
+            .iter()
+            .zip(remote)
+            .map(|((name, parent), remote)| {
+                (
+                    name.to_string(),
+                    Snapshot {
+                        parent: parent.to_string(),
+                        remote,
+                    },
+                )
+            })
+            .collect();
+        ContainerdHoldings::new("native", content, snapshots)
+    }
+
+    #[test]
+    fn a_containerd_layer_is_remote_by_its_label_or_its_missing_blob() {
+        assert_eq!(
+            node([true; 3], [false; 3]).remote_layers("sha256:config"),
+            None
+        );
+        let labelled = node([true; 3], [true, false, true]).remote_layers("sha256:config");
+        assert_eq!(
+            labelled,
+            Some(RemoteLayers {
+                remote_layers: vec![0, 2],
+                layers: 3
+            })
+        );
+        let removed = node([false, true, false], [false; 3])
+            .remote_layers("sha256:config")
+            .unwrap();
+        assert_eq!(removed.remote_layers, [0, 2]);
+        assert_eq!(
+            node([false; 3], [true; 3])
+                .remote_layers("sha256:config")
+                .unwrap()
+                .words(),
+            "lazy (3 of 3 layers remote)"
+        );
+        // Not unpacked for the CRI plugin's snapshotter: nothing to say.
+        let mut other = node([false; 3], [true; 3]);
+        other.snapshotter = "overlayfs".into();
+        assert_eq!(other.remote_layers("sha256:config"), None);
+        assert_eq!(
+            node([false; 3], [true; 3]).remote_layers("sha256:other"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_layer_chain_is_walked_from_the_top_and_a_loop_is_refused() {
+        let parents = HashMap::from([("c", Some("b")), ("b", Some("a")), ("a", None)]);
+        let parent_of = |l: &str| parents.get(l).copied();
+        assert_eq!(layer_chain("c", parent_of), Some(vec!["a", "b", "c"]));
+        assert_eq!(layer_chain("x", parent_of), None);
+        let looped = HashMap::from([("a", Some("b")), ("b", Some("a"))]);
+        assert_eq!(layer_chain("a", |l| looped.get(l).copied()), None);
+    }
+
+    #[test]
+    fn containerds_lazy_pulling_is_what_it_reports_in_force() {
+        let restart = "systemctl restart containerd";
+        let state = |configured, in_force, live| {
+            let lazy = containerd_lazy("stargz", configured, in_force, live, restart);
+            (lazy.state, lazy.text)
+        };
+        assert_eq!(
+            state(true, Some("stargz"), true),
+            (LazyState::On, "on (stargz, in force)".into())
+        );
+        assert_eq!(
+            state(true, Some("overlayfs"), true),
+            (LazyState::OnAfterRestart, "on after restart".into())
+        );
+        assert_eq!(
+            state(true, Some("stargz"), false),
+            (
+                LazyState::StoreNotMounted,
+                "configured but store not mounted".into()
+            )
+        );
+        assert_eq!(
+            state(false, Some("stargz"), true),
+            (LazyState::OffAfterRestart, "off after restart".into())
+        );
+        assert_eq!(
+            state(false, Some("overlayfs"), false),
+            (LazyState::Off, "off".into())
+        );
+        // Runtime could not be asked: the file and the socket decide, and it is not said to be in force.
+        assert_eq!(
+            state(true, None, true),
+            (LazyState::On, "on (stargz)".into())
+        );
+        let after = containerd_lazy("stargz", true, Some("native"), false, restart);
+        assert_eq!(
+            after.detail.as_deref(),
+            Some(
+                "containerd reads it when it restarts: `systemctl restart containerd`; stargz's socket is \
+                 not live: containerd's pulls fail until it serves"
+            )
+        );
+        assert!(after.configured());
+    }
+
+    #[test]
+    fn crio_lazy_pulling_is_its_drop_in_and_its_store() {
+        assert_eq!(crio_lazy(true, None).text, "on (stargz-store)");
+        let unmounted = crio_lazy(
+            true,
+            Some("/var/lib/stargz-store/store is not mounted".into()),
+        );
+        assert_eq!(unmounted.state, LazyState::StoreNotMounted);
+        assert!(unmounted.configured());
+        assert!(!crio_lazy(false, None).configured());
+        let json = serde_json::to_value(crio_lazy(true, None)).unwrap();
+        assert_eq!(json["state"], "on");
+        assert_eq!(json["text"], "on (stargz-store)");
+        assert_eq!(LazyPulling::of_pool(true).text, "on");
+    }
+}

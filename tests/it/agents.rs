@@ -1,0 +1,516 @@
+//! pinboard's agents on a plain Kubernetes cluster (real kubelets, controllers, containerd nodes; the
+//! registry behind the counting proxy): sets applied with `pinboard apply --kubeconfig`, carried out by
+//! each node's agent, judged by `check` from the agents' reports, and read back from the nodes themselves.
+//! One agent runs as a real pod of the manifests' DaemonSet, from an image of this build; the others as
+//! processes started exactly as their pods would run.
+
+use crate::support;
+
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use pinboard::model::readiness::Readiness;
+use serde_json::{Value, json};
+use support::agents::AgentsLab;
+use support::kube_objects::wait_for;
+use support::tmux::Tmux;
+use support::{ImageSpec, LayerFormat, LayerSpec, NodeSpec};
+
+const MIB: u64 = 1 << 20;
+const WAIT: Duration = Duration::from_secs(120);
+
+fn small_images(lab: &AgentsLab, repositories: &[&str], seed: u64) -> Vec<String> {
+    repositories
+        .iter()
+        .zip(seed..)
+        .map(|(repository, seed)| {
+            lab.lab
+                .push_image(repository, &ImageSpec::small(seed))
+                .expect("push")
+                .reference(&lab.lab.registry_host())
+        })
+        .collect()
+}
+
+fn readiness(lab: &AgentsLab, args: &[&str]) -> (i32, Readiness, String) {
+    let mut all = vec!["check", "-o", "json"];
+    all.extend(args);
+    let run = lab.pinboard(&all);
+    let parsed = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("check -o json ({e}): {}\n{}", run.stdout, run.stderr));
+    (run.code, parsed, run.stderr)
+}
+
+/// The PinboardNode reports, by node.
+async fn reports(lab: &AgentsLab) -> Vec<Value> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", "PinboardNode"),
+        "pinboardnodes",
+    );
+    let api: Api<DynamicObject> = Api::all_with(lab.admin.clone(), &resource);
+    api.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|o| serde_json::to_value(o).unwrap())
+        .collect()
+}
+
+/// Waits until `node`'s `ctr images ls` line of each of `images` says `pinned` as `wanted`.
+async fn wait_pinned(lab: &AgentsLab, node: &str, images: &[&String], wanted: bool) {
+    wait_for(&format!("{node}: pins {wanted}"), WAIT, || async {
+        let listed = lab.lab.node(node).images_ls();
+        let right = images.iter().all(|image| {
+            listed
+                .lines()
+                .find(|l| l.starts_with(image.as_str()))
+                .is_some_and(|l| l.contains("io.cri-containerd.pinned=pinned") == wanted)
+        });
+        right.then_some(()).ok_or(listed)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_what_another_set_holds()
+ {
+    let nodes = vec![
+        NodeSpec::new("n1", 512 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+        NodeSpec::new("n3", 200 * MIB),
+    ];
+    let lab = AgentsLab::start("agents-apply", nodes, Some("n1")).await;
+    let images = small_images(&lab, &["agents/a", "agents/b", "agents/c"], 7100);
+    let (a, b, c) = (&images[0], &images[1], &images[2]);
+    let web = lab.set_file("web", &[a, b], "");
+    let run = lab.pinboard(&["apply", "--set", web.to_str().unwrap(), "--timeout", "120s"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("applied PinSet web (generation 1)"),
+        "{}",
+        run.stderr
+    );
+    for node in ["n1", "n2", "n3"] {
+        // Read back from the node itself: the pin label and the set's holder label.
+        lab.lab.node(node).assert_pinned(&[a, b]);
+        let listed = lab.lab.node(node).images_ls();
+        assert!(listed.contains("pinboard.dev/set.web"), "{node}: {listed}");
+    }
+    let (code, judged, stderr) = readiness(&lab, &["--set", "web"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(judged.nodes.len(), 3);
+    for node in &judged.nodes {
+        assert!(node.ready, "{node:?}");
+        assert!(
+            node.runtime
+                .as_deref()
+                .is_some_and(|r| r.starts_with("containerd"))
+        );
+    }
+    for report in reports(&lab).await {
+        let set = &report["status"]["sets"][0];
+        assert_eq!(set["name"], "web", "{report}");
+        assert_eq!(set["state"], "pinned", "{report}");
+        for image in set["images"].as_array().unwrap() {
+            assert_eq!(image["state"], "pinned", "{report}");
+            // containerd 1.6.20 cannot report pins: the agent's word rests on the label it wrote.
+            assert_eq!(image["evidence"], "record", "{report}");
+        }
+        assert!(
+            report["status"]["imageFilesystem"]["capacityBytes"]
+                .as_u64()
+                .unwrap()
+                >= 150 * MIB,
+            "statvfs of the node's image filesystem: {report}"
+        );
+    }
+    // The pod's agent ran from the manifests' template and the image of this build.
+    let pod_report = reports(&lab)
+        .await
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "n1")
+        .unwrap();
+    assert_eq!(
+        pod_report["status"]["agentVersion"],
+        env!("CARGO_PKG_VERSION")
+    );
+
+    // A second set shares b; deleting the first keeps b and c pinned and releases a.
+    let api = lab.set_file("api", &[b, c], "");
+    let run = lab.pinboard(&["apply", "--set", api.to_str().unwrap(), "--timeout", "120s"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let run = lab.pinboard(&["unpin", "--set", "web"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("deleted") || run.stderr.contains("deleted"),
+        "{}",
+        run.stdout
+    );
+    for node in ["n1", "n2", "n3"] {
+        wait_pinned(&lab, node, &[a], false).await;
+        lab.lab.node(node).assert_pinned(&[b, c]);
+        assert!(
+            lab.lab.node(node).images_ls().contains(a.as_str()),
+            "images stay"
+        );
+    }
+    let (code, _, stderr) = readiness(&lab, &["--set", "api"]);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_nothing() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+        NodeSpec::new("n3", 24 * MIB),
+    ];
+    let mut lab = AgentsLab::start("agents-faults", nodes, None).await;
+    let big = ImageSpec {
+        layers: vec![LayerSpec {
+            seed: 7200,
+            bytes: 30 * MIB as usize,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    let big = lab
+        .lab
+        .push_image("agents/big", &big)
+        .unwrap()
+        .reference(&lab.lab.registry_host());
+    let set = lab.set_file("big", &[&big], "");
+    let set = set.to_str().unwrap();
+
+    // Bad input is refused before anything is written.
+    let tag_only = lab.set_file(
+        "tagged",
+        &[&format!("{}/agents/big:latest", lab.lab.registry_host())],
+        "",
+    );
+    let run = lab.pinboard(&["apply", "--set", tag_only.to_str().unwrap()]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let run = lab.pinboard(&["apply", "--set", set, "--selector", "zone in a"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("--selector"), "{}", run.stderr);
+    let pin_sets: Api<DynamicObject> = Api::all_with(
+        lab.admin.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", "PinSet"),
+            "pinsets",
+        ),
+    );
+    assert!(
+        pin_sets
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // The CRD's schema refuses what it can: an image without a name.
+    let nameless: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "pinboard.dev/v1alpha1", "kind": "PinSet",
+        "metadata": {"name": "nameless"}, "spec": {"pinnedImages": [{}]},
+    }))
+    .unwrap();
+    let refused = pin_sets.create(&PostParams::default(), &nameless).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
+        "{refused:?}"
+    );
+
+    // The plan says the big image does not fit on n3: apply names it and writes nothing, unless forced.
+    let run = lab.pinboard(&["apply", "--set", set]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("do not fit on 1 node (n3)"),
+        "{}",
+        run.stderr
+    );
+    let run = lab.pinboard(&["apply", "--set", set, "--force", "--timeout", "60s"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let (code, judged, stderr) = readiness(&lab, &["--set", "big"]);
+    assert_eq!(code, 1, "{stderr}");
+    let n3 = judged.nodes.iter().find(|n| n.node == "n3").unwrap();
+    assert!(!n3.ready);
+    assert!(
+        n3.reasons
+            .iter()
+            .any(|r| r.contains("failed") && r.contains("space")),
+        "the agent's refusal, with the plan's reason: {:?}",
+        n3.reasons
+    );
+    assert!(
+        judged
+            .nodes
+            .iter()
+            .filter(|n| n.node != "n3")
+            .all(|n| n.ready),
+        "{judged:?}"
+    );
+
+    // A stopped agent: its node becomes not ready, named, once its heartbeat lapses (four 1 s renewals).
+    lab.stop_agent("n2");
+    let stale = wait_for("n2 stale", WAIT, || async {
+        let (code, judged, stderr) = readiness(&lab, &["--set", "big"]);
+        let n2 = judged
+            .nodes
+            .iter()
+            .find(|n| n.node == "n2")
+            .cloned()
+            .unwrap();
+        (code == 1 && !n2.ready).then_some(n2).ok_or(stderr)
+    })
+    .await;
+    assert!(
+        stale.reasons[0].contains("the agent on node \"n2\" is stale"),
+        "{:?}",
+        stale.reasons
+    );
+    // Started again, it carries on: the image is there, nothing is pulled again.
+    lab.start_agent("n2");
+    let (code, judged, stderr) = readiness(&lab, &["--set", "big", "--wait", "--timeout", "60s"]);
+    assert_eq!(code, 1, "n3 still has no room: {stderr}");
+    assert!(
+        judged.nodes.iter().find(|n| n.node == "n2").unwrap().ready,
+        "{judged:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_it() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+    ];
+    let mut lab = AgentsLab::start("agents-join", nodes, None).await;
+    let images = small_images(&lab, &["agents/j1", "agents/j2"], 7300);
+    let set = lab.set_file("joined", &[&images[0], &images[1]], "");
+    let run = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "120s"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+
+    lab.lab
+        .add_node(NodeSpec::new("n3", 200 * MIB))
+        .expect("n3 joins");
+    lab.start_agent("n3");
+    // Once its agent reports, the set (no selector: every node with an agent) counts n3, not ready yet
+    // or already pinned; `--wait` follows it to ready.
+    wait_for("n3's report", WAIT, || async {
+        let (_, judged, stderr) = readiness(&lab, &["--set", "joined"]);
+        judged
+            .nodes
+            .iter()
+            .any(|n| n.node == "n3")
+            .then_some(())
+            .ok_or(stderr)
+    })
+    .await;
+    let (code, judged, stderr) =
+        readiness(&lab, &["--set", "joined", "--wait", "--timeout", "90s"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(judged.nodes.len(), 3);
+    lab.lab.node("n3").assert_pinned(&[&images[0], &images[1]]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tui_on_agents_shows_nodes_plans_applies_follows_the_rollout_and_shows_the_pins() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+    ];
+    let lab = AgentsLab::start("agents-tui", nodes, None).await;
+    let images = small_images(&lab, &["agents/t1", "agents/t2"], 7500);
+    let cluster = lab.lab.cluster().unwrap();
+    let command = format!(
+        "XDG_STATE_HOME={state} {bin} --kubeconfig {kubeconfig} --insecure-registry {registry} --min-free 4Mi \
+         --image {a} --image {b}; echo EXITED $?; sleep 60",
+        state = lab.lab.dir().join("state").display(),
+        bin = env!("CARGO_BIN_EXE_pinboard"),
+        kubeconfig = cluster.kubeconfig().display(),
+        registry = lab.lab.registry_host(),
+        a = images[0],
+        b = images[1],
+    );
+    let tmux = Tmux::start("agents-tui", 140, 40, &command);
+    // Nodes: the agents' reports, with their runtime and space.
+    let nodes = tmux.wait_for("2/2 reachable", Duration::from_secs(30));
+    assert!(
+        nodes.contains("agents: "),
+        "the status line names the fleet:\n{nodes}"
+    );
+    for node in ["n1", "n2"] {
+        let row = nodes
+            .lines()
+            .find(|l| l.contains(&format!("│{node} ")))
+            .unwrap_or_default();
+        assert!(row.contains("containerd"), "{node}:\n{nodes}");
+    }
+    // Plan, from the agents' complete image lists.
+    tmux.keys(&["3", "p"]);
+    let plan = tmux.wait_for("survey done: 2 nodes", Duration::from_secs(30));
+    assert!(plan.contains("✓"), "both fit:\n{plan}");
+    // Apply from the Sets screen; the Rollout screen follows the agents' reports to pinned.
+    tmux.keys(&["2", "a"]);
+    tmux.wait_for("apply set", Duration::from_secs(5));
+    tmux.keys(&["y"]);
+    let rollout = tmux.wait_for("applied PinSet", Duration::from_secs(20));
+    assert!(rollout.contains("Rollout"), "{rollout}");
+    let pinned = wait_for("both nodes pinned on the Rollout screen", WAIT, || async {
+        let screen = tmux.screen();
+        let rows = screen
+            .lines()
+            .filter(|l| (l.contains("│n1 ") || l.contains("│n2 ")) && l.contains("pinned"))
+            .count();
+        (rows == 2).then_some(screen.clone()).ok_or(screen)
+    })
+    .await;
+    assert!(!pinned.contains("EXITED"), "{pinned}");
+    for node in ["n1", "n2"] {
+        lab.lab.node(node).assert_pinned(&images);
+    }
+    // Config: each node's pins and who holds them.
+    tmux.keys(&["5"]);
+    let config = tmux.wait_for("held by", Duration::from_secs(10));
+    assert!(config.contains("pinboardnodes/"), "{config}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_killed_mid_rollout_carries_on_and_pulls_no_image_twice() {
+    let mut lab =
+        AgentsLab::start("agents-restart", vec![NodeSpec::new("n1", 400 * MIB)], None).await;
+    // One pull at a time, so the agent can be caught between two images.
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &["--parallel", "1"]);
+    let pushed: Vec<_> = (0..12)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![LayerSpec {
+                    seed: 7400 + i,
+                    bytes: 8 * MIB as usize,
+                    format: LayerFormat::Gzip,
+                }],
+                ..ImageSpec::default()
+            };
+            lab.lab.push_image(&format!("agents/r{i}"), &spec).unwrap()
+        })
+        .collect();
+    let host = lab.lab.registry_host();
+    let images: Vec<String> = pushed.iter().map(|p| p.reference(&host)).collect();
+    let listed: Vec<&str> = images.iter().map(String::as_str).collect();
+    let set = lab.set_file("restart", &listed, "");
+    let run = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "1s"]);
+    assert_ne!(run.code, 2, "{}", run.stderr);
+    let held = wait_for("n1 midway", WAIT, || async {
+        let on_node = lab.lab.node("n1").images_ls();
+        let held: Vec<usize> = (0..images.len())
+            .filter(|&i| on_node.contains(images[i].as_str()))
+            .collect();
+        (!held.is_empty() && held.len() < images.len())
+            .then_some(held)
+            .ok_or(on_node)
+    })
+    .await;
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &["--parallel", "1"]);
+    let (code, _, stderr) = readiness(&lab, &["--set", "restart", "--wait", "--timeout", "120s"]);
+    assert_eq!(code, 0, "{stderr}");
+    lab.lab.node("n1").assert_pinned(&images);
+    // The images the node held when its agent was killed were not fetched again.
+    let log = std::fs::read_to_string(lab.lab.dir().join("registry.log")).unwrap();
+    for i in held {
+        let layer = &pushed[i].layers[0].digest;
+        let fetched = log
+            .lines()
+            .filter(|l| l.contains("GET /v2/") && l.contains(layer.as_str()))
+            .count();
+        assert_eq!(
+            fetched, 1,
+            "{}: its layer fetched {fetched} times",
+            images[i]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lazy_pulling_asked_through_the_agents_is_written_by_each_agent_and_reported() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB).importing_conf_d(),
+        NodeSpec::new("n2", 200 * MIB),
+    ];
+    let mut lab = AgentsLab::start("agents-lazy", nodes, None).await;
+    let socket = lab.lab.dir().join("stargz.sock");
+    for node in ["n1", "n2"] {
+        let config = lab.lab.node(node).config_file().display().to_string();
+        lab.stop_agent(node);
+        lab.start_agent_with(
+            node,
+            &[
+                "--containerd-config",
+                &config,
+                "--stargz-socket",
+                socket.to_str().unwrap(),
+            ],
+        );
+    }
+
+    let run = lab.pinboard(&["lazy", "on", "--restart"]);
+    assert_eq!(
+        run.code, 2,
+        "agents never restart a runtime: {}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("never restart"), "{}", run.stderr);
+
+    // n1's agent writes the file its containerd imports; n2's config imports nothing: its agent says
+    // what to add, in its report, and writes nothing.
+    let run = lab.pinboard(&["lazy", "on", "-o", "json"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let said: Value = serde_json::from_str(&run.stdout).unwrap();
+    let node = |name: &str| {
+        said["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} in {said}"))
+    };
+    assert_eq!(
+        node("n1")["lazyPulling"]["text"],
+        "on after restart",
+        "{said}"
+    );
+    assert!(node("n1")["error"].is_null(), "{said}");
+    let n2_error = node("n2")["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        n2_error.contains("nothing written") && n2_error.contains("imports = ["),
+        "{said}"
+    );
+    assert!(
+        run.stderr
+            .contains("error: n2: lazy pulling not changed: nothing written"),
+        "{}",
+        run.stderr
+    );
+    let n1_dir = lab.lab.node("n1").dir().to_path_buf();
+    let written =
+        std::fs::read_to_string(n1_dir.join("conf.d/zz-pinboard-lazy-pulling.toml")).unwrap();
+    assert!(written.contains("[proxy_plugins.stargz]"), "{written}");
+    let n2_dir = lab.lab.node("n2").dir().to_path_buf();
+    assert!(!n2_dir.join("conf.d").exists(), "nothing written on n2");
+
+    // Asked off again, n1's file no longer turns it on and its report follows.
+    let run = lab.pinboard(&["lazy", "off", "-o", "json"]);
+    let said: Value = serde_json::from_str(&run.stdout).unwrap();
+    let n1 = said["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == "n1")
+        .cloned()
+        .unwrap();
+    assert_eq!(n1["lazyPulling"]["state"], "off", "{said}\n{}", run.stderr);
+}

@@ -1,0 +1,210 @@
+//! A plain Kubernetes cluster lab with pinboard's agents: the manifests `pinboard agent manifests` prints,
+//! applied to the lab's API server; on the node labelled for it, the agent runs as a real pod of that
+//! DaemonSet under its kubelet, from an image of the test's own pinboard binary; on the others, as a
+//! process started exactly as its pod would run: the same arguments and environment, the
+//! ServiceAccount's identity, in the node's namespaces, where it sees the paths the pod mounts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Node as NodeObject;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::cluster::client;
+use super::kube_objects::{PodState, apply_yaml, wait_for_daemonset_pod};
+use super::process::Proc;
+use super::{ClusterConfig, Lab, LabConfig, NodeSpec, Run, pinboard_with};
+
+pub const NAMESPACE: &str = "pinboard-system";
+pub const ACCOUNT: &str = "pinboard-agent";
+const DAEMONSET: &str = "pinboard-agent-containerd";
+/// The label that puts the DaemonSet's pod on a node.
+const POD_LABEL: &str = "pinboard.dev/agent-pod";
+/// Short, so that a stopped agent is stale within seconds (its Lease stands for four of these).
+pub const HEARTBEAT: &str = "1s";
+/// The lab's nodes are small: the free-space floor is theirs (the default, 16 GiB, is a real node's).
+const MIN_FREE: &str = "4Mi";
+
+/// A cluster lab whose nodes run pinboard's agent.
+pub struct AgentsLab {
+    pub lab: Lab,
+    pub admin: kube::Client,
+    /// The ServiceAccount's kubeconfig, as a pod of the DaemonSet would have it.
+    agent_kubeconfig: PathBuf,
+    /// The agents running as processes, by node.
+    processes: BTreeMap<String, Proc>,
+}
+
+/// The binary cargo built for these tests.
+fn binary() -> &'static str {
+    // Only test and bench targets get this variable; the lab example compiles this module too.
+    let Some(binary) = option_env!("CARGO_BIN_EXE_pinboard") else {
+        panic!("only integration tests and benches run the pinboard binary")
+    };
+    binary
+}
+
+impl AgentsLab {
+    /// Starts the lab with `nodes`, installs the agents' manifests, and runs the agent as a pod on
+    /// `pod_node` (when given; its image is pushed first) and as a process on every other node.
+    pub async fn start(name: &str, nodes: Vec<NodeSpec>, pod_node: Option<&str>) -> AgentsLab {
+        pinboard::install_crypto_provider();
+        let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        let lab = Lab::start(
+            name,
+            LabConfig {
+                nodes,
+                cluster: Some(ClusterConfig {
+                    service_account_tokens: vec![(NAMESPACE.to_owned(), ACCOUNT.to_owned())],
+                }),
+                ..LabConfig::default()
+            },
+        )
+        .expect("the cluster lab must start");
+        let cluster = lab.cluster().expect("a cluster lab");
+        let admin = client(cluster.kubeconfig(), None).await;
+        let agent_kubeconfig = lab.dir().join("agent-kubeconfig");
+        cluster
+            .write_in_cluster_kubeconfig(NAMESPACE, ACCOUNT, &agent_kubeconfig)
+            .expect("the agents' kubeconfig");
+        let image = match pod_node {
+            Some(_) => agent_image(&lab),
+            None => "unused.invalid/pinboard:none".to_owned(),
+        };
+        let manifests = pinboard_with(
+            [
+                "agent",
+                "manifests",
+                "--image",
+                &image,
+                "--node-selector",
+                &format!("{POD_LABEL}=true"),
+                &format!("--agent-arg=--insecure-registry={}", lab.registry_host()),
+                &format!("--agent-arg=--heartbeat-every={HEARTBEAT}"),
+                &format!("--agent-arg=--min-free={MIN_FREE}"),
+            ],
+            |_| {},
+        );
+        assert_eq!(manifests.code, 0, "{}", manifests.stderr);
+        apply_yaml(&admin, &manifests.stdout).await;
+        let mut agents = AgentsLab {
+            lab,
+            admin,
+            agent_kubeconfig,
+            processes: BTreeMap::new(),
+        };
+        for node in &names {
+            match Some(node.as_str()) == pod_node {
+                true => agents.run_pod(node).await,
+                false => agents.start_agent(node),
+            }
+        }
+        agents
+    }
+
+    /// Labels `node` for the DaemonSet and waits for its pod to run.
+    async fn run_pod(&self, node: &str) {
+        let nodes: Api<NodeObject> = Api::all(self.admin.clone());
+        let label = json!({"metadata": {"labels": {POD_LABEL: "true"}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .unwrap();
+        wait_for_daemonset_pod(&self.admin, NAMESPACE, DAEMONSET, node, PodState::Running).await;
+    }
+
+    /// Starts `node`'s agent as a process, as the DaemonSet's pod would run: its arguments, `NODE_NAME`
+    /// and `POD_NAMESPACE`, the ServiceAccount's token, in the node's namespaces.
+    pub fn start_agent(&mut self, node: &str) {
+        self.start_agent_with(node, &[]);
+    }
+
+    /// [`Self::start_agent`], with `extra` arguments.
+    pub fn start_agent_with(&mut self, node: &str, extra: &[&str]) {
+        let sandbox = self.lab.node(node).sandbox().expect("a cluster node");
+        let mut command = sandbox.command(binary());
+        command
+            .args([
+                "agent",
+                "--cri",
+                "unix:///run/containerd/containerd.sock",
+                "--registry-config-dir",
+                "/etc/containerd/certs.d",
+                "--insecure-registry",
+                &self.lab.registry_host(),
+                "--heartbeat-every",
+                HEARTBEAT,
+                "--min-free",
+                MIN_FREE,
+                "--kubeconfig",
+            ])
+            .arg(&self.agent_kubeconfig)
+            .args(extra)
+            .env("NODE_NAME", node)
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("PINBOARD_LOG", "info");
+        let log = self.lab.dir().join(format!("agent-{node}.log"));
+        let proc =
+            Proc::spawn_group(&format!("agent-{node}"), command, &log).expect("the agent starts");
+        self.processes.insert(node.to_owned(), proc);
+    }
+
+    /// Kills `node`'s agent process.
+    pub fn stop_agent(&mut self, node: &str) {
+        if let Some(mut proc) = self.processes.remove(node) {
+            proc.kill().expect("the agent stops");
+        }
+    }
+
+    /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry.
+    pub fn pinboard(&self, args: &[&str]) -> Run {
+        let cluster = self.lab.cluster().expect("a cluster lab");
+        let (command, rest) = args.split_first().expect("a command");
+        let mut all: Vec<String> = vec![command.to_string(), "--kubeconfig".into()];
+        all.push(cluster.kubeconfig().display().to_string());
+        all.extend(["--insecure-registry".into(), self.lab.registry_host()]);
+        all.extend(["--min-free".into(), MIN_FREE.into()]);
+        all.extend(rest.iter().map(|a| a.to_string()));
+        pinboard_with(all, |_| {})
+    }
+
+    /// A PinSet file named `name` listing `images` (and `extra` YAML under its spec), in the lab's dir.
+    pub fn set_file(&self, name: &str, images: &[&str], extra: &str) -> PathBuf {
+        let path = self.lab.dir().join(format!("{name}.yaml"));
+        let listed: String = images.iter().map(|i| format!("  - name: {i}\n")).collect();
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: pinboard.dev/v1alpha1\nkind: PinSet\nmetadata:\n  name: {name}\nspec:\n  \
+                 pinnedImages:\n{listed}{extra}"
+            ),
+        )
+        .unwrap();
+        path
+    }
+}
+
+impl Drop for AgentsLab {
+    fn drop(&mut self) {
+        let nodes: Vec<String> = self.processes.keys().cloned().collect();
+        for node in nodes {
+            self.stop_agent(&node);
+        }
+    }
+}
+
+/// The test's pinboard binary, stripped of its debug information (half its size), as an image.
+fn agent_image(lab: &Lab) -> String {
+    let stripped = lab.dir().join("pinboard");
+    let status = std::process::Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(binary())
+        .status()
+        .expect("strip runs");
+    assert!(status.success(), "strip {}", binary());
+    lab.push_binary_image(Path::new(&stripped), "pinboard/agent")
+        .expect("the agent's image is pushed")
+}
