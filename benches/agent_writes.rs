@@ -163,7 +163,14 @@ fn start_agent(lab: &Lab, kubeconfig: &std::path::Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_pinboard"))
         .args(["agent", "--cri", &node.endpoint(), "--registry-config-dir"])
         .arg(certs)
-        .args(["--insecure-registry", &lab.proxy_host(), "--kubeconfig"])
+        // The lab node's 4 GiB image filesystem is below the default 16 GiB floor.
+        .args([
+            "--insecure-registry",
+            &lab.proxy_host(),
+            "--min-free",
+            "64Mi",
+        ])
+        .arg("--kubeconfig")
         .arg(kubeconfig)
         .env("NODE_NAME", NODE)
         .env("POD_NAMESPACE", DEFAULT_NAMESPACE)
