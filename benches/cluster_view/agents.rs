@@ -27,12 +27,13 @@ use pinboard::fleet::agents::{AgentsFleet, AgentsSettings};
 use pinboard::fleet::{Fleet, FleetEvent, Traits};
 use pinboard::model::agents_view::{AgentsUpdate, AgentsView};
 use pinboard::model::image::Platform;
+use pinboard::model::lazy::{LazyPulling, LazyState};
 use pinboard::model::node_report;
 use pinboard::model::node_summary::of_agents;
 use pinboard::model::pinboard_api::{
     DEFAULT_NAMESPACE, DEGRADED, FilesystemReport, GROUP, ImagePhase, ImageReport, KubeletReport,
-    LazyReport, NODE_KIND, NODE_PLURAL, NodeReport, NodeSetPhase, PROGRESSING, PinboardNode,
-    RuntimeReport, VERSION,
+    NODE_KIND, NODE_PLURAL, NodeReport, NodeSetPhase, PROGRESSING, PinboardNode, RuntimeReport,
+    VERSION,
 };
 use pinboard::model::plan::Limits;
 use pinboard::model::set::from_flags;
@@ -114,10 +115,8 @@ fn pinned_report(images: &[String]) -> NodeReport {
             })
             .collect(),
         pin_method: Some("containerd-label".into()),
-        lazy_pulling: Some(LazyReport {
-            state: "off".into(),
-            detail: None,
-        }),
+        lazy_pulling: Some(LazyPulling::new(LazyState::Off, None, Some(true), None)),
+        lazy_pulling_error: None,
         registry_config_dir: Some("/etc/containerd/certs.d".into()),
         kubelet: Some(KubeletReport {
             image_gc_high_threshold_percent: 85,
