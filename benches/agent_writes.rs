@@ -1,6 +1,6 @@
 //! Benchmark: what one `pinboard agent` writes to the API server while it pre-loads and pins a set of 200
 //! images (`PINBOARD_BENCH_IMAGES`) on its node: a real agent process, started as the DaemonSet's pod
-//! runs it (`pinboard agent --node n1 …`, default flags: write interval, heartbeat every 30 s), against the
+//! runs it (`NODE_NAME=n1 pinboard agent …`: default write interval and 30 s heartbeat), against the
 //! lab's kube-apiserver (with the manifests `pinboard agent manifests` prints) and one lab containerd
 //! node, pulling real images (each one 512 KiB layer, `PINBOARD_BENCH_LAYER_KIB`) through the lab proxy
 //! capped at `PINBOARD_BENCH_KIBPS` (1024 KiB/s), so that the rollout lasts long enough (about 100 s) for
