@@ -155,7 +155,7 @@ async fn create_objects(
         let report = &report;
         async move {
             let name = node.metadata.name.as_deref().expect("a named Node");
-            api.write_report(node, report)
+            api.write_report(node, report, true)
                 .await
                 .unwrap_or_else(|e| panic!("report of {name}: {e}"));
             api.renew(name, HEARTBEAT_VALID)
@@ -336,7 +336,7 @@ pub(super) fn run(
                 fs.available_bytes = available;
             }
             let started = Instant::now();
-            api.write_report(node, &changed).await.unwrap();
+            api.write_report(node, &changed, false).await.unwrap();
             writes.push(started.elapsed());
             let (showing, read) = until(&mut received, &mut state, "the change shown", |s| {
                 s.nodes

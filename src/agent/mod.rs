@@ -253,6 +253,10 @@ impl Agent {
                 }
             }
             AgentsUpdate::Reports(reports) => {
+                if reports.is_empty() {
+                    // Its report was deleted: the next write makes it again, whole.
+                    self.written = None;
+                }
                 let wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
                 return std::mem::replace(&mut self.lazy_wish, wish) != wish;
             }
@@ -528,12 +532,17 @@ impl Agent {
         {
             return;
         }
-        match self.api.write_report(node, &report).await {
+        let first = self.written.is_none();
+        match self.api.write_report(node, &report, first).await {
             Ok(()) => {
                 self.written = Some(report);
                 self.last_write = Some(Instant::now());
             }
-            Err(e) => tracing::warn!("cannot write the report: {e}"),
+            Err(e) => {
+                tracing::warn!("cannot write the report: {e}");
+                // Perhaps the object is gone: the next write makes it again.
+                self.written = None;
+            }
         }
     }
 }
