@@ -350,7 +350,7 @@ pub(super) fn run(
         }
         println!("(b) {changes} report writes, {events_read} events read:");
         print_line("    write sent → shown on the Nodes screen", &mut latencies);
-        print_line("      write (the agent's two requests)    ", &mut writes);
+        print_line("      write (the agent's status apply)   ", &mut writes);
         print_line("      update + draw                       ", &mut showings);
         breakdown(&admin).await;
         drop(fleet);
