@@ -34,6 +34,9 @@ pub struct AgentsLab {
     agent_kubeconfig: PathBuf,
     /// The agents running as processes, by node.
     processes: BTreeMap<String, Proc>,
+    /// Arguments every agent process gets on top, `{node}`, `{lab}` and `{proxy}` replaced by its node's
+    /// name, the lab's directory and the registry proxy's host.
+    agent_args: Vec<String>,
 }
 
 /// The binary cargo built for these tests.
@@ -49,6 +52,16 @@ impl AgentsLab {
     /// Starts the lab with `nodes`, installs the agents' manifests, and runs the agent as a pod on
     /// `pod_node` (when given; its image is pushed first) and as a process on every other node.
     pub async fn start(name: &str, nodes: Vec<NodeSpec>, pod_node: Option<&str>) -> AgentsLab {
+        AgentsLab::start_with(name, nodes, pod_node, Vec::new()).await
+    }
+
+    /// [`AgentsLab::start`], every agent process with `agent_args` (see [`AgentsLab::agent_args`]).
+    pub async fn start_with(
+        name: &str,
+        nodes: Vec<NodeSpec>,
+        pod_node: Option<&str>,
+        agent_args: Vec<String>,
+    ) -> AgentsLab {
         pinboard::install_crypto_provider();
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         let lab = Lab::start(
@@ -93,6 +106,7 @@ impl AgentsLab {
             admin,
             agent_kubeconfig,
             processes: BTreeMap::new(),
+            agent_args,
         };
         for node in &names {
             match Some(node.as_str()) == pod_node {
@@ -140,6 +154,11 @@ impl AgentsLab {
                 "--kubeconfig",
             ])
             .arg(&self.agent_kubeconfig)
+            .args(self.agent_args.iter().map(|a| {
+                a.replace("{node}", node)
+                    .replace("{lab}", &self.lab.dir().display().to_string())
+                    .replace("{proxy}", &self.lab.proxy_host())
+            }))
             .args(extra)
             .env("NODE_NAME", node)
             .env("POD_NAMESPACE", NAMESPACE)
