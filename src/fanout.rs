@@ -326,7 +326,7 @@ pub async fn wire_node(
 ) -> Result<Wired, NodeWiringError> {
     let wiring = located(target, timeout).await?;
     blocking(move || {
-        wiring::clean_stale(&wiring)?;
+        wiring::clean_stale(&wiring, false)?;
         wiring::wire(&wiring, &sources, &marker, token.as_ref())
     })
     .await
@@ -353,12 +353,21 @@ async fn blocking<T: Send + 'static>(
 /// nodes calls this first. One line per file restored or node that could not be cleaned; nodes that
 /// cannot be reached or wired are skipped (there is nothing of fan-out's there to find).
 pub async fn clean_stale(targets: &[NodeTarget], timeout: Duration) -> Vec<String> {
+    clean_stale_files(targets, timeout, false).await
+}
+
+/// [`clean_stale`]; with `agent_start`, every marked file is put back ([`wiring::clean_stale`]).
+pub async fn clean_stale_files(
+    targets: &[NodeTarget],
+    timeout: Duration,
+    agent_start: bool,
+) -> Vec<String> {
     let cleaned = futures::future::join_all(targets.iter().map(|target| async move {
         let Ok(wiring) = located(target, timeout).await else {
             return Vec::new();
         };
         let node = target.node.name.clone();
-        match blocking(move || wiring::clean_stale(&wiring)).await {
+        match blocking(move || wiring::clean_stale(&wiring, agent_start)).await {
             Ok(lines) => lines.into_iter().map(|l| format!("{node}: {l}")).collect(),
             Err(e) => vec![format!("{node}: stale fan-out files not put back: {e}")],
         }

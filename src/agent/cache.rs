@@ -78,21 +78,49 @@ impl CacheRole {
             }
             Err(e) => return tracing::warn!("cannot take the cache's Lease: {e}"),
         }
-        if self.serving.is_none() {
-            match self.start(ip).await {
-                Ok(serving) => self.serving = Some(serving),
-                Err(e) => return tracing::warn!("cannot serve the in-cluster cache: {e}"),
-            }
-        }
         let wanted: BTreeMap<String, i64> = fan_out_sets(sets)
             .map(|s| (s.name().to_string(), s.generation()))
             .collect();
+        if self.serving.as_ref().map(|s| &s.published.sets) == Some(&wanted) {
+            return;
+        }
+        // The digests first, then listen: a node never meets a cache that does not serve its set yet (a
+        // 404 would send it to the source).
+        let Some((registry, allowed)) = self.resolve(sets).await else {
+            // Not published: the nodes wait for it, then pull from the source.
+            return;
+        };
+        let blobs = allowed.blobs().len();
+        match &mut self.serving {
+            Some(serving) => {
+                serving.cache.use_registry(registry);
+                serving.endpoint.serve(allowed);
+            }
+            None => match self.start(ip, registry, allowed).await {
+                Ok(serving) => self.serving = Some(serving),
+                Err(e) => return tracing::warn!("cannot serve the in-cluster cache: {e}"),
+            },
+        }
+        tracing::info!(
+            sets = wanted.len(),
+            blobs,
+            "the in-cluster cache serves the fan-out sets"
+        );
         let Some(serving) = &mut self.serving else {
             return;
         };
-        if serving.published.sets == wanted {
-            return;
+        serving.published.sets = wanted;
+        if let Err(e) = self.api.lead_cache(&self.holder, &serving.published).await {
+            tracing::warn!("cannot publish the cache's sets: {e}");
         }
+    }
+
+    /// The fan-out sets' digests, and a registry client with their pull credentials; None (said in the
+    /// log) when they cannot be resolved.
+    async fn resolve(
+        &self,
+        sets: &BTreeMap<String, PinSet>,
+    ) -> Option<(Arc<Registry>, ServedDigests)> {
         let image_sets: Vec<ImageSet> = fan_out_sets(sets).map(PinSet::to_image_set).collect();
         let credentials = super::pull_credentials(
             &self.api,
@@ -102,56 +130,43 @@ impl CacheRole {
         .await;
         let registry = match Registry::with_credentials(self.setup.registry.clone(), credentials) {
             Ok(registry) => Arc::new(registry),
-            Err(e) => return tracing::warn!("the cache's registry client: {e}"),
+            Err(e) => {
+                tracing::warn!("the cache's registry client: {e}");
+                return None;
+            }
         };
-        serving.cache.use_registry(Arc::clone(&registry));
-        let allowed = match served_digests(&image_sets, &registry, &self.setup.platform).await {
-            Ok((_, allowed)) => allowed,
-            // Not published: the nodes wait for it, then pull from the source.
+        match served_digests(&image_sets, &registry, &self.setup.platform).await {
+            Ok((_, allowed)) => Some((registry, allowed)),
             Err(e) => {
                 let failure = crate::error::Failure::from(e);
-                return tracing::warn!(
+                tracing::warn!(
                     "the cache cannot resolve the fan-out sets: {}",
                     failure.lines.join("; ")
                 );
+                None
             }
-        };
-        tracing::info!(
-            sets = wanted.len(),
-            blobs = allowed.blobs().len(),
-            "the in-cluster cache serves the fan-out sets"
-        );
-        serving.endpoint.serve(allowed);
-        serving.published.sets = wanted;
-        if let Err(e) = self.api.lead_cache(&self.holder, &serving.published).await {
-            tracing::warn!("cannot publish the cache's sets: {e}");
         }
     }
 
-    /// Opens the blob cache and listens on `ip`, serving nothing until the sets are known.
-    async fn start(&self, ip: IpAddr) -> Result<Serving, String> {
+    /// Opens the blob cache, fetching with `registry`, and serves `allowed` on `ip`.
+    async fn start(
+        &self,
+        ip: IpAddr,
+        registry: Arc<Registry>,
+        allowed: ServedDigests,
+    ) -> Result<Serving, String> {
         let token = self
             .api
             .cache_token(true)
             .await
             .map_err(|e| e.to_string())?
             .ok_or("the cache's token Secret holds no token")?;
-        let registry = Registry::with_credentials(
-            self.setup.registry.clone(),
-            (*self.setup.node_credentials).clone(),
-        )
-        .map_err(|e| e.to_string())?;
-        let cache = BlobCache::open(&self.setup.dir, CacheOptions::default(), Arc::new(registry))
+        let cache = BlobCache::open(&self.setup.dir, CacheOptions::default(), registry)
             .map_err(|e| e.to_string())?;
         let listen = SocketAddr::new(ip, self.setup.port);
-        let endpoint = Endpoint::start(
-            listen,
-            Arc::clone(&cache),
-            ServedDigests::default(),
-            Some(token),
-        )
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let endpoint = Endpoint::start(listen, Arc::clone(&cache), allowed, Some(token))
+            .await
+            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         tracing::info!(address = endpoint.url(), "serving the in-cluster cache");
         Ok(Serving {
             published: CacheLease {

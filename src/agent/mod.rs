@@ -160,8 +160,12 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         cache::CacheRole::new(api.clone(), &node, setup)
     });
     // Files a killed agent left on its node point at a cache that may be gone: put them back first.
-    for line in
-        crate::fanout::clean_stale(std::slice::from_ref(&target), args.targets.timeout()).await
+    for line in crate::fanout::clean_stale_files(
+        std::slice::from_ref(&target),
+        args.targets.timeout(),
+        true,
+    )
+    .await
     {
         tracing::info!("{line}");
     }

@@ -333,8 +333,11 @@ pub fn unwire(wired: &Wired) -> Result<(), WiringError> {
 }
 
 /// Puts back every file of `wiring` that a pinboard which is gone left behind; returns one line per file
-/// restored. Files of a pinboard that still runs are left. Blocking.
-pub fn clean_stale(wiring: &Wiring) -> Result<Vec<String>, WiringError> {
+/// restored. Files of a pinboard that still runs are left, except with `agent_start`: an agent at its
+/// start puts back every marked file on its node, as the node's only fan-out writer while it runs. From
+/// inside a container whether the writer runs cannot be told (a restarted agent may be the same pid in its
+/// own PID namespace, and the pid of another namespace says nothing). Blocking.
+pub fn clean_stale(wiring: &Wiring, agent_start: bool) -> Result<Vec<String>, WiringError> {
     let candidates = match wiring {
         Wiring::Containerd { config_path } => match fs::read_dir(config_path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
@@ -351,7 +354,7 @@ pub fn clean_stale(wiring: &Wiring) -> Result<Vec<String>, WiringError> {
         let Some(text) = read_optional(&path)? else {
             continue;
         };
-        let Some(marker) = Marker::of(&text).filter(|m| !alive(m)) else {
+        let Some(marker) = Marker::of(&text).filter(|m| agent_start || !alive(m)) else {
             continue;
         };
         if restore(wiring, &path, &text)? {

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::cluster::client;
 use super::kube_objects::{PodState, apply_yaml, wait_for_daemonset_pod};
 use super::process::Proc;
-use super::{ClusterConfig, Lab, LabConfig, NodeSpec, Run, pinboard_with};
+use super::{ClusterConfig, Lab, LabConfig, NodeSpec, RegistrySetup, Run, pinboard_with};
 
 pub const NAMESPACE: &str = "pinboard-system";
 pub const ACCOUNT: &str = "pinboard-agent";
@@ -52,15 +52,17 @@ impl AgentsLab {
     /// Starts the lab with `nodes`, installs the agents' manifests, and runs the agent as a pod on
     /// `pod_node` (when given; its image is pushed first) and as a process on every other node.
     pub async fn start(name: &str, nodes: Vec<NodeSpec>, pod_node: Option<&str>) -> AgentsLab {
-        AgentsLab::start_with(name, nodes, pod_node, Vec::new()).await
+        AgentsLab::start_with(name, nodes, pod_node, Vec::new(), RegistrySetup::default()).await
     }
 
-    /// [`AgentsLab::start`], every agent process with `agent_args` (see [`AgentsLab::agent_args`]).
+    /// [`AgentsLab::start`] with the lab's `registry`, every agent process with `agent_args` (see
+    /// [`AgentsLab::agent_args`]).
     pub async fn start_with(
         name: &str,
         nodes: Vec<NodeSpec>,
         pod_node: Option<&str>,
         agent_args: Vec<String>,
+        registry: RegistrySetup,
     ) -> AgentsLab {
         pinboard::install_crypto_provider();
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
@@ -71,6 +73,7 @@ impl AgentsLab {
                 cluster: Some(ClusterConfig {
                     service_account_tokens: vec![(NAMESPACE.to_owned(), ACCOUNT.to_owned())],
                 }),
+                registry,
                 ..LabConfig::default()
             },
         )
