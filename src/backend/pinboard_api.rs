@@ -150,7 +150,7 @@ impl PinboardApi {
         Api::all_with(self.client.clone(), &self.nodes)
     }
 
-    /// Creates the set or makes it exactly `set` (images, node selector, pull secrets), after checking it
+    /// Creates the set or makes it exactly `set` (images, node selector, pull secrets, fan-out), after checking it
     /// as every set is checked. Returns it as stored.
     pub async fn apply_set(&self, set: &ImageSet) -> Result<PinSet, AgentsError> {
         let problems = set.validate();
@@ -172,6 +172,9 @@ impl PinboardApi {
                 .iter()
                 .map(|name| json!({"name": name}))
                 .collect();
+        }
+        if set.fan_out {
+            spec["fanOut"] = json!(true);
         }
         let body = json!({
             "apiVersion": API_VERSION, "kind": SET_KIND,

@@ -341,7 +341,8 @@ pub enum ImagePhase {
 }
 
 impl PinSet {
-    /// The set as the commands and the agents work with it: its images, node selector and pull Secrets.
+    /// The set as the commands and the agents work with it: its images, node selector, pull Secrets and
+    /// fan-out.
     pub fn to_image_set(&self) -> ImageSet {
         let images: Vec<String> = self.images().map(str::to_owned).collect();
         let mut set = from_flags(self.name(), &images);
@@ -353,6 +354,7 @@ impl PinSet {
             .iter()
             .map(|s| s.name.clone())
             .collect();
+        set.fan_out = self.spec.fan_out;
         set
     }
 }

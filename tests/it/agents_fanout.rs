@@ -228,7 +228,21 @@ async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_abou
     let unique = unique_bytes(&images);
     let hosts_before = hosts_files(&lab);
     let before = lab.lab.proxy().bytes_down();
-    apply_fan_out_set(&lab, "web", &references, "").await;
+    // `apply --fan-out` through the agents writes the set with spec.fanOut.
+    let refs: Vec<&str> = references.iter().map(String::as_str).collect();
+    let file = lab.set_file("web", &refs, "");
+    let proxy = lab.lab.proxy_host();
+    let run = lab.pinboard(&[
+        "apply",
+        "--insecure-registry",
+        &proxy,
+        "--set",
+        file.to_str().unwrap(),
+        "--fan-out",
+        "--timeout",
+        "120s",
+    ]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     wait_pinned_through_cache(&lab, "web", &references).await;
     let moved = assert_moved_at_most(&lab, before, unique, 1.05);
     // The holder reports its figures at its heartbeat's pace.
