@@ -401,3 +401,89 @@ async fn a_link_that_resets_every_mebibyte_still_carries_each_blob_about_once() 
         moved as f64 / unique as f64
     );
 }
+
+/// Capacity, measured rather than asserted (`cargo test --test it capacity -- --ignored --nocapture`): the
+/// cache's endpoint (`pinboard mirror` runs the same code as the holder) serving one cached 32 MiB blob to
+/// 10, 25 and 50 clients at once; prints the throughput and the server's CPU time per GiB served.
+#[test]
+#[ignore = "a measurement: run on its own"]
+fn capacity_of_the_caches_endpoint_with_many_clients_at_once() {
+    let lab = support::Lab::with_nodes("agents-fanout-capacity", Vec::new());
+    let spec = ImageSpec {
+        layers: vec![LayerSpec {
+            seed: 9500,
+            bytes: 32 * MI as usize,
+            format: LayerFormat::Gzip,
+        }],
+        ..ImageSpec::default()
+    };
+    let image = lab.push_image("capacity/app", &spec).expect("push");
+    let log = lab.dir().join("mirror.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pinboard"))
+        .args(["mirror", "--listen", "127.0.0.1:0", "--insecure-registry"])
+        .arg(lab.proxy_host())
+        .arg("--cache-dir")
+        .arg(lab.dir().join("cache"))
+        .arg("--image")
+        .arg(image.reference(&lab.proxy_host()))
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("pinboard mirror starts");
+    let started = std::time::Instant::now();
+    let addr = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(rest) = text.split("at http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "pinboard mirror never served: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let layer = &image.layers[0];
+    let url = format!(
+        "http://{addr}/v2/capacity/app/blobs/{}?ns={}",
+        layer.digest,
+        lab.proxy_host()
+    );
+    let fetch = |url: &str| {
+        let mut body = support::http::agent().get(url).call().unwrap().into_body();
+        std::io::copy(&mut body.as_reader(), &mut std::io::sink()).unwrap()
+    };
+    assert_eq!(fetch(&url), layer.size, "the cache is warm");
+    let cpu_seconds = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        ticks / 100.0
+    };
+    for clients in [10u64, 25, 50] {
+        let cpu_before = cpu_seconds(child.id());
+        let began = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..clients {
+                scope.spawn(|| assert_eq!(fetch(&url), layer.size));
+            }
+        });
+        let seconds = began.elapsed().as_secs_f64();
+        let cpu = cpu_seconds(child.id()) - cpu_before;
+        let served = (clients * layer.size) as f64;
+        eprintln!(
+            "capacity: {clients} clients: {:.0} MiB in {seconds:.2} s = {:.0} MiB/s; server CPU {cpu:.2} s \
+             ({:.0}% of one core, {:.2} CPU-s per GiB)",
+            served / MI as f64,
+            served / MI as f64 / seconds,
+            100.0 * cpu / seconds,
+            cpu / (served / (1u64 << 30) as f64)
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
