@@ -12,10 +12,20 @@
 //! view (also once malloc_trim has returned free heap). Then the lists, decoding and conversion behind (a)
 //! and (b), each timed on its own. Goals: (a) ≤ 3 s; (b) ≤ 250 ms for every change.
 //!
+//! The agents contender (benches/cluster_view/agents.rs) measures the same on pinboard's agents: 5,000
+//! Nodes with one PinboardNode report of 200 images each (`PINBOARD_BENCH_AGENT_NODES`,
+//! `PINBOARD_BENCH_AGENT_IMAGES`). Every contender (`PINBOARD_BENCH_CONTENDERS`, by default both) runs
+//! `PINBOARD_BENCH_RUNS` times, interleaved, each on a fresh lab; the medians (min–max) and the load average
+//! before each run are printed at the end.
+//!
 //!     cargo bench --bench cluster_view     # PINBOARD_BENCH_NODES=2000 PINBOARD_BENCH_SETS=20 PINBOARD_BENCH_CHANGES=20
+//!                                          # PINBOARD_BENCH_AGENT_NODES=5000 PINBOARD_BENCH_AGENT_IMAGES=200
+//!                                          # PINBOARD_BENCH_RUNS=3 PINBOARD_BENCH_CONTENDERS=openshift,agents
 //!
 //! Prints one line per figure; results go in BENCHMARKS.md.
 
+#[path = "cluster_view/agents.rs"]
+mod agents;
 mod common;
 #[allow(
     dead_code,
@@ -25,7 +35,7 @@ mod common;
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
-use common::{env_number, rss_bytes, stats};
+use common::{env_number, load_average, rss_bytes, spread, stats, trimmed_rss};
 use pinboard::fleet::Traits;
 use std::fmt::Debug;
 use std::future::Future;
@@ -67,13 +77,6 @@ fn cluster_tui() -> State {
     let key = KeyEvent::new(KeyCode::Char('4'), KeyModifiers::NONE);
     ui::update::update(&mut state, Msg::Key(key));
     state
-}
-
-/// [`rss_bytes`] once the allocator has given its free memory back to the system.
-fn trimmed_rss() -> u64 {
-    // SAFETY: malloc_trim only releases free heap memory.
-    unsafe { libc::malloc_trim(0) };
-    rss_bytes()
 }
 
 fn mb(bytes: u64) -> String {
@@ -176,39 +179,7 @@ async fn create_objects(cluster: &Cluster, nodes: usize, sets: usize) {
     }))
     .await;
 
-    let node_api: Api<Node> = Api::all(client.clone());
-    let pool_images = sets.max(1) * IMAGES_PER_SET;
-    all((0..nodes).map(|n| {
-        let node_api = node_api.clone();
-        async move {
-            let name = node_name(n);
-            let node: Node = serde_json::from_value(json!({
-                "metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
-            }))
-            .unwrap();
-            node_api
-                .create(&PostParams::default(), &node)
-                .await
-                .unwrap_or_else(|e| panic!("node {name}: {e}"));
-            let images: Vec<Value> = (0..IMAGES_PER_NODE)
-                .map(|k| {
-                    let size = 20_000_000 + 1_000_000 * k;
-                    json!({"names": [image((n * 13 + k) % pool_images)], "sizeBytes": size})
-                })
-                .collect();
-            let status = json!({"status": {
-                "conditions": [{"type": "Ready", "status": "True"},
-                               {"type": "DiskPressure", "status": "False"}],
-                "allocatable": {"ephemeral-storage": "100Gi"},
-                "images": images,
-            }});
-            node_api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                .await
-                .unwrap_or_else(|e| panic!("status of node {name}: {e}"));
-        }
-    }))
-    .await;
+    create_nodes(client, nodes, sets.max(1) * IMAGES_PER_SET).await;
 
     let mcn_api: Api<DynamicObject> = Api::all_with(client.clone(), &resources.machine_config_node);
     all((0..nodes).map(|n| {
@@ -232,6 +203,46 @@ async fn create_objects(cluster: &Cluster, nodes: usize, sets: usize) {
         }
     }))
     .await;
+}
+
+/// Creates `nodes` worker Nodes, each with its status (Ready, 100Gi allocatable ephemeral storage,
+/// [`IMAGES_PER_NODE`] images out of the first `pool_images`); returns them as created (with their uids).
+async fn create_nodes(client: &kube::Client, nodes: usize, pool_images: usize) -> Vec<Node> {
+    let node_api: Api<Node> = Api::all(client.clone());
+    futures::stream::iter((0..nodes).map(|n| {
+        let node_api = node_api.clone();
+        async move {
+            let name = node_name(n);
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"node-role.kubernetes.io/worker": ""}},
+            }))
+            .unwrap();
+            let created = node_api
+                .create(&PostParams::default(), &node)
+                .await
+                .unwrap_or_else(|e| panic!("node {name}: {e}"));
+            let images: Vec<Value> = (0..IMAGES_PER_NODE)
+                .map(|k| {
+                    let size = 20_000_000 + 1_000_000 * k;
+                    json!({"names": [image((n * 13 + k) % pool_images)], "sizeBytes": size})
+                })
+                .collect();
+            let status = json!({"status": {
+                "conditions": [{"type": "Ready", "status": "True"},
+                               {"type": "DiskPressure", "status": "False"}],
+                "allocatable": {"ephemeral-storage": "100Gi"},
+                "images": images,
+            }});
+            node_api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .unwrap_or_else(|e| panic!("status of node {name}: {e}"));
+            created
+        }
+    }))
+    .buffer_unordered(IN_FLIGHT)
+    .collect()
+    .await
 }
 
 type Rows = Vec<(String, SetProgress)>;
@@ -363,11 +374,14 @@ async fn breakdown(cluster: &Cluster) {
     );
 }
 
-fn main() {
-    let nodes = env_number("PINBOARD_BENCH_NODES", 2000);
-    let sets = env_number("PINBOARD_BENCH_SETS", 20).max(1);
-    let changes = env_number("PINBOARD_BENCH_CHANGES", 20);
-    pinboard::install_crypto_provider();
+/// The OpenShift contender: `nodes` Nodes and MachineConfigNodes, `sets` PinnedImageSets, `changes`
+/// status changes; a fresh lab.
+fn openshift(
+    runtime: &tokio::runtime::Runtime,
+    nodes: usize,
+    sets: usize,
+    changes: usize,
+) -> Figures {
     let lab = Lab::start(
         "bench-cluster",
         LabConfig {
@@ -381,7 +395,6 @@ fn main() {
         kubeconfig: Some(lab.apiserver().unwrap().kubeconfig().to_owned()),
         context: None,
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let admin = Cluster::discover(connect(&options).await.unwrap()).await;
         assert!(matches!(admin, Err(ClusterError::NotOpenShift)));
@@ -472,15 +485,91 @@ fn main() {
             showing.push(consumed.showing);
             updates += consumed.arrivals.len();
         }
-        let line = |what: &str, times: &mut Vec<Duration>| {
-            let (median, p95, max) = stats(times);
-            println!("{what}: median {}  p95 {}  max {}", ms(median), ms(p95), ms(max));
-        };
         println!("(b) {changes} status changes, {updates} updates read:");
-        line("    patch sent → shown in the rollout", &mut latencies);
-        line("      patch request round trip       ", &mut patches);
-        line("      patch sent → update arrived    ", &mut arrivals);
-        line("      update + draw (show)           ", &mut showing);
+        print_line("    patch sent → shown in the rollout", &mut latencies);
+        print_line("      patch request round trip       ", &mut patches);
+        print_line("      patch sent → update arrived    ", &mut arrivals);
+        print_line("      update + draw (show)           ", &mut showing);
         breakdown(&admin).await;
-    });
+        let (change_median, _, change_max) = stats(&mut latencies);
+        Figures {
+            first_view,
+            change_median,
+            change_max,
+            rss_before,
+            rss_after,
+        }
+    })
+}
+
+/// `what: median … p95 … max …` of `times`.
+fn print_line(what: &str, times: &mut [Duration]) {
+    let (median, p95, max) = stats(times);
+    println!(
+        "{what}: median {}  p95 {}  max {}",
+        ms(median),
+        ms(p95),
+        ms(max)
+    );
+}
+
+/// What one run of a contender measured.
+struct Figures {
+    /// (a) From connecting to the first complete view.
+    first_view: Duration,
+    /// (b) A change in the API server until it is on the screen: median and max.
+    change_median: Duration,
+    change_max: Duration,
+    /// (c) VmRSS before watching and after the first complete view.
+    rss_before: u64,
+    rss_after: u64,
+}
+
+fn main() {
+    let nodes = env_number("PINBOARD_BENCH_NODES", 2000);
+    let sets = env_number("PINBOARD_BENCH_SETS", 20).max(1);
+    let changes = env_number("PINBOARD_BENCH_CHANGES", 20);
+    let agent_nodes = env_number("PINBOARD_BENCH_AGENT_NODES", 5000);
+    let agent_images = env_number("PINBOARD_BENCH_AGENT_IMAGES", 200);
+    let runs = env_number("PINBOARD_BENCH_RUNS", 3usize).max(1);
+    let contenders: Vec<String> = std::env::var("PINBOARD_BENCH_CONTENDERS")
+        .unwrap_or_else(|_| "openshift,agents".into())
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    pinboard::install_crypto_provider();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut results: Vec<Vec<Figures>> = contenders.iter().map(|_| Vec::new()).collect();
+    let mut loads = Vec::new();
+    // Interleaved, so that a change in the machine's load weighs on every contender alike.
+    for n in 1..=runs {
+        for (contender, figures) in contenders.iter().zip(&mut results) {
+            let load = load_average();
+            println!("--- run {n} of {runs}: {contender} (load {load})");
+            loads.push(load);
+            figures.push(match contender.as_str() {
+                "openshift" => openshift(&runtime, nodes, sets, changes),
+                "agents" => agents::run(&runtime, agent_nodes, agent_images, changes),
+                other => panic!("unknown contender {other:?}: openshift or agents"),
+            });
+        }
+    }
+    println!(
+        "median (min–max) of {runs} runs; load (1, 5, 15 min) before each: {}; after: {}",
+        loads.join(" | "),
+        load_average()
+    );
+    let millis = |d: Duration| d.as_secs_f64() * 1e3;
+    for (contender, figures) in contenders.iter().zip(&results) {
+        let of = |f: &dyn Fn(&Figures) -> f64| figures.iter().map(f).collect::<Vec<f64>>();
+        println!(
+            "{contender:<9} (a) first view {}  (b) change shown, median {} / max {}  (c) VmRSS after \
+             the first view {} (before watching {})",
+            spread(of(&|f| millis(f.first_view)), |v| format!("{v:.0} ms")),
+            spread(of(&|f| millis(f.change_median)), |v| format!("{v:.1} ms")),
+            spread(of(&|f| millis(f.change_max)), |v| format!("{v:.1} ms")),
+            spread(of(&|f| f.rss_after as f64), |v| mb(v as u64)),
+            spread(of(&|f| f.rss_before as f64), |v| mb(v as u64)),
+        );
+    }
 }

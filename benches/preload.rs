@@ -33,7 +33,7 @@ mod common;
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
-use common::env_number;
+use common::{env_number, load_average, spread};
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::process::{Command, Stdio};
@@ -363,18 +363,6 @@ fn round(cap: u64, imagefs: u64) -> ([Run; 3], u64) {
     ([fan_out, direct, ctr], unique)
 }
 
-/// `median (min–max)` of `values`, formatted by `show`.
-fn spread(mut values: Vec<f64>, show: impl Fn(f64) -> String) -> String {
-    values.sort_by(f64::total_cmp);
-    let median = values[values.len() / 2];
-    format!(
-        "{} ({}–{})",
-        show(median),
-        show(values[0]),
-        show(values[values.len() - 1])
-    )
-}
-
 fn main() {
     let cap = env_number("PINBOARD_BENCH_MIBPS", 16) * MIB;
     let imagefs = env_number("PINBOARD_BENCH_IMAGEFS_MIB", 3328) * MIB;
@@ -435,11 +423,4 @@ fn main() {
             spread(links, |x| format!("{x:.3}")),
         );
     }
-}
-
-/// `uptime`'s load averages (1, 5, 15 minutes).
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }

@@ -7,7 +7,7 @@
 //! to watch, and fan-out (`f` on the Plan screen) visibly moves fewer bytes over it.
 //!
 //! ```text
-//! cargo run --example lab -- [--hold] [--cluster] [-- [SUBCOMMAND] PINBOARD_ARGS...]
+//! cargo run --example lab -- [--hold] [--cluster | --agents] [-- [SUBCOMMAND] PINBOARD_ARGS...]
 //! ```
 //! Without `--hold`, runs `$PINBOARD_BIN` (default `target/debug/pinboard`) — the TUI, or SUBCOMMAND
 //! (e.g. `plan`) — with [`pinboard_args`] (`--nodes <lab>/nodes.yaml --images-file <lab>/images.txt
@@ -35,7 +35,11 @@
 //! that set as an administrator would and lets the stand-in daemons finish with it. The demo user's
 //! credentials are the cluster's pull secret (`openshift-config/pull-secret`), which both pinboard and the
 //! stand-in daemon read.
+//!
+//! With `--agents`, a plain Kubernetes cluster with pinboard's agents instead (examples/lab/agents.rs).
 
+#[path = "lab/agents.rs"]
+mod agents;
 #[path = "lab/daemon.rs"]
 mod daemon;
 #[allow(
@@ -105,16 +109,17 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<ExitCode> {
-    let (mut hold, mut cluster) = (false, false);
+    let (mut hold, mut cluster, mut on_agents) = (false, false, false);
     let mut args = std::env::args().skip(1);
     let mut pinboard_args_given = Vec::new();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--hold" => hold = true,
             "--cluster" => cluster = true,
+            "--agents" => on_agents = true,
             "--" => pinboard_args_given.extend(args.by_ref()),
             _ => bail!(
-                "usage: cargo run --example lab -- [--hold] [--cluster] [-- PINBOARD_ARGS...]"
+                "usage: cargo run --example lab -- [--hold] [--cluster | --agents] [-- PINBOARD_ARGS...]"
             ),
         }
     }
@@ -125,6 +130,9 @@ fn run() -> Result<ExitCode> {
         .enable_all()
         .build()?;
     let mut interrupt = runtime.block_on(async { signal(SignalKind::interrupt()) })?;
+    if on_agents {
+        return agents::run(&runtime, hold, &pinboard_args_given, &mut interrupt);
+    }
 
     let public = samples()
         .iter()

@@ -37,3 +37,29 @@ pub fn stats(times: &mut [Duration]) -> (Duration, Duration, Duration) {
     let rank = |p: usize| times[(n * p).div_ceil(100).clamp(1, n) - 1];
     (rank(50), rank(95), times[n - 1])
 }
+
+/// [`rss_bytes`] once the allocator has given its free memory back to the system.
+pub fn trimmed_rss() -> u64 {
+    // SAFETY: malloc_trim only releases free heap memory.
+    unsafe { libc::malloc_trim(0) };
+    rss_bytes()
+}
+
+/// `uptime`'s load averages (1, 5, 15 minutes).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// `median (min–max)` of `values`, formatted by `show`.
+pub fn spread(mut values: Vec<f64>, show: impl Fn(f64) -> String) -> String {
+    values.sort_by(f64::total_cmp);
+    let median = values[values.len() / 2];
+    format!(
+        "{} ({}–{})",
+        show(median),
+        show(values[0]),
+        show(values[values.len() - 1])
+    )
+}

@@ -174,7 +174,10 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         registry,
         node_credentials,
         limits: args.limits.limits(),
-        engine: args.rollout.engine_config(),
+        engine: EngineConfig {
+            no_space_hint: "free space on the node, or lower its agent's --min-free",
+            ..args.rollout.engine_config()
+        },
         timeout: args.targets.timeout(),
         platform,
         heartbeat_every: args.heartbeat_every.max(Duration::from_secs(1)),
@@ -318,6 +321,10 @@ impl Agent {
                 }
             }
             AgentsUpdate::Reports(reports) => {
+                if reports.is_empty() {
+                    // Its report was deleted: the next write makes it again, whole.
+                    self.written = None;
+                }
                 let wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
                 return std::mem::replace(&mut self.lazy_wish, wish) != wish;
             }
@@ -614,12 +621,17 @@ impl Agent {
         {
             return;
         }
-        match self.api.write_report(node, &report).await {
+        let first = self.written.is_none();
+        match self.api.write_report(node, &report, first).await {
             Ok(()) => {
                 self.written = Some(report);
                 self.last_write = Some(Instant::now());
             }
-            Err(e) => tracing::warn!("cannot write the report: {e}"),
+            Err(e) => {
+                tracing::warn!("cannot write the report: {e}");
+                // Perhaps the object is gone: the next write makes it again.
+                self.written = None;
+            }
         }
     }
 }

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt as _;
@@ -44,7 +45,7 @@ pub fn typed<T: DeserializeOwned>(object: &DynamicObject) -> Option<T> {
 /// The typed views of a kind's objects by name, each converted again only when its resourceVersion
 /// changes: after a change to one of 2,000 objects, one is converted, not 2,000.
 pub struct TypedCache<T> {
-    by_name: HashMap<String, (String, T)>,
+    by_name: HashMap<String, (String, Arc<T>)>,
 }
 
 impl<T> Default for TypedCache<T> {
@@ -55,9 +56,10 @@ impl<T> Default for TypedCache<T> {
     }
 }
 
-impl<T: DeserializeOwned + Clone> TypedCache<T> {
-    /// Every object's typed view, in the order given; objects gone are forgotten.
-    pub fn all(&mut self, objects: &Snapshot<DynamicObject>) -> Vec<T> {
+impl<T: DeserializeOwned> TypedCache<T> {
+    /// Every object's typed view, in the order given, shared (a change to one of thousands of objects
+    /// copies pointers, not objects); objects gone are forgotten.
+    pub fn all(&mut self, objects: &Snapshot<DynamicObject>) -> Vec<Arc<T>> {
         let mut kept = HashMap::with_capacity(objects.len());
         let views = objects
             .iter()
@@ -66,14 +68,25 @@ impl<T: DeserializeOwned + Clone> TypedCache<T> {
                 let version = object.metadata.resource_version.clone().unwrap_or_default();
                 let view = match self.by_name.remove(&name) {
                     Some((seen, view)) if seen == version && !version.is_empty() => view,
-                    _ => typed(object)?,
+                    _ => Arc::new(typed(object)?),
                 };
-                kept.insert(name, (version, view.clone()));
+                kept.insert(name, (version, Arc::clone(&view)));
                 Some(view)
             })
             .collect();
         self.by_name = kept;
         views
+    }
+
+    /// [`Self::all`], each view a copy of its own: for kinds of few objects.
+    pub fn owned(&mut self, objects: &Snapshot<DynamicObject>) -> Vec<T>
+    where
+        T: Clone,
+    {
+        self.all(objects)
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect()
     }
 }
 
@@ -167,8 +180,8 @@ mod tests {
     #[test]
     fn typed_views_are_converted_again_only_when_the_resource_version_changes() {
         let mut cache = TypedCache::<PinnedImageSet>::default();
-        let generations = |views: Vec<PinnedImageSet>| -> Vec<i64> {
-            views.iter().map(PinnedImageSet::generation).collect()
+        let generations = |views: Vec<Arc<PinnedImageSet>>| -> Vec<i64> {
+            views.iter().map(|v| v.generation()).collect()
         };
         assert_eq!(
             generations(cache.all(&[set("a", "1", 1), set("b", "1", 1)])),

@@ -218,21 +218,30 @@ impl PinboardApi {
     }
 
     /// Writes `node`'s report: the object (owned by its Node, so it goes with it), then its status.
-    pub async fn write_report(&self, node: &Node, report: &NodeReport) -> Result<(), AgentsError> {
+    /// `with_object`: the object itself first (an agent's first write; after that only its status changes,
+    /// so each later write is one request).
+    pub async fn write_report(
+        &self,
+        node: &Node,
+        report: &NodeReport,
+        with_object: bool,
+    ) -> Result<(), AgentsError> {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let owner = json!({
-            "apiVersion": "v1", "kind": "Node", "name": name,
-            "uid": node.metadata.uid.clone().unwrap_or_default(),
-        });
-        let object = json!({
-            "apiVersion": API_VERSION, "kind": NODE_KIND,
-            "metadata": {"name": name, "ownerReferences": [owner]},
-        });
         let params = PatchParams::apply(AGENT_MANAGER).force();
         let reports = self.reports();
-        reports
-            .patch(&name, &params, &Patch::Apply(&object))
-            .await?;
+        if with_object {
+            let owner = json!({
+                "apiVersion": "v1", "kind": "Node", "name": name,
+                "uid": node.metadata.uid.clone().unwrap_or_default(),
+            });
+            let object = json!({
+                "apiVersion": API_VERSION, "kind": NODE_KIND,
+                "metadata": {"name": name, "ownerReferences": [owner]},
+            });
+            reports
+                .patch(&name, &params, &Patch::Apply(&object))
+                .await?;
+        }
         let status = json!({
             "apiVersion": API_VERSION, "kind": NODE_KIND,
             "metadata": {"name": name},
@@ -327,7 +336,9 @@ impl PinboardApi {
                 Api::all_with(client.clone(), &self.sets),
                 watcher::Config::default(),
                 Writer::new(self.sets.clone()),
-                move |objects: &Snapshot<DynamicObject>| AgentsUpdate::Sets(set_views.all(objects)),
+                move |objects: &Snapshot<DynamicObject>| {
+                    AgentsUpdate::Sets(set_views.owned(objects))
+                },
                 AgentsUpdate::Connection,
                 tx.clone(),
             ),

@@ -21,6 +21,9 @@ pub struct EngineConfig {
     pub progress_interval: Duration,
     /// Start nodes whose plan verdict is no-space.
     pub force: bool,
+    /// What a no-space refusal tells its reader to do: force it where the reader can (`apply --force`,
+    /// `F`); an agent's reader cannot.
+    pub no_space_hint: &'static str,
     /// Pull and write nothing: every node is refused.
     pub readonly: bool,
 }
@@ -37,6 +40,7 @@ impl Default for EngineConfig {
             pull_progress_timeout: Duration::from_secs(5 * 60),
             progress_interval: Duration::from_millis(500),
             force: false,
+            no_space_hint: "force to pull anyway",
             readonly: false,
         }
     }

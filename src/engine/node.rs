@@ -48,8 +48,9 @@ pub(super) async fn run_node(
     };
     if job.plan.verdict == Verdict::NoSpace && !shared.config.force {
         return refuse(format!(
-            "plan verdict no-space: {} (force to pull anyway)",
-            job.plan.reasons.join("; ")
+            "plan verdict no-space: {} ({})",
+            job.plan.reasons.join("; "),
+            shared.config.no_space_hint
         ));
     }
     let connected = async {

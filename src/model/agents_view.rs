@@ -4,6 +4,7 @@
 //! summary come from here.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -18,7 +19,7 @@ use super::pinboard_api::{
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AgentsView {
     pub sets: Vec<PinSet>,
-    pub reports: BTreeMap<String, PinboardNode>,
+    pub reports: BTreeMap<String, Arc<PinboardNode>>,
     pub nodes: Vec<ClusterNode>,
     /// Each node's agent's last heartbeat.
     pub heartbeats: BTreeMap<String, Heartbeat>,
@@ -164,7 +165,7 @@ impl AgentsView {
 #[derive(Clone, Debug, PartialEq)]
 pub enum AgentsUpdate {
     Sets(Vec<PinSet>),
-    Reports(Vec<PinboardNode>),
+    Reports(Vec<Arc<PinboardNode>>),
     Nodes(Vec<ClusterNode>),
     /// Each node's agent's last heartbeat, by node.
     Heartbeats(BTreeMap<String, Heartbeat>),

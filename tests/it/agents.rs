@@ -244,6 +244,10 @@ async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_
         n3.reasons
     );
     assert!(
+        n3.reasons.iter().any(|r| r.contains("--min-free")) && !stderr.contains("force"),
+        "what to do about it on a cluster, not a flag its reader has already used: {stderr}"
+    );
+    assert!(
         judged
             .nodes
             .iter()

@@ -92,11 +92,11 @@ fn typed_watch<T>(
     tx: &mpsc::Sender<ClusterUpdate>,
 ) -> JoinHandle<()>
 where
-    T: DeserializeOwned + Clone + Send + 'static,
+    T: DeserializeOwned + Clone + Send + Sync + 'static,
 {
     let api = Api::all_with(client.clone(), resource);
     let mut cache = TypedCache::default();
-    let update = move |objects: &Snapshot<DynamicObject>| to_update(cache.all(objects));
+    let update = move |objects: &Snapshot<DynamicObject>| to_update(cache.owned(objects));
     spawn(
         kind,
         api,

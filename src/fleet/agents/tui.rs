@@ -97,15 +97,21 @@ impl Live {
                 let summaries = {
                     let mut view = view.lock().expect("view lock");
                     if let Some(AgentsUpdate::Reports(reports)) = &update {
+                        // The watch shares the reports it did not convert again: those unchanged.
+                        let changed: Vec<&PinboardNode> = reports
+                            .iter()
+                            .filter(|r| {
+                                view.reports
+                                    .get(&r.metadata.name)
+                                    .is_none_or(|old| !Arc::ptr_eq(old, r))
+                            })
+                            .map(|r| r.as_ref())
+                            .collect();
                         let followed = followed.lock().expect("followed lock");
-                        for event in rollout_events(&view.reports, reports, &followed) {
+                        for event in rollout_events(&view.reports, &changed, &followed) {
                             let _ = events.send(FleetEvent::Rollout(Update::Event(event)));
                         }
                         // The Config screen of the nodes whose report changed.
-                        let changed: Vec<&PinboardNode> = reports
-                            .iter()
-                            .filter(|r| view.reports.get(&r.metadata.name) != Some(*r))
-                            .collect();
                         if !changed.is_empty() {
                             let _ = events.send(FleetEvent::ConfigViews(config_views(changed)));
                         }
@@ -129,7 +135,8 @@ impl Live {
     /// The Config screen: per node, each pinned image and who holds it, as its agent reports.
     pub(super) fn refresh(&self, _sets: &[ImageSet], events: &Events) {
         let view = self.view.lock().expect("view lock");
-        let _ = events.send(FleetEvent::ConfigViews(config_views(view.reports.values())));
+        let reports = view.reports.values().map(|r| r.as_ref());
+        let _ = events.send(FleetEvent::ConfigViews(config_views(reports)));
     }
 
     /// `set` as written for the chosen `nodes`: its own selector when they are every node with an agent
@@ -222,8 +229,8 @@ impl Live {
 
 /// The engine events the followed sets' reports stand for, from `before` to `after`.
 fn rollout_events(
-    before: &BTreeMap<String, PinboardNode>,
-    after: &[PinboardNode],
+    before: &BTreeMap<String, Arc<PinboardNode>>,
+    after: &[&PinboardNode],
     followed: &BTreeSet<String>,
 ) -> Vec<crate::model::rollout::Event> {
     let now = Instant::now();

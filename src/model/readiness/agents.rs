@@ -287,6 +287,7 @@ fn pinned_by(report: &NodeReport) -> PinnedBy {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
@@ -361,7 +362,10 @@ mod tests {
             node("n2"),
             node("n3"),
         ]));
-        view.apply(AgentsUpdate::Reports(vec![report("n1"), report("n2")]));
+        view.apply(AgentsUpdate::Reports(vec![
+            report("n1").into(),
+            report("n2").into(),
+        ]));
         view.apply(AgentsUpdate::Heartbeats(
             [("n1".to_string(), beat(5)), ("n2".to_string(), beat(600))].into(),
         ));
@@ -422,7 +426,11 @@ mod tests {
             n1.reasons
         );
         view.sets[0].metadata.generation = Some(2);
-        if let Some(report) = view.reports.get_mut("n1").and_then(|r| r.status.as_mut()) {
+        if let Some(report) = view
+            .reports
+            .get_mut("n1")
+            .and_then(|r| Arc::make_mut(r).status.as_mut())
+        {
             report.images.clear();
         }
         let n1 = &assess_agents(&view, &wanted, now)[0];

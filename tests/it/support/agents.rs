@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use super::binary;
 use super::cluster::client;
 use super::kube_objects::{PodState, apply_yaml, wait_for_daemonset_pod};
 use super::process::Proc;
@@ -37,15 +38,6 @@ pub struct AgentsLab {
     /// Arguments every agent process gets on top, `{node}`, `{lab}` and `{proxy}` replaced by its node's
     /// name, the lab's directory and the registry proxy's host.
     agent_args: Vec<String>,
-}
-
-/// The binary cargo built for these tests.
-fn binary() -> &'static str {
-    // Only test and bench targets get this variable; the lab example compiles this module too.
-    let Some(binary) = option_env!("CARGO_BIN_EXE_pinboard") else {
-        panic!("only integration tests and benches run the pinboard binary")
-    };
-    binary
 }
 
 impl AgentsLab {
@@ -226,7 +218,7 @@ fn agent_image(lab: &Lab) -> String {
         .arg(binary())
         .status()
         .expect("strip runs");
-    assert!(status.success(), "strip {}", binary());
+    assert!(status.success(), "strip {}", binary().display());
     lab.push_binary_image(Path::new(&stripped), "pinboard/agent")
         .expect("the agent's image is pushed")
 }

@@ -43,5 +43,5 @@ pub use lab::{Lab, LabConfig};
 pub use node::{Node, NodeSpec};
 pub use process::free_port;
 pub use registry::{RegistrySetup, RegistryTls};
-pub use run::{Run, isolated, pinboard, pinboard_with};
+pub use run::{Run, binary, isolated, pinboard, pinboard_with};
 pub use token::{TokenConfig, TokenUser};

@@ -1,7 +1,7 @@
 //! Running the `pinboard` binary from integration tests: its exit code and both output streams.
 
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Variables that point pinboard at the machine user's auth files, certificates or kubeconfig.
@@ -21,6 +21,18 @@ pub struct Run {
     pub stderr: String,
 }
 
+/// The binary cargo built for these tests; for the lab example (which cargo gives no such variable),
+/// `PINBOARD_BIN` or the debug build.
+pub fn binary() -> PathBuf {
+    match option_env!("CARGO_BIN_EXE_pinboard") {
+        Some(binary) => PathBuf::from(binary),
+        None => std::env::var_os("PINBOARD_BIN").map_or_else(
+            || super::lab::target_dir().join("debug/pinboard"),
+            PathBuf::from,
+        ),
+    }
+}
+
 /// Runs the binary cargo built for these tests with `args`.
 pub fn pinboard<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Run {
     pinboard_with(args, |_| {})
@@ -31,11 +43,7 @@ pub fn pinboard_with<S: AsRef<OsStr>>(
     args: impl IntoIterator<Item = S>,
     adjust: impl FnOnce(&mut Command),
 ) -> Run {
-    // Only test and bench targets get this variable; the lab example compiles this module too.
-    let Some(binary) = option_env!("CARGO_BIN_EXE_pinboard") else {
-        panic!("only integration tests and benches run the pinboard binary")
-    };
-    let mut command = Command::new(binary);
+    let mut command = Command::new(binary());
     command.args(args);
     adjust(&mut command);
     let out = command.output().expect("pinboard runs");
