@@ -28,10 +28,12 @@ use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{self, Wired, Wiring, WiringError};
 use crate::engine::{self, Control, EngineConfig, NodeJob};
 use crate::error::Failure;
+use crate::model::cache_token::CacheToken;
 use crate::model::image::ImageFacts;
 use crate::model::plan::Verdict;
 use crate::model::rollout::Event;
 use crate::model::served::{ServedDigests, Source};
+use crate::model::wiring::Marker;
 
 /// How often the link bytes are sampled for the Rollout summary.
 const SAMPLE_EVERY: Duration = Duration::from_millis(500);
@@ -55,7 +57,7 @@ impl From<FanOutError> for Failure {
 
 /// Why one node pulls directly, or fan-out's files on it are not all put back.
 #[derive(Debug, thiserror::Error)]
-enum NodeWiringError {
+pub enum NodeWiringError {
     #[error(
         "fan-out serves on {endpoint}, which {node} cannot reach; pass --fan-out-listen with an address of \
          this machine that it can"
@@ -246,7 +248,7 @@ impl FanOut {
     ) -> Result<(FanOut, Vec<String>), FanOutError> {
         let allowed = ServedDigests::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
         let link_before = setup.cache.link_bytes();
-        let endpoint = Endpoint::start(setup.listen, Arc::clone(&setup.cache), allowed)
+        let endpoint = Endpoint::start(setup.listen, Arc::clone(&setup.cache), allowed, None)
             .await
             .map_err(|error| FanOutError {
                 listen: setup.listen,
@@ -268,18 +270,7 @@ impl FanOut {
                     }),
                 );
             }
-            let wiring = located(target, timeout).await;
-            let (marker, sources) = (marker.clone(), sources.clone());
-            let wired = match wiring {
-                Ok(wiring) => {
-                    blocking(move || {
-                        wiring::clean_stale(&wiring)?;
-                        wiring::wire(&wiring, &sources, &marker)
-                    })
-                    .await
-                }
-                Err(e) => Err(e),
-            };
+            let wired = wire_node(target, sources.clone(), marker.clone(), None, timeout).await;
             (name, wired)
         }))
         .await;
@@ -308,7 +299,7 @@ impl FanOut {
     async fn finish(self) -> (FanOutReport, Vec<String>) {
         let unwired =
             futures::future::join_all(self.wired.into_iter().map(|(node, wired)| async move {
-                blocking(move || wiring::unwire(&wired))
+                unwire_node(wired)
                     .await
                     .err()
                     .map(|e| format!("{node}: fan-out's files not all put back: {e}"))
@@ -322,6 +313,28 @@ impl FanOut {
         };
         (report, unwired.into_iter().flatten().collect())
     }
+}
+
+/// Points `target`'s runtime at the endpoint `marker` names for `sources` (sending `token` when given: the
+/// in-cluster cache), after putting back what a pinboard that is gone left there.
+pub async fn wire_node(
+    target: &NodeTarget,
+    sources: Vec<Source>,
+    marker: Marker,
+    token: Option<CacheToken>,
+    timeout: Duration,
+) -> Result<Wired, NodeWiringError> {
+    let wiring = located(target, timeout).await?;
+    blocking(move || {
+        wiring::clean_stale(&wiring, false)?;
+        wiring::wire(&wiring, &sources, &marker, token.as_ref())
+    })
+    .await
+}
+
+/// Puts back what [`wire_node`] wrote.
+pub async fn unwire_node(wired: Wired) -> Result<(), NodeWiringError> {
+    blocking(move || wiring::unwire(&wired)).await
 }
 
 /// How `target` is wired, asked over its socket.
@@ -340,12 +353,21 @@ async fn blocking<T: Send + 'static>(
 /// nodes calls this first. One line per file restored or node that could not be cleaned; nodes that
 /// cannot be reached or wired are skipped (there is nothing of fan-out's there to find).
 pub async fn clean_stale(targets: &[NodeTarget], timeout: Duration) -> Vec<String> {
+    clean_stale_files(targets, timeout, false).await
+}
+
+/// [`clean_stale`]; with `agent_start`, every marked file is put back ([`wiring::clean_stale`]).
+pub async fn clean_stale_files(
+    targets: &[NodeTarget],
+    timeout: Duration,
+    agent_start: bool,
+) -> Vec<String> {
     let cleaned = futures::future::join_all(targets.iter().map(|target| async move {
         let Ok(wiring) = located(target, timeout).await else {
             return Vec::new();
         };
         let node = target.node.name.clone();
-        match blocking(move || wiring::clean_stale(&wiring)).await {
+        match blocking(move || wiring::clean_stale(&wiring, agent_start)).await {
             Ok(lines) => lines.into_iter().map(|l| format!("{node}: {l}")).collect(),
             Err(e) => vec![format!("{node}: stale fan-out files not put back: {e}")],
         }

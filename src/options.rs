@@ -134,7 +134,8 @@ pub struct RolloutArgs {
     #[arg(long)]
     pub allow_lazy: bool,
     /// `apply` and the TUI: fan out. pinboard serves the sets' images from its blob cache and points every
-    /// node at it for the rollout, so each blob crosses the registry link once (docs/fan-out.md).
+    /// node at it for the rollout, so each blob crosses the registry link once (docs/fan-out.md). Through
+    /// pinboard's agents, the sets get spec.fanOut: the nodes pull through the in-cluster cache.
     #[arg(long)]
     pub fan_out: bool,
     /// Where fan-out serves the nodes: an address of this machine they can reach, e.g. 10.0.0.5:5050.

@@ -25,6 +25,7 @@ use crate::model::plan::{
 };
 use crate::model::readiness::unreachable_reason;
 use crate::model::reference::{count_images, short_reference, some_of};
+use crate::model::served::ServedDigests;
 use crate::model::set::ImageSet;
 
 /// Configs read at once for their layers' uncompressed digests.
@@ -225,6 +226,18 @@ pub async fn image_facts(
         .inspect_all(&references, std::slice::from_ref(platform))
         .await;
     resolved(&references, inspected)
+}
+
+/// What a mirror of `sets` serves (`pinboard mirror`, the in-cluster cache): every image resolved for
+/// `platform`, and the digests of their manifests and blobs.
+pub async fn served_digests(
+    sets: &[ImageSet],
+    registry: &Registry,
+    platform: &Platform,
+) -> Result<(HashMap<String, ImageFacts>, ServedDigests), SurveyError> {
+    let facts = image_facts(sets, registry, platform).await?;
+    let allowed = ServedDigests::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
+    Ok((facts, allowed))
 }
 
 /// Cluster mode: every node the sets land on (by their labels, as they would be applied), each planned for

@@ -124,6 +124,7 @@ fn pinned_report(images: &[String]) -> NodeReport {
             source: "kubelet-config".into(),
         }),
         sets: vec![set],
+        cache: None,
     }
 }
 

@@ -9,6 +9,8 @@ const CRDS: &str = include_str!("../../deploy/agent/crds.yaml");
 const RBAC: &str = include_str!("../../deploy/agent/rbac.yaml");
 const DAEMONSET_CONTAINERD: &str = include_str!("../../deploy/agent/daemonset-containerd.yaml");
 const DAEMONSET_CRIO: &str = include_str!("../../deploy/agent/daemonset-crio.yaml");
+/// Where the in-cluster cache serves on its holder's node, with `--cache`.
+const CACHE_PORT: u16 = 5050;
 
 /// The runtime a DaemonSet is for: each mounts only what its runtime needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -37,6 +39,10 @@ pub struct ManifestArgs {
     /// read-only), used after a set's pull Secrets. Only where every node has that file.
     #[arg(long)]
     pub node_credentials: bool,
+    /// Makes the agents eligible for the in-cluster cache's role (`--cache-port=5050`), with a hostPath
+    /// blob cache at /var/lib/pinboard/cache: sets with `spec.fanOut` then pull through it.
+    #[arg(long)]
+    pub cache: bool,
     /// One more argument for the agent (repeatable), e.g. `--agent-arg=--insecure-registry
     /// --agent-arg=registry.lab:5000` or `--agent-arg=--parallel=4`.
     #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
@@ -91,6 +97,27 @@ pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
                 "      volumes:\n      - {name: node-credentials, hostPath: {path: /var/lib/kubelet/config.json, type: File}}\n",
             );
     }
+    let cache_port_given = args
+        .agent_args
+        .iter()
+        .any(|a| a.starts_with("--cache-port"));
+    if args.cache && !cache_port_given {
+        daemonset = daemonset.replace(
+            "args: [agent, ",
+            &format!("args: [agent, --cache-port={CACHE_PORT}, "),
+        );
+    }
+    if args.cache || cache_port_given {
+        daemonset = daemonset
+            .replace(
+                "        volumeMounts:\n",
+                "        volumeMounts:\n        - {name: cache, mountPath: /var/lib/pinboard/cache}\n",
+            )
+            .replace(
+                "      volumes:\n",
+                "      volumes:\n      - {name: cache, hostPath: {path: /var/lib/pinboard/cache, type: DirectoryOrCreate}}\n",
+            );
+    }
     if !args.agent_args.is_empty() {
         let extra: Vec<String> = args.agent_args.iter().map(|a| format!("{a:?}")).collect();
         daemonset = daemonset.replace(
@@ -120,6 +147,7 @@ mod tests {
             runtime,
             node_selector: None,
             node_credentials: false,
+            cache: false,
             agent_args: vec!["--insecure-registry".into(), "registry.lab:5000".into()],
         }
     }
@@ -162,6 +190,21 @@ mod tests {
         assert!(yaml.contains("nodeSelector:\n        pinboard.dev/runtime: \"containerd\""));
         assert!(yaml.contains("--node-credentials, /var/lib/kubelet/config.json"));
         assert!(yaml.contains("mountPath: /var/lib/kubelet/config.json, readOnly: true"));
+        assert!(
+            !yaml.contains("/var/lib/pinboard/cache"),
+            "no cache unless asked"
+        );
+        asked.cache = true;
+        let yaml = render(&asked).unwrap();
+        assert!(yaml.contains(", --cache-port=5050, --node-credentials, "));
+        assert!(
+            yaml.contains("hostPath: {path: /var/lib/pinboard/cache, type: DirectoryOrCreate}")
+        );
+        asked.cache = false;
+        asked.agent_args = vec!["--cache-port=6000".into()];
+        let yaml = render(&asked).unwrap();
+        assert!(yaml.contains("\"--cache-port=6000\"") && !yaml.contains("5050"));
+        assert!(yaml.contains("mountPath: /var/lib/pinboard/cache"));
         asked.node_selector = Some("no value".into());
         assert!(
             render(&asked)

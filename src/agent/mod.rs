@@ -15,9 +15,13 @@
 //!   twice) and pins unchanged, so it carries on where it stopped.
 //! - One agent, holding the Lease `pinboard-aggregator`, also sums up each set's nodes into its status
 //!   ([`aggregate`]), so `kubectl get pinsets` shows them.
+//! - One agent started with `--cache-port`, holding the Lease `pinboard-cache`, serves the in-cluster
+//!   cache ([`cache`]); every agent points its node at it while a fan-out set rolls out ([`fan_out`]).
 
 mod aggregate;
+mod cache;
 mod facts;
+mod fan_out;
 pub mod manifests;
 
 use std::collections::BTreeMap;
@@ -36,6 +40,7 @@ use crate::backend::pinboard_api::PinboardApi;
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
 use crate::backend::target::NodeTarget;
+use crate::backend::wiring::Wired;
 use crate::engine::{self, Control, EngineConfig};
 use crate::error::Failure;
 use crate::fanout::{LOOPBACK, Update};
@@ -46,11 +51,12 @@ use crate::model::holders::Release;
 use crate::model::image::Platform;
 use crate::model::node_report;
 use crate::model::pinboard_api::{
-    DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeReport, NodeSetPhase, PinSet, SetReport,
+    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeReport, NodeSetPhase, PinSet,
+    SetFanOut, SetReport,
 };
 use crate::model::readiness::LazyImages;
 use crate::model::rollout::Rollout;
-use crate::model::set::{ImageSet, from_flags};
+use crate::model::set::from_flags;
 use crate::options::{LimitArgs, RegistryArgs, RolloutArgs, TargetArgs, registry_options};
 
 /// A failed set is tried again after this long (or as soon as it changes).
@@ -79,6 +85,18 @@ pub struct AgentArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::model::units::parse_duration,
           default_value = "30s", help_heading = "Agent")]
     pub heartbeat_every: Duration,
+    /// Makes this agent eligible for the in-cluster cache's role: if it holds it, it serves the fan-out
+    /// sets' blobs on its node's IP at this port. None: it never takes the role.
+    #[arg(long, value_name = "PORT", help_heading = "Agent")]
+    pub cache_port: Option<u16>,
+    /// Where the in-cluster cache keeps its blobs (a hostPath in the DaemonSet).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/pinboard/cache",
+        help_heading = "Agent"
+    )]
+    pub cache_dir: PathBuf,
     #[command(flatten)]
     pub targets: TargetArgs,
     #[command(flatten)]
@@ -128,17 +146,40 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::bad_input(e.to_string()))?,
         None => Credentials::default(),
     };
+    let node_credentials = Arc::new(node_credentials);
+    let registry = registry_options(&args.registry)?;
+    let platform = args.targets.platform()?;
+    let cache = args.cache_port.map(|port| {
+        let setup = cache::CacheSetup {
+            port,
+            dir: args.cache_dir.clone(),
+            registry: registry.clone(),
+            node_credentials: Arc::clone(&node_credentials),
+            platform: platform.clone(),
+        };
+        cache::CacheRole::new(api.clone(), &node, setup)
+    });
+    // Files a killed agent left on its node point at a cache that may be gone: put them back first.
+    for line in crate::fanout::clean_stale_files(
+        std::slice::from_ref(&target),
+        args.targets.timeout(),
+        true,
+    )
+    .await
+    {
+        tracing::info!("{line}");
+    }
     let (events, received) = unbounded_channel();
     let mut agent = Agent {
-        registry: registry_options(&args.registry)?,
-        node_credentials: Arc::new(node_credentials),
+        registry,
+        node_credentials,
         limits: args.limits.limits(),
         engine: EngineConfig {
             no_space_hint: "free space on the node, or lower its agent's --min-free",
             ..args.rollout.engine_config()
         },
         timeout: args.targets.timeout(),
-        platform: args.targets.platform()?,
+        platform,
         heartbeat_every: args.heartbeat_every.max(Duration::from_secs(1)),
         node: None,
         labels: None,
@@ -148,6 +189,9 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         facts: NodeReport::default(),
         running: None,
         failed: BTreeMap::new(),
+        waiting_for_cache: None,
+        cache,
+        cache_report: None,
         written: None,
         last_write: None,
         events,
@@ -166,6 +210,9 @@ struct Running {
     dropped: Vec<String>,
     control: Option<RolloutControl>,
     rollout: Rollout,
+    /// A fan-out set: the node's files pointing at the cache, put back when it ends.
+    wired: Option<Wired>,
+    fan_out: Option<SetFanOut>,
 }
 
 struct Agent {
@@ -191,6 +238,12 @@ struct Agent {
     running: Option<Running>,
     /// Sets that failed, at which generation and when: tried again after [`RETRY_FAILED_AFTER`].
     failed: BTreeMap<String, (i64, Instant)>,
+    /// A fan-out set waiting for the cache to serve its generation, since when.
+    waiting_for_cache: Option<(String, i64, Instant)>,
+    /// The in-cluster cache's role, for an agent started with `--cache-port`.
+    cache: Option<cache::CacheRole>,
+    /// The cache's figures as of the last heartbeat (reported at that pace, not at every byte).
+    cache_report: Option<CacheReport>,
     written: Option<NodeReport>,
     last_write: Option<Instant>,
     events: UnboundedSender<FleetEvent>,
@@ -208,9 +261,14 @@ impl Agent {
             tokio::select! {
                 update = watch.updates.recv() => match update {
                     Some(update) => {
+                        let sets_changed = matches!(update, AgentsUpdate::Sets(_));
                         if self.take(update).await {
                             // An administrator's lazy-pull wish is carried out now, not at the next read.
                             facts_read = None;
+                        }
+                        if sets_changed {
+                            // The nodes wait for the cache to serve a new set: not until the next heartbeat.
+                            self.turn_cache().await;
                         }
                     }
                     None => return Err(Failure::unreachable(vec!["the watches ended".into()])),
@@ -221,6 +279,7 @@ impl Agent {
                         tracing::warn!("cannot renew the heartbeat: {e}");
                     }
                     aggregator.turn().await;
+                    self.turn_cache().await;
                 }
                 _ = tick.tick() => {
                     if facts_read.is_none_or(|at| at.elapsed() >= FACTS_EVERY) && self.node.is_some() {
@@ -232,6 +291,15 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Takes or keeps the cache's role, when eligible, and notes its figures.
+    async fn turn_cache(&mut self) {
+        let Some(cache) = &mut self.cache else {
+            return;
+        };
+        cache.turn(node_ip(self.node.as_ref()), &self.sets).await;
+        self.cache_report = cache.report();
     }
 
     /// Takes in a change the watches saw; true when it changed the administrator's lazy-pull wish.
@@ -325,14 +393,42 @@ impl Agent {
         }
     }
 
-    /// Rolls out `images` of set `name` at `generation` on this node.
+    /// Rolls out `images` of set `name` at `generation` on this node; a fan-out set through the cache
+    /// once it serves that generation.
     async fn start(&mut self, name: &str, generation: i64, images: &[String]) {
+        let (wired, fan_out) = match self.sets[name].spec.fan_out {
+            false => (None, None),
+            true => {
+                let since = match &self.waiting_for_cache {
+                    Some((set, g, since)) if set == name && *g == generation => *since,
+                    _ => Instant::now(),
+                };
+                let key = (name, generation);
+                match fan_out::prepare(&self.api, &self.target, key, images, since, self.timeout)
+                    .await
+                {
+                    fan_out::Through::Wait => {
+                        self.waiting_for_cache = Some((name.to_string(), generation, since));
+                        return;
+                    }
+                    fan_out::Through::Cache(wired, through) => (Some(wired), Some(through)),
+                    fan_out::Through::Source(through) => (None, Some(through)),
+                }
+            }
+        };
+        self.waiting_for_cache = None;
         let mut image_set = from_flags(name, images);
         image_set.pull_secrets = self.sets[name].to_image_set().pull_secrets;
-        let credentials = self.credentials(&image_set).await;
+        let credentials =
+            pull_credentials(&self.api, &self.node_credentials, &image_set.pull_secrets).await;
         let registry = match Registry::with_credentials(self.registry.clone(), credentials) {
             Ok(registry) => registry,
-            Err(e) => return self.fail(name, generation, images, e.to_string()),
+            Err(e) => {
+                if let Some(wired) = wired {
+                    fan_out::unwire(name, wired).await;
+                }
+                return self.fail(name, generation, images, e.to_string());
+            }
         };
         let fleet = DirectFleet::new(DirectConfig {
             targets: vec![self.target.clone()],
@@ -356,10 +452,9 @@ impl Agent {
             .filter(|image| !images.contains(image))
             .collect();
         tracing::info!(set = name, generation, "rolling out");
-        self.reports.insert(
-            name.to_string(),
-            node_report::queued(name, generation, images),
-        );
+        let mut queued = node_report::queued(name, generation, images);
+        queued.fan_out = fan_out.clone();
+        self.reports.insert(name.to_string(), queued);
         let control = fleet.roll_out(
             image_set,
             vec![self.target.node.name.clone()],
@@ -373,23 +468,9 @@ impl Agent {
             dropped,
             control,
             rollout: Rollout::expecting(std::slice::from_ref(&self.target.node.name)),
+            wired,
+            fan_out,
         });
-    }
-
-    /// The credentials a set's images are pulled with: its pull Secrets, then the node's own.
-    async fn credentials(&self, set: &ImageSet) -> Credentials {
-        let mut credentials = (*self.node_credentials).clone();
-        for secret in set.pull_secrets.iter().rev() {
-            match self.api.pull_secret(secret).await {
-                Ok(Some(text)) => match Credentials::from_text(format!("secret {secret}"), &text) {
-                    Ok(found) => credentials = found.then(credentials),
-                    Err(e) => tracing::warn!("pull secret {secret}: {e}"),
-                },
-                Ok(None) => tracing::warn!("pull secret {secret} of set {} is not there", set.name),
-                Err(e) => tracing::warn!("cannot read pull secret {secret}: {e}"),
-            }
-        }
-        credentials
     }
 
     /// Marks a set failed at `generation`, saying why.
@@ -412,7 +493,9 @@ impl Agent {
             FleetEvent::Rollout(Update::Event(event)) => {
                 running.rollout.apply(event);
                 if let Some(progress) = running.rollout.nodes().get(node) {
-                    let report = node_report::rolling(&running.set, running.generation, progress);
+                    let mut report =
+                        node_report::rolling(&running.set, running.generation, progress);
+                    report.fan_out = running.fan_out.clone();
                     self.reports.insert(running.set.clone(), report);
                 }
             }
@@ -427,7 +510,10 @@ impl Agent {
 
     /// Ends a rollout: asks the runtime what is pinned, releases what the set no longer lists, and reads
     /// the node again.
-    async fn finish(&mut self, running: Running, failure: Option<Failure>) {
+    async fn finish(&mut self, mut running: Running, failure: Option<Failure>) {
+        if let Some(wired) = running.wired.take() {
+            fan_out::unwire(&running.set, wired).await;
+        }
         let images: Vec<String> = self
             .sets
             .get(&running.set)
@@ -445,7 +531,9 @@ impl Agent {
             (None, Some(progress)) => {
                 let report = node_report::rolling(&running.set, running.generation, progress);
                 let observed = observe(&self.target, &images, self.timeout).await;
-                Some(node_report::verified(report, &observed))
+                let mut verified = node_report::verified(report, &observed);
+                verified.fan_out = running.fan_out.clone();
+                Some(verified)
             }
             (None, None) => None,
         };
@@ -515,6 +603,7 @@ impl Agent {
         };
         let mut report = self.facts.clone();
         report.sets = self.reports.values().cloned().collect();
+        report.cache = self.cache_report.clone();
         if self.written.as_ref() == Some(&report) {
             return;
         }
@@ -545,4 +634,39 @@ impl Agent {
             }
         }
     }
+}
+
+/// The credentials a set's images are pulled with: its pull Secrets (`secrets`), then the node's own.
+async fn pull_credentials<'a>(
+    api: &PinboardApi,
+    node_credentials: &Credentials,
+    secrets: impl IntoIterator<Item = &'a String>,
+) -> Credentials {
+    let mut credentials = node_credentials.clone();
+    let secrets: Vec<&String> = secrets.into_iter().collect();
+    for secret in secrets.into_iter().rev() {
+        match api.pull_secret(secret).await {
+            Ok(Some(text)) => match Credentials::from_text(format!("secret {secret}"), &text) {
+                Ok(found) => credentials = found.then(credentials),
+                Err(e) => tracing::warn!("pull secret {secret}: {e}"),
+            },
+            Ok(None) => tracing::warn!("pull secret {secret} is not there"),
+            Err(e) => tracing::warn!("cannot read pull secret {secret}: {e}"),
+        }
+    }
+    credentials
+}
+
+/// The node's InternalIP, where the in-cluster cache serves when this agent holds its role.
+fn node_ip(node: Option<&Node>) -> Option<std::net::IpAddr> {
+    node?
+        .status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .parse()
+        .ok()
 }

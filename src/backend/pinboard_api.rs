@@ -1,7 +1,8 @@
 //! pinboard's own API on a Kubernetes cluster ([`crate::model::pinboard_api`]): finding it, writing sets
 //! (server-side apply, field manager `pinboard`), the agents' reports and set summaries (field manager
-//! `pinboard-agent`, status subresources), their heartbeat Leases, a node's lazy-pull wish, reading pull
-//! Secrets, and watching it all (never polling: [`crate::backend::kube_watch`]). An agent watches the sets
+//! `pinboard-agent`, status subresources), their heartbeat Leases, the roles one agent takes through a
+//! Lease (the aggregator, the in-cluster cache and its token's Secret), a node's lazy-pull wish, reading
+//! pull Secrets, and watching it all (never polling: [`crate::backend::kube_watch`]). An agent watches the sets
 //! and only its own Node and report, so 5,000 agents do not each watch 5,000 nodes.
 
 use std::collections::BTreeMap;
@@ -23,10 +24,12 @@ use tokio::task::JoinHandle;
 use super::kube_watch::{Snapshot, TypedCache, spawn, typed};
 use crate::error::Failure;
 use crate::model::agents_view::AgentsUpdate;
+use crate::model::cache_token::CacheToken;
 use crate::model::machine_config::ClusterNode;
 use crate::model::pinboard_api::{
-    AGENT_MANAGER, API_VERSION, GROUP, Heartbeat, NODE_KIND, NodeReport, PinSet, PinSetStatus,
-    PinboardNode, SET_KIND, VERSION, lease_name,
+    AGENT_MANAGER, API_VERSION, CACHE_ADDRESS_ANNOTATION, CACHE_LEASE, CACHE_SETS_ANNOTATION,
+    CACHE_TOKEN_KEY, CACHE_TOKEN_SECRET, GROUP, Heartbeat, NODE_KIND, NodeReport, PinSet,
+    PinSetStatus, PinboardNode, SET_KIND, VERSION, lease_name,
 };
 use crate::model::set::ImageSet;
 
@@ -58,6 +61,8 @@ pub enum AgentsError {
     Invalid { name: String, problems: Vec<String> },
     #[error("the API server failed: {0}")]
     Api(#[from] kube::Error),
+    #[error("no random bytes for the in-cluster cache's token: {0}")]
+    Random(#[from] std::io::Error),
 }
 
 impl From<AgentsError> for Failure {
@@ -145,7 +150,7 @@ impl PinboardApi {
         Api::all_with(self.client.clone(), &self.nodes)
     }
 
-    /// Creates the set or makes it exactly `set` (images, node selector, pull secrets), after checking it
+    /// Creates the set or makes it exactly `set` (images, node selector, pull secrets, fan-out), after checking it
     /// as every set is checked. Returns it as stored.
     pub async fn apply_set(&self, set: &ImageSet) -> Result<PinSet, AgentsError> {
         let problems = set.validate();
@@ -167,6 +172,9 @@ impl PinboardApi {
                 .iter()
                 .map(|name| json!({"name": name}))
                 .collect();
+        }
+        if set.fan_out {
+            spec["fanOut"] = json!(true);
         }
         let body = json!({
             "apiVersion": API_VERSION, "kind": SET_KIND,
@@ -418,18 +426,126 @@ fn refused(error: kube::Error, verb: &'static str, what: &'static str, name: &st
 /// The Lease whose holder sums the sets up.
 const AGGREGATOR_LEASE: &str = "pinboard-aggregator";
 
+/// The in-cluster cache as its Lease publishes it, while its holder's heartbeat is fresh.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheLease {
+    /// `http://NODE-IP:PORT`
+    pub address: String,
+    /// The fan-out sets it serves, with their generation.
+    pub sets: BTreeMap<String, i64>,
+}
+
 impl PinboardApi {
-    /// Takes or keeps the aggregator's Lease for `holder`: true when `holder` holds it now. It is taken
-    /// when nobody holds it or its holder let it lapse ([`crate::model::pinboard_api::STALE_AFTER`]); two
-    /// agents racing for it are told apart by the API server's resource version.
+    /// Takes or keeps the aggregator's Lease for `holder`: true when `holder` holds it now.
     pub async fn lead(&self, holder: &str) -> Result<bool, AgentsError> {
+        self.hold(AGGREGATOR_LEASE, holder, BTreeMap::new()).await
+    }
+
+    /// Takes or keeps the in-cluster cache's Lease for `holder`, publishing where it serves and which sets'
+    /// generations: true when `holder` holds it now.
+    pub async fn lead_cache(
+        &self,
+        holder: &str,
+        published: &CacheLease,
+    ) -> Result<bool, AgentsError> {
+        let sets: Vec<String> = published
+            .sets
+            .iter()
+            .map(|(name, generation)| format!("{name}={generation}"))
+            .collect();
+        let annotations = BTreeMap::from([
+            (
+                CACHE_ADDRESS_ANNOTATION.to_string(),
+                published.address.clone(),
+            ),
+            (CACHE_SETS_ANNOTATION.to_string(), sets.join(",")),
+        ]);
+        self.hold(CACHE_LEASE, holder, annotations).await
+    }
+
+    /// The in-cluster cache, when some agent holds its Lease and renews it.
+    pub async fn cache_lease(&self) -> Result<Option<CacheLease>, AgentsError> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let Some(lease) = leases.get_opt(CACHE_LEASE).await? else {
+            return Ok(None);
+        };
+        let fresh = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .is_some_and(|at| {
+                k8s_openapi::jiff::Timestamp::now()
+                    .duration_since(at.0)
+                    .as_secs_f64()
+                    <= crate::model::pinboard_api::STALE_AFTER.as_secs_f64()
+            });
+        let annotations = lease.metadata.annotations.unwrap_or_default();
+        let Some(address) = annotations.get(CACHE_ADDRESS_ANNOTATION).filter(|_| fresh) else {
+            return Ok(None);
+        };
+        let sets = annotations
+            .get(CACHE_SETS_ANNOTATION)
+            .into_iter()
+            .flat_map(|sets| sets.split(','))
+            .filter_map(|entry| entry.split_once('='))
+            .filter_map(|(name, generation)| Some((name.to_string(), generation.parse().ok()?)))
+            .collect();
+        Ok(Some(CacheLease {
+            address: address.clone(),
+            sets,
+        }))
+    }
+
+    /// The in-cluster cache's token, from its Secret; with `create`, a new random one is stored first when
+    /// there is none (the first holder does this). None when there is none and `create` is false.
+    pub async fn cache_token(&self, create: bool) -> Result<Option<CacheToken>, AgentsError> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let stored = |secret: &Secret| {
+            let value = secret.data.as_ref()?.get(CACHE_TOKEN_KEY)?;
+            CacheToken::new(String::from_utf8_lossy(&value.0))
+        };
+        if let Some(secret) = secrets.get_opt(CACHE_TOKEN_SECRET).await? {
+            return Ok(stored(&secret));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let mut random = [0u8; 32];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut random)?;
+        let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(CACHE_TOKEN_SECRET.into());
+        secret.metadata.namespace = Some(self.namespace.clone());
+        secret.string_data = Some(BTreeMap::from([(CACHE_TOKEN_KEY.to_string(), token)]));
+        match secrets.create(&Default::default(), &secret).await {
+            Ok(created) => Ok(stored(&created)),
+            // Another holder made it first: theirs is the one.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(secrets
+                .get_opt(CACHE_TOKEN_SECRET)
+                .await?
+                .as_ref()
+                .and_then(stored)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Takes or keeps Lease `name` for `holder`, with `annotations` set: true when `holder` holds it now.
+    /// It is taken when nobody holds it or its holder let it lapse
+    /// ([`crate::model::pinboard_api::STALE_AFTER`]); two agents racing for it are told apart by the API
+    /// server's resource version.
+    async fn hold(
+        &self,
+        name: &str,
+        holder: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> Result<bool, AgentsError> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
         let now = k8s_openapi::jiff::Timestamp::now();
-        let mut lease = match leases.get_opt(AGGREGATOR_LEASE).await? {
+        let mut lease = match leases.get_opt(name).await? {
             Some(lease) => lease,
             None => {
                 let mut lease = Lease::default();
-                lease.metadata.name = Some(AGGREGATOR_LEASE.into());
+                lease.metadata.name = Some(name.into());
                 lease.metadata.namespace = Some(self.namespace.clone());
                 match leases.create(&Default::default(), &lease).await {
                     Ok(created) => created,
@@ -451,10 +567,14 @@ impl PinboardApi {
         spec.renew_time = Some(MicroTime(now));
         spec.lease_duration_seconds =
             Some(crate::model::pinboard_api::STALE_AFTER.as_secs() as i32);
-        match leases
-            .replace(AGGREGATOR_LEASE, &Default::default(), &lease)
-            .await
-        {
+        if !annotations.is_empty() {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .extend(annotations);
+        }
+        match leases.replace(name, &Default::default(), &lease).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
             Err(e) => Err(e.into()),

@@ -20,10 +20,12 @@ use std::path::{Path, PathBuf};
 use super::cri::{CriClient, CriEndpoint, CriError};
 use super::files::{FileError, read_optional, write_if_changed};
 use super::pins::{PinError, PinTarget, Reload, reload_crio};
+use crate::model::cache_token::CacheToken;
 use crate::model::runtime::RuntimeKind;
 use crate::model::served::Source;
 use crate::model::wiring::{
-    Marker, RegistriesFile, WiringFileError, containerd_hosts, containerd_original, crio_registries,
+    Marker, RegistriesFile, WiringFileError, containerd_hosts, containerd_original,
+    containerd_token, crio_registries,
 };
 
 /// CRI-O's drop-in directory for registries.conf.
@@ -55,6 +57,10 @@ pub enum WiringError {
         "CRI-O at {endpoint}: its registries.conf.d is on the node, and pinboard writes where it runs"
     )]
     RemoteCrio { endpoint: CriEndpoint },
+    #[error(
+        "CRI-O's registries.conf cannot send the in-cluster cache's token, so the node pulls from the source"
+    )]
+    CrioToken,
     #[error("runtime {runtime:?}: fan-out wires only containerd and CRI-O")]
     UnknownRuntime { runtime: String },
     #[error("{}: another pinboard (pid {pid}) is fanning out to this node through it", path.display())]
@@ -208,10 +214,16 @@ impl Wired {
     }
 }
 
-/// Points the node at the endpoint `marker` names for `sources`. Call [`clean_stale`] first: a file still
-/// marked by another pinboard stops the wiring (another rollout fans out to this node). Nothing is left
-/// half-written: on failure, what was written is undone. Blocking: call from `spawn_blocking`.
-pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wired, WiringError> {
+/// Points the node at the endpoint `marker` names for `sources`, sending it `token` when given (the
+/// in-cluster cache; containerd only). Call [`clean_stale`] first: a file still marked by another pinboard
+/// stops the wiring (another rollout fans out to this node). Nothing is left half-written: on failure, what
+/// was written is undone. Blocking: call from `spawn_blocking`.
+pub fn wire(
+    wiring: &Wiring,
+    sources: &[Source],
+    marker: &Marker,
+    token: Option<&CacheToken>,
+) -> Result<Wired, WiringError> {
     let mut wired = Wired {
         wiring: wiring.clone(),
         marker: marker.clone(),
@@ -228,7 +240,7 @@ pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wire
                 if let Some(theirs) = original.as_deref().and_then(Marker::of) {
                     return Err(busy(&path, &theirs));
                 }
-                let text = containerd_hosts(original.as_deref(), marker)
+                let text = containerd_hosts(original.as_deref(), marker, token)
                     .map_err(|problem| hosts_error(&path, problem))?;
                 create_parent(&path)?;
                 write_if_changed(&path, original.as_deref(), Some(&text))?;
@@ -236,6 +248,7 @@ pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wire
                 Ok(())
             })
         }
+        Wiring::Crio { .. } if token.is_some() => Err(WiringError::CrioToken),
         Wiring::Crio {
             registries_dir,
             reload,
@@ -320,8 +333,11 @@ pub fn unwire(wired: &Wired) -> Result<(), WiringError> {
 }
 
 /// Puts back every file of `wiring` that a pinboard which is gone left behind; returns one line per file
-/// restored. Files of a pinboard that still runs are left. Blocking.
-pub fn clean_stale(wiring: &Wiring) -> Result<Vec<String>, WiringError> {
+/// restored. Files of a pinboard that still runs are left, except with `agent_start`: an agent at its
+/// start puts back every marked file on its node, as the node's only fan-out writer while it runs. From
+/// inside a container whether the writer runs cannot be told (a restarted agent may be the same pid in its
+/// own PID namespace, and the pid of another namespace says nothing). Blocking.
+pub fn clean_stale(wiring: &Wiring, agent_start: bool) -> Result<Vec<String>, WiringError> {
     let candidates = match wiring {
         Wiring::Containerd { config_path } => match fs::read_dir(config_path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
@@ -338,7 +354,7 @@ pub fn clean_stale(wiring: &Wiring) -> Result<Vec<String>, WiringError> {
         let Some(text) = read_optional(&path)? else {
             continue;
         };
-        let Some(marker) = Marker::of(&text).filter(|m| !alive(m)) else {
+        let Some(marker) = Marker::of(&text).filter(|m| agent_start || !alive(m)) else {
             continue;
         };
         if restore(wiring, &path, &text)? {
@@ -367,7 +383,9 @@ fn restore(wiring: &Wiring, path: &Path, text: &str) -> Result<bool, WiringError
             let original =
                 containerd_original(text).map_err(|problem| hosts_error(path, problem))?;
             let marker = Marker::of(text).expect("restore is given marked files");
-            let unchanged = containerd_hosts(original.as_deref(), &marker).is_ok_and(|w| w == text);
+            let token = containerd_token(text, &marker);
+            let unchanged = containerd_hosts(original.as_deref(), &marker, token.as_ref())
+                .is_ok_and(|w| w == text);
             if !unchanged {
                 return Err(WiringError::Changed {
                     path: path.to_owned(),

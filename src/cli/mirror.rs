@@ -12,10 +12,9 @@ use serde::Serialize;
 use super::output;
 use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
 use crate::error::Failure;
-use crate::model::served::ServedDigests;
 use crate::model::units::human;
 use crate::options::{CommonArgs, registry_client};
-use crate::survey::image_facts;
+use crate::survey::served_digests;
 
 /// `mirror`'s arguments: the common list, and where to listen.
 #[derive(Args, Debug)]
@@ -51,10 +50,9 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
         eprintln!("{note}");
     }
     let sets = [sets, releases].concat();
-    let facts = image_facts(&sets, &registry, &platform)
+    let (facts, allowed) = served_digests(&sets, &registry, &platform)
         .await
         .map_err(Failure::from)?;
-    let allowed = ServedDigests::from_facts(facts.iter().map(|(r, f)| (r.as_str(), f)));
     let blobs = allowed.blobs();
     let serving = format!(
         "{} images ({} manifests, {} blobs of {}, {} of them cached) of {}",
@@ -72,7 +70,7 @@ pub async fn run(args: MirrorArgs) -> Result<String, Failure> {
             .collect::<Vec<_>>()
             .join(", "),
     );
-    let endpoint = Endpoint::start(args.listen, Arc::clone(&cache), allowed)
+    let endpoint = Endpoint::start(args.listen, Arc::clone(&cache), allowed, None)
         .await
         .map_err(|e| {
             Failure::bad_input(format!(

@@ -115,7 +115,8 @@ impl Traits {
 pub struct ApplyOptions {
     /// Start nodes whose plan verdict is no-space too (cluster mode: write a set that lands in no pool).
     pub force: bool,
-    /// Serve the nodes from pinboard's blob cache (direct mode).
+    /// Serve the nodes from pinboard's blob cache (direct mode); through the agents, the sets get
+    /// `spec.fanOut` (the in-cluster cache).
     pub fan_out: bool,
     /// Cluster mode: how long to wait for the daemons.
     pub wait: Duration,

@@ -46,6 +46,8 @@ struct Spec<'a> {
     node_selector: Option<&'a LabelSelector>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pull_secrets: Vec<SecretRef>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    fan_out: bool,
 }
 
 #[derive(Serialize)]
@@ -54,7 +56,7 @@ struct Name<'a> {
 }
 
 /// The set as a `kind` document in YAML: its name and labels, and `spec.pinnedImages[].name` in entry
-/// order (a PinSet also with its node selector and pull Secrets). The serializer quotes whatever needs
+/// order (a PinSet also with its node selector, pull Secrets and fan-out). The serializer quotes whatever needs
 /// quoting.
 pub fn set_yaml(set: &ImageSet, kind: SetKind) -> String {
     // Strings and maps of strings always serialize.
@@ -88,6 +90,7 @@ pub fn document(set: &ImageSet, kind: SetKind) -> Document<'_> {
                     .collect(),
                 false => Vec::new(),
             },
+            fan_out: pin_set && set.fan_out,
         },
     }
 }
@@ -122,5 +125,18 @@ mod tests {
             !openshift.contains("nodeSelector") && !openshift.contains("pullSecrets"),
             "OpenShift's schema has neither: {openshift}"
         );
+    }
+
+    #[test]
+    fn a_fan_out_pin_set_reads_back_fanned_out_and_openshift_does_not_get_it() {
+        let image = format!("r.example/app@sha256:{}", "a".repeat(64));
+        let mut set = from_flags("web", std::slice::from_ref(&image));
+        assert!(!set_yaml(&set, SetKind::PinSet).contains("fanOut"));
+        set.fan_out = true;
+        let pin_set = set_yaml(&set, SetKind::PinSet);
+        assert!(pin_set.contains("fanOut: true"), "{pin_set}");
+        let read = parse_yaml(&pin_set, "web.yaml").expect("pinboard reads what it writes");
+        assert!(read[0].fan_out);
+        assert!(!set_yaml(&set, SetKind::PinnedImageSet).contains("fanOut"));
     }
 }

@@ -24,6 +24,7 @@ pub fn queued(name: &str, generation: i64, images: &[String]) -> SetReport {
             })
             .collect(),
         conditions: Vec::new(),
+        fan_out: None,
     }
 }
 
@@ -84,6 +85,7 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
         total_bytes: node.total_bytes(),
         images,
         conditions: conditions(state, failed.as_deref()),
+        fan_out: None,
     }
 }
 

@@ -43,6 +43,17 @@ pub fn lease_name(node: &str) -> String {
     format!("pinboard-agent-{node}")
 }
 
+/// The Lease whose holder is the in-cluster cache (agents started with `--cache-port`).
+pub const CACHE_LEASE: &str = "pinboard-cache";
+/// The cache's Lease annotation: where it serves, `http://NODE-IP:PORT`.
+pub const CACHE_ADDRESS_ANNOTATION: &str = "pinboard.dev/cache-address";
+/// The cache's Lease annotation: the fan-out sets it serves now, `NAME=GENERATION` comma-separated, so that
+/// a node pulls through it only once it serves the set's digests.
+pub const CACHE_SETS_ANNOTATION: &str = "pinboard.dev/cache-sets";
+/// The Secret in the agents' namespace holding the cache's token (key [`CACHE_TOKEN_KEY`]).
+pub const CACHE_TOKEN_SECRET: &str = "pinboard-cache-token";
+pub const CACHE_TOKEN_KEY: &str = "token";
+
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
 
@@ -78,6 +89,9 @@ pub struct PinSetSpec {
     /// before the node's own (the kubelet's `config.json`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pull_secrets: Vec<SecretRef>,
+    /// Pull through the in-cluster cache, so each blob crosses the registry link once for all nodes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fan_out: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +200,24 @@ pub struct NodeReport {
     /// Each set that selects the node.
     #[serde(default)]
     pub sets: Vec<SetReport>,
+    /// The in-cluster cache's figures, when this node's agent holds the cache's role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheReport>,
+}
+
+/// The in-cluster cache as its holder reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheReport {
+    /// `http://NODE-IP:PORT`
+    pub address: String,
+    /// Bytes it took from the source registries since it started serving.
+    pub link_bytes: u64,
+    /// Bytes it served to the nodes.
+    pub served_bytes: u64,
+    pub requests: u64,
+    /// Requests refused: without the token, or for a digest no fan-out set names.
+    pub refused: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -244,6 +276,21 @@ pub struct SetReport {
     pub images: Vec<ImageState>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// A fan-out set: whether the node's pulls went through the in-cluster cache, or to the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<SetFanOut>,
+}
+
+/// How a node pulled a fan-out set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetFanOut {
+    /// The cache its runtime was pointed at first (`server` kept after it); none: it pulled from the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
+    /// Why it pulled from the source, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_reason: Option<String>,
 }
 
 /// Where a node is with a set.
@@ -294,7 +341,8 @@ pub enum ImagePhase {
 }
 
 impl PinSet {
-    /// The set as the commands and the agents work with it: its images, node selector and pull Secrets.
+    /// The set as the commands and the agents work with it: its images, node selector, pull Secrets and
+    /// fan-out.
     pub fn to_image_set(&self) -> ImageSet {
         let images: Vec<String> = self.images().map(str::to_owned).collect();
         let mut set = from_flags(self.name(), &images);
@@ -306,6 +354,7 @@ impl PinSet {
             .iter()
             .map(|s| s.name.clone())
             .collect();
+        set.fan_out = self.spec.fan_out;
         set
     }
 }
@@ -408,6 +457,7 @@ mod tests {
                     })
                     .collect(),
                 conditions: crate::model::node_report::failed_conditions("one image failed"),
+                fan_out: None,
             })
             .collect();
         let node = PinboardNode {

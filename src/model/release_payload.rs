@@ -206,6 +206,7 @@ pub fn release_sets(release_image: &str, release: &Release, options: &SetOptions
             origin: origin(None),
             node_selector: None,
             pull_secrets: Vec::new(),
+            fan_out: false,
         })
         .collect();
     ReleaseSets {

@@ -87,6 +87,8 @@ pub struct ImageSet {
     pub node_selector: Option<Selector>,
     /// pinboard's agents: Secrets in the agents' namespace whose credentials pull its images.
     pub pull_secrets: Vec<String>,
+    /// pinboard's agents: pulled through the in-cluster cache (`spec.fanOut`).
+    pub fan_out: bool,
 }
 
 /// One thing wrong with the input: where, what, and how to fix it.
@@ -234,6 +236,7 @@ pub fn from_flags(name: &str, references: &[String]) -> ImageSet {
         origin: Origin::Flag { index: 1 },
         node_selector: None,
         pull_secrets: Vec::new(),
+        fan_out: false,
     }
 }
 
@@ -261,6 +264,7 @@ pub fn parse_list(text: &str, path: &str) -> ImageSet {
         origin: file_origin(path, None),
         node_selector: None,
         pull_secrets: Vec::new(),
+        fan_out: false,
     }
 }
 
@@ -298,6 +302,9 @@ struct Spec {
     node_selector: Option<Spanned<SelectorYaml>>,
     #[serde(default)]
     pull_secrets: Vec<SecretYaml>,
+    /// PinSet only.
+    #[serde(default)]
+    fan_out: bool,
 }
 
 #[derive(Deserialize)]
@@ -452,9 +459,14 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
             });
             continue;
         };
-        let (pinned_images, selector, pull_secrets) = match doc.spec {
-            Some(spec) => (spec.pinned_images, spec.node_selector, spec.pull_secrets),
-            None => (Vec::new(), None, Vec::new()),
+        let (pinned_images, selector, pull_secrets, fan_out) = match doc.spec {
+            Some(spec) => (
+                spec.pinned_images,
+                spec.node_selector,
+                spec.pull_secrets,
+                spec.fan_out,
+            ),
+            None => (Vec::new(), None, Vec::new(), false),
         };
         let node_selector = match selector {
             Some(selector) => {
@@ -489,6 +501,7 @@ pub fn parse_yaml(text: &str, path: &str) -> Result<Vec<ImageSet>, Vec<Problem>>
             entries,
             node_selector,
             pull_secrets: pull_secrets.into_iter().map(|s| s.name).collect(),
+            fan_out,
             // Its name's line: where a problem with the set as a whole is found and fixed.
             origin: file_origin(path, Some(name.referenced.line() as usize)),
         });

@@ -514,6 +514,7 @@ fn a_blob_corrupted_in_the_registry_is_refused_fetched_once_more_and_never_kept(
             "127.0.0.1:0".parse().unwrap(),
             Arc::clone(&cache),
             allowed,
+            None,
         ))
         .expect("endpoint");
     let agent = support::http::agent();

@@ -6,6 +6,7 @@
 //! captures logs); child processes get their settings through `Command`.
 
 mod agents;
+mod agents_fanout;
 mod support;
 
 mod apply;

@@ -11,12 +11,16 @@
 //! so `<name>` is `<registry host>/<repository>`. Both are accepted. A repository, digest or tag the sets do
 //! not name gets 404: the endpoint is never an open proxy to private images, and a runtime that gets a 404
 //! goes on to its next host (containerd's `server`, CRI-O's source). Everything else is 405.
+//!
+//! Started with a [`CacheToken`] (the in-cluster cache), it answers 401 to any request without it in the
+//! [`CACHE_TOKEN_HEADER`] header, `/v2/` included. The digests served can be replaced while it runs
+//! ([`Endpoint::serve`]), when the sets it serves change.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use futures::StreamExt as _;
@@ -34,6 +38,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
+use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 use crate::model::served::{Content, ServedDigests, Source};
 
 type Body = UnsyncBoxBody<Bytes, BlobError>;
@@ -51,8 +56,8 @@ pub struct EndpointStats {
     pub served_bytes: u64,
     /// Requests answered.
     pub requests: u64,
-    /// Requests refused: 404 because the sets do not name what they asked for, 405 for anything but a
-    /// pull (HEAD or GET), 416 for a range outside the blob.
+    /// Requests refused: 401 without the cache's token, 404 because the sets do not name what they asked
+    /// for, 405 for anything but a pull (HEAD or GET), 416 for a range outside the blob.
     pub refused: u64,
 }
 
@@ -66,24 +71,29 @@ pub struct Endpoint {
 
 struct Shared {
     cache: Arc<BlobCache>,
-    allowed: ServedDigests,
+    allowed: RwLock<Arc<ServedDigests>>,
+    /// The in-cluster cache's token: requests without it get 401.
+    token: Option<CacheToken>,
     served_bytes: AtomicU64,
     requests: AtomicU64,
     refused: AtomicU64,
 }
 
 impl Endpoint {
-    /// Listens on `listen` (port 0: any free port) and serves `allowed` from `cache` until stopped.
+    /// Listens on `listen` (port 0: any free port) and serves `allowed` from `cache` until stopped; with
+    /// `token`, only to requests that carry it.
     pub async fn start(
         listen: SocketAddr,
         cache: Arc<BlobCache>,
         allowed: ServedDigests,
+        token: Option<CacheToken>,
     ) -> std::io::Result<Endpoint> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             cache,
-            allowed,
+            allowed: RwLock::new(Arc::new(allowed)),
+            token,
             served_bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -107,6 +117,11 @@ impl Endpoint {
     /// `http://ADDR`: what a node's mirror configuration names.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Serves `allowed` from now on, instead of what it served.
+    pub fn serve(&self, allowed: ServedDigests) {
+        *self.shared.allowed.write().expect("served digests") = Arc::new(allowed);
     }
 
     pub fn stats(&self) -> EndpointStats {
@@ -180,6 +195,17 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
     let ns = request.uri().query().and_then(|q| query_param(q, "ns"));
     tracing::debug!(%method, path, ns, "blob endpoint request");
     let head = method == Method::HEAD;
+    if let Some(token) = &shared.token {
+        let presented = request.headers().get(CACHE_TOKEN_HEADER);
+        if !presented.is_some_and(|value| token.admits(value.as_bytes())) {
+            return refuse(
+                shared,
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "this cache serves only pinboard's agents' nodes".into(),
+            );
+        }
+    }
     if method != Method::GET && !head {
         return refuse(
             shared,
@@ -202,7 +228,8 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
             format!("{path} is not a pull of a manifest or blob"),
         );
     };
-    let Some(source) = shared.allowed.source_of(ns.as_deref(), name) else {
+    let allowed = Arc::clone(&shared.allowed.read().expect("served digests"));
+    let Some(source) = allowed.source_of(ns.as_deref(), name) else {
         let named = ns.map_or_else(|| name.to_string(), |ns| format!("{ns}/{name}"));
         return refuse(
             shared,
@@ -211,7 +238,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
             format!("{named} is not a repository of the sets this mirror serves"),
         );
     };
-    match (kind, shared.allowed.get(&source, reference)) {
+    match (kind, allowed.get(&source, reference)) {
         (Kind::Manifest, Some(Content::Manifest { .. })) => {
             manifest(shared, &source, reference, head).await
         }

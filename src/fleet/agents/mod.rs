@@ -171,7 +171,9 @@ impl AgentsFleet {
             }
         }
         let mut wanted = Vec::new();
-        for set in sets {
+        for mut set in sets {
+            // Through the agents, `--fan-out` is the set's own: its nodes pull through the in-cluster cache.
+            set.fan_out |= options.fan_out;
             let stored = connected.api.apply_set(&set).await?;
             eprintln!(
                 "applied PinSet {} (generation {})",
@@ -337,9 +339,14 @@ impl Fleet for AgentsFleet {
         set: ImageSet,
         nodes: Vec<String>,
         _force: bool,
-        _fan_out: bool,
+        fan_out: bool,
         events: Events,
     ) -> Option<RolloutControl> {
+        // As `apply --fan-out` does ([`Self::write_sets`]).
+        let set = ImageSet {
+            fan_out: set.fan_out || fan_out,
+            ..set
+        };
         self.tui.apply(self.tui.targeting(set, &nodes), events);
         None
     }

@@ -15,7 +15,7 @@ use super::binary;
 use super::cluster::client;
 use super::kube_objects::{PodState, apply_yaml, wait_for_daemonset_pod};
 use super::process::Proc;
-use super::{ClusterConfig, Lab, LabConfig, NodeSpec, Run, pinboard_with};
+use super::{ClusterConfig, Lab, LabConfig, NodeSpec, RegistrySetup, Run, pinboard_with};
 
 pub const NAMESPACE: &str = "pinboard-system";
 pub const ACCOUNT: &str = "pinboard-agent";
@@ -35,12 +35,27 @@ pub struct AgentsLab {
     agent_kubeconfig: PathBuf,
     /// The agents running as processes, by node.
     processes: BTreeMap<String, Proc>,
+    /// Arguments every agent process gets on top, `{node}`, `{lab}` and `{proxy}` replaced by its node's
+    /// name, the lab's directory and the registry proxy's host.
+    agent_args: Vec<String>,
 }
 
 impl AgentsLab {
     /// Starts the lab with `nodes`, installs the agents' manifests, and runs the agent as a pod on
     /// `pod_node` (when given; its image is pushed first) and as a process on every other node.
     pub async fn start(name: &str, nodes: Vec<NodeSpec>, pod_node: Option<&str>) -> AgentsLab {
+        AgentsLab::start_with(name, nodes, pod_node, Vec::new(), RegistrySetup::default()).await
+    }
+
+    /// [`AgentsLab::start`] with the lab's `registry`, every agent process with `agent_args` (see
+    /// [`AgentsLab::agent_args`]).
+    pub async fn start_with(
+        name: &str,
+        nodes: Vec<NodeSpec>,
+        pod_node: Option<&str>,
+        agent_args: Vec<String>,
+        registry: RegistrySetup,
+    ) -> AgentsLab {
         pinboard::install_crypto_provider();
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         let lab = Lab::start(
@@ -50,6 +65,7 @@ impl AgentsLab {
                 cluster: Some(ClusterConfig {
                     service_account_tokens: vec![(NAMESPACE.to_owned(), ACCOUNT.to_owned())],
                 }),
+                registry,
                 ..LabConfig::default()
             },
         )
@@ -85,6 +101,7 @@ impl AgentsLab {
             admin,
             agent_kubeconfig,
             processes: BTreeMap::new(),
+            agent_args,
         };
         for node in &names {
             match Some(node.as_str()) == pod_node {
@@ -132,6 +149,11 @@ impl AgentsLab {
                 "--kubeconfig",
             ])
             .arg(&self.agent_kubeconfig)
+            .args(self.agent_args.iter().map(|a| {
+                a.replace("{node}", node)
+                    .replace("{lab}", &self.lab.dir().display().to_string())
+                    .replace("{proxy}", &self.lab.proxy_host())
+            }))
             .args(extra)
             .env("NODE_NAME", node)
             .env("POD_NAMESPACE", NAMESPACE)

@@ -103,7 +103,8 @@ impl Lab {
         let setup = &config.registry;
         let tokens = match &setup.tokens {
             Some(users) => Some(Arc::new(
-                TokenService::start(&dir.join("token"), users.clone()).with_context(context)?,
+                TokenService::start(&dir.join("token"), users.clone(), registry_ip)
+                    .with_context(context)?,
             )),
             None => None,
         };

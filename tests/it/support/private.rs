@@ -1,5 +1,5 @@
 //! The lab's token-protected registry and an auth file for it, shared by the tests of private images
-//! (tests/it/private_registry.rs, tests/it/fanout.rs).
+//! (tests/it/private_registry.rs, tests/it/fanout.rs, tests/it/agents_fanout.rs).
 
 use std::path::Path;
 
@@ -19,27 +19,32 @@ pub const SCOPED_PASSWORD: &str = "carol-only-app-pass";
 /// `private/robot`, with an identity token, `carol` only `private/app`, with a password; `public/*` is
 /// open.
 pub fn token_lab(name: &str, nodes: Vec<NodeSpec>) -> Lab {
-    let mut robot = TokenUser::new("robot", "robot-unused-password", &["private/robot"]);
-    robot.identity_token = Some(IDENTITY_TOKEN.into());
     Lab::start(
         name,
         LabConfig {
             nodes,
-            registry: RegistrySetup {
-                tokens: Some(TokenConfig {
-                    users: vec![
-                        TokenUser::new(USER, PASSWORD, &["private/*"]),
-                        robot,
-                        TokenUser::new(SCOPED_USER, SCOPED_PASSWORD, &["private/app"]),
-                    ],
-                    public: vec!["public/*".into()],
-                }),
-                ..RegistrySetup::default()
-            },
+            registry: token_registry(),
             ..LabConfig::default()
         },
     )
     .expect("lab starts")
+}
+
+/// The registry of [`token_lab`].
+pub fn token_registry() -> RegistrySetup {
+    let mut robot = TokenUser::new("robot", "robot-unused-password", &["private/robot"]);
+    robot.identity_token = Some(IDENTITY_TOKEN.into());
+    RegistrySetup {
+        tokens: Some(TokenConfig {
+            users: vec![
+                TokenUser::new(USER, PASSWORD, &["private/*"]),
+                robot,
+                TokenUser::new(SCOPED_USER, SCOPED_PASSWORD, &["private/app"]),
+            ],
+            public: vec!["public/*".into()],
+        }),
+        ..RegistrySetup::default()
+    }
 }
 
 /// `USER:PASSWORD` as an auth file's `auth` field holds it.

@@ -83,6 +83,7 @@ pub struct TokenRequest {
 
 /// A running token service.
 pub struct TokenService {
+    ip: std::net::IpAddr,
     port: u16,
     cert: PathBuf,
     shared: Arc<Shared>,
@@ -101,8 +102,8 @@ struct Shared {
 }
 
 impl TokenService {
-    /// Makes a signing key and self-signed certificate in `dir` (openssl) and serves on a loopback port.
-    pub fn start(dir: &Path, config: TokenConfig) -> Result<TokenService> {
+    /// Makes a signing key and self-signed certificate in `dir` (openssl) and serves on a port of `ip` (the registry's address, so a cluster lab's nodes reach it).
+    pub fn start(dir: &Path, config: TokenConfig, ip: std::net::IpAddr) -> Result<TokenService> {
         std::fs::create_dir_all(dir)?;
         let (key_path, cert) = (dir.join("token-signer.key"), dir.join("token-signer.crt"));
         self_signed(&key_path, &cert, "/CN=pinboard lab token signer")?;
@@ -120,7 +121,7 @@ impl TokenService {
             requests: Mutex::default(),
             next_id: AtomicU64::new(1),
         });
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = TcpListener::bind((ip, 0))?;
         let port = listener.local_addr()?.port();
         let stop = Arc::new(AtomicBool::new(false));
         let (stopping, serving) = (stop.clone(), shared.clone());
@@ -140,6 +141,7 @@ impl TokenService {
         });
         Ok(TokenService {
             port,
+            ip,
             cert,
             shared,
             stop,
@@ -147,9 +149,12 @@ impl TokenService {
         })
     }
 
-    /// `http://127.0.0.1:PORT/token`
+    /// `http://IP:PORT/token`
     pub fn realm(&self) -> String {
-        format!("http://127.0.0.1:{}/token", self.port)
+        format!(
+            "http://{}/token",
+            std::net::SocketAddr::new(self.ip, self.port)
+        )
     }
 
     /// The certificate (PEM) the registry verifies tokens with.
@@ -189,7 +194,7 @@ impl Drop for TokenService {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         // Wakes the accept loop so it sees the flag.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        let _ = TcpStream::connect((self.ip, self.port));
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }

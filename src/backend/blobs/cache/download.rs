@@ -254,7 +254,8 @@ impl BlobCache {
             cause: format!("no byte for {}s", stall.as_secs_f32()),
             wait: None,
         };
-        let request = self.registry.blob(&job.source, &job.digest, partial.have);
+        let registry = self.registry();
+        let request = registry.blob(&job.source, &job.digest, partial.have);
         let body = match tokio::time::timeout(stall, request).await {
             Err(_) => return Err(stalled()),
             Ok(Err(failure)) if failure.error.is_transient() => {

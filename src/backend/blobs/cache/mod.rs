@@ -21,7 +21,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -144,7 +144,8 @@ impl BlobError {
 pub struct BlobCache {
     dir: PathBuf,
     options: CacheOptions,
-    registry: Arc<Registry>,
+    /// Replaced when the credentials change ([`BlobCache::use_registry`]).
+    registry: RwLock<Arc<Registry>>,
     state: Mutex<State>,
     link_bytes: AtomicU64,
     /// Held for the cache's lifetime.
@@ -253,7 +254,7 @@ impl BlobCache {
         let cache = Arc::new(BlobCache {
             dir: dir.to_path_buf(),
             options,
-            registry,
+            registry: RwLock::new(registry),
             state: Mutex::new(state),
             link_bytes: AtomicU64::new(0),
             _lock: lock,
@@ -269,6 +270,16 @@ impl BlobCache {
     /// Whether the blob or manifest is complete (verified) in the cache.
     pub fn has(&self, digest: &str) -> bool {
         sha256_hex(digest).is_ok_and(|hex| self.lock().complete.contains_key(hex))
+    }
+
+    /// Fetches with `registry` from now on (the in-cluster cache, when its sets' credentials change);
+    /// downloads under way keep the client they started with until their next attempt.
+    pub fn use_registry(&self, registry: Arc<Registry>) {
+        *self.registry.write().expect("the registry client") = registry;
+    }
+
+    fn registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.registry.read().expect("the registry client"))
     }
 
     /// Bytes taken from the source registries so far: blob bodies as they arrived (an attempt broken off
@@ -353,7 +364,7 @@ impl BlobCache {
         if let Some(stored) = self.stored_manifest(hex)? {
             return Ok(stored);
         }
-        let manifest = self.registry.manifest_bytes(source, digest).await?;
+        let manifest = self.registry().manifest_bytes(source, digest).await?;
         let path = self.complete_path(hex);
         write_atomically(&media_type_path(&path), manifest.media_type.as_bytes())?;
         write_atomically(&path, &manifest.body)?;

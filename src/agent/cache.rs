@@ -1,0 +1,197 @@
+//! The in-cluster cache: a role one agent takes through the Lease `pinboard-cache`, as the aggregator's
+//! ([`super::aggregate`]). Only agents started with `--cache-port` take it. Its holder serves the blob
+//! cache's registry endpoint (the same as `pinboard mirror`) on its node's IP at that port, for the digests
+//! of the fan-out sets only (`spec.fanOut`), fetched with those sets' pull credentials, and only to requests
+//! carrying the cache's token ([`crate::model::cache_token`]). It publishes its address and the sets'
+//! generations it serves in the Lease, so a node pulls through it only once it serves the set; when its
+//! heartbeat lapses another eligible agent takes the role and the nodes follow the Lease.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::backend::blobs::{BlobCache, CacheOptions, Endpoint};
+use crate::backend::credentials::Credentials;
+use crate::backend::pinboard_api::{CacheLease, PinboardApi};
+use crate::backend::registry::{Registry, RegistryOptions};
+use crate::model::image::Platform;
+use crate::model::pinboard_api::{CacheReport, PinSet};
+use crate::model::served::ServedDigests;
+use crate::model::set::ImageSet;
+use crate::survey::served_digests;
+
+/// Where the cache listens and keeps its blobs, from the agent's flags.
+pub struct CacheSetup {
+    pub port: u16,
+    pub dir: PathBuf,
+    pub registry: RegistryOptions,
+    pub node_credentials: Arc<Credentials>,
+    pub platform: Platform,
+}
+
+pub struct CacheRole {
+    api: PinboardApi,
+    holder: String,
+    setup: CacheSetup,
+    /// While this agent holds the role.
+    serving: Option<Serving>,
+}
+
+struct Serving {
+    endpoint: Endpoint,
+    cache: Arc<BlobCache>,
+    published: CacheLease,
+}
+
+impl CacheRole {
+    pub fn new(api: PinboardApi, holder: &str, setup: CacheSetup) -> CacheRole {
+        CacheRole {
+            api,
+            holder: holder.to_string(),
+            setup,
+            serving: None,
+        }
+    }
+
+    /// Takes or keeps the role, on the node's IP `node_ip`; while held, serves the fan-out sets of `sets`
+    /// (recomputed when they changed) and publishes them.
+    pub async fn turn(&mut self, node_ip: Option<IpAddr>, sets: &BTreeMap<String, PinSet>) {
+        let Some(ip) = node_ip else {
+            return;
+        };
+        let address = format!("http://{}", SocketAddr::new(ip, self.setup.port));
+        let published = match &self.serving {
+            Some(serving) => serving.published.clone(),
+            None => CacheLease {
+                address,
+                sets: BTreeMap::new(),
+            },
+        };
+        match self.api.lead_cache(&self.holder, &published).await {
+            Ok(true) => {}
+            Ok(false) => {
+                if self.serving.take().is_some() {
+                    tracing::info!("another agent holds the cache's role now: stopped serving");
+                }
+                return;
+            }
+            Err(e) => return tracing::warn!("cannot take the cache's Lease: {e}"),
+        }
+        let wanted: BTreeMap<String, i64> = fan_out_sets(sets)
+            .map(|s| (s.name().to_string(), s.generation()))
+            .collect();
+        if self.serving.as_ref().map(|s| &s.published.sets) == Some(&wanted) {
+            return;
+        }
+        // The digests first, then listen: a node never meets a cache that does not serve its set yet (a
+        // 404 would send it to the source).
+        let Some((registry, allowed)) = self.resolve(sets).await else {
+            // Not published: the nodes wait for it, then pull from the source.
+            return;
+        };
+        let blobs = allowed.blobs().len();
+        match &mut self.serving {
+            Some(serving) => {
+                serving.cache.use_registry(registry);
+                serving.endpoint.serve(allowed);
+            }
+            None => match self.start(ip, registry, allowed).await {
+                Ok(serving) => self.serving = Some(serving),
+                Err(e) => return tracing::warn!("cannot serve the in-cluster cache: {e}"),
+            },
+        }
+        tracing::info!(
+            sets = wanted.len(),
+            blobs,
+            "the in-cluster cache serves the fan-out sets"
+        );
+        let Some(serving) = &mut self.serving else {
+            return;
+        };
+        serving.published.sets = wanted;
+        if let Err(e) = self.api.lead_cache(&self.holder, &serving.published).await {
+            tracing::warn!("cannot publish the cache's sets: {e}");
+        }
+    }
+
+    /// The fan-out sets' digests, and a registry client with their pull credentials; None (said in the
+    /// log) when they cannot be resolved.
+    async fn resolve(
+        &self,
+        sets: &BTreeMap<String, PinSet>,
+    ) -> Option<(Arc<Registry>, ServedDigests)> {
+        let image_sets: Vec<ImageSet> = fan_out_sets(sets).map(PinSet::to_image_set).collect();
+        let credentials = super::pull_credentials(
+            &self.api,
+            &self.setup.node_credentials,
+            image_sets.iter().flat_map(|s| &s.pull_secrets),
+        )
+        .await;
+        let registry = match Registry::with_credentials(self.setup.registry.clone(), credentials) {
+            Ok(registry) => Arc::new(registry),
+            Err(e) => {
+                tracing::warn!("the cache's registry client: {e}");
+                return None;
+            }
+        };
+        match served_digests(&image_sets, &registry, &self.setup.platform).await {
+            Ok((_, allowed)) => Some((registry, allowed)),
+            Err(e) => {
+                let failure = crate::error::Failure::from(e);
+                tracing::warn!(
+                    "the cache cannot resolve the fan-out sets: {}",
+                    failure.lines.join("; ")
+                );
+                None
+            }
+        }
+    }
+
+    /// Opens the blob cache, fetching with `registry`, and serves `allowed` on `ip`.
+    async fn start(
+        &self,
+        ip: IpAddr,
+        registry: Arc<Registry>,
+        allowed: ServedDigests,
+    ) -> Result<Serving, String> {
+        let token = self
+            .api
+            .cache_token(true)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the cache's token Secret holds no token")?;
+        let cache = BlobCache::open(&self.setup.dir, CacheOptions::default(), registry)
+            .map_err(|e| e.to_string())?;
+        let listen = SocketAddr::new(ip, self.setup.port);
+        let endpoint = Endpoint::start(listen, Arc::clone(&cache), allowed, Some(token))
+            .await
+            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        tracing::info!(address = endpoint.url(), "serving the in-cluster cache");
+        Ok(Serving {
+            published: CacheLease {
+                address: endpoint.url(),
+                sets: BTreeMap::new(),
+            },
+            endpoint,
+            cache,
+        })
+    }
+
+    /// The cache's figures while this agent holds the role.
+    pub fn report(&self) -> Option<CacheReport> {
+        let serving = self.serving.as_ref()?;
+        let stats = serving.endpoint.stats();
+        Some(CacheReport {
+            address: serving.published.address.clone(),
+            link_bytes: stats.link_bytes,
+            served_bytes: stats.served_bytes,
+            requests: stats.requests,
+            refused: stats.refused,
+        })
+    }
+}
+
+fn fan_out_sets(sets: &BTreeMap<String, PinSet>) -> impl Iterator<Item = &PinSet> {
+    sets.values().filter(|s| s.spec.fan_out)
+}
