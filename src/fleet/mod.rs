@@ -15,6 +15,7 @@
 
 pub mod agents;
 pub mod direct;
+mod first_list;
 pub mod machine_config;
 mod outcome;
 pub mod payload;

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use super::super::first_list::wait_until;
 use super::super::sets::quoted_list;
 use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::pinboard_api::{AgentsWatch, PinboardApi};
@@ -48,16 +49,19 @@ impl Connected {
                 .connections
                 .iter()
                 .find_map(|(kind, c)| match c {
-                    Connection::Reconnecting { error, .. } => Some((kind, error.clone())),
+                    Connection::Reconnecting { since, error } => {
+                        Some((kind, *since, error.clone()))
+                    }
                     _ => None,
                 });
-            if let Some((kind, error)) = failing {
+            let Some(wake) = wait_until(failing.as_ref().map(|f| f.1), deadline) else {
+                let (kind, _, error) = failing.expect("given up only on a failing watch");
                 return Err(Failure::unreachable(vec![format!(
                     "cannot watch the cluster's {kind}s: {error}; check the API server and that your account \
                      has the ClusterRole pinboard-agents-operator (pinboard agent manifests)"
                 )]));
-            }
-            if !connected.next_update(deadline).await {
+            };
+            if !connected.next_update(wake).await && Instant::now() >= deadline {
                 return Err(Failure::unreachable(vec![format!(
                     "the cluster's objects were not listed within {FIRST_SYNC:?}; the API server is too \
                      slow or unreachable"

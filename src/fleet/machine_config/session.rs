@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use super::super::first_list::wait_until;
 use super::super::sets::quoted_list;
 use crate::backend::openshift::{Cluster, ConnectOptions, Watch, connect, watch};
 use crate::error::Failure;
@@ -37,13 +38,18 @@ impl Connected {
         };
         let deadline = Instant::now() + FIRST_SYNC;
         while !connected.session.view.synced() {
-            if let Connection::Reconnecting { error, .. } = connected.session.view.connection() {
+            let failing = match connected.session.view.connection() {
+                Connection::Reconnecting { since, error } => Some((since, error)),
+                _ => None,
+            };
+            let Some(wake) = wait_until(failing.as_ref().map(|f| f.0), deadline) else {
+                let (_, error) = failing.expect("given up only on a failing watch");
                 return Err(Failure::unreachable(vec![format!(
                     "cannot watch the cluster: {error}; check the API server and that your account has \
                      the ClusterRole pinboard-viewer (deploy/rbac.yaml)"
                 )]));
-            }
-            if !connected.next_update(deadline).await {
+            };
+            if !connected.next_update(wake).await && Instant::now() >= deadline {
                 return Err(Failure::unreachable(vec![format!(
                     "the cluster's objects were not listed within {FIRST_SYNC:?}; the API server is too \
                      slow or unreachable"
