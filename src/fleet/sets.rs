@@ -8,6 +8,7 @@ use crate::backend::registry::Registry;
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
 use crate::model::labels::{Selector, parse_selector};
+use crate::model::readiness::UnknownSets;
 use crate::model::release_payload::{ReleaseSets, SetOptions};
 use crate::model::set::{self, ImageSet};
 
@@ -216,6 +217,19 @@ fn read_file(path: &Path) -> Result<String, Failure> {
 }
 
 /// `"a" is` / `"a", "b" are`.
+/// Sets named that are neither files nor `kind`s on the cluster: bad input, naming those there and `file`
+/// as the other way to give one.
+pub(super) fn unknown_sets(sets: UnknownSets, kind: &str, file: &str) -> Failure {
+    let there = match sets.there.is_empty() {
+        true => "none".to_string(),
+        false => sets.there.join(", "),
+    };
+    Failure::bad_input(format!(
+        "{} neither a file nor a {kind} on the cluster (sets there: {there}); give a set's name or {file}",
+        quoted_list(&sets.unknown)
+    ))
+}
+
 pub(super) fn quoted_list(items: &[String]) -> String {
     let quoted: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
     format!(

@@ -6,7 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
 use super::machine_config::{ClusterUpdate, ClusterView, ImageFsSpace, KubeletSettings};
-use super::readiness::{NodeReadiness, Readiness, WantedSet, assess_cluster, assess_cluster_node};
+use super::readiness::{
+    NodeReadiness, Readiness, UnknownSets, WantedSet, assess_cluster, assess_cluster_node,
+    wanted_sets,
+};
 use super::set::ImageSet;
 
 /// What an update changed.
@@ -27,13 +30,6 @@ pub struct ClusterSession {
     pub image_fs: HashMap<String, ImageFsSpace>,
     /// Per set on the cluster, the nodes it lands on, by name.
     pub members: BTreeMap<String, Vec<String>>,
-}
-
-/// The names of sets asked for that the cluster does not hold, and the names it holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnknownSets {
-    pub unknown: Vec<String>,
-    pub there: Vec<String>,
 }
 
 impl ClusterSession {
@@ -95,29 +91,11 @@ impl ClusterSession {
         files: Vec<ImageSet>,
         names: Vec<String>,
     ) -> Result<Vec<WantedSet>, UnknownSets> {
-        let mut wanted: Vec<WantedSet> = files
-            .into_iter()
-            .map(|set| WantedSet {
-                set,
-                min_generation: 0,
-            })
-            .collect();
-        let mut unknown = Vec::new();
-        for name in names {
-            match self.view.set(&name) {
-                Some(set) => wanted.push(WantedSet {
-                    set: set.to_image_set(),
-                    min_generation: 0,
-                }),
-                None => unknown.push(name),
-            }
-        }
-        if unknown.is_empty() {
-            return Ok(wanted);
-        }
-        Err(UnknownSets {
-            unknown,
-            there: self.view.sets.iter().map(|s| s.name().to_owned()).collect(),
-        })
+        wanted_sets(
+            files,
+            names,
+            |name| self.view.set(name).map(|s| s.to_image_set()),
+            || self.view.sets.iter().map(|s| s.name().to_owned()).collect(),
+        )
     }
 }

@@ -7,13 +7,13 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::super::first_list::wait_until;
-use super::super::sets::quoted_list;
+use super::super::sets::unknown_sets;
 use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::pinboard_api::{AgentsWatch, PinboardApi};
 use crate::error::Failure;
 use crate::model::agents_view::AgentsView;
 use crate::model::machine_config::Connection;
-use crate::model::readiness::{Readiness, WantedSet, assess_agents};
+use crate::model::readiness::{Readiness, WantedSet, assess_agents, wanted_sets};
 use crate::model::set::ImageSet;
 use crate::model::units::human;
 
@@ -143,36 +143,12 @@ impl Connected {
         files: Vec<ImageSet>,
         names: Vec<String>,
     ) -> Result<Vec<WantedSet>, Failure> {
-        let mut wanted: Vec<WantedSet> = files
-            .into_iter()
-            .map(|set| WantedSet {
-                set,
-                min_generation: 0,
-            })
-            .collect();
-        let mut unknown = Vec::new();
-        for name in names {
-            match self.view.set(&name) {
-                Some(set) => wanted.push(WantedSet {
-                    set: set.to_image_set(),
-                    min_generation: 0,
-                }),
-                None => unknown.push(name),
-            }
-        }
-        if unknown.is_empty() {
-            return Ok(wanted);
-        }
-        let there: Vec<&str> = self.view.sets.iter().map(|s| s.name()).collect();
-        Err(Failure::bad_input(format!(
-            "{} neither a file nor a PinSet on the cluster (sets there: {}); give a set's name or a set \
-             YAML file",
-            quoted_list(&unknown),
-            if there.is_empty() {
-                "none".into()
-            } else {
-                there.join(", ")
-            }
-        )))
+        wanted_sets(
+            files,
+            names,
+            |name| self.view.set(name).map(|s| s.to_image_set()),
+            || self.view.sets.iter().map(|s| s.name().to_owned()).collect(),
+        )
+        .map_err(|sets| unknown_sets(sets, "PinSet", "a set YAML file"))
     }
 }

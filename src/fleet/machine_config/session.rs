@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::super::first_list::wait_until;
-use super::super::sets::quoted_list;
+use super::super::sets::unknown_sets;
 use crate::backend::openshift::{Cluster, ConnectOptions, Watch, connect, watch};
 use crate::error::Failure;
 use crate::model::cluster_session::ClusterSession;
@@ -126,17 +126,8 @@ impl Connected {
         files: Vec<ImageSet>,
         names: Vec<String>,
     ) -> Result<Vec<WantedSet>, Failure> {
-        self.session.wanted(files, names).map_err(|sets| {
-            Failure::bad_input(format!(
-                "{} neither a file nor a PinnedImageSet on the cluster (sets there: {}); give a set's name \
-                 or a PinnedImageSet YAML file",
-                quoted_list(&sets.unknown),
-                if sets.there.is_empty() {
-                    "none".into()
-                } else {
-                    sets.there.join(", ")
-                }
-            ))
-        })
+        self.session
+            .wanted(files, names)
+            .map_err(|sets| unknown_sets(sets, "PinnedImageSet", "a PinnedImageSet YAML file"))
     }
 }

@@ -318,6 +318,44 @@ pub struct WantedSet {
     pub min_generation: i64,
 }
 
+/// The names of sets asked for that the cluster does not hold, and the names it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownSets {
+    pub unknown: Vec<String>,
+    pub there: Vec<String>,
+}
+
+/// The sets to check: `files` as read, and those `names` names on the cluster, which `on_cluster` finds
+/// and `there` lists.
+pub fn wanted_sets(
+    files: Vec<ImageSet>,
+    names: Vec<String>,
+    on_cluster: impl Fn(&str) -> Option<ImageSet>,
+    there: impl FnOnce() -> Vec<String>,
+) -> Result<Vec<WantedSet>, UnknownSets> {
+    let mut unknown = Vec::new();
+    let mut sets = files;
+    for name in names {
+        match on_cluster(&name) {
+            Some(set) => sets.push(set),
+            None => unknown.push(name),
+        }
+    }
+    if !unknown.is_empty() {
+        return Err(UnknownSets {
+            unknown,
+            there: there(),
+        });
+    }
+    Ok(sets
+        .into_iter()
+        .map(|set| WantedSet {
+            set,
+            min_generation: 0,
+        })
+        .collect())
+}
+
 impl WantedSet {
     /// The labels that decide the set's pools: the cluster's, when the set is there, else its own.
     pub fn labels<'a>(&'a self, view: &'a ClusterView) -> &'a BTreeMap<String, String> {
