@@ -185,6 +185,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         labels: None,
         lazy_wish: None,
         sets: BTreeMap::new(),
+        sets_listed: false,
         reports: BTreeMap::new(),
         facts: NodeReport::default(),
         running: None,
@@ -231,6 +232,9 @@ struct Agent {
     /// What an administrator asked of lazy pulling (`spec.lazyPulling`).
     lazy_wish: Option<bool>,
     sets: BTreeMap<String, PinSet>,
+    /// The sets' watch has listed: before, no set is not "no set selects the node", and acting on it would
+    /// release every pin (an agent restarting, its Node seen before the sets).
+    sets_listed: bool,
     /// Per set that selects the node.
     reports: BTreeMap<String, SetReport>,
     /// The node's facts, without the sets.
@@ -306,6 +310,7 @@ impl Agent {
     async fn take(&mut self, update: AgentsUpdate) -> bool {
         match update {
             AgentsUpdate::Sets(sets) => {
+                self.sets_listed = true;
                 self.sets = sets
                     .into_iter()
                     .map(|s| (s.name().to_string(), s))
@@ -349,7 +354,7 @@ impl Agent {
     /// Starts what is to be done next: a running rollout whose set changed or left is cancelled; a set no
     /// longer selecting the node is released; the next set not pinned at its generation is rolled out.
     async fn reconcile(&mut self) {
-        if self.node.is_none() {
+        if self.node.is_none() || !self.sets_listed {
             return;
         }
         let desired: BTreeMap<String, (i64, Vec<String>)> = self

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use super::kube_watch::{Snapshot, TypedCache, spawn, typed};
 use crate::error::Failure;
-use crate::model::agents_view::AgentsUpdate;
+use crate::model::agents_view::{AgentsUpdate, WATCHED_KINDS};
 use crate::model::cache_token::CacheToken;
 use crate::model::machine_config::ClusterNode;
 use crate::model::pinboard_api::{
@@ -330,9 +330,10 @@ impl PinboardApi {
         let client = &self.client;
         let mut set_views = TypedCache::<PinSet>::default();
         let mut report_views = TypedCache::<PinboardNode>::default();
+        let [set_kind, report_kind, node_kind, lease_kind] = WATCHED_KINDS;
         let mut tasks = vec![
             spawn(
-                "PinSet",
+                set_kind,
                 Api::all_with(client.clone(), &self.sets),
                 watcher::Config::default(),
                 Writer::new(self.sets.clone()),
@@ -343,7 +344,7 @@ impl PinboardApi {
                 tx.clone(),
             ),
             spawn(
-                "PinboardNode",
+                report_kind,
                 Api::all_with(client.clone(), &self.nodes),
                 nodes.clone(),
                 Writer::new(self.nodes.clone()),
@@ -354,7 +355,7 @@ impl PinboardApi {
                 tx.clone(),
             ),
             spawn(
-                "Node",
+                node_kind,
                 Api::<Node>::all(client.clone()),
                 nodes,
                 Writer::default(),
@@ -372,7 +373,7 @@ impl PinboardApi {
         ];
         if heartbeats {
             tasks.push(spawn(
-                "Lease",
+                lease_kind,
                 Api::<Lease>::namespaced(client.clone(), &self.namespace),
                 watcher::Config::default(),
                 Writer::default(),

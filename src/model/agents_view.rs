@@ -14,6 +14,10 @@ use super::machine_config::{ClusterNode, Connection};
 use super::pinboard_api::{
     Heartbeat, NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode,
 };
+use super::pinboard_kinds::{NODE_KIND, SET_KIND};
+
+/// The kinds a view of the whole cluster watches: each must have listed before the view is whole.
+pub const WATCHED_KINDS: [&str; 4] = [SET_KIND, NODE_KIND, "Node", "Lease"];
 
 /// What the watches have said so far.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -54,9 +58,12 @@ impl AgentsView {
         self.sets.iter().find(|s| s.name() == name)
     }
 
-    /// Every watch has listed once, and none is failing now.
+    /// Every watch has listed once, and none is failing now (a watch that has not said a word yet counts
+    /// as not listed: its task may start after another's list is in).
     pub fn synced(&self) -> bool {
-        !self.connections.is_empty() && self.connections.values().all(|c| *c == Connection::Synced)
+        WATCHED_KINDS
+            .iter()
+            .all(|kind| self.connections.get(kind) == Some(&Connection::Synced))
     }
 
     /// The nodes `set` lands on.
@@ -188,5 +195,25 @@ impl AgentsView {
                 self.connections.insert(kind, state);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_view_is_whole_only_once_every_watched_kind_has_listed() {
+        let mut view = AgentsView::default();
+        assert!(!view.synced());
+        // The sets' watch listed before the others' tasks said a word: not whole, no node judged yet.
+        view.apply(AgentsUpdate::Connection(SET_KIND, Connection::Synced));
+        assert!(!view.synced());
+        for kind in &WATCHED_KINDS[1..] {
+            view.apply(AgentsUpdate::Connection(kind, Connection::Synced));
+        }
+        assert!(view.synced());
+        view.apply(AgentsUpdate::Connection("Lease", Connection::Connecting));
+        assert!(!view.synced());
     }
 }
