@@ -8,9 +8,10 @@
 //!
 //! Counted from the applied PinSet to the report saying `pinned` (and 10 s more): the API server's own
 //! request counters (`apiserver_request_total` on `/metrics`, every write request by resource and verb:
-//! only the agent writes then) and, from watches, how often the node's PinboardNode and its Lease really
-//! changed (a new resourceVersion: a write to etcd). Each run is a fresh lab; the medians of
-//! `PINBOARD_BENCH_RUNS` (3) runs are printed, and the load average before each.
+//! only the agent writes then) and, from watches, how often the node's PinboardNode, its
+//! PinboardNodeImages and its Lease really changed (a new resourceVersion: a write to etcd). Each run is
+//! a fresh lab; the medians of `PINBOARD_BENCH_RUNS` (3) runs are printed, and the load average before
+//! each.
 //!
 //!     cargo bench --bench agent_writes     # PINBOARD_BENCH_IMAGES=200 PINBOARD_BENCH_KIBPS=1024 PINBOARD_BENCH_RUNS=3
 //!
@@ -39,8 +40,8 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher::{self, Event};
 use pinboard::backend::pinboard_api::PinboardApi;
 use pinboard::model::pinboard_api::{
-    DEFAULT_NAMESPACE, GROUP, NODE_KIND, NODE_PLURAL, NodeSetPhase, PinboardNode, VERSION,
-    lease_name,
+    DEFAULT_NAMESPACE, GROUP, IMAGES_KIND, IMAGES_PLURAL, NODE_KIND, NODE_PLURAL, NodeSetPhase,
+    PinboardNode, VERSION, lease_name,
 };
 use pinboard::model::set::from_flags;
 use support::cluster::client;
@@ -99,8 +100,12 @@ fn since(before: &Counts, after: &Counts) -> Counts {
         .collect()
 }
 
-/// Counts every new resourceVersion `api`'s watch sees, by object name, from when it is listed.
-fn count_versions<K>(api: Api<K>, counts: Arc<Mutex<Counts>>) -> tokio::task::JoinHandle<()>
+/// Counts every new resourceVersion `api`'s watch sees, by `KIND name`, from when it is listed.
+fn count_versions<K>(
+    kind: &'static str,
+    api: Api<K>,
+    counts: Arc<Mutex<Counts>>,
+) -> tokio::task::JoinHandle<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -112,7 +117,11 @@ where
                 Event::InitDone => listed = true,
                 Event::Apply(object) if listed => {
                     let name = object.meta().name.clone().unwrap_or_default();
-                    *counts.lock().unwrap().entry(name).or_default() += 1.0;
+                    *counts
+                        .lock()
+                        .unwrap()
+                        .entry(format!("{kind} {name}"))
+                        .or_default() += 1.0;
                 }
                 _ => {}
             }
@@ -188,8 +197,9 @@ struct Run {
     rollout: Duration,
     /// Write requests by verb and resource.
     requests: Counts,
-    /// New resourceVersions of the node's report, its Lease and the aggregator's Lease.
+    /// New resourceVersions of the node's report, its detail, its Lease and the aggregator's Lease.
     report_versions: f64,
+    images_versions: f64,
     lease_versions: f64,
     aggregator_versions: f64,
 }
@@ -244,6 +254,13 @@ fn one_run(runtime: &tokio::runtime::Runtime, images: usize, layer_bytes: usize,
             NODE_PLURAL,
         );
         let reports: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+        let details: Api<DynamicObject> = Api::all_with(
+            admin.clone(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(GROUP, VERSION, IMAGES_KIND),
+                IMAGES_PLURAL,
+            ),
+        );
         agent = Some(start_agent(&lab, &kubeconfig));
         // The agent's first report (its node's facts) comes before the set.
         let deadline = Instant::now() + WAIT;
@@ -254,8 +271,9 @@ fn one_run(runtime: &tokio::runtime::Runtime, images: usize, layer_bytes: usize,
         let versions = Arc::new(Mutex::new(Counts::new()));
         let leases: Api<Lease> = Api::namespaced(admin.clone(), DEFAULT_NAMESPACE);
         let watches = [
-            count_versions(reports.clone(), Arc::clone(&versions)),
-            count_versions(leases, Arc::clone(&versions)),
+            count_versions(NODE_KIND, reports.clone(), Arc::clone(&versions)),
+            count_versions(IMAGES_KIND, details, Arc::clone(&versions)),
+            count_versions("Lease", leases, Arc::clone(&versions)),
         ];
         tokio::time::sleep(Duration::from_secs(2)).await;
         lab.proxy().set_bandwidth(Some(bps));
@@ -281,9 +299,10 @@ fn one_run(runtime: &tokio::runtime::Runtime, images: usize, layer_bytes: usize,
         Run {
             rollout: pinned - applied,
             requests,
-            report_versions: of(NODE),
-            lease_versions: of(&lease_name(NODE)),
-            aggregator_versions: of("pinboard-aggregator"),
+            report_versions: of(&format!("{NODE_KIND} {NODE}")),
+            images_versions: of(&format!("{IMAGES_KIND} {NODE}")),
+            lease_versions: of(&format!("Lease {}", lease_name(NODE))),
+            aggregator_versions: of("Lease pinboard-aggregator"),
         }
     });
     if let Some(mut agent) = agent {
@@ -308,11 +327,12 @@ fn main() {
         loads.push(load);
         let run = one_run(&runtime, images, layer_bytes, bps);
         println!(
-            "rollout {:.1} s; write requests {:?}; new resourceVersions: report {}, its Lease {}, the \
-             aggregator's Lease {}",
+            "rollout {:.1} s; write requests {:?}; new resourceVersions: report {}, its images {}, its \
+             Lease {}, the aggregator's Lease {}",
             run.rollout.as_secs_f64(),
             run.requests,
             run.report_versions,
+            run.images_versions,
             run.lease_versions,
             run.aggregator_versions
         );
@@ -341,8 +361,9 @@ fn main() {
         );
     }
     println!(
-        "new resourceVersions: report {}, its Lease {}, the aggregator's Lease {}",
+        "new resourceVersions: report {}, its images {}, its Lease {}, the aggregator's Lease {}",
         spread(of(&|r| r.report_versions), count),
+        spread(of(&|r| r.images_versions), count),
         spread(of(&|r| r.lease_versions), count),
         spread(of(&|r| r.aggregator_versions), count),
     );

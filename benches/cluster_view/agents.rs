@@ -2,8 +2,9 @@
 //! with the manifests `pinboard agent manifests` prints (CRDs, namespace, RBAC, DaemonSet): `nodes` Nodes
 //! (as the OpenShift contender's), one PinSet of `images` digest references, and per node the report its
 //! agent writes once the set is pinned (`images` images, every one pinned and held by the set, and the set's
-//! `images` image states) and its heartbeat Lease, each written through the agent's own calls
-//! ([`PinboardApi::write_report`], [`PinboardApi::renew`]).
+//! `images` image states: the report's detail, in its PinboardNodeImages; the report itself carries the
+//! counts and the set's phase) and its heartbeat Lease, each written through the agent's own calls
+//! ([`PinboardApi::write_images`], [`PinboardApi::write_report`], [`PinboardApi::renew`]).
 //!
 //! Measures, through the TUI's own fleet ([`AgentsFleet::watch`]: `watch_all` and `node_summary::of_agents`)
 //! and its `update` and Nodes screen drawn at 120×40 for every summary it sends: (a) from connecting to the
@@ -114,6 +115,8 @@ fn pinned_report(images: &[String]) -> NodeReport {
                 held_by: vec![SET.into()],
             })
             .collect(),
+        image_count: images.len(),
+        pinned_count: images.len(),
         pin_method: Some("containerd-label".into()),
         lazy_pulling: Some(LazyPulling::new(LazyState::Off, None, Some(true), None)),
         lazy_pulling_error: None,
@@ -152,10 +155,14 @@ async fn create_objects(
     }
     let created = create_nodes(admin, nodes, images).await;
     let report = pinned_report(&references);
+    let detail = report.image_detail();
     futures::stream::iter(created.iter().map(|node| {
-        let report = &report;
+        let (report, detail) = (&report, &detail);
         async move {
             let name = node.metadata.name.as_deref().expect("a named Node");
+            api.write_images(node, detail, true)
+                .await
+                .unwrap_or_else(|e| panic!("images of {name}: {e}"));
             api.write_report(node, report, true)
                 .await
                 .unwrap_or_else(|e| panic!("report of {name}: {e}"));
@@ -276,8 +283,8 @@ pub(super) fn run(
         let (created, report) = create_objects(&admin, &api, nodes, images).await;
         println!(
             "created 1 PinSet of {images} images, {nodes} Nodes + status, {nodes} PinboardNodes + status \
-             ({images} images, the set's {images} image states), {nodes} Leases ({IN_FLIGHT} requests in \
-             flight): {:.1} s",
+             and {nodes} PinboardNodeImages + status (the report's detail: {images} images, the set's \
+             {images} image states), {nodes} Leases ({IN_FLIGHT} requests in flight): {:.1} s",
             creating.elapsed().as_secs_f64()
         );
         let rss_before = trimmed_rss();

@@ -42,7 +42,7 @@ impl Aggregator {
         }
         let (watch, view) = self
             .leading
-            .get_or_insert_with(|| (self.api.watch_all(), AgentsView::default()));
+            .get_or_insert_with(|| (self.api.watch_all(false), AgentsView::default()));
         while let Ok(update) = watch.updates.try_recv() {
             view.apply(update);
         }

@@ -89,6 +89,8 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
             }
         })
         .collect();
+    report.image_count = report.images.len();
+    report.pinned_count = report.images.iter().filter(|i| i.pinned).count();
     let lazy = match runtime_kind(&version.runtime_name) {
         Ok(kind) => read_lazy(&client, kind, &target.lazy)
             .await

@@ -51,8 +51,8 @@ use crate::model::holders::Release;
 use crate::model::image::Platform;
 use crate::model::node_report;
 use crate::model::pinboard_api::{
-    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeReport, NodeSetPhase, PinSet,
-    SetFanOut, SetReport,
+    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeImages, NodeReport, NodeSetPhase,
+    PinSet, SetFanOut, SetReport,
 };
 use crate::model::readiness::LazyImages;
 use crate::model::rollout::Rollout;
@@ -194,6 +194,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         cache,
         cache_report: None,
         written: None,
+        written_images: None,
         last_write: None,
         events,
         api,
@@ -248,7 +249,9 @@ struct Agent {
     cache: Option<cache::CacheRole>,
     /// The cache's figures as of the last heartbeat (reported at that pace, not at every byte).
     cache_report: Option<CacheReport>,
-    written: Option<NodeReport>,
+    /// The report and its detail as last written (the report as sent: without its image lists).
+    written: Option<serde_json::Value>,
+    written_images: Option<NodeImages>,
     last_write: Option<Instant>,
     events: UnboundedSender<FleetEvent>,
 }
@@ -327,13 +330,15 @@ impl Agent {
             }
             AgentsUpdate::Reports(reports) => {
                 if reports.is_empty() {
-                    // Its report was deleted: the next write makes it again, whole.
+                    // Its report was deleted (its detail with it, as both go with the Node): the next
+                    // write makes them again, whole.
                     self.written = None;
+                    self.written_images = None;
                 }
                 let wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
                 return std::mem::replace(&mut self.lazy_wish, wish) != wish;
             }
-            AgentsUpdate::Heartbeats(_) => {}
+            AgentsUpdate::Heartbeats(_) | AgentsUpdate::Images(_) => {}
             AgentsUpdate::Connection(kind, state) => tracing::debug!("watch of {kind}: {state}"),
         }
         false
@@ -609,7 +614,11 @@ impl Agent {
         let mut report = self.facts.clone();
         report.sets = self.reports.values().cloned().collect();
         report.cache = self.cache_report.clone();
-        if self.written.as_ref() == Some(&report) {
+        let sent = serde_json::to_value(&report).unwrap_or_default();
+        let detail = report.image_detail();
+        let report_due = self.written.as_ref() != Some(&sent);
+        let detail_due = self.written_images.as_ref() != Some(&detail);
+        if !report_due && !detail_due {
             return;
         }
         let nodes = self
@@ -626,16 +635,28 @@ impl Agent {
         {
             return;
         }
-        let first = self.written.is_none();
-        match self.api.write_report(node, &report, first).await {
-            Ok(()) => {
-                self.written = Some(report);
-                self.last_write = Some(Instant::now());
+        self.last_write = Some(Instant::now());
+        // The detail first: a reader that sees the report's new phase finds the images it rests on.
+        if detail_due {
+            let first = self.written_images.is_none();
+            match self.api.write_images(node, &detail, first).await {
+                Ok(()) => self.written_images = Some(detail),
+                Err(e) => {
+                    tracing::warn!("cannot write the report's images: {e}");
+                    // Perhaps the object is gone: the next write makes it again.
+                    self.written_images = None;
+                    return;
+                }
             }
-            Err(e) => {
-                tracing::warn!("cannot write the report: {e}");
-                // Perhaps the object is gone: the next write makes it again.
-                self.written = None;
+        }
+        if report_due {
+            let first = self.written.is_none();
+            match self.api.write_report(node, &report, first).await {
+                Ok(()) => self.written = Some(sent),
+                Err(e) => {
+                    tracing::warn!("cannot write the report: {e}");
+                    self.written = None;
+                }
             }
         }
     }

@@ -28,8 +28,9 @@ use crate::model::cache_token::CacheToken;
 use crate::model::machine_config::ClusterNode;
 use crate::model::pinboard_api::{
     AGENT_MANAGER, API_VERSION, CACHE_ADDRESS_ANNOTATION, CACHE_LEASE, CACHE_SETS_ANNOTATION,
-    CACHE_TOKEN_KEY, CACHE_TOKEN_SECRET, GROUP, Heartbeat, NODE_KIND, NodeReport, PinSet,
-    PinSetStatus, PinboardNode, SET_KIND, VERSION, lease_name,
+    CACHE_TOKEN_KEY, CACHE_TOKEN_SECRET, GROUP, Heartbeat, IMAGES_KIND, IMAGES_PLURAL, NODE_KIND,
+    NodeImages, NodeReport, PinSet, PinSetStatus, PinboardNode, PinboardNodeImages, SET_KIND,
+    VERSION, lease_name,
 };
 use crate::model::set::ImageSet;
 
@@ -89,6 +90,8 @@ pub struct PinboardApi {
     client: Client,
     sets: ApiResource,
     nodes: ApiResource,
+    /// The reports' detail: each node's images.
+    images: ApiResource,
     /// Where the agents run: their Leases and the pull Secrets.
     namespace: String,
 }
@@ -96,6 +99,8 @@ pub struct PinboardApi {
 /// The running watchers; dropping it stops them.
 pub struct AgentsWatch {
     pub updates: mpsc::Receiver<AgentsUpdate>,
+    /// What more watchers send into `updates` on.
+    sender: mpsc::Sender<AgentsUpdate>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -130,6 +135,7 @@ impl PinboardApi {
             client,
             sets: resource(SET_KIND, crate::model::pinboard_api::SET_PLURAL),
             nodes: resource(NODE_KIND, crate::model::pinboard_api::NODE_PLURAL),
+            images: resource(IMAGES_KIND, IMAGES_PLURAL),
             namespace: namespace.to_string(),
         }
     }
@@ -217,40 +223,28 @@ impl PinboardApi {
         Ok(())
     }
 
-    /// Writes `node`'s report: the object (owned by its Node, so it goes with it), then its status.
-    /// `with_object`: the object itself first (an agent's first write; after that only its status changes,
-    /// so each later write is one request).
+    /// Writes `node`'s report (without its image lists: see [`Self::write_images`]). `with_object`: the
+    /// object itself first (an agent's first write; after that only its status changes, so each later
+    /// write is one request).
     pub async fn write_report(
         &self,
         node: &Node,
         report: &NodeReport,
         with_object: bool,
     ) -> Result<(), AgentsError> {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let params = PatchParams::apply(AGENT_MANAGER).force();
-        let reports = self.reports();
-        if with_object {
-            let owner = json!({
-                "apiVersion": "v1", "kind": "Node", "name": name,
-                "uid": node.metadata.uid.clone().unwrap_or_default(),
-            });
-            let object = json!({
-                "apiVersion": API_VERSION, "kind": NODE_KIND,
-                "metadata": {"name": name, "ownerReferences": [owner]},
-            });
-            reports
-                .patch(&name, &params, &Patch::Apply(&object))
-                .await?;
-        }
-        let status = json!({
-            "apiVersion": API_VERSION, "kind": NODE_KIND,
-            "metadata": {"name": name},
-            "status": report,
-        });
-        reports
-            .patch_status(&name, &params, &Patch::Apply(&status))
-            .await?;
-        Ok(())
+        let api = Api::all_with(self.client.clone(), &self.nodes);
+        write_node_status(&api, NODE_KIND, node, json!(report), with_object).await
+    }
+
+    /// Writes `node`'s images, the detail of its report, as [`Self::write_report`] does the report.
+    pub async fn write_images(
+        &self,
+        node: &Node,
+        images: &NodeImages,
+        with_object: bool,
+    ) -> Result<(), AgentsError> {
+        let api = Api::all_with(self.client.clone(), &self.images);
+        write_node_status(&api, IMAGES_KIND, node, json!(images), with_object).await
     }
 
     /// Writes a set's summary over its nodes (the aggregating agent).
@@ -313,10 +307,37 @@ impl PinboardApi {
         Ok(Api::<Node>::all(self.client.clone()).get_opt(name).await?)
     }
 
-    /// Watches every set, report, Node and heartbeat: what the commands, the TUI and the aggregating
-    /// agent follow.
-    pub fn watch_all(&self) -> AgentsWatch {
-        self.watch(watcher::Config::default(), true)
+    /// Watches every set, report, Node and heartbeat: what the TUI and the aggregating agent follow; with
+    /// `images`, the reports' detail too (every node's images: what the commands judge and plan by).
+    pub fn watch_all(&self, images: bool) -> AgentsWatch {
+        let mut watch = self.watch(watcher::Config::default(), true);
+        if images {
+            watch.tasks.push(self.spawn_images(watch.sender.clone()));
+        }
+        watch
+    }
+
+    /// Watches the reports' detail only: what the TUI adds once a screen needs every node's images.
+    pub fn watch_images(&self) -> AgentsWatch {
+        let (sender, updates) = mpsc::channel(CHANNEL);
+        AgentsWatch {
+            tasks: vec![self.spawn_images(sender.clone())],
+            sender,
+            updates,
+        }
+    }
+
+    fn spawn_images(&self, tx: mpsc::Sender<AgentsUpdate>) -> JoinHandle<()> {
+        let mut views = TypedCache::<PinboardNodeImages>::default();
+        spawn(
+            IMAGES_KIND,
+            Api::all_with(self.client.clone(), &self.images),
+            watcher::Config::default(),
+            Writer::new(self.images.clone()),
+            move |objects: &Snapshot<DynamicObject>| AgentsUpdate::Images(views.all(objects)),
+            AgentsUpdate::Connection,
+            tx,
+        )
     }
 
     /// Watches every set, and only `node`'s Node and report: what one agent follows.
@@ -379,11 +400,47 @@ impl PinboardApi {
                 Writer::default(),
                 |leases: &Snapshot<Lease>| AgentsUpdate::Heartbeats(heartbeats_of(leases)),
                 AgentsUpdate::Connection,
-                tx,
+                tx.clone(),
             ));
         }
-        AgentsWatch { updates, tasks }
+        AgentsWatch {
+            updates,
+            sender: tx,
+            tasks,
+        }
     }
+}
+
+/// Writes `status` into `node`'s object of `kind`: with `with_object`, the object first (owned by its Node,
+/// so it goes with it).
+async fn write_node_status(
+    api: &Api<DynamicObject>,
+    kind: &str,
+    node: &Node,
+    status: serde_json::Value,
+    with_object: bool,
+) -> Result<(), AgentsError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let params = PatchParams::apply(AGENT_MANAGER).force();
+    if with_object {
+        let owner = json!({
+            "apiVersion": "v1", "kind": "Node", "name": name,
+            "uid": node.metadata.uid.clone().unwrap_or_default(),
+        });
+        let object = json!({
+            "apiVersion": API_VERSION, "kind": kind,
+            "metadata": {"name": name, "ownerReferences": [owner]},
+        });
+        api.patch(&name, &params, &Patch::Apply(&object)).await?;
+    }
+    let status = json!({
+        "apiVersion": API_VERSION, "kind": kind,
+        "metadata": {"name": name},
+        "status": status,
+    });
+    api.patch_status(&name, &params, &Patch::Apply(&status))
+        .await?;
+    Ok(())
 }
 
 /// Each node's agent's last heartbeat, by node (its Lease's `holderIdentity`).

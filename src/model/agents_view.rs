@@ -12,9 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use super::labels::selector_matches;
 use super::machine_config::{ClusterNode, Connection};
 use super::pinboard_api::{
-    Heartbeat, NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode,
+    Heartbeat, NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode, PinboardNodeImages,
 };
-use super::pinboard_kinds::{NODE_KIND, SET_KIND};
+use super::pinboard_kinds::{IMAGES_KIND, NODE_KIND, SET_KIND};
 
 /// The kinds a view of the whole cluster watches: each must have listed before the view is whole.
 pub const WATCHED_KINDS: [&str; 4] = [SET_KIND, NODE_KIND, "Node", "Lease"];
@@ -23,7 +23,14 @@ pub const WATCHED_KINDS: [&str; 4] = [SET_KIND, NODE_KIND, "Node", "Lease"];
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AgentsView {
     pub sets: Vec<PinSet>,
+    /// Each node's report, with its image lists once the reports' detail is watched too (see
+    /// [`AgentsView::images_synced`]); without, the very objects the watch shares.
     pub reports: BTreeMap<String, Arc<PinboardNode>>,
+    /// The reports as watched, and their detail, by node: what `reports` is made of.
+    watched: BTreeMap<String, Arc<PinboardNode>>,
+    images: BTreeMap<String, Arc<PinboardNodeImages>>,
+    /// What each merged report in `reports` was made of.
+    merged_from: BTreeMap<String, (Arc<PinboardNode>, Arc<PinboardNodeImages>)>,
     pub nodes: Vec<ClusterNode>,
     /// Each node's agent's last heartbeat.
     pub heartbeats: BTreeMap<String, Heartbeat>,
@@ -64,6 +71,11 @@ impl AgentsView {
         WATCHED_KINDS
             .iter()
             .all(|kind| self.connections.get(kind) == Some(&Connection::Synced))
+    }
+
+    /// The reports' detail (every node's images) has been listed, and its watch is not failing now.
+    pub fn images_synced(&self) -> bool {
+        self.connections.get(IMAGES_KIND) == Some(&Connection::Synced)
     }
 
     /// The nodes `set` lands on.
@@ -173,6 +185,8 @@ impl AgentsView {
 pub enum AgentsUpdate {
     Sets(Vec<PinSet>),
     Reports(Vec<Arc<PinboardNode>>),
+    /// The reports' detail.
+    Images(Vec<Arc<PinboardNodeImages>>),
     Nodes(Vec<ClusterNode>),
     /// Each node's agent's last heartbeat, by node.
     Heartbeats(BTreeMap<String, Heartbeat>),
@@ -184,10 +198,18 @@ impl AgentsView {
         match update {
             AgentsUpdate::Sets(sets) => self.sets = sets,
             AgentsUpdate::Reports(reports) => {
-                self.reports = reports
+                self.watched = reports
                     .into_iter()
                     .map(|r| (r.metadata.name.clone(), r))
                     .collect();
+                self.merge();
+            }
+            AgentsUpdate::Images(images) => {
+                self.images = images
+                    .into_iter()
+                    .map(|i| (i.metadata.name.clone(), i))
+                    .collect();
+                self.merge();
             }
             AgentsUpdate::Nodes(nodes) => self.nodes = nodes,
             AgentsUpdate::Heartbeats(heartbeats) => self.heartbeats = heartbeats,
@@ -195,6 +217,37 @@ impl AgentsView {
                 self.connections.insert(kind, state);
             }
         }
+    }
+
+    /// Makes `reports` of the watched reports and their detail: a report whose object and detail are the
+    /// ones merged before keeps its merged copy (a change to one of thousands of nodes merges one).
+    fn merge(&mut self) {
+        let mut reports = BTreeMap::new();
+        let mut merged_from = BTreeMap::new();
+        for (name, watched) in &self.watched {
+            let Some(images) = self.images.get(name).filter(|i| i.status.is_some()) else {
+                reports.insert(name.clone(), Arc::clone(watched));
+                continue;
+            };
+            let unchanged = self
+                .merged_from
+                .get(name)
+                .is_some_and(|(w, i)| Arc::ptr_eq(w, watched) && Arc::ptr_eq(i, images));
+            let report = match (unchanged, self.reports.get(name)) {
+                (true, Some(before)) => Arc::clone(before),
+                _ => Arc::new(PinboardNode {
+                    status: watched
+                        .status
+                        .as_ref()
+                        .map(|s| s.with_images(images.status.as_ref().expect("filtered"))),
+                    ..PinboardNode::clone(watched)
+                }),
+            };
+            merged_from.insert(name.clone(), (Arc::clone(watched), Arc::clone(images)));
+            reports.insert(name.clone(), report);
+        }
+        self.reports = reports;
+        self.merged_from = merged_from;
     }
 }
 
@@ -215,5 +268,62 @@ mod tests {
         assert!(view.synced());
         view.apply(AgentsUpdate::Connection("Lease", Connection::Connecting));
         assert!(!view.synced());
+    }
+
+    fn report(node: &str, free: u64) -> Arc<PinboardNode> {
+        let mut report = PinboardNode::default();
+        report.metadata.name = node.into();
+        report.status = Some(NodeReport {
+            image_filesystem: Some(super::super::pinboard_api::FilesystemReport {
+                available_bytes: free,
+                ..Default::default()
+            }),
+            ..NodeReport::default()
+        });
+        Arc::new(report)
+    }
+
+    fn images(node: &str, image: &str) -> Arc<PinboardNodeImages> {
+        let mut detail = PinboardNodeImages::default();
+        detail.metadata.name = node.into();
+        detail.status = Some(super::super::pinboard_api::NodeImages {
+            images: vec![super::super::pinboard_api::ImageReport {
+                names: vec![image.into()],
+                ..Default::default()
+            }],
+            sets: Vec::new(),
+        });
+        Arc::new(detail)
+    }
+
+    #[test]
+    fn reports_get_their_images_once_watched_and_a_change_remakes_only_its_node() {
+        let mut view = AgentsView::default();
+        let (n1, n2) = (report("n1", 1), report("n2", 2));
+        view.apply(AgentsUpdate::Reports(vec![n1.clone(), n2.clone()]));
+        // Without the detail, the very objects the watch shares, without images.
+        assert!(Arc::ptr_eq(&view.reports["n1"], &n1));
+        assert!(view.report("n1").unwrap().images.is_empty());
+        view.apply(AgentsUpdate::Images(vec![
+            images("n1", "a@sha256:1"),
+            images("n2", "b@sha256:2"),
+        ]));
+        assert_eq!(view.report("n1").unwrap().images[0].names, ["a@sha256:1"]);
+        assert_eq!(view.report("n2").unwrap().images[0].names, ["b@sha256:2"]);
+        let merged_n2 = Arc::clone(&view.reports["n2"]);
+        // n1's report changes: n1 is merged again, n2 keeps its merged copy.
+        let n1_again = report("n1", 10);
+        view.apply(AgentsUpdate::Reports(vec![n1_again, n2]));
+        assert_eq!(
+            view.report("n1")
+                .unwrap()
+                .image_filesystem
+                .as_ref()
+                .unwrap()
+                .available_bytes,
+            10
+        );
+        assert_eq!(view.report("n1").unwrap().images[0].names, ["a@sha256:1"]);
+        assert!(Arc::ptr_eq(&view.reports["n2"], &merged_n2));
     }
 }

@@ -5,10 +5,14 @@
 //! - [`PinSet`] (cluster-scoped): the images to pre-load and pin (`spec.pinnedImages: [{name}]`, as a
 //!   PinnedImageSet), on the nodes its `spec.nodeSelector` selects (none: every node with an agent), pulled
 //!   with the credentials of `spec.pullSecrets` (Secrets in the agents' namespace) and the node's own.
-//! - [`PinboardNode`] (cluster-scoped, named after its Node, owned by it): what the node's agent reports —
-//!   its runtime, image filesystem, images, pins and their holders, lazy pulling, kubelet thresholds — and,
-//!   per set that selects the node, where each image is, with conditions. Its `spec.lazyPulling` is what an
-//!   administrator asks of the node's lazy pulling.
+//! - [`PinboardNode`] (cluster-scoped, named after its Node, owned by it): what the node's agent reports,
+//!   small enough for every screen to watch on thousands of nodes — its runtime, image filesystem, how
+//!   many images and pins, lazy pulling, kubelet thresholds — and, per set that selects the node, its
+//!   phase, bytes and conditions. Its `spec.lazyPulling` is what an administrator asks of the node's lazy
+//!   pulling.
+//! - [`PinboardNodeImages`] (the same name and owner): the report's detail — every image the runtime
+//!   holds, its pin and holders, and per set where each image is — read by the plan, `check`, the Config
+//!   and Rollout screens; not by the Nodes screen.
 //! - The agent's heartbeat is a `coordination.k8s.io` Lease per node (`pinboard-agent-NODE`), renewed
 //!   often and written small, as the kubelet's own heartbeat is: the report is written only when something
 //!   changes.
@@ -26,7 +30,8 @@ use super::plan::NodeFacts;
 use super::set::{ImageSet, from_flags};
 
 pub use super::pinboard_kinds::{
-    API_VERSION, GROUP, NODE_KIND, NODE_PLURAL, SET_KIND, SET_PLURAL, VERSION,
+    API_VERSION, GROUP, IMAGES_KIND, IMAGES_PLURAL, NODE_KIND, NODE_PLURAL, SET_KIND, SET_PLURAL,
+    VERSION,
 };
 /// The namespace the manifests install the agents in.
 pub const DEFAULT_NAMESPACE: &str = "pinboard-system";
@@ -165,7 +170,9 @@ pub struct NodeSpec {
     pub lazy_pulling: Option<bool>,
 }
 
-/// What a node's agent says of it.
+/// What a node's agent says of it. Its image lists (`images`, each set's `images`) are the detail, written
+/// to the node's [`PinboardNodeImages`] and filled in from it by readers that watch both
+/// ([`NodeReport::with_images`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeReport {
@@ -180,9 +187,14 @@ pub struct NodeReport {
     pub runtime_error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_filesystem: Option<FilesystemReport>,
-    /// Every image the runtime holds.
-    #[serde(default)]
+    /// Every image the runtime holds (detail: in [`PinboardNodeImages`]).
+    #[serde(skip)]
     pub images: Vec<ImageReport>,
+    /// How many images the runtime holds, and how many of them are pinned.
+    #[serde(default)]
+    pub image_count: usize,
+    #[serde(default)]
+    pub pinned_count: usize,
     /// How the node pins: `containerd-label` or `crio-drop-in`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pin_method: Option<String>,
@@ -273,6 +285,8 @@ pub struct SetReport {
     pub done_bytes: u64,
     #[serde(default)]
     pub total_bytes: u64,
+    /// Where each image is (detail: in [`PinboardNodeImages`]).
+    #[serde(skip)]
     pub images: Vec<ImageState>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
@@ -291,6 +305,34 @@ pub struct SetFanOut {
     /// Why it pulled from the source, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_reason: Option<String>,
+}
+
+/// The detail of one node's report, as its agent writes it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PinboardNodeImages {
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<NodeImages>,
+}
+
+/// Every image a node's runtime holds, and per set where each of its images is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImages {
+    #[serde(default)]
+    pub images: Vec<ImageReport>,
+    #[serde(default)]
+    pub sets: Vec<SetImages>,
+}
+
+/// One set's images on one node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetImages {
+    pub name: String,
+    pub observed_generation: i64,
+    pub images: Vec<ImageState>,
 }
 
 /// Where a node is with a set.
@@ -363,6 +405,38 @@ impl PinSet {
 pub const KUBELET_CONFIG_SOURCE: &str = "kubelet-config";
 
 impl NodeReport {
+    /// The report's detail: what its [`PinboardNodeImages`] holds.
+    pub fn image_detail(&self) -> NodeImages {
+        NodeImages {
+            images: self.images.clone(),
+            sets: self
+                .sets
+                .iter()
+                .map(|s| SetImages {
+                    name: s.name.clone(),
+                    observed_generation: s.observed_generation,
+                    images: s.images.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The report with its `detail` filled in: the node's images, and each set's images where the detail
+    /// is of the same generation (written a moment apart, they may not be).
+    pub fn with_images(&self, detail: &NodeImages) -> NodeReport {
+        let mut report = self.clone();
+        report.images = detail.images.clone();
+        for set in &mut report.sets {
+            set.images = detail
+                .sets
+                .iter()
+                .find(|d| d.name == set.name && d.observed_generation == set.observed_generation)
+                .map(|d| d.images.clone())
+                .unwrap_or_default();
+        }
+        report
+    }
+
     /// Whether the runtime holds the image `reference` names (the report's list is complete).
     pub fn holds(&self, reference: &str) -> bool {
         self.images
@@ -460,20 +534,73 @@ mod tests {
                 fan_out: None,
             })
             .collect();
-        let node = PinboardNode {
-            metadata: ObjectMeta {
-                name: "worker-0001".into(),
-                ..ObjectMeta::default()
-            },
-            spec: NodeSpec::default(),
-            status: Some(NodeReport {
-                images,
-                sets,
-                ..NodeReport::default()
-            }),
+        let metadata = ObjectMeta {
+            name: "worker-0001".into(),
+            ..ObjectMeta::default()
         };
-        let bytes = serde_json::to_vec(&node).unwrap().len();
-        println!("report of 500 images and 3 sets of 200: {bytes} bytes of JSON");
-        assert!(bytes < ETCD_LIMIT / 4, "{bytes} bytes");
+        let report = NodeReport {
+            images,
+            image_count: 500,
+            pinned_count: 300,
+            sets,
+            ..NodeReport::default()
+        };
+        let detail = PinboardNodeImages {
+            metadata: metadata.clone(),
+            status: Some(report.image_detail()),
+        };
+        let node = PinboardNode {
+            metadata,
+            spec: NodeSpec::default(),
+            status: Some(report.clone()),
+        };
+        let (summary, detail) = (
+            serde_json::to_vec(&node).unwrap(),
+            serde_json::to_vec(&detail).unwrap(),
+        );
+        println!(
+            "report of 500 images and 3 sets of 200: {} bytes of JSON, its detail {} bytes",
+            summary.len(),
+            detail.len()
+        );
+        assert!(detail.len() < ETCD_LIMIT / 4, "{} bytes", detail.len());
+        // What every screen watches stays small: no image list in it.
+        assert!(summary.len() < 4096, "{} bytes", summary.len());
+        // Read back and filled in from its detail, it is the report the agent wrote.
+        let read: PinboardNode = serde_json::from_slice(&summary).unwrap();
+        let read_detail: PinboardNodeImages = serde_json::from_slice(&detail).unwrap();
+        let whole = read
+            .status
+            .unwrap()
+            .with_images(read_detail.status.as_ref().unwrap());
+        assert_eq!(whole.images, report.images);
+        let set_images =
+            |r: &NodeReport| r.sets.iter().map(|s| s.images.clone()).collect::<Vec<_>>();
+        assert_eq!(set_images(&whole), set_images(&report));
+        assert_eq!((whole.image_count, whole.pinned_count), (500, 300));
+    }
+
+    #[test]
+    fn a_detail_of_another_generation_leaves_that_sets_images_out() {
+        let set = |generation| SetReport {
+            name: "release".into(),
+            observed_generation: generation,
+            images: vec![ImageState {
+                name: "r@sha256:1".into(),
+                ..ImageState::default()
+            }],
+            ..SetReport::default()
+        };
+        let written = NodeReport {
+            sets: vec![set(2)],
+            ..NodeReport::default()
+        };
+        let older = NodeReport {
+            sets: vec![set(1)],
+            ..NodeReport::default()
+        }
+        .image_detail();
+        assert!(written.with_images(&older).sets[0].images.is_empty());
+        assert_eq!(written.with_images(&written.image_detail()), written);
     }
 }

@@ -8,3 +8,5 @@ pub const SET_KIND: &str = "PinSet";
 pub const SET_PLURAL: &str = "pinsets";
 pub const NODE_KIND: &str = "PinboardNode";
 pub const NODE_PLURAL: &str = "pinboardnodes";
+pub const IMAGES_KIND: &str = "PinboardNodeImages";
+pub const IMAGES_PLURAL: &str = "pinboardnodeimages";

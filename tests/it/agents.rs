@@ -44,9 +44,14 @@ fn readiness(lab: &AgentsLab, args: &[&str]) -> (i32, Readiness, String) {
 
 /// The PinboardNode reports, by node.
 async fn reports(lab: &AgentsLab) -> Vec<Value> {
+    objects(lab, "PinboardNode", "pinboardnodes").await
+}
+
+/// Every object of pinboard's `kind`, as JSON.
+async fn objects(lab: &AgentsLab, kind: &str, plural: &str) -> Vec<Value> {
     let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", "PinboardNode"),
-        "pinboardnodes",
+        &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", kind),
+        plural,
     );
     let api: Api<DynamicObject> = Api::all_with(lab.admin.clone(), &resource);
     api.list(&Default::default())
@@ -109,14 +114,40 @@ async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_wha
                 .is_some_and(|r| r.starts_with("containerd"))
         );
     }
+    let details = objects(&lab, "PinboardNodeImages", "pinboardnodeimages").await;
     for report in reports(&lab).await {
         let set = &report["status"]["sets"][0];
         assert_eq!(set["name"], "web", "{report}");
         assert_eq!(set["state"], "pinned", "{report}");
-        for image in set["images"].as_array().unwrap() {
-            assert_eq!(image["state"], "pinned", "{report}");
+        // The report stays small: its image lists are in the node's PinboardNodeImages.
+        assert!(
+            set["images"].is_null() && report["status"]["images"].is_null(),
+            "{report}"
+        );
+        assert!(
+            report["status"]["pinnedCount"].as_u64() >= Some(2),
+            "{report}"
+        );
+        let name = &report["metadata"]["name"];
+        let detail = details
+            .iter()
+            .find(|d| d["metadata"]["name"] == *name)
+            .unwrap_or_else(|| panic!("no PinboardNodeImages {name}"));
+        assert_eq!(
+            detail["metadata"]["ownerReferences"][0]["kind"], "Node",
+            "{detail}"
+        );
+        let set_images = &detail["status"]["sets"][0];
+        assert_eq!(set_images["name"], "web", "{detail}");
+        assert_eq!(
+            set_images["images"].as_array().unwrap().len(),
+            2,
+            "{detail}"
+        );
+        for image in set_images["images"].as_array().unwrap() {
+            assert_eq!(image["state"], "pinned", "{detail}");
             // containerd 1.6.20 cannot report pins: the agent's word rests on the label it wrote.
-            assert_eq!(image["evidence"], "record", "{report}");
+            assert_eq!(image["evidence"], "record", "{detail}");
         }
         assert!(
             report["status"]["imageFilesystem"]["capacityBytes"]

@@ -324,7 +324,7 @@ impl Fleet for AgentsFleet {
     ) -> BoxFuture<'_, Result<Survey, Failure>> {
         async move {
             let registry = self.reading_registry()?;
-            let view = self.tui.view()?;
+            let view = self.tui.view_with_images().await?;
             let sets: Vec<ImageSet> = sets
                 .into_iter()
                 .map(|set| self.tui.targeting(set, &nodes))

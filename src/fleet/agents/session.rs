@@ -38,12 +38,12 @@ impl Connected {
     ) -> Result<Connected, Failure> {
         let api = PinboardApi::discover(connect(options).await?, namespace).await?;
         let mut connected = Connected {
-            watch: api.watch_all(),
+            watch: api.watch_all(true),
             api,
             view: AgentsView::default(),
         };
         let deadline = Instant::now() + FIRST_SYNC;
-        while !connected.view.synced() {
+        while !(connected.view.synced() && connected.view.images_synced()) {
             let failing = connected
                 .view
                 .connections

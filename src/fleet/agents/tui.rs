@@ -2,16 +2,21 @@
 //! agents' reports, the Config screen each node's pins and their holders, and the Rollout screen folds
 //! the engine events each report's change stands for ([`events_between`]). Applying a set is a
 //! server-side apply of its PinSet, unpinning deletes it, and `L` asks the node's agent.
+//!
+//! The Nodes screen needs only the reports, which are small; every node's images (the reports' detail,
+//! most of their bytes) are watched from the first time a screen needs them: the Plan, the Config screen,
+//! a rollout to follow. So a cluster of thousands of nodes opens on the Nodes screen without listing them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::backend::kube::{ConnectOptions, connect};
-use crate::backend::pinboard_api::PinboardApi;
+use crate::backend::pinboard_api::{AgentsWatch, PinboardApi};
 use crate::error::Failure;
 use crate::fanout::Update;
 use crate::fleet::{Events, FleetEvent};
@@ -27,6 +32,10 @@ use crate::model::set::ImageSet;
 
 /// How often the Nodes screen is judged again when nothing changed: a heartbeat goes stale silently.
 const REJUDGE_EVERY: Duration = Duration::from_secs(5);
+/// How long the Plan waits for every node's images to be listed.
+const IMAGES_WITHIN: Duration = Duration::from_secs(120);
+/// How often the Plan looks whether they are.
+const IMAGES_LISTED_EVERY: Duration = Duration::from_millis(100);
 /// The label every kubelet sets to its node's name: how a set aimed at chosen nodes selects them.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
@@ -39,6 +48,8 @@ pub(super) struct Live {
     /// The sets applied in this session, whose progress the Rollout screen follows.
     followed: Arc<Mutex<BTreeSet<String>>>,
     watching: Mutex<Option<JoinHandle<()>>>,
+    /// Asks the watching task to watch every node's images too.
+    want_images: Mutex<Option<mpsc::UnboundedSender<()>>>,
 }
 
 impl Drop for Live {
@@ -69,10 +80,34 @@ impl Live {
             .ok_or_else(|| Failure::bad_input("not connected to the cluster"))
     }
 
-    /// The view as watched now.
-    pub(super) fn view(&self) -> Result<AgentsView, Failure> {
+    /// The view as watched now, with every node's images (watched from now on, and waited for the first
+    /// time).
+    pub(super) async fn view_with_images(&self) -> Result<AgentsView, Failure> {
         self.api()?;
-        Ok(self.view.lock().expect("view lock").clone())
+        self.watch_images();
+        let deadline = Instant::now() + IMAGES_WITHIN;
+        loop {
+            {
+                let view = self.view.lock().expect("view lock");
+                if view.images_synced() {
+                    return Ok(view.clone());
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Failure::unreachable(vec![format!(
+                    "the nodes' images (PinboardNodeImages) were not listed within {IMAGES_WITHIN:?}; the \
+                     API server is too slow or unreachable"
+                )]));
+            }
+            tokio::time::sleep(IMAGES_LISTED_EVERY).await;
+        }
+    }
+
+    /// Asks the watching task to watch every node's images (once; later asks change nothing).
+    fn watch_images(&self) {
+        if let Some(want) = self.want_images.lock().expect("want lock").as_ref() {
+            let _ = want.send(());
+        }
     }
 
     /// Watches the cluster: the Nodes screen when a node's summary changes, the Rollout screen when a
@@ -82,8 +117,11 @@ impl Live {
             return;
         };
         let (view, followed) = (Arc::clone(&self.view), Arc::clone(&self.followed));
+        let (want_images, mut wanted_images) = mpsc::unbounded_channel();
+        *self.want_images.lock().expect("want lock") = Some(want_images);
         let task = tokio::spawn(async move {
-            let mut watch = api.watch_all();
+            let mut watch = api.watch_all(false);
+            let mut images: Option<AgentsWatch> = None;
             let mut shown: Vec<NodeSummary> = Vec::new();
             let mut tick = tokio::time::interval(REJUDGE_EVERY);
             loop {
@@ -92,32 +130,41 @@ impl Live {
                         Some(update) => Some(update),
                         None => return,
                     },
+                    Some(update) = next_update(&mut images) => Some(update),
+                    Some(()) = wanted_images.recv(), if images.is_none() => {
+                        images = Some(api.watch_images());
+                        continue;
+                    }
                     _ = tick.tick() => None,
                 };
                 let summaries = {
                     let mut view = view.lock().expect("view lock");
-                    if let Some(AgentsUpdate::Reports(reports)) = &update {
-                        // The watch shares the reports it did not convert again: those unchanged.
-                        let changed: Vec<&PinboardNode> = reports
+                    let reports_changed = matches!(
+                        update,
+                        Some(AgentsUpdate::Reports(_) | AgentsUpdate::Images(_))
+                    );
+                    let before = reports_changed.then(|| view.reports.clone());
+                    if let Some(update) = update {
+                        view.apply(update);
+                    }
+                    if let Some(before) = before {
+                        // The view keeps the reports that did not change: the same objects.
+                        let changed: Vec<&PinboardNode> = view
+                            .reports
                             .iter()
-                            .filter(|r| {
-                                view.reports
-                                    .get(&r.metadata.name)
-                                    .is_none_or(|old| !Arc::ptr_eq(old, r))
+                            .filter(|(name, r)| {
+                                before.get(*name).is_none_or(|old| !Arc::ptr_eq(old, r))
                             })
-                            .map(|r| r.as_ref())
+                            .map(|(_, r)| r.as_ref())
                             .collect();
                         let followed = followed.lock().expect("followed lock");
-                        for event in rollout_events(&view.reports, &changed, &followed) {
+                        for event in rollout_events(&before, &changed, &followed) {
                             let _ = events.send(FleetEvent::Rollout(Update::Event(event)));
                         }
                         // The Config screen of the nodes whose report changed.
                         if !changed.is_empty() {
                             let _ = events.send(FleetEvent::ConfigViews(config_views(changed)));
                         }
-                    }
-                    if let Some(update) = update {
-                        view.apply(update);
                     }
                     of_agents(&view, SystemTime::now())
                 };
@@ -132,8 +179,10 @@ impl Live {
         *self.watching.lock().expect("watch lock") = Some(task);
     }
 
-    /// The Config screen: per node, each pinned image and who holds it, as its agent reports.
+    /// The Config screen: per node, each pinned image and who holds it, as its agent reports (once every
+    /// node's images are watched: they come as they are listed).
     pub(super) fn refresh(&self, _sets: &[ImageSet], events: &Events) {
+        self.watch_images();
         let view = self.view.lock().expect("view lock");
         let reports = view.reports.values().map(|r| r.as_ref());
         let _ = events.send(FleetEvent::ConfigViews(config_views(reports)));
@@ -162,8 +211,9 @@ impl Live {
         set
     }
 
-    /// Writes `set`'s PinSet; the Rollout screen then follows its nodes' reports.
+    /// Writes `set`'s PinSet; the Rollout screen then follows its nodes' reports, image by image.
     pub(super) fn apply(&self, set: ImageSet, events: Events) {
+        self.watch_images();
         self.followed
             .lock()
             .expect("followed lock")
@@ -224,6 +274,14 @@ impl Live {
         tokio::spawn(async move {
             let _ = events.send(FleetEvent::Notice(said.await));
         });
+    }
+}
+
+/// The next update of `watch`, when there is one; never, when there is none.
+async fn next_update(watch: &mut Option<AgentsWatch>) -> Option<AgentsUpdate> {
+    match watch {
+        Some(watch) => watch.updates.recv().await,
+        None => std::future::pending().await,
     }
 }
 
