@@ -10,6 +10,7 @@ use crate::error::{Exit, Failure};
 use crate::model::holders::HeldBy;
 use crate::model::lazy::RemoteLayers;
 use crate::model::readiness::{ImageReadiness, ImageReason, NodeReadiness, NodesStatus, Readiness};
+use crate::model::units::human;
 use crate::options::{CHECK_WAIT, Caller, CommonArgs};
 
 pub async fn check(args: CommonArgs) -> Result<String, Failure> {
@@ -131,6 +132,20 @@ pub(super) fn readiness_table(nodes: &[NodeReadiness]) -> String {
         for warning in &node.warnings {
             out.push_str(&format!("  ! {warning}\n"));
         }
+    }
+    for (node, cache) in nodes
+        .iter()
+        .filter_map(|n| Some((&n.node, n.cache.as_ref()?)))
+    {
+        out.push_str(&format!(
+            "\n{node} holds the in-cluster cache ({}): {} from the registries, {} served to the nodes, {} \
+             requests, {} refused\n",
+            cache.address,
+            human(cache.link_bytes),
+            human(cache.served_bytes),
+            cache.requests,
+            cache.refused
+        ));
     }
     let set_rows: Vec<Vec<String>> = nodes
         .iter()

@@ -161,6 +161,31 @@ impl AgentsView {
         }
     }
 
+    /// Bytes the in-cluster cache took from the registries, as its holders report them (summed: a new
+    /// holder counts from zero, and the last figure of one that went stands).
+    pub fn cache_link_bytes(&self) -> u64 {
+        self.reports
+            .values()
+            .filter_map(|r| r.status.as_ref()?.cache.as_ref())
+            .map(|c| c.link_bytes)
+            .sum()
+    }
+
+    /// The nodes whose agent pulled set `name` from the source rather than through the cache.
+    pub fn pulled_from_source(&self, name: &str) -> Vec<String> {
+        self.reports
+            .iter()
+            .filter(|(_, r)| {
+                r.status.as_ref().is_some_and(|s| {
+                    s.sets.iter().any(|set| {
+                        set.name == name && set.fan_out.as_ref().is_some_and(|f| f.cache.is_none())
+                    })
+                })
+            })
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+
     /// A set's summary over the nodes it lands on, at `now`.
     pub fn summary(&self, set: &PinSet, now: SystemTime) -> PinSetStatus {
         let mut status = PinSetStatus {

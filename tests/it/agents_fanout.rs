@@ -262,6 +262,29 @@ async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_abou
         },
     )
     .await;
+    // `status -o json` and `check` carry them on the holder's node, with what crossed the link.
+    let status = lab.pinboard(&["status", "--set", "web", "-o", "json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status: Value = serde_json::from_str(&status.stdout).unwrap();
+    let caches: Vec<&Value> = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.get("cache"))
+        .collect();
+    assert_eq!(caches.len(), 1, "{status}");
+    let link = caches[0]["linkBytes"].as_u64().unwrap();
+    assert!(
+        link >= unique - unique / 20 && link <= moved,
+        "the cache's bytes from upstream ({link}) are the link's ({moved}) for {unique} unique"
+    );
+    let check = lab.pinboard(&["check", "--set", "web"]);
+    assert_eq!(check.code, 0, "{}", check.stderr);
+    assert!(
+        check.stdout.contains("holds the in-cluster cache (http://"),
+        "{}",
+        check.stdout
+    );
     wait_for("every hosts.toml back", Duration::from_secs(30), || async {
         let now = hosts_files(&lab);
         (now == hosts_before)

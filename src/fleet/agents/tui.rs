@@ -50,6 +50,37 @@ pub(super) struct Live {
     watching: Mutex<Option<JoinHandle<()>>>,
     /// Asks the watching task to watch every node's images too.
     want_images: Mutex<Option<mpsc::UnboundedSender<()>>>,
+    /// The fan-out set applied last in this session: the Rollout counts the cache's link bytes for it.
+    fanned_out: Arc<Mutex<Option<FannedOut>>>,
+}
+
+/// A fan-out set's rollout, as the Rollout screen has been told it so far.
+struct FannedOut {
+    set: String,
+    /// The cache's link bytes when the set was applied.
+    baseline: u64,
+    /// The nodes pulling from the source, and the link bytes, last told.
+    told: (Vec<String>, u64),
+}
+
+impl FannedOut {
+    /// What the Rollout screen has not been told yet: the nodes that pull from the source (which starts
+    /// the count again), then the bytes the cache took from the registries since the set was applied.
+    fn news(&mut self, view: &AgentsView) -> Vec<Update> {
+        let direct = view.pulled_from_source(&self.set);
+        let link = view.cache_link_bytes().saturating_sub(self.baseline);
+        let mut news = Vec::new();
+        if direct != self.told.0 {
+            news.push(Update::FanOut {
+                direct: direct.clone(),
+            });
+            news.push(Update::LinkBytes(link));
+        } else if link != self.told.1 {
+            news.push(Update::LinkBytes(link));
+        }
+        self.told = (direct, link);
+        news
+    }
 }
 
 impl Drop for Live {
@@ -117,6 +148,7 @@ impl Live {
             return;
         };
         let (view, followed) = (Arc::clone(&self.view), Arc::clone(&self.followed));
+        let fanned_out = Arc::clone(&self.fanned_out);
         let (want_images, mut wanted_images) = mpsc::unbounded_channel();
         *self.want_images.lock().expect("want lock") = Some(want_images);
         let task = tokio::spawn(async move {
@@ -164,6 +196,11 @@ impl Live {
                         // The Config screen of the nodes whose report changed.
                         if !changed.is_empty() {
                             let _ = events.send(FleetEvent::ConfigViews(config_views(changed)));
+                        }
+                        if let Some(fanned) = fanned_out.lock().expect("fan-out lock").as_mut() {
+                            for update in fanned.news(&view) {
+                                let _ = events.send(FleetEvent::Rollout(update));
+                            }
                         }
                     }
                     of_agents(&view, SystemTime::now())
@@ -214,6 +251,15 @@ impl Live {
     /// Writes `set`'s PinSet; the Rollout screen then follows its nodes' reports, image by image.
     pub(super) fn apply(&self, set: ImageSet, events: Events) {
         self.watch_images();
+        if set.fan_out {
+            let baseline = self.view.lock().expect("view lock").cache_link_bytes();
+            *self.fanned_out.lock().expect("fan-out lock") = Some(FannedOut {
+                set: set.name.clone(),
+                baseline,
+                told: (Vec::new(), 0),
+            });
+            let _ = events.send(FleetEvent::Rollout(Update::FanOut { direct: Vec::new() }));
+        }
         self.followed
             .lock()
             .expect("followed lock")
@@ -344,4 +390,62 @@ fn config_views<'a>(
             (format!("PinboardNode/{name}"), view)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::agents_view::AgentsUpdate;
+    use crate::model::pinboard_api::{CacheReport, NodeReport, SetFanOut, SetReport};
+
+    fn report(node: &str, cache: Option<u64>, through_cache: bool) -> Arc<PinboardNode> {
+        let mut report = PinboardNode::default();
+        report.metadata.name = node.into();
+        report.status = Some(NodeReport {
+            cache: cache.map(|link_bytes| CacheReport {
+                link_bytes,
+                ..CacheReport::default()
+            }),
+            sets: vec![SetReport {
+                name: "web".into(),
+                fan_out: Some(SetFanOut {
+                    cache: through_cache.then(|| "http://10.77.1.2:5050".into()),
+                    source_reason: (!through_cache).then(|| "no cache within 60 s".into()),
+                }),
+                ..SetReport::default()
+            }],
+            ..NodeReport::default()
+        });
+        Arc::new(report)
+    }
+
+    #[test]
+    fn the_rollout_hears_the_caches_bytes_since_the_apply_and_the_nodes_that_went_to_the_source() {
+        let mut view = AgentsView::default();
+        view.apply(AgentsUpdate::Reports(vec![report("n1", Some(100), true)]));
+        let mut fanned = FannedOut {
+            set: "web".into(),
+            baseline: view.cache_link_bytes(),
+            told: (Vec::new(), 0),
+        };
+        assert!(fanned.news(&view).is_empty(), "nothing new yet");
+        view.apply(AgentsUpdate::Reports(vec![
+            report("n1", Some(600), true),
+            report("n2", None, true),
+        ]));
+        assert_eq!(fanned.news(&view), [Update::LinkBytes(500)]);
+        view.apply(AgentsUpdate::Reports(vec![
+            report("n1", Some(700), true),
+            report("n2", None, false),
+        ]));
+        assert_eq!(
+            fanned.news(&view),
+            [
+                Update::FanOut {
+                    direct: vec!["n2".into()]
+                },
+                Update::LinkBytes(600)
+            ]
+        );
+    }
 }

@@ -184,6 +184,7 @@ fn assess_node(
         sets: on_node,
         kubelet: None,
         warnings: Vec::new(),
+        cache: report.and_then(|r| r.cache.clone()),
     }
 }
 

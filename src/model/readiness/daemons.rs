@@ -272,6 +272,7 @@ fn assess_node(
         warnings: node_view.map_or_else(Vec::new, |n| kubelet_warnings(n, kubelet)),
         kubelet: report,
         lazy_pulling: None,
+        cache: None,
     }
 }
 

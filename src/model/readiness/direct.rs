@@ -223,6 +223,7 @@ pub fn assess_with(
         kubelet: None,
         warnings: Vec::new(),
         lazy_pulling: observed.lazy_pulling.clone(),
+        cache: None,
     }
 }
 

@@ -34,6 +34,7 @@ use super::crio::CrioConfig;
 use super::holders::{HeldBy, Holders};
 use super::lazy::{LazyPulling, RemoteLayers};
 use super::machine_config::{ClusterView, KubeletSettings, SetProgress};
+use super::pinboard_api::CacheReport;
 use super::reference::count_images;
 use super::rollout::PinMethod;
 use super::set::ImageSet;
@@ -232,6 +233,9 @@ pub struct NodeReadiness {
     /// Direct mode: lazy pulling on the node, as its runtime has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lazy_pulling: Option<LazyPulling>,
+    /// On agents: the in-cluster cache's figures, on the node whose agent holds its role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheReport>,
 }
 
 /// Cluster mode: the node's kubelet as far as readiness is concerned.
