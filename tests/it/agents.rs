@@ -549,3 +549,96 @@ async fn lazy_pulling_asked_through_the_agents_is_written_by_each_agent_and_repo
         .unwrap();
     assert_eq!(n1["lazyPulling"]["state"], "off", "{said}\n{}", run.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
+    let mut lab = AgentsLab::start_with(
+        "agents-edit",
+        vec![NodeSpec::new("n1", 400 * MIB)],
+        None,
+        vec!["--insecure-registry={proxy}".into()],
+        support::RegistrySetup::default(),
+    )
+    .await;
+    // One pull at a time through a slow link, so the set can be edited while it is pulled.
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &["--parallel", "1"]);
+    let images: Vec<String> = (0..10)
+        .map(|i| {
+            let spec = ImageSpec {
+                layers: vec![LayerSpec {
+                    seed: 7600 + i,
+                    bytes: 4 * MIB as usize,
+                    format: LayerFormat::Gzip,
+                }],
+                ..ImageSpec::default()
+            };
+            lab.lab
+                .push_image(&format!("agents/e{i}"), &spec)
+                .unwrap()
+                .reference(&lab.lab.proxy_host())
+        })
+        .collect();
+    let refs: Vec<&str> = images.iter().map(String::as_str).collect();
+    lab.lab.proxy().set_bandwidth(Some(2 * MIB));
+    let first = lab.set_file("edited", &refs[..8], "");
+    let proxy = lab.lab.proxy_host();
+    let run = lab.pinboard(&[
+        "apply",
+        "--insecure-registry",
+        &proxy,
+        "--set",
+        first.to_str().unwrap(),
+        "--timeout",
+        "1s",
+    ]);
+    assert_ne!(run.code, 2, "{}", run.stderr);
+    wait_for("n1 pulling the first content", WAIT, || async {
+        let on_node = lab.lab.node("n1").images_ls();
+        refs[..8]
+            .iter()
+            .any(|r| on_node.contains(r))
+            .then_some(())
+            .ok_or(on_node)
+    })
+    .await;
+    // Edited: two images kept, six dropped, two new.
+    let edited: Vec<&str> = [&refs[..2], &refs[8..]].concat();
+    let second = lab.set_file("edited", &edited, "");
+    let run = lab.pinboard(&[
+        "apply",
+        "--insecure-registry",
+        &proxy,
+        "--set",
+        second.to_str().unwrap(),
+        "--timeout",
+        "1s",
+    ]);
+    assert_ne!(run.code, 2, "{}", run.stderr);
+    lab.lab.proxy().set_bandwidth(None);
+    let (code, judged, stderr) = readiness(
+        &lab,
+        &[
+            "--insecure-registry",
+            &proxy,
+            "--set",
+            second.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(judged.nodes[0].sets[0].current_generation, Some(2));
+    let node = lab.lab.node("n1");
+    node.assert_pinned(&edited);
+    // The first content's rollout was given up: the dropped images it had not reached were never pulled,
+    // and those it had are not pinned.
+    let listed = node.images_ls();
+    let dropped: Vec<&&str> = refs[2..8].iter().filter(|r| listed.contains(**r)).collect();
+    assert!(dropped.len() < 6, "the old content was pulled to the end:\n{listed}");
+    for reference in dropped {
+        let line = listed.lines().find(|l| l.starts_with(*reference)).unwrap();
+        assert!(!line.contains("io.cri-containerd.pinned=pinned"), "{line}");
+    }
+}
