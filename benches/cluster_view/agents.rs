@@ -113,6 +113,7 @@ fn pinned_report(images: &[String]) -> NodeReport {
                 size_bytes: image_bytes,
                 pinned: true,
                 held_by: vec![SET.into()],
+                lazy: None,
             })
             .collect(),
         image_count: images.len(),

@@ -86,6 +86,7 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
                 size_bytes: image.size,
                 pinned,
                 held_by,
+                lazy: seen.and_then(|s| s.lazy.clone()),
             }
         })
         .collect();

@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use serde::{Deserialize, Serialize};
 
 use super::labels::Selector;
-use super::lazy::LazyPulling;
+use super::lazy::{LazyPulling, RemoteLayers};
 use super::machine_config::KubeletSettings;
 use super::plan::NodeFacts;
 use super::set::{ImageSet, from_flags};
@@ -260,6 +260,9 @@ pub struct ImageReport {
     /// Who holds its pin: set names, `admin`, `unowned`; empty when it is not pinned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<String>,
+    /// Present only lazily: its layers still in the registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<RemoteLayers>,
 }
 
 /// The node's kubelet image GC thresholds, as the agent read them.
@@ -511,6 +514,7 @@ mod tests {
                 } else {
                     Vec::new()
                 },
+                lazy: None,
             })
             .collect();
         let sets = (0..3)

@@ -636,7 +636,10 @@ async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
     // and those it had are not pinned.
     let listed = node.images_ls();
     let dropped: Vec<&&str> = refs[2..8].iter().filter(|r| listed.contains(**r)).collect();
-    assert!(dropped.len() < 6, "the old content was pulled to the end:\n{listed}");
+    assert!(
+        dropped.len() < 6,
+        "the old content was pulled to the end:\n{listed}"
+    );
     for reference in dropped {
         let line = listed.lines().find(|l| l.starts_with(*reference)).unwrap();
         assert!(!line.contains("io.cri-containerd.pinned=pinned"), "{line}");

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use super::direct::image_readiness;
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, NodeReadiness, PinnedBy, SetOnNode,
-    SetState, WantedSet, with_reason,
+    SetState, WantedSet, lazily_present, with_reason,
 };
 use crate::model::agents_view::{AgentsView, NodeWithSet};
 use crate::model::holders::HeldBy;
@@ -161,6 +161,12 @@ fn assess_node(
             some_of(&missing)
         ));
     }
+    if report.is_some() && done {
+        let runtime = report
+            .and_then(|r| r.runtime.as_ref())
+            .map(|r| r.name.as_str());
+        reasons.extend(lazily_present(&images, runtime));
+    }
     let not_pinned = with_reason(&images, ImageReason::NotPinned);
     if report.is_some() && done && !not_pinned.is_empty() {
         reasons.push(format!(
@@ -256,6 +262,7 @@ fn reported_image(report: Option<&NodeReport>, reference: &str) -> ImageReadines
         reference: reference.to_owned(),
         present: Some(held.is_some()),
         reported_pinned: held.map(|i| i.pinned),
+        lazy: held.and_then(|i| i.lazy.clone()),
         ..ImageObserved::default()
     });
     image.evidence = Evidence::Runtime;
@@ -336,6 +343,7 @@ mod tests {
                     size_bytes: 10,
                     pinned: true,
                     held_by: vec!["web".into()],
+                    lazy: None,
                 }],
                 sets: vec![SetReport {
                     name: "web".into(),
@@ -438,6 +446,37 @@ mod tests {
         assert!(!n1.ready);
         assert!(
             n1.reasons.iter().any(|r| r.contains("lacks 1 image")),
+            "{:?}",
+            n1.reasons
+        );
+    }
+
+    #[test]
+    fn an_image_the_agent_reports_present_only_lazily_is_not_pre_loaded() {
+        let now = SystemTime::now();
+        let mut view = view(now);
+        if let Some(report) = view
+            .reports
+            .get_mut("n1")
+            .and_then(|r| Arc::make_mut(r).status.as_mut())
+        {
+            report.images[0].lazy = Some(crate::model::lazy::RemoteLayers {
+                remote_layers: vec![1, 2],
+                layers: 3,
+            });
+        }
+        let wanted = [WantedSet {
+            set: from_flags("web", &[IMAGE.to_string()]),
+            min_generation: 0,
+        }];
+        let judged = assess_agents(&view, &wanted, now);
+        let n1 = judged.iter().find(|n| n.node == "n1").unwrap();
+        assert!(!n1.ready);
+        assert_eq!(n1.images[0].reason, Some(ImageReason::Lazy));
+        assert!(
+            n1.reasons
+                .iter()
+                .any(|r| r.contains("1 image present only lazily") && r.contains("crictl rmi")),
             "{:?}",
             n1.reasons
         );

@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, LazyImages, NodeReadiness, ObservedNode,
-    PinnedBy, PullSeen, STUCK_AFTER_SECONDS, pin_method_name, with_reason,
+    PinnedBy, PullSeen, STUCK_AFTER_SECONDS, lazily_present, pin_method_name, with_reason,
 };
 use crate::model::crio::{Unpinned, explain_unpinned};
 use crate::model::holders::HeldBy;
-use crate::model::lazy::make_local;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::{count_images, some_of};
 use crate::model::units::{clock, human};
@@ -183,20 +182,11 @@ pub fn assess_with(
                 some_of(&unpinned)
             ));
         }
-        let lazily: Vec<String> = images
-            .iter()
-            .filter(|i| i.reason == Some(ImageReason::Lazy))
-            .filter_map(|i| Some(format!("{} ({})", i.reference, i.lazy.as_ref()?.count())))
-            .collect();
-        if !lazily.is_empty() {
-            reasons.push(format!(
-                "{} present only lazily, the registry link still needed for their layers: {}; {}, or \
-                 pass --allow-lazy when a fast start is all the set is for",
-                count_images(lazily.len()),
-                some_of(&lazily),
-                make_local(observed.runtime.as_deref())
-            ));
-        }
+        reasons.extend(
+            lazily_present(&images, observed.runtime.as_deref()).map(|reason| {
+                format!("{reason}, or pass --allow-lazy when a fast start is all the set is for")
+            }),
+        );
         let unknown = with(ImageReason::Unknown);
         if !unknown.is_empty() {
             let why = observed

@@ -35,7 +35,7 @@ use super::holders::{HeldBy, Holders};
 use super::lazy::{LazyPulling, RemoteLayers};
 use super::machine_config::{ClusterView, KubeletSettings, SetProgress};
 use super::pinboard_api::CacheReport;
-use super::reference::count_images;
+use super::reference::{count_images, some_of};
 use super::rollout::PinMethod;
 use super::set::ImageSet;
 use super::units::clock;
@@ -394,6 +394,24 @@ pub fn pin_method_name(method: PinMethod) -> &'static str {
 
 /// Whether an image is pinned: the runtime's word where it reports pins (the observation leaves it unset
 /// where it cannot), else the node's pin record; otherwise unknown.
+/// Why `images` present only lazily are not pre-loaded, and how to make them local on a node running
+/// `runtime`; None when none is.
+pub(super) fn lazily_present(images: &[ImageReadiness], runtime: Option<&str>) -> Option<String> {
+    let lazily: Vec<String> = images
+        .iter()
+        .filter(|i| i.reason == Some(ImageReason::Lazy))
+        .filter_map(|i| Some(format!("{} ({})", i.reference, i.lazy.as_ref()?.count())))
+        .collect();
+    (!lazily.is_empty()).then(|| {
+        format!(
+            "{} present only lazily, the registry link still needed for their layers: {}; {}",
+            count_images(lazily.len()),
+            some_of(&lazily),
+            super::lazy::make_local(runtime)
+        )
+    })
+}
+
 /// The references of the images not ready for `reason`.
 pub(super) fn with_reason(images: &[ImageReadiness], reason: ImageReason) -> Vec<&str> {
     images
