@@ -645,3 +645,49 @@ async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
         assert!(!line.contains("io.cri-containerd.pinned=pinned"), "{line}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_left_only_lazily_present_is_named_and_its_node_not_ready() {
+    let mut lab =
+        AgentsLab::start("agents-lazily", vec![NodeSpec::new("n1", 200 * MIB)], None).await;
+    let spec = ImageSpec {
+        layers: (0..3)
+            .map(|i| LayerSpec {
+                seed: 7700 + i,
+                bytes: 128 * 1024,
+                format: LayerFormat::Gzip,
+            })
+            .collect(),
+        ..ImageSpec::default()
+    };
+    let pushed = lab.lab.push_image("agents/lazily", &spec).unwrap();
+    let image = pushed.reference(&lab.lab.registry_host());
+    let set = lab.set_file("lazily", &[&image], "");
+    let run = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "120s"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+
+    // As a remote snapshotter leaves an image: snapshots labelled remote, layer blobs not in the store.
+    let digests: Vec<String> = pushed.layers.iter().map(|l| l.digest.clone()).collect();
+    lab.lab
+        .node("n1")
+        .make_lazy(&pushed.config_digest, &digests)
+        .unwrap();
+    // The agent reads its node again at its start.
+    lab.stop_agent("n1");
+    lab.start_agent("n1");
+    let n1 = wait_for("n1 judged lazily present", WAIT, || async {
+        let (code, judged, stderr) = readiness(&lab, &["--set", "lazily"]);
+        let n1 = judged.nodes.into_iter().next().ok_or(stderr.clone())?;
+        (code == 1 && n1.reasons.iter().any(|r| r.contains("present only lazily")))
+            .then_some(n1)
+            .ok_or(stderr)
+    })
+    .await;
+    assert!(
+        n1.reasons
+            .iter()
+            .any(|r| r.contains(&format!("{image} (3 of 3 layers remote)"))),
+        "{:?}",
+        n1.reasons
+    );
+}
