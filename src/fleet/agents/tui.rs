@@ -152,7 +152,7 @@ impl Live {
         let (want_images, mut wanted_images) = mpsc::unbounded_channel();
         *self.want_images.lock().expect("want lock") = Some(want_images);
         let task = tokio::spawn(async move {
-            let mut watch = api.watch_all(false);
+            let mut watch = api.watch_screens();
             let mut images: Option<AgentsWatch> = None;
             let mut shown: Vec<NodeSummary> = Vec::new();
             let mut tick = tokio::time::interval(REJUDGE_EVERY);
