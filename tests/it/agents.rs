@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use support::agents::AgentsLab;
 use support::kube_objects::wait_for;
 use support::tmux::Tmux;
-use support::{ImageSpec, LayerFormat, LayerSpec, NodeSpec};
+use support::{ImageSpec, NodeSpec};
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(120);
@@ -199,14 +199,7 @@ async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_
         NodeSpec::new("n3", 24 * MIB),
     ];
     let mut lab = AgentsLab::start("agents-faults", nodes, None).await;
-    let big = ImageSpec {
-        layers: vec![LayerSpec {
-            seed: 7200,
-            bytes: 30 * MIB as usize,
-            format: LayerFormat::Gzip,
-        }],
-        ..ImageSpec::default()
-    };
+    let big = ImageSpec::gzip_layers(7200, &[30 * MIB as usize]);
     let big = lab
         .lab
         .push_image("agents/big", &big)
@@ -421,14 +414,7 @@ async fn an_agent_killed_mid_rollout_carries_on_and_pulls_no_image_twice() {
     lab.start_agent_with("n1", &["--parallel", "1"]);
     let pushed: Vec<_> = (0..12)
         .map(|i| {
-            let spec = ImageSpec {
-                layers: vec![LayerSpec {
-                    seed: 7400 + i,
-                    bytes: 8 * MIB as usize,
-                    format: LayerFormat::Gzip,
-                }],
-                ..ImageSpec::default()
-            };
+            let spec = ImageSpec::gzip_layers(7400 + i, &[8 * MIB as usize]);
             lab.lab.push_image(&format!("agents/r{i}"), &spec).unwrap()
         })
         .collect();
@@ -565,14 +551,7 @@ async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
     lab.start_agent_with("n1", &["--parallel", "1"]);
     let images: Vec<String> = (0..10)
         .map(|i| {
-            let spec = ImageSpec {
-                layers: vec![LayerSpec {
-                    seed: 7600 + i,
-                    bytes: 4 * MIB as usize,
-                    format: LayerFormat::Gzip,
-                }],
-                ..ImageSpec::default()
-            };
+            let spec = ImageSpec::gzip_layers(7600 + i, &[4 * MIB as usize]);
             lab.lab
                 .push_image(&format!("agents/e{i}"), &spec)
                 .unwrap()
@@ -581,18 +560,23 @@ async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
         .collect();
     let refs: Vec<&str> = images.iter().map(String::as_str).collect();
     lab.lab.proxy().set_bandwidth(Some(2 * MIB));
-    let first = lab.set_file("edited", &refs[..8], "");
     let proxy = lab.lab.proxy_host();
-    let run = lab.pinboard(&[
-        "apply",
-        "--insecure-registry",
-        &proxy,
-        "--set",
-        first.to_str().unwrap(),
-        "--timeout",
-        "1s",
-    ]);
-    assert_ne!(run.code, 2, "{}", run.stderr);
+    // Written, not waited for.
+    let apply = |images: &[&str]| {
+        let file = lab.set_file("edited", images, "");
+        let file = file.to_str().unwrap();
+        let run = lab.pinboard(&[
+            "apply",
+            "--insecure-registry",
+            &proxy,
+            "--set",
+            file,
+            "--timeout",
+            "1s",
+        ]);
+        assert_ne!(run.code, 2, "{}", run.stderr);
+    };
+    apply(&refs[..8]);
     wait_for("n1 pulling the first content", WAIT, || async {
         let on_node = lab.lab.node("n1").images_ls();
         refs[..8]
@@ -604,18 +588,9 @@ async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
     .await;
     // Edited: two images kept, six dropped, two new.
     let edited: Vec<&str> = [&refs[..2], &refs[8..]].concat();
-    let second = lab.set_file("edited", &edited, "");
-    let run = lab.pinboard(&[
-        "apply",
-        "--insecure-registry",
-        &proxy,
-        "--set",
-        second.to_str().unwrap(),
-        "--timeout",
-        "1s",
-    ]);
-    assert_ne!(run.code, 2, "{}", run.stderr);
+    apply(&edited);
     lab.lab.proxy().set_bandwidth(None);
+    let second = lab.lab.dir().join("edited.yaml");
     let (code, judged, stderr) = readiness(
         &lab,
         &[
@@ -650,16 +625,7 @@ async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
 async fn an_image_left_only_lazily_present_is_named_and_its_node_not_ready() {
     let mut lab =
         AgentsLab::start("agents-lazily", vec![NodeSpec::new("n1", 200 * MIB)], None).await;
-    let spec = ImageSpec {
-        layers: (0..3)
-            .map(|i| LayerSpec {
-                seed: 7700 + i,
-                bytes: 128 * 1024,
-                format: LayerFormat::Gzip,
-            })
-            .collect(),
-        ..ImageSpec::default()
-    };
+    let spec = ImageSpec::gzip_layers(7700, &[128 * 1024; 3]);
     let pushed = lab.lab.push_image("agents/lazily", &spec).unwrap();
     let image = pushed.reference(&lab.lab.registry_host());
     let set = lab.set_file("lazily", &[&image], "");

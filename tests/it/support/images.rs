@@ -63,12 +63,20 @@ pub struct ImageSpec {
 impl ImageSpec {
     /// A small image: one 64 KiB gzip layer of bytes from `seed`.
     pub fn small(seed: u64) -> ImageSpec {
+        ImageSpec::gzip_layers(seed, &[64 * 1024])
+    }
+
+    /// One gzip layer per entry of `bytes` (that many bytes each), from `seed`, `seed + 1`, ...
+    pub fn gzip_layers(seed: u64, bytes: &[usize]) -> ImageSpec {
         ImageSpec {
-            layers: vec![LayerSpec {
-                seed,
-                bytes: 64 * 1024,
-                format: LayerFormat::Gzip,
-            }],
+            layers: (seed..)
+                .zip(bytes)
+                .map(|(seed, &bytes)| LayerSpec {
+                    seed,
+                    bytes,
+                    format: LayerFormat::Gzip,
+                })
+                .collect(),
             ..ImageSpec::default()
         }
     }
