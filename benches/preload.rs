@@ -10,10 +10,15 @@
 //! - pinboard direct: the same without fan-out: every node pulls from the registry.
 //! - a sequential `ctr --address SOCK -n k8s.io images pull --plain-http --snapshotter native REF` loop per
 //!   node, the three node loops running at the same time.
+//! - pinboard's agents with the in-cluster cache (issue 21): a cluster lab (the same three nodes with
+//!   kubelets, an agent on each, every agent eligible for the cache's role); once one holds it, `pinboard
+//!   apply --fan-out` writes the set as one PinSet with `spec.fanOut` and waits for every node's report to
+//!   say it is pinned; timed from the apply's start to its end.
 //!
 //! Figures: bytes through the proxy against the set's unique bytes (layers, configs, manifests once), and
 //! time against two ideals: the contender's own bytes at the cap, and the unique bytes at the cap (what
-//! fan-out aims for). Goals: fan-out ≤ 1.05 × unique bytes and ≤ 1.3 × unique/cap in time. Before the runs,
+//! fan-out aims for). Goals: fan-out and the agents with the cache ≤ 1.05 × unique bytes and ≤ 1.3 ×
+//! unique/cap in time. Before the runs,
 //! the proxy's throttle is checked on its own: one blob downloaded over 1 connection and over 8 at once.
 //! Prints every run, then the median (min–max) of the runs, and the load average before, during and after.
 //!
@@ -54,7 +59,10 @@ use pinboard::model::plan::Limits;
 use pinboard::model::rollout::{NodeState, Rollout};
 use pinboard::model::set;
 use pinboard::survey::survey;
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage};
+use support::agents::AgentsLab;
+use support::{
+    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup,
+};
 
 const MIB: u64 = 1 << 20;
 const IMAGES: u64 = 40;
@@ -68,18 +76,30 @@ fn layer(seed: u64, mib: u64) -> LayerSpec {
     }
 }
 
+/// The three nodes, each with an image filesystem of `imagefs` bytes.
+fn node_specs(imagefs: u64) -> Vec<NodeSpec> {
+    NODES.iter().map(|n| NodeSpec::new(n, imagefs)).collect()
+}
+
 /// Starts a lab with three nodes of `imagefs` bytes and pushes the set; returns the references (through
 /// the proxy) and the images as pushed.
 fn lab_with_images(name: &str, imagefs: u64) -> (Lab, Vec<String>, Vec<PushedImage>) {
     let lab = Lab::start(
         name,
         LabConfig {
-            nodes: NODES.iter().map(|n| NodeSpec::new(n, imagefs)).collect(),
+            nodes: node_specs(imagefs),
             apiserver: false,
             ..LabConfig::default()
         },
     )
     .expect("lab starts");
+    let (references, pushed) = push_set(&lab, name);
+    (lab, references, pushed)
+}
+
+/// Pushes the set to `lab`'s registry; returns the references (through the proxy) and the images as
+/// pushed.
+fn push_set(lab: &Lab, name: &str) -> (Vec<String>, Vec<PushedImage>) {
     let pushing = Instant::now();
     let pushed: Vec<PushedImage> = (0..IMAGES)
         .map(|i| {
@@ -99,7 +119,7 @@ fn lab_with_images(name: &str, imagefs: u64) -> (Lab, Vec<String>, Vec<PushedIma
         "{name}: pushed {IMAGES} images in {:.1?}",
         pushing.elapsed()
     );
-    (lab, references, pushed)
+    (references, pushed)
 }
 
 /// Unique compressed bytes (layers and configs) of the set: what each node must fetch.
@@ -335,8 +355,65 @@ fn ctr_run(lab: &Lab, references: &[String]) -> Run {
     }
 }
 
+/// pinboard's agents on a cluster lab's nodes, every one eligible for the in-cluster cache's role (as
+/// tests/it/agents_fanout.rs starts them): once one holds it, `pinboard apply --fan-out` writes the set
+/// with `spec.fanOut` and waits for every node's report to say it is pinned. Timed from the apply's start
+/// to its end; bytes counted at the proxy from the apply on. Returns the run and the set's unique bytes.
+fn agents_cache_run(cap: u64, imagefs: u64) -> (Run, u64) {
+    const NAME: &str = "agents-cache";
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let agents = runtime.block_on(AgentsLab::start_with(
+        &format!("bench-preload-{NAME}"),
+        node_specs(imagefs),
+        None,
+        vec![
+            "--insecure-registry={proxy}".into(),
+            "--cache-port=5050".into(),
+            "--cache-dir={lab}/cache-{node}".into(),
+        ],
+        RegistrySetup::default(),
+    ));
+    let lab = &agents.lab;
+    let (references, pushed) = push_set(lab, NAME);
+    let (holder, address) = runtime.block_on(agents.cache_holder());
+    println!("{NAME}: the cache is {holder}'s agent at {address}");
+    let listed: Vec<&str> = references.iter().map(String::as_str).collect();
+    let file = agents.set_file("bench", &listed, "");
+    let proxy = lab.proxy_host();
+    lab.proxy().set_bandwidth(Some(cap));
+    let run = watched(lab, NAME, || {
+        let before = lab.proxy().bytes_down();
+        let started = Instant::now();
+        let applied = agents.pinboard(&[
+            "apply",
+            "--insecure-registry",
+            &proxy,
+            "--set",
+            file.to_str().expect("a UTF-8 path"),
+            "--fan-out",
+            "--timeout",
+            "30m",
+        ]);
+        let time = started.elapsed();
+        assert_eq!(applied.code, 0, "{}\n{}", applied.stdout, applied.stderr);
+        Run {
+            time,
+            bytes: lab.proxy().bytes_down() - before,
+        }
+    });
+    for node in lab.nodes() {
+        node.assert_pinned(&references);
+    }
+    println!("{NAME}: image filesystem used: {}", used(lab));
+    (run, unique_bytes(&pushed))
+}
+
 /// The contenders, in the order [`round`] runs them.
-const CONTENDERS: [&str; 3] = [
+const CONTENDERS: [&str; 4] = [
+    "agents + in-cluster cache",
     "pinboard fan-out",
     "pinboard direct",
     "sequential ctr pull loops",
@@ -344,7 +421,7 @@ const CONTENDERS: [&str; 3] = [
 
 /// One run of every contender, each on a fresh lab (new nodes, registry and cache, the same images), in
 /// [`CONTENDERS`] order; and the set's unique bytes.
-fn round(cap: u64, imagefs: u64) -> ([Run; 3], u64) {
+fn round(cap: u64, imagefs: u64) -> ([Run; 4], u64) {
     let contender = |name: &str, run: &dyn Fn(&Lab, &[String]) -> Run| {
         let (lab, references, pushed) = lab_with_images(&format!("bench-preload-{name}"), imagefs);
         lab.proxy().set_bandwidth(Some(cap));
@@ -352,7 +429,8 @@ fn round(cap: u64, imagefs: u64) -> ([Run; 3], u64) {
         println!("{name}: image filesystem used: {}", used(&lab));
         (result, unique_bytes(&pushed))
     };
-    let (fan_out, unique) = contender("fan-out", &|lab, references| {
+    let (agents_cache, unique) = agents_cache_run(cap, imagefs);
+    let (fan_out, fan_out_unique) = contender("fan-out", &|lab, references| {
         let cache = tempfile::tempdir().expect("a cache dir");
         pinboard_run(lab, references, Some(cache.path()))
     });
@@ -360,7 +438,11 @@ fn round(cap: u64, imagefs: u64) -> ([Run; 3], u64) {
         pinboard_run(lab, references, None)
     });
     let (ctr, _) = contender("ctr", &ctr_run);
-    ([fan_out, direct, ctr], unique)
+    assert_eq!(
+        fan_out_unique, unique,
+        "every contender pushes the same set"
+    );
+    ([agents_cache, fan_out, direct, ctr], unique)
 }
 
 fn main() {

@@ -10,7 +10,6 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -176,28 +175,6 @@ fn assert_moved_at_most(lab: &AgentsLab, before: u64, unique: u64, slack: f64) -
     moved
 }
 
-/// The cache's Lease: its holder (a node) and its address.
-async fn cache_holder(lab: &AgentsLab) -> (String, String) {
-    let leases: Api<Lease> = Api::namespaced(lab.admin.clone(), support::agents::NAMESPACE);
-    wait_for("the cache's Lease", WAIT, || async {
-        let lease = leases.get_opt("pinboard-cache").await.ok().flatten();
-        let holder = lease
-            .as_ref()
-            .and_then(|l| l.spec.as_ref()?.holder_identity.clone());
-        let address = lease.as_ref().and_then(|l| {
-            l.metadata
-                .annotations
-                .as_ref()?
-                .get("pinboard.dev/cache-address")
-                .cloned()
-        });
-        holder
-            .zip(address)
-            .ok_or_else(|| "no holder yet".to_string())
-    })
-    .await
-}
-
 /// The cache's token, from its Secret.
 async fn cache_token(lab: &AgentsLab) -> String {
     let secrets: Api<Secret> = Api::namespaced(lab.admin.clone(), support::agents::NAMESPACE);
@@ -321,7 +298,7 @@ async fn the_cache_refuses_anonymous_requests_and_serves_a_private_image_to_the_
     assert_moved_at_most(&lab, before, unique_bytes(&images), 1.05);
 
     // A pod asking the cache for the private blob, without the token or with another, gets 401.
-    let (_, address) = cache_holder(&lab).await;
+    let (_, address) = lab.cache_holder().await;
     let layer = &images[0].layers[1].digest;
     let url = format!("{address}/v2/private/app0/blobs/{layer}?ns={proxy}");
     let http = support::http::agent();
@@ -370,7 +347,7 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
         .collect();
     let unique = unique_bytes(&images);
     let hosts_before = hosts_files(&lab);
-    let (holder, _) = cache_holder(&lab).await;
+    let (holder, _) = lab.cache_holder().await;
     lab.lab.proxy().set_bandwidth(Some(2 * MI));
     let before = lab.lab.proxy().bytes_down();
     apply_fan_out_set(&lab, "web", &references, "").await;

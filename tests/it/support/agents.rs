@@ -6,14 +6,16 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::binary;
 use super::cluster::client;
-use super::kube_objects::{PodState, apply_yaml, wait_for_daemonset_pod};
+use super::kube_objects::{PodState, apply_yaml, wait_for, wait_for_daemonset_pod};
 use super::process::Proc;
 use super::{ClusterConfig, Lab, LabConfig, NodeSpec, RegistrySetup, Run, pinboard_with};
 
@@ -26,6 +28,8 @@ const POD_LABEL: &str = "pinboard.dev/agent-pod";
 pub const HEARTBEAT: &str = "1s";
 /// The lab's nodes are small: the free-space floor is theirs (the default, 16 GiB, is a real node's).
 const MIN_FREE: &str = "4Mi";
+/// How long an agent may take to take the cache's role.
+const CACHE_WAIT: Duration = Duration::from_secs(180);
 
 /// A cluster lab whose nodes run pinboard's agent.
 pub struct AgentsLab {
@@ -169,6 +173,28 @@ impl AgentsLab {
         if let Some(mut proc) = self.processes.remove(node) {
             proc.kill().expect("the agent stops");
         }
+    }
+
+    /// Waits for an agent to hold the cache's Lease; its holder (a node) and its address.
+    pub async fn cache_holder(&self) -> (String, String) {
+        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        wait_for("the cache's Lease", CACHE_WAIT, || async {
+            let lease = leases.get_opt("pinboard-cache").await.ok().flatten();
+            let holder = lease
+                .as_ref()
+                .and_then(|l| l.spec.as_ref()?.holder_identity.clone());
+            let address = lease.as_ref().and_then(|l| {
+                l.metadata
+                    .annotations
+                    .as_ref()?
+                    .get("pinboard.dev/cache-address")
+                    .cloned()
+            });
+            holder
+                .zip(address)
+                .ok_or_else(|| "no holder yet".to_string())
+        })
+        .await
     }
 
     /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry.
