@@ -6,6 +6,7 @@
 
 use crate::support;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, PostParams};
@@ -60,6 +61,35 @@ async fn objects(lab: &AgentsLab, kind: &str, plural: &str) -> Vec<Value> {
         .items
         .into_iter()
         .map(|o| serde_json::to_value(o).unwrap())
+        .collect()
+}
+
+/// What `kubectl get` prints of pinboard's `plural`: the API server's Table (its CRD's printer columns),
+/// one map of column name to cell per row.
+async fn printed(lab: &AgentsLab, plural: &str) -> Vec<BTreeMap<String, Value>> {
+    let request = http::Request::get(format!("/apis/pinboard.dev/v1alpha1/{plural}"))
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .unwrap();
+    let table: Value =
+        serde_json::from_str(&lab.admin.request_text(request).await.unwrap()).unwrap();
+    let columns: Vec<String> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect();
+    table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            columns
+                .iter()
+                .cloned()
+                .zip(row["cells"].as_array().unwrap().iter().cloned())
+                .collect()
+        })
         .collect()
 }
 
@@ -157,6 +187,24 @@ async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_wha
             "statvfs of the node's image filesystem: {report}"
         );
     }
+    // `kubectl get pinboardnodes` shows each node's figures, `kubectl get pinsets` the nodes ready.
+    for row in printed(&lab, "pinboardnodes").await {
+        assert_eq!(row["Runtime"], "containerd", "{row:?}");
+        assert!(row["Pinned"].as_u64() >= Some(2), "{row:?}");
+        assert!(row["Images"].as_u64() >= row["Pinned"].as_u64(), "{row:?}");
+    }
+    wait_for(
+        "kubectl get pinsets: web ready on 3 nodes",
+        WAIT,
+        || async {
+            let sets = printed(&lab, "pinsets").await;
+            sets.iter()
+                .any(|row| row["Name"] == "web" && row["Nodes"] == 3 && row["Ready"] == 3)
+                .then_some(())
+                .ok_or(format!("{sets:?}"))
+        },
+    )
+    .await;
     // The pod's agent ran from the manifests' template and the image of this build.
     let pod_report = reports(&lab)
         .await
