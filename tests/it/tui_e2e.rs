@@ -317,6 +317,18 @@ fn fan_out_toggled_with_f_on_the_plan_screen_serves_the_nodes_from_pinboard() {
             );
         }
     };
+    // The screen says the rollout finished once every node's events are in; the engine puts fan-out's
+    // files back as it ends, a moment later.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab.nodes().iter().zip(&hosts).any(|(node, before)| {
+        std::fs::read_to_string(node.hosts_toml(&lab.proxy_host()))
+            .ok()
+            .as_ref()
+            != Some(before)
+    }) && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     restored();
 
     // Quitting in the middle of a fanned-out rollout cancels it and puts the files back before exiting.
