@@ -39,7 +39,6 @@ mod common;
 mod support;
 
 use common::{env_number, load_average, spread};
-use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -62,6 +61,7 @@ use pinboard::survey::survey;
 use support::agents::AgentsLab;
 use support::{
     ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup,
+    unique_bytes,
 };
 
 const MIB: u64 = 1 << 20;
@@ -120,18 +120,6 @@ fn push_set(lab: &Lab, name: &str) -> (Vec<String>, Vec<PushedImage>) {
         pushing.elapsed()
     );
     (references, pushed)
-}
-
-/// Unique compressed bytes (layers and configs) of the set: what each node must fetch.
-fn unique_bytes(pushed: &[PushedImage]) -> u64 {
-    let mut blobs = BTreeMap::new();
-    for image in pushed {
-        blobs.insert(image.config_digest.clone(), image.config_size);
-        for l in &image.layers {
-            blobs.insert(l.digest.clone(), l.size);
-        }
-    }
-    blobs.values().sum::<u64>() + pushed.iter().map(|p| p.manifest_size).sum::<u64>()
 }
 
 /// Bytes used on each node's image filesystem.

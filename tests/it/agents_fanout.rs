@@ -16,7 +16,9 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::Value;
 use support::agents::AgentsLab;
 use support::kube_objects::{apply_yaml, wait_for};
-use support::{ImageSpec, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup};
+use support::{
+    ImageSpec, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup, unique_bytes,
+};
 
 const KI: u64 = 1 << 10;
 const MI: u64 = 1 << 20;
@@ -66,19 +68,6 @@ fn push_images(lab: &AgentsLab, repo: &str, seed: u64, count: u64) -> Vec<Pushed
                 .expect("push")
         })
         .collect()
-}
-
-/// Unique bytes of `images` as they cross the link: every config, layer and manifest once.
-fn unique_bytes(images: &[PushedImage]) -> u64 {
-    let mut blobs = BTreeMap::new();
-    for image in images {
-        blobs.insert(&image.config_digest, image.config_size);
-        blobs.insert(&image.manifest_digest, image.manifest_size);
-        for l in &image.layers {
-            blobs.insert(&l.digest, l.size);
-        }
-    }
-    blobs.values().sum()
 }
 
 /// Applies PinSet `name` with `spec.fanOut` listing `references` (and `extra` YAML under its spec), as

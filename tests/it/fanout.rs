@@ -7,13 +7,14 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::Digest as _;
-use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Node, NodeSpec, PushedImage};
+use support::{
+    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Node, NodeSpec, PushedImage, unique_bytes,
+};
 
 const KI: u64 = 1 << 10;
 const MI: u64 = 1 << 20;
@@ -56,19 +57,6 @@ fn push_images(
             lab.push_image(&format!("{repo}{i}"), &spec).expect("push")
         })
         .collect()
-}
-
-/// Unique bytes of `images` as they cross the link: every config, layer and manifest once.
-fn unique_bytes(images: &[PushedImage]) -> u64 {
-    let mut blobs = BTreeMap::new();
-    for image in images {
-        blobs.insert(&image.config_digest, image.config_size);
-        blobs.insert(&image.manifest_digest, image.manifest_size);
-        for l in &image.layers {
-            blobs.insert(&l.digest, l.size);
-        }
-    }
-    blobs.values().sum()
 }
 
 /// `pinboard ARGS --cri NAME=ENDPOINT… --image REF… --insecure-registry PROXY --min-free 1Mi`.

@@ -126,6 +126,19 @@ pub struct PushedImage {
     pub layers: Vec<PushedLayer>,
 }
 
+/// Unique bytes of `images` as they cross the link: every manifest, config and layer once.
+pub fn unique_bytes(images: &[PushedImage]) -> u64 {
+    let mut blobs = std::collections::BTreeMap::new();
+    for image in images {
+        blobs.insert(&image.config_digest, image.config_size);
+        blobs.insert(&image.manifest_digest, image.manifest_size);
+        for l in &image.layers {
+            blobs.insert(&l.digest, l.size);
+        }
+    }
+    blobs.values().sum()
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PushedLayer {
     pub digest: String,

@@ -37,7 +37,7 @@ mod run;
 pub mod tmux;
 mod token;
 
-pub use images::{ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage};
+pub use images::{ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage, unique_bytes};
 pub use kube_cluster::ClusterConfig;
 pub use lab::{Lab, LabConfig};
 pub use node::{Node, NodeSpec};
