@@ -43,27 +43,6 @@ fn readiness(lab: &AgentsLab, args: &[&str]) -> (i32, Readiness, String) {
     (run.code, parsed, run.stderr)
 }
 
-/// The PinboardNode reports, by node.
-async fn reports(lab: &AgentsLab) -> Vec<Value> {
-    objects(lab, "PinboardNode", "pinboardnodes").await
-}
-
-/// Every object of pinboard's `kind`, as JSON.
-async fn objects(lab: &AgentsLab, kind: &str, plural: &str) -> Vec<Value> {
-    let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", kind),
-        plural,
-    );
-    let api: Api<DynamicObject> = Api::all_with(lab.admin.clone(), &resource);
-    api.list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|o| serde_json::to_value(o).unwrap())
-        .collect()
-}
-
 /// What `kubectl get` prints of pinboard's `plural`: the API server's Table (its CRD's printer columns),
 /// one map of column name to cell per row.
 async fn printed(lab: &AgentsLab, plural: &str) -> Vec<BTreeMap<String, Value>> {
@@ -144,8 +123,10 @@ async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_wha
                 .is_some_and(|r| r.starts_with("containerd"))
         );
     }
-    let details = objects(&lab, "PinboardNodeImages", "pinboardnodeimages").await;
-    for report in reports(&lab).await {
+    let details = lab
+        .objects("PinboardNodeImages", "pinboardnodeimages")
+        .await;
+    for report in lab.reports().await {
         let set = &report["status"]["sets"][0];
         assert_eq!(set["name"], "web", "{report}");
         assert_eq!(set["state"], "pinned", "{report}");
@@ -206,7 +187,8 @@ async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_wha
     )
     .await;
     // The pod's agent ran from the manifests' template and the image of this build.
-    let pod_report = reports(&lab)
+    let pod_report = lab
+        .reports()
         .await
         .into_iter()
         .find(|r| r["metadata"]["name"] == "n1")

@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DynamicObject};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::Api;
 use serde_json::Value;
 use support::agents::AgentsLab;
 use support::kube_objects::{apply_yaml, wait_for};
@@ -86,23 +85,10 @@ async fn apply_fan_out_set(lab: &AgentsLab, name: &str, references: &[String], e
 
 /// The PinboardNode reports, by node.
 async fn reports(lab: &AgentsLab) -> BTreeMap<String, Value> {
-    let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", "PinboardNode"),
-        "pinboardnodes",
-    );
-    let api: Api<DynamicObject> = Api::all_with(lab.admin.clone(), &resource);
-    api.list(&Default::default())
+    lab.reports()
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .map(|o| {
-            let value = serde_json::to_value(o).unwrap();
-            (
-                value["metadata"]["name"].as_str().unwrap().to_owned(),
-                value,
-            )
-        })
+        .map(|r| (r["metadata"]["name"].as_str().unwrap().to_owned(), r))
         .collect()
 }
 
@@ -151,17 +137,35 @@ async fn wait_pinned_through_cache(
     reports
 }
 
-/// Asserts that the link carried at most `slack` times `unique` bytes since the proxy had sent `before`;
-/// the bytes it carried.
-fn assert_moved_at_most(lab: &AgentsLab, before: u64, unique: u64, slack: f64) -> u64 {
+/// Asserts that the link carried at most `slack` times `unique` bytes since the proxy had sent `before`,
+/// and says on stderr what it carried for `what`; the bytes it carried.
+fn assert_moved_at_most(lab: &AgentsLab, what: &str, before: u64, unique: u64, slack: f64) -> u64 {
     let moved = lab.lab.proxy().bytes_down() - before;
+    let ratio = moved as f64 / unique as f64;
     assert!(
         moved as f64 <= slack * unique as f64,
-        "{moved} bytes crossed the link for {unique} unique bytes ({:.3}x; lab: {})",
-        moved as f64 / unique as f64,
+        "{moved} bytes crossed the link for {unique} unique bytes ({ratio:.3}x; lab: {})",
         lab.lab.dir().display()
     );
+    eprintln!("{what}: {moved} bytes over the link for {unique} unique ({ratio:.3}x)");
     moved
+}
+
+/// `images`' references through the lab's counting proxy.
+fn through_proxy(lab: &AgentsLab, images: &[PushedImage]) -> Vec<String> {
+    images
+        .iter()
+        .map(|i| i.reference(&lab.lab.proxy_host()))
+        .collect()
+}
+
+/// Waits until every node's hosts.toml is as it was (`before`).
+async fn wait_hosts_back(lab: &AgentsLab, before: &[Option<String>]) {
+    wait_for("every hosts.toml back", Duration::from_secs(30), || async {
+        let now = hosts_files(lab);
+        (now == before).then_some(()).ok_or(format!("{now:?}"))
+    })
+    .await;
 }
 
 /// The cache's token, from its Secret.
@@ -187,10 +191,7 @@ fn hosts_files(lab: &AgentsLab) -> Vec<Option<String>> {
 async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_about_once() {
     let lab = cache_lab("agents-fanout", RegistrySetup::default()).await;
     let images = push_images(&lab, "fanout/app", 9100, 3);
-    let references: Vec<String> = images
-        .iter()
-        .map(|i| i.reference(&lab.lab.proxy_host()))
-        .collect();
+    let references = through_proxy(&lab, &images);
     let unique = unique_bytes(&images);
     let hosts_before = hosts_files(&lab);
     let before = lab.lab.proxy().bytes_down();
@@ -210,7 +211,13 @@ async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_abou
     ]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     wait_pinned_through_cache(&lab, "web", &references).await;
-    let moved = assert_moved_at_most(&lab, before, unique, 1.05);
+    let moved = assert_moved_at_most(
+        &lab,
+        "fan-out through the in-cluster cache",
+        before,
+        unique,
+        1.05,
+    );
     // The holder reports its figures at its heartbeat's pace.
     wait_for(
         "the cache's figures in its holder's report",
@@ -251,27 +258,14 @@ async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_abou
         "{}",
         check.stdout
     );
-    wait_for("every hosts.toml back", Duration::from_secs(30), || async {
-        let now = hosts_files(&lab);
-        (now == hosts_before)
-            .then_some(())
-            .ok_or(format!("{now:?}"))
-    })
-    .await;
-    eprintln!(
-        "fan-out through the in-cluster cache: {moved} bytes over the link for {unique} unique ({:.3}x)",
-        moved as f64 / unique as f64
-    );
+    wait_hosts_back(&lab, &hosts_before).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cache_refuses_anonymous_requests_and_serves_a_private_image_to_the_nodes() {
     let lab = cache_lab("agents-fanout-private", support::private::token_registry()).await;
     let images = push_images(&lab, "private/app", 9200, 2);
-    let references: Vec<String> = images
-        .iter()
-        .map(|i| i.reference(&lab.lab.proxy_host()))
-        .collect();
+    let references = through_proxy(&lab, &images);
     let proxy = lab.lab.proxy_host();
     let auth = serde_json::json!({"auths": {&proxy: {"auth": support::private::encoded_login()}}});
     let secret = format!(
@@ -284,7 +278,13 @@ async fn the_cache_refuses_anonymous_requests_and_serves_a_private_image_to_the_
     let extra = "  pullSecrets:\n  - name: registry-login\n";
     apply_fan_out_set(&lab, "private", &references, extra).await;
     wait_pinned_through_cache(&lab, "private", &references).await;
-    assert_moved_at_most(&lab, before, unique_bytes(&images), 1.05);
+    assert_moved_at_most(
+        &lab,
+        "a private image through the cache",
+        before,
+        unique_bytes(&images),
+        1.05,
+    );
 
     // A pod asking the cache for the private blob, without the token or with another, gets 401.
     let (_, address) = lab.cache_holder().await;
@@ -330,10 +330,7 @@ async fn the_cache_refuses_anonymous_requests_and_serves_a_private_image_to_the_
 async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
     let mut lab = cache_lab("agents-fanout-killed", RegistrySetup::default()).await;
     let images = push_images(&lab, "killed/app", 9300, 3);
-    let references: Vec<String> = images
-        .iter()
-        .map(|i| i.reference(&lab.lab.proxy_host()))
-        .collect();
+    let references = through_proxy(&lab, &images);
     let unique = unique_bytes(&images);
     let hosts_before = hosts_files(&lab);
     let (holder, _) = lab.cache_holder().await;
@@ -357,38 +354,27 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
     }
     // The issue asks for at most 2x; measured here 2.45-2.68x: while the holder restarts (about a second)
     // the other nodes' pulls go to the source, whole. Bounded here at 3x until that is brought down.
-    let moved = assert_moved_at_most(&lab, before, unique, 3.0);
-    wait_for("every hosts.toml back", Duration::from_secs(30), || async {
-        let now = hosts_files(&lab);
-        (now == hosts_before)
-            .then_some(())
-            .ok_or(format!("{now:?}"))
-    })
-    .await;
-    eprintln!(
-        "the cache's holder killed mid-rollout: {moved} bytes over the link for {unique} unique ({:.3}x)",
-        moved as f64 / unique as f64
+    assert_moved_at_most(
+        &lab,
+        "the cache's holder killed mid-rollout",
+        before,
+        unique,
+        3.0,
     );
+    wait_hosts_back(&lab, &hosts_before).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_link_that_resets_every_mebibyte_still_carries_each_blob_about_once() {
     let lab = cache_lab("agents-fanout-resets", RegistrySetup::default()).await;
     let images = push_images(&lab, "resets/app", 9400, 3);
-    let references: Vec<String> = images
-        .iter()
-        .map(|i| i.reference(&lab.lab.proxy_host()))
-        .collect();
+    let references = through_proxy(&lab, &images);
     let unique = unique_bytes(&images);
     lab.lab.proxy().reset_after(MI, None);
     let before = lab.lab.proxy().bytes_down();
     apply_fan_out_set(&lab, "web", &references, "").await;
     wait_pinned_through_cache(&lab, "web", &references).await;
-    let moved = assert_moved_at_most(&lab, before, unique, 1.10);
-    eprintln!(
-        "a link resetting every MiB: {moved} bytes over the link for {unique} unique ({:.3}x)",
-        moved as f64 / unique as f64
-    );
+    assert_moved_at_most(&lab, "a link resetting every MiB", before, unique, 1.10);
 }
 
 /// Capacity, measured rather than asserted (`cargo test --test it capacity -- --ignored --nocapture`): the
@@ -398,14 +384,7 @@ async fn a_link_that_resets_every_mebibyte_still_carries_each_blob_about_once() 
 #[ignore = "a measurement: run on its own"]
 fn capacity_of_the_caches_endpoint_with_many_clients_at_once() {
     let lab = support::Lab::with_nodes("agents-fanout-capacity", Vec::new());
-    let spec = ImageSpec {
-        layers: vec![LayerSpec {
-            seed: 9500,
-            bytes: 32 * MI as usize,
-            format: LayerFormat::Gzip,
-        }],
-        ..ImageSpec::default()
-    };
+    let spec = ImageSpec::gzip_layers(9500, &[32 * MI as usize]);
     let image = lab.push_image("capacity/app", &spec).expect("push");
     let log = lab.dir().join("mirror.log");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pinboard"))

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as NodeObject;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
 
 use super::binary;
 use super::cluster::client;
@@ -195,6 +196,27 @@ impl AgentsLab {
                 .ok_or_else(|| "no holder yet".to_string())
         })
         .await
+    }
+
+    /// Every object of pinboard's `kind` (its resource `plural`), as JSON.
+    pub async fn objects(&self, kind: &str, plural: &str) -> Vec<Value> {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("pinboard.dev", "v1alpha1", kind),
+            plural,
+        );
+        let api: Api<DynamicObject> = Api::all_with(self.admin.clone(), &resource);
+        api.list(&Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("list {plural}: {e}"))
+            .items
+            .into_iter()
+            .map(|o| serde_json::to_value(o).unwrap())
+            .collect()
+    }
+
+    /// The PinboardNode reports.
+    pub async fn reports(&self) -> Vec<Value> {
+        self.objects("PinboardNode", "pinboardnodes").await
     }
 
     /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry.
