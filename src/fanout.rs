@@ -28,7 +28,6 @@ use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{self, Wired, Wiring, WiringError};
 use crate::engine::{self, Control, EngineConfig, NodeJob};
 use crate::error::Failure;
-use crate::model::cache_token::CacheToken;
 use crate::model::image::ImageFacts;
 use crate::model::plan::Verdict;
 use crate::model::rollout::Event;
@@ -270,7 +269,7 @@ impl FanOut {
                     }),
                 );
             }
-            let wired = wire_node(target, sources.clone(), marker.clone(), None, timeout).await;
+            let wired = wire_node(target, sources.clone(), marker.clone(), timeout).await;
             (name, wired)
         }))
         .await;
@@ -321,13 +320,12 @@ pub async fn wire_node(
     target: &NodeTarget,
     sources: Vec<Source>,
     marker: Marker,
-    token: Option<CacheToken>,
     timeout: Duration,
 ) -> Result<Wired, NodeWiringError> {
     let wiring = located(target, timeout).await?;
     blocking(move || {
         wiring::clean_stale(&wiring, false)?;
-        wiring::wire(&wiring, &sources, &marker, token.as_ref())
+        wiring::wire(&wiring, &sources, &marker)
     })
     .await
 }

@@ -1,11 +1,15 @@
-//! A node's side of a fan-out set (`spec.fanOut`): while its rollout runs, the node's containerd is pointed
-//! at the in-cluster cache ([`super::cache`]) first, `server` kept after it, sending the cache's token, so
-//! a dead cache never stops a pull (containerd goes on to the source); the files are put back byte for byte
-//! when the rollout ends, and at the agent's start if a killed agent left them. The set's report says
-//! which way the node pulled.
+//! A node's side of a fan-out set (`spec.fanOut`): while its rollout runs, the node's runtime is pointed
+//! at the agent's relay on the node's loopback ([`Relay`]), which passes the pulls on to the in-cluster
+//! cache ([`super::cache`]) with its token and waits out the cache's restarts up to [`HOLD_FOR_CACHE`];
+//! the source is kept after it (containerd's `server`, CRI-O's location), so neither a dead cache nor a
+//! dead agent stops a pull. The files are put back byte for byte when the rollout ends, and at the agent's
+//! start if a killed agent left them. The set's report says which way the node pulled.
 
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::blobs::{Locate, Relay, Upstream};
 use crate::backend::pinboard_api::PinboardApi;
 use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{Wired, marker};
@@ -15,6 +19,32 @@ use crate::model::served::Source;
 
 /// How long a node waits for the cache to serve a set's new generation before pulling from the source.
 pub const WAIT_FOR_CACHE: Duration = Duration::from_secs(60);
+/// How long a pull waits for an absent cache (its holder restarting, the role moving) before the runtime
+/// is sent to the source: a killed agent's pod is started again within this.
+pub const HOLD_FOR_CACHE: Duration = Duration::from_secs(30);
+
+/// Starts the node's relay on its loopback, following the cache's Lease.
+pub async fn start_relay(api: &PinboardApi) -> Result<Relay, String> {
+    let api = api.clone();
+    let locate: Locate = Arc::new(move || {
+        let api = api.clone();
+        Box::pin(async move { upstream(&api).await })
+    });
+    Relay::start(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        locate,
+        HOLD_FOR_CACHE,
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// The cache as its Lease and token Secret say now.
+async fn upstream(api: &PinboardApi) -> Option<Upstream> {
+    let address = api.cache_lease().await.ok()??.address;
+    let token = api.cache_token(false).await.ok()??;
+    Some(Upstream { address, token })
+}
 
 /// How the node pulls a fan-out set.
 pub enum Through {
@@ -25,10 +55,12 @@ pub enum Through {
     Wait,
 }
 
-/// Points the node at the cache for set `name` at `generation` (its `images`), when the cache serves
-/// that generation; waits for it up to [`WAIT_FOR_CACHE`] from `since`, then pulls from the source.
+/// Points the node at the cache through `relay` for set `name` at `generation` (its `images`), when the
+/// cache serves that generation; waits for it up to [`WAIT_FOR_CACHE`] from `since`, then pulls from the
+/// source.
 pub async fn prepare(
     api: &PinboardApi,
+    relay: Result<&Relay, &str>,
     target: &NodeTarget,
     (name, generation): (&str, i64),
     images: &[String],
@@ -71,11 +103,21 @@ pub async fn prepare(
         Ok(None) => return source("the cache's token Secret is missing".into()),
         Err(e) => return source(format!("cannot read the cache's token: {e}")),
     };
+    let relay = match relay {
+        Ok(relay) => relay,
+        Err(e) => return source(format!("the agent cannot relay to the cache: {e}")),
+    };
+    relay
+        .follow(Upstream {
+            address: cache.address.clone(),
+            token,
+        })
+        .await;
     let mut sources: Vec<Source> = images.iter().filter_map(|i| Source::of(i).ok()).collect();
     sources.sort();
     sources.dedup();
-    let marker = marker(&cache.address);
-    match wire_node(target, sources, marker, Some(token), timeout).await {
+    let marker = marker(&relay.url());
+    match wire_node(target, sources, marker, timeout).await {
         Ok(wired) => {
             tracing::info!(set = name, cache = cache.address, files = ?wired.files(), "pulling through the cache");
             let through = SetFanOut {
@@ -86,6 +128,26 @@ pub async fn prepare(
         }
         Err(e) => source(format!("the node cannot be pointed at the cache: {e}")),
     }
+}
+
+/// What the node's report says of how a rollout pulls: as `prepared`, and how many of its pulls `relay`
+/// has sent to the source since it started (when it counted `sent_before`), the cache being away, and why.
+pub fn reported(
+    prepared: Option<&SetFanOut>,
+    relay: Option<&Relay>,
+    sent_before: u64,
+) -> Option<SetFanOut> {
+    let mut reported = prepared?.clone();
+    if let Some((sent, Some(reason))) = relay.map(Relay::sent_to_source)
+        && sent > sent_before
+    {
+        reported.source_reason = Some(format!(
+            "{} pulls went to the source, the cache away for {}s: {reason}",
+            sent - sent_before,
+            HOLD_FOR_CACHE.as_secs()
+        ));
+    }
+    Some(reported)
 }
 
 /// Puts the node's files back.

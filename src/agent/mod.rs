@@ -33,6 +33,7 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use crate::backend::blobs::Relay;
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::lazy::{Apply, set_lazy};
@@ -191,6 +192,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         running: None,
         failed: BTreeMap::new(),
         waiting_for_cache: None,
+        relay: None,
         cache,
         cache_report: None,
         written: None,
@@ -215,6 +217,8 @@ struct Running {
     /// A fan-out set: the node's files pointing at the cache, put back when it ends.
     wired: Option<Wired>,
     fan_out: Option<SetFanOut>,
+    /// The relay's count of pulls sent to the source when this rollout started.
+    sent_to_source_before: u64,
 }
 
 struct Agent {
@@ -245,6 +249,8 @@ struct Agent {
     failed: BTreeMap<String, (i64, Instant)>,
     /// A fan-out set waiting for the cache to serve its generation, since when.
     waiting_for_cache: Option<(String, i64, Instant)>,
+    /// The node's relay to the cache, started for the first fan-out set (or why it could not be).
+    relay: Option<Result<Relay, String>>,
     /// The in-cluster cache's role, for an agent started with `--cache-port`.
     cache: Option<cache::CacheRole>,
     /// The cache's figures as of the last heartbeat (reported at that pace, not at every byte).
@@ -414,8 +420,21 @@ impl Agent {
                     _ => Instant::now(),
                 };
                 let key = (name, generation);
-                match fan_out::prepare(&self.api, &self.target, key, images, since, self.timeout)
-                    .await
+                if self.relay.is_none() {
+                    self.relay = Some(fan_out::start_relay(&self.api).await);
+                }
+                let relay = self.relay.as_ref().expect("just started").as_ref();
+                let relay = relay.map_err(String::as_str);
+                match fan_out::prepare(
+                    &self.api,
+                    relay,
+                    &self.target,
+                    key,
+                    images,
+                    since,
+                    self.timeout,
+                )
+                .await
                 {
                     fan_out::Through::Wait => {
                         self.waiting_for_cache = Some((name.to_string(), generation, since));
@@ -480,6 +499,7 @@ impl Agent {
             rollout: Rollout::expecting(std::slice::from_ref(&self.target.node.name)),
             wired,
             fan_out,
+            sent_to_source_before: relay_of(&self.relay).map_or(0, |r| r.sent_to_source().0),
         });
     }
 
@@ -505,7 +525,11 @@ impl Agent {
                 if let Some(progress) = running.rollout.nodes().get(node) {
                     let mut report =
                         node_report::rolling(&running.set, running.generation, progress);
-                    report.fan_out = running.fan_out.clone();
+                    report.fan_out = fan_out::reported(
+                        running.fan_out.as_ref(),
+                        relay_of(&self.relay),
+                        running.sent_to_source_before,
+                    );
                     self.reports.insert(running.set.clone(), report);
                 }
             }
@@ -542,7 +566,11 @@ impl Agent {
                 let report = node_report::rolling(&running.set, running.generation, progress);
                 let observed = observe(&self.target, &images, self.timeout).await;
                 let mut verified = node_report::verified(report, &observed);
-                verified.fan_out = running.fan_out.clone();
+                verified.fan_out = fan_out::reported(
+                    running.fan_out.as_ref(),
+                    relay_of(&self.relay),
+                    running.sent_to_source_before,
+                );
                 Some(verified)
             }
             (None, None) => None,
@@ -684,6 +712,11 @@ async fn pull_credentials<'a>(
 }
 
 /// The node's InternalIP, where the in-cluster cache serves when this agent holds its role.
+/// The node's relay, once started.
+fn relay_of(relay: &Option<Result<Relay, String>>) -> Option<&Relay> {
+    relay.as_ref()?.as_ref().ok()
+}
+
 fn node_ip(node: Option<&Node>) -> Option<std::net::IpAddr> {
     node?
         .status

@@ -20,12 +20,10 @@ use std::path::{Path, PathBuf};
 use super::cri::{CriClient, CriEndpoint, CriError};
 use super::files::{FileError, read_optional, write_if_changed};
 use super::pins::{PinError, PinTarget, Reload, reload_crio};
-use crate::model::cache_token::CacheToken;
 use crate::model::runtime::RuntimeKind;
 use crate::model::served::Source;
 use crate::model::wiring::{
-    Marker, RegistriesFile, WiringFileError, containerd_hosts, containerd_original,
-    containerd_token, crio_registries,
+    Marker, RegistriesFile, WiringFileError, containerd_hosts, containerd_original, crio_registries,
 };
 
 /// CRI-O's drop-in directory for registries.conf.
@@ -57,10 +55,6 @@ pub enum WiringError {
         "CRI-O at {endpoint}: its registries.conf.d is on the node, and pinboard writes where it runs"
     )]
     RemoteCrio { endpoint: CriEndpoint },
-    #[error(
-        "CRI-O's registries.conf cannot send the in-cluster cache's token, so the node pulls from the source"
-    )]
-    CrioToken,
     #[error("runtime {runtime:?}: fan-out wires only containerd and CRI-O")]
     UnknownRuntime { runtime: String },
     #[error("{}: another pinboard (pid {pid}) is fanning out to this node through it", path.display())]
@@ -214,16 +208,10 @@ impl Wired {
     }
 }
 
-/// Points the node at the endpoint `marker` names for `sources`, sending it `token` when given (the
-/// in-cluster cache; containerd only). Call [`clean_stale`] first: a file still marked by another pinboard
+/// Points the node at the endpoint `marker` names for `sources`. Call [`clean_stale`] first: a file still marked by another pinboard
 /// stops the wiring (another rollout fans out to this node). Nothing is left half-written: on failure, what
 /// was written is undone. Blocking: call from `spawn_blocking`.
-pub fn wire(
-    wiring: &Wiring,
-    sources: &[Source],
-    marker: &Marker,
-    token: Option<&CacheToken>,
-) -> Result<Wired, WiringError> {
+pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wired, WiringError> {
     let mut wired = Wired {
         wiring: wiring.clone(),
         marker: marker.clone(),
@@ -240,7 +228,7 @@ pub fn wire(
                 if let Some(theirs) = original.as_deref().and_then(Marker::of) {
                     return Err(busy(&path, &theirs));
                 }
-                let text = containerd_hosts(original.as_deref(), marker, token)
+                let text = containerd_hosts(original.as_deref(), marker)
                     .map_err(|problem| hosts_error(&path, problem))?;
                 create_parent(&path)?;
                 write_if_changed(&path, original.as_deref(), Some(&text))?;
@@ -248,7 +236,6 @@ pub fn wire(
                 Ok(())
             })
         }
-        Wiring::Crio { .. } if token.is_some() => Err(WiringError::CrioToken),
         Wiring::Crio {
             registries_dir,
             reload,
@@ -383,9 +370,7 @@ fn restore(wiring: &Wiring, path: &Path, text: &str) -> Result<bool, WiringError
             let original =
                 containerd_original(text).map_err(|problem| hosts_error(path, problem))?;
             let marker = Marker::of(text).expect("restore is given marked files");
-            let token = containerd_token(text, &marker);
-            let unchanged = containerd_hosts(original.as_deref(), &marker, token.as_ref())
-                .is_ok_and(|w| w == text);
+            let unchanged = containerd_hosts(original.as_deref(), &marker).is_ok_and(|w| w == text);
             if !unchanged {
                 return Err(WiringError::Changed {
                     path: path.to_owned(),

@@ -1,11 +1,12 @@
 //! The in-cluster cache's token: a random secret only pinboard's agents have (kept in the Secret
-//! [`crate::model::pinboard_api::CACHE_TOKEN_SECRET`]), that nodes send to the cache as a header written in
-//! their hosts.toml. The cache answers nothing without it, so a pod cannot read private images through it.
+//! [`crate::model::pinboard_api::CACHE_TOKEN_SECRET`]), that their relays send to the cache as a header
+//! (`crate::backend::blobs::Relay`), never written into a node's files. The cache answers nothing without
+//! it, so a pod cannot read private images through it.
 //! Never printed: its `Debug` is redacted and it has no `Display`.
 
 use std::fmt;
 
-/// The header a node's runtime sends the token in.
+/// The header the token is sent in.
 pub const CACHE_TOKEN_HEADER: &str = "x-pinboard-cache-token";
 
 #[derive(Clone, PartialEq, Eq)]

@@ -12,8 +12,8 @@
 //!   one, so the administrator's table for that prefix is carried over whole (its `location`, `blocked`,
 //!   `insecure` and mirrors, after the endpoint): nothing they configured stops applying.
 //!
-//! For the in-cluster cache, the endpoint's table carries a `header` table with the cache's token
-//! ([`CacheToken`]), which containerd sends with every request to that host.
+//! The in-cluster cache's token is never written here: a node reaches the cache through its agent's relay
+//! ([`crate::backend::blobs::Relay`]), which sends it.
 //!
 //! Every file starts with a [`Marker`] line naming the pinboard process that wrote it, and a hosts.toml also
 //! carries the administrator's original bytes (base64), so the file is put back byte for byte, by this
@@ -27,7 +27,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table, value};
 
-use super::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 use super::served::Source;
 
 /// The marker's prefix: the first line of every file fan-out writes.
@@ -106,12 +105,11 @@ impl Marker {
 }
 
 /// The hosts.toml that points containerd at the endpoint first, given the administrator's file (None: there
-/// was none), sending `token` to it when given. Fails, naming the cause, when the original is not a
+/// was none). Fails, naming the cause, when the original is not a
 /// hosts.toml containerd could read.
 pub fn containerd_hosts(
     original: Option<&str>,
     marker: &Marker,
-    token: Option<&CacheToken>,
 ) -> Result<String, WiringFileError> {
     let mut doc: DocumentMut =
         original
@@ -139,12 +137,6 @@ pub fn containerd_hosts(
     endpoint["capabilities"] = value(toml_edit::Array::from_iter(["pull"]));
     // Before every table of the file: containerd tries hosts in the order they are written.
     endpoint.set_position(Some(first - 2));
-    if let Some(token) = token {
-        let mut header = Table::new();
-        header[CACHE_TOKEN_HEADER] = value(toml_edit::Array::from_iter([token.expose()]));
-        header.set_position(Some(first - 1));
-        endpoint.insert("header", Item::Table(header));
-    }
     hosts.insert(&marker.endpoint, Item::Table(endpoint));
     let original = match original {
         Some(text) => BASE64.encode(text),
@@ -178,21 +170,6 @@ pub fn containerd_original(wired: &str) -> Result<Option<String>, WiringFileErro
     String::from_utf8(bytes)
         .map(Some)
         .map_err(WiringFileError::OriginalNotUtf8)
-}
-
-/// The cache's token a hosts.toml pinboard wrote sends to its endpoint, if any: what [`containerd_hosts`]
-/// was given, so that the file can be told unchanged.
-pub fn containerd_token(wired: &str, marker: &Marker) -> Option<CacheToken> {
-    let doc: DocumentMut = wired.parse().ok()?;
-    let sent = doc
-        .get("host")?
-        .get(&marker.endpoint)?
-        .get("header")?
-        .get(CACHE_TOKEN_HEADER)?
-        .as_array()?
-        .get(0)?
-        .as_str()?;
-    CacheToken::new(sent)
 }
 
 /// The lowest position of any table in `table`, nested ones included.
@@ -342,7 +319,7 @@ mod tests {
         let admin = "# our registry\nserver = \"https://registry.example.com\"\nca = \"/etc/ca.pem\"\n\n\
                      [host.\"https://mirror.example.com\"]\n  capabilities = [\"pull\", \"resolve\"]\n\n\
                      [host.\"https://registry.example.com\"]\n  capabilities = [\"pull\", \"resolve\"]\n";
-        let wired = containerd_hosts(Some(admin), &marker(), None).unwrap();
+        let wired = containerd_hosts(Some(admin), &marker()).unwrap();
         assert_eq!(Marker::of(&wired), Some(marker()));
         assert_eq!(
             hosts_in_order(&wired),
@@ -366,7 +343,7 @@ mod tests {
 
     #[test]
     fn without_a_hosts_toml_only_the_endpoint_is_added_and_nothing_comes_back() {
-        let wired = containerd_hosts(None, &marker(), None).unwrap();
+        let wired = containerd_hosts(None, &marker()).unwrap();
         assert_eq!(hosts_in_order(&wired), ["http://127.0.0.1:40000"]);
         let parsed: toml_edit::DocumentMut = wired.parse().unwrap();
         assert!(
@@ -377,42 +354,14 @@ mod tests {
     }
 
     #[test]
-    fn the_caches_token_goes_to_its_host_only_and_is_read_back() {
-        let admin = "server = \"https://registry.example.com\"\n\n\
-                     [host.\"https://registry.example.com\"]\n  capabilities = [\"pull\"]\n";
-        let token = CacheToken::new("t0ken").unwrap();
-        let wired = containerd_hosts(Some(admin), &marker(), Some(&token)).unwrap();
-        let hosts: Vec<String> = hosts_in_order(&wired)
-            .into_iter()
-            .filter(|h| !h.ends_with(".header]"))
-            .collect();
-        assert_eq!(
-            hosts,
-            ["http://127.0.0.1:40000", "https://registry.example.com"]
-        );
-        let parsed: toml_edit::DocumentMut = wired.parse().unwrap();
-        let sent = &parsed["host"]["http://127.0.0.1:40000"]["header"][CACHE_TOKEN_HEADER];
-        assert_eq!(sent.to_string().trim(), "[\"t0ken\"]", "{wired}");
-        assert!(
-            parsed["host"]["https://registry.example.com"]
-                .get("header")
-                .is_none()
-        );
-        assert_eq!(containerd_token(&wired, &marker()), Some(token));
-        let plain = containerd_hosts(Some(admin), &marker(), None).unwrap();
-        assert_eq!(containerd_token(&plain, &marker()), None);
-        assert_eq!(containerd_original(&wired).unwrap().as_deref(), Some(admin));
-    }
-
-    #[test]
     fn files_that_are_not_pinboards_or_cannot_be_read_are_told_apart() {
         assert_eq!(Marker::of("server = \"https://x\"\n"), None);
         assert_eq!(Marker::of("# pinboard-fan-out: pid=x\n"), None);
-        let bad = containerd_hosts(Some("server = \n"), &marker(), None)
+        let bad = containerd_hosts(Some("server = \n"), &marker())
             .unwrap_err()
             .to_string();
         assert!(bad.starts_with("not valid TOML"), "{bad}");
-        let inline = containerd_hosts(Some("host = 3\n"), &marker(), None)
+        let inline = containerd_hosts(Some("host = 3\n"), &marker())
             .unwrap_err()
             .to_string();
         assert!(inline.contains("`host` is not a table"), "{inline}");

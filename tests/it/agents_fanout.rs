@@ -352,14 +352,14 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
     for node in NODES {
         lab.lab.node(node).assert_pinned(&references);
     }
-    // The issue asks for at most 2x; measured here 2.45-2.68x: while the holder restarts (about a second)
-    // the other nodes' pulls go to the source, whole. Bounded here at 3x until that is brought down.
+    // The other nodes' relays wait for the restarted holder and resume their blobs from where they broke;
+    // only the holder's own node, whose relay died with it, may go to the source meanwhile.
     assert_moved_at_most(
         &lab,
         "the cache's holder killed mid-rollout",
         before,
         unique,
-        3.0,
+        2.0,
     );
     wait_hosts_back(&lab, &hosts_before).await;
 }

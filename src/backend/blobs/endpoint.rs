@@ -16,7 +16,6 @@
 //! [`CACHE_TOKEN_HEADER`] header, `/v2/` included. The digests served can be replaced while it runs
 //! ([`Endpoint::serve`]), when the sets it serves change.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,13 +30,10 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
 use serde::Serialize;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::{JoinHandle, JoinSet};
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
+use crate::backend::blobs::server::Server;
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 use crate::model::served::{Content, ServedDigests, Source};
 
@@ -63,10 +59,8 @@ pub struct EndpointStats {
 
 /// A running endpoint. Stop it with [`Endpoint::stop`]; dropping it stops it too.
 pub struct Endpoint {
-    addr: SocketAddr,
+    server: Server,
     shared: Arc<Shared>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
 }
 
 struct Shared {
@@ -88,8 +82,6 @@ impl Endpoint {
         allowed: ServedDigests,
         token: Option<CacheToken>,
     ) -> std::io::Result<Endpoint> {
-        let listener = TcpListener::bind(listen).await?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             cache,
             allowed: RwLock::new(Arc::new(allowed)),
@@ -98,25 +90,23 @@ impl Endpoint {
             requests: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         });
-        let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(serve(listener, Arc::clone(&shared), stopped));
-        tracing::debug!(%addr, "blob endpoint listening");
-        Ok(Endpoint {
-            addr,
-            shared,
-            stop: Some(stop),
-            task: Some(task),
+        let serving = Arc::clone(&shared);
+        let server = Server::start(listen, move |request| {
+            let shared = Arc::clone(&serving);
+            async move { handle(&shared, request).await }
         })
+        .await?;
+        Ok(Endpoint { server, shared })
     }
 
     /// The address it listens on (with the port chosen when asked for port 0).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `http://ADDR`: what a node's mirror configuration names.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.server.url()
     }
 
     /// Serves `allowed` from now on, instead of what it served.
@@ -125,66 +115,24 @@ impl Endpoint {
     }
 
     pub fn stats(&self) -> EndpointStats {
+        Endpoint::figures(&self.shared)
+    }
+
+    fn figures(shared: &Shared) -> EndpointStats {
         EndpointStats {
-            link_bytes: self.shared.cache.link_bytes(),
-            served_bytes: self.shared.served_bytes.load(Ordering::Relaxed),
-            requests: self.shared.requests.load(Ordering::Relaxed),
-            refused: self.shared.refused.load(Ordering::Relaxed),
+            link_bytes: shared.cache.link_bytes(),
+            served_bytes: shared.served_bytes.load(Ordering::Relaxed),
+            requests: shared.requests.load(Ordering::Relaxed),
+            refused: shared.refused.load(Ordering::Relaxed),
         }
     }
 
     /// Stops listening and closes every connection; returns the final figures. Downloads under way in the
     /// cache go on (their partial files stay for next time).
-    pub async fn stop(mut self) -> EndpointStats {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-        self.stats()
-    }
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
-}
-
-/// Accepts connections until told to stop; dropping the set of connections closes them all.
-async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: oneshot::Receiver<()>) {
-    let mut connections = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = &mut stopped => break,
-        };
-        while connections.try_join_next().is_some() {}
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of file descriptors or similar: back off instead of spinning.
-                tracing::warn!(error = %e, "blob endpoint cannot accept a connection");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let shared = Arc::clone(&shared);
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(handle(&shared, request).await) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %e, "blob endpoint connection ended");
-            }
-        });
+    pub async fn stop(self) -> EndpointStats {
+        let Endpoint { server, shared } = self;
+        server.stop().await;
+        Endpoint::figures(&shared)
     }
 }
 

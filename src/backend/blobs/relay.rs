@@ -1,0 +1,551 @@
+//! A node's relay to the in-cluster cache: the registry mirror its runtime is pointed at, on the node's
+//! loopback, served by the node's agent. It passes every pull on to the cache with the cache's token (so
+//! the token is never written into the node's files, and CRI-O, whose registries.conf cannot send a header,
+//! pulls through the cache too), and rides out the cache's absence:
+//!
+//! - while the cache cannot be reached (its holder restarting, the role moving to another agent), a request
+//!   waits for it up to the hold given, following the cache's address as it moves; after that it gets 503
+//!   and the runtime goes on to its next host, the source, and so does every request after it at once,
+//!   until the cache answers again (a cache gone for good costs one hold, not one per blob);
+//! - a blob whose stream breaks is resumed from the byte it stopped at with `Range`, so the runtime sees
+//!   one slow download rather than a failure that would send it, and its whole blob, to the source.
+//!
+//! A dead agent means a dead relay: the runtime's connection is refused and it pulls from the source.
+
+use std::future::Future;
+#[cfg(test)]
+use std::net::Ipv4Addr;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use http::header::{
+    ACCEPT, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RANGE,
+};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use tokio::sync::Mutex;
+
+use crate::backend::blobs::server::Server;
+use crate::backend::cri::error_chain;
+use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
+
+/// How often a request waiting for the cache tries it again.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+/// The cache's address is asked again (see [`Locate`]) at most this often.
+const LOCATE_EVERY: Duration = Duration::from_secs(1);
+
+/// Response headers passed on to the runtime.
+const PASSED_ON: [&str; 7] = [
+    "content-type",
+    "content-length",
+    "content-range",
+    "accept-ranges",
+    "docker-content-digest",
+    "docker-distribution-api-version",
+    "www-authenticate",
+];
+
+type Body = UnsyncBoxBody<Bytes, RelayError>;
+
+/// Where the cache is: its address (`http://IP:PORT`) and its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upstream {
+    pub address: String,
+    pub token: CacheToken,
+}
+
+/// Finds the cache (its holder may have moved); None while no one serves it.
+pub type Locate =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Option<Upstream>> + Send>> + Send + Sync>;
+
+/// A blob that could not be passed on whole.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RelayError(String);
+
+/// A running relay; dropping it stops it.
+pub struct Relay {
+    server: Server,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: reqwest::Client,
+    locate: Locate,
+    hold: Duration,
+    upstream: Mutex<Located>,
+    /// A request waited the whole hold in vain, and the cache has not answered since.
+    gave_up: AtomicBool,
+    sent_to_source: AtomicU64,
+    /// Why the last request was sent to the source.
+    last_reason: std::sync::Mutex<Option<String>>,
+}
+
+#[derive(Default)]
+struct Located {
+    current: Option<Upstream>,
+    /// The current address failed: ask [`Locate`] again.
+    lost: bool,
+    asked: Option<Instant>,
+}
+
+impl Relay {
+    /// Listens on `listen` and passes requests on to the cache `locate` finds, waiting up to `hold` for it.
+    pub async fn start(
+        listen: SocketAddr,
+        locate: Locate,
+        hold: Duration,
+    ) -> Result<Relay, RelayError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .no_proxy()
+            .build()
+            .map_err(|e| RelayError(format!("cannot build the relay's HTTP client: {e}")))?;
+        let shared = Arc::new(Shared {
+            client,
+            locate,
+            hold,
+            upstream: Mutex::default(),
+            gave_up: AtomicBool::new(false),
+            sent_to_source: AtomicU64::new(0),
+            last_reason: std::sync::Mutex::new(None),
+        });
+        let serving = Arc::clone(&shared);
+        let server = Server::start(listen, move |request| handle(Arc::clone(&serving), request))
+            .await
+            .map_err(|e| RelayError(format!("cannot listen on {listen}: {e}")))?;
+        tracing::info!(
+            address = server.url(),
+            "relaying the node's pulls to the in-cluster cache"
+        );
+        Ok(Relay { server, shared })
+    }
+
+    /// `http://ADDR`: what the node's mirror configuration names.
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// How many requests were sent on to the source because the cache stayed away, and why the last was.
+    pub fn sent_to_source(&self) -> (u64, Option<String>) {
+        let reason = self.shared.last_reason.lock().expect("reason").clone();
+        (self.shared.sent_to_source.load(Ordering::Relaxed), reason)
+    }
+
+    /// Passes requests on to `upstream` from now on (until it fails and another is found).
+    pub async fn follow(&self, upstream: Upstream) {
+        let mut located = self.shared.upstream.lock().await;
+        *located = Located {
+            current: Some(upstream),
+            lost: false,
+            asked: Some(Instant::now()),
+        };
+    }
+}
+
+impl Shared {
+    /// The cache to ask: the one last found, unless it failed; then found again (at most every
+    /// [`LOCATE_EVERY`]).
+    async fn upstream(&self) -> Option<Upstream> {
+        let mut located = self.upstream.lock().await;
+        let stale = located.current.is_none() || located.lost;
+        if stale && located.asked.is_none_or(|at| at.elapsed() >= LOCATE_EVERY) {
+            located.current = (self.locate)().await;
+            located.lost = false;
+            located.asked = Some(Instant::now());
+        }
+        located.current.clone()
+    }
+
+    async fn lost(&self, upstream: &Upstream) {
+        let mut located = self.upstream.lock().await;
+        if located.current.as_ref() == Some(upstream) {
+            located.lost = true;
+        }
+    }
+
+    /// Sends the request to the cache, waiting up to the hold for one that answers (not at all once a
+    /// request waited in vain); why not, after it.
+    async fn open(
+        &self,
+        method: &Method,
+        target: &str,
+        headers: &HeaderMap,
+    ) -> Result<reqwest::Response, String> {
+        let hold = match self.gave_up.load(Ordering::Relaxed) {
+            true => Duration::ZERO,
+            false => self.hold,
+        };
+        let deadline = Instant::now() + hold;
+        loop {
+            let why = match self.upstream().await {
+                Some(upstream) => match self
+                    .client
+                    .request(method.clone(), format!("{}{target}", upstream.address))
+                    .headers(headers.clone())
+                    .header(CACHE_TOKEN_HEADER, upstream.token.expose())
+                    .send()
+                    .await
+                {
+                    Ok(response) => {
+                        self.gave_up.store(false, Ordering::Relaxed);
+                        return Ok(response);
+                    }
+                    Err(e) => {
+                        self.lost(&upstream).await;
+                        format!(
+                            "the in-cluster cache at {} cannot be reached: {e}",
+                            upstream.address
+                        )
+                    }
+                },
+                None => "no agent serves the in-cluster cache".to_string(),
+            };
+            if Instant::now() >= deadline {
+                if !hold.is_zero() {
+                    tracing::warn!(
+                        target,
+                        "sending the runtime to the source, after waiting {}s for the cache, until it is \
+                         back: {why}",
+                        hold.as_secs()
+                    );
+                }
+                self.gave_up.store(true, Ordering::Relaxed);
+                self.sent_to_source.fetch_add(1, Ordering::Relaxed);
+                *self.last_reason.lock().expect("reason") = Some(why.clone());
+                return Err(why);
+            }
+            tokio::time::sleep(RETRY_EVERY).await;
+        }
+    }
+}
+
+async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Body> {
+    let method = request.method().clone();
+    if method != Method::GET && method != Method::HEAD {
+        return plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "this mirror serves pulls only",
+        );
+    }
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let mut headers = HeaderMap::new();
+    for name in [ACCEPT, RANGE] {
+        for value in request.headers().get_all(&name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let upstream = match shared.open(&method, &target, &headers).await {
+        Ok(response) => response,
+        Err(why) => return plain(StatusCode::SERVICE_UNAVAILABLE, &why),
+    };
+    let mut response = Response::builder().status(upstream.status());
+    for name in PASSED_ON {
+        for value in upstream.headers().get_all(name) {
+            response = response.header(name, value.clone());
+        }
+    }
+    if method == Method::HEAD {
+        return response.body(empty()).expect("a valid response");
+    }
+    let span = served_span(upstream.status(), upstream.headers());
+    let body = match span.filter(|_| target.contains("/blobs/")) {
+        Some(span) => {
+            headers.remove(RANGE);
+            resumable(Passing {
+                shared,
+                target,
+                headers,
+                next: span.start,
+                end: span.end,
+                stream: upstream.bytes_stream().boxed(),
+            })
+        }
+        None => upstream
+            .bytes_stream()
+            .map(|chunk| {
+                chunk
+                    .map(Frame::data)
+                    .map_err(|e| RelayError(e.to_string()))
+            })
+            .boxed(),
+    };
+    response
+        .body(StreamBody::new(body).boxed_unsync())
+        .expect("a valid response")
+}
+
+/// A blob on its way to the runtime: bytes `next..end` are still to come from `stream`.
+struct Passing {
+    shared: Arc<Shared>,
+    target: String,
+    /// What the runtime sent, without its `Range`.
+    headers: HeaderMap,
+    next: u64,
+    end: u64,
+    stream: BoxStream<'static, reqwest::Result<Bytes>>,
+}
+
+impl Passing {
+    /// Asks the cache for the rest, `next..end`, after the stream broke for `why`.
+    async fn resume(&mut self, why: &str) -> Result<(), RelayError> {
+        tracing::info!(
+            target = self.target,
+            at = self.next,
+            "resuming a blob through the in-cluster cache: {why}"
+        );
+        let mut headers = self.headers.clone();
+        let range = format!("bytes={}-{}", self.next, self.end - 1);
+        headers.insert(RANGE, HeaderValue::from_str(&range).expect("ASCII"));
+        let response = self
+            .shared
+            .open(&Method::GET, &self.target, &headers)
+            .await
+            .map_err(RelayError)?;
+        let span = served_span(response.status(), response.headers());
+        if response.status() != StatusCode::PARTIAL_CONTENT
+            || span.as_ref().map(|s| s.start) != Some(self.next)
+        {
+            return Err(RelayError(format!(
+                "the in-cluster cache answered {} to the rest of a blob from byte {}",
+                response.status(),
+                self.next
+            )));
+        }
+        self.stream = response.bytes_stream().boxed();
+        Ok(())
+    }
+}
+
+/// The bytes of `passing`, resumed as often as its stream breaks while the cache comes back within the
+/// hold; an error (the runtime's download fails and it moves on) when it does not.
+fn resumable(passing: Passing) -> BoxStream<'static, Result<Frame<Bytes>, RelayError>> {
+    futures::stream::unfold(Some(passing), |passing| async move {
+        let mut passing = passing?;
+        loop {
+            let why = match passing.stream.next().await {
+                Some(Ok(chunk)) => {
+                    passing.next += chunk.len() as u64;
+                    return Some((Ok(Frame::data(chunk)), Some(passing)));
+                }
+                None if passing.next >= passing.end => return None,
+                None => "the cache's answer ended early".to_string(),
+                Some(Err(e)) => error_chain(&e),
+            };
+            if let Err(e) = passing.resume(&why).await {
+                return Some((Err(e), None));
+            }
+        }
+    })
+    .boxed()
+}
+
+/// The bytes of the blob a 200 (with its length) or 206 (with its `Content-Range`) answer carries.
+fn served_span(status: StatusCode, headers: &HeaderMap) -> Option<Range<u64>> {
+    let header = |name: HeaderName| headers.get(name)?.to_str().ok();
+    match status {
+        StatusCode::OK => Some(0..header(CONTENT_LENGTH)?.parse().ok()?),
+        StatusCode::PARTIAL_CONTENT => {
+            let (first, last) = header(CONTENT_RANGE)?
+                .strip_prefix("bytes ")?
+                .split_once('/')?
+                .0
+                .split_once('-')?;
+            Some(first.parse().ok()?..last.parse::<u64>().ok()? + 1)
+        }
+        _ => None,
+    }
+}
+
+fn plain(status: StatusCode, message: &str) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "text/plain")
+        .body(
+            Full::new(Bytes::from(format!("{message}\n")))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .expect("a valid response")
+}
+
+fn empty() -> Body {
+    http_body_util::Empty::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    const BLOB: usize = 256 * 1024;
+    const CUT_AT: usize = 64 * 1024;
+
+    fn blob() -> Bytes {
+        (0..BLOB)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>()
+            .into()
+    }
+
+    /// A cache that wants the token and breaks every whole-blob answer after [`CUT_AT`] bytes, as a
+    /// killed holder does, but answers ranges whole; and how many requests it had.
+    async fn breaking_cache(token: &'static str) -> (Server, Arc<AtomicUsize>) {
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&requests);
+        let server = Server::start(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            move |request: Request<Incoming>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let blob = blob();
+                    if request
+                        .headers()
+                        .get(CACHE_TOKEN_HEADER)
+                        .map(|v| v.as_bytes())
+                        != Some(token.as_bytes())
+                    {
+                        return plain(StatusCode::UNAUTHORIZED, "no token");
+                    }
+                    let range = request
+                        .headers()
+                        .get(RANGE)
+                        .map(|v| v.to_str().unwrap().to_string());
+                    let Some(range) = range else {
+                        let first = Ok(Frame::data(blob.slice(..CUT_AT)));
+                        // After a pause, so that the headers and first bytes have left, as a killed
+                        // holder's have.
+                        let cut = futures::stream::once(async {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            Err(RelayError("killed".into()))
+                        });
+                        let body = futures::stream::iter([first]).chain(cut);
+                        return Response::builder()
+                            .header(CONTENT_LENGTH, BLOB)
+                            .body(StreamBody::new(body).boxed_unsync())
+                            .unwrap();
+                    };
+                    let (first, last) = range
+                        .strip_prefix("bytes=")
+                        .unwrap()
+                        .split_once('-')
+                        .unwrap();
+                    let (first, last): (usize, usize) =
+                        (first.parse().unwrap(), last.parse().unwrap());
+                    Response::builder()
+                        .status(StatusCode::PARTIAL_CONTENT)
+                        .header(CONTENT_RANGE, format!("bytes {first}-{last}/{BLOB}"))
+                        .header(CONTENT_LENGTH, last + 1 - first)
+                        .body(
+                            Full::new(blob.slice(first..=last))
+                                .map_err(|never| match never {})
+                                .boxed_unsync(),
+                        )
+                        .unwrap()
+                }
+            },
+        )
+        .await
+        .unwrap();
+        (server, requests)
+    }
+
+    /// A relay whose [`Locate`] finds nothing the first `absent` times it is asked, then `upstream`.
+    async fn relay(upstream: Option<Upstream>, absent: usize, hold: Duration) -> Relay {
+        crate::install_crypto_provider();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let locate: Locate = Arc::new(move || {
+            let upstream = upstream
+                .clone()
+                .filter(|_| asked.fetch_add(1, Ordering::SeqCst) >= absent);
+            Box::pin(async move { upstream })
+        });
+        Relay::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), locate, hold)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_blob_cut_mid_stream_reaches_the_runtime_whole_and_the_cache_is_waited_for() {
+        let (cache, requests) = breaking_cache("t0ken").await;
+        let upstream = Upstream {
+            address: cache.url(),
+            token: CacheToken::new("t0ken").unwrap(),
+        };
+        let relay = relay(Some(upstream), 1, Duration::from_secs(10)).await;
+        let url = format!("{}/v2/app/blobs/sha256:00?ns=registry.example", relay.url());
+        let response = reqwest::get(&url).await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::OK,
+            "{:?}",
+            response.text().await
+        );
+        assert_eq!(response.content_length(), Some(BLOB as u64));
+        let body = response.bytes().await.unwrap();
+        assert!(
+            body == blob(),
+            "the bytes passed on are the blob's, in order"
+        );
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            2,
+            "the whole blob, then its rest"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cache_that_stays_away_sends_the_runtime_on_after_the_hold() {
+        let relay = relay(None, 0, Duration::from_secs(1)).await;
+        let started = Instant::now();
+        let response = reqwest::get(format!("{}/v2/app/blobs/sha256:00", relay.url()))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        let said = response.text().await.unwrap();
+        assert!(
+            said.contains("no agent serves the in-cluster cache"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn the_span_of_an_answer_is_its_length_or_its_content_range() {
+        let headers = |pairs: &[(&str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            map
+        };
+        let length = headers(&[("content-length", "1000")]);
+        assert_eq!(served_span(StatusCode::OK, &length), Some(0..1000));
+        let partial = headers(&[("content-range", "bytes 200-999/1000")]);
+        assert_eq!(
+            served_span(StatusCode::PARTIAL_CONTENT, &partial),
+            Some(200..1000)
+        );
+        assert_eq!(served_span(StatusCode::NOT_FOUND, &length), None);
+        assert_eq!(served_span(StatusCode::OK, &HeaderMap::new()), None);
+    }
+}
