@@ -2,18 +2,20 @@
 //! real kubelets, an agent on each (processes started as their pods would run, each eligible for the
 //! cache's role), the registry behind the counting proxy. A set with `spec.fanOut` ends pinned on every
 //! node while each blob crosses the link about once, and every node's hosts.toml is back afterwards; also
-//! for a private image (the cache refusing anyone without its token), a link that resets every MiB, and
-//! the cache's holder killed mid-rollout.
+//! for a private image (the cache refusing anyone without its token), a link that resets every MiB, the
+//! cache's holder killed mid-rollout, and a CRI-O node (the stand-in, with its agent on this host) pulling
+//! through its agent's relay beside the containerd nodes.
 
 use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
 use support::agents::AgentsLab;
+use support::crio::CrioStandIn;
 use support::kube_objects::{apply_yaml, wait_for};
 use support::{
     ImageSpec, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup, unique_bytes,
@@ -94,25 +96,30 @@ async fn reports(lab: &AgentsLab) -> BTreeMap<String, Value> {
 
 /// Waits until every node's report has set `name` pinned.
 async fn wait_set_pinned(lab: &AgentsLab, name: &str) -> BTreeMap<String, Value> {
-    wait_for(
-        &format!("set {name} pinned on every node"),
-        WAIT,
-        || async {
-            let reports = reports(lab).await;
-            let pinned = NODES.iter().all(|node| {
-                reports.get(*node).is_some_and(|r| {
-                    r["status"]["sets"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|s| s["name"] == name && s["state"] == "pinned")
-                })
-            });
-            pinned
-                .then(|| reports.clone())
-                .ok_or_else(|| format!("{reports:?}"))
-        },
-    )
+    wait_set_pinned_on(lab, name, &NODES).await
+}
+
+/// Waits until the reports of `nodes` have set `name` pinned.
+async fn wait_set_pinned_on(
+    lab: &AgentsLab,
+    name: &str,
+    nodes: &[&str],
+) -> BTreeMap<String, Value> {
+    wait_for(&format!("set {name} pinned on {nodes:?}"), WAIT, || async {
+        let reports = reports(lab).await;
+        let pinned = nodes.iter().all(|node| {
+            reports.get(*node).is_some_and(|r| {
+                r["status"]["sets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|s| s["name"] == name && s["state"] == "pinned")
+            })
+        });
+        pinned
+            .then(|| reports.clone())
+            .ok_or_else(|| format!("{reports:?}"))
+    })
     .await
 }
 
@@ -362,6 +369,79 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
         2.0,
     );
     wait_hosts_back(&lab, &hosts_before).await;
+}
+
+/// CRI-O's registries.conf cannot send the cache's token; the relay does, so a CRI-O node pulls through
+/// the cache as containerd's do.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crio_node_pulls_through_its_agents_relay_beside_the_containerd_nodes() {
+    let mut lab = cache_lab("agents-fanout-crio", RegistrySetup::default()).await;
+    let images = push_images(&lab, "crio/app", 9600, 3);
+    let references = through_proxy(&lab, &images);
+    let unique = unique_bytes(&images);
+    let proxy = lab.lab.proxy_host();
+    let crio = CrioStandIn::start("agents-fanout-crio", "1.31.0", std::slice::from_ref(&proxy))
+        .expect("the CRI-O stand-in starts");
+    // The stand-in has no kubelet: its Node is made by hand, as a kubelet would register it.
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n4"}})).unwrap();
+    Api::<Node>::all(lab.admin.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("Node n4");
+    let mut runtime = crio.node_args("n4");
+    runtime.extend([
+        "--crio-registries-dir".to_string(),
+        crio.registries_dir().display().to_string(),
+    ]);
+    lab.start_agent_on_host("n4", &runtime);
+    let before = lab.lab.proxy().bytes_down();
+    apply_fan_out_set(&lab, "web", &references, "").await;
+    let reports = wait_set_pinned_on(&lab, "web", &["n1", "n2", "n3", "n4"]).await;
+    let set = &reports["n4"]["status"]["sets"][0];
+    assert!(
+        set["fanOut"]["cache"]
+            .as_str()
+            .is_some_and(|c| c.ends_with(&format!(":{CACHE_PORT}"))),
+        "n4 pulled through the cache: {set}"
+    );
+    let counts = crio.counts();
+    let (relays, sources): (Vec<_>, Vec<_>) = counts
+        .pulled_from
+        .iter()
+        .partition(|(host, _)| host.starts_with("127.0.0.1:"));
+    assert_eq!(
+        relays.iter().map(|(_, n)| **n).sum::<u64>(),
+        references.len() as u64,
+        "every image came through the relay on the node's loopback: {:?}",
+        counts.pulled_from
+    );
+    assert!(
+        sources.is_empty(),
+        "none from the source: {:?}",
+        counts.pulled_from
+    );
+    assert_moved_at_most(
+        &lab,
+        "a CRI-O node beside three containerd nodes",
+        before,
+        unique,
+        1.05,
+    );
+    wait_for(
+        "the fan-out drop-in removed",
+        Duration::from_secs(30),
+        || async {
+            let left: Vec<_> = std::fs::read_dir(crio.registries_dir())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|name| name.contains("pinboard"))
+                .collect();
+            left.is_empty()
+                .then_some(())
+                .ok_or_else(|| format!("{left:?}"))
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -138,13 +138,30 @@ impl AgentsLab {
     pub fn start_agent_with(&mut self, node: &str, extra: &[&str]) {
         let sandbox = self.lab.node(node).sandbox().expect("a cluster node");
         let mut command = sandbox.command(binary());
+        command.args([
+            "agent",
+            "--cri",
+            "unix:///run/containerd/containerd.sock",
+            "--registry-config-dir",
+            "/etc/containerd/certs.d",
+        ]);
+        command.args(extra);
+        self.spawn_agent(node, command);
+    }
+
+    /// Starts an agent for `node` as a process of this host, its runtime named by `runtime_args` (a CRI-O
+    /// stand-in's, say: it runs on the host).
+    pub fn start_agent_on_host(&mut self, node: &str, runtime_args: &[String]) {
+        let mut command = std::process::Command::new(binary());
+        command.arg("agent").args(runtime_args);
+        self.spawn_agent(node, command);
+    }
+
+    /// Runs `command` (`pinboard agent` and its runtime's arguments) as `node`'s agent, as the DaemonSet's
+    /// pod would run: its arguments, `NODE_NAME` and `POD_NAMESPACE`, the ServiceAccount's token.
+    fn spawn_agent(&mut self, node: &str, mut command: std::process::Command) {
         command
             .args([
-                "agent",
-                "--cri",
-                "unix:///run/containerd/containerd.sock",
-                "--registry-config-dir",
-                "/etc/containerd/certs.d",
                 "--insecure-registry",
                 &self.lab.registry_host(),
                 "--heartbeat-every",
@@ -159,7 +176,6 @@ impl AgentsLab {
                     .replace("{lab}", &self.lab.dir().display().to_string())
                     .replace("{proxy}", &self.lab.proxy_host())
             }))
-            .args(extra)
             .env("NODE_NAME", node)
             .env("POD_NAMESPACE", NAMESPACE)
             .env("PINBOARD_LOG", "info");
