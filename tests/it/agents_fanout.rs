@@ -371,6 +371,58 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
     wait_hosts_back(&lab, &hosts_before).await;
 }
 
+/// The cache gone for good mid-rollout (its only eligible agent killed): the nodes' relays wait for it,
+/// then send their runtimes to the source; every node still ends pinned, and each report says how many of
+/// its pulls went to the source and why.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cache_gone_for_good_sends_the_nodes_to_the_source_and_their_reports_say_so() {
+    let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
+    let proxy_args = vec!["--insecure-registry={proxy}".to_string()];
+    let mut lab = AgentsLab::start_with(
+        "agents-fanout-gone",
+        nodes,
+        None,
+        proxy_args,
+        RegistrySetup::default(),
+    )
+    .await;
+    // Only n1's agent may hold the cache.
+    let cache_dir = format!("--cache-dir={}/cache-n1", lab.lab.dir().display());
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &[&format!("--cache-port={CACHE_PORT}"), &cache_dir]);
+    let (holder, _) = lab.cache_holder().await;
+    assert_eq!(holder, "n1");
+    let images = push_images(&lab, "gone/app", 9700, 3);
+    let references = through_proxy(&lab, &images);
+    let unique = unique_bytes(&images);
+    let hosts_before = hosts_files(&lab);
+    lab.lab.proxy().set_bandwidth(Some(2 * MI));
+    let before = lab.lab.proxy().bytes_down();
+    apply_fan_out_set(&lab, "web", &references, "").await;
+    wait_for("a quarter of the bytes over the link", WAIT, || async {
+        let moved = lab.lab.proxy().bytes_down() - before;
+        (moved >= unique / 4)
+            .then_some(())
+            .ok_or_else(|| format!("{moved} bytes"))
+    })
+    .await;
+    lab.stop_agent("n1");
+    lab.lab.proxy().set_bandwidth(None);
+    // n1's node gets its agent back, no longer eligible: no agent serves the cache from now on.
+    lab.start_agent("n1");
+    let reports = wait_set_pinned(&lab, "web").await;
+    for node in NODES {
+        lab.lab.node(node).assert_pinned(&references);
+        let fan_out = &reports[node]["status"]["sets"][0]["fanOut"];
+        let reason = fan_out["sourceReason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("pulls went to the source"),
+            "{node}'s report says its pulls went to the source and why: {fan_out}"
+        );
+    }
+    wait_hosts_back(&lab, &hosts_before).await;
+}
+
 /// CRI-O's registries.conf cannot send the cache's token; the relay does, so a CRI-O node pulls through
 /// the cache as containerd's do.
 #[tokio::test(flavor = "multi_thread")]

@@ -203,8 +203,9 @@ impl Shared {
                     Err(e) => {
                         self.lost(&upstream).await;
                         format!(
-                            "the in-cluster cache at {} cannot be reached: {e}",
-                            upstream.address
+                            "the in-cluster cache at {} cannot be reached: {}",
+                            upstream.address,
+                            error_chain(&e.without_url())
                         )
                     }
                 },
@@ -343,7 +344,7 @@ fn resumable(passing: Passing) -> BoxStream<'static, Result<Frame<Bytes>, RelayE
                 }
                 None if passing.next >= passing.end => return None,
                 None => "the cache's answer ended early".to_string(),
-                Some(Err(e)) => error_chain(&e),
+                Some(Err(e)) => error_chain(&e.without_url()),
             };
             if let Err(e) = passing.resume(&why).await {
                 return Some((Err(e), None));
