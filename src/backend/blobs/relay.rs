@@ -273,6 +273,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
                 next: span.start,
                 end: span.end,
                 stream: upstream.bytes_stream().boxed(),
+                resumed_at: None,
             })
         }
         None => upstream
@@ -298,11 +299,20 @@ struct Passing {
     next: u64,
     end: u64,
     stream: BoxStream<'static, reqwest::Result<Bytes>>,
+    /// Where the last resume started: a stream that breaks again before any byte is not resumed again.
+    resumed_at: Option<u64>,
 }
 
 impl Passing {
     /// Asks the cache for the rest, `next..end`, after the stream broke for `why`.
     async fn resume(&mut self, why: &str) -> Result<(), RelayError> {
+        if self.resumed_at == Some(self.next) {
+            return Err(RelayError(format!(
+                "the in-cluster cache broke the blob again at byte {} without sending any of it: {why}",
+                self.next
+            )));
+        }
+        self.resumed_at = Some(self.next);
         tracing::info!(
             target = self.target,
             at = self.next,
@@ -405,9 +415,21 @@ mod tests {
             .into()
     }
 
+    /// A body of `bytes`, then broken after a pause (so that the headers and bytes have left, as a killed
+    /// holder's have).
+    fn broken_after(bytes: Bytes) -> Body {
+        let cut = futures::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(RelayError("killed".into()))
+        });
+        let body = futures::stream::iter([Ok(Frame::data(bytes))]).chain(cut);
+        StreamBody::new(body).boxed_unsync()
+    }
+
     /// A cache that wants the token and breaks every whole-blob answer after [`CUT_AT`] bytes, as a
-    /// killed holder does, but answers ranges whole; and how many requests it had.
-    async fn breaking_cache(token: &'static str) -> (Server, Arc<AtomicUsize>) {
+    /// killed holder does; it answers ranges whole, or, `ranges_break`, breaks them before their first
+    /// byte. With how many requests it had.
+    async fn breaking_cache(token: &'static str, ranges_break: bool) -> (Server, Arc<AtomicUsize>) {
         let requests = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&requests);
         let server = Server::start(
@@ -429,17 +451,9 @@ mod tests {
                         .get(RANGE)
                         .map(|v| v.to_str().unwrap().to_string());
                     let Some(range) = range else {
-                        let first = Ok(Frame::data(blob.slice(..CUT_AT)));
-                        // After a pause, so that the headers and first bytes have left, as a killed
-                        // holder's have.
-                        let cut = futures::stream::once(async {
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                            Err(RelayError("killed".into()))
-                        });
-                        let body = futures::stream::iter([first]).chain(cut);
                         return Response::builder()
                             .header(CONTENT_LENGTH, BLOB)
-                            .body(StreamBody::new(body).boxed_unsync())
+                            .body(broken_after(blob.slice(..CUT_AT)))
                             .unwrap();
                     };
                     let (first, last) = range
@@ -449,15 +463,17 @@ mod tests {
                         .unwrap();
                     let (first, last): (usize, usize) =
                         (first.parse().unwrap(), last.parse().unwrap());
+                    let body = match ranges_break {
+                        true => broken_after(Bytes::new()),
+                        false => Full::new(blob.slice(first..=last))
+                            .map_err(|never| match never {})
+                            .boxed_unsync(),
+                    };
                     Response::builder()
                         .status(StatusCode::PARTIAL_CONTENT)
                         .header(CONTENT_RANGE, format!("bytes {first}-{last}/{BLOB}"))
                         .header(CONTENT_LENGTH, last + 1 - first)
-                        .body(
-                            Full::new(blob.slice(first..=last))
-                                .map_err(|never| match never {})
-                                .boxed_unsync(),
-                        )
+                        .body(body)
                         .unwrap()
                 }
             },
@@ -484,7 +500,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_blob_cut_mid_stream_reaches_the_runtime_whole_and_the_cache_is_waited_for() {
-        let (cache, requests) = breaking_cache("t0ken").await;
+        let (cache, requests) = breaking_cache("t0ken", false).await;
         let upstream = Upstream {
             address: cache.url(),
             token: CacheToken::new("t0ken").unwrap(),
@@ -508,6 +524,30 @@ mod tests {
             requests.load(Ordering::SeqCst),
             2,
             "the whole blob, then its rest"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_blob_the_cache_breaks_again_before_any_byte_fails_instead_of_looping() {
+        let (cache, requests) = breaking_cache("t0ken", true).await;
+        let upstream = Upstream {
+            address: cache.url(),
+            token: CacheToken::new("t0ken").unwrap(),
+        };
+        let relay = relay(Some(upstream), 0, Duration::from_secs(10)).await;
+        let response = reqwest::get(format!("{}/v2/app/blobs/sha256:00", relay.url()))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = tokio::time::timeout(Duration::from_secs(10), response.bytes()).await;
+        assert!(
+            body.expect("the relay gives up, not loops").is_err(),
+            "the runtime sees the blob fail, and goes on to the source"
+        );
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            2,
+            "the whole blob, then one resume"
         );
     }
 
