@@ -30,7 +30,7 @@ use crate::engine::{self, Control, EngineConfig, NodeJob};
 use crate::error::Failure;
 use crate::model::image::ImageFacts;
 use crate::model::plan::Verdict;
-use crate::model::rollout::Event;
+use crate::model::rollout::{Event, FanOutNodes};
 use crate::model::served::{ServedDigests, Source};
 use crate::model::wiring::Marker;
 
@@ -84,10 +84,9 @@ pub struct FanOutSetup {
 /// What a running rollout reports.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Update {
-    /// First, when the nodes are fanned out to: those that could not be, and pull directly.
-    FanOut {
-        direct: Vec<String>,
-    },
+    /// First, when the nodes are fanned out to: those that could not be, and pull directly (and, on agents,
+    /// as it changes, those some of whose pulls went to the source).
+    FanOut(FanOutNodes),
     Event(Event),
     /// Fan-out: bytes the cache has taken from the registries since the rollout started.
     LinkBytes(u64),
@@ -179,9 +178,10 @@ impl Run {
         let announce = fan_out.as_ref().map(|fan_out| {
             let wired = |name: &String| fan_out.wired.iter().any(|(node, _)| node == name);
             let direct = targets.iter().map(|t| t.node.name.clone());
-            Update::FanOut {
+            Update::FanOut(FanOutNodes {
                 direct: direct.filter(|name| !wired(name)).collect(),
-            }
+                partly: Vec::new(),
+            })
         });
         let engine = engine::start(jobs, Arc::new(facts), credentials, config);
         let mut sample = tokio::time::interval(SAMPLE_EVERY);

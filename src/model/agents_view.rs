@@ -15,6 +15,7 @@ use super::pinboard_api::{
     Heartbeat, NodeReport, NodeSetPhase, PinSet, PinSetStatus, PinboardNode, PinboardNodeImages,
 };
 use super::pinboard_kinds::{IMAGES_KIND, NODE_KIND, SET_KIND};
+use super::rollout::FanOutNodes;
 
 /// The kinds a view of the whole cluster watches: each must have listed before the view is whole.
 pub const WATCHED_KINDS: [&str; 4] = [SET_KIND, NODE_KIND, "Node", "Lease"];
@@ -171,19 +172,23 @@ impl AgentsView {
             .sum()
     }
 
-    /// The nodes whose agent pulled set `name` from the source rather than through the cache.
-    pub fn pulled_from_source(&self, name: &str) -> Vec<String> {
-        self.reports
-            .iter()
-            .filter(|(_, r)| {
-                r.status.as_ref().is_some_and(|s| {
-                    s.sets.iter().any(|set| {
-                        set.name == name && set.fan_out.as_ref().is_some_and(|f| f.cache.is_none())
-                    })
-                })
-            })
-            .map(|(node, _)| node.clone())
-            .collect()
+    /// The nodes whose agent pulled set `name` from the source rather than through the cache, and those
+    /// that pulled through it but sent some pulls to the source while it was away.
+    pub fn pulled_from_source(&self, name: &str) -> FanOutNodes {
+        let mut nodes = FanOutNodes::default();
+        for (node, report) in &self.reports {
+            let fan_out = report
+                .status
+                .as_ref()
+                .and_then(|s| s.sets.iter().find(|set| set.name == name))
+                .and_then(|set| set.fan_out.as_ref());
+            match fan_out {
+                Some(f) if f.cache.is_none() => nodes.direct.push(node.clone()),
+                Some(f) if f.source_reason.is_some() => nodes.partly.push(node.clone()),
+                _ => {}
+            }
+        }
+        nodes
     }
 
     /// A set's summary over the nodes it lands on, at `now`.

@@ -588,7 +588,18 @@ pub struct Rollout {
 #[derive(Clone, Debug, Default)]
 struct FanOutLink {
     cache: u64,
-    direct: Vec<String>,
+    nodes: FanOutNodes,
+}
+
+/// The nodes of a fanned-out rollout that do not pull wholly through the cache.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FanOutNodes {
+    /// Pull from the registries themselves: their bytes are the link's.
+    pub direct: Vec<String>,
+    /// Pull through the cache, but some of their pulls went to the source while it was away (the
+    /// in-cluster cache's relay gave up): what those took crosses the link uncounted, as the runtime
+    /// fetched it itself.
+    pub partly: Vec<String>,
 }
 
 /// Equal when every node is: how the references happen to be shared does not count.
@@ -619,10 +630,15 @@ impl Rollout {
         }
     }
 
-    /// The nodes pull through fan-out, but for `direct`, which pull from the registry themselves: link
-    /// bytes are counted from here on ([`Rollout::record_link_bytes`]).
-    pub fn set_fan_out(&mut self, direct: Vec<String>) {
-        self.link = Some(FanOutLink { cache: 0, direct });
+    /// The nodes pull through fan-out, but for those `nodes` names: link bytes are counted from here on
+    /// ([`Rollout::record_link_bytes`]).
+    pub fn set_fan_out(&mut self, nodes: FanOutNodes) {
+        self.link = Some(FanOutLink { cache: 0, nodes });
+    }
+
+    /// The nodes some of whose pulls went to the source uncounted ([`FanOutNodes::partly`]).
+    pub fn partly_from_source(&self) -> &[String] {
+        self.link.as_ref().map_or(&[], |l| &l.nodes.partly)
     }
 
     /// The bytes fan-out's blob cache has taken from the registries so far (sampled from the cache, not an
@@ -637,7 +653,7 @@ impl Rollout {
     /// directly. None without fan-out, where every node's bytes cross the link ([`Rollout::bytes`]).
     pub fn link_bytes(&self) -> Option<u64> {
         let link = self.link.as_ref()?;
-        let direct = link.direct.iter().filter_map(|n| self.nodes.get(n));
+        let direct = link.nodes.direct.iter().filter_map(|n| self.nodes.get(n));
         Some(link.cache + direct.map(NodeRollout::done_bytes).sum::<u64>())
     }
 
@@ -737,7 +753,10 @@ mod tests {
             "without fan-out the nodes' bytes are the link's"
         );
         assert_eq!(r.bytes().0, 120);
-        r.set_fan_out(vec![s("n3")]);
+        r.set_fan_out(FanOutNodes {
+            direct: vec![s("n3")],
+            partly: Vec::new(),
+        });
         r.record_link_bytes(50);
         assert_eq!(
             r.link_bytes(),

@@ -141,7 +141,7 @@ fn message(event: FleetEvent) -> Msg {
         FleetEvent::ImageFs(read) => Msg::ImageFs(read),
         FleetEvent::Surveyed(survey) => Msg::SurveyDone(Ok(survey)),
         FleetEvent::Rollout(Update::Event(event)) => Msg::Rollout(event),
-        FleetEvent::Rollout(Update::FanOut { direct }) => Msg::FanOut(direct),
+        FleetEvent::Rollout(Update::FanOut(nodes)) => Msg::FanOut(nodes),
         FleetEvent::Rollout(Update::LinkBytes(bytes)) => Msg::LinkBytes(bytes),
         FleetEvent::RolloutFinished(result) => Msg::EngineFinished(result),
         FleetEvent::Notice(text) => Msg::Notice(text),

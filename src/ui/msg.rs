@@ -11,7 +11,7 @@ use crate::error::Failure;
 use crate::model::config_view::ConfigView;
 use crate::model::machine_config::{ClusterUpdate, ImageFsSpace, KubeletSettings};
 use crate::model::node_summary::NodeSummary;
-use crate::model::rollout::Event;
+use crate::model::rollout::{Event, FanOutNodes};
 use crate::model::set::ImageSet;
 use crate::survey::Survey;
 
@@ -34,8 +34,8 @@ pub enum Msg {
     NodesUpdated(Vec<NodeSummary>),
     SurveyDone(Result<Survey, Failure>),
     Rollout(Event),
-    /// The rollout is fanned out, but for these nodes, which pull directly.
-    FanOut(Vec<String>),
+    /// The rollout is fanned out, but for these nodes, which pull (partly) from the source.
+    FanOut(FanOutNodes),
     /// Fan-out: bytes the blob cache took over the registry link since the rollout started.
     LinkBytes(u64),
     /// The engine has nothing more to do; `Err` says why it stopped early.

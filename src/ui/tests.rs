@@ -17,7 +17,7 @@ use super::svg::buffer_to_svg;
 use super::theme::Theme;
 use super::update::update;
 use crate::error::Failure;
-use crate::model::rollout::{Event, Rollout};
+use crate::model::rollout::{Event, FanOutNodes, Rollout};
 use crate::model::units::human;
 
 fn state() -> State {
@@ -534,7 +534,7 @@ fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_coun
         "{}",
         summary(&state)
     );
-    update(&mut state, Msg::FanOut(Vec::new()));
+    update(&mut state, Msg::FanOut(FanOutNodes::default()));
     assert!(
         summary(&state).contains("link 0 B (fan-out)"),
         "{}",
@@ -542,6 +542,21 @@ fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_coun
     );
     update(&mut state, Msg::LinkBytes(5 << 20));
     let link = format!("link {} (fan-out)", human(5 << 20));
+    assert!(summary(&state).contains(&link), "{}", summary(&state));
+    // On agents, a node some of whose pulls went to the source while the cache was away: the figure says
+    // what it leaves out.
+    update(
+        &mut state,
+        Msg::FanOut(FanOutNodes {
+            direct: Vec::new(),
+            partly: vec!["n2".into()],
+        }),
+    );
+    update(&mut state, Msg::LinkBytes(5 << 20));
+    let link = format!(
+        "link {} (fan-out; not counted: what n2 took from the source)",
+        human(5 << 20)
+    );
     assert!(summary(&state).contains(&link), "{}", summary(&state));
 
     // Off again: the next confirmation says so.

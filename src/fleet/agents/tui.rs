@@ -27,7 +27,7 @@ use crate::model::labels::Selector;
 use crate::model::node_summary::{NodeSummary, of_agents, pin_method_named};
 use crate::model::pinboard_api::PinboardNode;
 use crate::model::report_events::events_between;
-use crate::model::rollout::PinMethod;
+use crate::model::rollout::{FanOutNodes, PinMethod};
 use crate::model::set::ImageSet;
 
 /// How often the Nodes screen is judged again when nothing changed: a heartbeat goes stale silently.
@@ -59,8 +59,8 @@ struct FannedOut {
     set: String,
     /// The cache's link bytes when the set was applied.
     baseline: u64,
-    /// The nodes pulling from the source, and the link bytes, last told.
-    told: (Vec<String>, u64),
+    /// The nodes pulling (partly) from the source, and the link bytes, last told.
+    told: (FanOutNodes, u64),
 }
 
 impl FannedOut {
@@ -71,9 +71,7 @@ impl FannedOut {
         let link = view.cache_link_bytes().saturating_sub(self.baseline);
         let mut news = Vec::new();
         if direct != self.told.0 {
-            news.push(Update::FanOut {
-                direct: direct.clone(),
-            });
+            news.push(Update::FanOut(direct.clone()));
             news.push(Update::LinkBytes(link));
         } else if link != self.told.1 {
             news.push(Update::LinkBytes(link));
@@ -256,9 +254,9 @@ impl Live {
             *self.fanned_out.lock().expect("fan-out lock") = Some(FannedOut {
                 set: set.name.clone(),
                 baseline,
-                told: (Vec::new(), 0),
+                told: (FanOutNodes::default(), 0),
             });
-            let _ = events.send(FleetEvent::Rollout(Update::FanOut { direct: Vec::new() }));
+            let _ = events.send(FleetEvent::Rollout(Update::FanOut(FanOutNodes::default())));
         }
         self.followed
             .lock()
@@ -398,9 +396,24 @@ mod tests {
     use crate::model::agents_view::AgentsUpdate;
     use crate::model::pinboard_api::{CacheReport, NodeReport, SetFanOut, SetReport};
 
-    fn report(node: &str, cache: Option<u64>, through_cache: bool) -> Arc<PinboardNode> {
+    /// How a node pulled set `web`.
+    #[derive(Clone, Copy)]
+    enum Pulled {
+        ThroughCache,
+        PartlyFromSource,
+        FromSource,
+    }
+
+    fn report(node: &str, cache: Option<u64>, pulled: Pulled) -> Arc<PinboardNode> {
         let mut report = PinboardNode::default();
         report.metadata.name = node.into();
+        let (through, reason) = match pulled {
+            Pulled::ThroughCache => (true, None),
+            Pulled::PartlyFromSource => {
+                (true, Some("2 pulls went to the source, the cache away: …"))
+            }
+            Pulled::FromSource => (false, Some("no cache within 60 s")),
+        };
         report.status = Some(NodeReport {
             cache: cache.map(|link_bytes| CacheReport {
                 link_bytes,
@@ -409,8 +422,8 @@ mod tests {
             sets: vec![SetReport {
                 name: "web".into(),
                 fan_out: Some(SetFanOut {
-                    cache: through_cache.then(|| "http://10.77.1.2:5050".into()),
-                    source_reason: (!through_cache).then(|| "no cache within 60 s".into()),
+                    cache: through.then(|| "http://10.77.1.2:5050".into()),
+                    source_reason: reason.map(str::to_string),
                 }),
                 ..SetReport::default()
             }],
@@ -422,28 +435,35 @@ mod tests {
     #[test]
     fn the_rollout_hears_the_caches_bytes_since_the_apply_and_the_nodes_that_went_to_the_source() {
         let mut view = AgentsView::default();
-        view.apply(AgentsUpdate::Reports(vec![report("n1", Some(100), true)]));
+        view.apply(AgentsUpdate::Reports(vec![report(
+            "n1",
+            Some(100),
+            Pulled::ThroughCache,
+        )]));
         let mut fanned = FannedOut {
             set: "web".into(),
             baseline: view.cache_link_bytes(),
-            told: (Vec::new(), 0),
+            told: (FanOutNodes::default(), 0),
         };
         assert!(fanned.news(&view).is_empty(), "nothing new yet");
         view.apply(AgentsUpdate::Reports(vec![
-            report("n1", Some(600), true),
-            report("n2", None, true),
+            report("n1", Some(600), Pulled::ThroughCache),
+            report("n2", None, Pulled::ThroughCache),
+            report("n3", None, Pulled::ThroughCache),
         ]));
         assert_eq!(fanned.news(&view), [Update::LinkBytes(500)]);
         view.apply(AgentsUpdate::Reports(vec![
-            report("n1", Some(700), true),
-            report("n2", None, false),
+            report("n1", Some(700), Pulled::ThroughCache),
+            report("n2", None, Pulled::FromSource),
+            report("n3", None, Pulled::PartlyFromSource),
         ]));
         assert_eq!(
             fanned.news(&view),
             [
-                Update::FanOut {
-                    direct: vec!["n2".into()]
-                },
+                Update::FanOut(FanOutNodes {
+                    direct: vec!["n2".into()],
+                    partly: vec!["n3".into()],
+                }),
                 Update::LinkBytes(600)
             ]
         );

@@ -95,7 +95,7 @@ pub(super) async fn apply(
             break None;
         };
         match &update {
-            Update::FanOut { direct } => rollout.set_fan_out(direct.clone()),
+            Update::FanOut(nodes) => rollout.set_fan_out(nodes.clone()),
             Update::LinkBytes(bytes) => rollout.record_link_bytes(*bytes),
             Update::Event(event) => rollout.apply(event.clone()),
         }

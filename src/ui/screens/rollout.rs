@@ -7,6 +7,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
+use crate::model::reference::some_of;
 use crate::model::rollout::{ImageRollout, ImageState, NodeRollout, NodeState};
 use crate::model::units::human;
 use crate::ui::state::{Pane, Screen, State, matches};
@@ -176,9 +177,18 @@ fn summary(state: &State) -> Line<'static> {
         .filter_map(|n| n.eta(now))
         .max();
     // Without fan-out, every byte a node fetches crosses the registry link.
-    let link = match state.rollout.link_bytes() {
-        Some(link) => format!("{} (fan-out)", human(link)),
-        None => human(done),
+    let link = match (
+        state.rollout.link_bytes(),
+        state.rollout.partly_from_source(),
+    ) {
+        (Some(link), []) => format!("{} (fan-out)", human(link)),
+        // What those nodes' runtimes fetched from the source themselves is not known to pinboard.
+        (Some(link), partly) => format!(
+            "{} (fan-out; not counted: what {} took from the source)",
+            human(link),
+            some_of(partly)
+        ),
+        (None, _) => human(done),
     };
     let mut spans = vec![Span::styled(
         format!(

@@ -76,8 +76,8 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             }
             Vec::new()
         }
-        Msg::FanOut(direct) => {
-            state.rollout.set_fan_out(direct);
+        Msg::FanOut(nodes) => {
+            state.rollout.set_fan_out(nodes);
             Vec::new()
         }
         Msg::LinkBytes(bytes) => {
