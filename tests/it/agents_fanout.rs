@@ -166,6 +166,22 @@ fn through_proxy(lab: &AgentsLab, images: &[PushedImage]) -> Vec<String> {
         .collect()
 }
 
+/// Applies set `web` of `references` over a link slowed to 2 MiB/s, and returns once a quarter of their
+/// `unique` bytes crossed it, the link slow still; what the proxy had sent before.
+async fn apply_until_a_quarter_moved(lab: &AgentsLab, references: &[String], unique: u64) -> u64 {
+    lab.lab.proxy().set_bandwidth(Some(2 * MI));
+    let before = lab.lab.proxy().bytes_down();
+    apply_fan_out_set(lab, "web", references, "").await;
+    wait_for("a quarter of the bytes over the link", WAIT, || async {
+        let moved = lab.lab.proxy().bytes_down() - before;
+        (moved >= unique / 4)
+            .then_some(())
+            .ok_or_else(|| format!("{moved} bytes"))
+    })
+    .await;
+    before
+}
+
 /// Waits until every node's hosts.toml is as it was (`before`).
 async fn wait_hosts_back(lab: &AgentsLab, before: &[Option<String>]) {
     wait_for("every hosts.toml back", Duration::from_secs(30), || async {
@@ -341,16 +357,7 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
     let unique = unique_bytes(&images);
     let hosts_before = hosts_files(&lab);
     let (holder, _) = lab.cache_holder().await;
-    lab.lab.proxy().set_bandwidth(Some(2 * MI));
-    let before = lab.lab.proxy().bytes_down();
-    apply_fan_out_set(&lab, "web", &references, "").await;
-    wait_for("a quarter of the bytes over the link", WAIT, || async {
-        let moved = lab.lab.proxy().bytes_down() - before;
-        (moved >= unique / 4)
-            .then_some(())
-            .ok_or_else(|| format!("{moved} bytes"))
-    })
-    .await;
+    let before = apply_until_a_quarter_moved(&lab, &references, unique).await;
     // The holder dies; its DaemonSet would start it again, as here.
     lab.stop_agent(&holder);
     lab.start_agent(&holder);
@@ -396,16 +403,7 @@ async fn the_cache_gone_for_good_sends_the_nodes_to_the_source_and_their_reports
     let references = through_proxy(&lab, &images);
     let unique = unique_bytes(&images);
     let hosts_before = hosts_files(&lab);
-    lab.lab.proxy().set_bandwidth(Some(2 * MI));
-    let before = lab.lab.proxy().bytes_down();
-    apply_fan_out_set(&lab, "web", &references, "").await;
-    wait_for("a quarter of the bytes over the link", WAIT, || async {
-        let moved = lab.lab.proxy().bytes_down() - before;
-        (moved >= unique / 4)
-            .then_some(())
-            .ok_or_else(|| format!("{moved} bytes"))
-    })
-    .await;
+    apply_until_a_quarter_moved(&lab, &references, unique).await;
     lab.stop_agent("n1");
     lab.lab.proxy().set_bandwidth(None);
     // n1's node gets its agent back, no longer eligible: no agent serves the cache from now on.
