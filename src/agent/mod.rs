@@ -711,12 +711,12 @@ async fn pull_credentials<'a>(
     credentials
 }
 
-/// The node's InternalIP, where the in-cluster cache serves when this agent holds its role.
 /// The node's relay, once started.
 fn relay_of(relay: &Option<Result<Relay, String>>) -> Option<&Relay> {
     relay.as_ref()?.as_ref().ok()
 }
 
+/// The node's InternalIP, where the in-cluster cache serves when this agent holds its role.
 fn node_ip(node: Option<&Node>) -> Option<std::net::IpAddr> {
     node?
         .status

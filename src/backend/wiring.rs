@@ -208,9 +208,9 @@ impl Wired {
     }
 }
 
-/// Points the node at the endpoint `marker` names for `sources`. Call [`clean_stale`] first: a file still marked by another pinboard
-/// stops the wiring (another rollout fans out to this node). Nothing is left half-written: on failure, what
-/// was written is undone. Blocking: call from `spawn_blocking`.
+/// Points the node at the endpoint `marker` names for `sources`. Call [`clean_stale`] first: a file still
+/// marked by another pinboard stops the wiring (another rollout fans out to this node). Nothing is left
+/// half-written: on failure, what was written is undone. Blocking: call from `spawn_blocking`.
 pub fn wire(wiring: &Wiring, sources: &[Source], marker: &Marker) -> Result<Wired, WiringError> {
     let mut wired = Wired {
         wiring: wiring.clone(),

@@ -28,12 +28,12 @@ use http::header::{
 };
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
+use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::{Frame, Incoming};
 use serde::Serialize;
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
-use crate::backend::blobs::server::Server;
+use crate::backend::blobs::server::{Server, empty_body, full_body};
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 use crate::model::served::{Content, ServedDigests, Source};
 
@@ -245,7 +245,7 @@ async fn blob(
             shared.refused.fetch_add(1, Ordering::Relaxed);
             return response(StatusCode::RANGE_NOT_SATISFIABLE)
                 .header(CONTENT_RANGE, format!("bytes */{size}"))
-                .body(empty())
+                .body(empty_body())
                 .expect("a valid response");
         }
     };
@@ -269,7 +269,7 @@ async fn blob(
         );
     }
     if head {
-        return builder.body(empty()).expect("a valid response");
+        return builder.body(empty_body()).expect("a valid response");
     }
     let reader = match shared.cache.blob(source, digest, size) {
         Ok(reader) => reader,
@@ -382,18 +382,8 @@ fn response(status: StatusCode) -> http::response::Builder {
         .header(API_VERSION_HEADER, "registry/2.0")
 }
 
-fn empty() -> Body {
-    Empty::new().map_err(|never| match never {}).boxed_unsync()
-}
-
 fn full(head: bool, bytes: Bytes) -> Body {
-    if head {
-        empty()
-    } else {
-        Full::new(bytes)
-            .map_err(|never| match never {})
-            .boxed_unsync()
-    }
+    if head { empty_body() } else { full_body(bytes) }
 }
 
 /// An error in the distribution API's envelope.

@@ -13,8 +13,6 @@
 //! A dead agent means a dead relay: the runtime's connection is refused and it pulls from the source.
 
 use std::future::Future;
-#[cfg(test)]
-use std::net::Ipv4Addr;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::Pin;
@@ -30,11 +28,11 @@ use http::header::{
 };
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt as _, Full, StreamBody};
+use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::{Frame, Incoming};
 use tokio::sync::Mutex;
 
-use crate::backend::blobs::server::Server;
+use crate::backend::blobs::server::{Server, empty_body, full_body};
 use crate::backend::cri::error_chain;
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 
@@ -260,7 +258,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
         }
     }
     if method == Method::HEAD {
-        return response.body(empty()).expect("a valid response");
+        return response.body(empty_body()).expect("a valid response");
     }
     let span = served_span(upstream.status(), upstream.headers());
     let body = match span.filter(|_| target.contains("/blobs/")) {
@@ -385,26 +383,18 @@ fn plain(status: StatusCode, message: &str) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "text/plain")
-        .body(
-            Full::new(Bytes::from(format!("{message}\n")))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        )
+        .body(full_body(Bytes::from(format!("{message}\n"))))
         .expect("a valid response")
-}
-
-fn empty() -> Body {
-    http_body_util::Empty::new()
-        .map_err(|never| match never {})
-        .boxed_unsync()
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
 
+    const TOKEN: &str = "t0ken";
     const BLOB: usize = 256 * 1024;
     const CUT_AT: usize = 64 * 1024;
 
@@ -426,10 +416,18 @@ mod tests {
         StreamBody::new(body).boxed_unsync()
     }
 
-    /// A cache that wants the token and breaks every whole-blob answer after [`CUT_AT`] bytes, as a
+    /// Where `cache` is, with [`TOKEN`].
+    fn upstream_of(cache: &Server) -> Upstream {
+        Upstream {
+            address: cache.url(),
+            token: CacheToken::new(TOKEN).unwrap(),
+        }
+    }
+
+    /// A cache that wants [`TOKEN`] and breaks every whole-blob answer after [`CUT_AT`] bytes, as a
     /// killed holder does; it answers ranges whole, or, `ranges_break`, breaks them before their first
     /// byte. With how many requests it had.
-    async fn breaking_cache(token: &'static str, ranges_break: bool) -> (Server, Arc<AtomicUsize>) {
+    async fn breaking_cache(ranges_break: bool) -> (Server, Arc<AtomicUsize>) {
         let requests = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&requests);
         let server = Server::start(
@@ -442,7 +440,7 @@ mod tests {
                         .headers()
                         .get(CACHE_TOKEN_HEADER)
                         .map(|v| v.as_bytes())
-                        != Some(token.as_bytes())
+                        != Some(TOKEN.as_bytes())
                     {
                         return plain(StatusCode::UNAUTHORIZED, "no token");
                     }
@@ -465,9 +463,7 @@ mod tests {
                         (first.parse().unwrap(), last.parse().unwrap());
                     let body = match ranges_break {
                         true => broken_after(Bytes::new()),
-                        false => Full::new(blob.slice(first..=last))
-                            .map_err(|never| match never {})
-                            .boxed_unsync(),
+                        false => full_body(blob.slice(first..=last)),
                     };
                     Response::builder()
                         .status(StatusCode::PARTIAL_CONTENT)
@@ -500,20 +496,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_blob_cut_mid_stream_reaches_the_runtime_whole_and_the_cache_is_waited_for() {
-        let (cache, requests) = breaking_cache("t0ken", false).await;
-        let upstream = Upstream {
-            address: cache.url(),
-            token: CacheToken::new("t0ken").unwrap(),
-        };
-        let relay = relay(Some(upstream), 1, Duration::from_secs(10)).await;
+        let (cache, requests) = breaking_cache(false).await;
+        let relay = relay(Some(upstream_of(&cache)), 1, Duration::from_secs(10)).await;
         let url = format!("{}/v2/app/blobs/sha256:00?ns=registry.example", relay.url());
         let response = reqwest::get(&url).await.unwrap();
-        assert_eq!(
-            response.status(),
-            StatusCode::OK,
-            "{:?}",
-            response.text().await
-        );
+        assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.content_length(), Some(BLOB as u64));
         let body = response.bytes().await.unwrap();
         assert!(
@@ -529,12 +516,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_blob_the_cache_breaks_again_before_any_byte_fails_instead_of_looping() {
-        let (cache, requests) = breaking_cache("t0ken", true).await;
-        let upstream = Upstream {
-            address: cache.url(),
-            token: CacheToken::new("t0ken").unwrap(),
-        };
-        let relay = relay(Some(upstream), 0, Duration::from_secs(10)).await;
+        let (cache, requests) = breaking_cache(true).await;
+        let relay = relay(Some(upstream_of(&cache)), 0, Duration::from_secs(10)).await;
         let response = reqwest::get(format!("{}/v2/app/blobs/sha256:00", relay.url()))
             .await
             .unwrap();

@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http::{Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Empty, Full};
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -108,4 +110,16 @@ where
             }
         });
     }
+}
+
+/// A response body with nothing in it, for an endpoint whose bodies fail with `E`.
+pub fn empty_body<E>() -> UnsyncBoxBody<Bytes, E> {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// A response body of `bytes`, for an endpoint whose bodies fail with `E`.
+pub fn full_body<E>(bytes: Bytes) -> UnsyncBoxBody<Bytes, E> {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }

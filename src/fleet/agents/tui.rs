@@ -67,16 +67,16 @@ impl FannedOut {
     /// What the Rollout screen has not been told yet: the nodes that pull from the source (which starts
     /// the count again), then the bytes the cache took from the registries since the set was applied.
     fn news(&mut self, view: &AgentsView) -> Vec<Update> {
-        let direct = view.pulled_from_source(&self.set);
+        let nodes = view.pulled_from_source(&self.set);
         let link = view.cache_link_bytes().saturating_sub(self.baseline);
         let mut news = Vec::new();
-        if direct != self.told.0 {
-            news.push(Update::FanOut(direct.clone()));
+        if nodes != self.told.0 {
+            news.push(Update::FanOut(nodes.clone()));
             news.push(Update::LinkBytes(link));
         } else if link != self.told.1 {
             news.push(Update::LinkBytes(link));
         }
-        self.told = (direct, link);
+        self.told = (nodes, link);
         news
     }
 }
