@@ -2,7 +2,9 @@
 //! always match: the namespace, the CRDs, least-privilege RBAC and the agent's DaemonSet for one runtime,
 //! from `deploy/agent/`.
 
-use clap::{Args, ValueEnum};
+use clap::Args;
+
+use crate::model::runtime::RuntimeKind;
 
 const NAMESPACE: &str = include_str!("../../deploy/agent/namespace.yaml");
 const CRDS: &str = include_str!("../../deploy/agent/crds.yaml");
@@ -11,14 +13,6 @@ const DAEMONSET_CONTAINERD: &str = include_str!("../../deploy/agent/daemonset-co
 const DAEMONSET_CRIO: &str = include_str!("../../deploy/agent/daemonset-crio.yaml");
 /// Where the in-cluster cache serves on its holder's node, with `--cache`.
 const CACHE_PORT: u16 = 5050;
-
-/// The runtime a DaemonSet is for: each mounts only what its runtime needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ForRuntime {
-    Containerd,
-    #[value(name = "cri-o")]
-    Crio,
-}
 
 #[derive(Args, Debug)]
 pub struct ManifestArgs {
@@ -31,7 +25,7 @@ pub struct ManifestArgs {
     /// The runtime of the nodes: the DaemonSet mounts what it needs. A cluster with both runs the command
     /// twice, each with --node-selector.
     #[arg(long, value_enum, default_value = "containerd")]
-    pub runtime: ForRuntime,
+    pub runtime: RuntimeKind,
     /// Only nodes with this label (KEY=VALUE), e.g. for a cluster whose nodes run different runtimes.
     #[arg(long, value_name = "KEY=VALUE")]
     pub node_selector: Option<String>,
@@ -64,8 +58,8 @@ pub struct NodeSelectorError(String);
 /// The manifests for `args`, as one multi-document YAML.
 pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
     let mut daemonset = match args.runtime {
-        ForRuntime::Containerd => DAEMONSET_CONTAINERD,
-        ForRuntime::Crio => DAEMONSET_CRIO,
+        RuntimeKind::Containerd => DAEMONSET_CONTAINERD,
+        RuntimeKind::Crio => DAEMONSET_CRIO,
     }
     .to_string();
     if let Some(selector) = &args.node_selector {
@@ -140,7 +134,7 @@ pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
 mod tests {
     use super::*;
 
-    fn args(runtime: ForRuntime) -> ManifestArgs {
+    fn args(runtime: RuntimeKind) -> ManifestArgs {
         ManifestArgs {
             image: "registry.lab:5000/pinboard@sha256:0".into(),
             namespace: "pins".into(),
@@ -154,7 +148,7 @@ mod tests {
 
     #[test]
     fn the_manifests_name_the_image_and_namespace_and_mount_only_what_the_runtime_needs() {
-        let containerd = render(&args(ForRuntime::Containerd)).unwrap();
+        let containerd = render(&args(RuntimeKind::Containerd)).unwrap();
         assert!(!containerd.contains("{{"), "every placeholder filled");
         assert!(containerd.contains("image: registry.lab:5000/pinboard@sha256:0"));
         assert!(containerd.contains("namespace: pins"));
@@ -163,7 +157,7 @@ mod tests {
             !containerd.contains("hostPID"),
             "containerd needs no host PID namespace"
         );
-        let crio = render(&args(ForRuntime::Crio)).unwrap();
+        let crio = render(&args(RuntimeKind::Crio)).unwrap();
         assert!(crio.contains("/var/run/crio") && crio.contains("hostPID: true"));
         assert!(!crio.contains("/run/containerd"));
         for yaml in [&containerd, &crio] {
@@ -183,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_node_selector_and_the_nodes_credentials_are_added_when_asked() {
-        let mut asked = args(ForRuntime::Containerd);
+        let mut asked = args(RuntimeKind::Containerd);
         asked.node_selector = Some("pinboard.dev/runtime=containerd".into());
         asked.node_credentials = true;
         let yaml = render(&asked).unwrap();

@@ -75,6 +75,7 @@ pub async fn observe(
             "{} {}",
             version.runtime_name, version.runtime_version
         )),
+        runtime_kind: runtime.as_ref().map(|r| r.kind),
         ..ObservedNode::default()
     };
     let record = match pins::resolve(target.pin.clone(), &version.runtime_name, &client) {
@@ -198,10 +199,7 @@ pub async fn observe_pulls(
     facts: &HashMap<String, ImageFacts>,
     timeout: Duration,
 ) {
-    let containerd = observed
-        .runtime
-        .as_deref()
-        .is_some_and(|r| r.starts_with("containerd"));
+    let containerd = observed.runtime_kind == Some(RuntimeKind::Containerd);
     if !containerd || observed.images.iter().all(|i| i.present != Some(false)) {
         return;
     }

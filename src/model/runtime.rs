@@ -61,11 +61,12 @@ impl fmt::Display for Version {
     }
 }
 
-/// The runtimes pinboard pins on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The runtimes pinboard pins on. As a command-line value: `containerd`, `cri-o`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RuntimeKind {
-    Crio,
     Containerd,
+    #[value(name = "cri-o")]
+    Crio,
 }
 
 impl RuntimeKind {

@@ -46,6 +46,8 @@ pub struct ObservedNode {
     pub node: String,
     /// `containerd 1.6.20`.
     pub runtime: Option<String>,
+    /// None for a runtime pinboard does not pin on, or an unreachable node.
+    pub runtime_kind: Option<super::runtime::RuntimeKind>,
     /// Why the node could not be reached; nothing else is known then.
     pub unreachable: Option<String>,
     /// Why the runtime says it is not ready (CRI Status), when it does.
