@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::super::first_list::wait_until;
+use super::super::first_list::{FailingWatch, Watched, next_update, wait_for_first_list};
 use super::super::sets::unknown_sets;
 use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::pinboard_api::{AgentsWatch, PinboardApi};
@@ -17,8 +17,6 @@ use crate::model::readiness::{Readiness, WantedSet, assess_agents, wanted_sets};
 use crate::model::set::ImageSet;
 use crate::model::units::human;
 
-/// How long the first complete view of the cluster may take.
-const FIRST_SYNC: Duration = Duration::from_secs(30);
 /// How often a wait judges the view again when nothing changed (heartbeats age).
 const REJUDGE_EVERY: Duration = Duration::from_secs(5);
 
@@ -27,6 +25,27 @@ pub(super) struct Connected {
     pub(super) api: PinboardApi,
     watch: AgentsWatch,
     pub(super) view: AgentsView,
+}
+
+impl Watched for Connected {
+    fn listed(&self) -> bool {
+        self.view.synced() && self.view.images_synced()
+    }
+
+    fn failing(&self) -> Option<FailingWatch> {
+        self.view.connections.iter().find_map(|(kind, c)| match c {
+            Connection::Reconnecting { since, error } => Some(FailingWatch {
+                what: format!("the cluster's {kind}s"),
+                since: *since,
+                error: error.clone(),
+            }),
+            _ => None,
+        })
+    }
+
+    async fn next_update(&mut self, deadline: Instant) -> bool {
+        next_update(&mut self.watch.updates, deadline, |u| self.view.apply(u)).await
+    }
 }
 
 impl Connected {
@@ -42,47 +61,12 @@ impl Connected {
             api,
             view: AgentsView::default(),
         };
-        let deadline = Instant::now() + FIRST_SYNC;
-        while !(connected.view.synced() && connected.view.images_synced()) {
-            let failing = connected
-                .view
-                .connections
-                .iter()
-                .find_map(|(kind, c)| match c {
-                    Connection::Reconnecting { since, error } => {
-                        Some((kind, *since, error.clone()))
-                    }
-                    _ => None,
-                });
-            let Some(wake) = wait_until(failing.as_ref().map(|f| f.1), deadline) else {
-                let (kind, _, error) = failing.expect("given up only on a failing watch");
-                return Err(Failure::unreachable(vec![format!(
-                    "cannot watch the cluster's {kind}s: {error}; check the API server and that your account \
-                     has the ClusterRole pinboard-agents-operator (pinboard agent manifests)"
-                )]));
-            };
-            if !connected.next_update(wake).await && Instant::now() >= deadline {
-                return Err(Failure::unreachable(vec![format!(
-                    "the cluster's objects were not listed within {FIRST_SYNC:?}; the API server is too \
-                     slow or unreachable"
-                )]));
-            }
-        }
+        wait_for_first_list(
+            &mut connected,
+            "the ClusterRole pinboard-agents-operator (pinboard agent manifests)",
+        )
+        .await?;
         Ok(connected)
-    }
-
-    /// Applies the next update (and any already waiting) to the view; false at `deadline`.
-    async fn next_update(&mut self, deadline: Instant) -> bool {
-        match tokio::time::timeout_at(deadline, self.watch.updates.recv()).await {
-            Ok(Some(update)) => {
-                self.view.apply(update);
-                while let Ok(update) = self.watch.updates.try_recv() {
-                    self.view.apply(update);
-                }
-                true
-            }
-            Ok(None) | Err(_) => false,
-        }
     }
 
     /// The wanted sets judged on every node they land on, now.

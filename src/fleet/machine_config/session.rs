@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::super::first_list::wait_until;
+use super::super::first_list::{FailingWatch, Watched, next_update, wait_for_first_list};
 use super::super::sets::unknown_sets;
 use crate::backend::openshift::{Cluster, ConnectOptions, Watch, connect, watch};
 use crate::error::Failure;
@@ -16,14 +16,35 @@ use crate::model::machine_config::Connection;
 use crate::model::readiness::{Readiness, WantedSet};
 use crate::model::set::ImageSet;
 
-/// How long the first complete view of the cluster may take.
-const FIRST_SYNC: Duration = Duration::from_secs(30);
-
 /// A cluster connected and watched.
 pub(super) struct Connected {
     pub(super) cluster: Cluster,
     watch: Watch,
     pub(super) session: ClusterSession,
+}
+
+impl Watched for Connected {
+    fn listed(&self) -> bool {
+        self.session.view.synced()
+    }
+
+    fn failing(&self) -> Option<FailingWatch> {
+        match self.session.view.connection() {
+            Connection::Reconnecting { since, error } => Some(FailingWatch {
+                what: "the cluster".into(),
+                since,
+                error,
+            }),
+            _ => None,
+        }
+    }
+
+    async fn next_update(&mut self, deadline: Instant) -> bool {
+        next_update(&mut self.watch.updates, deadline, |u| {
+            self.session.apply(u);
+        })
+        .await
+    }
 }
 
 impl Connected {
@@ -36,41 +57,12 @@ impl Connected {
             cluster,
             session: ClusterSession::default(),
         };
-        let deadline = Instant::now() + FIRST_SYNC;
-        while !connected.session.view.synced() {
-            let failing = match connected.session.view.connection() {
-                Connection::Reconnecting { since, error } => Some((since, error)),
-                _ => None,
-            };
-            let Some(wake) = wait_until(failing.as_ref().map(|f| f.0), deadline) else {
-                let (_, error) = failing.expect("given up only on a failing watch");
-                return Err(Failure::unreachable(vec![format!(
-                    "cannot watch the cluster: {error}; check the API server and that your account has \
-                     the ClusterRole pinboard-viewer (deploy/rbac.yaml)"
-                )]));
-            };
-            if !connected.next_update(wake).await && Instant::now() >= deadline {
-                return Err(Failure::unreachable(vec![format!(
-                    "the cluster's objects were not listed within {FIRST_SYNC:?}; the API server is too \
-                     slow or unreachable"
-                )]));
-            }
-        }
+        wait_for_first_list(
+            &mut connected,
+            "the ClusterRole pinboard-viewer (deploy/rbac.yaml)",
+        )
+        .await?;
         Ok(connected)
-    }
-
-    /// Applies the next update (and any already waiting) to the view; false at `deadline`.
-    async fn next_update(&mut self, deadline: Instant) -> bool {
-        match tokio::time::timeout_at(deadline, self.watch.updates.recv()).await {
-            Ok(Some(update)) => {
-                self.session.apply(update);
-                while let Ok(update) = self.watch.updates.try_recv() {
-                    self.session.apply(update);
-                }
-                true
-            }
-            Ok(None) | Err(_) => false,
-        }
     }
 
     /// Reads the kubelet configuration of every node the wanted sets land on that was not read yet (a node
