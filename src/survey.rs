@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::blobs;
-use crate::backend::node::{SurveyedNode, observe};
+use crate::backend::node::{SurveyedNode, survey_node};
 use crate::backend::openshift::Cluster;
 use crate::backend::registry::{PlatformFacts, Registry, RegistryError};
 use crate::backend::target::DirectNode;
@@ -128,7 +128,7 @@ pub async fn survey(
     let references = union_of(sets);
     let platforms = [platform.clone()];
     let observing =
-        futures::future::join_all(nodes.iter().map(|n| observe(n, &references, timeout)));
+        futures::future::join_all(nodes.iter().map(|n| survey_node(n, &references, timeout)));
     let (observations, inspected): (Vec<SurveyedNode>, _) =
         tokio::join!(observing, registry.inspect_all(&references, &platforms));
 
@@ -180,6 +180,7 @@ async fn read_diff_ids(
         .buffer_unordered(DIFF_IDS_AT_ONCE)
         .collect()
         .await;
+    let mut failed = Vec::new();
     for (reference, diff_ids) in read {
         let Some(image) = facts.get_mut(&reference) else {
             continue;
@@ -195,8 +196,14 @@ async fn read_diff_ids(
                 ids.len(),
                 image.layers.len()
             ),
-            Err(e) => tracing::warn!("{reference}: its layers are counted as not held: {e}"),
+            Err(e) => failed.push((reference, e)),
         }
+    }
+    for line in problem_lines(failed) {
+        tracing::warn!(
+            "{line}; its layers count as not held, so the plan of a node that holds layers by their \
+             uncompressed digests (CRI-O) is an upper bound"
+        );
     }
 }
 

@@ -24,8 +24,8 @@ use crate::model::runtime::RuntimeKind;
 /// Requests in flight at once for CRI-O's per-image configs.
 const CONFIGS_AT_ONCE: usize = 8;
 
-/// What the node's runtime holds; [`HeldBlobs::Unknown`] (and a log line) when it cannot be asked.
-pub async fn held_blobs(client: &CriClient, runtime: Option<RuntimeKind>) -> HeldBlobs {
+/// What `node`'s runtime holds; [`HeldBlobs::Unknown`] (and a log line) when it cannot be asked.
+pub async fn held_blobs(node: &str, client: &CriClient, runtime: Option<RuntimeKind>) -> HeldBlobs {
     let held = match runtime {
         Some(RuntimeKind::Containerd) => content_store(client)
             .await
@@ -35,7 +35,8 @@ pub async fn held_blobs(client: &CriClient, runtime: Option<RuntimeKind>) -> Hel
     };
     held.unwrap_or_else(|e| {
         tracing::warn!(
-            "cannot list what the runtime holds, so plans count only the sets' images: {e}"
+            "{node}: cannot list what the runtime holds, so its plan counts only the sets' images (an \
+             upper bound); check that the runtime answers on its CRI socket: {e}"
         );
         HeldBlobs::Unknown
     })

@@ -23,7 +23,11 @@ pub struct SurveyedNode {
 }
 
 /// Observes one node. Never fails: an unreachable node comes back with `facts.unreachable` set.
-pub async fn observe(node: &DirectNode, references: &[String], timeout: Duration) -> SurveyedNode {
+pub async fn survey_node(
+    node: &DirectNode,
+    references: &[String],
+    timeout: Duration,
+) -> SurveyedNode {
     match observe_reachable(node, references, timeout).await {
         Ok(observation) => observation,
         Err(err) => SurveyedNode {
@@ -52,7 +56,7 @@ async fn observe_reachable(
             "{} {}",
             version.runtime_name, version.runtime_version
         )),
-        held: held_blobs(&client, runtime).await,
+        held: held_blobs(&node.name, &client, runtime).await,
         ..NodeFacts::default()
     };
     let mountpoint = fs
@@ -92,7 +96,7 @@ async fn observe_reachable(
         present.extend(status.map(|image| (reference.clone(), image)));
     }
     let records: Vec<_> = present.iter().map(|(_, image)| image).collect();
-    let remote = remote_layers(&client, runtime, &records).await;
+    let remote = remote_layers(&node.name, &client, runtime, &records).await;
     facts.lazy = present
         .into_iter()
         .zip(remote)

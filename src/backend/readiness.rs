@@ -126,7 +126,9 @@ pub async fn observe(
         .iter()
         .filter_map(|r| r.as_ref().ok()?.as_ref())
         .collect();
-    let mut remote = remote_layers(&client, kind, &present).await.into_iter();
+    let mut remote = remote_layers(&observed.node, &client, kind, &present)
+        .await
+        .into_iter();
     for (reference, record_of) in references.iter().zip(records) {
         let mut image = ImageObserved {
             reference: reference.clone(),

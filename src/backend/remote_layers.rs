@@ -23,13 +23,14 @@ use super::pins::containerd::namespaced;
 use super::proto::containerd_snapshots::{ListSnapshotsRequest, snapshots_client::SnapshotsClient};
 use super::proto::cri::Image;
 use crate::model::lazy::{
-    ContainerdHoldings, REMOTE_SNAPSHOT_LABEL, RemoteLayers, Snapshot, layer_chain,
+    ContainerdHoldings, ContainerdSnapshot, REMOTE_SNAPSHOT_LABEL, RemoteLayers, layer_chain,
 };
 use crate::model::runtime::RuntimeKind;
 
-/// Per image of `images` (the runtime's records of present images), in order, its remote layers when it is
-/// only lazily present.
+/// Per image of `images` (the runtime's records of present images on `node`), in order, its remote layers
+/// when it is only lazily present.
 pub async fn remote_layers(
+    node: &str,
     client: &CriClient,
     runtime: Option<RuntimeKind>,
     images: &[&Image],
@@ -47,7 +48,8 @@ pub async fn remote_layers(
     };
     found.unwrap_or_else(|e| {
         tracing::warn!(
-            "cannot tell whether images are only lazily present, so they count as there: {e}"
+            "{node}: cannot tell whether images are only lazily present, so they count as there; check \
+             that the runtime answers on its CRI socket: {e}"
         );
         none()
     })
@@ -77,7 +79,7 @@ async fn containerd(
 async fn snapshots(
     client: &CriClient,
     snapshotter: &str,
-) -> Result<HashMap<String, Snapshot>, CriError> {
+) -> Result<HashMap<String, ContainerdSnapshot>, CriError> {
     let listing = async {
         let request = namespaced(ListSnapshotsRequest {
             snapshotter: snapshotter.to_string(),
@@ -90,7 +92,7 @@ async fn snapshots(
         let mut snapshots = HashMap::new();
         while let Some(page) = stream.next().await {
             for info in page?.info {
-                let snapshot = Snapshot {
+                let snapshot = ContainerdSnapshot {
                     remote: info.labels.contains_key(REMOTE_SNAPSHOT_LABEL),
                     parent: info.parent,
                 };

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Interrupts;
 use super::check::{readiness_table, verdict, verdict_line};
-use super::output::{render, short_reference, table};
+use super::output::{printed_then, render, short_reference, table};
 use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutReport, Update};
 use crate::fleet::{Applied, ApplyOptions, ApplyProgress, Rolled, SetUsed};
@@ -38,14 +38,17 @@ pub struct NodeOutcome {
     /// Why the node was refused, stopped or not pinned.
     pub reason: Option<String>,
     pub images: usize,
-    /// Images that were on the node before, and images the rollout pulled.
+    /// Images that were on the node before (whole, or only lazily: not pre-loaded), images the rollout
+    /// pulled, and images pinned at the end.
     pub present: usize,
+    pub lazy: usize,
     pub pulled: usize,
+    pub pinned: usize,
     /// What the node's runtime fetched, measured where it can be.
     pub fetched_bytes: u64,
     /// How `fetchedBytes` is known: `content-store` (the blobs containerd's store gained, by their sizes),
     /// `plan` (what the plan counts for the images pulled: the runtime reports no bytes), or null when the
-    /// node pulled nothing.
+    /// node was never started.
     pub fetched_source: Option<FetchedSource>,
     /// What the plan said the node would fetch.
     pub planned_bytes: u64,
@@ -137,9 +140,9 @@ fn rolled_report(rolled: Rolled, output: Output) -> Result<String, Failure> {
     })?;
     match (rolled.interrupted, &report.readiness) {
         (None, Some(readiness)) => verdict(text, readiness),
-        (signal, _) => {
-            let _ = std::io::stdout().write_all(text.as_bytes());
-            Err(Failure {
+        (signal, _) => Err(printed_then(
+            &text,
+            Failure {
                 exit: Exit::NotReady,
                 lines: vec![format!(
                     "interrupted by {}: the rollout stopped{}; `pinboard apply` again finishes it",
@@ -150,8 +153,8 @@ fn rolled_report(rolled: Rolled, output: Output) -> Result<String, Failure> {
                         ""
                     }
                 )],
-            })
-        }
+            },
+        )),
     }
 }
 
@@ -191,7 +194,9 @@ fn outcome(name: &str, node: &NodeRollout, planned: Option<u64>) -> NodeOutcome 
         reason,
         images: node.images().len(),
         present: node.present_count(),
+        lazy: node.lazy_count(),
         pulled: node.pulled_count(),
+        pinned: node.pinned_count(),
         fetched_bytes: node.fetched().map_or(0, |(bytes, _)| bytes),
         fetched_source: node.fetched().map(|(_, source)| source),
         planned_bytes: planned.unwrap_or_default(),
@@ -200,7 +205,10 @@ fn outcome(name: &str, node: &NodeRollout, planned: Option<u64>) -> NodeOutcome 
 }
 
 fn rollout_table(outcomes: &[NodeOutcome]) -> String {
-    let headers = ["NODE", "ROLLOUT", "IMAGES", "PLANNED", "FETCHED", "REASON"].map(String::from);
+    let headers = [
+        "NODE", "ROLLOUT", "IMAGES", "PRESENT", "PULLED", "PINNED", "PLANNED", "FETCHED", "REASON",
+    ]
+    .map(String::from);
     let rows: Vec<Vec<String>> = outcomes
         .iter()
         .map(|o| {
@@ -212,6 +220,12 @@ fn rollout_table(outcomes: &[NodeOutcome]) -> String {
                 o.node.clone(),
                 state,
                 o.images.to_string(),
+                match o.lazy {
+                    0 => o.present.to_string(),
+                    lazy => format!("{} + {lazy} lazy", o.present),
+                },
+                o.pulled.to_string(),
+                o.pinned.to_string(),
                 human(o.planned_bytes),
                 match o.fetched_source {
                     Some(FetchedSource::Plan) => format!("{} (plan)", human(o.fetched_bytes)),

@@ -3,9 +3,7 @@
 //! (exit 0 ready, 1 not ready, 3 nothing reachable) and can wait for it, `status` prints the same per-node
 //! data and exits 0. Headless `apply` ends with the same check.
 
-use std::io::Write as _;
-
-use super::output::{image_matrix, render, table};
+use super::output::{image_matrix, printed_then, render, table};
 use crate::error::{Exit, Failure};
 use crate::model::holders::HeldBy;
 use crate::model::lazy::RemoteLayers;
@@ -50,15 +48,13 @@ pub(super) fn verdict(text: String, readiness: &Readiness) -> Result<String, Fai
     if readiness.ready {
         return Ok(text);
     }
-    let mut stdout = std::io::stdout();
-    // A closed pipe is not worth more than the exit code that follows.
-    let _ = stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush());
-    Err(Failure {
-        exit: Exit::NotReady,
-        lines: readiness.reason_lines(),
-    })
+    Err(printed_then(
+        &text,
+        Failure {
+            exit: Exit::NotReady,
+            lines: readiness.reason_lines(),
+        },
+    ))
 }
 
 /// Each node's warnings on stderr, naming the node: worth knowing, but not why a node is not ready.

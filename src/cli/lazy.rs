@@ -1,14 +1,12 @@
 //! `pinboard lazy on|off|status`: lazy pulling on every node, the way its runtime does it
 //! ([`crate::fleet::Fleet::lazy`]), for scripts. `on` and `off` write what each runtime needs (nothing with
 //! `--readonly`, which says what would be written); `--restart` then restarts the runtimes whose change is
-//! not in force yet. Exit 0 when every node is as asked (`status`: when any node answered), 1 when some
+//! not in force yet. Exit 0 when every node is as asked (`status`: when every node answered and its lazy pulling could be read), 1 when some
 //! node could not be changed, 3 when none answered.
-
-use std::io::Write as _;
 
 use clap::{Args, ValueEnum};
 
-use super::output::{render, table};
+use super::output::{printed_then, render, table};
 use crate::backend::lazy::Apply;
 use crate::error::{Exit, Failure};
 use crate::model::lazy::NodeLazy;
@@ -61,6 +59,18 @@ pub async fn run(args: LazyArgs) -> Result<String, Failure> {
         restart: args.restart,
     };
     let nodes = fleet.lazy(wanted, apply).await?;
+    for node in &nodes {
+        if let Some(lazy) = &node.lazy_pulling
+            && lazy.store_serving == Some(false)
+        {
+            tracing::warn!(
+                "{}: lazy pulling {}: {}",
+                node.node,
+                lazy.text,
+                lazy.detail.as_deref().unwrap_or_default()
+            );
+        }
+    }
     let text = render(&Nodes { nodes: &nodes }, args.common.output(), || {
         lazy_table(&nodes)
     })?;
@@ -80,14 +90,13 @@ fn verdict(text: String, nodes: &[NodeLazy]) -> Result<String, Failure> {
     if nodes.iter().all(|n| !n.reachable) {
         return Err(Failure::unreachable(lines));
     }
-    let mut stdout = std::io::stdout();
-    let _ = stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush());
-    Err(Failure {
-        exit: Exit::NotReady,
-        lines,
-    })
+    Err(printed_then(
+        &text,
+        Failure {
+            exit: Exit::NotReady,
+            lines,
+        },
+    ))
 }
 
 /// One row per node, then what each node has to say: the restart to do, the lines to add, the diff.

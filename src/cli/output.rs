@@ -1,6 +1,7 @@
 //! What the headless commands print: JSON, YAML, or a human table (columns aligned by characters).
 
 use std::collections::HashMap;
+use std::io::Write as _;
 
 use serde::Serialize;
 
@@ -22,6 +23,16 @@ pub fn render<T: Serialize>(
             .map_err(|e| Failure::bad_input(format!("cannot write YAML: {e}"))),
         Output::Table => Ok(table()),
     }
+}
+
+/// `failure`, once `text` is on stdout: a command that fails still prints what it found. A closed pipe is
+/// not worth more than the exit code that follows.
+pub fn printed_then(text: &str, failure: Failure) -> Failure {
+    let mut stdout = std::io::stdout();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+    failure
 }
 
 /// Left-aligned columns separated by two spaces; widths by characters, not bytes. `paint(row, column, text)`

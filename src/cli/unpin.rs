@@ -2,10 +2,8 @@
 //! ([`crate::fleet::Fleet::unpin`]). Where pinboard releases them on each node, it says which images lost
 //! their pin and which stay pinned, for whom; on a cluster, which sets were deleted.
 
-use std::io::Write as _;
-
 use super::apply::set_line;
-use super::output::{render, short_reference, table};
+use super::output::{printed_then, render, short_reference, table};
 use crate::error::{Exit, Failure};
 use crate::fleet::{NodesUnpinned, SetDeleted, UnpinOptions, Unpinned};
 use crate::model::readiness::unreachable_reason;
@@ -48,15 +46,17 @@ fn nodes_unpinned(output: &NodesUnpinned, args: &CommonArgs) -> Result<String, F
     if failed.is_empty() {
         return Ok(text);
     }
-    let _ = std::io::stdout().write_all(text.as_bytes());
-    Err(Failure {
-        exit: if failed.len() == output.nodes.len() {
-            Exit::Unreachable
-        } else {
-            Exit::NotReady
+    Err(printed_then(
+        &text,
+        Failure {
+            exit: if failed.len() == output.nodes.len() {
+                Exit::Unreachable
+            } else {
+                Exit::NotReady
+            },
+            lines: failed,
         },
-        lines: failed,
-    })
+    ))
 }
 
 /// One row per set deleted on a cluster.

@@ -62,6 +62,10 @@ pub struct LazyPulling {
     /// What else is worth knowing: why a store counts as not mounted, the restart that applies it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// Where lazy pulling is configured: whether what serves the layers is there (the snapshotter's
+    /// socket live, the store mounted). None where it is not configured or could not be asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_serving: Option<bool>,
 }
 
 impl LazyPulling {
@@ -86,6 +90,15 @@ impl LazyPulling {
             in_force,
             text,
             detail,
+            store_serving: None,
+        }
+    }
+
+    /// `self`, saying whether what serves its layers is there.
+    fn serving(self, serving: bool) -> LazyPulling {
+        LazyPulling {
+            store_serving: Some(serving),
+            ..self
         }
     }
 
@@ -215,7 +228,11 @@ pub fn containerd_lazy(
         (false, _) => (LazyState::Off, None),
     };
     let via = in_force.filter(|_| remote == Some(true)).unwrap_or(via);
-    LazyPulling::new(state, Some(via), remote, detail)
+    let lazy = LazyPulling::new(state, Some(via), remote, detail);
+    match configured {
+        true => lazy.serving(socket_live),
+        false => lazy,
+    }
 }
 
 /// CRI-O's lazy pulling: whether its storage drop-in names stargz-store, and whether the store is mounted
@@ -233,8 +250,11 @@ pub fn crio_lazy(configured: bool, not_mounted: Option<String>) -> LazyPulling {
             None,
             None,
             Some(format!("{why}; {when}")),
-        ),
-        (true, None) => LazyPulling::new(LazyState::On, Some("stargz-store"), None, Some(when)),
+        )
+        .serving(false),
+        (true, None) => {
+            LazyPulling::new(LazyState::On, Some("stargz-store"), None, Some(when)).serving(true)
+        }
     }
 }
 
@@ -310,7 +330,7 @@ pub fn lazy_words(remote: usize, layers: usize) -> String {
 
 /// One containerd snapshot: its parent (empty for a bottom layer) and whether it is remote.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Snapshot {
+pub struct ContainerdSnapshot {
     pub parent: String,
     pub remote: bool,
 }
@@ -322,7 +342,7 @@ pub struct ContainerdHoldings {
     snapshotter: String,
     /// Every blob's digest, with its labels.
     content: HashMap<String, HashMap<String, String>>,
-    snapshots: HashMap<String, Snapshot>,
+    snapshots: HashMap<String, ContainerdSnapshot>,
     /// Per config digest, its manifest's layer digests in order.
     layers_of: HashMap<String, Vec<String>>,
 }
@@ -331,7 +351,7 @@ impl ContainerdHoldings {
     pub fn new(
         snapshotter: &str,
         content: HashMap<String, HashMap<String, String>>,
-        snapshots: HashMap<String, Snapshot>,
+        snapshots: HashMap<String, ContainerdSnapshot>,
     ) -> ContainerdHoldings {
         let mut layers_of = HashMap::new();
         for labels in content.values() {
@@ -445,7 +465,7 @@ mod tests {
             .map(|((name, parent), remote)| {
                 (
                     name.to_string(),
-                    Snapshot {
+                    ContainerdSnapshot {
                         parent: parent.to_string(),
                         remote,
                     },

@@ -306,8 +306,10 @@ pub struct NodeRollout {
     failed: usize,
     /// Running pulls (positions in `images`) and when their bytes last moved, by reference.
     pulling: Vec<(usize, Instant)>,
-    /// Images found present, and images pulled: kept apart, as pinning turns both into pinned.
+    /// Images found present, present only lazily, and pulled: kept apart, as pinning turns them all into
+    /// pinned.
     present: usize,
+    lazy: usize,
     pulled: usize,
     /// What the runtime fetched, once its pulls are over.
     fetched: Option<(u64, FetchedSource)>,
@@ -324,14 +326,28 @@ impl NodeRollout {
             failed: 0,
             pulling: Vec::new(),
             present: 0,
+            lazy: 0,
             pulled: 0,
             fetched: None,
         }
     }
 
-    /// Images that were on the node before the rollout.
+    /// Images that were on the node before the rollout, whole.
     pub fn present_count(&self) -> usize {
         self.present
+    }
+
+    /// Images that were on the node before the rollout only lazily: not pre-loaded.
+    pub fn lazy_count(&self) -> usize {
+        self.lazy
+    }
+
+    /// Images pinned now.
+    pub fn pinned_count(&self) -> usize {
+        self.images
+            .iter()
+            .filter(|i| matches!(i.state, ImageState::Pinned { .. }))
+            .count()
     }
 
     /// Images the rollout pulled.
@@ -432,7 +448,7 @@ impl NodeRollout {
                 layers,
                 ..
             } => {
-                self.present += 1;
+                self.lazy += 1;
                 let count = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
                 self.update_image(interner, &image, |i| {
                     i.state = ImageState::Lazy {
@@ -908,10 +924,11 @@ mod tests {
         });
         let n = &r.nodes()["n1"];
         assert_eq!(
-            (n.present_count(), n.pulled_count()),
-            (1, 2),
+            (n.present_count(), n.lazy_count(), n.pulled_count()),
+            (1, 0, 2),
             "told apart after pinning turned every image pinned"
         );
+        assert_eq!(n.pinned_count(), 3);
         assert_eq!(n.fetched(), Some((180, FetchedSource::ContentStore)));
         assert_eq!(
             n.state,

@@ -350,6 +350,30 @@ fn retry_on_a_failed_image_and_cancel_on_a_stalled_one() {
 }
 
 #[test]
+fn an_image_present_only_lazily_says_how_many_of_its_layers_are_remote() {
+    let mut state = state();
+    type_keys(&mut state, "4");
+    update(
+        &mut state,
+        Msg::Rollout(Event::ImageLazy {
+            node: "worker-1".into(),
+            image: demo::EXPORTER.into(),
+            remote: 2,
+            layers: 3,
+        }),
+    );
+    let row = screen_text(&state)
+        .lines()
+        .find(|l| l.contains("node-exporter") && l.contains("lazy"))
+        .map(str::to_owned);
+    let row = row.expect("the image's row says lazy");
+    assert!(
+        row.contains("~ lazy") && row.contains("2 of 3 layers remote"),
+        "{row}"
+    );
+}
+
+#[test]
 fn readonly_blocks_writes_with_a_message() {
     let mut state = state();
     state.readonly = true;

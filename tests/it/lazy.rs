@@ -152,6 +152,15 @@ fn containerd_lazy_pulling_goes_in_the_imported_directory_and_status_says_what_c
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let n1 = &on["nodes"][0];
     assert_eq!(n1["change"], "written", "{n1}");
+    assert_eq!(n1["lazyPulling"]["storeServing"], false, "{n1}");
+    assert!(
+        run.stderr.lines().any(
+            |l| l.starts_with("warning: n1: lazy pulling on after restart: ")
+                && l.contains("stargz's socket is not live")
+        ),
+        "the dead socket warned of: {}",
+        run.stderr
+    );
     assert_eq!(n1["file"], ours.display().to_string());
     assert_eq!(n1["lazyPulling"]["text"], "on after restart", "{n1}");
     assert!(
@@ -228,6 +237,8 @@ fn containerd_lazy_pulling_goes_in_the_imported_directory_and_status_says_what_c
         now["nodes"][0]["lazyPulling"]["text"],
         "on (stargz, in force)"
     );
+    assert_eq!(now["nodes"][0]["lazyPulling"]["storeServing"], true);
+    assert!(!run.stderr.contains("warning:"), "{}", run.stderr);
     assert!(
         now["nodes"][0].get("change").is_none(),
         "status changes nothing"
@@ -430,8 +441,20 @@ fn a_lazily_pulled_containerd_image_is_not_ready_and_its_layers_are_still_to_fet
     judged_as_lazily_present(&lab, &node, &lazy, &whole);
 
     // apply leaves it as it is (a pull through the same runtime would), and says so.
-    let run = pinboard(command("apply", &lab, &node, &images, &[]));
+    let (run, report) = json(pinboard(command(
+        "apply",
+        &lab,
+        &node,
+        &images,
+        &["-o", "json"],
+    )));
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &report["rollout"][0];
+    assert_eq!(
+        [&n1["present"], &n1["lazy"], &n1["pulled"]],
+        [1, 1, 0],
+        "the lazy image is not counted as present: {n1}"
+    );
     assert!(
         run.stderr
             .contains("lazy (3 of 3 layers remote): present only lazily, not pulled again"),

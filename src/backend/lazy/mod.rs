@@ -62,8 +62,8 @@ pub enum LazyError {
     #[error("runtime {runtime:?}: pinboard sets lazy pulling only on containerd and CRI-O")]
     UnknownRuntime { runtime: String },
     #[error(
-        "CRI endpoint {endpoint}: lazy pulling's files are on the node, and pinboard writes them only where \
-         it runs; run it on the node"
+        "CRI endpoint {endpoint}: lazy pulling's files are on the node, and pinboard reads and writes them \
+         only where it runs; run it on the node"
     )]
     Remote { endpoint: CriEndpoint },
     #[error(
@@ -167,6 +167,12 @@ pub async fn read_lazy(
     runtime: RuntimeKind,
     config: &LazyConfig,
 ) -> Result<(LazyPulling, PathBuf), LazyError> {
+    // The files that say it are on the node: this machine's would say nothing of a node over TCP.
+    if !client.endpoint().is_local() {
+        return Err(LazyError::Remote {
+            endpoint: client.endpoint().clone(),
+        });
+    }
     match runtime {
         RuntimeKind::Crio => {
             let config = config.clone();
@@ -187,7 +193,11 @@ pub async fn read_lazy(
             let socket = address.unwrap_or_else(|| config.stargz_socket.clone());
             let live = std::os::unix::net::UnixStream::connect(&socket).is_ok();
             let in_force = in_force.unwrap_or_else(|e| {
-                tracing::warn!("cannot ask containerd which snapshotter it uses: {e}");
+                tracing::warn!(
+                    "{}: cannot ask containerd which snapshotter it uses (CRI status), so lazy pulling is \
+                     judged from its configuration files alone: {e}",
+                    client.endpoint()
+                );
                 None
             });
             let restart = restart_command(runtime);

@@ -138,11 +138,17 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
                 Line::from(image.to_string()),
                 Line::from(status_span(theme, status)),
                 progress(theme, rollout.done_bytes, rollout.total_bytes, widths[2]),
-                right(format!(
-                    "{}/{}",
-                    human(rollout.done_bytes),
-                    human(rollout.total_bytes)
-                )),
+                // A lazy image moved no bytes: how much of it is still in the registry instead.
+                right(match rollout.state {
+                    ImageState::Lazy { remote, layers } => {
+                        format!("{remote} of {layers} layers remote")
+                    }
+                    _ => format!(
+                        "{}/{}",
+                        human(rollout.done_bytes),
+                        human(rollout.total_bytes)
+                    ),
+                }),
                 right(elapsed),
                 Line::from(retries),
             ]
