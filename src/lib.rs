@@ -1,8 +1,8 @@
 //! pinboard: pin and pre-load container images on cluster nodes, and watch those rollouts.
 //!
-//! Arrows point down only: [`cli`] → [`ui`] → [`fleet`] → [`engine`] / [`survey`] / [`fanout`] →
-//! [`backend`] → [`model`]. [`options`] turns the command line into a fleet; [`error`] is the one error
-//! every command ends with.
+//! Arrows point down only: [`cli`] → [`ui`] / [`agent`] → [`fleet`] → [`engine`] / [`survey`] /
+//! [`fanout`] → [`backend`] → [`model`]. [`options`] turns the command line into a fleet; [`error`] is the
+//! one error every command ends with.
 //!
 //! - [`model`]: pure domain logic, no I/O: image references and PinnedImageSet rules, image facts,
 //!   disk-impact planning, readiness, rollouts, OpenShift's machine-config objects.
@@ -13,6 +13,8 @@
 //! - [`fanout`]: a rollout, optionally fanned out: the blob cache's endpoint serving the nodes, each node's
 //!   runtime pointed at it for the rollout and put back afterwards.
 //! - [`targets`]: direct nodes from `--cri`, `--nodes FILE` or crictl's default endpoint.
+//! - [`agent`]: `pinboard agent`, one per node of a Kubernetes cluster: carries out the sets that select its
+//!   node with the direct fleet, reports in its node's `PinboardNode`, and may hold the in-cluster cache.
 //! - [`fleet`]: the nodes pinboard works on, however it reaches them, behind one set of operations.
 //! - [`options`]: the argument list every command and the TUI share, and the fleet it names.
 //! - [`ui`]: how statuses look (glyph, word, theme color); the terminal UI.
@@ -22,7 +24,8 @@
 //!
 //! - **node**: a machine whose container runtime (containerd or CRI-O) holds images.
 //! - **fleet**: the nodes a session works on and the way they are reached: direct (pinboard talks to each
-//!   node's CRI socket itself) or a cluster's machine-config daemons (OpenShift).
+//!   node's CRI socket itself), a cluster's machine-config daemons (OpenShift), or pinboard's agents (any
+//!   Kubernetes cluster).
 //! - **set**: a named list of images by digest to pre-load and pin (a PinnedImageSet); its **entries** are
 //!   the references.
 //! - **pin**: what keeps an image from the kubelet's garbage collection: CRI-O's `pinned_images` or
@@ -41,6 +44,14 @@
 //! - **wiring**: pointing a node's runtime at the endpoint for a rollout (containerd hosts.toml, a CRI-O
 //!   registries.conf.d drop-in), and putting its files back afterwards.
 //! - **lazy pulling**: a runtime that fetches an image's layers when they are first read (stargz store).
+//!   An image whose layers are still in the registry is **lazily present**: not pre-loaded.
+//! - **agent**: pinboard on a node of a Kubernetes cluster (a DaemonSet's pod); it pulls and pins the
+//!   **PinSets** (pinboard's own set object) that select its node and reports in the node's
+//!   **PinboardNode**.
+//! - **cache** (in-cluster): the endpoint one agent serves to every node for the fan-out sets, a role held
+//!   through a Lease and taken over by another agent when its holder goes.
+//! - **relay**: each agent's loopback listener its node's runtime pulls through: it passes pulls to the
+//!   cache with the cache's token, holds them while the cache moves, and resumes a broken blob.
 
 pub mod agent;
 pub mod backend;

@@ -32,9 +32,9 @@ use pinboard::model::lazy::{LazyPulling, LazyState};
 use pinboard::model::node_report;
 use pinboard::model::node_summary::of_agents;
 use pinboard::model::pinboard_api::{
-    DEFAULT_NAMESPACE, DEGRADED, FilesystemReport, GROUP, ImagePhase, ImageReport, KubeletReport,
-    NODE_KIND, NODE_PLURAL, NodeReport, NodeSetPhase, PROGRESSING, PinboardNode, RuntimeReport,
-    VERSION,
+    DEFAULT_NAMESPACE, DEGRADED, FilesystemReport, GROUP, ImagePhase, ImageReport,
+    KubeletThresholds, NODE_KIND, NODE_PLURAL, NodeReport, NodeSetPhase, PROGRESSING, PinboardNode,
+    RuntimeReport, VERSION,
 };
 use pinboard::model::plan::Limits;
 use pinboard::model::set::from_flags;
@@ -122,7 +122,7 @@ fn pinned_report(images: &[String]) -> NodeReport {
         lazy_pulling: Some(LazyPulling::new(LazyState::Off, None, Some(true), None)),
         lazy_pulling_error: None,
         registry_config_dir: Some("/etc/containerd/certs.d".into()),
-        kubelet: Some(KubeletReport {
+        kubelet: Some(KubeletThresholds {
             image_gc_high_threshold_percent: 85,
             image_gc_low_threshold_percent: 80,
             source: "kubelet-config".into(),

@@ -9,12 +9,13 @@ use kube::Client;
 
 use crate::backend::cri::CriClient;
 use crate::backend::lazy::{read_lazy, runtime_kind};
-use crate::backend::node::observe as survey_node;
+use crate::backend::node::survey_node;
 use crate::backend::readiness::observe;
 use crate::backend::target::NodeTarget;
 use crate::model::holders::Holder;
 use crate::model::pinboard_api::{
-    FilesystemReport, ImageReport, KUBELET_CONFIG_SOURCE, KubeletReport, NodeReport, RuntimeReport,
+    FilesystemReport, ImageReport, KUBELET_CONFIG_SOURCE, KubeletThresholds, NodeReport,
+    RuntimeReport,
 };
 use crate::model::readiness::pin_method_name;
 
@@ -112,7 +113,7 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
             .map(|d| d.display().to_string()),
     };
     let kubelet = crate::backend::kubelet::settings(kube, &target.node.name).await;
-    report.kubelet = Some(KubeletReport {
+    report.kubelet = Some(KubeletThresholds {
         image_gc_high_threshold_percent: kubelet.image_gc_high_threshold_percent,
         image_gc_low_threshold_percent: kubelet.image_gc_low_threshold_percent,
         source: match kubelet.assumed {

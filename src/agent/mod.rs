@@ -48,7 +48,7 @@ use crate::fanout::{LOOPBACK, Update};
 use crate::fleet::direct::{DirectConfig, DirectFleet};
 use crate::fleet::{Fleet, FleetEvent, RolloutControl};
 use crate::model::agents_view::AgentsUpdate;
-use crate::model::holders::Release;
+use crate::model::holders::ReleaseScope;
 use crate::model::image::Platform;
 use crate::model::node_report;
 use crate::model::pinboard_api::{
@@ -390,7 +390,7 @@ impl Agent {
         self.reports.retain(|name, _| desired.contains_key(name));
         let held = facts::holding_sets(&self.facts);
         if let Some(gone) = held.iter().find(|set| !desired.contains_key(*set)) {
-            self.release(&Release::of_sets(&[gone.as_str()], &[], false), gone)
+            self.release(&ReleaseScope::of_sets(&[gone.as_str()], &[], false), gone)
                 .await;
             return;
         }
@@ -580,7 +580,7 @@ impl Agent {
                 NodeSetPhase::Pinned => {
                     self.failed.remove(&running.set);
                     if !running.dropped.is_empty() {
-                        let release = Release::of_images(&running.set, &running.dropped);
+                        let release = ReleaseScope::of_images(&running.set, &running.dropped);
                         self.release(&release, &running.set).await;
                     }
                 }
@@ -596,7 +596,7 @@ impl Agent {
     }
 
     /// Releases what `release` says on this node, then reads it again.
-    async fn release(&mut self, release: &Release, set: &str) {
+    async fn release(&mut self, release: &ReleaseScope, set: &str) {
         match engine::unpin(&self.target.node, self.target.pin.clone(), release).await {
             Ok(_) => tracing::info!(set, "released"),
             Err(e) => tracing::warn!(set, "cannot release: {e}"),

@@ -34,7 +34,7 @@ pub use config::EngineConfig;
 pub use job::{Control, NodeJob};
 use node::run_node;
 use shared::Shared;
-pub use unpin::{NodeUnpinned, UnpinError, sets_holding, unpin};
+pub use unpin::{UnpinChanges, UnpinError, sets_holding, unpin};
 
 use crate::backend::credentials::Credentials;
 use crate::model::image::ImageFacts;

@@ -11,7 +11,7 @@ use tokio::task::JoinError;
 
 use crate::backend::cri::CriClient;
 use crate::backend::pins::{self, PinError, PinTarget, Reload, resolve};
-use crate::model::crio::{Unpinned, explain_unpinned};
+use crate::model::crio::{NotPinned, explain_unpinned};
 use crate::model::holders::Holder;
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::{PinReports, Runtime};
@@ -188,7 +188,7 @@ impl Pinning<'_> {
         };
         let images = unpinned
             .iter()
-            .map(|(reference, names)| Unpinned { reference, names });
+            .map(|(reference, names)| NotPinned { reference, names });
         let (mut reasons, rest) = match &config {
             Some(config) => explain_unpinned(&runtime, version, config, images),
             None => (Vec::new(), images.map(|i| i.reference).collect()),

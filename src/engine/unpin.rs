@@ -9,7 +9,7 @@ use crate::backend::cri::{CriError, DEFAULT_TIMEOUT};
 use crate::backend::pins::{self, PinError, PinTarget, Reload, connect_resolved};
 use crate::backend::target::DirectNode;
 use crate::model::crio::ReloadPins;
-use crate::model::holders::{Holder, Holders, PinChange, Release};
+use crate::model::holders::{Holder, Holders, PinChange, ReleaseScope};
 use crate::model::runtime::Runtime;
 
 /// Why unpinning on one node, or asking which sets hold its pins, failed.
@@ -40,7 +40,7 @@ impl UnpinError {
 /// What unpinning did on one node: each pin it released a holder of or was asked about, and, on a CRI-O
 /// whose reload ignores removals, that the pins stay until it restarts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeUnpinned {
+pub struct UnpinChanges {
     pub changes: Vec<PinChange>,
     pub note: Option<String>,
 }
@@ -52,8 +52,8 @@ pub struct NodeUnpinned {
 pub async fn unpin(
     node: &DirectNode,
     target: PinTarget,
-    release: &Release,
-) -> Result<NodeUnpinned, UnpinError> {
+    release: &ReleaseScope,
+) -> Result<UnpinChanges, UnpinError> {
     let (client, pin) = connect_resolved(&node.endpoint, target, DEFAULT_TIMEOUT).await?;
     match pin {
         PinTarget::CrioDropIn { config_dir, reload } => {
@@ -75,12 +75,12 @@ pub async fn unpin(
             .await
             .map_err(UnpinError::Rewriting)??;
             let removed = changes.iter().any(PinChange::removed);
-            Ok(NodeUnpinned {
+            Ok(UnpinChanges {
                 changes,
                 note: kept_until_restart.filter(|_| removed).map(str::to_string),
             })
         }
-        _ => Ok(NodeUnpinned {
+        _ => Ok(UnpinChanges {
             changes: pins::release_containerd(&client, release)
                 .await
                 .map_err(UnpinError::Unlabelling)?,

@@ -1,4 +1,4 @@
-//! What CRI-O enforces as pins, from its files and its version (domain notes §4). Pure: the files' text
+//! What CRI-O enforces as pins, from its files and its version (docs/pins.md). Pure: the files' text
 //! comes from [`crate::backend::pins`].
 //!
 //! - Its configuration: `crio.conf`, then every regular file under `crio.conf.d`, recursively, in lexical
@@ -279,7 +279,7 @@ impl ReloadPins {
 }
 
 /// An image CRI-O reports not pinned: its reference and every name CRI-O knows it by.
-pub struct Unpinned<'a> {
+pub struct NotPinned<'a> {
     pub reference: &'a str,
     pub names: &'a [String],
 }
@@ -290,7 +290,7 @@ pub fn explain_unpinned<'a>(
     runtime: &str,
     version: Option<Version>,
     config: &CrioConfig,
-    images: impl IntoIterator<Item = Unpinned<'a>>,
+    images: impl IntoIterator<Item = NotPinned<'a>>,
 ) -> (Vec<String>, Vec<&'a str>) {
     // (file that lists them, why) -> how many; in the order first met.
     let mut causes: Vec<(String, String, usize)> = Vec::new();
@@ -518,15 +518,15 @@ mod tests {
         );
         let images = || {
             [
-                Unpinned {
+                NotPinned {
                     reference: "registry.example.com/ns/a@sha256:1",
                     names: &a,
                 },
-                Unpinned {
+                NotPinned {
                     reference: "registry.example.com/ns/b@sha256:2",
                     names: &b,
                 },
-                Unpinned {
+                NotPinned {
                     reference: "quay.io/x/c@sha256:3",
                     names: &c,
                 },

@@ -5,7 +5,7 @@
 //! A pin is held by the sets that pinned it ([`Holder::Set`]), by an administrator ([`Holder::Admin`]: an
 //! entry pinboard did not mark, which it never removes), or by no one pinboard knows ([`Holder::Unowned`]:
 //! a pin from before pinboard recorded holders, or a containerd pin label someone else set, which only
-//! `--release-unowned` removes). A pin stays while any holder remains ([`Release`]).
+//! `--release-unowned` removes). A pin stays while any holder remains ([`ReleaseScope`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -141,7 +141,7 @@ pub enum Sets {
 
 /// What an unpin releases on each node.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Release {
+pub struct ReleaseScope {
     pub sets: Sets,
     /// When given, only the pins these images name lose the sets' holds (a set that no longer lists them);
     /// every other pin keeps them.
@@ -152,12 +152,12 @@ pub struct Release {
     pub release_unowned: bool,
 }
 
-impl Release {
+impl ReleaseScope {
     /// Releases the holds of the sets named `sets`; reports on `images`, and with `release_unowned`
     /// releases their unowned pins.
-    pub fn of_sets<S: AsRef<str>>(sets: &[S], images: &[S], release_unowned: bool) -> Release {
+    pub fn of_sets<S: AsRef<str>>(sets: &[S], images: &[S], release_unowned: bool) -> ReleaseScope {
         let strings = |list: &[S]| list.iter().map(|s| s.as_ref().to_string()).collect();
-        Release {
+        ReleaseScope {
             sets: Sets::Named(strings(sets)),
             only: None,
             images: strings(images),
@@ -166,9 +166,9 @@ impl Release {
     }
 
     /// Releases set `set`'s hold on the pins of `images` only: what an edited set no longer lists.
-    pub fn of_images<S: AsRef<str>>(set: &str, images: &[S]) -> Release {
+    pub fn of_images<S: AsRef<str>>(set: &str, images: &[S]) -> ReleaseScope {
         let images: BTreeSet<String> = images.iter().map(|s| s.as_ref().to_string()).collect();
-        Release {
+        ReleaseScope {
             sets: Sets::Named([set.to_string()].into()),
             only: Some(images.clone()),
             images,
@@ -303,7 +303,7 @@ mod tests {
 
     #[test]
     fn an_edited_set_loses_its_hold_only_on_the_images_it_no_longer_lists() {
-        let release = Release::of_images("web", &["quay.io/a@sha256:1"]);
+        let release = ReleaseScope::of_images("web", &["quay.io/a@sha256:1"]);
         let held = holders(&[set("web"), set("db")]);
         let dropped = ["quay.io/a@sha256:1".to_string()];
         let kept = ["quay.io/b@sha256:2".to_string()];
@@ -330,11 +330,11 @@ mod tests {
     fn a_pin_stays_while_another_set_holds_it() {
         let y = ["y".to_string()];
         let by_both = holders(&[set("a"), set("b")]);
-        let unpin_a = Release::of_sets(&["a"], &["x", "y"], false);
+        let unpin_a = ReleaseScope::of_sets(&["a"], &["x", "y"], false);
         let change = unpin_a.change("y", &by_both, &y).unwrap();
         assert!(!change.removed());
         assert_eq!(change.after, holders(&[set("b")]));
-        let unpin_b = Release::of_sets(&["b"], &["y", "z"], false);
+        let unpin_b = ReleaseScope::of_sets(&["b"], &["y", "z"], false);
         assert!(unpin_b.change("y", &change.after, &y).unwrap().removed());
     }
 
@@ -342,7 +342,7 @@ mod tests {
     fn admin_entries_always_stay_and_unowned_ones_only_go_when_asked_for_their_image() {
         let x = ["x".to_string()];
         let admin = holders(&[Holder::Admin, set("a")]);
-        let all = Release {
+        let all = ReleaseScope {
             sets: Sets::All,
             only: None,
             images: BTreeSet::new(),
@@ -356,22 +356,22 @@ mod tests {
             "--release-unowned only releases the images the sets name"
         );
         assert_eq!(
-            Release::of_sets(&["a"], &["x"], false).after(&unowned, &x),
+            ReleaseScope::of_sets(&["a"], &["x"], false).after(&unowned, &x),
             unowned
         );
         assert!(
-            Release::of_sets(&["a"], &["x"], true)
+            ReleaseScope::of_sets(&["a"], &["x"], true)
                 .after(&unowned, &x)
                 .is_empty()
         );
         // A CRI-O pattern entry is one of the images when it matches it.
         let glob = ["quay.io/app/*".to_string()];
-        assert!(Release::of_sets(&[], &["quay.io/app/x@sha256:1"], false).names_any(&glob));
+        assert!(ReleaseScope::of_sets(&[], &["quay.io/app/x@sha256:1"], false).names_any(&glob));
     }
 
     #[test]
     fn an_unpin_reports_what_it_changed_and_what_it_was_asked_about() {
-        let unpin_a = Release::of_sets(&["a"], &["x"], false);
+        let unpin_a = ReleaseScope::of_sets(&["a"], &["x"], false);
         // Not held by a and not one of its images: not reported.
         assert_eq!(
             unpin_a.change("w", &holders(&[set("b")]), &["w".into()]),

@@ -92,7 +92,7 @@ impl fmt::Display for Platform {
     }
 }
 
-/// How an image can be pulled lazily, if at all (domain notes §6).
+/// How an image can be pulled lazily, if at all (docs/lazy-pulling.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LazyFormat {
     #[serde(rename = "estargz")]

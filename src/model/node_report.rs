@@ -4,7 +4,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::pinboard_api::{DEGRADED, ImagePhase, ImageState, NodeSetPhase, PROGRESSING, SetReport};
+use super::pinboard_api::{
+    DEGRADED, ImagePhase, NodeSetPhase, PROGRESSING, SetImageReport, SetReport,
+};
 use super::readiness::{ImageReason, ObservedNode, PinnedBy, assess};
 use super::rollout::{self, NodeRollout, NodeState};
 
@@ -18,9 +20,9 @@ pub fn queued(name: &str, generation: i64, images: &[String]) -> SetReport {
         total_bytes: 0,
         images: images
             .iter()
-            .map(|image| ImageState {
+            .map(|image| SetImageReport {
                 name: image.clone(),
-                ..ImageState::default()
+                ..SetImageReport::default()
             })
             .collect(),
         conditions: Vec::new(),
@@ -30,7 +32,7 @@ pub fn queued(name: &str, generation: i64, images: &[String]) -> SetReport {
 
 /// A set while its rollout runs: each image where the engine has it.
 pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
-    let images: Vec<ImageState> = node
+    let images: Vec<SetImageReport> = node
         .images()
         .map(|(image, rollout)| {
             let (state, reason) = match &rollout.state {
@@ -53,7 +55,7 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
                     Some("cancelled: the set changed".into()),
                 ),
             };
-            ImageState {
+            SetImageReport {
                 name: image.to_string(),
                 state,
                 reason: reason.or_else(|| rollout.retries().last().cloned()),

@@ -208,7 +208,7 @@ pub struct NodeReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_config_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubelet: Option<KubeletReport>,
+    pub kubelet: Option<KubeletThresholds>,
     /// Each set that selects the node.
     #[serde(default)]
     pub sets: Vec<SetReport>,
@@ -268,7 +268,7 @@ pub struct ImageReport {
 /// The node's kubelet image GC thresholds, as the agent read them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct KubeletReport {
+pub struct KubeletThresholds {
     pub image_gc_high_threshold_percent: u8,
     pub image_gc_low_threshold_percent: u8,
     /// Where they come from: the kubelet's configuration, or its defaults.
@@ -290,7 +290,7 @@ pub struct SetReport {
     pub total_bytes: u64,
     /// Where each image is (detail: in [`PinboardNodeImages`]).
     #[serde(skip)]
-    pub images: Vec<ImageState>,
+    pub images: Vec<SetImageReport>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// A fan-out set: whether the node's pulls went through the in-cluster cache, or to the source.
@@ -335,7 +335,7 @@ pub struct NodeImages {
 pub struct SetImages {
     pub name: String,
     pub observed_generation: i64,
-    pub images: Vec<ImageState>,
+    pub images: Vec<SetImageReport>,
 }
 
 /// Where a node is with a set.
@@ -355,7 +355,7 @@ pub enum NodeSetPhase {
 /// One image of a set on one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ImageState {
+pub struct SetImageReport {
     pub name: String,
     pub state: ImagePhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -525,7 +525,7 @@ mod tests {
                 done_bytes: 1 << 30,
                 total_bytes: 1 << 34,
                 images: (0..200)
-                    .map(|i| ImageState {
+                    .map(|i| SetImageReport {
                         name: reference(s * 100 + i),
                         state: ImagePhase::Pulling,
                         reason: Some("retrying: connection reset by peer".into()),
@@ -589,9 +589,9 @@ mod tests {
         let set = |generation| SetReport {
             name: "release".into(),
             observed_generation: generation,
-            images: vec![ImageState {
+            images: vec![SetImageReport {
                 name: "r@sha256:1".into(),
-                ..ImageState::default()
+                ..SetImageReport::default()
             }],
             ..SetReport::default()
         };

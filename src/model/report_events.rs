@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::pinboard_api::{ImagePhase, ImageState, NodeSetPhase, SetReport};
+use super::pinboard_api::{ImagePhase, NodeSetPhase, SetImageReport, SetReport};
 use super::rollout::{Event, PinMethod};
 
 /// The events that take node `node` from `before` (None: not started) to `after` for one set; `method` is
@@ -62,7 +62,12 @@ pub fn events_between(
 }
 
 /// One image's events from `was` (None: queued) to `now`.
-fn image_events(node: &str, was: Option<&ImageState>, now: &ImageState, at: Instant) -> Vec<Event> {
+fn image_events(
+    node: &str,
+    was: Option<&SetImageReport>,
+    now: &SetImageReport,
+    at: Instant,
+) -> Vec<Event> {
     let (node, image) = (node.to_owned(), now.name.clone());
     let was_phase = was.map_or(ImagePhase::Queued, |w| w.state);
     let started = |attempt| Event::PullStarted {
@@ -127,17 +132,17 @@ mod tests {
     use super::*;
     use crate::model::rollout::{ImageState as Shown, Rollout};
 
-    fn image(name: &str, state: ImagePhase, done: u64, total: u64) -> ImageState {
-        ImageState {
+    fn image(name: &str, state: ImagePhase, done: u64, total: u64) -> SetImageReport {
+        SetImageReport {
             name: name.into(),
             state,
             done_bytes: done,
             total_bytes: total,
-            ..ImageState::default()
+            ..SetImageReport::default()
         }
     }
 
-    fn report(state: NodeSetPhase, images: Vec<ImageState>) -> SetReport {
+    fn report(state: NodeSetPhase, images: Vec<SetImageReport>) -> SetReport {
         SetReport {
             name: "web".into(),
             observed_generation: 1,

@@ -1,5 +1,5 @@
 //! What a container runtime's name and version (CRI `Version`) say about pins: which CRI calls carry its
-//! word on them (`Image.pinned`). Facts from the runtimes' releases (domain notes §4):
+//! word on them (`Image.pinned`). Facts from the runtimes' releases (docs/pins.md):
 //!
 //! - CRI-O reports `pinned` in ListImages since 1.28.0, in ImageStatus only since 1.29.7 / 1.30.6 / 1.31.0.
 //!   Before 1.28 it has no `pinned_images` at all, so its `false` is the truth: it pins nothing.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pinboard::backend::credentials::Credentials;
-use pinboard::backend::node::observe;
+use pinboard::backend::node::survey_node;
 use pinboard::backend::pins::PinTarget;
 use pinboard::backend::pins::{CRIO_DROP_IN, Reload};
 use pinboard::backend::target::DirectNode;
@@ -107,7 +107,7 @@ async fn jobs(
             name: node.name.clone(),
             endpoint: node.endpoint().parse().unwrap(),
         };
-        let seen = observe(&direct, references, Duration::from_secs(10)).await;
+        let seen = survey_node(&direct, references, Duration::from_secs(10)).await;
         let planned: Vec<PlannedImage> = references
             .iter()
             .map(|r| PlannedImage {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use pinboard::backend::cri::CriClient;
 use pinboard::backend::pins::{hold_containerd, record_labels, release_containerd};
-use pinboard::model::holders::{Holder, Holders, Release, holders_of};
+use pinboard::model::holders::{Holder, Holders, ReleaseScope, holders_of};
 use pinboard::model::set::from_flags;
 use support::hup::HupRecorder;
 use support::{ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec};
@@ -109,7 +109,7 @@ async fn each_set_holds_the_pin_by_a_label_and_the_pin_goes_with_the_last() {
     }
 
     // Releasing set-a keeps the pin for set-b, on every record.
-    let changes = release_containerd(&client, &Release::of_sets(&["set-a"], &[], false))
+    let changes = release_containerd(&client, &ReleaseScope::of_sets(&["set-a"], &[], false))
         .await
         .unwrap();
     assert_eq!(changes.len(), 1, "{changes:?}");
@@ -123,7 +123,7 @@ async fn each_set_holds_the_pin_by_a_label_and_the_pin_goes_with_the_last() {
         assert!(line.contains(PINNED) && !line.contains("set-a"), "{line}");
     }
     // The last holder takes the pin label with it; the image stays.
-    let changes = release_containerd(&client, &Release::of_sets(&["set-b"], &[], false))
+    let changes = release_containerd(&client, &ReleaseScope::of_sets(&["set-b"], &[], false))
         .await
         .unwrap();
     assert!(changes[0].removed());
@@ -168,9 +168,12 @@ async fn a_pin_someone_else_set_is_adopted_and_stays_until_released_on_purpose()
     .unwrap();
 
     // Releasing a set that does not hold it, even one that lists it: the pin stays, reported as unowned.
-    let changes = release_containerd(&client, &Release::of_sets(&["set-a"], &[&reference], false))
-        .await
-        .unwrap();
+    let changes = release_containerd(
+        &client,
+        &ReleaseScope::of_sets(&["set-a"], &[&reference], false),
+    )
+    .await
+    .unwrap();
     assert_eq!(changes.len(), 1);
     assert_eq!(changes[0].after, Holders::from([Holder::Unowned]));
     assert!(record(&lab, &reference).contains(PINNED));
@@ -184,22 +187,25 @@ async fn a_pin_someone_else_set_is_adopted_and_stays_until_released_on_purpose()
         line.contains("pinboard.dev/unowned=adopted") && line.contains("pinboard.dev/set.set-a"),
         "{line}"
     );
-    release_containerd(&client, &Release::of_sets(&["set-a"], &[&reference], false))
-        .await
-        .unwrap();
+    release_containerd(
+        &client,
+        &ReleaseScope::of_sets(&["set-a"], &[&reference], false),
+    )
+    .await
+    .unwrap();
     let line = record(&lab, &reference);
     assert!(line.contains(PINNED) && !line.contains("set-a"), "{line}");
 
     // --release-unowned, for an image the command names, takes it; for others it does nothing.
     let other = release_containerd(
         &client,
-        &Release::of_sets(&[], &["quay.io/x@sha256:1"], true),
+        &ReleaseScope::of_sets(&[], &["quay.io/x@sha256:1"], true),
     )
     .await
     .unwrap();
     assert!(other.is_empty(), "{other:?}");
     assert!(record(&lab, &reference).contains(PINNED));
-    let changes = release_containerd(&client, &Release::of_sets(&[], &[&reference], true))
+    let changes = release_containerd(&client, &ReleaseScope::of_sets(&[], &[&reference], true))
         .await
         .unwrap();
     assert!(changes[0].removed());
@@ -238,7 +244,7 @@ async fn unpinning_releases_the_set_and_keeps_images() {
         name: "n1".into(),
         endpoint,
     };
-    let unpin_a = Release::of_sets(&["set-a"], &refs_str, false);
+    let unpin_a = ReleaseScope::of_sets(&["set-a"], &refs_str, false);
 
     let done = unpin(&node, PinTarget::ContainerdLabel, &unpin_a)
         .await

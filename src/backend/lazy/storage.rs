@@ -17,7 +17,7 @@ const KEY: &str = "additionallayerstores";
 
 /// Why the drop-in cannot be edited.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DropInError {
+pub enum StorageDropInError {
     #[error(transparent)]
     Toml(#[from] TomlDocError),
     #[error("storage.options.{KEY} is not an array")]
@@ -32,7 +32,7 @@ pub fn lazy_drop_in(
     old: Option<&str>,
     store: &str,
     enable: bool,
-) -> Result<Option<String>, DropInError> {
+) -> Result<Option<String>, StorageDropInError> {
     let mut doc = parse(old)?;
     let options = table_at(&mut doc, &["storage", "options"], None)?;
     let mut stores = current(options.get(KEY))?;
@@ -61,17 +61,17 @@ pub fn lazy_drop_in(
     Ok((!text.trim().is_empty()).then_some(text))
 }
 
-fn current(item: Option<&Item>) -> Result<Vec<String>, DropInError> {
+fn current(item: Option<&Item>) -> Result<Vec<String>, StorageDropInError> {
     let Some(item) = item else {
         return Ok(Vec::new());
     };
-    let array = item.as_array().ok_or(DropInError::NotAnArray)?;
+    let array = item.as_array().ok_or(StorageDropInError::NotAnArray)?;
     array
         .iter()
         .map(|v| {
             v.as_str()
                 .map(str::to_string)
-                .ok_or_else(|| DropInError::NotAString {
+                .ok_or_else(|| StorageDropInError::NotAString {
                     entry: v.to_string(),
                 })
         })

@@ -15,7 +15,7 @@ use crate::backend::proto::containerd_images::{
     images_client::ImagesClient,
 };
 use crate::backend::proto::cri::Image;
-use crate::model::holders::{Holder, Holders, PinChange, Release};
+use crate::model::holders::{Holder, Holders, PinChange, ReleaseScope};
 
 pub const CONTAINERD_PIN_LABEL: &str = "io.cri-containerd.pinned";
 pub const CONTAINERD_PIN_VALUE: &str = "pinned";
@@ -287,7 +287,7 @@ pub async fn hold_containerd(
 /// the last one. What happened to each image concerned.
 pub async fn release_containerd(
     client: &CriClient,
-    release: &Release,
+    release: &ReleaseScope,
 ) -> Result<Vec<PinChange>, PinError> {
     let mut changes = Vec::new();
     for image in containerd_images(client).await? {

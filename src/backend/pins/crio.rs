@@ -20,7 +20,7 @@ use super::PinError;
 use crate::backend::files::{file_error, read_optional, write_if_changed};
 use crate::backend::toml_doc::{TomlDocError, decor_text, has_values, parse, set_value, table_at};
 use crate::model::crio::{self, CrioConfig, PinnedImagesError};
-use crate::model::holders::{CrioEntry, Holder, Holders, PinChange, Release};
+use crate::model::holders::{CrioEntry, Holder, Holders, PinChange, ReleaseScope};
 
 pub const CRIO_CONFIG_DIR: &str = "/etc/crio/crio.conf.d";
 /// The OpenShift daemon's file name: sorts after CRI-O's own drop-ins, before the administrator's `99-*`.
@@ -301,7 +301,7 @@ pub fn hold_in_drop_in(
 /// The text is unchanged when no holder is released.
 pub fn release_in_drop_in(
     old: Option<&str>,
-    release: &Release,
+    release: &ReleaseScope,
 ) -> Result<(Option<String>, Vec<PinChange>), DropInError> {
     let mut drop_in = DropIn::parse(old)?;
     let mut changes = Vec::new();
@@ -352,7 +352,7 @@ pub fn hold_crio_pins(
 /// whether it changed and what happened to each entry concerned. Blocking: call from `spawn_blocking`.
 pub fn release_crio_pins(
     config_dir: &Path,
-    release: &Release,
+    release: &ReleaseScope,
 ) -> Result<(bool, Vec<PinChange>), PinError> {
     let path = config_dir.join(CRIO_DROP_IN);
     let old = read_optional(&path)?;
@@ -548,7 +548,7 @@ mod tests {
         .unwrap();
         let (after_a, changes) = release_in_drop_in(
             both.as_deref(),
-            &Release::of_sets(&["set-a"], &["x@sha256:1", "y@sha256:2"], false),
+            &ReleaseScope::of_sets(&["set-a"], &["x@sha256:1", "y@sha256:2"], false),
         )
         .unwrap();
         let after_a = after_a.unwrap();
@@ -567,8 +567,11 @@ mod tests {
             .collect();
         assert_eq!(kept, [("y@sha256:2", &Holders::from([set("set-b")]))]);
         // The last set goes: nothing else is in the file, so the file goes.
-        let (gone, _) =
-            release_in_drop_in(Some(&after_a), &Release::of_sets(&["set-b"], &[], false)).unwrap();
+        let (gone, _) = release_in_drop_in(
+            Some(&after_a),
+            &ReleaseScope::of_sets(&["set-b"], &[], false),
+        )
+        .unwrap();
         assert_eq!(gone, None);
     }
 
@@ -587,7 +590,7 @@ mod tests {
         let entries = crio_entries(&edited).unwrap();
         assert_eq!(entries[0].pattern, "quay.io/db/*");
         assert_eq!(entries[0].holders, Holders::from([Holder::Admin]));
-        let all = Release {
+        let all = ReleaseScope {
             sets: Sets::All,
             only: None,
             images: BTreeSet::new(),
@@ -636,7 +639,7 @@ mod tests {
         // Unpinning set-b keeps y for its earlier, unowned pin; only --release-unowned for y takes it.
         let (kept, _) = release_in_drop_in(
             Some(&held),
-            &Release::of_sets(&["set-b"], &["y@sha256:2"], false),
+            &ReleaseScope::of_sets(&["set-b"], &["y@sha256:2"], false),
         )
         .unwrap();
         assert_eq!(
@@ -645,13 +648,13 @@ mod tests {
         );
         let (released, _) = release_in_drop_in(
             Some(&held),
-            &Release::of_sets(&["set-b"], &["y@sha256:2"], true),
+            &ReleaseScope::of_sets(&["set-b"], &["y@sha256:2"], true),
         )
         .unwrap();
         assert_eq!(crio_reads(released.as_deref().unwrap()), ["old@sha256:0"]);
         // Releasing what no entry holds leaves the file as it is, even one from before marks.
         let (same, changes) =
-            release_in_drop_in(Some(old), &Release::of_sets(&["set-z"], &[], false)).unwrap();
+            release_in_drop_in(Some(old), &ReleaseScope::of_sets(&["set-z"], &[], false)).unwrap();
         assert_eq!(same.as_deref(), Some(old));
         assert!(changes.is_empty());
     }
@@ -703,11 +706,11 @@ mod tests {
         assert_eq!(meta.mode() & 0o7777, 0o600);
         assert_eq!(read_crio_pins(dir.path()).unwrap(), ["a", "b"]);
         let (changed, _) =
-            release_crio_pins(dir.path(), &Release::of_sets(&["set-a"], &[], false)).unwrap();
+            release_crio_pins(dir.path(), &ReleaseScope::of_sets(&["set-a"], &[], false)).unwrap();
         assert!(changed);
         assert!(!path.exists());
         let (changed, _) =
-            release_crio_pins(dir.path(), &Release::of_sets(&["set-a"], &[], false)).unwrap();
+            release_crio_pins(dir.path(), &ReleaseScope::of_sets(&["set-a"], &[], false)).unwrap();
         assert!(!changed);
         assert_eq!(
             fs::read_dir(dir.path()).unwrap().count(),

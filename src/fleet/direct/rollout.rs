@@ -17,7 +17,7 @@ use crate::fleet::{
     Applied, ApplyOptions, ApplyProgress, Events, FleetEvent, NodeUnpinned, NodesUnpinned, Rolled,
     RolloutControl, SetSources, SetUsed, UnpinOptions, Unpinned,
 };
-use crate::model::holders::{Release, Sets, UnpinReport};
+use crate::model::holders::{ReleaseScope, Sets, UnpinReport};
 use crate::model::reference::short_reference;
 use crate::model::rollout::Rollout;
 use crate::model::set::ImageSet;
@@ -137,7 +137,7 @@ pub(super) async fn unpin(
         crate::fleet::sets::noted(&files, required, &fleet.registry, &fleet.platform).await?;
     let mut used: Vec<SetUsed> = sets.iter().map(SetUsed::of).collect();
     used.extend(names.iter().map(|name| SetUsed::named(name)));
-    let release = Release {
+    let release = ReleaseScope {
         only: None,
         sets: match all_sets {
             true => Sets::All,
@@ -294,7 +294,7 @@ pub(super) fn release_in_tui(
 ) {
     let targets = fleet.chosen(&nodes);
     let images: Vec<&str> = set.references().collect();
-    let release = Release::of_sets(&[set.name.as_str()], &images, fleet.release_unowned);
+    let release = ReleaseScope::of_sets(&[set.name.as_str()], &images, fleet.release_unowned);
     let direct = Arc::clone(fleet);
     tokio::spawn(async move {
         let outcomes = targets.iter().map(|t| async {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::backend::cri::CriClient;
 use crate::backend::lazy::{read_lazy, runtime_kind};
-use crate::backend::node::observe;
+use crate::backend::node::survey_node;
 use crate::backend::pins::{self, CONTAINERD_PIN_VALUE, PinTarget, connect_resolved};
 use crate::backend::target::NodeTarget;
 use crate::model::config_view::{ConfigNote, ConfigView};
@@ -158,7 +158,7 @@ async fn containerd_view(
 
 /// What the Nodes screen shows for one node. Unknown stays unknown.
 async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeSummary {
-    let facts = observe(&target.node, &[], timeout).await.facts;
+    let facts = survey_node(&target.node, &[], timeout).await.facts;
     let reachable = facts.unreachable.is_none();
     let mut info = NodeSummary {
         name: target.node.name.clone(),

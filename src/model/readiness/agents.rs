@@ -5,13 +5,13 @@
 //! pinned. A node the set selects whose agent never reported, or whose heartbeat is stale, is not ready,
 //! and the reason names it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use super::direct::image_readiness;
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, NodeReadiness, PinnedBy, SetOnNode,
-    SetState, WantedSet, lazily_present, with_reason,
+    SetState, WantedSet, lazily_present, not_as_wanted, with_reason,
 };
 use crate::model::agents_view::{AgentsView, NodeWithSet};
 use crate::model::holders::HeldBy;
@@ -54,23 +54,7 @@ impl<'a> SetOnAgents<'a> {
     fn new(view: &AgentsView, wanted: &'a WantedSet) -> SetOnAgents<'a> {
         let name = &wanted.set.name;
         let on_cluster = view.set(name);
-        let listed: HashSet<&str> = on_cluster.into_iter().flat_map(|s| s.images()).collect();
-        let unlisted: Vec<&str> = wanted
-            .set
-            .references()
-            .filter(|r| !listed.contains(r))
-            .collect();
-        let not_as_wanted = match on_cluster {
-            None => Some(format!(
-                "set {name:?} is not on the cluster: `pinboard apply --set FILE` creates it"
-            )),
-            Some(_) if !unlisted.is_empty() => Some(format!(
-                "set {name:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
-                count_images(unlisted.len()),
-                some_of(&unlisted)
-            )),
-            Some(_) => None,
-        };
+        let not_as_wanted = not_as_wanted(wanted, on_cluster.map(|s| s.images()));
         SetOnAgents {
             wanted,
             generation: on_cluster.map(|s| s.generation().max(wanted.min_generation)),
@@ -302,8 +286,8 @@ mod tests {
     use crate::model::agents_view::AgentsUpdate;
     use crate::model::machine_config::ClusterNode;
     use crate::model::pinboard_api::{
-        Heartbeat, ImagePhase, ImageReport, ImageState, NodeSetPhase, ObjectMeta, PinSet,
-        PinSetSpec, PinboardNode, PinnedImage, SetReport,
+        Heartbeat, ImagePhase, ImageReport, NodeSetPhase, ObjectMeta, PinSet, PinSetSpec,
+        PinboardNode, PinnedImage, SetImageReport, SetReport,
     };
     use crate::model::set::from_flags;
 
@@ -349,11 +333,11 @@ mod tests {
                     name: "web".into(),
                     observed_generation: 2,
                     state: NodeSetPhase::Pinned,
-                    images: vec![ImageState {
+                    images: vec![SetImageReport {
                         name: IMAGE.into(),
                         state: ImagePhase::Pinned,
                         evidence: Some("runtime".into()),
-                        ..ImageState::default()
+                        ..SetImageReport::default()
                     }],
                     ..SetReport::default()
                 }],

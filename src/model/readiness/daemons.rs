@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use super::direct::image_readiness;
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, KubeletReport, NodeReadiness, SetOnNode,
-    SetState, WantedSet, with_reason,
+    SetState, WantedSet, not_as_wanted, with_reason,
 };
 use crate::model::machine_config::{
     ClusterNode, ClusterView, ImageList, KubeletSettings, Presence, SetProgress,
@@ -98,22 +98,7 @@ impl<'a> SetOnCluster<'a> {
         let name = &wanted.set.name;
         let on_cluster = view.set(name);
         let listed: HashSet<&str> = on_cluster.into_iter().flat_map(|s| s.images()).collect();
-        let unlisted: Vec<&str> = wanted
-            .set
-            .references()
-            .filter(|r| !listed.contains(r))
-            .collect();
-        let not_as_wanted = match on_cluster {
-            None => Some(format!(
-                "set {name:?} is not on the cluster: `pinboard apply --set FILE` creates it"
-            )),
-            Some(_) if !unlisted.is_empty() => Some(format!(
-                "set {name:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
-                count_images(unlisted.len()),
-                some_of(&unlisted)
-            )),
-            Some(_) => None,
-        };
+        let not_as_wanted = not_as_wanted(wanted, on_cluster.map(|s| s.images()));
         let reported_somewhere = view.machine_config_nodes().iter().any(|mcn| {
             mcn.set_status(name)
                 .is_some_and(|e| e.desired_generation.unwrap_or(0) > 0)

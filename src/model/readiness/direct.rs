@@ -10,7 +10,7 @@ use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, LazyImages, NodeReadiness, ObservedNode,
     PinnedBy, PullSeen, STUCK_AFTER_SECONDS, lazily_present, pin_method_name, with_reason,
 };
-use crate::model::crio::{Unpinned, explain_unpinned};
+use crate::model::crio::{NotPinned, explain_unpinned};
 use crate::model::holders::HeldBy;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::{count_images, some_of};
@@ -164,7 +164,7 @@ pub fn assess_with(
                     .images
                     .iter()
                     .filter(|i| unpinned.contains(&i.reference.as_str()))
-                    .map(|i| Unpinned {
+                    .map(|i| NotPinned {
                         reference: &i.reference,
                         names: &i.names,
                     });

@@ -331,6 +331,33 @@ pub struct UnknownSets {
     pub there: Vec<String>,
 }
 
+/// Why the cluster's copy of a wanted set is not the wanted one: it is not there (`listed` None), or it does
+/// not list some of the wanted images (`listed`: the images it lists).
+fn not_as_wanted<'a>(
+    wanted: &WantedSet,
+    listed: Option<impl Iterator<Item = &'a str>>,
+) -> Option<String> {
+    let name = &wanted.set.name;
+    let Some(listed) = listed else {
+        return Some(format!(
+            "set {name:?} is not on the cluster: `pinboard apply --set FILE` creates it"
+        ));
+    };
+    let listed: std::collections::HashSet<&str> = listed.collect();
+    let unlisted: Vec<&str> = wanted
+        .set
+        .references()
+        .filter(|r| !listed.contains(r))
+        .collect();
+    (!unlisted.is_empty()).then(|| {
+        format!(
+            "set {name:?} on the cluster does not list {}: {}; `pinboard apply --set FILE` updates it",
+            count_images(unlisted.len()),
+            some_of(&unlisted)
+        )
+    })
+}
+
 /// The sets to check: `files` as read, and those `names` names on the cluster, which `on_cluster` finds
 /// and `there` lists.
 pub fn wanted_sets(

@@ -1,6 +1,6 @@
 //! A CRI-O stand-in, as CRI-O cannot run here: a tonic server on a unix socket speaking the real CRI
 //! runtime.v1 messages (Version, Status, ListImages, ImageStatus, ImageFsInfo, PullImage, RemoveImage) and
-//! behaving as CRI-O does with pins, by the version the test chooses (domain notes §4), written from
+//! behaving as CRI-O does with pins, by the version the test chooses (docs/pins.md), written from
 //! those facts and not from pinboard's model:
 //!
 //! - It reads `crio.conf`, then every file under `crio.conf.d` (a walk, each directory's entries sorted by
