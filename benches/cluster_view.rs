@@ -257,7 +257,7 @@ fn show(state: &mut State, update: ClusterUpdate, set: &str) -> Rows {
 }
 
 fn view(state: &State) -> &ClusterView {
-    &state.cluster.as_ref().expect("cluster mode").view
+    &state.machine_config.as_ref().expect("OpenShift").view
 }
 
 /// What reading updates until a condition held cost on this side of the channel.

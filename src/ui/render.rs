@@ -30,7 +30,7 @@ pub fn render(state: &State, frame: &mut Frame) {
             Screen::Nodes => screens::nodes::draw(state, frame, body),
             Screen::Sets => screens::sets::draw(state, frame, body),
             Screen::Plan => screens::plan::draw(state, frame, body),
-            Screen::Rollout => match &state.cluster {
+            Screen::Rollout => match &state.machine_config {
                 Some(session) => screens::rollout_cluster::draw(state, session, frame, body),
                 None => screens::rollout::draw(state, frame, body),
             },
@@ -186,7 +186,7 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
             fg(theme.tone(tone)),
         ),
     ];
-    if let Some(session) = &state.cluster {
+    if let Some(session) = &state.machine_config {
         let connection = session.view.connection();
         let tone = match connection {
             Connection::Synced => Tone::Ok,

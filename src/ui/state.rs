@@ -177,8 +177,9 @@ pub struct State {
     pub config: BTreeMap<String, ConfigView>,
     /// What the fleet is like: what a set targets and who pulls.
     pub fleet: Traits,
-    /// Cluster mode: the watched cluster; None in direct mode.
-    pub cluster: Option<Box<ClusterSession>>,
+    /// The watched MachineConfig objects (pools as targets, MachineConfigNode conditions), which only a
+    /// fleet of machine-config daemons has; None for the others.
+    pub machine_config: Option<Box<ClusterSession>>,
     /// A wall-clock time and the tick time it was read at: conditions carry wall-clock times, ticks
     /// monotonic ones.
     pub(super) epoch: (Instant, SystemTime),
@@ -225,7 +226,7 @@ impl State {
             rollout: Rollout::default(),
             config: BTreeMap::new(),
             fleet: Traits::DIRECT,
-            cluster: None,
+            machine_config: None,
             epoch: (now, SystemTime::UNIX_EPOCH),
             readonly_reason: "started with --readonly".into(),
             screen: Screen::Nodes,
@@ -321,7 +322,11 @@ impl State {
                     .flat_map(|s| s.set.references())
                     .filter(by(Screen::Sets)),
             ),
-            Pane::Targets => match self.cluster.as_ref().filter(|_| self.targets_pools()) {
+            Pane::Targets => match self
+                .machine_config
+                .as_ref()
+                .filter(|_| self.targets_pools())
+            {
                 // A set targets a pool, through its role label.
                 Some(session) => Box::new(session.view.pools.iter().map(|p| p.name())),
                 None => Box::new(self.nodes.iter().map(|n| n.name.as_str())),
@@ -332,7 +337,7 @@ impl State {
                     .flat_map(|s| s.nodes.iter().map(|n| n.node.as_str()))
                     .filter(by(Screen::Plan)),
             ),
-            Pane::RolloutNodes => match &self.cluster {
+            Pane::RolloutNodes => match &self.machine_config {
                 Some(session) => Box::new(
                     self.followed_set()
                         .and_then(|set| session.members.get(set))
@@ -416,7 +421,7 @@ impl State {
     /// Cluster mode: the set the Rollout screen follows, the one selected on the Sets screen if the cluster
     /// has it, else the cluster's first.
     pub fn followed_set(&self) -> Option<&str> {
-        let view = &self.cluster.as_ref()?.view;
+        let view = &self.machine_config.as_ref()?.view;
         let selected = self.selected_set().map(|d| d.set.name.as_str());
         selected
             .filter(|name| view.set(name).is_some())

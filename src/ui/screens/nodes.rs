@@ -31,8 +31,8 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
     let theme = &state.theme;
     let cursor = state.cursor(Pane::Nodes);
     let filter = state.filter(Screen::Nodes);
-    // In cluster mode space figures are the Node's ephemeral-storage, not the image filesystem.
-    let name = match state.cluster {
+    // On OpenShift, space figures are the Node's ephemeral-storage, not the image filesystem.
+    let name = match state.machine_config {
         Some(_) => "Nodes (space: ephemeral-storage capacity / allocatable)",
         None => "Nodes",
     };

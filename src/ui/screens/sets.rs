@@ -82,7 +82,11 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
 
     let cursor = state.cursor(Pane::Targets);
     let focused = focus == Pane::Targets;
-    match state.cluster.as_ref().filter(|_| state.targets_pools()) {
+    match state
+        .machine_config
+        .as_ref()
+        .filter(|_| state.targets_pools())
+    {
         Some(session) => {
             let pool = draft.and_then(SetDraft::targeted_pool);
             table(

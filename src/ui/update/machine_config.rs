@@ -18,7 +18,7 @@ impl State {
         self.fleet = fleet;
         self.epoch = (self.now, wall);
         if fleet.targets == Targets::Pools {
-            self.cluster = Some(Box::default());
+            self.machine_config = Some(Box::default());
         }
         if let Some(why) = denied {
             self.readonly = true;
@@ -30,7 +30,7 @@ impl State {
 
 /// Takes in some nodes' image filesystems: the Nodes screen shows the figures the Plan counts.
 pub(super) fn learn_image_fs(state: &mut State, read: HashMap<String, ImageFsSpace>) {
-    let Some(session) = state.cluster.as_mut() else {
+    let Some(session) = state.machine_config.as_mut() else {
         return;
     };
     session.image_fs.extend(read);
@@ -39,7 +39,7 @@ pub(super) fn learn_image_fs(state: &mut State, read: HashMap<String, ImageFsSpa
 
 /// Applies a change from the watchers and refreshes what is derived from it.
 pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
-    let Some(session) = state.cluster.as_mut() else {
+    let Some(session) = state.machine_config.as_mut() else {
         return;
     };
     let changed = session.apply(change);
@@ -68,7 +68,7 @@ pub(super) fn apply(state: &mut State, change: ClusterUpdate) {
 /// Targets the selected set at `pool` (its role label), or at none when it already was; the set's nodes
 /// follow.
 pub(super) fn toggle_pool(state: &mut State, pool: &str) {
-    let (Some(session), Some(draft)) = (state.cluster.as_ref(), state.selected_set()) else {
+    let (Some(session), Some(draft)) = (state.machine_config.as_ref(), state.selected_set()) else {
         return;
     };
     let mut labels = draft.set.labels.clone();
@@ -168,7 +168,7 @@ mod tests {
         };
         update(&mut state, read(&[("w1", &answered(-1)), ("w2", &silent)]));
         update(&mut state, read(&[("w1", &silent), ("w2", &answered(100))]));
-        let kubelets = &state.cluster.as_ref().unwrap().kubelets;
+        let kubelets = &state.machine_config.as_ref().unwrap().kubelets;
         assert_eq!(
             kubelets["w1"],
             answered(-1),
@@ -176,7 +176,7 @@ mod tests {
         );
         assert_eq!(kubelets["w2"], answered(100), "it answered at last");
         update(&mut state, read(&[("w1", &answered(200))]));
-        let kubelets = &state.cluster.as_ref().unwrap().kubelets;
+        let kubelets = &state.machine_config.as_ref().unwrap().kubelets;
         assert_eq!(kubelets["w1"], answered(200), "reconfigured");
     }
 
@@ -208,7 +208,7 @@ mod tests {
     fn a_set_loaded_before_the_cluster_arrives_targets_its_pool_nodes_once_they_do() {
         let theme = Theme::named("monochrome").unwrap();
         let demo = cluster_state(Instant::now(), theme.clone());
-        let view = &demo.cluster.as_ref().unwrap().view;
+        let view = &demo.machine_config.as_ref().unwrap().view;
         let mut state = State::new("cluster", theme, false, Instant::now());
         state.join_fleet(Traits::MACHINE_CONFIG, None, std::time::SystemTime::now());
         let mut set = crate::model::set::from_flags("from-file", &["quay.io/a/b@sha256:1".into()]);
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn watch_updates_refresh_nodes_sets_and_members() {
         let state = cluster_state(Instant::now(), Theme::named("monochrome").unwrap());
-        let session = state.cluster.as_ref().unwrap();
+        let session = state.machine_config.as_ref().unwrap();
         assert_eq!(state.nodes.len(), 5);
         assert_eq!(
             state.nodes[3].reachable,

@@ -122,7 +122,7 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             Vec::new()
         }
         Msg::Kubelets(read) => {
-            if let Some(session) = state.cluster.as_mut() {
+            if let Some(session) = state.machine_config.as_mut() {
                 session.learn_kubelets(read);
             }
             Vec::new()
@@ -426,7 +426,7 @@ impl State {
     /// Whether a visible figure changes with time alone (elapsed, ETA, stalls, a flash to expire).
     fn time_visible(&self) -> bool {
         self.flash.is_some()
-            || (self.screen == Screen::Rollout && self.cluster.is_some())
+            || (self.screen == Screen::Rollout && self.machine_config.is_some())
             || (self.screen == Screen::Rollout
                 && self
                     .rollout
