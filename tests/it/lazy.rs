@@ -14,6 +14,8 @@
 //!   remote)`, and `apply` says it does not pull it again.
 //! - A CRI-O stand-in image whose layers are additional-layer-store layers is judged the same; `lazy on
 //!   --restart` writes CRI-O's storage drop-in and restarts CRI-O.
+//! - A node reached over TCP has its lazy pulling said unknown, with why, not read from this machine's
+//!   files.
 
 use crate::support;
 
@@ -254,6 +256,63 @@ fn containerd_lazy_pulling_goes_in_the_imported_directory_and_status_says_what_c
     let (_, off) = lazy(&lab, "status", &[]);
     assert_eq!(off["nodes"][0]["lazyPulling"]["text"], "off");
     assert_eq!(reported(&lab).0.as_deref(), Some("native"));
+}
+
+/// Forwards TCP connections on a loopback port to a unix socket: a node's runtime reached over TCP, whose
+/// files are not this machine's to read. Stops with the test process.
+fn tcp_to_unix(socket: &Path) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    let socket = socket.to_path_buf();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let Ok(unix) = std::os::unix::net::UnixStream::connect(&socket) else {
+                continue;
+            };
+            let (mut tcp_in, mut unix_out) = (tcp.try_clone().unwrap(), unix.try_clone().unwrap());
+            std::thread::spawn(move || std::io::copy(&mut tcp_in, &mut unix_out));
+            let (mut unix_in, mut tcp_out) = (unix, tcp);
+            std::thread::spawn(move || std::io::copy(&mut unix_in, &mut tcp_out));
+        }
+    });
+    format!("tcp://{address}")
+}
+
+#[test]
+fn a_node_over_tcp_has_its_lazy_pulling_said_unknown_not_read_from_this_machine() {
+    let lab = Lab::with_nodes(
+        "lazy-tcp",
+        vec![NodeSpec::new("n1", 32 * MI).importing_conf_d()],
+    );
+    // This machine's files say lazy pulling is configured for n1 ...
+    let (run, on) = lazy(&lab, "on", &[]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(on["nodes"][0]["change"], "written");
+    // ... which says nothing of a node reached over TCP, whose files are on that node.
+    let node = lab.node("n1");
+    let socket = node.endpoint().trim_start_matches("unix://").to_string();
+    let tcp = tcp_to_unix(Path::new(&socket));
+    let (run, status) = json(pinboard([
+        "lazy",
+        "status",
+        "--cri",
+        &format!("n1={tcp}"),
+        "--containerd-config",
+        node.config_file().to_str().unwrap(),
+        "-o",
+        "json",
+    ]));
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let n1 = &status["nodes"][0];
+    assert_eq!(n1["reachable"], true, "the runtime answered over TCP: {n1}");
+    assert_eq!(n1["lazyPulling"], Value::Null, "{n1}");
+    assert_eq!(
+        run.stderr.trim(),
+        format!(
+            "error: n1: CRI endpoint {tcp}: lazy pulling's files are on the node, and pinboard reads and \
+             writes them only where it runs; run it on the node"
+        )
+    );
 }
 
 #[test]
