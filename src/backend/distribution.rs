@@ -507,6 +507,18 @@ pub(super) fn retry_after(
     }
 }
 
+/// The bytes a 206 carries, from its `Content-Range: bytes FIRST-LAST/TOTAL`.
+pub(super) fn content_range(headers: &http::HeaderMap) -> Option<std::ops::Range<u64>> {
+    let value = headers.get(http::header::CONTENT_RANGE)?.to_str().ok()?;
+    let (first, last) = value
+        .trim()
+        .strip_prefix("bytes ")?
+        .split_once('/')?
+        .0
+        .split_once('-')?;
+    Some(first.trim().parse().ok()?..last.trim().parse::<u64>().ok()? + 1)
+}
+
 /// Whether a 401's challenge says `error="insufficient_scope"`: the token is valid but does not cover the
 /// request (distribution, Docker Hub).
 fn insufficient_scope(headers: &http::HeaderMap) -> bool {

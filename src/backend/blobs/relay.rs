@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use http::header::{
-    ACCEPT, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RANGE,
-};
+use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, RANGE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, StreamBody};
@@ -34,6 +32,7 @@ use tokio::sync::Mutex;
 
 use crate::backend::blobs::server::{Server, empty_body, full_body};
 use crate::backend::cri::error_chain;
+use crate::backend::distribution::content_range;
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 
 /// How often a request waiting for the cache tries it again.
@@ -364,17 +363,9 @@ fn resumable(passing: Passing) -> BoxStream<'static, Result<Frame<Bytes>, RelayE
 
 /// The bytes of the blob a 200 (with its length) or 206 (with its `Content-Range`) answer carries.
 fn served_span(status: StatusCode, headers: &HeaderMap) -> Option<Range<u64>> {
-    let header = |name: HeaderName| headers.get(name)?.to_str().ok();
     match status {
-        StatusCode::OK => Some(0..header(CONTENT_LENGTH)?.parse().ok()?),
-        StatusCode::PARTIAL_CONTENT => {
-            let (first, last) = header(CONTENT_RANGE)?
-                .strip_prefix("bytes ")?
-                .split_once('/')?
-                .0
-                .split_once('-')?;
-            Some(first.parse().ok()?..last.parse::<u64>().ok()? + 1)
-        }
+        StatusCode::OK => Some(0..headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()?),
+        StatusCode::PARTIAL_CONTENT => content_range(headers),
         _ => None,
     }
 }
@@ -391,6 +382,8 @@ fn plain(status: StatusCode, message: &str) -> Response<Body> {
 mod tests {
     use std::net::Ipv4Addr;
     use std::sync::atomic::AtomicUsize;
+
+    use http::header::{CONTENT_RANGE, HeaderName};
 
     use super::*;
 

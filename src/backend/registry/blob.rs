@@ -12,7 +12,7 @@ use super::error::{
     Context, RegistryError, blob_error, map_error, transport_cause, tried_everywhere,
 };
 use super::reference::parse_reference;
-use crate::backend::distribution::{HttpError, retry_after};
+use crate::backend::distribution::{HttpError, content_range, retry_after};
 use crate::model::reference::ImageRef;
 use crate::model::served::Source;
 
@@ -128,7 +128,7 @@ impl Registry {
                 let start = if status == http::StatusCode::OK {
                     0
                 } else {
-                    let start = content_range_start(response.headers());
+                    let start = content_range(response.headers()).map(|r| r.start);
                     if start != Some(offset) {
                         return Err(BlobFailure::from(RegistryError::Server {
                             reference: label.clone(),
@@ -179,13 +179,6 @@ impl Registry {
     }
 }
 
-/// The first byte of a 206's `Content-Range: bytes START-END/TOTAL`.
-fn content_range_start(headers: &http::HeaderMap) -> Option<u64> {
-    let value = headers.get(http::header::CONTENT_RANGE)?.to_str().ok()?;
-    let range = value.trim().strip_prefix("bytes ")?;
-    range.split_once('-')?.0.trim().parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,12 +205,14 @@ mod tests {
     }
 
     #[test]
-    fn content_range_gives_where_a_partial_body_starts() {
-        let start =
-            |value: &str| content_range_start(&headers(&[(http::header::CONTENT_RANGE, value)]));
-        assert_eq!(start("bytes 1048576-4194303/4194304"), Some(1_048_576));
-        assert_eq!(start("bytes 0-0/1"), Some(0));
-        assert_eq!(start("bytes */4194304"), None);
-        assert_eq!(start("items 1-2/3"), None);
+    fn content_range_gives_the_bytes_a_partial_body_carries() {
+        let range = |value: &str| content_range(&headers(&[(http::header::CONTENT_RANGE, value)]));
+        assert_eq!(
+            range("bytes 1048576-4194303/4194304"),
+            Some(1_048_576..4_194_304)
+        );
+        assert_eq!(range("bytes 0-0/1"), Some(0..1));
+        assert_eq!(range("bytes */4194304"), None);
+        assert_eq!(range("items 1-2/3"), None);
     }
 }
