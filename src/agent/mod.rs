@@ -221,6 +221,13 @@ struct Running {
     sent_to_source_before: u64,
 }
 
+impl Running {
+    /// What the report says of how this rollout pulls, with what `relay` sent to the source meanwhile.
+    fn fan_out_report(&self, relay: Option<&Relay>) -> Option<SetFanOut> {
+        fan_out::reported(self.fan_out.as_ref(), relay, self.sent_to_source_before)
+    }
+}
+
 struct Agent {
     api: PinboardApi,
     target: NodeTarget,
@@ -525,11 +532,7 @@ impl Agent {
                 if let Some(progress) = running.rollout.nodes().get(node) {
                     let mut report =
                         node_report::rolling(&running.set, running.generation, progress);
-                    report.fan_out = fan_out::reported(
-                        running.fan_out.as_ref(),
-                        relay_of(&self.relay),
-                        running.sent_to_source_before,
-                    );
+                    report.fan_out = running.fan_out_report(relay_of(&self.relay));
                     self.reports.insert(running.set.clone(), report);
                 }
             }
@@ -566,11 +569,7 @@ impl Agent {
                 let report = node_report::rolling(&running.set, running.generation, progress);
                 let observed = observe(&self.target, &images, self.timeout).await;
                 let mut verified = node_report::verified(report, &observed);
-                verified.fan_out = fan_out::reported(
-                    running.fan_out.as_ref(),
-                    relay_of(&self.relay),
-                    running.sent_to_source_before,
-                );
+                verified.fan_out = running.fan_out_report(relay_of(&self.relay));
                 Some(verified)
             }
             (None, None) => None,
