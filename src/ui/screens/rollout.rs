@@ -7,6 +7,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
+use crate::model::lazy::remote_count;
 use crate::model::reference::some_of;
 use crate::model::rollout::{ImageRollout, ImageState, NodeRollout, NodeState};
 use crate::model::units::human;
@@ -141,7 +142,7 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
                 // A lazy image moved no bytes: how much of it is still in the registry instead.
                 right(match rollout.state {
                     ImageState::Lazy { remote, layers } => {
-                        format!("{remote} of {layers} layers remote")
+                        remote_count(remote.into(), layers.into())
                     }
                     _ => format!(
                         "{}/{}",
