@@ -1,8 +1,8 @@
 //! `pinboard lazy on|off|status`: lazy pulling on every node, the way its runtime does it
 //! ([`crate::fleet::Fleet::lazy`]), for scripts. `on` and `off` write what each runtime needs (nothing with
 //! `--readonly`, which says what would be written); `--restart` then restarts the runtimes whose change is
-//! not in force yet. Exit 0 when every node is as asked (`status`: when every node answered and its lazy pulling could be read), 1 when some
-//! node could not be changed, 3 when none answered.
+//! not in force yet. Exit 0 when every node is as asked (`status`: when every node answered and its lazy
+//! pulling could be read), 1 when some node could not be changed, 3 when none answered.
 
 use clap::{Args, ValueEnum};
 
