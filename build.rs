@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/cri.proto",
         "proto/containerd/content.proto",
+        "proto/containerd/events.proto",
         "proto/containerd/images.proto",
         "proto/containerd/snapshots.proto",
     ];

@@ -123,17 +123,3 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
     });
     report
 }
-
-/// The sets holding some pin on the node, by the report's holders.
-pub fn holding_sets(report: &NodeReport) -> Vec<String> {
-    let mut sets: Vec<String> = report
-        .images
-        .iter()
-        .flat_map(|i| i.held_by.iter())
-        .filter(|h| *h != "admin" && *h != "unowned")
-        .cloned()
-        .collect();
-    sets.sort();
-    sets.dedup();
-    sets
-}

@@ -7,6 +7,9 @@
 //! - It follows every [`PinSet`] and its own Node and report (watches, never polls), and carries out each
 //!   set that selects its node, one at a time; an edited set's rollout is cancelled and started again on
 //!   the new content, and the images it no longer lists lose its hold once the new content is pinned.
+//! - It keeps checking its node against every set it pinned (every `--verify-every`, 30 s, and at once
+//!   when containerd announces an image change), and puts back what was lost: see [`state`].
+//! - What to do is decided in [`state`], pure; this module is the thin shell that carries it out.
 //! - It reports into its [`PinboardNode`] ([`crate::model::pinboard_api`]): the node's facts ([`facts`])
 //!   and, per set, where each image is ([`crate::model::node_report`]). Writes are bounded: a report is
 //!   written when it changed, at most every [`write_interval`]; the heartbeat is a small Lease renewed
@@ -22,9 +25,11 @@ mod aggregate;
 mod cache;
 mod facts;
 mod fan_out;
+mod losses;
 pub mod manifests;
+mod state;
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +40,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::backend::blobs::Relay;
 use crate::backend::credentials::{AuthFiles, Credentials};
+use crate::backend::image_events::image_changes;
 use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::lazy::{Apply, set_lazy};
 use crate::backend::pinboard_api::PinboardApi;
@@ -50,20 +56,13 @@ use crate::fleet::{Fleet, FleetEvent, RolloutControl};
 use crate::model::agents_view::AgentsUpdate;
 use crate::model::holders::ReleaseScope;
 use crate::model::image::Platform;
-use crate::model::node_report;
 use crate::model::pinboard_api::{
-    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeImages, NodeReport, NodeSetPhase,
-    PinSet, SetFanOut, SetReport,
+    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeImages, NodeSetPhase, SetFanOut,
 };
 use crate::model::readiness::LazyImages;
-use crate::model::rollout::Rollout;
 use crate::model::set::from_flags;
 use crate::options::{LimitArgs, RegistryArgs, RolloutArgs, TargetArgs, registry_options};
-
-/// A failed set is tried again after this long (or as soon as it changes).
-const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
-/// The node's facts are read again this often when nothing happens (images come and go on their own).
-const FACTS_EVERY: Duration = Duration::from_secs(300);
+use state::{Action, AgentState, Input, Start, Timing, write_due};
 
 /// `pinboard agent`'s arguments.
 #[derive(Args, Debug)]
@@ -86,6 +85,11 @@ pub struct AgentArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::model::units::parse_duration,
           default_value = "30s", help_heading = "Agent")]
     pub heartbeat_every: Duration,
+    /// How often the agent checks its node against every set it pinned, and puts back an image or pin
+    /// that was lost (on containerd also at once, when it announces an image change).
+    #[arg(long, value_name = "DURATION", value_parser = crate::model::units::parse_duration,
+          default_value = "30s", help_heading = "Agent")]
+    pub verify_every: Duration,
     /// Makes this agent eligible for the in-cluster cache's role: if it holds it, it serves the fan-out
     /// sets' blobs on its node's IP at this port. None: it never takes the role.
     #[arg(long, value_name = "PORT", help_heading = "Agent")]
@@ -171,7 +175,12 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         tracing::info!("{line}");
     }
     let (events, received) = unbounded_channel();
+    let timing = Timing {
+        verify_every: args.verify_every.max(Duration::from_secs(1)),
+        ..Timing::default()
+    };
     let mut agent = Agent {
+        state: AgentState::new(&node, timing),
         registry,
         node_credentials,
         limits: args.limits.limits(),
@@ -183,20 +192,13 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         platform,
         heartbeat_every: args.heartbeat_every.max(Duration::from_secs(1)),
         node: None,
-        labels: None,
-        lazy_wish: None,
-        sets: BTreeMap::new(),
-        sets_listed: false,
-        reports: BTreeMap::new(),
-        facts: NodeReport::default(),
         running: None,
-        failed: BTreeMap::new(),
-        waiting_for_cache: None,
         relay: None,
         cache,
         cache_report: None,
         written: None,
         written_images: None,
+        written_phases: Vec::new(),
         last_write: None,
         events,
         api,
@@ -206,29 +208,28 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
     agent.serve(received).await
 }
 
-/// The rollout of one set under way.
-struct Running {
-    set: String,
-    generation: i64,
-    /// The set's images before this content, which lose its hold once the new content is pinned.
-    dropped: Vec<String>,
+/// What the shell holds of the rollout under way: how to cancel it, and a fan-out set's files and relay
+/// count.
+struct RunningIo {
     control: Option<RolloutControl>,
-    rollout: Rollout,
     /// A fan-out set: the node's files pointing at the cache, put back when it ends.
     wired: Option<Wired>,
     fan_out: Option<SetFanOut>,
-    /// The relay's count of pulls sent to the source when this rollout started.
+    /// The relay's count of pulls sent to the source, and of bytes passed on, when this rollout started.
     sent_to_source_before: u64,
+    passed_before: u64,
 }
 
-impl Running {
+impl RunningIo {
     /// What the report says of how this rollout pulls, with what `relay` sent to the source meanwhile.
     fn fan_out_report(&self, relay: Option<&Relay>) -> Option<SetFanOut> {
         fan_out::reported(self.fan_out.as_ref(), relay, self.sent_to_source_before)
     }
 }
 
+/// The shell: carries out what [`AgentState`] decides, and tells it what came of it.
 struct Agent {
+    state: AgentState,
     api: PinboardApi,
     target: NodeTarget,
     registry: crate::backend::registry::RegistryOptions,
@@ -240,22 +241,7 @@ struct Agent {
     heartbeat_every: Duration,
     /// The Node object (its uid owns the report); None until it is seen.
     node: Option<Node>,
-    labels: Option<BTreeMap<String, String>>,
-    /// What an administrator asked of lazy pulling (`spec.lazyPulling`).
-    lazy_wish: Option<bool>,
-    sets: BTreeMap<String, PinSet>,
-    /// The sets' watch has listed: before, no set is not "no set selects the node", and acting on it would
-    /// release every pin (an agent restarting, its Node seen before the sets).
-    sets_listed: bool,
-    /// Per set that selects the node.
-    reports: BTreeMap<String, SetReport>,
-    /// The node's facts, without the sets.
-    facts: NodeReport,
-    running: Option<Running>,
-    /// Sets that failed, at which generation and when: tried again after [`RETRY_FAILED_AFTER`].
-    failed: BTreeMap<String, (i64, Instant)>,
-    /// A fan-out set waiting for the cache to serve its generation, since when.
-    waiting_for_cache: Option<(String, i64, Instant)>,
+    running: Option<RunningIo>,
     /// The node's relay to the cache, started for the first fan-out set (or why it could not be).
     relay: Option<Result<Relay, String>>,
     /// The in-cluster cache's role, for an agent started with `--cache-port`.
@@ -265,6 +251,8 @@ struct Agent {
     /// The report and its detail as last written (the report as sent: without its image lists).
     written: Option<serde_json::Value>,
     written_images: Option<NodeImages>,
+    /// Each set's phase as last written.
+    written_phases: Vec<(String, i64, NodeSetPhase)>,
     last_write: Option<Instant>,
     events: UnboundedSender<FleetEvent>,
 }
@@ -275,17 +263,14 @@ impl Agent {
         let mut heartbeat = tokio::time::interval(self.heartbeat_every);
         let valid_for = self.heartbeat_every * HEARTBEAT_PERIODS_VALID;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut facts_read: Option<Instant> = None;
         let mut aggregator = aggregate::Aggregator::new(self.api.clone(), &self.target.node.name);
+        let mut image_changes = image_changes(self.target.node.endpoint.clone(), self.timeout);
         loop {
             tokio::select! {
                 update = watch.updates.recv() => match update {
                     Some(update) => {
                         let sets_changed = matches!(update, AgentsUpdate::Sets(_));
-                        if self.take(update).await {
-                            // An administrator's lazy-pull wish is carried out now, not at the next read.
-                            facts_read = None;
-                        }
+                        self.take(update).await;
                         if sets_changed {
                             // The nodes wait for the cache to serve a new set: not until the next heartbeat.
                             self.turn_cache().await;
@@ -294,6 +279,7 @@ impl Agent {
                     None => return Err(Failure::unreachable(vec!["the watches ended".into()])),
                 },
                 Some(event) = events.recv() => self.fold(event).await,
+                Some(()) = image_changes.recv() => self.handle(Input::RuntimeChanged).await,
                 _ = heartbeat.tick() => {
                     if let Err(e) = self.api.renew(&self.target.node.name, valid_for).await {
                         tracing::warn!("cannot renew the heartbeat: {e}");
@@ -302,11 +288,7 @@ impl Agent {
                     self.turn_cache().await;
                 }
                 _ = tick.tick() => {
-                    if facts_read.is_none_or(|at| at.elapsed() >= FACTS_EVERY) && self.node.is_some() {
-                        self.read_facts().await;
-                        facts_read = Some(Instant::now());
-                    }
-                    self.reconcile().await;
+                    self.handle(Input::Tick).await;
                     self.write().await;
                 }
             }
@@ -318,25 +300,28 @@ impl Agent {
         let Some(cache) = &mut self.cache else {
             return;
         };
-        cache.turn(node_ip(self.node.as_ref()), &self.sets).await;
+        cache
+            .turn(node_ip(self.node.as_ref()), self.state.sets())
+            .await;
         self.cache_report = cache.report();
     }
 
-    /// Takes in a change the watches saw; true when it changed the administrator's lazy-pull wish.
-    async fn take(&mut self, update: AgentsUpdate) -> bool {
+    /// Takes in a change the watches saw.
+    async fn take(&mut self, update: AgentsUpdate) {
         match update {
-            AgentsUpdate::Sets(sets) => {
-                self.sets_listed = true;
-                self.sets = sets
-                    .into_iter()
-                    .map(|s| (s.name().to_string(), s))
-                    .collect();
-            }
+            AgentsUpdate::Sets(sets) => self.handle(Input::Sets(sets)).await,
             AgentsUpdate::Nodes(nodes) => {
-                self.labels = nodes.into_iter().next().map(|n| n.labels);
+                let Some(node) = nodes.into_iter().next() else {
+                    return;
+                };
+                self.handle(Input::Labels(node.labels)).await;
                 if self.node.is_none() {
                     match self.api.node(&self.target.node.name).await {
-                        Ok(node) => self.node = node,
+                        Ok(Some(node)) => {
+                            self.node = Some(node);
+                            self.handle(Input::NodeKnown).await;
+                        }
+                        Ok(None) => {}
                         Err(e) => tracing::warn!("cannot read the Node: {e}"),
                     }
                 }
@@ -349,121 +334,96 @@ impl Agent {
                     self.written_images = None;
                 }
                 let wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
-                return std::mem::replace(&mut self.lazy_wish, wish) != wish;
+                self.handle(Input::LazyWish(wish)).await;
             }
             AgentsUpdate::Heartbeats(_) | AgentsUpdate::Images(_) => {}
             AgentsUpdate::Connection(kind, state) => tracing::debug!("watch of {kind}: {state}"),
         }
-        false
     }
 
-    /// The sets that select this node, by name.
-    fn desired(&self) -> BTreeMap<&str, &PinSet> {
-        let Some(labels) = &self.labels else {
-            return BTreeMap::new();
-        };
-        self.sets
-            .values()
-            .filter(|s| s.selects(labels))
-            .map(|s| (s.name(), s))
-            .collect()
-    }
-
-    /// Starts what is to be done next: a running rollout whose set changed or left is cancelled; a set no
-    /// longer selecting the node is released; the next set not pinned at its generation is rolled out.
-    async fn reconcile(&mut self) {
-        if self.node.is_none() || !self.sets_listed {
-            return;
-        }
-        let desired: BTreeMap<String, (i64, Vec<String>)> = self
-            .desired()
-            .into_iter()
-            .map(|(name, set)| {
-                (
-                    name.to_string(),
-                    (set.generation(), set.images().map(str::to_string).collect()),
-                )
-            })
-            .collect();
-        if let Some(running) = &mut self.running {
-            let current = desired.get(&running.set).map(|(g, _)| *g);
-            if current != Some(running.generation)
-                && let Some(control) = running.control.take()
-            {
-                let _ = control.send(Control::CancelAll);
+    /// Tells the state `input`, and carries out what it decides, until nothing more follows.
+    async fn handle(&mut self, input: Input) {
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            for action in self.state.update(input, Instant::now()) {
+                inputs.extend(self.act(action).await);
             }
-            return;
-        }
-        self.reports.retain(|name, _| desired.contains_key(name));
-        let held = facts::holding_sets(&self.facts);
-        if let Some(gone) = held.iter().find(|set| !desired.contains_key(*set)) {
-            self.release(&ReleaseScope::of_sets(&[gone.as_str()], &[], false), gone)
-                .await;
-            return;
-        }
-        let next = desired.iter().find(|(name, (generation, _))| {
-            let done = self.reports.get(*name).is_some_and(|r| {
-                r.observed_generation == *generation && r.state == NodeSetPhase::Pinned
-            });
-            let backing_off = self
-                .failed
-                .get(*name)
-                .is_some_and(|(g, at)| g == generation && at.elapsed() < RETRY_FAILED_AFTER);
-            !done && !backing_off
-        });
-        if let Some((name, (generation, images))) = next {
-            self.start(name, *generation, images).await;
         }
     }
 
-    /// Rolls out `images` of set `name` at `generation` on this node; a fan-out set through the cache
-    /// once it serves that generation.
-    async fn start(&mut self, name: &str, generation: i64, images: &[String]) {
-        let (wired, fan_out) = match self.sets[name].spec.fan_out {
+    /// Carries out one decision; what came of it, when the state must hear it.
+    async fn act(&mut self, action: Action) -> Option<Input> {
+        match action {
+            Action::RollOut(start) => Some(self.start(start).await),
+            Action::Cancel => {
+                if let Some(control) = self.running.as_mut().and_then(|r| r.control.take()) {
+                    let _ = control.send(Control::CancelAll);
+                }
+                None
+            }
+            Action::Release { scope, set } => {
+                self.release(&scope, &set).await;
+                Some(Input::Facts(self.read_facts().await))
+            }
+            Action::ReadFacts => Some(Input::Facts(self.read_facts().await)),
+            Action::Verify(images) => Some(Input::Verified(
+                observe(&self.target, &images, self.timeout).await,
+            )),
+        }
+    }
+
+    /// Rolls out `start`'s images on this node; a fan-out set through the cache once it serves that
+    /// generation.
+    async fn start(&mut self, start: Start) -> Input {
+        let Start {
+            set: name,
+            generation,
+            images,
+            fan_out,
+            waiting_since,
+            restore,
+        } = start;
+        let Some(set) = self.state.sets().get(&name).cloned() else {
+            return Input::NotStarted(format!("set {name:?} is gone"));
+        };
+        let (wired, fan_out) = match fan_out {
             false => (None, None),
             true => {
-                let since = match &self.waiting_for_cache {
-                    Some((set, g, since)) if set == name && *g == generation => *since,
-                    _ => Instant::now(),
-                };
-                let key = (name, generation);
+                let since = waiting_since.unwrap_or_else(Instant::now);
                 if self.relay.is_none() {
                     self.relay = Some(fan_out::start_relay(&self.api).await);
                 }
                 let relay = self.relay.as_ref().expect("just started").as_ref();
                 let relay = relay.map_err(String::as_str);
+                let key = (name.as_str(), generation);
                 match fan_out::prepare(
                     &self.api,
                     relay,
                     &self.target,
                     key,
-                    images,
+                    &images,
                     since,
                     self.timeout,
                 )
                 .await
                 {
-                    fan_out::Through::Wait => {
-                        self.waiting_for_cache = Some((name.to_string(), generation, since));
-                        return;
-                    }
+                    fan_out::Through::Wait => return Input::WaitingForCache(since),
                     fan_out::Through::Cache(wired, through) => (Some(wired), Some(through)),
                     fan_out::Through::Source(through) => (None, Some(through)),
                 }
             }
         };
-        self.waiting_for_cache = None;
-        let mut image_set = from_flags(name, images);
-        image_set.pull_secrets = self.sets[name].to_image_set().pull_secrets;
+        let mut image_set = from_flags(&name, &images);
+        image_set.pull_secrets = set.to_image_set().pull_secrets;
         let credentials =
             pull_credentials(&self.api, &self.node_credentials, &image_set.pull_secrets).await;
         let registry = match Registry::with_credentials(self.registry.clone(), credentials) {
             Ok(registry) => registry,
             Err(e) => {
                 if let Some(wired) = wired {
-                    fan_out::unwire(name, wired).await;
+                    fan_out::unwire(&name, wired).await;
                 }
-                return self.fail(name, generation, images, e.to_string());
+                return Input::NotStarted(e.to_string());
             }
         };
         let fleet = DirectFleet::new(DirectConfig {
@@ -479,18 +439,7 @@ impl Agent {
             release_unowned: false,
             lazy_images: LazyImages::NotReady,
         });
-        let dropped = self
-            .facts
-            .images
-            .iter()
-            .filter(|i| i.held_by.iter().any(|h| h == name))
-            .flat_map(|i| i.names.first().cloned())
-            .filter(|image| !images.contains(image))
-            .collect();
-        tracing::info!(set = name, generation, "rolling out");
-        let mut queued = node_report::queued(name, generation, images);
-        queued.fan_out = fan_out.clone();
-        self.reports.insert(name.to_string(), queued);
+        tracing::info!(set = name, generation, restore, "rolling out");
         let control = fleet.roll_out(
             image_set,
             vec![self.target.node.name.clone()],
@@ -498,115 +447,84 @@ impl Agent {
             false,
             self.events.clone(),
         );
-        self.running = Some(Running {
-            set: name.to_string(),
-            generation,
-            dropped,
+        self.running = Some(RunningIo {
             control,
-            rollout: Rollout::expecting(std::slice::from_ref(&self.target.node.name)),
             wired,
-            fan_out,
+            fan_out: fan_out.clone(),
             sent_to_source_before: relay_of(&self.relay).map_or(0, |r| r.sent_to_source().0),
+            passed_before: relay_of(&self.relay).map_or(0, Relay::passed_bytes),
         });
-    }
-
-    /// Marks a set failed at `generation`, saying why.
-    fn fail(&mut self, name: &str, generation: i64, images: &[String], why: String) {
-        let mut report = node_report::queued(name, generation, images);
-        report.state = NodeSetPhase::Failed;
-        report.conditions = node_report::failed_conditions(&why);
-        self.reports.insert(name.to_string(), report);
-        self.failed
-            .insert(name.to_string(), (generation, Instant::now()));
+        Input::Started { fan_out }
     }
 
     /// Folds in what the running rollout tells.
     async fn fold(&mut self, event: FleetEvent) {
-        let Some(running) = &mut self.running else {
-            return;
-        };
-        let node = &self.target.node.name;
+        let fan_out = self
+            .running
+            .as_ref()
+            .and_then(|r| r.fan_out_report(relay_of(&self.relay)));
         match event {
             FleetEvent::Rollout(Update::Event(event)) => {
-                running.rollout.apply(event);
-                if let Some(progress) = running.rollout.nodes().get(node) {
-                    let mut report =
-                        node_report::rolling(&running.set, running.generation, progress);
-                    report.fan_out = running.fan_out_report(relay_of(&self.relay));
-                    self.reports.insert(running.set.clone(), report);
+                self.handle(Input::Rollout(event, fan_out)).await
+            }
+            FleetEvent::Surveyed(survey) => {
+                if let Some(node) = survey.nodes.first() {
+                    self.handle(Input::Planned(node.fetch_bytes)).await;
                 }
             }
-            FleetEvent::RolloutFinished(result) => {
-                let running = self.running.take().expect("running");
-                self.finish(running, result.err()).await;
-            }
-            FleetEvent::Notice(text) => tracing::info!(set = running.set, "{text}"),
+            FleetEvent::RolloutFinished(result) => self.finish(result.err(), fan_out).await,
+            FleetEvent::Notice(text) => tracing::info!("{text}"),
             _ => {}
         }
     }
 
-    /// Ends a rollout: asks the runtime what is pinned, releases what the set no longer lists, and reads
-    /// the node again.
-    async fn finish(&mut self, mut running: Running, failure: Option<Failure>) {
-        if let Some(wired) = running.wired.take() {
-            fan_out::unwire(&running.set, wired).await;
-        }
-        let images: Vec<String> = self
-            .sets
-            .get(&running.set)
-            .map_or_else(Vec::new, |s| s.images().map(str::to_string).collect());
-        let report = match (failure, running.rollout.nodes().get(&self.target.node.name)) {
-            (Some(failure), _) => {
-                self.fail(
-                    &running.set,
-                    running.generation,
-                    &images,
-                    failure.to_string(),
-                );
-                None
-            }
-            (None, Some(progress)) => {
-                let report = node_report::rolling(&running.set, running.generation, progress);
-                let observed = observe(&self.target, &images, self.timeout).await;
-                let mut verified = node_report::verified(report, &observed);
-                verified.fan_out = running.fan_out_report(relay_of(&self.relay));
-                Some(verified)
-            }
-            (None, None) => None,
+    /// Ends a rollout: puts a fan-out set's files back, asks the runtime about the set's images, and tells
+    /// the state.
+    async fn finish(&mut self, failure: Option<Failure>, fan_out: Option<SetFanOut>) {
+        let Some(mut running) = self.running.take() else {
+            return;
         };
-        if let Some(report) = report {
-            match report.state {
-                NodeSetPhase::Pinned => {
-                    self.failed.remove(&running.set);
-                    if !running.dropped.is_empty() {
-                        let release = ReleaseScope::of_images(&running.set, &running.dropped);
-                        self.release(&release, &running.set).await;
-                    }
-                }
-                NodeSetPhase::Failed => {
-                    self.failed
-                        .insert(running.set.clone(), (running.generation, Instant::now()));
-                }
-                _ => {}
-            }
-            self.reports.insert(running.set.clone(), report);
+        let Some(set) = self.state.running().map(|r| r.set.clone()) else {
+            return;
+        };
+        if let Some(wired) = running.wired.take() {
+            fan_out::unwire(&set, wired).await;
         }
-        self.read_facts().await;
+        // Every pull through the relay: what it passed on is what the runtime fetched.
+        let relayed = relay_of(&self.relay)
+            .filter(|relay| {
+                running.fan_out.as_ref().is_some_and(|f| f.cache.is_some())
+                    && relay.sent_to_source().0 == running.sent_to_source_before
+            })
+            .map(|relay| relay.passed_bytes() - running.passed_before);
+        let observed = match (&failure, self.state.running()) {
+            (None, Some(rolled)) => {
+                let images = rolled.images.clone();
+                Some(observe(&self.target, &images, self.timeout).await)
+            }
+            _ => None,
+        };
+        self.handle(Input::Ended {
+            failure: failure.map(|f| f.to_string()),
+            observed,
+            fan_out,
+            relayed,
+        })
+        .await;
     }
 
-    /// Releases what `release` says on this node, then reads it again.
+    /// Releases what `release` says on this node.
     async fn release(&mut self, release: &ReleaseScope, set: &str) {
         match engine::unpin(&self.target.node, self.target.pin.clone(), release).await {
             Ok(_) => tracing::info!(set, "released"),
             Err(e) => tracing::warn!(set, "cannot release: {e}"),
         }
-        self.read_facts().await;
     }
 
     /// Reads the node's facts again, and carries out an administrator's lazy-pull wish.
-    async fn read_facts(&mut self) {
+    async fn read_facts(&mut self) -> crate::model::pinboard_api::NodeReport {
         let mut refused = None;
-        if let Some(wish) = self.lazy_wish {
+        if let Some(wish) = self.state.lazy_wish() {
             // As direct mode's `L` does: the node's runtime decides what is written; no restart unasked.
             let target = &self.target;
             let changed = set_lazy(
@@ -626,20 +544,22 @@ impl Agent {
                 }
             }
         }
-        self.facts = facts::read(&self.target, self.api.client(), self.timeout).await;
+        let mut facts = facts::read(&self.target, self.api.client(), self.timeout).await;
         // The wish's failure is what an administrator asking for it needs to see, in the report.
         if refused.is_some() {
-            self.facts.lazy_pulling_error = refused;
+            facts.lazy_pulling_error = refused;
         }
+        facts
     }
 
-    /// Writes the report when it changed, at most every [`write_interval`] for the sets' sizes.
+    /// Writes the report when it changed: at once when it is news, else at most every
+    /// [`write_interval`] for the sets' sizes.
     async fn write(&mut self) {
         let Some(node) = &self.node else {
             return;
         };
-        let mut report = self.facts.clone();
-        report.sets = self.reports.values().cloned().collect();
+        let mut report = self.state.facts().clone();
+        report.sets = self.state.reports().cloned().collect();
         report.cache = self.cache_report.clone();
         let sent = serde_json::to_value(&report).unwrap_or_default();
         let detail = report.image_detail();
@@ -648,18 +568,10 @@ impl Agent {
         if !report_due && !detail_due {
             return;
         }
-        let nodes = self
-            .sets
-            .values()
-            .filter_map(|s| s.status.as_ref().map(|st| st.nodes))
-            .max()
-            .unwrap_or(0);
-        let settled = self.running.is_none();
-        if !settled
-            && self
-                .last_write
-                .is_some_and(|at| at.elapsed() < write_interval(nodes))
-        {
+        let interval = write_interval(self.state.widest_set());
+        let phases = self.state.phases();
+        let news = self.state.running().is_none() || self.written_phases != phases;
+        if !write_due(news, self.last_write, interval, Instant::now()) {
             return;
         }
         self.last_write = Some(Instant::now());
@@ -679,7 +591,10 @@ impl Agent {
         if report_due {
             let first = self.written.is_none();
             match self.api.write_report(node, &report, first).await {
-                Ok(()) => self.written = Some(sent),
+                Ok(()) => {
+                    self.written = Some(sent);
+                    self.written_phases = phases;
+                }
                 Err(e) => {
                     tracing::warn!("cannot write the report: {e}");
                     self.written = None;

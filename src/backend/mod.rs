@@ -9,6 +9,7 @@ pub mod cri;
 pub mod distribution;
 pub mod files;
 pub mod held;
+pub mod image_events;
 pub mod kube;
 pub mod kube_watch;
 pub mod kubelet;

@@ -11,6 +11,11 @@ pub mod containerd_content {
 }
 
 #[allow(clippy::all, missing_docs)]
+pub mod containerd_events {
+    tonic::include_proto!("containerd.services.events.v1");
+}
+
+#[allow(clippy::all, missing_docs)]
 pub mod containerd_images {
     tonic::include_proto!("containerd.services.images.v1");
 }

@@ -14,7 +14,7 @@ use super::check::{readiness_table, verdict, verdict_line};
 use super::output::{printed_then, render, short_reference, table};
 use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutReport, Update};
-use crate::fleet::{Applied, ApplyOptions, ApplyProgress, Rolled, SetUsed};
+use crate::fleet::{Applied, ApplyOptions, ApplyProgress, NodeOutcome, Rolled, SetUsed};
 use crate::model::lazy::lazy_words;
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, FetchedSource, ImageState, NodeRollout, NodeState, Rollout};
@@ -25,36 +25,6 @@ use crate::ui::status::{node_status, pin_method_label};
 /// How often the progress bar is redrawn at most.
 const REDRAW: Duration = Duration::from_millis(100);
 const BAR_WIDTH: usize = 24;
-
-/// How the rollout ended on one node, as `apply` prints it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeOutcome {
-    pub node: String,
-    /// `pinned`, `refused`, `stopped`, `pin-failed`, as the TUI's Rollout screen says.
-    pub state: String,
-    /// Whether the runtime confirmed the pins (containerd 1.6 does not report them); None unless pinned.
-    pub confirmed: Option<bool>,
-    /// Why the node was refused, stopped or not pinned.
-    pub reason: Option<String>,
-    pub images: usize,
-    /// Images that were on the node before (whole, or only lazily: not pre-loaded), images the rollout
-    /// pulled, and images pinned at the end.
-    pub present: usize,
-    pub lazy: usize,
-    pub pulled: usize,
-    pub pinned: usize,
-    /// What the node's runtime fetched, measured where it can be.
-    pub fetched_bytes: u64,
-    /// How `fetchedBytes` is known: `content-store` (the blobs containerd's store gained, by their sizes),
-    /// `plan` (what the plan counts for the images pulled: the runtime reports no bytes), or null when the
-    /// node was never started.
-    pub fetched_source: Option<FetchedSource>,
-    /// What the plan said the node would fetch.
-    pub planned_bytes: u64,
-    /// `REF: reason` of every pull that failed.
-    pub failed: Vec<String>,
-}
 
 /// What `apply -o json|yaml` prints: the rollout, what fan-out moved (null without it), then the check
 /// after it (null when interrupted).
@@ -100,6 +70,16 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
         .await?;
     match applied {
         Applied::Rolled(rolled) => rolled_report(*rolled, args.output()),
+        Applied::Reported(reported) => {
+            let report = ApplyReport {
+                sets: reported.sets,
+                rollout: reported.outcomes,
+                fan_out: reported.fan_out,
+                readiness: Some(reported.readiness),
+                interrupted: false,
+            };
+            printed_report(report, None, args.output())
+        }
         Applied::Written(readiness) => {
             let text = render(&readiness, args.output(), || {
                 readiness_table(&readiness.nodes) + &verdict_line(&readiness)
@@ -124,6 +104,15 @@ fn rolled_report(rolled: Rolled, output: Output) -> Result<String, Failure> {
         readiness: rolled.readiness,
         interrupted: rolled.interrupted.is_some(),
     };
+    printed_report(report, rolled.interrupted, output)
+}
+
+/// `report` as printed, and its verdict: the readiness check's, or exit 1 when `interrupted` by a signal.
+fn printed_report(
+    report: ApplyReport,
+    interrupted: Option<&'static str>,
+    output: Output,
+) -> Result<String, Failure> {
     let text = render(&report, output, || {
         let readiness = report.readiness.as_ref().map_or_else(String::new, |r| {
             "\n".to_string() + &readiness_table(&r.nodes) + &verdict_line(r)
@@ -138,7 +127,7 @@ fn rolled_report(rolled: Rolled, output: Output) -> Result<String, Failure> {
             + &fan_out_line(report.fan_out.as_ref())
             + &readiness
     })?;
-    match (rolled.interrupted, &report.readiness) {
+    match (interrupted, &report.readiness) {
         (None, Some(readiness)) => verdict(text, readiness),
         (signal, _) => Err(printed_then(
             &text,
@@ -175,7 +164,9 @@ fn outcome(name: &str, node: &NodeRollout, planned: Option<u64>) -> NodeOutcome 
         NodeState::Refused { reason }
         | NodeState::Stopped { reason }
         | NodeState::PinFailed { reason } => (None, Some(reason.clone())),
-        NodeState::Waiting | NodeState::Pulling { .. } => (None, None),
+        NodeState::Waiting | NodeState::Pulling { .. } | NodeState::Restoring { .. } => {
+            (None, None)
+        }
     };
     let failed = node
         .images()
@@ -304,6 +295,8 @@ fn event_line(event: &Event) -> Option<String> {
             match source {
                 FetchedSource::ContentStore => " (the runtime's content store)",
                 FetchedSource::Plan => " (the plan's figure: the runtime reports no bytes)",
+                FetchedSource::Relay =>
+                    " (what the node's relay passed on from the in-cluster cache)",
             }
         ),
         Event::NodeStopped { node, reason, .. } => format!("{node}: stopped: {reason}"),
@@ -322,6 +315,12 @@ fn event_line(event: &Event) -> Option<String> {
             }
         ),
         Event::PinFailed { node, reason, .. } => format!("{node}: pinning failed: {reason}"),
+        Event::ImageLost {
+            node,
+            image: i,
+            found,
+            ..
+        } => format!("{node}: {} lost since it was pinned: {found}", image(i)),
     })
 }
 

@@ -44,7 +44,10 @@ use crate::model::rollout::Rollout;
 use crate::model::set::ImageSet;
 use crate::survey::Survey;
 
-pub use outcome::{Applied, NodeUnpinned, NodesUnpinned, Rolled, SetDeleted, SetUsed, Unpinned};
+pub use outcome::{
+    Applied, NodeOutcome, NodeUnpinned, NodesUnpinned, Reported, Rolled, SetDeleted, SetUsed,
+    Unpinned,
+};
 pub use sets::SetSources;
 
 /// What a set is aimed at on this fleet.

@@ -7,15 +7,58 @@ use serde::{Deserialize, Serialize};
 use crate::fanout::FanOutReport;
 use crate::model::holders::UnpinReport;
 use crate::model::readiness::Readiness;
-use crate::model::rollout::Rollout;
+use crate::model::rollout::{FetchedSource, Rollout};
 use crate::model::set::{ImageSet, Origin, content_name};
 
 /// How an `apply` ended.
 pub enum Applied {
     /// pinboard pulled and pinned.
     Rolled(Box<Rolled>),
+    /// The sets were written for the nodes' agents, which pulled and pinned and reported what they did.
+    Reported(Box<Reported>),
     /// The sets were written for the nodes' daemons: the readiness once they were done, or the wait ended.
     Written(Readiness),
+}
+
+/// A rollout the nodes' agents ran, as their reports tell it.
+pub struct Reported {
+    pub sets: Vec<SetUsed>,
+    /// Node by node, each summed over the sets.
+    pub outcomes: Vec<NodeOutcome>,
+    /// What the in-cluster cache took from the registries and served meanwhile; None without fan-out.
+    pub fan_out: Option<FanOutReport>,
+    /// The readiness once every node was ready, or the wait ended.
+    pub readiness: Readiness,
+}
+
+/// How the rollout ended on one node, as `apply` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeOutcome {
+    pub node: String,
+    /// `pinned`, `refused`, `stopped`, `pin-failed`, as the TUI's Rollout screen says.
+    pub state: String,
+    /// Whether the runtime confirmed the pins (containerd 1.6 does not report them); None unless pinned.
+    pub confirmed: Option<bool>,
+    /// Why the node was refused, stopped or not pinned.
+    pub reason: Option<String>,
+    pub images: usize,
+    /// Images that were on the node before (whole, or only lazily: not pre-loaded), images the rollout
+    /// pulled, and images pinned at the end.
+    pub present: usize,
+    pub lazy: usize,
+    pub pulled: usize,
+    pub pinned: usize,
+    /// What the node's runtime fetched, measured where it can be.
+    pub fetched_bytes: u64,
+    /// How `fetchedBytes` is known: `content-store` (the blobs containerd's store gained, by their sizes),
+    /// `plan` (what the plan counts for the images pulled: the runtime reports no bytes), or null when the
+    /// node was never started.
+    pub fetched_source: Option<FetchedSource>,
+    /// What the plan said the node would fetch.
+    pub planned_bytes: u64,
+    /// `REF: reason` of every pull that failed.
+    pub failed: Vec<String>,
 }
 
 /// A rollout pinboard ran.

@@ -59,6 +59,11 @@ pub enum NodeWithSet {
     Failed {
         reason: String,
     },
+    /// It was pinned, then an image or pin was lost: the agent puts it back. `reason` names the images and
+    /// what was found, and how often it recurs.
+    Restoring {
+        reason: String,
+    },
 }
 
 impl AgentsView {
@@ -130,12 +135,14 @@ impl AgentsView {
             },
             NodeSetPhase::Pulling => NodeWithSet::Pulling,
             NodeSetPhase::Failed => NodeWithSet::Failed {
-                reason: on_node
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == super::pinboard_api::DEGRADED)
-                    .map(|c| c.message.clone())
+                reason: condition_message(on_node, super::pinboard_api::DEGRADED)
                     .unwrap_or_else(|| "failed".into()),
+            },
+            NodeSetPhase::Restoring => NodeWithSet::Restoring {
+                // Degraded says the loss recurs and when it is put back; Progressing names the images.
+                reason: condition_message(on_node, super::pinboard_api::DEGRADED)
+                    .or_else(|| condition_message(on_node, super::pinboard_api::PROGRESSING))
+                    .unwrap_or_else(|| "an image or pin was lost".into()),
             },
         }
     }
@@ -165,11 +172,18 @@ impl AgentsView {
     /// Bytes the in-cluster cache took from the registries, as its holders report them (summed: a new
     /// holder counts from zero, and the last figure of one that went stands).
     pub fn cache_link_bytes(&self) -> u64 {
+        self.cache_bytes().0
+    }
+
+    /// Bytes the in-cluster cache took from the registries and served to the nodes, summed over its
+    /// holders as [`Self::cache_link_bytes`].
+    pub fn cache_bytes(&self) -> (u64, u64) {
         self.reports
             .values()
             .filter_map(|r| r.status.as_ref()?.cache.as_ref())
-            .map(|c| c.link_bytes)
-            .sum()
+            .fold((0, 0), |(link, served), c| {
+                (link + c.link_bytes, served + c.served_bytes)
+            })
     }
 
     /// The nodes whose agent pulled set `name` from the source rather than through the cache, and those
@@ -203,11 +217,21 @@ impl AgentsView {
                 NodeWithSet::Ready => status.ready += 1,
                 NodeWithSet::Pulling => status.pulling += 1,
                 NodeWithSet::Failed { .. } => status.failed += 1,
+                NodeWithSet::Restoring { .. } => status.restoring += 1,
                 _ => {}
             }
         }
         status
     }
+}
+
+/// The message of `report`'s condition `kind` when it is true.
+fn condition_message(report: &super::pinboard_api::SetReport, kind: &str) -> Option<String> {
+    report
+        .conditions
+        .iter()
+        .find(|c| c.type_ == kind && c.status == "True")
+        .map(|c| c.message.clone())
 }
 
 /// One change from the watches.

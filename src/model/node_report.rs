@@ -1,14 +1,20 @@
 //! What an agent says of one set on its node ([`SetReport`]), made of what its rollout did (the engine's
-//! [`Rollout`]) and what the runtime then said ([`ObservedNode`]): pure, so the same facts always make the
-//! same report, and a report written again only when it changed.
+//! [`Rollout`]) and what the runtime then said ([`ObservedNode`]), and, once pinned, what its later checks
+//! found lost ([`lost`], [`restoring`]): pure, so the same facts always make the same report, and a report
+//! written again only when it changed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::pinboard_api::{
-    DEGRADED, ImagePhase, NodeSetPhase, PROGRESSING, SetImageReport, SetReport,
+    DEGRADED, Found, ImagePhase, LostImage, LostImages, NodeSetPhase, PROGRESSING, SetImageReport,
+    SetOutcome, SetReport,
 };
 use super::readiness::{ImageReason, ObservedNode, PinnedBy, assess};
+use super::reference::{count_images, some_of};
 use super::rollout::{self, NodeRollout, NodeState};
+
+/// How many lost images a report names; the count says how many there were.
+const LOST_NAMED: usize = 5;
 
 /// A set the agent has not started on at `generation`: every image queued.
 pub fn queued(name: &str, generation: i64, images: &[String]) -> SetReport {
@@ -27,6 +33,8 @@ pub fn queued(name: &str, generation: i64, images: &[String]) -> SetReport {
             .collect(),
         conditions: Vec::new(),
         fan_out: None,
+        outcome: None,
+        restores: None,
     }
 }
 
@@ -50,6 +58,7 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
                 rollout::ImageState::Failed { reason } => {
                     (ImagePhase::Failed, Some(reason.to_string()))
                 }
+                rollout::ImageState::Lost { found } => (ImagePhase::Lost, Some(found.to_string())),
                 rollout::ImageState::Cancelled => (
                     ImagePhase::Queued,
                     Some("cancelled: the set changed".into()),
@@ -88,6 +97,23 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
         images,
         conditions: conditions(state, failed.as_deref()),
         fan_out: None,
+        outcome: Some(outcome(node)),
+        restores: None,
+    }
+}
+
+/// What the rollout did on its node so far: its counts and the bytes the engine measured.
+fn outcome(node: &NodeRollout) -> SetOutcome {
+    let fetched = node.fetched();
+    SetOutcome {
+        images: node.images().len(),
+        present: node.present_count(),
+        lazy: node.lazy_count(),
+        pulled: node.pulled_count(),
+        pinned: node.pinned_count(),
+        fetched_bytes: fetched.map_or(0, |(bytes, _)| bytes),
+        fetched_source: fetched.map(|(_, source)| source),
+        planned_bytes: None,
     }
 }
 
@@ -122,22 +148,119 @@ pub fn verified(mut report: SetReport, observed: &ObservedNode) -> SetReport {
     report
 }
 
+/// The images of a set pinned on the node that a later check of the runtime (`observed`, of the set's
+/// images) finds lost: absent, present but not pinned, or present only lazily. An image the check could
+/// not ask about is not lost: nothing is known of it.
+pub fn lost(report: &SetReport, observed: &ObservedNode) -> Vec<LostImage> {
+    if observed.unreachable.is_some() {
+        return Vec::new();
+    }
+    let judged = assess(observed, None);
+    report
+        .images
+        .iter()
+        .filter_map(|image| {
+            let seen = judged.images.iter().find(|i| i.reference == image.name)?;
+            let found = match seen.reason? {
+                ImageReason::Missing | ImageReason::Pulling => Found::Absent,
+                ImageReason::NotPinned => Found::Unpinned,
+                ImageReason::Lazy => Found::Lazy,
+                ImageReason::Unknown => return None,
+            };
+            Some(LostImage {
+                name: image.name.clone(),
+                found,
+            })
+        })
+        .collect()
+}
+
+/// The evidence a loss rests on: what the runtime listed, or, for a pin on a runtime that cannot report
+/// pins, the node's pin record.
+pub fn lost_evidence(found: Found, observed: &ObservedNode) -> &'static str {
+    match (found, assess(observed, None).pinned_by) {
+        (Found::Unpinned, Some(PinnedBy::Record)) => "record",
+        _ => "runtime",
+    }
+}
+
+/// `lost` as a report names it: the count, the first few images and what was found of each.
+pub fn lost_images(lost: &[(LostImage, &'static str)], found_at: Time) -> LostImages {
+    LostImages {
+        found_at: Some(found_at),
+        count: lost.len(),
+        images: lost
+            .iter()
+            .take(LOST_NAMED)
+            .map(|(image, _)| image.clone())
+            .collect(),
+    }
+}
+
+/// A pinned set found with `lost` images (each with its evidence): the set is restoring, those images
+/// `lost` with what was found; `backing_off`, when the loss recurs, says how often and when the agent
+/// puts it back (Degraded).
+pub fn restoring(
+    mut report: SetReport,
+    lost: &[(LostImage, &'static str)],
+    backing_off: Option<&str>,
+) -> SetReport {
+    for image in &mut report.images {
+        if let Some((loss, evidence)) = lost.iter().find(|(l, _)| l.name == image.name) {
+            image.state = ImagePhase::Lost;
+            image.reason = Some(loss.found.words().to_string());
+            image.evidence = Some((*evidence).to_string());
+            image.done_bytes = 0;
+            image.total_bytes = 0;
+        }
+    }
+    report.state = NodeSetPhase::Restoring;
+    report.conditions = restoring_conditions(lost, backing_off);
+    report
+}
+
+/// Progressing while the agent puts lost images back; Degraded when the loss recurs.
+fn restoring_conditions(
+    lost: &[(LostImage, &'static str)],
+    backing_off: Option<&str>,
+) -> Vec<Condition> {
+    let names: Vec<String> = lost
+        .iter()
+        .map(|(l, _)| format!("{} ({})", l.name, l.found.words()))
+        .collect();
+    let what = format!("{} lost: {}", count_images(lost.len()), some_of(&names));
+    let mut conditions = vec![condition(
+        PROGRESSING,
+        true,
+        "Restoring",
+        format!("the agent puts back {what}"),
+    )];
+    conditions.push(match backing_off {
+        Some(why) => condition(DEGRADED, true, "LostRepeatedly", format!("{what}; {why}")),
+        None => condition(DEGRADED, false, "AsExpected", String::new()),
+    });
+    conditions
+}
+
 /// The conditions of a set that failed before its rollout could start (its credentials, say).
 pub fn failed_conditions(why: &str) -> Vec<Condition> {
     conditions(NodeSetPhase::Failed, Some(why))
 }
 
-/// Progressing and Degraded, as Kubernetes' conventions have them.
-fn conditions(state: NodeSetPhase, failed: Option<&str>) -> Vec<Condition> {
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let condition = |kind: &str, status: bool, reason: &str, message: String| Condition {
+/// One condition, as Kubernetes' conventions have it.
+fn condition(kind: &str, status: bool, reason: &str, message: String) -> Condition {
+    Condition {
         type_: kind.to_string(),
         status: if status { "True" } else { "False" }.to_string(),
         reason: reason.to_string(),
         message,
-        last_transition_time: now.clone(),
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
         observed_generation: None,
-    };
+    }
+}
+
+/// Progressing and Degraded, as Kubernetes' conventions have them.
+fn conditions(state: NodeSetPhase, failed: Option<&str>) -> Vec<Condition> {
     let pulling = state == NodeSetPhase::Pulling;
     vec![
         condition(

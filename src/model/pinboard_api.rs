@@ -20,13 +20,14 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use serde::{Deserialize, Serialize};
 
 use super::labels::Selector;
 use super::lazy::{LazyPulling, RemoteLayers};
 use super::machine_config::KubeletSettings;
 use super::plan::NodeFacts;
+use super::rollout::FetchedSource;
 use super::set::{ImageSet, from_flags};
 
 pub use super::pinboard_kinds::{
@@ -125,6 +126,9 @@ pub struct PinSetStatus {
     pub pulling: i64,
     #[serde(default)]
     pub failed: i64,
+    /// Nodes putting back an image or pin of the set that was lost after it was pinned.
+    #[serde(default)]
+    pub restoring: i64,
 }
 
 impl PinSet {
@@ -296,6 +300,85 @@ pub struct SetReport {
     /// A fan-out set: whether the node's pulls went through the in-cluster cache, or to the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fan_out: Option<SetFanOut>,
+    /// What the agent's last rollout of the set moved on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<SetOutcome>,
+    /// Images or pins of the set that were lost on the node after it pinned them, and put back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restores: Option<Restores>,
+}
+
+/// What one rollout of a set did on its node, as `apply` prints it per node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetOutcome {
+    pub images: usize,
+    /// Images there before (whole, or only lazily), pulled by the rollout, and pinned at its end.
+    pub present: usize,
+    pub lazy: usize,
+    pub pulled: usize,
+    pub pinned: usize,
+    /// What the node's runtime fetched, as the agent measured it, and how (`content-store`, `relay`,
+    /// `plan`).
+    pub fetched_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched_source: Option<FetchedSource>,
+    /// What the agent's own plan said the node would fetch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_bytes: Option<u64>,
+}
+
+/// The losses an agent found of a set it had pinned, and what it did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Restores {
+    /// Losses put back since the agent started.
+    pub count: u32,
+    /// Losses found in the last hour: more than one means something on the node fights the pins.
+    pub recent: u32,
+    /// The last loss: when it was found, what was found, and of which images (the first few).
+    pub last: LostImages,
+}
+
+/// Images of a set found lost on a node at one check.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LostImages {
+    pub found_at: Option<Time>,
+    /// How many images were lost, and the first few of them with what was found.
+    pub count: usize,
+    pub images: Vec<LostImage>,
+}
+
+/// One image of a set found lost on a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LostImage {
+    pub name: String,
+    pub found: Found,
+}
+
+/// What the runtime holds of a lost image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Found {
+    /// The runtime no longer has it (image GC, `crictl rmi`, disk pressure).
+    Absent,
+    /// The runtime has it, but not pinned (its pin label or drop-in entry was removed).
+    Unpinned,
+    /// Only lazily: some of its layers are back in the registry only.
+    Lazy,
+}
+
+impl Found {
+    /// How a reason says it.
+    pub fn words(self) -> &'static str {
+        match self {
+            Found::Absent => "absent",
+            Found::Unpinned => "present but not pinned",
+            Found::Lazy => "present only lazily",
+        }
+    }
 }
 
 /// How a node pulled a fan-out set.
@@ -350,6 +433,9 @@ pub enum NodeSetPhase {
     Pinned,
     /// Some image failed, or the node has no room: the reason is in the Degraded condition.
     Failed,
+    /// It was pinned, and then an image or pin was lost: the agent puts it back (the lost images are
+    /// `lost`, each with what was found).
+    Restoring,
 }
 
 /// One image of a set on one node.
@@ -383,6 +469,8 @@ pub enum ImagePhase {
     Pulled,
     Pinned,
     Failed,
+    /// Pinned once, and found lost since: `reason` says what was found.
+    Lost,
 }
 
 impl PinSet {
@@ -438,6 +526,20 @@ impl NodeReport {
                 .unwrap_or_default();
         }
         report
+    }
+
+    /// The sets holding some pin on the node, by its images' holders.
+    pub fn holding_sets(&self) -> Vec<String> {
+        let mut sets: Vec<String> = self
+            .images
+            .iter()
+            .flat_map(|i| i.held_by.iter())
+            .filter(|h| *h != "admin" && *h != "unowned")
+            .cloned()
+            .collect();
+        sets.sort();
+        sets.dedup();
+        sets
     }
 
     /// Whether the runtime holds the image `reference` names (the report's list is complete).
@@ -536,6 +638,8 @@ mod tests {
                     .collect(),
                 conditions: crate::model::node_report::failed_conditions("one image failed"),
                 fan_out: None,
+                outcome: None,
+                restores: None,
             })
             .collect();
         let metadata = ObjectMeta {

@@ -69,7 +69,11 @@ fn image_events(
     at: Instant,
 ) -> Vec<Event> {
     let (node, image) = (node.to_owned(), now.name.clone());
-    let was_phase = was.map_or(ImagePhase::Queued, |w| w.state);
+    // What was lost is put back as a queued image is pulled: from nothing.
+    let was_phase = match was.map_or(ImagePhase::Queued, |w| w.state) {
+        ImagePhase::Lost if now.state != ImagePhase::Lost => ImagePhase::Queued,
+        phase => phase,
+    };
     let started = |attempt| Event::PullStarted {
         node: node.clone(),
         image: image.clone(),
@@ -116,6 +120,12 @@ fn image_events(
         (ImagePhase::Pulling, ImagePhase::Pulled | ImagePhase::Pinned) => {
             events.extend([progress(), Event::PullDone { node, image, at }])
         }
+        (was, ImagePhase::Lost) if was != ImagePhase::Lost => events.push(Event::ImageLost {
+            node,
+            image,
+            found: now.reason.clone().unwrap_or_else(|| "lost".into()),
+            at,
+        }),
         (was, ImagePhase::Failed) if was != ImagePhase::Failed => events.push(Event::PullFailed {
             node,
             image,
@@ -250,5 +260,73 @@ mod tests {
             ),
             "{events:?}"
         );
+    }
+
+    #[test]
+    fn a_lost_image_shows_as_lost_on_a_restoring_node_and_pinned_again_once_put_back() {
+        let at = Instant::now();
+        let pinned = |state| {
+            let mut r = report(
+                state,
+                vec![
+                    image("a", ImagePhase::Pinned, 0, 0),
+                    image("b", ImagePhase::Pinned, 0, 0),
+                ],
+            );
+            r.images
+                .iter_mut()
+                .for_each(|i| i.evidence = Some("runtime".into()));
+            r
+        };
+        let first = pinned(NodeSetPhase::Pinned);
+        let mut lost = pinned(NodeSetPhase::Restoring);
+        lost.images[1].state = ImagePhase::Lost;
+        lost.images[1].reason = Some("absent".into());
+        let mut pulling = lost.clone();
+        pulling.images[1] = image("b", ImagePhase::Pulling, 40, 100);
+        let back = pinned(NodeSetPhase::Pinned);
+
+        let mut rollout = Rollout::default();
+        let mut before: Option<&SetReport> = None;
+        let mut fold = |after: &SetReport, before: &mut Option<&SetReport>| {
+            for event in events_between("n1", *before, after, PinMethod::ContainerdLabel, at) {
+                rollout.apply(event);
+            }
+            rollout.nodes()["n1"].clone()
+        };
+        fold(&first, &mut before);
+        before = Some(&first);
+        let node = fold(&lost, &mut before);
+        assert!(matches!(
+            node.state,
+            crate::model::rollout::NodeState::Restoring { .. }
+        ));
+        let b = node.image("b").unwrap();
+        assert_eq!(
+            b.state,
+            Shown::Lost {
+                found: "absent".into()
+            }
+        );
+        assert!(matches!(
+            node.image("a").unwrap().state,
+            Shown::Pinned { .. }
+        ));
+        before = Some(&lost);
+        let node = fold(&pulling, &mut before);
+        assert!(matches!(
+            node.image("b").unwrap().state,
+            Shown::Pulling { .. }
+        ));
+        before = Some(&pulling);
+        let node = fold(&back, &mut before);
+        assert!(matches!(
+            node.state,
+            crate::model::rollout::NodeState::Pinned { .. }
+        ));
+        assert!(matches!(
+            node.image("b").unwrap().state,
+            Shown::Pinned { confirmed: true }
+        ));
     }
 }

@@ -28,6 +28,9 @@ pub enum FetchedSource {
     ContentStore,
     /// What the plan counts for the images pulled: the runtime reports no bytes (CRI-O).
     Plan,
+    /// What the node's relay passed on to its runtime from the in-cluster cache (an agent's fan-out set
+    /// on CRI-O, every pull through the relay).
+    Relay,
 }
 
 /// What the engine reports. `at` is when it happened.
@@ -115,6 +118,14 @@ pub enum Event {
         reason: String,
         at: Instant,
     },
+    /// Pinned, then found lost on the node (absent, its pin gone, only lazily there): the node's agent
+    /// puts it back.
+    ImageLost {
+        node: String,
+        image: String,
+        found: String,
+        at: Instant,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -148,6 +159,10 @@ pub enum ImageState {
     Cancelled,
     /// Never started: the node stopped or was refused first.
     Skipped,
+    /// Pinned once, then found lost: `found` says what was there (`absent`, `present but not pinned`).
+    Lost {
+        found: Box<str>,
+    },
 }
 
 impl ImageState {
@@ -220,12 +235,19 @@ pub enum NodeState {
     PinFailed {
         reason: String,
     },
+    /// It was pinned, then an image or pin was lost: its agent puts it back.
+    Restoring {
+        since: Instant,
+    },
 }
 
 impl NodeState {
-    /// Still to be heard from or still pulling: the rollout is not finished.
+    /// Still to be heard from, pulling, or putting back what was lost: the rollout is not finished.
     fn is_open(&self) -> bool {
-        matches!(self, NodeState::Waiting | NodeState::Pulling { .. })
+        matches!(
+            self,
+            NodeState::Waiting | NodeState::Pulling { .. } | NodeState::Restoring { .. }
+        )
     }
 }
 
@@ -461,8 +483,11 @@ impl NodeRollout {
             Event::PullStarted {
                 image, attempt, at, ..
             } => {
-                // A retry on a stopped node (space freed, operator asked) resumes it.
-                if matches!(self.state, NodeState::Stopped { .. } | NodeState::Waiting) {
+                // A retry on a stopped node (space freed, operator asked) resumes it; so does a restore.
+                if matches!(
+                    self.state,
+                    NodeState::Stopped { .. } | NodeState::Waiting | NodeState::Restoring { .. }
+                ) {
                     self.state = NodeState::Pulling { since: at };
                 }
                 self.update_image(interner, &image, |i| {
@@ -538,7 +563,9 @@ impl NodeRollout {
                 ..
             } => {
                 let took = match self.state {
-                    NodeState::Pulling { since } => at.saturating_duration_since(since),
+                    NodeState::Pulling { since } | NodeState::Restoring { since } => {
+                        at.saturating_duration_since(since)
+                    }
                     _ => Duration::ZERO,
                 };
                 self.state = NodeState::Pinned {
@@ -547,15 +574,30 @@ impl NodeRollout {
                     took,
                 };
                 // Neither bytes, failures nor running pulls change.
-                for i in self
-                    .images
-                    .iter_mut()
-                    .filter(|i| matches!(i.state, ImageState::Pulled { .. } | ImageState::Present))
-                {
+                for i in self.images.iter_mut().filter(|i| {
+                    matches!(
+                        i.state,
+                        ImageState::Pulled { .. } | ImageState::Present | ImageState::Lost { .. }
+                    )
+                }) {
                     i.state = ImageState::Pinned { confirmed };
                 }
             }
             Event::PinFailed { reason, .. } => self.state = NodeState::PinFailed { reason },
+            Event::ImageLost {
+                image, found, at, ..
+            } => {
+                if !matches!(self.state, NodeState::Restoring { .. }) {
+                    self.state = NodeState::Restoring { since: at };
+                }
+                self.update_image(interner, &image, |i| {
+                    i.state = ImageState::Lost {
+                        found: found.into(),
+                    };
+                    i.done_bytes = 0;
+                    None
+                })
+            }
         }
     }
 
@@ -721,7 +763,8 @@ impl Event {
             | Event::Fetched { node, .. }
             | Event::NodeStopped { node, .. }
             | Event::Pinned { node, .. }
-            | Event::PinFailed { node, .. } => node,
+            | Event::PinFailed { node, .. }
+            | Event::ImageLost { node, .. } => node,
         }
     }
 }

@@ -509,6 +509,7 @@ fn rank(node: &NodeRollout) -> u8 {
     match node.state {
         NodeState::Stopped { .. } | NodeState::PinFailed { .. } => 0,
         _ if node.failed() > 0 => 0,
+        NodeState::Restoring { .. } => 0,
         NodeState::Pulling { .. } => 1,
         NodeState::Waiting => 2,
         NodeState::Refused { .. } => 3,

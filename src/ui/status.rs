@@ -68,6 +68,8 @@ pub fn image_status(state: &ImageState, stalled: bool) -> Status {
         ImageState::Failed { .. } => status("✗", "failed", Tone::Error),
         ImageState::Cancelled => status("⊘", "cancelled", Tone::Idle),
         ImageState::Skipped => status("-", "skipped", Tone::Idle),
+        // Pinned once, then gone from the node or unpinned: the detail line says which.
+        ImageState::Lost { .. } => status("!", "lost", Tone::Error),
     }
 }
 
@@ -86,6 +88,7 @@ pub fn node_status(state: &NodeState, stalled: bool) -> Status {
             confirmed: false, ..
         } => status("✓", "pinned*", Tone::Ok),
         NodeState::PinFailed { .. } => status("✗", "pin-failed", Tone::Error),
+        NodeState::Restoring { .. } => status("↺", "restoring", Tone::Warn),
     }
 }
 

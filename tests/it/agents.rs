@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use pinboard::model::readiness::Readiness;
 use serde_json::{Value, json};
 use support::agents::AgentsLab;
 use support::kube_objects::wait_for;
@@ -32,15 +31,6 @@ fn small_images(lab: &AgentsLab, repositories: &[&str], seed: u64) -> Vec<String
                 .reference(&lab.lab.registry_host())
         })
         .collect()
-}
-
-fn readiness(lab: &AgentsLab, args: &[&str]) -> (i32, Readiness, String) {
-    let mut all = vec!["check", "-o", "json"];
-    all.extend(args);
-    let run = lab.pinboard(&all);
-    let parsed = serde_json::from_str(&run.stdout)
-        .unwrap_or_else(|e| panic!("check -o json ({e}): {}\n{}", run.stdout, run.stderr));
-    (run.code, parsed, run.stderr)
 }
 
 /// What `kubectl get` prints of pinboard's `plural`: the API server's Table (its CRD's printer columns),
@@ -112,7 +102,7 @@ async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_wha
         let listed = lab.lab.node(node).images_ls();
         assert!(listed.contains("pinboard.dev/set.web"), "{node}: {listed}");
     }
-    let (code, judged, stderr) = readiness(&lab, &["--set", "web"]);
+    let (code, judged, stderr) = lab.check(&["--set", "web"]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(judged.nodes.len(), 3);
     for node in &judged.nodes {
@@ -217,7 +207,7 @@ async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_wha
             "images stay"
         );
     }
-    let (code, _, stderr) = readiness(&lab, &["--set", "api"]);
+    let (code, _, stderr) = lab.check(&["--set", "api"]);
     assert_eq!(code, 0, "{stderr}");
 }
 
@@ -286,7 +276,7 @@ async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_
     );
     let run = lab.pinboard(&["apply", "--set", set, "--force", "--timeout", "60s"]);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
-    let (code, judged, stderr) = readiness(&lab, &["--set", "big"]);
+    let (code, judged, stderr) = lab.check(&["--set", "big"]);
     assert_eq!(code, 1, "{stderr}");
     let n3 = judged.nodes.iter().find(|n| n.node == "n3").unwrap();
     assert!(!n3.ready);
@@ -313,7 +303,7 @@ async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_
     // A stopped agent: its node becomes not ready, named, once its heartbeat lapses (four 1 s renewals).
     lab.stop_agent("n2");
     let stale = wait_for("n2 stale", WAIT, || async {
-        let (code, judged, stderr) = readiness(&lab, &["--set", "big"]);
+        let (code, judged, stderr) = lab.check(&["--set", "big"]);
         let n2 = judged
             .nodes
             .iter()
@@ -330,7 +320,7 @@ async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_
     );
     // Started again, it carries on: the image is there, nothing is pulled again.
     lab.start_agent("n2");
-    let (code, judged, stderr) = readiness(&lab, &["--set", "big", "--wait", "--timeout", "60s"]);
+    let (code, judged, stderr) = lab.check(&["--set", "big", "--wait", "--timeout", "60s"]);
     assert_eq!(code, 1, "n3 still has no room: {stderr}");
     assert!(
         judged.nodes.iter().find(|n| n.node == "n2").unwrap().ready,
@@ -357,7 +347,7 @@ async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_i
     // Once its agent reports, the set (no selector: every node with an agent) counts n3, not ready yet
     // or already pinned; `--wait` follows it to ready.
     wait_for("n3's report", WAIT, || async {
-        let (_, judged, stderr) = readiness(&lab, &["--set", "joined"]);
+        let (_, judged, stderr) = lab.check(&["--set", "joined"]);
         judged
             .nodes
             .iter()
@@ -366,8 +356,7 @@ async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_i
             .ok_or(stderr)
     })
     .await;
-    let (code, judged, stderr) =
-        readiness(&lab, &["--set", "joined", "--wait", "--timeout", "90s"]);
+    let (code, judged, stderr) = lab.check(&["--set", "joined", "--wait", "--timeout", "90s"]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(judged.nodes.len(), 3);
     lab.lab.node("n3").assert_pinned(&[&images[0], &images[1]]);
@@ -466,7 +455,7 @@ async fn an_agent_killed_mid_rollout_carries_on_and_pulls_no_image_twice() {
     .await;
     lab.stop_agent("n1");
     lab.start_agent_with("n1", &["--parallel", "1"]);
-    let (code, _, stderr) = readiness(&lab, &["--set", "restart", "--wait", "--timeout", "120s"]);
+    let (code, _, stderr) = lab.check(&["--set", "restart", "--wait", "--timeout", "120s"]);
     assert_eq!(code, 0, "{stderr}");
     lab.lab.node("n1").assert_pinned(&images);
     // The images the node held when its agent was killed were not fetched again.
@@ -621,18 +610,15 @@ async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
     apply(&edited);
     lab.lab.proxy().set_bandwidth(None);
     let second = lab.lab.dir().join("edited.yaml");
-    let (code, judged, stderr) = readiness(
-        &lab,
-        &[
-            "--insecure-registry",
-            &proxy,
-            "--set",
-            second.to_str().unwrap(),
-            "--wait",
-            "--timeout",
-            "120s",
-        ],
-    );
+    let (code, judged, stderr) = lab.check(&[
+        "--insecure-registry",
+        &proxy,
+        "--set",
+        second.to_str().unwrap(),
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(judged.nodes[0].sets[0].current_generation, Some(2));
     let node = lab.lab.node("n1");
@@ -672,7 +658,7 @@ async fn an_image_left_only_lazily_present_is_named_and_its_node_not_ready() {
     lab.stop_agent("n1");
     lab.start_agent("n1");
     let n1 = wait_for("n1 judged lazily present", WAIT, || async {
-        let (code, judged, stderr) = readiness(&lab, &["--set", "lazily"]);
+        let (code, judged, stderr) = lab.check(&["--set", "lazily"]);
         let n1 = judged.nodes.into_iter().next().ok_or(stderr.clone())?;
         (code == 1 && n1.reasons.iter().any(|r| r.contains("present only lazily")))
             .then_some(n1)

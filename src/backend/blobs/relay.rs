@@ -83,6 +83,8 @@ struct Shared {
     /// A request waited the whole hold in vain, and the cache has not answered since.
     gave_up: AtomicBool,
     sent_to_source: AtomicU64,
+    /// Bytes passed on to the runtime: what it fetched through the relay.
+    passed: AtomicU64,
     /// Why the last request was sent to the source.
     last_reason: std::sync::Mutex<Option<String>>,
 }
@@ -114,6 +116,7 @@ impl Relay {
             upstream: Mutex::default(),
             gave_up: AtomicBool::new(false),
             sent_to_source: AtomicU64::new(0),
+            passed: AtomicU64::new(0),
             last_reason: std::sync::Mutex::new(None),
         });
         let serving = Arc::clone(&shared);
@@ -136,6 +139,11 @@ impl Relay {
     pub fn sent_to_source(&self) -> (u64, Option<String>) {
         let reason = self.shared.last_reason.lock().expect("reason").clone();
         (self.shared.sent_to_source.load(Ordering::Relaxed), reason)
+    }
+
+    /// Bytes the relay passed on to the runtime so far (manifests and blobs).
+    pub fn passed_bytes(&self) -> u64 {
+        self.shared.passed.load(Ordering::Relaxed)
     }
 
     /// Passes requests on to `upstream` from now on (until it fails and another is found).
@@ -275,10 +283,12 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
         }
         None => upstream
             .bytes_stream()
-            .map(|chunk| {
-                chunk
-                    .map(Frame::data)
-                    .map_err(|e| RelayError(e.to_string()))
+            .map(move |chunk| {
+                let chunk = chunk.map_err(|e| RelayError(e.to_string()))?;
+                shared
+                    .passed
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Ok(Frame::data(chunk))
             })
             .boxed(),
     };
@@ -347,6 +357,8 @@ fn resumable(passing: Passing) -> BoxStream<'static, Result<Frame<Bytes>, RelayE
             let why = match passing.stream.next().await {
                 Some(Ok(chunk)) => {
                     passing.next += chunk.len() as u64;
+                    let passed = &passing.shared.passed;
+                    passed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     return Some((Ok(Frame::data(chunk)), Some(passing)));
                 }
                 None if passing.next >= passing.end => return None,

@@ -5,6 +5,7 @@
 //! complete, so the plan knows exactly which images each node holds.
 
 mod lazy;
+mod outcome;
 mod session;
 mod tui;
 
@@ -16,16 +17,18 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{
-    Applied, ApplyOptions, ApplyProgress, Events, Fleet, ReadingRegistry, RolloutControl,
-    SetDeleted, SetSources, Traits, UnpinOptions, Unpinned,
+    Applied, ApplyOptions, ApplyProgress, Events, Fleet, ReadingRegistry, Reported, RolloutControl,
+    SetDeleted, SetSources, SetUsed, Traits, UnpinOptions, Unpinned,
 };
 use crate::backend::kube::ConnectOptions;
 use crate::backend::lazy::Apply;
 use crate::backend::pinboard_api::AgentsError;
 use crate::backend::registry::{Registry, RegistryOptions};
 use crate::error::{Exit, Failure};
+use crate::fanout::FanOutReport;
 use crate::model::image::Platform;
 use crate::model::lazy::NodeLazy;
+use crate::model::pinboard_api::PinSet;
 use crate::model::plan::{Limits, Verdict};
 use crate::model::readiness::{Readiness, WantedSet};
 use crate::model::set::ImageSet;
@@ -171,23 +174,45 @@ impl AgentsFleet {
             }
         }
         let mut wanted = Vec::new();
+        let mut changed = Vec::new();
+        let cache_before = connected.view.cache_bytes();
         for mut set in sets {
             // Through the agents, `--fan-out` is the set's own: its nodes pull through the in-cluster cache.
             set.fan_out |= options.fan_out;
+            let before = connected.view.set(&set.name).map(PinSet::generation);
             let stored = connected.api.apply_set(&set).await?;
             eprintln!(
                 "applied PinSet {} (generation {})",
                 set.name,
                 stored.generation()
             );
+            changed.push(before != Some(stored.generation()));
             wanted.push(WantedSet {
                 set,
                 min_generation: stored.generation(),
             });
         }
-        Ok(Applied::Written(
-            connected.wait(&wanted, options.wait).await,
-        ))
+        let readiness = connected.wait(&wanted, options.wait).await;
+        let applied: Vec<outcome::Applied> = wanted
+            .iter()
+            .zip(changed)
+            .map(|(w, changed)| outcome::Applied {
+                name: &w.set.name,
+                generation: w.min_generation,
+                changed,
+            })
+            .collect();
+        let fanned_out = wanted.iter().any(|w| w.set.fan_out);
+        let (link, served) = connected.view.cache_bytes();
+        Ok(Applied::Reported(Box::new(Reported {
+            sets: wanted.iter().map(|w| SetUsed::of(&w.set)).collect(),
+            outcomes: outcome::node_outcomes(&connected.view, &readiness, &applied),
+            fan_out: fanned_out.then(|| FanOutReport {
+                link_bytes: link.saturating_sub(cache_before.0),
+                served_bytes: served.saturating_sub(cache_before.1),
+            }),
+            readiness,
+        })))
     }
 
     /// Deletes the named sets; a set already gone is reported, not an error.

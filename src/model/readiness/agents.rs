@@ -15,7 +15,7 @@ use super::{
 };
 use crate::model::agents_view::{AgentsView, NodeWithSet};
 use crate::model::holders::HeldBy;
-use crate::model::pinboard_api::NodeReport;
+use crate::model::pinboard_api::{DEGRADED, NodeReport, NodeSetPhase};
 use crate::model::reference::{count_images, some_of};
 use crate::model::units::{clock, human};
 
@@ -101,6 +101,7 @@ fn assess_node(
             NodeWithSet::Waiting { .. } => (SetState::Waiting, None),
             NodeWithSet::Pulling => (SetState::Pulling, None),
             NodeWithSet::Failed { reason } => (SetState::Failed, Some(reason.clone())),
+            NodeWithSet::Restoring { reason } => (SetState::Restoring, Some(reason.clone())),
         };
         match &with_set {
             NodeWithSet::NoAgent | NodeWithSet::Stale { .. } => report = None,
@@ -173,9 +174,27 @@ fn assess_node(
         images,
         sets: on_node,
         kubelet: None,
-        warnings: Vec::new(),
+        warnings: report.map_or_else(Vec::new, |r| fought(r, sets)),
         cache: report.and_then(|r| r.cache.clone()),
     }
+}
+
+/// The sets pinned again after losses that recur: ready, but something on the node fights the pins.
+fn fought(report: &NodeReport, sets: &[SetOnAgents]) -> Vec<String> {
+    report
+        .sets
+        .iter()
+        .filter(|s| {
+            s.state == NodeSetPhase::Pinned && sets.iter().any(|w| w.wanted.set.name == s.name)
+        })
+        .filter_map(|s| {
+            let degraded = s
+                .conditions
+                .iter()
+                .find(|c| c.type_ == DEGRADED && c.status == "True")?;
+            Some(format!("set {:?}: {}", s.name, degraded.message))
+        })
+        .collect()
 }
 
 fn set_on_node(
@@ -225,6 +244,7 @@ fn set_reason(
             }
         }
         NodeWithSet::Failed { reason } => format!("set {name:?} failed: {reason}"),
+        NodeWithSet::Restoring { reason } => format!("set {name:?}: {reason}"),
         NodeWithSet::Ready | NodeWithSet::NoAgent | NodeWithSet::Stale { .. } => return None,
     })
 }

@@ -282,6 +282,8 @@ pub enum SetState {
     /// The node has not seen this generation of the set yet.
     Waiting,
     Failed,
+    /// It was done, then an image or pin was lost: the node's agent puts it back.
+    Restoring,
     /// Nothing reports on the node.
     Unknown,
     /// The set is not on the cluster.
@@ -296,6 +298,7 @@ impl SetState {
             SetState::Slow => "slow",
             SetState::Waiting => "waiting",
             SetState::Failed => "failed",
+            SetState::Restoring => "restoring",
             SetState::Unknown => "unknown",
             SetState::Absent => "absent",
         }

@@ -305,6 +305,10 @@ fn image_detail(
             ImageState::Failed { reason } => {
                 lines.push(Line::styled(format!("failed: {reason} (r retries)"), error))
             }
+            ImageState::Lost { found } => lines.push(Line::styled(
+                format!("lost since it was pinned: {found}; the node's agent puts it back"),
+                error,
+            )),
             ImageState::Lazy { .. } => lines.push(Line::styled(
                 format!(
                     "{}: present only lazily, its layers read from the registry when first used",

@@ -196,6 +196,7 @@ pub(super) fn finished_message(rollout: &Rollout) -> String {
             NodeState::Refused { .. } => "refused",
             NodeState::Stopped { .. } => "stopped (r retries)",
             NodeState::PinFailed { .. } => "pin failed",
+            NodeState::Restoring { .. } => "restoring",
             NodeState::Waiting | NodeState::Pulling { .. } => "running",
         };
         *counts.entry(word).or_default() += 1;

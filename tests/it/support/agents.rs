@@ -12,6 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use pinboard::model::readiness::Readiness;
 use serde_json::{Value, json};
 
 use super::binary;
@@ -245,6 +246,16 @@ impl AgentsLab {
         all.extend(["--min-free".into(), MIN_FREE.into()]);
         all.extend(rest.iter().map(|a| a.to_string()));
         pinboard_with(all, |_| {})
+    }
+
+    /// `pinboard check -o json ARGS`: its exit code, the readiness it printed, and its stderr.
+    pub fn check(&self, args: &[&str]) -> (i32, Readiness, String) {
+        let mut all = vec!["check", "-o", "json"];
+        all.extend(args);
+        let run = self.pinboard(&all);
+        let parsed = serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("check -o json ({e}): {}\n{}", run.stdout, run.stderr));
+        (run.code, parsed, run.stderr)
     }
 
     /// A PinSet file named `name` listing `images` (and `extra` YAML under its spec), in the lab's dir.

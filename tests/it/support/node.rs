@@ -383,6 +383,39 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         );
     }
 
+    /// Clears label `key` on every image record of the image `name` names (its tag or digest reference
+    /// and its id: CRI keeps several), as `ctr images label RECORD KEY=` run for each would.
+    pub fn clear_label(&self, name: &str, key: &str) {
+        let listed = self.images_ls();
+        let digest_of = |line: &str| line.split_whitespace().nth(2).map(str::to_owned);
+        let target = listed
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(digest_of)
+            .unwrap_or_else(|| panic!("{}: no image {name}:\n{listed}", self.name));
+        for record in listed
+            .lines()
+            .filter(|l| digest_of(l).as_deref() == Some(target.as_str()))
+            .filter_map(|l| l.split_whitespace().next())
+        {
+            self.label(record, &format!("{key}="));
+        }
+    }
+
+    /// `ctr images rm --sync NAME`: removes an image record behind pinboard's back, as kubelet image GC,
+    /// `crictl rmi` or an administrator would; its content goes with it.
+    pub fn remove_image(&self, name: &str) {
+        let out = ctr(&self.socket)
+            .args(["images", "rm", "--sync", name])
+            .output()
+            .expect("ctr runs");
+        assert!(
+            out.status.success(),
+            "ctr images rm: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     pub fn imagefs_dir(&self) -> PathBuf {
         self.root.join("io.containerd.snapshotter.v1.native")
     }

@@ -1,0 +1,620 @@
+//! The agent's decisions, pure: what it watches (the sets, its Node's labels, an administrator's lazy-pull
+//! wish) and what it observes (its node's facts, its rollout's events, its checks of the runtime) go in
+//! as an [`Input`]; what to do next comes out as [`Action`]s — roll a set out (or restore one), cancel the
+//! running rollout, release a set's pins, read the node, check the runtime — for the shell
+//! ([`super::Agent`]) to carry out and answer with more inputs. The same shape as the TUI's
+//! `update(&mut State, Msg) -> Vec<Cmd>` and kube-rs's `reconcile(object, context) -> Action`; times come
+//! in, so every decision is unit-tested without a cluster or a clock.
+//!
+//! - One rollout at a time: an edited set's rollout is cancelled and started again on the new content; a
+//!   set no longer selecting the node is cancelled, then released.
+//! - Nothing is released before the sets' watch has listed: no set yet is not "no set selects the node".
+//! - Every set it pinned is checked against the runtime every [`Timing::verify_every`] (sooner when the
+//!   runtime says an image changed): a lost image or pin makes the set `restoring` at once, naming each
+//!   image with what was found, and it is rolled out again ([`super::losses`] backs off a loss that
+//!   recurs).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::losses::Losses;
+use crate::model::holders::ReleaseScope;
+use crate::model::node_report::{self, lost, lost_evidence, lost_images, restoring};
+use crate::model::pinboard_api::{
+    DEGRADED, NodeReport, NodeSetPhase, PinSet, SetFanOut, SetReport,
+};
+use crate::model::readiness::ObservedNode;
+use crate::model::rollout::{Event, FetchedSource, Rollout};
+
+/// How often the agent acts on time alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// Every set it pinned is checked against the runtime this often.
+    pub verify_every: Duration,
+    /// The node's facts are read again this often when nothing happens (images come and go on their own).
+    pub facts_every: Duration,
+    /// A failed set is tried again after this long (or as soon as it changes); so is a release that failed.
+    pub retry_after: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing {
+            verify_every: Duration::from_secs(30),
+            facts_every: Duration::from_secs(300),
+            retry_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A change the runtime announced is checked this soon, so that a burst of them is one check.
+const VERIFY_SOON: Duration = Duration::from_secs(1);
+
+/// What the agent takes in.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    /// The sets' watch listed or changed: every set.
+    Sets(Vec<PinSet>),
+    /// Its Node's labels, as the Node's watch has them.
+    Labels(BTreeMap<String, String>),
+    /// Its Node object was read (its uid owns the report).
+    NodeKnown,
+    /// What an administrator asked of lazy pulling (its report's `spec.lazyPulling`).
+    LazyWish(Option<bool>),
+    /// The node's facts, read again.
+    Facts(NodeReport),
+    /// A second went by.
+    Tick,
+    /// The set [`Action::RollOut`] named started, pulling as `fan_out` says for a fan-out set.
+    Started { fan_out: Option<SetFanOut> },
+    /// It could not start, and why (its pull credentials, a registry client).
+    NotStarted(String),
+    /// A fan-out set waits for the in-cluster cache to serve its generation, since then.
+    WaitingForCache(Instant),
+    /// The rollout's own plan of the node: what it will fetch.
+    Planned(u64),
+    /// An event of the running rollout, and how its fan-out set pulls now.
+    Rollout(Event, Option<SetFanOut>),
+    /// The running rollout ended, with why it stopped early, and then the runtime asked about the set's
+    /// images (None when it could not be); `relayed`: what the node's relay passed on to the runtime
+    /// meanwhile, when every pull went through it.
+    Ended {
+        failure: Option<String>,
+        observed: Option<ObservedNode>,
+        fan_out: Option<SetFanOut>,
+        relayed: Option<u64>,
+    },
+    /// What [`Action::Verify`] found.
+    Verified(ObservedNode),
+    /// The runtime announced that an image changed (containerd's image events).
+    RuntimeChanged,
+}
+
+/// What the shell does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Roll set `set` out at `generation` (answered by [`Input::Started`], [`Input::NotStarted`] or
+    /// [`Input::WaitingForCache`]).
+    RollOut(Start),
+    /// Cancel the running rollout: its set changed or no longer selects the node.
+    Cancel,
+    /// Release `scope` on the node (for `set`), then read the node again.
+    Release { scope: ReleaseScope, set: String },
+    /// Read the node's facts again (and carry out the lazy-pull wish): answered by [`Input::Facts`].
+    ReadFacts,
+    /// Ask the runtime about these images: answered by [`Input::Verified`].
+    Verify(Vec<String>),
+}
+
+/// A rollout to start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    pub set: String,
+    pub generation: i64,
+    pub images: Vec<String>,
+    /// Through the in-cluster cache (`spec.fanOut`), waiting for it since then when it waited already.
+    pub fan_out: bool,
+    pub waiting_since: Option<Instant>,
+    /// It puts back what was lost of a pinned set.
+    pub restore: bool,
+}
+
+/// The rollout under way.
+#[derive(Clone, Debug)]
+pub struct Running {
+    pub set: String,
+    pub generation: i64,
+    pub images: Vec<String>,
+    /// The set's images before this content, which lose its hold once the new content is pinned.
+    dropped: Vec<String>,
+    rollout: Rollout,
+    restore: bool,
+    fan_out: Option<SetFanOut>,
+    planned: Option<u64>,
+    /// Started for real (not waiting for the cache, not refused).
+    started: bool,
+    cancelling: bool,
+}
+
+/// Everything the agent knows.
+#[derive(Clone, Debug)]
+pub struct AgentState {
+    node: String,
+    timing: Timing,
+    node_known: bool,
+    labels: Option<BTreeMap<String, String>>,
+    /// None until the sets' watch has listed.
+    sets: Option<BTreeMap<String, PinSet>>,
+    lazy_wish: Option<bool>,
+    facts: NodeReport,
+    facts_read: Option<Instant>,
+    /// Per set that selects the node.
+    reports: BTreeMap<String, SetReport>,
+    running: Option<Running>,
+    /// Sets that failed, at which generation and when.
+    failed: BTreeMap<String, (i64, Instant)>,
+    /// Releases tried, by set, and when: one that did not take is tried again after a while, not every
+    /// second.
+    releasing: BTreeMap<String, Instant>,
+    /// A fan-out set waiting for the cache to serve its generation, since when.
+    waiting_for_cache: Option<(String, i64, Instant)>,
+    losses: BTreeMap<String, Losses>,
+    next_verify: Option<Instant>,
+}
+
+impl AgentState {
+    pub fn new(node: &str, timing: Timing) -> AgentState {
+        AgentState {
+            node: node.to_string(),
+            timing,
+            node_known: false,
+            labels: None,
+            sets: None,
+            lazy_wish: None,
+            facts: NodeReport::default(),
+            facts_read: None,
+            reports: BTreeMap::new(),
+            running: None,
+            failed: BTreeMap::new(),
+            releasing: BTreeMap::new(),
+            waiting_for_cache: None,
+            losses: BTreeMap::new(),
+            next_verify: None,
+        }
+    }
+
+    /// Takes `input` in at `now` and says what to do.
+    pub fn update(&mut self, input: Input, now: Instant) -> Vec<Action> {
+        match input {
+            Input::Sets(sets) => {
+                self.sets = Some(sets.into_iter().map(|s| (s.name().to_owned(), s)).collect());
+            }
+            Input::Labels(labels) => self.labels = Some(labels),
+            Input::NodeKnown => self.node_known = true,
+            Input::LazyWish(wish) => {
+                let changed = std::mem::replace(&mut self.lazy_wish, wish) != wish;
+                // Carried out now, not at the next read.
+                if changed && self.node_known {
+                    return vec![Action::ReadFacts];
+                }
+                return Vec::new();
+            }
+            Input::Facts(facts) => {
+                self.facts = facts;
+                self.facts_read = Some(now);
+            }
+            Input::Tick => {
+                let mut actions = self.timed(now);
+                actions.extend(self.reconcile(now));
+                return actions;
+            }
+            Input::Started { fan_out } => self.started(fan_out),
+            Input::NotStarted(why) => {
+                if let Some(running) = self.running.take() {
+                    self.fail(&running.set, running.generation, &running.images, why, now);
+                }
+            }
+            Input::WaitingForCache(since) => {
+                if let Some(running) = self.running.take() {
+                    self.waiting_for_cache = Some((running.set, running.generation, since));
+                }
+                return Vec::new();
+            }
+            Input::Planned(bytes) => {
+                if let Some(running) = &mut self.running {
+                    running.planned = Some(bytes);
+                }
+                return Vec::new();
+            }
+            Input::Rollout(event, fan_out) => {
+                self.fold(event, fan_out, now);
+                return Vec::new();
+            }
+            Input::Ended {
+                failure,
+                observed,
+                fan_out,
+                relayed,
+            } => return self.ended(failure, observed, (fan_out, relayed), now),
+            Input::Verified(observed) => self.verified(&observed, now),
+            Input::RuntimeChanged => {
+                let soon = now + VERIFY_SOON;
+                self.next_verify = Some(self.next_verify.map_or(soon, |at| at.min(soon)));
+                return Vec::new();
+            }
+        }
+        self.reconcile(now)
+    }
+
+    /// Every set, as the sets' watch has them (none before it listed).
+    pub fn sets(&self) -> &BTreeMap<String, PinSet> {
+        static NONE: BTreeMap<String, PinSet> = BTreeMap::new();
+        self.sets.as_ref().unwrap_or(&NONE)
+    }
+
+    /// The node's facts as last read.
+    pub fn facts(&self) -> &NodeReport {
+        &self.facts
+    }
+
+    /// What the agent says of each set that selects the node.
+    pub fn reports(&self) -> impl Iterator<Item = &SetReport> {
+        self.reports.values()
+    }
+
+    /// Each set's phase at its generation: a report whose phases changed is news, written at once.
+    pub fn phases(&self) -> Vec<(String, i64, NodeSetPhase)> {
+        self.reports
+            .values()
+            .map(|r| (r.name.clone(), r.observed_generation, r.state))
+            .collect()
+    }
+
+    /// The rollout under way, if one is.
+    pub fn running(&self) -> Option<&Running> {
+        self.running.as_ref().filter(|r| r.started)
+    }
+
+    /// What an administrator asked of lazy pulling.
+    pub fn lazy_wish(&self) -> Option<bool> {
+        self.lazy_wish
+    }
+
+    /// The most nodes any set lands on, as the sets' statuses say: how often a report may be written.
+    pub fn widest_set(&self) -> i64 {
+        self.sets
+            .iter()
+            .flat_map(BTreeMap::values)
+            .filter_map(|s| s.status.as_ref().map(|st| st.nodes))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// What falls due with time: reading the node, checking the pinned sets against the runtime.
+    fn timed(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if !self.node_known {
+            return actions;
+        }
+        if self
+            .facts_read
+            .is_none_or(|at| now.duration_since(at) >= self.timing.facts_every)
+        {
+            actions.push(Action::ReadFacts);
+        }
+        if self.next_verify.is_none_or(|at| now >= at) {
+            self.next_verify = Some(now + self.timing.verify_every);
+            let images = self.pinned_images();
+            if !images.is_empty() {
+                actions.push(Action::Verify(images));
+            }
+        }
+        actions
+    }
+
+    /// Every image of the sets pinned on the node, but the running rollout's set (its end checks it).
+    fn pinned_images(&self) -> Vec<String> {
+        let running = self.running.as_ref().map(|r| r.set.as_str());
+        let mut images: Vec<String> = self
+            .reports
+            .values()
+            .filter(|r| r.state == NodeSetPhase::Pinned && Some(r.name.as_str()) != running)
+            .flat_map(|r| r.images.iter().map(|i| i.name.clone()))
+            .collect();
+        images.sort();
+        images.dedup();
+        images
+    }
+
+    /// The sets that select this node: by name, their generation and images.
+    fn desired(&self) -> BTreeMap<String, (i64, Vec<String>)> {
+        let (Some(sets), Some(labels)) = (&self.sets, &self.labels) else {
+            return BTreeMap::new();
+        };
+        sets.values()
+            .filter(|s| s.selects(labels))
+            .map(|s| {
+                let images = s.images().map(str::to_string).collect();
+                (s.name().to_string(), (s.generation(), images))
+            })
+            .collect()
+    }
+
+    /// What is to be done next: a running rollout whose set changed or left is cancelled; a set no longer
+    /// selecting the node is released; the next set not pinned at its generation is rolled out (a lost one
+    /// once its losses allow).
+    fn reconcile(&mut self, now: Instant) -> Vec<Action> {
+        if !self.node_known || self.sets.is_none() || self.labels.is_none() {
+            return Vec::new();
+        }
+        let desired = self.desired();
+        if let Some(running) = &mut self.running {
+            let current = desired.get(&running.set).map(|(g, _)| *g);
+            if current != Some(running.generation) && running.started && !running.cancelling {
+                running.cancelling = true;
+                return vec![Action::Cancel];
+            }
+            return Vec::new();
+        }
+        self.reports.retain(|name, _| desired.contains_key(name));
+        self.losses.retain(|name, _| desired.contains_key(name));
+        let retry_after = self.timing.retry_after;
+        let gone = self
+            .facts
+            .holding_sets()
+            .into_iter()
+            .filter(|set| !desired.contains_key(set))
+            .find(|set| {
+                self.releasing
+                    .get(set)
+                    .is_none_or(|at| now.duration_since(*at) >= retry_after)
+            });
+        if let Some(gone) = gone {
+            self.releasing.insert(gone.clone(), now);
+            return vec![Action::Release {
+                scope: ReleaseScope::of_sets(&[gone.as_str()], &[], false),
+                set: gone,
+            }];
+        }
+        let next = desired.iter().find(|(name, (generation, _))| {
+            let report = self.reports.get(*name);
+            let done = report.is_some_and(|r| {
+                r.observed_generation == *generation && r.state == NodeSetPhase::Pinned
+            });
+            let failed = self
+                .failed
+                .get(*name)
+                .is_some_and(|(g, at)| g == generation && now.duration_since(*at) < retry_after);
+            let waiting = self
+                .losses
+                .get(*name)
+                .is_some_and(|losses| !losses.may_restore(now));
+            !done && !failed && !waiting
+        });
+        let Some((name, (generation, images))) = next else {
+            return Vec::new();
+        };
+        let restore = self.reports.get(name).is_some_and(|r| {
+            r.observed_generation == *generation && r.state == NodeSetPhase::Restoring
+        });
+        let fan_out = self
+            .sets
+            .as_ref()
+            .and_then(|s| s.get(name))
+            .is_some_and(|s| s.spec.fan_out);
+        let waiting_since = match &self.waiting_for_cache {
+            Some((set, g, since)) if set == name && g == generation => Some(*since),
+            _ => None,
+        };
+        let dropped = self
+            .facts
+            .images
+            .iter()
+            .filter(|i| i.held_by.iter().any(|h| h == name))
+            .flat_map(|i| i.names.first().cloned())
+            .filter(|image| !images.contains(image))
+            .collect();
+        self.running = Some(Running {
+            set: name.clone(),
+            generation: *generation,
+            images: images.clone(),
+            dropped,
+            rollout: Rollout::expecting(std::slice::from_ref(&self.node)),
+            restore,
+            fan_out: None,
+            planned: None,
+            started: false,
+            cancelling: false,
+        });
+        vec![Action::RollOut(Start {
+            set: name.clone(),
+            generation: *generation,
+            images: images.clone(),
+            fan_out,
+            waiting_since,
+            restore,
+        })]
+    }
+
+    /// The rollout [`Action::RollOut`] asked for started: every image queued, the set's losses kept.
+    fn started(&mut self, fan_out: Option<SetFanOut>) {
+        self.waiting_for_cache = None;
+        let Some(running) = &mut self.running else {
+            return;
+        };
+        running.started = true;
+        running.fan_out = fan_out.clone();
+        let before = self.reports.get(&running.set);
+        let mut queued = node_report::queued(&running.set, running.generation, &running.images);
+        queued.fan_out = fan_out;
+        if running.restore {
+            // Still restoring, naming what was lost, until the images are back.
+            queued.state = NodeSetPhase::Restoring;
+            queued.conditions = before.map(|r| r.conditions.clone()).unwrap_or_default();
+        }
+        queued.restores = before.and_then(|r| r.restores.clone());
+        self.reports.insert(running.set.clone(), queued);
+    }
+
+    /// Marks a set failed at `generation`, saying why.
+    fn fail(&mut self, name: &str, generation: i64, images: &[String], why: String, now: Instant) {
+        let mut report = node_report::queued(name, generation, images);
+        report.state = NodeSetPhase::Failed;
+        report.conditions = node_report::failed_conditions(&why);
+        report.restores = self.reports.get(name).and_then(|r| r.restores.clone());
+        self.reports.insert(name.to_string(), report);
+        self.failed.insert(name.to_string(), (generation, now));
+    }
+
+    /// Folds in an event of the running rollout.
+    fn fold(&mut self, event: Event, fan_out: Option<SetFanOut>, now: Instant) {
+        let Some(running) = &mut self.running else {
+            return;
+        };
+        running.rollout.apply(event);
+        let Some(progress) = running.rollout.nodes().get(&self.node) else {
+            return;
+        };
+        let mut report = node_report::rolling(&running.set, running.generation, progress);
+        report.fan_out = fan_out;
+        if let Some(outcome) = &mut report.outcome {
+            outcome.planned_bytes = running.planned;
+        }
+        let before = self.reports.get(&running.set);
+        if running.restore && report.state == NodeSetPhase::Pulling {
+            report.state = NodeSetPhase::Restoring;
+            report.conditions = before.map(|r| r.conditions.clone()).unwrap_or_default();
+        }
+        report.restores = self
+            .losses
+            .get(&running.set)
+            .and_then(|l| l.report(now))
+            .or_else(|| before.and_then(|r| r.restores.clone()));
+        self.reports.insert(running.set.clone(), report);
+    }
+
+    /// The running rollout ended: the set is pinned only where the runtime says so; what the set no
+    /// longer lists is released once the new content is pinned; a restore is counted.
+    fn ended(
+        &mut self,
+        failure: Option<String>,
+        observed: Option<ObservedNode>,
+        (fan_out, relayed): (Option<SetFanOut>, Option<u64>),
+        now: Instant,
+    ) -> Vec<Action> {
+        let Some(running) = self.running.take() else {
+            return Vec::new();
+        };
+        let mut actions = Vec::new();
+        let progress = running.rollout.nodes().get(&self.node);
+        match (failure, progress, observed) {
+            (Some(why), _, _) => {
+                self.fail(&running.set, running.generation, &running.images, why, now);
+            }
+            (None, Some(progress), Some(observed)) => {
+                let rolled = node_report::rolling(&running.set, running.generation, progress);
+                let mut report = node_report::verified(rolled, &observed);
+                report.fan_out = fan_out;
+                if let Some(outcome) = &mut report.outcome {
+                    outcome.planned_bytes = running.planned;
+                    // A runtime that reports no bytes (CRI-O) fetched what its relay passed on.
+                    if let (Some(FetchedSource::Plan), Some(bytes)) =
+                        (outcome.fetched_source, relayed)
+                    {
+                        outcome.fetched_bytes = bytes;
+                        outcome.fetched_source = Some(FetchedSource::Relay);
+                    }
+                }
+                let losses = self.losses.entry(running.set.clone()).or_default();
+                report.restores = match (report.state, running.restore) {
+                    (NodeSetPhase::Pinned, true) => losses.restored(now),
+                    _ => losses.report(now),
+                };
+                if report.state == NodeSetPhase::Pinned {
+                    self.failed.remove(&running.set);
+                    let recent = report.restores.as_ref().map_or(0, |r| r.recent);
+                    if recent > 1 {
+                        mark_fought(&mut report, recent);
+                    }
+                    if !running.dropped.is_empty() {
+                        actions.push(Action::Release {
+                            scope: ReleaseScope::of_images(&running.set, &running.dropped),
+                            set: running.set.clone(),
+                        });
+                    }
+                } else if report.state == NodeSetPhase::Failed {
+                    self.failed
+                        .insert(running.set.clone(), (running.generation, now));
+                }
+                self.reports.insert(running.set.clone(), report);
+            }
+            (None, _, _) => {}
+        }
+        actions.push(Action::ReadFacts);
+        actions.extend(self.reconcile(now));
+        actions
+    }
+
+    /// A check of the runtime: every pinned set with an image or pin lost is restoring, at once, and is
+    /// put back as its losses allow.
+    fn verified(&mut self, observed: &ObservedNode, now: Instant) {
+        let running = self.running.as_ref().map(|r| r.set.clone());
+        for (name, report) in &mut self.reports {
+            if report.state != NodeSetPhase::Pinned || Some(name) == running.as_ref() {
+                continue;
+            }
+            let lost: Vec<_> = lost(report, observed)
+                .into_iter()
+                .map(|image| {
+                    let evidence = lost_evidence(image.found, observed);
+                    (image, evidence)
+                })
+                .collect();
+            if lost.is_empty() {
+                continue;
+            }
+            let found_at = Time(k8s_openapi::jiff::Timestamp::now());
+            let losses = self.losses.entry(name.clone()).or_default();
+            let backing_off = losses.found(lost_images(&lost, found_at), now);
+            tracing::warn!(
+                set = name,
+                lost = lost.len(),
+                "images or pins of a pinned set were lost; putting them back"
+            );
+            let mut restored = restoring(report.clone(), &lost, backing_off.as_deref());
+            restored.restores = losses.report(now).or_else(|| report.restores.clone());
+            *report = restored;
+        }
+    }
+}
+
+/// A set pinned again after losses that recur: Degraded stays true, saying how often, so that an
+/// administrator sees that something on the node fights the pins.
+fn mark_fought(report: &mut SetReport, recent: u32) {
+    let message = format!(
+        "images of the set were lost {recent} times in the last hour and put back each time: something \
+         on the node removes them (kubelet image GC, `crictl rmi`, disk pressure)"
+    );
+    if let Some(degraded) = report.conditions.iter_mut().find(|c| c.type_ == DEGRADED) {
+        degraded.status = "True".into();
+        degraded.reason = "LostRepeatedly".into();
+        degraded.message = message;
+    }
+}
+
+/// Whether a report that changed is written at `now`: at once when it is news (nothing rolls out, or a
+/// set's phase changed: a loss found, a set pinned), else, while bytes move, at most every `interval`
+/// since the last write.
+pub fn write_due(
+    news: bool,
+    last_write: Option<Instant>,
+    interval: Duration,
+    now: Instant,
+) -> bool {
+    news || last_write.is_none_or(|at| now.duration_since(at) >= interval)
+}
+
+#[cfg(test)]
+mod tests;
