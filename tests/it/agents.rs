@@ -673,3 +673,116 @@ async fn an_image_left_only_lazily_present_is_named_and_its_node_not_ready() {
         n1.reasons
     );
 }
+
+/// `apply -o json` on agents says per node what its runtime fetched, as the node's agent measured it (its
+/// content store's gain), beside what the plan said; the proxy counts the same bytes. n1 holds X (base B,
+/// layer x) already: the set's Y and W share B, so n1 fetches only their own layers, n2 B too. Each node is
+/// applied alone, so that the proxy's count is that node's; its progress lines count each blob once.
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_on_agents_reports_what_each_node_fetched_as_the_proxy_counts_it() {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+    ];
+    let lab = AgentsLab::start_with(
+        "agents-fetched",
+        nodes,
+        None,
+        vec!["--insecure-registry={proxy}".into()],
+        support::RegistrySetup::default(),
+    )
+    .await;
+    let proxy = lab.lab.proxy_host();
+    let layer = |seed, bytes: u64| support::LayerSpec {
+        seed,
+        bytes: bytes as usize,
+        format: support::LayerFormat::Gzip,
+    };
+    let image = |repository: &str, layers: Vec<support::LayerSpec>| {
+        let spec = ImageSpec {
+            layers,
+            ..ImageSpec::default()
+        };
+        lab.lab
+            .push_image(repository, &spec)
+            .expect("push")
+            .reference(&proxy)
+    };
+    let base = layer(7300, 3 * MIB);
+    let x = image("fetched/x", vec![base.clone(), layer(7301, 2 * MIB)]);
+    let y = image("fetched/y", vec![base.clone(), layer(7302, 4 * MIB)]);
+    let w = image("fetched/w", vec![base, layer(7303, MIB)]);
+    lab.lab.node("n1").pull(&x).expect("n1 holds X");
+    let set = lab.set_file("web", &[&y, &w], "");
+    let mut fetched = BTreeMap::new();
+    for node in ["n1", "n2"] {
+        let before = lab.lab.proxy().bytes_down();
+        let run = lab.pinboard(&[
+            "apply",
+            "-o",
+            "json",
+            "--insecure-registry",
+            &proxy,
+            "--set",
+            set.to_str().unwrap(),
+            "--selector",
+            &format!("kubernetes.io/hostname={node}"),
+            "--timeout",
+            "120s",
+        ]);
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        let moved = lab.lab.proxy().bytes_down() - before;
+        let report: Value = serde_json::from_str(&run.stdout).unwrap();
+        let outcome = report["rollout"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["node"] == node)
+            .unwrap_or_else(|| panic!("{node} in {report}"))
+            .clone();
+        let bytes = outcome["fetchedBytes"].as_u64().unwrap();
+        eprintln!(
+            "{node}: fetchedBytes {bytes}, plannedBytes {}, proxy {moved}",
+            outcome["plannedBytes"]
+        );
+        assert_eq!(outcome["fetchedSource"], "content-store", "{outcome}");
+        assert_eq!(outcome["state"], "pinned", "{outcome}");
+        assert_eq!(
+            (outcome["pulled"].as_u64(), outcome["pinned"].as_u64()),
+            (Some(2), Some(2))
+        );
+        // The proxy also counts the manifests; the runtime's content store counts blobs.
+        let off = (bytes as f64 - moved as f64).abs() / moved as f64;
+        assert!(
+            off <= 0.02,
+            "{node}: fetched {bytes}, the proxy saw {moved}"
+        );
+        let planned = outcome["plannedBytes"].as_u64().unwrap();
+        assert!(
+            (planned as f64 - bytes as f64).abs() / bytes as f64 <= 0.02,
+            "{node}: planned {planned}, fetched {bytes}"
+        );
+        // Progress counts this node's bytes of this generation, each blob once: never more than the plan.
+        for line in run.stderr.lines().filter(|l| l.ends_with(" fetched)")) {
+            let total = line
+                .rsplit_once(" of ")
+                .and_then(|(_, t)| t.strip_suffix(" fetched)"))
+                .and_then(|t| t.split_once(' '))
+                .map(|(number, unit)| {
+                    let unit = match unit {
+                        "MiB" => MIB as f64,
+                        "KiB" => 1024.0,
+                        _ => 1.0,
+                    };
+                    number.parse::<f64>().unwrap() * unit
+                })
+                .unwrap();
+            assert!(total <= planned as f64 * 1.01, "{node}: {line}");
+        }
+        fetched.insert(node, bytes);
+    }
+    assert!(
+        fetched["n2"] >= fetched["n1"] + 3 * MIB,
+        "n2 fetched B, n1 held it: {fetched:?}"
+    );
+}

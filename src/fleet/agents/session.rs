@@ -89,7 +89,7 @@ impl Connected {
             if readiness.ready {
                 return readiness;
             }
-            let line = self.progress_line(&readiness);
+            let line = self.progress_line(&readiness, wanted);
             if line != last_line {
                 eprintln!("waiting: {line}");
             }
@@ -102,15 +102,20 @@ impl Connected {
         }
     }
 
-    /// Readiness's line, with the bytes the nodes have fetched for the sets so far, and the API server's
-    /// connection when it is not synced.
-    fn progress_line(&self, readiness: &Readiness) -> String {
+    /// Readiness's line, with the bytes the nodes have fetched for the wanted sets' generations so far (not
+    /// an older generation's, nor another set's), and the API server's connection when it is not synced.
+    fn progress_line(&self, readiness: &Readiness, wanted: &[WantedSet]) -> String {
         let mut line = readiness.progress_line();
         let (done, total) = readiness
             .nodes
             .iter()
             .filter_map(|n| self.view.report(&n.node))
             .flat_map(|r| &r.sets)
+            .filter(|s| {
+                wanted
+                    .iter()
+                    .any(|w| w.set.name == s.name && s.observed_generation >= w.min_generation)
+            })
             .fold((0, 0), |(d, t), s| (d + s.done_bytes, t + s.total_bytes));
         if total > 0 {
             line.push_str(&format!(" ({} of {} fetched)", human(done), human(total)));
