@@ -78,9 +78,15 @@ impl Puller {
         matches!(self, Puller::Pinboard | Puller::Agents)
     }
 
-    /// Whether an operator can retry or cancel a pull, and fan the blobs out, from here.
+    /// Whether an operator can retry or cancel a pull from here.
     pub fn steered_from_here(self) -> bool {
         self == Puller::Pinboard
+    }
+
+    /// Whether a rollout can fan the blobs out, each over the registry link once: through pinboard's blob
+    /// cache (direct mode), or the agents' in-cluster cache (a set's `spec.fanOut`).
+    pub fn fans_out(self) -> bool {
+        matches!(self, Puller::Pinboard | Puller::Agents)
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use super::agents_view::{AgentsView, NodeWithSet};
 use super::lazy::LazyPulling;
 use super::machine_config::{ClusterView, ImageFsSpace};
+use super::pinboard_api::{NodeReport, NodeSetPhase, PROGRESSING};
 use super::rollout::PinMethod;
 
 /// What the Nodes screen knows about a node. `None`: unknown, shown as such.
@@ -26,6 +27,8 @@ pub struct NodeSummary {
     pub reachable: Option<bool>,
     /// Worth knowing about the node, though it works (e.g. a kubelet whose image GC ignores pins).
     pub warning: Option<String>,
+    /// On agents: where the in-cluster cache serves, when this node's agent holds its role.
+    pub cache: Option<String>,
 }
 
 /// On agents: each node with an agent, as its report says, at `now`; a node whose agent is stale is
@@ -55,11 +58,30 @@ pub fn of_agents(view: &AgentsView, now: SystemTime) -> Vec<NodeSummary> {
                     Some(NodeWithSet::Stale { .. }) => {
                         Some("its agent's heartbeat is stale: these are its last figures".into())
                     }
-                    _ => report.runtime_error.clone(),
+                    _ => report.runtime_error.clone().or_else(|| restoring(report)),
                 },
+                cache: report
+                    .cache
+                    .as_ref()
+                    .filter(|_| untrusted.is_none())
+                    .map(|c| c.address.clone()),
             }
         })
         .collect()
+}
+
+/// What the node's agent is putting back, when an image or pin of a set was lost there.
+fn restoring(report: &NodeReport) -> Option<String> {
+    let set = report
+        .sets
+        .iter()
+        .find(|s| s.state == NodeSetPhase::Restoring)?;
+    let lost = set
+        .conditions
+        .iter()
+        .find(|c| c.type_ == PROGRESSING && c.status == "True")
+        .map_or("an image or pin was lost", |c| c.message.as_str());
+    Some(format!("set {}: {lost}", set.name))
 }
 
 /// A pin method by the name reports and nodes files give it.
@@ -100,6 +122,7 @@ pub fn of_cluster(
                 .map(LazyPulling::of_pool),
             reachable: node.ready,
             warning: node.pins_ignored_warning(),
+            cache: None,
         })
         .collect()
 }

@@ -63,6 +63,7 @@ fn node_info(
         lazy_pulling: lazy,
         reachable: Some(true),
         warning: None,
+        cache: None,
     }
 }
 

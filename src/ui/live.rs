@@ -45,7 +45,7 @@ pub async fn run(args: TuiArgs) -> Result<(), Failure> {
     let mut state = State::new(fleet.label(), theme, args.readonly, Instant::now());
     state.stall_after = Duration::from_secs(args.stall_after.max(1));
     state.join_fleet(fleet.traits(), denied, SystemTime::now());
-    state.fan_out = common.rollout.fan_out && state.steers_pulls();
+    state.fan_out = common.rollout.fan_out && state.fans_out();
     for warning in warnings {
         tracing::warn!("{warning}");
         notes.push(warning);

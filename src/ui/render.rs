@@ -54,11 +54,11 @@ pub fn render(state: &State, frame: &mut Frame) {
             format!("apply set {} to {ready} node(s)? y/n", confirm.set)
         };
         let mut lines = vec![Line::from(question)];
-        if !confirm.unpin && state.steers_pulls() {
-            lines.push(Line::from(if confirm.fan_out {
-                "fan-out on: every blob crosses the registry link once"
-            } else {
-                "fan-out off: each node pulls from the registry (f on Plan)"
+        if !confirm.unpin && state.fans_out() {
+            lines.push(Line::from(match (confirm.fan_out, state.steers_pulls()) {
+                (true, true) => "fan-out on: every blob crosses the registry link once",
+                (true, false) => "fan-out on: through the in-cluster cache, each blob once",
+                (false, _) => "fan-out off: each node pulls from the registry (f on Plan)",
             }));
         }
         match (confirm.no_space.is_empty(), confirm.skips_no_space) {
@@ -208,13 +208,11 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
         spans.push(Span::styled("surveying… ", fg(theme.tone(Tone::Active))));
     }
     spans.push(Span::styled("│", fg(theme.role(Role::Dim))));
-    // The machine-config daemons pull in cluster mode: there is nothing to retry, cancel or fan out here.
+    // The daemons and agents pull on their nodes: nothing to retry or cancel here; fan out only through
+    // pinboard's or the agents' cache.
     let engine_only = |b: &&Binding| {
-        !state.steers_pulls()
-            && matches!(
-                b.action,
-                Action::Retry | Action::Cancel | Action::ToggleFanOut
-            )
+        (!state.steers_pulls() && matches!(b.action, Action::Retry | Action::Cancel))
+            || (!state.fans_out() && b.action == Action::ToggleFanOut)
     };
     let shown = KEYMAP
         .iter()

@@ -408,6 +408,18 @@ impl State {
         self.fleet.puller.steered_from_here()
     }
 
+    /// Whether `f` can fan a rollout's blobs out on this fleet.
+    pub fn fans_out(&self) -> bool {
+        self.fleet.puller.fans_out()
+    }
+
+    /// The in-cluster cache, on agents: its holder and address, when some node's agent serves it.
+    pub fn cluster_cache(&self) -> Option<(&str, &str)> {
+        self.nodes
+            .iter()
+            .find_map(|n| Some((n.name.as_str(), n.cache.as_deref()?)))
+    }
+
     /// Whether a set targets pools (through its role label) rather than nodes.
     pub fn targets_pools(&self) -> bool {
         self.fleet.targets == Targets::Pools

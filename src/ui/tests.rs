@@ -451,7 +451,10 @@ fn apply_names_the_nodes_without_room_whoever_pulls() {
             && agents.contains("will be skipped (no-space): worker-0; F to force"),
         "each node's agent skips a node without room: {agents}"
     );
-    assert!(!agents.contains("fan-out"), "{agents}");
+    assert!(
+        agents.contains("fan-out off: each node pulls from the registry (f on Plan)"),
+        "agents fan out through the in-cluster cache: {agents}"
+    );
     // The machine-config daemons try every node: the one without room is named, not skipped.
     let mut state = state();
     state.mode = Mode::Confirm(crate::ui::state::Confirm {
@@ -589,6 +592,54 @@ fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_coun
     assert_eq!(
         state.flash().unwrap(),
         "fan-out off: every node pulls from the registry itself"
+    );
+}
+
+#[test]
+fn f_on_agents_fans_the_set_out_through_the_in_cluster_cache_and_says_whether_one_serves() {
+    use crate::fleet::Traits;
+    let mut state = state();
+    state.fleet = Traits::AGENTS;
+    let link = state.survey.as_ref().unwrap().link_bytes;
+    type_keys(&mut state, "3f");
+    assert!(state.fan_out);
+    let flash = state.flash().unwrap().to_string();
+    assert!(
+        flash.starts_with(&format!(
+            "fan-out on: {} over the registry link instead of {}",
+            human(link.fan_out),
+            human(link.direct)
+        )) && flash.contains("no agent serves the in-cluster cache")
+            && flash.contains("pinboard agent manifests --cache"),
+        "{flash}"
+    );
+    type_keys(&mut state, "f");
+    assert!(!state.fan_out);
+    // n2's agent holds the cache's role.
+    let mut nodes = state.nodes.clone();
+    nodes[1].cache = Some("http://10.0.0.2:5050".into());
+    let holder = nodes[1].name.clone();
+    update(&mut state, Msg::NodesUpdated(nodes));
+    type_keys(&mut state, "3f");
+    let flash = state.flash().unwrap().to_string();
+    assert!(
+        flash.contains(&format!(
+            "the set gets spec.fanOut: its nodes pull through the in-cluster cache at \
+             http://10.0.0.2:5050 (held by {holder})"
+        )),
+        "{flash}"
+    );
+    type_keys(&mut state, "2<Tab><Tab>j3a");
+    assert!(
+        screen_text(&state).contains("fan-out on: through the in-cluster cache, each blob once"),
+        "{:?}\n{}",
+        state.flash(),
+        screen_text(&state)
+    );
+    let cmds = type_keys(&mut state, "y");
+    assert!(
+        matches!(cmds.as_slice(), [Cmd::Apply { fan_out: true, .. }]),
+        "{cmds:?}"
     );
 }
 
@@ -779,6 +830,44 @@ fn a_large_rollout_draws_only_its_visible_rows() {
     assert!(shown.contains("Nodes [2000/2000]"), "{shown}");
     assert!(shown.contains("node-1999"), "{shown}");
     assert!(!shown.contains("node-0000"), "{shown}");
+}
+
+#[test]
+fn a_node_pinned_without_the_runtimes_word_is_pinned_star_with_its_legend() {
+    let mut state = state();
+    let now = state.now;
+    let mut rollout = Rollout::default();
+    for (node, confirmed) in [("n1", true), ("n2", false)] {
+        rollout.apply(Event::NodeStarted {
+            node: node.into(),
+            images: vec!["a@sha256:1".into()],
+            at: now,
+        });
+        rollout.apply(Event::Pinned {
+            node: node.into(),
+            method: crate::model::rollout::PinMethod::ContainerdLabel,
+            confirmed,
+            at: now,
+        });
+    }
+    state.set_rollout(rollout);
+    type_keys(&mut state, "4");
+    let shown = screen_text(&state);
+    assert!(shown.contains("pinned*"), "{shown}");
+    assert!(
+        shown.contains("* pins written, not confirmed: the runtime does not report pins"),
+        "{shown}"
+    );
+    // Every node confirmed: no legend.
+    let mut confirmed = Rollout::default();
+    confirmed.apply(Event::Pinned {
+        node: "n1".into(),
+        method: crate::model::rollout::PinMethod::ContainerdLabel,
+        confirmed: true,
+        at: now,
+    });
+    state.set_rollout(confirmed);
+    assert!(!screen_text(&state).contains("not confirmed"));
 }
 
 #[test]

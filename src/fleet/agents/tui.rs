@@ -367,12 +367,18 @@ fn config_views<'a>(
         .into_iter()
         .filter_map(|node| Some((&node.metadata.name, node.status.as_ref()?)))
         .map(|(name, report)| {
-            let lines = report
+            let mut lines: Vec<(DiffKind, String)> = report
                 .images
                 .iter()
                 .filter(|i| i.pinned)
                 .map(|i| {
-                    let image = i.names.first().map_or("?", String::as_str);
+                    // By digest where it has one: the name a set lists.
+                    let image = i
+                        .names
+                        .iter()
+                        .find(|n| n.contains('@'))
+                        .or(i.names.first())
+                        .map_or("?", String::as_str);
                     let holders = match i.held_by.is_empty() {
                         true => "unowned".to_owned(),
                         false => i.held_by.join(", "),
@@ -380,6 +386,8 @@ fn config_views<'a>(
                     (DiffKind::Same, format!("{image}  held by {holders}"))
                 })
                 .collect();
+            // The runtime lists its images in no stable order: the screen keeps one.
+            lines.sort_by(|a, b| a.1.cmp(&b.1));
             let view = ConfigView {
                 path: format!("pinboardnodes/{name}: pins and their holders"),
                 notes: Vec::new(),
@@ -466,6 +474,42 @@ mod tests {
                 }),
                 Update::LinkBytes(600)
             ]
+        );
+    }
+
+    #[test]
+    fn the_config_screen_lists_a_nodes_pins_by_name_whatever_order_the_runtime_gave() {
+        use crate::model::pinboard_api::ImageReport;
+        let pinned = |names: &[&str]| ImageReport {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            pinned: true,
+            held_by: vec!["web".into()],
+            ..ImageReport::default()
+        };
+        let node = |images: Vec<ImageReport>| PinboardNode {
+            metadata: crate::model::pinboard_api::ObjectMeta {
+                name: "n1".into(),
+                ..Default::default()
+            },
+            status: Some(NodeReport {
+                images,
+                ..NodeReport::default()
+            }),
+            ..PinboardNode::default()
+        };
+        let b = pinned(&["r/b:1", "r/b@sha256:2"]);
+        let a = pinned(&["r/a@sha256:1"]);
+        let one = config_views([&node(vec![b.clone(), a.clone()])]);
+        let other = config_views([&node(vec![a, b])]);
+        assert_eq!(one, other);
+        let lines: Vec<&str> = one["PinboardNode/n1"]
+            .lines
+            .iter()
+            .map(|(_, l)| l.as_str())
+            .collect();
+        assert_eq!(
+            lines,
+            ["r/a@sha256:1  held by web", "r/b@sha256:2  held by web"]
         );
     }
 }

@@ -172,6 +172,7 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeSummary {
         lazy_pulling: None,
         reachable: Some(reachable),
         warning: None,
+        cache: None,
     };
     if !reachable {
         return info;

@@ -15,9 +15,10 @@ use crate::ui::widgets::{
 };
 
 const NODE_COLUMNS: [Column; 10] = [
-    flex("NODE", 10),
+    flex("NODE", 8),
     col("REACH", 9, 0),
-    col("RUNTIME", 17, 8),
+    // `containerd 1.6.20~ds1`, `cri-o 1.31.0`: whole.
+    col("RUNTIME", 21, 8),
     col("CAPACITY", 10, 7),
     col("USED", 10, 9),
     col("AVAIL", 10, 0),

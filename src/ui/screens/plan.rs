@@ -52,7 +52,7 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
         .collect();
     let title = table_title("Plan", cursor, filter);
     let link = survey.link_bytes;
-    let fan_out = if !state.steers_pulls() {
+    let fan_out = if !state.fans_out() {
         ""
     } else if state.fan_out {
         " (f: on)"

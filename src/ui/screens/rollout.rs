@@ -58,6 +58,23 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
 
     let filter = state.filter(Screen::Rollout);
     let cursor = state.cursor(Pane::RolloutNodes);
+    let mut title = table_title("Nodes", cursor, filter);
+    // `pinned*`: the legend, once some node shows it.
+    let unconfirmed = state.rollout.nodes().values().any(|n| {
+        matches!(
+            n.state,
+            NodeState::Pinned {
+                confirmed: false,
+                ..
+            }
+        )
+    });
+    if unconfirmed {
+        title.push_span(Span::styled(
+            "* pins written, not confirmed: the runtime does not report pins ",
+            fg(theme.role(Role::Dim)),
+        ));
+    }
     let rows = state
         .rollout_order
         .iter()
@@ -67,11 +84,7 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
         frame,
         nodes_area,
         theme,
-        pane(
-            theme,
-            table_title("Nodes", cursor, filter),
-            state.focus() == Pane::RolloutNodes,
-        ),
+        pane(theme, title, state.focus() == Pane::RolloutNodes),
         &ROLLOUT_NODE_COLUMNS,
         cursor,
         rows,

@@ -78,29 +78,43 @@ pub(super) fn confirm(state: &mut State, unpin: bool) {
         no_space,
         skips_no_space: state.fleet.puller.skips_no_space(),
         unpin,
-        fan_out: state.fan_out && state.steers_pulls() && !unpin,
+        fan_out: state.fan_out && state.fans_out() && !unpin,
     });
 }
 
-/// `f`: fan-out on or off for the next apply, saying what it changes on the link.
+/// `f`: fan-out on or off for the next apply, saying what it changes on the link and, on agents, whether
+/// the in-cluster cache serves.
 pub(super) fn toggle_fan_out(state: &mut State) {
-    if !state.steers_pulls() {
+    if !state.fans_out() {
         state.say(
-            "fan-out is for direct mode: in a cluster the machine-config daemons pull; serve them with \
-             `pinboard mirror` and an ImageDigestMirrorSet",
+            "fan-out is for direct mode and pinboard's agents: on OpenShift the machine-config daemons pull; \
+             serve them with `pinboard mirror` and an ImageDigestMirrorSet",
         );
         return;
     }
     state.fan_out = !state.fan_out;
-    let link = state.survey.as_ref().map(|s| s.link_bytes);
-    state.say(match (state.fan_out, link) {
-        (true, Some(link)) => format!(
-            "fan-out on: {} over the registry link instead of {}; nodes pull through pinboard's blob cache",
+    if !state.fan_out {
+        state.say("fan-out off: every node pulls from the registry itself");
+        return;
+    }
+    let through = match (state.steers_pulls(), state.cluster_cache()) {
+        (true, _) => "nodes pull through pinboard's blob cache".to_string(),
+        (false, Some((holder, address))) => format!(
+            "the set gets spec.fanOut: its nodes pull through the in-cluster cache at {address} (held by \
+             {holder})"
+        ),
+        (false, None) => "the set gets spec.fanOut, but no agent serves the in-cluster cache: install \
+                          the agents with `pinboard agent manifests --cache`; until one serves, each node \
+                          pulls from the source after waiting 60 s"
+            .to_string(),
+    };
+    state.say(match state.survey.as_ref().map(|s| s.link_bytes) {
+        Some(link) => format!(
+            "fan-out on: {} over the registry link instead of {}; {through}",
             human(link.fan_out),
             human(link.direct)
         ),
-        (true, None) => "fan-out on: nodes pull through pinboard's blob cache".into(),
-        (false, _) => "fan-out off: every node pulls from the registry itself".into(),
+        None => format!("fan-out on: {through}"),
     });
 }
 
