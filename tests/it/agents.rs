@@ -422,6 +422,51 @@ async fn the_tui_on_agents_shows_nodes_plans_applies_follows_the_rollout_and_sho
     tmux.keys(&["5"]);
     let config = tmux.wait_for("held by", Duration::from_secs(10));
     assert!(config.contains("pinboardnodes/"), "{config}");
+
+    // An image removed behind the agents' back on n2, twice: the second loss waits (it recurs), and the
+    // Rollout screen shows n2 restoring until its agent has put the image back.
+    tmux.keys(&["4"]);
+    let pinned_on_n2 = || async {
+        let reports = lab.reports().await;
+        let n2 = reports
+            .iter()
+            .find(|r| r["metadata"]["name"] == "n2")
+            .cloned();
+        let set = n2
+            .map(|r| r["status"]["sets"][0].clone())
+            .unwrap_or_default();
+        (set["state"] == "pinned")
+            .then_some(set.clone())
+            .ok_or(set.to_string())
+    };
+    lab.lab.node("n2").remove_image(&images[1]);
+    wait_for("n2 pinned again", WAIT, || async {
+        let set = pinned_on_n2().await?;
+        (set["restores"]["count"] == 1)
+            .then_some(())
+            .ok_or(set.to_string())
+    })
+    .await;
+    lab.lab.node("n2").remove_image(&images[1]);
+    let restoring = tmux.wait_for("restoring", Duration::from_secs(20));
+    let row = restoring
+        .lines()
+        .find(|l| l.contains("│n2 "))
+        .unwrap_or_default();
+    assert!(row.contains("restoring"), "n2 is restoring:\n{restoring}");
+    let back = wait_for("n2 pinned again on the Rollout screen", WAIT, || async {
+        let screen = tmux.screen();
+        let row = screen
+            .lines()
+            .find(|l| l.contains("│n2 "))
+            .unwrap_or_default();
+        row.contains("pinned")
+            .then_some(screen.clone())
+            .ok_or(screen)
+    })
+    .await;
+    assert!(!back.contains("EXITED"), "{back}");
+    lab.lab.node("n2").assert_pinned(&images);
 }
 
 #[tokio::test(flavor = "multi_thread")]
