@@ -141,7 +141,7 @@ fn assess_node(
     if report.is_some() && done && !missing.is_empty() {
         reasons.push(format!(
             "the agent's complete image list lacks {}: {}; they were removed since they were pinned \
-             (`crictl rmi`), and the agent pulls them again at its next start or the set's next generation",
+             (`crictl rmi`, image GC), and the agent puts them back at its next check (--verify-every)",
             count_images(missing.len()),
             some_of(&missing)
         ));
