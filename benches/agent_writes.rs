@@ -6,6 +6,11 @@
 //! capped at `PINBOARD_BENCH_KIBPS` (1024 KiB/s), so that the rollout lasts long enough (about 100 s) for
 //! the agent's write interval to decide how often it writes.
 //!
+//! Then, the set pinned and nothing changing, the steady cost of the agent's checking its node against
+//! the set (`--verify-every`, 30 s by default) over `PINBOARD_BENCH_IDLE_SECONDS` (120): the agent's CPU
+//! time (`/proc/PID/stat`), containerd's gRPC calls by method (its own counters, `[metrics] address`),
+//! and the API writes meanwhile.
+//!
 //! Counted from the applied PinSet to the report saying `pinned` (and 10 s more): the API server's own
 //! request counters (`apiserver_request_total` on `/metrics`, every write request by resource and verb:
 //! only the agent writes then) and, from watches, how often the node's PinboardNode, its
@@ -14,6 +19,7 @@
 //! each.
 //!
 //!     cargo bench --bench agent_writes     # PINBOARD_BENCH_IMAGES=200 PINBOARD_BENCH_KIBPS=1024 PINBOARD_BENCH_RUNS=3
+//!                                          # PINBOARD_BENCH_IDLE_SECONDS=120
 //!
 //! Needs root (the lab mounts tmpfs). Prints one line per figure; results go in BENCHMARKS.md.
 
@@ -129,12 +135,53 @@ where
     })
 }
 
+/// containerd's gRPC calls served so far, by `service/method` (`grpc_server_handled_total` on its metrics
+/// endpoint `address`).
+fn runtime_calls(address: &str) -> Counts {
+    let text = ureq::get(&format!("http://{address}/v1/metrics"))
+        .call()
+        .and_then(|mut r| r.body_mut().read_to_string())
+        .expect("containerd's metrics");
+    let mut counts = Counts::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{"))
+    {
+        let (labels, value) = line.rsplit_once(' ').expect("a sample");
+        let label = |name: &str| {
+            labels
+                .split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let service = label("grpc_service");
+        let service = service.rsplit('.').next().unwrap_or_default();
+        *counts
+            .entry(format!("{service}/{}", label("grpc_method")))
+            .or_default() += value.parse::<f64>().unwrap();
+    }
+    counts
+}
+
+/// CPU seconds process `pid` has used (user and system).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the agent runs");
+    // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th of the line.
+    let after = stat.rsplit_once(") ").expect("a stat line").1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf only reads a configuration value.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 /// The lab (one node, the API server), the set's images pushed, the manifests applied and `n1`'s Node.
-fn lab_with_images(images: usize, layer_bytes: usize) -> (Lab, Vec<String>) {
+fn lab_with_images(images: usize, layer_bytes: usize, metrics: &str) -> (Lab, Vec<String>) {
     let lab = Lab::start(
         "bench-agent-writes",
         LabConfig {
-            nodes: vec![NodeSpec::new(NODE, 4 << 30)],
+            nodes: vec![NodeSpec::new(NODE, 4 << 30).serving_metrics(metrics)],
             apiserver: true,
             ..LabConfig::default()
         },
@@ -202,6 +249,11 @@ struct Run {
     images_versions: f64,
     lease_versions: f64,
     aggregator_versions: f64,
+    /// Then, the set pinned and nothing changing: the agent's CPU share of one core, containerd's gRPC
+    /// calls per minute by method, and the API writes per minute.
+    idle_cpu: f64,
+    idle_calls: Counts,
+    idle_writes: Counts,
 }
 
 /// Waits until `n1`'s report has the set in `phase` (any phase: `None`); returns when that was seen.
@@ -232,8 +284,15 @@ async fn wait_for_report(reports: &Api<DynamicObject>, phase: Option<NodeSetPhas
     }
 }
 
-fn one_run(runtime: &tokio::runtime::Runtime, images: usize, layer_bytes: usize, bps: u64) -> Run {
-    let (lab, references) = lab_with_images(images, layer_bytes);
+fn one_run(
+    runtime: &tokio::runtime::Runtime,
+    images: usize,
+    layer_bytes: usize,
+    bps: u64,
+    idle: Duration,
+) -> Run {
+    let metrics = format!("127.0.0.1:{}", support::free_port().expect("a free port"));
+    let (lab, references) = lab_with_images(images, layer_bytes, &metrics);
     let kubeconfig = lab.apiserver().unwrap().kubeconfig().to_owned();
     let mut agent = None;
     let run = runtime.block_on(async {
@@ -295,8 +354,27 @@ fn one_run(runtime: &tokio::runtime::Runtime, images: usize, layer_bytes: usize,
         for watch in watches {
             watch.abort();
         }
+        // Nothing changes from here: what checking costs.
+        let pid = agent.as_ref().expect("started").id();
+        let (cpu, calls, writes, from) = (
+            cpu_seconds(pid),
+            runtime_calls(&metrics),
+            write_requests(&admin).await,
+            Instant::now(),
+        );
+        tokio::time::sleep(idle).await;
+        let minutes = from.elapsed().as_secs_f64() / 60.0;
+        let per_minute = |counts: Counts| -> Counts {
+            counts.into_iter().map(|(k, v)| (k, v / minutes)).collect()
+        };
+        let idle_cpu = (cpu_seconds(pid) - cpu) / from.elapsed().as_secs_f64();
+        let idle_calls = per_minute(since(&calls, &runtime_calls(&metrics)));
+        let idle_writes = per_minute(since(&writes, &write_requests(&admin).await));
         let of = |name: &str| versions.get(name).copied().unwrap_or(0.0);
         Run {
+            idle_cpu,
+            idle_calls,
+            idle_writes,
             rollout: pinned - applied,
             requests,
             report_versions: of(&format!("{NODE_KIND} {NODE}")),
@@ -317,6 +395,7 @@ fn main() {
     let layer_bytes = env_number("PINBOARD_BENCH_LAYER_KIB", 512usize) * 1024;
     let bps = env_number("PINBOARD_BENCH_KIBPS", 1024u64) * 1024;
     let runs = env_number("PINBOARD_BENCH_RUNS", 3usize).max(1);
+    let idle = Duration::from_secs(env_number("PINBOARD_BENCH_IDLE_SECONDS", 120u64));
     pinboard::install_crypto_provider();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut done = Vec::new();
@@ -325,7 +404,7 @@ fn main() {
         let load = load_average();
         println!("--- run {n} of {runs} (load {load})");
         loads.push(load);
-        let run = one_run(&runtime, images, layer_bytes, bps);
+        let run = one_run(&runtime, images, layer_bytes, bps, idle);
         println!(
             "rollout {:.1} s; write requests {:?}; new resourceVersions: report {}, its images {}, its \
              Lease {}, the aggregator's Lease {}",
@@ -335,6 +414,13 @@ fn main() {
             run.images_versions,
             run.lease_versions,
             run.aggregator_versions
+        );
+        println!(
+            "idle: CPU {:.2} % of a core; runtime calls per minute {:.1} {:?}; API writes per minute {:?}",
+            run.idle_cpu * 100.0,
+            run.idle_calls.values().sum::<f64>(),
+            run.idle_calls,
+            run.idle_writes
         );
         done.push(run);
     }
@@ -367,4 +453,22 @@ fn main() {
         spread(of(&|r| r.lease_versions), count),
         spread(of(&|r| r.aggregator_versions), count),
     );
+    println!(
+        "idle {} s: agent CPU {} of a core; runtime calls per minute {}; API writes per minute {}",
+        idle.as_secs(),
+        spread(of(&|r| r.idle_cpu * 100.0), |v| format!("{v:.2} %")),
+        spread(of(&|r| r.idle_calls.values().sum()), |v| format!("{v:.1}")),
+        spread(of(&|r| r.idle_writes.values().sum()), |v| format!("{v:.1}")),
+    );
+    let methods: std::collections::BTreeSet<&String> =
+        done.iter().flat_map(|r| r.idle_calls.keys()).collect();
+    for method in methods {
+        println!(
+            "  {method:<44} {} per minute",
+            spread(
+                of(&|r| r.idle_calls.get(method).copied().unwrap_or(0.0)),
+                |v| format!("{v:.1}")
+            )
+        );
+    }
 }

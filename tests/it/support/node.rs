@@ -32,6 +32,8 @@ pub struct NodeSpec {
     pub without_config_path: bool,
     /// containerd's config imports `<node>/conf.d/*.toml`, as a site's drop-in directory.
     pub imports_conf_d: bool,
+    /// Where containerd serves its Prometheus metrics (`[metrics] address`), e.g. its gRPC calls by method.
+    pub metrics_address: Option<String>,
 }
 
 impl NodeSpec {
@@ -41,7 +43,15 @@ impl NodeSpec {
             imagefs_bytes,
             without_config_path: false,
             imports_conf_d: false,
+            metrics_address: None,
         }
+    }
+
+    /// The node's containerd serving its metrics at `address` (`HOST:PORT`).
+    #[allow(dead_code, reason = "benches/agent_writes.rs counts the runtime's calls with it")]
+    pub fn serving_metrics(mut self, address: &str) -> NodeSpec {
+        self.metrics_address = Some(address.to_owned());
+        self
     }
 
     /// The node's containerd config importing `<node>/conf.d/*.toml`.
@@ -178,6 +188,10 @@ impl Node {
             true => format!("imports = [\"{}/*.toml\"]\n", dir.join("conf.d").display()),
             false => String::new(),
         };
+        let metrics = match &spec.metrics_address {
+            Some(address) => format!("\n[metrics]\n  address = \"{address}\"\n"),
+            None => String::new(),
+        };
         std::fs::write(
             &config,
             format!(
@@ -196,7 +210,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 {cri}  [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "native"
 {runtimes}  [plugins."io.containerd.grpc.v1.cri".registry]
-{registry}"#,
+{registry}{metrics}"#,
                 root = root_in_config.display(),
                 state = paths.state_in_config.display(),
                 socket = paths.socket_in_config.display(),
