@@ -1,5 +1,6 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
+pub mod agent_daemonsets;
 pub mod agents_view;
 pub mod cache_token;
 pub mod cluster_session;
