@@ -352,6 +352,8 @@ impl Agent {
                 return std::mem::replace(&mut self.lazy_wish, wish) != wish;
             }
             AgentsUpdate::Heartbeats(_) | AgentsUpdate::Images(_) => {}
+            // Only the commands' and the aggregator's watches carry them.
+            AgentsUpdate::DaemonSets(_) => {}
             AgentsUpdate::Connection(kind, state) => tracing::debug!("watch of {kind}: {state}"),
         }
         false

@@ -310,23 +310,26 @@ async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_
         "{judged:?}"
     );
 
-    // A stopped agent: its node becomes not ready, named, once its heartbeat lapses (four 1 s renewals).
+    // A stopped agent on a node no DaemonSet runs on (the lab's agents run as processes): once its heartbeat
+    // lapses (four 1 s renewals), its node is left out, counted with why, not held back by the report its
+    // agent left.
     lab.stop_agent("n2");
-    let stale = wait_for("n2 stale", WAIT, || async {
+    let judged = wait_for("n2 left out", WAIT, || async {
         let (code, judged, stderr) = readiness(&lab, &["--set", "big"]);
-        let n2 = judged
-            .nodes
-            .iter()
-            .find(|n| n.node == "n2")
-            .cloned()
-            .unwrap();
-        (code == 1 && !n2.ready).then_some(n2).ok_or(stderr)
+        (code == 1 && judged.nodes.iter().all(|n| n.node != "n2"))
+            .then_some(judged)
+            .ok_or(stderr)
     })
     .await;
+    assert_eq!(judged.left_out.len(), 1, "{judged:?}");
+    assert_eq!(judged.left_out[0].nodes, ["n2"]);
     assert!(
-        stale.reasons[0].contains("the agent on node \"n2\" is stale"),
+        judged.left_out[0].reason.ends_with(
+            "(pinboard-agent-containerd: nodeSelector pinboard.dev/agent-pod=true), and the \
+                        agent that ran there is stale"
+        ),
         "{:?}",
-        stale.reasons
+        judged.left_out
     );
     // Started again, it carries on: the image is there, nothing is pulled again.
     lab.start_agent("n2");
@@ -354,8 +357,8 @@ async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_i
         .add_node(NodeSpec::new("n3", 200 * MIB))
         .expect("n3 joins");
     lab.start_agent("n3");
-    // Once its agent reports, the set (no selector: every node with an agent) counts n3, not ready yet
-    // or already pinned; `--wait` follows it to ready.
+    // Once its agent reports, the set (no selector: every node a DaemonSet should run an agent on or whose
+    // agent is alive) counts n3, not ready yet or already pinned; `--wait` follows it to ready.
     wait_for("n3's report", WAIT, || async {
         let (_, judged, stderr) = readiness(&lab, &["--set", "joined"]);
         judged
