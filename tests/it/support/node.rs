@@ -32,6 +32,8 @@ pub struct NodeSpec {
     pub without_config_path: bool,
     /// containerd's config imports `<node>/conf.d/*.toml`, as a site's drop-in directory.
     pub imports_conf_d: bool,
+    /// In a cluster lab, the labels its kubelet registers its Node with (`--node-labels`).
+    pub labels: Vec<(String, String)>,
 }
 
 impl NodeSpec {
@@ -41,7 +43,15 @@ impl NodeSpec {
             imagefs_bytes,
             without_config_path: false,
             imports_conf_d: false,
+            labels: Vec::new(),
         }
+    }
+
+    /// In a cluster lab, the Node registered with label `key=value` from the start, as a provisioned node
+    /// joins labelled.
+    pub fn labelled(mut self, key: &str, value: &str) -> NodeSpec {
+        self.labels.push((key.to_owned(), value.to_owned()));
+        self
     }
 
     /// The node's containerd config importing `<node>/conf.d/*.toml`.
