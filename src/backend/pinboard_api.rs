@@ -311,9 +311,8 @@ impl PinboardApi {
     }
 
     /// Watches every set, report, Node, heartbeat and agents' DaemonSet: what the aggregating agent
-    /// follows; with `images`,
-    /// the reports' detail too (every node's images: what the commands judge and plan by). Each list is
-    /// read from etcd, so a command judges what was written before it started.
+    /// follows; with `images`, the reports' detail too (every node's images: what the commands judge and
+    /// plan by). Each list is read from etcd, so a command judges what was written before it started.
     pub fn watch_all(&self, images: bool) -> AgentsWatch {
         let mut watch = self.watch(watcher::Config::default(), None);
         if images {

@@ -141,7 +141,7 @@ impl AgentsView {
     }
 
     /// Whether `node` ever had an agent: one that reported or renewed its heartbeat.
-    pub fn has_agent(&self, node: &str) -> bool {
+    fn has_agent(&self, node: &str) -> bool {
         self.reports.contains_key(node) || self.heartbeats.contains_key(node)
     }
 
