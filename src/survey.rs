@@ -316,8 +316,9 @@ pub async fn survey_cluster(
     survey_nodes(&nodes, sets, registry, platform, limits, cache).await
 }
 
-/// On agents: every node the sets select, each planned for the union of the sets that select it, from
-/// what its agent reported at `now` (its complete image list, its image filesystem, its kubelet's
+/// On agents: every node the sets are judged on ([`AgentsView::choose`]: those they select that an agents'
+/// DaemonSet should run on or whose agent is alive), each planned for the union of the sets that select it,
+/// from what its agent reported at `now` (its complete image list, its image filesystem, its kubelet's
 /// thresholds). A node whose agent is missing or stale is unreachable, with why.
 pub async fn survey_reported(
     view: &AgentsView,
@@ -331,14 +332,15 @@ pub async fn survey_reported(
     let mut per_node: BTreeMap<&str, Vec<ImageSet>> = BTreeMap::new();
     for set in sets {
         let selector = set.node_selector.as_ref().map(|s| &s.0);
-        for node in view.nodes_selected(selector) {
+        for node in view.choose(selector, now).judged {
             per_node.entry(&node.name).or_default().push(set.clone());
         }
     }
     if per_node.is_empty() {
         return Err(SurveyError::NoTarget(vec![
-            "the sets select no node with an agent: check their nodeSelector (or --selector) against \
-             `kubectl get nodes --show-labels`, and that the agents run (docs/agents.md)"
+            "the sets select no node an agent runs or should run on: check their nodeSelector (or \
+             --selector) against `kubectl get nodes --show-labels`, and that the agents run \
+             (docs/agents.md)"
                 .into(),
         ]));
     }
@@ -362,7 +364,7 @@ pub async fn survey_reported(
                                 "its agent's heartbeat is stale: what it reported is not trusted"
                                     .into()
                             }
-                            _ => "no pinboard agent reports on it".into(),
+                            _ => "no pinboard agent reports on it yet".into(),
                         }),
                         ..NodeFacts::default()
                     },

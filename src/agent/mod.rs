@@ -337,6 +337,8 @@ impl Agent {
                 self.handle(Input::LazyWish(wish)).await;
             }
             AgentsUpdate::Heartbeats(_) | AgentsUpdate::Images(_) => {}
+            // Only the commands' and the aggregator's watches carry them.
+            AgentsUpdate::DaemonSets(_) => {}
             AgentsUpdate::Connection(kind, state) => tracing::debug!("watch of {kind}: {state}"),
         }
     }

@@ -2,6 +2,7 @@
 //! cache and the registry endpoint over it, and the files fan-out writes on nodes to point them at that
 //! endpoint.
 
+pub mod agent_pods;
 pub mod blobs;
 pub mod certs;
 pub mod credentials;

@@ -2,12 +2,14 @@
 //! (server-side apply, field manager `pinboard`), the agents' reports and set summaries (field manager
 //! `pinboard-agent`, status subresources), their heartbeat Leases, the roles one agent takes through a
 //! Lease (the aggregator, the in-cluster cache and its token's Secret), a node's lazy-pull wish, reading
-//! pull Secrets, and watching it all (never polling: [`crate::backend::kube_watch`]). An agent watches the sets
-//! and only its own Node and report, so 5,000 agents do not each watch 5,000 nodes.
+//! pull Secrets, and watching it all, the agents' DaemonSets included (never polling:
+//! [`crate::backend::kube_watch`]). An agent watches the sets and only its own Node and report, so 5,000
+//! agents do not each watch 5,000 nodes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -23,6 +25,7 @@ use tokio::task::JoinHandle;
 
 use super::kube_watch::{Snapshot, TypedCache, spawn, typed};
 use crate::error::Failure;
+use crate::model::agent_daemonsets::{AGENTS_DAEMONSET_LABEL, AgentDaemonSet, AgentDaemonSets};
 use crate::model::agents_view::{AgentsUpdate, WATCHED_KINDS};
 use crate::model::cache_token::CacheToken;
 use crate::model::machine_config::ClusterNode;
@@ -307,9 +310,9 @@ impl PinboardApi {
         Ok(Api::<Node>::all(self.client.clone()).get_opt(name).await?)
     }
 
-    /// Watches every set, report, Node and heartbeat: what the aggregating agent follows; with `images`,
-    /// the reports' detail too (every node's images: what the commands judge and plan by). Each list is
-    /// read from etcd, so a command judges what was written before it started.
+    /// Watches every set, report, Node, heartbeat and agents' DaemonSet: what the aggregating agent
+    /// follows; with `images`, the reports' detail too (every node's images: what the commands judge and
+    /// plan by). Each list is read from etcd, so a command judges what was written before it started.
     pub fn watch_all(&self, images: bool) -> AgentsWatch {
         let mut watch = self.watch(watcher::Config::default(), None);
         if images {
@@ -362,7 +365,7 @@ impl PinboardApi {
     }
 
     /// Watches with `config` every set, and every report and Node (only `node`'s, when named) and, when
-    /// no node is named, every heartbeat.
+    /// no node is named, every heartbeat and the agents' DaemonSets.
     fn watch(&self, config: watcher::Config, node: Option<&str>) -> AgentsWatch {
         let nodes = match node {
             Some(node) => config.clone().fields(&format!("metadata.name={node}")),
@@ -372,7 +375,7 @@ impl PinboardApi {
         let client = &self.client;
         let mut set_views = TypedCache::<PinSet>::default();
         let mut report_views = TypedCache::<PinboardNode>::default();
-        let [set_kind, report_kind, node_kind, lease_kind] = WATCHED_KINDS;
+        let [set_kind, report_kind, node_kind, lease_kind, daemonset_kind] = WATCHED_KINDS;
         let mut tasks = vec![
             spawn(
                 set_kind,
@@ -417,9 +420,27 @@ impl PinboardApi {
             tasks.push(spawn(
                 lease_kind,
                 Api::<Lease>::namespaced(client.clone(), &self.namespace),
-                config,
+                config.clone(),
                 Writer::default(),
                 |leases: &Snapshot<Lease>| AgentsUpdate::Heartbeats(heartbeats_of(leases)),
+                AgentsUpdate::Connection,
+                tx.clone(),
+            ));
+            let namespace = self.namespace.clone();
+            tasks.push(spawn(
+                daemonset_kind,
+                Api::<DaemonSet>::namespaced(client.clone(), &self.namespace),
+                config.labels(AGENTS_DAEMONSET_LABEL),
+                Writer::default(),
+                move |daemonsets: &Snapshot<DaemonSet>| {
+                    AgentsUpdate::DaemonSets(AgentDaemonSets {
+                        namespace: namespace.clone(),
+                        listed: daemonsets
+                            .iter()
+                            .map(|d| AgentDaemonSet::from(d.as_ref()))
+                            .collect(),
+                    })
+                },
                 AgentsUpdate::Connection,
                 tx.clone(),
             ));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::Interrupts;
-use super::check::{readiness_table, verdict, verdict_line};
+use super::check::{readiness_text, verdict};
 use super::output::{printed_then, render, short_reference, table};
 use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutReport, Update};
@@ -81,9 +81,7 @@ pub async fn apply(args: CommonArgs) -> Result<String, Failure> {
             printed_report(report, None, args.output())
         }
         Applied::Written(readiness) => {
-            let text = render(&readiness, args.output(), || {
-                readiness_table(&readiness.nodes) + &verdict_line(&readiness)
-            })?;
+            let text = render(&readiness, args.output(), || readiness_text(&readiness))?;
             verdict(text, &readiness)
         }
     }
@@ -114,9 +112,10 @@ fn printed_report(
     output: Output,
 ) -> Result<String, Failure> {
     let text = render(&report, output, || {
-        let readiness = report.readiness.as_ref().map_or_else(String::new, |r| {
-            "\n".to_string() + &readiness_table(&r.nodes) + &verdict_line(r)
-        });
+        let readiness = report
+            .readiness
+            .as_ref()
+            .map_or_else(String::new, |r| "\n".to_string() + &readiness_text(r));
         report
             .sets
             .iter()

@@ -1,13 +1,16 @@
 //! `pinboard check` and `pinboard status`: per node and per image, present and pinned as the node enforces
 //! it, and why not, as the fleet judges it ([`crate::fleet::Fleet::readiness`]); `check` adds the verdict
 //! (exit 0 ready, 1 not ready, 3 nothing reachable) and can wait for it, `status` prints the same per-node
-//! data and exits 0. Headless `apply` ends with the same check.
+//! data and exits 0. Both count the nodes the sets select that were left out, and why (on agents). Headless
+//! `apply` ends with the same check.
 
 use super::output::{image_matrix, printed_then, render, table};
 use crate::error::{Exit, Failure};
 use crate::model::holders::HeldBy;
 use crate::model::lazy::RemoteLayers;
-use crate::model::readiness::{ImageReadiness, ImageReason, NodeReadiness, NodesStatus, Readiness};
+use crate::model::readiness::{
+    ImageReadiness, ImageReason, LeftOut, NodeReadiness, NodesStatus, Readiness,
+};
 use crate::model::units::human;
 use crate::options::{CHECK_WAIT, Caller, CommonArgs};
 
@@ -22,9 +25,7 @@ pub async fn check(args: CommonArgs) -> Result<String, Failure> {
         })
         .await?;
     let readiness = fleet.readiness(&args.input.sources(), wait).await?;
-    let text = render(&readiness, args.output(), || {
-        readiness_table(&readiness.nodes) + &verdict_line(&readiness)
-    })?;
+    let text = render(&readiness, args.output(), || readiness_text(&readiness))?;
     verdict(text, &readiness)
 }
 
@@ -34,17 +35,17 @@ pub async fn status(args: CommonArgs) -> Result<String, Failure> {
             asks_runtimes: false,
         })
         .await?;
-    let status = NodesStatus {
-        nodes: fleet.readiness(&args.input.sources(), None).await?.nodes,
-    };
-    warn(&status.nodes);
-    render(&status, args.output(), || readiness_table(&status.nodes))
+    let status = NodesStatus::from(fleet.readiness(&args.input.sources(), None).await?);
+    warn(&status.nodes, &status.warnings);
+    render(&status, args.output(), || {
+        readiness_table(&status.nodes) + &left_out_lines(&status.left_out)
+    })
 }
 
 /// `text` for stdout when ready; otherwise `text` is written to stdout here and the reasons, one per line
 /// and naming the node, end the command with exit 1.
 pub(super) fn verdict(text: String, readiness: &Readiness) -> Result<String, Failure> {
-    warn(&readiness.nodes);
+    warn(&readiness.nodes, &readiness.warnings);
     if readiness.ready {
         return Ok(text);
     }
@@ -57,8 +58,12 @@ pub(super) fn verdict(text: String, readiness: &Readiness) -> Result<String, Fai
     ))
 }
 
-/// Each node's warnings on stderr, naming the node: worth knowing, but not why a node is not ready.
-pub(super) fn warn(nodes: &[NodeReadiness]) {
+/// The judgement's warnings, then each node's, naming the node, on stderr: worth knowing, but not why a
+/// node is not ready.
+fn warn(nodes: &[NodeReadiness], warnings: &[String]) {
+    for warning in warnings {
+        eprintln!("warning: {warning}");
+    }
     for node in nodes {
         for warning in &node.warnings {
             eprintln!("warning: {}: {warning}", node.node);
@@ -66,7 +71,28 @@ pub(super) fn warn(nodes: &[NodeReadiness]) {
     }
 }
 
-pub(super) fn verdict_line(readiness: &Readiness) -> String {
+/// The table, the nodes left out and the verdict: what `check` and `apply` print.
+pub(super) fn readiness_text(readiness: &Readiness) -> String {
+    readiness_table(&readiness.nodes)
+        + &left_out_lines(&readiness.left_out)
+        + &verdict_line(readiness)
+}
+
+/// `2 nodes left out: REASON: n5, n6`, a line per reason.
+fn left_out_lines(left_out: &[LeftOut]) -> String {
+    match left_out.is_empty() {
+        true => String::new(),
+        false => {
+            left_out
+                .iter()
+                .map(|l| format!("\n{}", l.line()))
+                .collect::<String>()
+                + "\n"
+        }
+    }
+}
+
+fn verdict_line(readiness: &Readiness) -> String {
     let word = if readiness.ready {
         "✓ ready"
     } else {
@@ -80,7 +106,7 @@ pub(super) fn verdict_line(readiness: &Readiness) -> String {
 }
 
 /// One row per node, each node's reasons, then the image × node matrix.
-pub(super) fn readiness_table(nodes: &[NodeReadiness]) -> String {
+fn readiness_table(nodes: &[NodeReadiness]) -> String {
     let headers = ["NODE", "RUNTIME", "PINS", "PRESENT", "PINNED", "STATUS"].map(String::from);
     let count = |n: &NodeReadiness, f: fn(&ImageReadiness) -> bool| {
         if n.reachable {

@@ -1,7 +1,14 @@
 //! A cluster of pinboard's agents as the commands, the TUI and the aggregating agent follow it: the sets,
-//! each node's report, the Nodes (for their labels) and each agent's last heartbeat, kept current by the
-//! watches' updates. Pure: what a set's nodes are, whether a node is ready for it and why not, and a set's
-//! summary come from here.
+//! each node's report, the Nodes (for their labels and taints), each agent's last heartbeat and the agents'
+//! DaemonSets, kept current by the watches' updates. Pure: which nodes a set is judged on (and which it
+//! leaves out, and why), whether a node is ready for it and why not, and a set's summary come from here.
+//!
+//! The nodes a set is judged on are those it selects (by its `nodeSelector`; without one, every node) that
+//! an agents' DaemonSet should run on ([`super::agent_daemonsets`]), or whose agent is alive (a fresh
+//! heartbeat) though no DaemonSet runs there: an agent run by hand. A node the DaemonSets leave out whose
+//! agent is gone or never was is left out, named with why, so a stale leftover report does not hold a set
+//! back for ever. Without any agents' DaemonSet, the rule before them stands: a set's selector's nodes, and
+//! without a selector every node with an agent.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,6 +16,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use super::agent_daemonsets::{AgentDaemonSets, Placement};
 use super::labels::selector_matches;
 use super::machine_config::{ClusterNode, Connection};
 use super::pinboard_api::{
@@ -18,7 +26,7 @@ use super::pinboard_kinds::{IMAGES_KIND, NODE_KIND, SET_KIND};
 use super::rollout::FanOutNodes;
 
 /// The kinds a view of the whole cluster watches: each must have listed before the view is whole.
-pub const WATCHED_KINDS: [&str; 4] = [SET_KIND, NODE_KIND, "Node", "Lease"];
+pub const WATCHED_KINDS: [&str; 5] = [SET_KIND, NODE_KIND, "Node", "Lease", "DaemonSet"];
 
 /// What the watches have said so far.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -35,7 +43,17 @@ pub struct AgentsView {
     pub nodes: Vec<ClusterNode>,
     /// Each node's agent's last heartbeat.
     pub heartbeats: BTreeMap<String, Heartbeat>,
+    /// Where the agents should run.
+    pub daemonsets: AgentDaemonSets,
     pub connections: BTreeMap<&'static str, Connection>,
+}
+
+/// The nodes a set selects, split: those it is judged on, and those left out with why.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeChoice<'a> {
+    pub judged: Vec<&'a ClusterNode>,
+    /// Node and why, by name.
+    pub left_out: Vec<(&'a str, String)>,
 }
 
 /// Where a node is with a set, as readiness sees it.
@@ -84,20 +102,64 @@ impl AgentsView {
         self.connections.get(IMAGES_KIND) == Some(&Connection::Synced)
     }
 
-    /// The nodes `set` lands on.
-    pub fn nodes_of(&self, set: &PinSet) -> Vec<&ClusterNode> {
-        self.nodes_selected(set.spec.node_selector.as_ref())
+    /// The nodes a set with `selector` is judged on at `now`, and those it selects but leaves out (see the
+    /// module's doc).
+    pub fn choose(&self, selector: Option<&LabelSelector>, now: SystemTime) -> NodeChoice<'_> {
+        let mut choice = NodeChoice::default();
+        let selected = self
+            .nodes
+            .iter()
+            .filter(|n| selector.is_none_or(|s| selector_matches(Some(s), &n.labels)));
+        for node in selected {
+            match self.left_out_because(node, selector.is_some(), now) {
+                None => choice.judged.push(node),
+                Some(why) => choice.left_out.push((&node.name, why)),
+            }
+        }
+        choice
     }
 
-    /// The nodes `selector` selects; without one, every node with an agent (one that ever reported or
-    /// renewed its heartbeat).
-    pub fn nodes_selected(&self, selector: Option<&LabelSelector>) -> Vec<&ClusterNode> {
+    /// Why `node`, which a set selects (`by_selector`: through its selector), is not judged; None when it
+    /// is.
+    fn left_out_because(
+        &self,
+        node: &ClusterNode,
+        by_selector: bool,
+        now: SystemTime,
+    ) -> Option<String> {
+        let has_agent = self.has_agent(&node.name);
+        match self.daemonsets.placement(node) {
+            Placement::DaemonSet(_) => None,
+            _ if self.live_agent(&node.name, now) => None,
+            Placement::Excluded(why) if has_agent => Some(format!(
+                "no pinboard agent DaemonSet runs there ({why}), and the agent that ran there is stale"
+            )),
+            Placement::Excluded(why) => {
+                Some(format!("no pinboard agent DaemonSet runs there ({why})"))
+            }
+            Placement::NoDaemonSet if by_selector || has_agent => None,
+            Placement::NoDaemonSet => Some(
+                "no agent has reported there, and no pinboard agent DaemonSet says one should"
+                    .into(),
+            ),
+        }
+    }
+
+    /// Whether `node` ever had an agent: one that reported or renewed its heartbeat.
+    fn has_agent(&self, node: &str) -> bool {
+        self.reports.contains_key(node) || self.heartbeats.contains_key(node)
+    }
+
+    /// Whether `node`'s agent's heartbeat is fresh at `now`.
+    pub fn live_agent(&self, node: &str, now: SystemTime) -> bool {
+        self.heartbeats.get(node).is_some_and(|b| !b.stale(now))
+    }
+
+    /// The nodes whose agent ever reported or renewed its heartbeat: those an agent can be asked through.
+    pub fn nodes_with_agent(&self) -> Vec<&ClusterNode> {
         self.nodes
             .iter()
-            .filter(|n| match selector {
-                Some(selector) => selector_matches(Some(selector), &n.labels),
-                None => self.reports.contains_key(&n.name) || self.heartbeats.contains_key(&n.name),
-            })
+            .filter(|n| self.has_agent(&n.name))
             .collect()
     }
 
@@ -211,7 +273,7 @@ impl AgentsView {
             observed_generation: set.generation(),
             ..PinSetStatus::default()
         };
-        for node in self.nodes_of(set) {
+        for node in self.choose(set.spec.node_selector.as_ref(), now).judged {
             status.nodes += 1;
             match self.node_with_set(&node.name, set.name(), set.generation(), now) {
                 NodeWithSet::Ready => status.ready += 1,
@@ -244,6 +306,7 @@ pub enum AgentsUpdate {
     Nodes(Vec<ClusterNode>),
     /// Each node's agent's last heartbeat, by node.
     Heartbeats(BTreeMap<String, Heartbeat>),
+    DaemonSets(AgentDaemonSets),
     Connection(&'static str, Connection),
 }
 
@@ -267,6 +330,7 @@ impl AgentsView {
             }
             AgentsUpdate::Nodes(nodes) => self.nodes = nodes,
             AgentsUpdate::Heartbeats(heartbeats) => self.heartbeats = heartbeats,
+            AgentsUpdate::DaemonSets(daemonsets) => self.daemonsets = daemonsets,
             AgentsUpdate::Connection(kind, state) => {
                 self.connections.insert(kind, state);
             }

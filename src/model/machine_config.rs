@@ -336,6 +336,18 @@ pub struct ClusterNode {
     pub image_entries: usize,
     /// `status.nodeInfo.kubeletVersion`: `v1.29.4+a1b2c3d`.
     pub kubelet_version: Option<String>,
+    /// `spec.taints`: which DaemonSets' pods the node takes.
+    pub taints: Vec<NodeTaint>,
+}
+
+/// One of a Node's taints.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeTaint {
+    pub key: String,
+    /// Empty when the taint has none.
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
 }
 
 impl From<&Node> for ClusterNode {
@@ -375,6 +387,16 @@ impl From<&Node> for ClusterNode {
                 .flat_map(|image| image.names.iter().flatten().cloned())
                 .collect(),
             image_entries: images.map_or(0, Vec::len),
+            taints: node
+                .spec
+                .iter()
+                .flat_map(|spec| spec.taints.iter().flatten())
+                .map(|taint| NodeTaint {
+                    key: taint.key.clone(),
+                    value: taint.value.clone().unwrap_or_default(),
+                    effect: taint.effect.clone(),
+                })
+                .collect(),
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
+pub mod agent_daemonsets;
+pub mod agent_pods;
 pub mod agents_view;
 pub mod cache_token;
 pub mod cluster_session;

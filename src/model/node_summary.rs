@@ -1,10 +1,11 @@
 //! What is known about a node for the Nodes screen: its runtime, space, images and pins, as the backends
 //! found them (a node's runtime in direct mode, its Node object in cluster mode, its agent's report on
-//! agents).
+//! agents, or that its agent is awaited).
 
 use std::collections::HashMap;
 use std::time::SystemTime;
 
+use super::agent_daemonsets::Placement;
 use super::agents_view::{AgentsView, NodeWithSet};
 use super::lazy::LazyPulling;
 use super::machine_config::{ClusterView, ImageFsSpace};
@@ -32,9 +33,11 @@ pub struct NodeSummary {
 }
 
 /// On agents: each node with an agent, as its report says, at `now`; a node whose agent is stale is
-/// unreachable, with its last figures.
+/// unreachable, with its last figures; and each node an agents' DaemonSet should run on whose agent has not
+/// reported yet, unreachable, so the gap shows.
 pub fn of_agents(view: &AgentsView, now: SystemTime) -> Vec<NodeSummary> {
-    view.reports
+    let reported = view
+        .reports
         .iter()
         .filter_map(|(name, node)| Some((name, node.status.as_ref()?)))
         .map(|(name, report)| {
@@ -66,8 +69,26 @@ pub fn of_agents(view: &AgentsView, now: SystemTime) -> Vec<NodeSummary> {
                     .filter(|_| untrusted.is_none())
                     .map(|c| c.address.clone()),
             }
-        })
-        .collect()
+        });
+    let awaited = view
+        .nodes
+        .iter()
+        .filter(|node| view.report(&node.name).is_none())
+        .filter_map(|node| match view.daemonsets.placement(node) {
+            Placement::DaemonSet(daemonset) => Some(NodeSummary {
+                name: node.name.clone(),
+                reachable: Some(false),
+                warning: Some(format!(
+                    "no agent yet: DaemonSet {} should run one here",
+                    daemonset.name
+                )),
+                ..NodeSummary::default()
+            }),
+            _ => None,
+        });
+    let mut summaries: Vec<NodeSummary> = reported.chain(awaited).collect();
+    summaries.sort_by(|a, b| a.name.cmp(&b.name));
+    summaries
 }
 
 /// What the node's agent is putting back, when an image or pin of a set was lost there.
@@ -125,4 +146,59 @@ pub fn of_cluster(
             cache: None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::agent_daemonsets::{AgentDaemonSet, AgentDaemonSets};
+    use crate::model::agents_view::AgentsUpdate;
+    use crate::model::machine_config::ClusterNode;
+    use crate::model::pinboard_api::{NodeReport, PinboardNode};
+
+    #[test]
+    fn the_nodes_screen_on_agents_shows_a_node_its_daemonset_should_run_on_before_its_agent_reports()
+     {
+        let node = |name: &str, labelled: bool| ClusterNode {
+            name: name.into(),
+            labels: match labelled {
+                true => [("pool".to_string(), "pins".to_string())].into(),
+                false => Default::default(),
+            },
+            ..ClusterNode::default()
+        };
+        let mut view = AgentsView::default();
+        view.apply(AgentsUpdate::Nodes(vec![
+            node("n1", true),
+            node("n2", true),
+            node("n3", false),
+        ]));
+        let mut report = PinboardNode::default();
+        report.metadata.name = "n1".into();
+        report.status = Some(NodeReport::default());
+        view.apply(AgentsUpdate::Reports(vec![report.into()]));
+        let names = |view: &AgentsView| -> Vec<String> {
+            of_agents(view, SystemTime::now())
+                .into_iter()
+                .map(|n| n.name)
+                .collect()
+        };
+        assert_eq!(names(&view), ["n1"], "without a DaemonSet: the reports");
+        view.apply(AgentsUpdate::DaemonSets(AgentDaemonSets {
+            namespace: "pinboard-system".into(),
+            listed: vec![AgentDaemonSet {
+                name: "pinboard-agent-containerd".into(),
+                node_selector: [("pool".to_string(), "pins".to_string())].into(),
+                ..AgentDaemonSet::default()
+            }],
+        }));
+        let shown = of_agents(&view, SystemTime::now());
+        assert_eq!(shown.len(), 2, "n3 is none of the agents' business");
+        assert_eq!(shown[1].name, "n2");
+        assert_eq!(shown[1].reachable, Some(false));
+        assert_eq!(
+            shown[1].warning.as_deref(),
+            Some("no agent yet: DaemonSet pinboard-agent-containerd should run one here")
+        );
+    }
 }

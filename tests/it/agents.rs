@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use pinboard::model::readiness::{LeftOut, NodesStatus, Readiness};
 use serde_json::{Value, json};
-use support::agents::AgentsLab;
-use support::kube_objects::wait_for;
+use support::agents::{AgentsLab, DAEMONSET, NAMESPACE, POD_LABEL};
+use support::cluster::bind_viewer;
+use support::kube_objects::{POD_WAIT, PodState, wait_for, wait_for_daemonset_pod};
 use support::tmux::Tmux;
 use support::{ImageSpec, NodeSpec};
 
@@ -300,23 +302,26 @@ async fn a_node_without_room_and_a_stopped_agent_are_named_and_bad_input_writes_
         "{judged:?}"
     );
 
-    // A stopped agent: its node becomes not ready, named, once its heartbeat lapses (four 1 s renewals).
+    // A stopped agent on a node no DaemonSet runs on (the lab's agents run as processes): once its heartbeat
+    // lapses (four 1 s renewals), its node is left out, counted with why, not held back by the report its
+    // agent left.
     lab.stop_agent("n2");
-    let stale = wait_for("n2 stale", WAIT, || async {
+    let judged = wait_for("n2 left out", WAIT, || async {
         let (code, judged, stderr) = lab.check(&["--set", "big"]);
-        let n2 = judged
-            .nodes
-            .iter()
-            .find(|n| n.node == "n2")
-            .cloned()
-            .unwrap();
-        (code == 1 && !n2.ready).then_some(n2).ok_or(stderr)
+        (code == 1 && judged.nodes.iter().all(|n| n.node != "n2"))
+            .then_some(judged)
+            .ok_or(stderr)
     })
     .await;
+    assert_eq!(judged.left_out.len(), 1, "{judged:?}");
+    assert_eq!(judged.left_out[0].nodes, ["n2"]);
     assert!(
-        stale.reasons[0].contains("the agent on node \"n2\" is stale"),
+        judged.left_out[0].reason.ends_with(
+            "(pinboard-agent-containerd: nodeSelector pinboard.dev/agent-pod=true), and the \
+                        agent that ran there is stale"
+        ),
         "{:?}",
-        stale.reasons
+        judged.left_out
     );
     // Started again, it carries on: the image is there, nothing is pulled again.
     lab.start_agent("n2");
@@ -344,8 +349,8 @@ async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_i
         .add_node(NodeSpec::new("n3", 200 * MIB))
         .expect("n3 joins");
     lab.start_agent("n3");
-    // Once its agent reports, the set (no selector: every node with an agent) counts n3, not ready yet
-    // or already pinned; `--wait` follows it to ready.
+    // Once its agent reports, the set (no selector: every node a DaemonSet should run an agent on or whose
+    // agent is alive) counts n3, not ready yet or already pinned; `--wait` follows it to ready.
     wait_for("n3's report", WAIT, || async {
         let (_, judged, stderr) = lab.check(&["--set", "joined"]);
         judged
@@ -360,6 +365,154 @@ async fn a_node_that_joins_gets_the_set_from_its_own_agent_and_check_waits_for_i
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(judged.nodes.len(), 3);
     lab.lab.node("n3").assert_pinned(&[&images[0], &images[1]]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_the_daemonset_should_run_on_is_not_ready_until_its_agent_pins_and_one_it_excludes_is_left_out()
+ {
+    let nodes = vec![
+        NodeSpec::new("n1", 200 * MIB),
+        NodeSpec::new("n2", 200 * MIB),
+        NodeSpec::new("n3", 200 * MIB),
+    ];
+    // The agents run as processes; the DaemonSet runs on the nodes labelled for it, none yet, and its
+    // image is one nothing can pull.
+    let mut lab = AgentsLab::start("agents-gap", nodes, None).await;
+    let images = small_images(&lab, &["agents/g1", "agents/g2"], 7800);
+    let set = lab.set_file("gap", &[&images[0], &images[1]], "");
+    let run = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "120s"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+
+    // A node no DaemonSet runs on joins, without an agent: left out, and status says so.
+    lab.lab
+        .add_node(NodeSpec::new("n5", 200 * MIB))
+        .expect("n5 joins");
+    let excluded = "no pinboard agent DaemonSet runs there (pinboard-agent-containerd: nodeSelector \
+                    pinboard.dev/agent-pod=true)";
+    let run = lab.pinboard(&["status", "--set", "gap", "-o", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let status: NodesStatus = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(status.nodes.len(), 3, "{status:?}");
+    assert_eq!(
+        status.left_out,
+        [LeftOut {
+            reason: excluded.into(),
+            count: 1,
+            nodes: vec!["n5".into()],
+        }]
+    );
+    let run = lab.pinboard(&["status", "--set", "gap"]);
+    assert!(
+        run.stdout
+            .contains(&format!("\n1 node left out: {excluded}: n5\n")),
+        "{}",
+        run.stdout
+    );
+    let (code, judged, stderr) = lab.check(&["--set", "gap"]);
+    assert_eq!(code, 0, "n5 holds nothing back: {stderr}");
+    assert_eq!(judged.ready_nodes, 3);
+
+    // A node labelled for the DaemonSet joins: not ready, named, before any agent reports there…
+    lab.lab
+        .add_node(NodeSpec::new("n4", 200 * MIB).labelled(POD_LABEL, "true"))
+        .expect("n4 joins");
+    let (code, judged, stderr) = lab.check(&["--set", "gap"]);
+    assert_eq!(code, 1, "{stderr}");
+    let n4 = judged.nodes.iter().find(|n| n.node == "n4").unwrap();
+    assert!(!n4.ready);
+    assert!(
+        n4.reasons[0].starts_with(
+            "no agent yet on node \"n4\": DaemonSet pinboard-system/pinboard-agent-containerd should run \
+             one there, and none has reported; "
+        ),
+        "{:?}",
+        n4.reasons
+    );
+    assert!(
+        stderr.contains("n4: no agent yet on node \"n4\""),
+        "{stderr}"
+    );
+    // …then with its pod's state, as its kubelet says it: the image cannot be pulled.
+    let n4 = wait_for("n4's pod failing to pull, named", POD_WAIT, || async {
+        let (code, judged, stderr) = lab.check(&["--set", "gap"]);
+        let n4 = judged.nodes.into_iter().find(|n| n.node == "n4");
+        n4.filter(|n4| {
+            code == 1
+                && ["ErrImagePull", "ImagePullBackOff"]
+                    .iter()
+                    .any(|w| n4.reasons[0].contains(&format!("its agent waiting: {w}")))
+        })
+        .ok_or(stderr)
+    })
+    .await;
+    assert!(
+        n4.reasons[0].contains("its pod pinboard-agent-containerd-")
+            && n4.reasons[0].contains("is Pending")
+            && n4.reasons[0].contains("unused.invalid/pinboard:none"),
+        "{:?}",
+        n4.reasons
+    );
+    assert!(
+        n4.agent
+            .as_deref()
+            .is_some_and(|a| a.starts_with("no agent yet (pod ")),
+        "{n4:?}"
+    );
+    // An account with only the viewer ClusterRole judges the same, and is told how to see the pod; with
+    // the pods' Role too, it sees it. (RBAC reaches the API server's cache a moment after it is written.)
+    let as_viewer = |wanted: &'static str| {
+        let lab = &lab;
+        async move {
+            let run = lab.pinboard_as_viewer(&["check", "--set", "gap", "-o", "json"]);
+            let judged: Readiness = serde_json::from_str(&run.stdout)
+                .map_err(|e| format!("check -o json ({e}): {}\n{}", run.stdout, run.stderr))?;
+            let n4 = judged.nodes.into_iter().find(|n| n.node == "n4");
+            n4.filter(|n4| run.code == 1 && n4.reasons[0].contains(wanted))
+                .ok_or(run.stderr)
+        }
+    };
+    bind_viewer(&lab.admin, "pinboard-agents-viewer", None).await;
+    let n4 = wait_for("the viewer told the pods are not its to read", WAIT, || {
+        as_viewer("its pod could not be looked up")
+    })
+    .await;
+    assert!(
+        n4.reasons[0].ends_with(
+            "none has reported; its pod could not be looked up: your account may not list pods in \
+             namespace \"pinboard-system\": bind the Role pinboard-agents-viewer-pods there to it \
+             (docs/agents.md)"
+        ),
+        "{:?}",
+        n4.reasons
+    );
+    bind_viewer(&lab.admin, "pinboard-agents-viewer-pods", Some(NAMESPACE)).await;
+    wait_for("the viewer told the pod's state", WAIT, || {
+        as_viewer("its agent waiting: ")
+    })
+    .await;
+
+    // The DaemonSet's image fixed, its pod runs the agent, which pins the set: ready, n5 still left out.
+    lab.install_this_build().await;
+    let (code, judged, stderr) = lab.check(&["--set", "gap", "--wait", "--timeout", "180s"]);
+    assert_eq!(code, 0, "{stderr}");
+    let names: Vec<&str> = judged.nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(names, ["n1", "n2", "n3", "n4"]);
+    assert_eq!(judged.left_out[0].nodes, ["n5"]);
+    lab.lab.node("n4").assert_pinned(&[&images[0], &images[1]]);
+    let pod =
+        wait_for_daemonset_pod(&lab.admin, NAMESPACE, DAEMONSET, "n4", PodState::Running).await;
+    let report = lab
+        .reports()
+        .await
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "n4")
+        .unwrap();
+    assert_eq!(
+        report["status"]["agentVersion"],
+        env!("CARGO_PKG_VERSION"),
+        "the agent of pod {:?} reported",
+        pod.metadata.name
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

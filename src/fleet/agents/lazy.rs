@@ -28,7 +28,7 @@ pub(super) async fn lazy(
     let now = SystemTime::now();
     let nodes: Vec<String> = connected
         .view
-        .nodes_selected(None)
+        .nodes_with_agent()
         .into_iter()
         .map(|n| n.name.clone())
         .collect();

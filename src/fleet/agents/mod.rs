@@ -30,7 +30,7 @@ use crate::model::image::Platform;
 use crate::model::lazy::NodeLazy;
 use crate::model::pinboard_api::PinSet;
 use crate::model::plan::{Limits, Verdict};
-use crate::model::readiness::{Readiness, WantedSet};
+use crate::model::readiness::{Readiness, WantedSet, count_nodes};
 use crate::model::set::ImageSet;
 use crate::survey::{Survey, survey_reported};
 
@@ -132,7 +132,7 @@ impl AgentsFleet {
         let (mut connected, wanted) = self.wanted(sources, &registry).await?;
         Ok(match wait {
             Some(limit) => connected.wait(&wanted, limit).await,
-            None => connected.readiness(&wanted),
+            None => connected.readiness(&wanted).await,
         })
     }
 
@@ -258,14 +258,6 @@ impl AgentsFleet {
             });
         }
         Ok(Unpinned::Sets(deleted))
-    }
-}
-
-/// `1 node` / `3 nodes`.
-fn count_nodes(n: usize) -> String {
-    match n {
-        1 => "1 node".into(),
-        n => format!("{n} nodes"),
     }
 }
 

@@ -1,6 +1,8 @@
 //! A cluster of agents connected and watched, for the headless commands: the first complete view waited
 //! for, then followed (never polled) until the sets are ready or the wait ends. A heartbeat goes stale
-//! without any object changing, so while waiting the view is also judged again every few seconds.
+//! without any object changing, so while waiting the view is also judged again every few seconds. A
+//! verdict given (not each look while waiting) asks the API server for the agent pods of the nodes whose
+//! agent does not report, so it says why.
 
 use std::time::{Duration, SystemTime};
 
@@ -8,12 +10,14 @@ use tokio::time::Instant;
 
 use super::super::first_list::{FailingWatch, Watched, next_update, wait_for_first_list};
 use super::super::sets::unknown_sets;
+use crate::backend::agent_pods::agent_pods;
 use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::pinboard_api::{AgentsWatch, PinboardApi};
 use crate::error::Failure;
+use crate::model::agent_pods::AgentPods;
 use crate::model::agents_view::AgentsView;
 use crate::model::machine_config::Connection;
-use crate::model::readiness::{Readiness, WantedSet, assess_agents, wanted_sets};
+use crate::model::readiness::{Readiness, WantedSet, assess_agents, missing_agents, wanted_sets};
 use crate::model::set::ImageSet;
 use crate::model::units::human;
 
@@ -69,9 +73,18 @@ impl Connected {
         Ok(connected)
     }
 
-    /// The wanted sets judged on every node they land on, now.
-    pub(super) fn readiness(&self, wanted: &[WantedSet]) -> Readiness {
-        Readiness::of(assess_agents(&self.view, wanted, SystemTime::now()))
+    /// The wanted sets judged on every node they land on, now, with the pods of nodes whose agent does
+    /// not report looked up.
+    pub(super) async fn readiness(&self, wanted: &[WantedSet]) -> Readiness {
+        let now = SystemTime::now();
+        let missing = missing_agents(&self.view, wanted, now);
+        let pods = agent_pods(self.api.client(), &missing).await;
+        assess_agents(&self.view, wanted, now, &pods)
+    }
+
+    /// [`Self::readiness`] from the watched view alone: what a wait looks at after each change.
+    fn look(&self, wanted: &[WantedSet]) -> Readiness {
+        assess_agents(&self.view, wanted, SystemTime::now(), &AgentPods::new())
     }
 
     /// Follows the cluster until `done` says so of the view or `limit` has passed.
@@ -85,7 +98,7 @@ impl Connected {
         let deadline = Instant::now() + limit;
         let mut last_line = String::new();
         loop {
-            let readiness = self.readiness(wanted);
+            let readiness = self.look(wanted);
             if readiness.ready {
                 return readiness;
             }
@@ -96,7 +109,7 @@ impl Connected {
             let next = deadline.min(Instant::now() + REJUDGE_EVERY);
             if !self.next_update(next).await && Instant::now() >= deadline {
                 eprintln!("waiting: timed out after {limit:?}: {line}");
-                return self.readiness(wanted);
+                return self.readiness(wanted).await;
             }
             last_line = line;
         }

@@ -223,14 +223,23 @@ impl Live {
         let _ = events.send(FleetEvent::ConfigViews(config_views(reports)));
     }
 
-    /// `set` as written for the chosen `nodes`: its own selector when they are every node with an agent
-    /// (so a node that joins later gets it too), else the nodes by their hostname label.
+    /// `set` as written for the chosen `nodes`: its own selector when they are every node the Nodes screen
+    /// shows that it selects (so a node that joins later gets it too), else the nodes by their hostname
+    /// label.
     pub(super) fn targeting(&self, mut set: ImageSet, nodes: &[String]) -> ImageSet {
         let view = self.view.lock().expect("view lock");
-        let every: BTreeSet<&str> = view
-            .nodes_selected(set.node_selector.as_ref().map(|s| &s.0))
-            .into_iter()
+        let choice = view.choose(set.node_selector.as_ref().map(|s| &s.0), SystemTime::now());
+        // Shown: the nodes judged, and those left out whose agent reported once.
+        let reported_once = choice
+            .left_out
+            .iter()
+            .map(|(node, _)| *node)
+            .filter(|node| view.report(node).is_some());
+        let every: BTreeSet<&str> = choice
+            .judged
+            .iter()
             .map(|n| n.name.as_str())
+            .chain(reported_once)
             .collect();
         let chosen: BTreeSet<&str> = nodes.iter().map(String::as_str).collect();
         if chosen != every {

@@ -2,41 +2,84 @@
 //! the node holds and pins ([`crate::model::pinboard_api::PinboardNode`]); a fresh report is the runtime's
 //! word, relayed. A node is ready for a set when its agent's heartbeat is fresh, its report has the set at
 //! the set's generation (or a newer one) pinned, and its complete image list holds every image of the set,
-//! pinned. A node the set selects whose agent never reported, or whose heartbeat is stale, is not ready,
-//! and the reason names it.
+//! pinned. The nodes judged are chosen by [`AgentsView::choose`]: a node an agents' DaemonSet should run
+//! on whose agent never reported ("no agent yet", with its pod's state when it was looked up), or whose
+//! heartbeat is stale, is not ready, and the reason names it; the nodes left out are counted, by why.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use super::direct::image_readiness;
 use super::{
-    Evidence, ImageObserved, ImageReadiness, ImageReason, NodeReadiness, PinnedBy, SetOnNode,
-    SetState, WantedSet, lazily_present, not_as_wanted, with_reason,
+    Evidence, ImageObserved, ImageReadiness, ImageReason, LeftOut, NodeReadiness, PinnedBy,
+    Readiness, SetOnNode, SetState, WantedSet, lazily_present, not_as_wanted, with_reason,
 };
+use crate::model::agent_daemonsets::{AGENTS_DAEMONSET_LABEL, AgentDaemonSet, Placement};
+use crate::model::agent_pods::{AgentPods, PodsOnNode};
 use crate::model::agents_view::{AgentsView, NodeWithSet};
 use crate::model::holders::HeldBy;
+use crate::model::machine_config::ClusterNode;
 use crate::model::pinboard_api::{DEGRADED, NodeReport, NodeSetPhase};
 use crate::model::reference::{count_images, some_of};
 use crate::model::units::{clock, human};
 
-/// Every node a wanted set lands on, judged from the agents' reports at `now`; nodes by name, each
-/// node's images the union of its sets' images, in set order.
+/// Every node the wanted sets are judged on, from the agents' reports at `now`, with what `pods` says of
+/// the agent pods of nodes whose agent does not report; nodes by name, each node's images the union of its
+/// sets' images, in set order; and the nodes the sets select but leave out, by why.
 pub fn assess_agents(
     view: &AgentsView,
     wanted: &[WantedSet],
     now: SystemTime,
-) -> Vec<NodeReadiness> {
-    let mut per_node: BTreeMap<&str, Vec<SetOnAgents>> = BTreeMap::new();
+    pods: &AgentPods,
+) -> Readiness {
+    let mut per_node: BTreeMap<&str, (&ClusterNode, Vec<SetOnAgents>)> = BTreeMap::new();
+    let mut left_out = BTreeMap::new();
     for wanted in wanted {
         let set = SetOnAgents::new(view, wanted);
-        for node in view.nodes_selected(set.selector.as_ref()) {
-            per_node.entry(&node.name).or_default().push(set.clone());
+        let choice = view.choose(set.selector.as_ref(), now);
+        for node in choice.judged {
+            let (_, sets) = per_node.entry(&node.name).or_insert((node, Vec::new()));
+            sets.push(set.clone());
+        }
+        left_out.extend(choice.left_out);
+    }
+    let nodes = per_node
+        .into_values()
+        .map(|(node, sets)| assess_node(view, node, &sets, now, pods))
+        .collect();
+    let mut readiness = Readiness::of(nodes);
+    readiness.left_out = LeftOut::grouped(left_out);
+    if view.daemonsets.listed.is_empty() {
+        readiness.warnings.push(format!(
+            "no pinboard agent DaemonSet in namespace {:?} (label {AGENTS_DAEMONSET_LABEL}): judged only the \
+             nodes whose agent has reported, and every node a set's nodeSelector selects, so a node whose \
+             agent never started is not counted; install the agents with `pinboard agent manifests`, or \
+             pass their namespace with --namespace",
+            view.daemonsets.namespace
+        ));
+    }
+    readiness
+}
+
+/// The nodes the wanted sets are judged on at `now` whose agent is not alive though an agents' DaemonSet
+/// should run one there, by name, with that DaemonSet: those whose pods may say why.
+pub fn missing_agents(
+    view: &AgentsView,
+    wanted: &[WantedSet],
+    now: SystemTime,
+) -> Vec<(String, AgentDaemonSet)> {
+    let mut missing = BTreeMap::new();
+    for wanted in wanted {
+        let selector = SetOnAgents::new(view, wanted).selector;
+        for node in view.choose(selector.as_ref(), now).judged {
+            if let Placement::DaemonSet(daemonset) = view.daemonsets.placement(node)
+                && !view.live_agent(&node.name, now)
+            {
+                missing.insert(node.name.clone(), daemonset.clone());
+            }
         }
     }
-    per_node
-        .into_iter()
-        .map(|(node, sets)| assess_node(view, node, &sets, now))
-        .collect()
+    missing.into_iter().collect()
 }
 
 /// What is judged the same way on every node a wanted set lands on.
@@ -70,10 +113,12 @@ impl<'a> SetOnAgents<'a> {
 
 fn assess_node(
     view: &AgentsView,
-    node: &str,
+    cluster_node: &ClusterNode,
     sets: &[SetOnAgents],
     now: SystemTime,
+    pods: &AgentPods,
 ) -> NodeReadiness {
+    let node = cluster_node.name.as_str();
     let mut reasons = Vec::new();
     let mut on_node = Vec::new();
     let mut references: Vec<&str> = Vec::new();
@@ -109,28 +154,11 @@ fn assess_node(
         }
         on_node.push(set_on_node(name, Some(generation), observed, state, error));
     }
-    let agent_reason = match view.agent_untrusted(node, now) {
-        Some(NodeWithSet::NoAgent) => Some(format!(
-            "no pinboard agent reports on node {node:?}: its DaemonSet has no running pod there; \
-             `kubectl -n {ns} get pods -o wide` shows why (docs/agents.md)",
-            ns = crate::model::pinboard_api::DEFAULT_NAMESPACE
-        )),
-        Some(NodeWithSet::Stale { seconds, valid_for }) => Some(format!(
-            "the agent on node {node:?} is stale: {}; it stopped or cannot reach the API server, so \
-             what it last reported is not trusted",
-            match seconds {
-                u64::MAX => "it never renewed its heartbeat".to_string(),
-                s => format!(
-                    "{} since its last heartbeat, which stood for {}",
-                    clock(Duration::from_secs(s)),
-                    clock(Duration::from_secs(valid_for))
-                ),
-            },
-        )),
-        _ => None,
-    };
-    if let Some(reason) = agent_reason {
-        reasons.insert(0, reason);
+    let agent = view
+        .agent_untrusted(node, now)
+        .map(|untrusted| agent_untrusted(view, cluster_node, &untrusted, now, pods));
+    if let Some((reason, _)) = &agent {
+        reasons.insert(0, reason.clone());
     }
     let images: Vec<ImageReadiness> = references
         .iter()
@@ -176,6 +204,101 @@ fn assess_node(
         kubelet: None,
         warnings: report.map_or_else(Vec::new, |r| fought(r, sets)),
         cache: report.and_then(|r| r.cache.clone()),
+        agent: agent.map(|(_, words)| words),
+    }
+}
+
+/// Why `node`'s agent is not trusted (`untrusted`: [`NodeWithSet::NoAgent`] or [`NodeWithSet::Stale`]), in
+/// a sentence with what `pods` says of its pod, and in a few words.
+fn agent_untrusted(
+    view: &AgentsView,
+    node: &ClusterNode,
+    untrusted: &NodeWithSet,
+    now: SystemTime,
+    pods: &AgentPods,
+) -> (String, String) {
+    let name = &node.name;
+    let daemonset = match view.daemonsets.placement(node) {
+        Placement::DaemonSet(daemonset) => Some(daemonset),
+        _ => None,
+    };
+    let (mut reason, mut words) = match (untrusted, daemonset) {
+        (NodeWithSet::Stale { seconds, valid_for }, _) => (
+            format!(
+                "the agent on node {name:?} is stale: {}; it stopped or cannot reach the API server, so \
+                 what it last reported is not trusted",
+                match *seconds {
+                    u64::MAX => "it never renewed its heartbeat".to_string(),
+                    s => format!(
+                        "{} since its last heartbeat, which stood for {}",
+                        clock(Duration::from_secs(s)),
+                        clock(Duration::from_secs(*valid_for))
+                    ),
+                },
+            ),
+            "agent stale".to_string(),
+        ),
+        // No report.
+        _ if view.live_agent(name, now) => (
+            format!(
+                "the agent on node {name:?} renews its heartbeat but has not written its report yet"
+            ),
+            "no report yet".to_string(),
+        ),
+        (_, Some(daemonset)) => (
+            format!(
+                "no agent yet on node {name:?}: DaemonSet {}/{} should run one there, and none has \
+                 reported",
+                daemonset.namespace, daemonset.name
+            ),
+            "no agent yet".to_string(),
+        ),
+        (_, None) => (
+            format!(
+                "no pinboard agent reports on node {name:?}, and no pinboard agent DaemonSet was found; \
+                 start one there, or narrow the set's nodeSelector (docs/agents.md)"
+            ),
+            "no agent".to_string(),
+        ),
+    };
+    if let Some(daemonset) = daemonset {
+        let (clause, short) = pod_clause(daemonset, name, pods.get(name));
+        reason.push_str(&format!("; {clause}"));
+        if let Some(short) = short {
+            words.push_str(&format!(" ({short})"));
+        }
+    }
+    (reason, words)
+}
+
+/// What `looked` found of `daemonset`'s pod on `node`, in a clause, and the pod's state in a few words.
+fn pod_clause(
+    daemonset: &AgentDaemonSet,
+    node: &str,
+    looked: Option<&PodsOnNode>,
+) -> (String, Option<String>) {
+    match looked {
+        Some(PodsOnNode::Found(pods)) if pods.is_empty() => {
+            ("it has no pod there yet".into(), Some("no pod".into()))
+        }
+        Some(PodsOnNode::Found(pods)) => (
+            pods.iter()
+                .map(|p| p.words())
+                .collect::<Vec<_>>()
+                .join("; "),
+            pods.first().map(|p| p.short()),
+        ),
+        Some(PodsOnNode::Unreadable(why)) => {
+            (format!("its pod could not be looked up: {why}"), None)
+        }
+        None => (
+            format!(
+                "`kubectl -n {} get pods -o wide -l {AGENTS_DAEMONSET_LABEL} --field-selector \
+                 spec.nodeName={node}` shows its pod",
+                daemonset.namespace
+            ),
+            None,
+        ),
     }
 }
 
@@ -302,9 +425,12 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
     use super::*;
+    use crate::model::agent_daemonsets::AgentDaemonSets;
+    use crate::model::agent_pods::AgentPod;
     use crate::model::agents_view::AgentsUpdate;
-    use crate::model::machine_config::ClusterNode;
     use crate::model::pinboard_api::{
         Heartbeat, ImagePhase, ImageReport, NodeSetPhase, ObjectMeta, PinSet, PinSetSpec,
         PinboardNode, PinnedImage, SetImageReport, SetReport,
@@ -392,7 +518,12 @@ mod tests {
             set: from_flags("web", &[IMAGE.to_string()]),
             min_generation: 0,
         }];
-        let nodes = assess_agents(&view(now), &wanted, now);
+        let judged = assess_agents(&view(now), &wanted, now, &AgentPods::new());
+        assert!(
+            judged.left_out.is_empty(),
+            "a selector's every node, as before DaemonSets"
+        );
+        let nodes = judged.nodes;
         assert_eq!(
             nodes.iter().map(|n| n.node.as_str()).collect::<Vec<_>>(),
             ["n1", "n2", "n3"]
@@ -421,6 +552,306 @@ mod tests {
     }
 
     #[test]
+    fn without_an_agents_daemonset_a_set_without_selector_counts_the_nodes_with_an_agent_and_says_so()
+     {
+        let now = SystemTime::now();
+        let mut view = view(now);
+        view.sets[0].spec.node_selector = None;
+        view.apply(AgentsUpdate::DaemonSets(AgentDaemonSets {
+            namespace: "pins".into(),
+            listed: Vec::new(),
+        }));
+        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new());
+        let names: Vec<&str> = judged.nodes.iter().map(|n| n.node.as_str()).collect();
+        assert_eq!(names, ["n1", "n2"], "n3 never had an agent");
+        assert_eq!(
+            judged.left_out,
+            [LeftOut {
+                reason:
+                    "no agent has reported there, and no pinboard agent DaemonSet says one should"
+                        .into(),
+                count: 1,
+                nodes: vec!["n3".into()],
+            }]
+        );
+        assert!(
+            judged.warnings[0].starts_with(
+                "no pinboard agent DaemonSet in namespace \"pins\" (label \
+                 app.kubernetes.io/name=pinboard-agent): judged only the nodes whose agent has reported"
+            ),
+            "{:?}",
+            judged.warnings
+        );
+        assert!(missing_agents(&view, &wanted(), now).is_empty());
+    }
+
+    fn wanted() -> [WantedSet; 1] {
+        [WantedSet {
+            set: from_flags("web", &[IMAGE.to_string()]),
+            min_generation: 0,
+        }]
+    }
+
+    const POD_LABEL: &str = "pinboard.dev/agent-pod";
+
+    /// The lab's layout: the DaemonSet runs on the nodes labelled for it (n1-n4, n8), agents run by hand
+    /// elsewhere. n1 is pinned; n2-n4 have no agent yet; n5's agent runs by hand and pinned; n6 never had
+    /// an agent; n7's agent, run by hand, went stale; n8's agent, of the DaemonSet, went stale.
+    fn daemonset_view(now: SystemTime) -> AgentsView {
+        let mut view = view(now);
+        view.sets[0].spec.node_selector = None;
+        let labelled = |name: &str| ClusterNode {
+            labels: [(POD_LABEL.to_string(), "true".to_string())].into(),
+            ..node(name)
+        };
+        let nodes = vec![
+            labelled("n1"),
+            labelled("n2"),
+            labelled("n3"),
+            labelled("n4"),
+            node("n5"),
+            node("n6"),
+            node("n7"),
+            labelled("n8"),
+        ];
+        view.apply(AgentsUpdate::Nodes(nodes));
+        let n1 = Arc::clone(&view.reports["n1"]);
+        let renamed = |name: &str| {
+            let mut report = PinboardNode::clone(&n1);
+            report.metadata.name = name.into();
+            Arc::new(report)
+        };
+        view.apply(AgentsUpdate::Reports(vec![
+            n1.clone(),
+            renamed("n5"),
+            renamed("n7"),
+            renamed("n8"),
+        ]));
+        let beat = |ago: u64| Heartbeat {
+            renewed: now - Duration::from_secs(ago),
+            valid_for: Duration::from_secs(120),
+        };
+        view.apply(AgentsUpdate::Heartbeats(
+            [("n1", 5), ("n5", 5), ("n7", 600), ("n8", 600)]
+                .map(|(n, ago)| (n.to_string(), beat(ago)))
+                .into(),
+        ));
+        view.apply(AgentsUpdate::DaemonSets(AgentDaemonSets {
+            namespace: "pinboard-system".into(),
+            listed: vec![AgentDaemonSet {
+                name: "pinboard-agent-containerd".into(),
+                namespace: "pinboard-system".into(),
+                node_selector: [(POD_LABEL.to_string(), "true".to_string())].into(),
+                ..AgentDaemonSet::default()
+            }],
+        }));
+        view
+    }
+
+    fn agent_pod(name: &str, node: &str) -> AgentPod {
+        AgentPod {
+            name: name.into(),
+            node: Some(node.into()),
+            phase: "Pending".into(),
+            ..AgentPod::default()
+        }
+    }
+
+    #[test]
+    fn a_node_the_daemonset_should_run_on_without_an_agent_is_not_ready_with_its_pods_state() {
+        let now = SystemTime::now();
+        let view = daemonset_view(now);
+        let pods: AgentPods = [
+            (
+                "n3".to_string(),
+                PodsOnNode::Found(vec![AgentPod {
+                    waiting: Some("ImagePullBackOff: Back-off pulling image \"agent:1\"".into()),
+                    ..agent_pod("pinboard-agent-containerd-n3pod", "n3")
+                }]),
+            ),
+            (
+                "n4".to_string(),
+                PodsOnNode::Found(vec![AgentPod {
+                    phase: "Running".into(),
+                    waiting: Some("CrashLoopBackOff: back-off 2m40s".into()),
+                    restarts: 5,
+                    last_ended: Some("Error, exit code 2".into()),
+                    ..agent_pod("pinboard-agent-containerd-n4pod", "n4")
+                }]),
+            ),
+            ("n8".to_string(), PodsOnNode::Found(Vec::new())),
+        ]
+        .into();
+        let judged = assess_agents(&view, &wanted(), now, &pods);
+        let names: Vec<&str> = judged.nodes.iter().map(|n| n.node.as_str()).collect();
+        assert_eq!(names, ["n1", "n2", "n3", "n4", "n5", "n8"]);
+        let node = |name: &str| judged.nodes.iter().find(|n| n.node == name).unwrap();
+        assert!(node("n1").ready && node("n5").ready, "{judged:?}");
+        assert!(!judged.ready);
+        // n2: no agent, its pod not looked up: how to see it.
+        let n2 = node("n2");
+        assert!(!n2.ready);
+        assert_eq!(
+            n2.reasons[0],
+            "no agent yet on node \"n2\": DaemonSet pinboard-system/pinboard-agent-containerd should run \
+             one there, and none has reported; `kubectl -n pinboard-system get pods -o wide -l \
+             app.kubernetes.io/name=pinboard-agent --field-selector spec.nodeName=n2` shows its pod"
+        );
+        assert_eq!(n2.summary(), "no agent yet");
+        assert_eq!(n2.images[0].reason, Some(ImageReason::Unknown));
+        // n3 and n4: the pod's state, said.
+        let n3 = node("n3");
+        assert!(
+            n3.reasons[0].ends_with(
+                "none has reported; its pod pinboard-agent-containerd-n3pod is Pending, its agent \
+                 waiting: ImagePullBackOff: Back-off pulling image \"agent:1\""
+            ),
+            "{:?}",
+            n3.reasons
+        );
+        assert_eq!(n3.summary(), "no agent yet (pod ImagePullBackOff)");
+        let n4 = node("n4");
+        assert!(
+            n4.reasons[0].contains("CrashLoopBackOff: back-off 2m40s (5 restarts, the last run ended: Error, exit code 2)"),
+            "{:?}",
+            n4.reasons
+        );
+        assert_eq!(n4.summary(), "no agent yet (pod CrashLoopBackOff)");
+        // n8: its DaemonSet's agent went stale, and has no pod there now.
+        let n8 = node("n8");
+        assert!(
+            n8.reasons[0]
+                .starts_with("the agent on node \"n8\" is stale: 10m00s since its last heartbeat")
+                && n8.reasons[0].ends_with("; it has no pod there yet"),
+            "{:?}",
+            n8.reasons
+        );
+        assert_eq!(n8.summary(), "agent stale (no pod)");
+        // n6 and n7: left out, counted, with why; n7's stale report holds nothing back.
+        let excluded = "no pinboard agent DaemonSet runs there (pinboard-agent-containerd: nodeSelector \
+                        pinboard.dev/agent-pod=true)";
+        assert_eq!(
+            judged.left_out,
+            [
+                LeftOut {
+                    reason: excluded.into(),
+                    count: 1,
+                    nodes: vec!["n6".into()],
+                },
+                LeftOut {
+                    reason: format!("{excluded}, and the agent that ran there is stale"),
+                    count: 1,
+                    nodes: vec!["n7".into()],
+                },
+            ]
+        );
+        assert!(judged.warnings.is_empty());
+        assert_eq!(
+            judged.progress_line(),
+            "2/6 nodes ready (2 left out); n2: no agent yet; n3: no agent yet (pod ImagePullBackOff); n4: \
+             no agent yet (pod CrashLoopBackOff); n8: agent stale (no pod)"
+        );
+        let json = serde_json::to_value(&judged).unwrap();
+        assert_eq!(json["leftOut"][0]["count"], 1);
+        assert_eq!(json["leftOut"][0]["nodes"][0], "n6");
+        assert_eq!(json["nodes"][1]["agent"], "no agent yet");
+        // The pods worth looking up: the DaemonSet's nodes without a live agent.
+        let missing: Vec<String> = missing_agents(&view, &wanted(), now)
+            .into_iter()
+            .map(|(node, daemonset)| format!("{node} {}", daemonset.name))
+            .collect();
+        assert_eq!(
+            missing,
+            [
+                "n2 pinboard-agent-containerd",
+                "n3 pinboard-agent-containerd",
+                "n4 pinboard-agent-containerd",
+                "n8 pinboard-agent-containerd"
+            ]
+        );
+        // The aggregating agent counts the same nodes.
+        let status = view.summary(&view.sets[0], now);
+        assert_eq!((status.nodes, status.ready), (6, 2));
+    }
+
+    #[test]
+    fn five_thousand_nodes_left_out_are_a_count_and_five_names() {
+        let now = SystemTime::now();
+        let mut view = daemonset_view(now);
+        let mut nodes = view.nodes.clone();
+        nodes.extend((0..5000).map(|i| node(&format!("w{i:04}"))));
+        view.apply(AgentsUpdate::Nodes(nodes));
+        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new());
+        let excluded = &judged.left_out[0];
+        assert_eq!(excluded.count, 5001, "n6 and the 5,000");
+        assert_eq!(excluded.nodes, ["n6", "w0000", "w0001", "w0002", "w0003"]);
+        assert!(
+            excluded
+                .line()
+                .starts_with("5001 nodes left out: no pinboard agent DaemonSet runs there")
+                && excluded
+                    .line()
+                    .ends_with(": n6, w0000, w0001, w0002, w0003 and 4996 more"),
+            "{}",
+            excluded.line()
+        );
+        let json = serde_json::to_string(&judged.left_out).unwrap();
+        assert!(json.len() < 1024, "{} bytes", json.len());
+    }
+
+    #[test]
+    fn pods_that_cannot_be_read_are_said_so_and_the_node_is_judged_the_same() {
+        let now = SystemTime::now();
+        let view = daemonset_view(now);
+        let why = "your account may not list pods in namespace \"pinboard-system\": bind the Role \
+                   pinboard-agents-viewer-pods there to it (docs/agents.md)";
+        let pods: AgentPods = [("n2".to_string(), PodsOnNode::Unreadable(why.into()))].into();
+        let judged = assess_agents(&view, &wanted(), now, &pods);
+        let n2 = judged.nodes.iter().find(|n| n.node == "n2").unwrap();
+        assert!(!n2.ready);
+        assert!(
+            n2.reasons[0].ends_with(&format!(
+                "none has reported; its pod could not be looked up: {why}"
+            )),
+            "{:?}",
+            n2.reasons
+        );
+        assert_eq!(n2.summary(), "no agent yet");
+    }
+
+    #[test]
+    fn a_selector_narrows_the_choice_and_the_daemonset_still_decides_within_it() {
+        let now = SystemTime::now();
+        let mut view = daemonset_view(now);
+        // Selects n2 (the DaemonSet's, no agent) and n6 (no DaemonSet, no agent) by their names.
+        view.sets[0].spec.node_selector = Some(LabelSelector {
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "kubernetes.io/hostname".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["n2".into(), "n6".into()]),
+                },
+            ]),
+            match_labels: None,
+        });
+        let nodes: Vec<ClusterNode> = view
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut n = n.clone();
+                n.labels
+                    .insert("kubernetes.io/hostname".into(), n.name.clone());
+                n
+            })
+            .collect();
+        view.apply(AgentsUpdate::Nodes(nodes));
+        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new());
+        assert_eq!(judged.nodes.len(), 1);
+        assert_eq!(judged.nodes[0].node, "n2");
+        assert_eq!(judged.left_out[0].nodes, ["n6"]);
+    }
+
+    #[test]
     fn a_newer_generation_waits_for_the_agent_and_an_image_removed_since_is_named() {
         let now = SystemTime::now();
         let mut view = view(now);
@@ -429,7 +860,7 @@ mod tests {
             set: from_flags("web", &[IMAGE.to_string()]),
             min_generation: 0,
         }];
-        let n1 = &assess_agents(&view, &wanted, now)[0];
+        let n1 = &assess_agents(&view, &wanted, now, &AgentPods::new()).nodes[0];
         assert!(!n1.ready);
         assert!(
             n1.reasons
@@ -446,7 +877,7 @@ mod tests {
         {
             report.images.clear();
         }
-        let n1 = &assess_agents(&view, &wanted, now)[0];
+        let n1 = &assess_agents(&view, &wanted, now, &AgentPods::new()).nodes[0];
         assert!(!n1.ready);
         assert!(
             n1.reasons.iter().any(|r| r.contains("lacks 1 image")),
@@ -473,7 +904,7 @@ mod tests {
             set: from_flags("web", &[IMAGE.to_string()]),
             min_generation: 0,
         }];
-        let judged = assess_agents(&view, &wanted, now);
+        let judged = assess_agents(&view, &wanted, now, &AgentPods::new()).nodes;
         let n1 = judged.iter().find(|n| n.node == "n1").unwrap();
         assert!(!n1.ready);
         assert_eq!(n1.images[0].reason, Some(ImageReason::Lazy));

@@ -258,6 +258,7 @@ fn assess_node(
         kubelet: report,
         lazy_pulling: None,
         cache: None,
+        agent: None,
     }
 }
 
@@ -683,9 +684,7 @@ mod tests {
             vec![node("n1", true, &[A, B], 2)],
             vec![mcn("n1", 2, 1, None)],
         );
-        let status = NodesStatus {
-            nodes: judge(&v, 0).nodes,
-        };
+        let status = NodesStatus::from(judge(&v, 0));
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["nodes"][0]["sets"][0]["desiredGeneration"], 2);
         assert_eq!(json["nodes"][0]["sets"][0]["state"], "pulling");

@@ -214,6 +214,7 @@ pub fn assess_with(
         warnings: Vec::new(),
         lazy_pulling: observed.lazy_pulling.clone(),
         cache: None,
+        agent: None,
     }
 }
 

@@ -21,7 +21,7 @@ mod agents;
 mod daemons;
 mod direct;
 
-pub use agents::assess_agents;
+pub use agents::{assess_agents, missing_agents};
 pub use daemons::{MACHINE_CONFIG_PINS, assess_cluster, assess_cluster_node};
 pub use direct::{assess, assess_with, unreachable_reason};
 
@@ -238,6 +238,10 @@ pub struct NodeReadiness {
     /// On agents: the in-cluster cache's figures, on the node whose agent holds its role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheReport>,
+    /// On agents, for a node whose agent does not report: where it stands in a few words (`no agent yet`,
+    /// `agent stale`, with its pod's state when known: `no agent yet (pod ImagePullBackOff)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// Cluster mode: the node's kubelet as far as readiness is concerned.
@@ -407,6 +411,12 @@ pub struct Readiness {
     pub ready: bool,
     pub ready_nodes: usize,
     pub nodes: Vec<NodeReadiness>,
+    /// On agents: the nodes the sets select that were not judged, grouped by why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
+    /// What is worth knowing about the judgement as a whole (e.g. by which rule its nodes were chosen).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The per-node data without a verdict, as `status` prints it.
@@ -414,6 +424,79 @@ pub struct Readiness {
 #[serde(rename_all = "camelCase")]
 pub struct NodesStatus {
     pub nodes: Vec<NodeReadiness>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+impl From<Readiness> for NodesStatus {
+    fn from(readiness: Readiness) -> NodesStatus {
+        NodesStatus {
+            nodes: readiness.nodes,
+            left_out: readiness.left_out,
+            warnings: readiness.warnings,
+        }
+    }
+}
+
+/// Nodes the sets select that were left out for one reason: how many, and the first few by name (a small
+/// document on 5,000 nodes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeftOut {
+    pub reason: String,
+    pub count: usize,
+    /// The first [`LeftOut::NAMED`] of them, by name.
+    pub nodes: Vec<String>,
+}
+
+impl LeftOut {
+    /// How many of a reason's nodes are named.
+    pub const NAMED: usize = 5;
+
+    /// `nodes` (name and why) grouped by why, the largest group first.
+    pub fn grouped<'a>(nodes: impl IntoIterator<Item = (&'a str, String)>) -> Vec<LeftOut> {
+        let mut by_reason: BTreeMap<String, LeftOut> = BTreeMap::new();
+        for (node, reason) in nodes {
+            let group = by_reason.entry(reason.clone()).or_insert_with(|| LeftOut {
+                reason,
+                count: 0,
+                nodes: Vec::new(),
+            });
+            group.count += 1;
+            group.nodes.push(node.to_owned());
+        }
+        let mut groups: Vec<LeftOut> = by_reason.into_values().collect();
+        for group in &mut groups {
+            group.nodes.sort();
+            group.nodes.truncate(Self::NAMED);
+        }
+        groups.sort_by_key(|g| std::cmp::Reverse(g.count));
+        groups
+    }
+
+    /// `2 nodes left out: REASON: n5, n6`.
+    pub fn line(&self) -> String {
+        let more = match self.count.saturating_sub(self.nodes.len()) {
+            0 => String::new(),
+            more => format!(" and {more} more"),
+        };
+        format!(
+            "{} left out: {}: {}{more}",
+            count_nodes(self.count),
+            self.reason,
+            self.nodes.join(", ")
+        )
+    }
+}
+
+/// `1 node` / `3 nodes`.
+pub fn count_nodes(n: usize) -> String {
+    match n {
+        1 => "1 node".into(),
+        n => format!("{n} nodes"),
+    }
 }
 
 /// The name a nodes file uses for a pin method.
@@ -455,11 +538,11 @@ pub(super) fn with_reason(images: &[ImageReadiness], reason: ImageReason) -> Vec
 
 /// What decided the pins of a node's present images.
 impl NodeReadiness {
-    /// A few words for a progress line or a table cell: `ready`, `unreachable`, `3 images missing, 1 not
-    /// pinned`, `ocp-4.19 pulling 3m05s, 2 images missing`.
+    /// A few words for a progress line or a table cell: `ready`, `unreachable` (on agents, where the agent
+    /// stands: `no agent yet`), `3 images missing, 1 not pinned`, `ocp-4.19 pulling 3m05s, 2 images missing`.
     pub fn summary(&self) -> String {
         if !self.reachable {
-            return "unreachable".into();
+            return self.agent.clone().unwrap_or_else(|| "unreachable".into());
         }
         let count = |reason| {
             self.images
@@ -545,12 +628,19 @@ impl Readiness {
             ready: !nodes.is_empty() && ready_nodes == nodes.len(),
             ready_nodes,
             nodes,
+            left_out: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 
-    /// `2/3 nodes ready; n2: 3 images missing; n3: unreachable`.
+    /// `2/3 nodes ready; n2: 3 images missing; n3: unreachable` (`2/3 nodes ready (1 left out); …` when the
+    /// sets select nodes that are not judged).
     pub fn progress_line(&self) -> String {
         let mut line = format!("{}/{} nodes ready", self.ready_nodes, self.nodes.len());
+        let left_out: usize = self.left_out.iter().map(|l| l.count).sum();
+        if left_out > 0 {
+            line.push_str(&format!(" ({left_out} left out)"));
+        }
         for node in self.nodes.iter().filter(|n| !n.ready) {
             line.push_str(&format!("; {}: {}", node.node, node.summary()));
         }

@@ -16,16 +16,19 @@ use pinboard::model::readiness::Readiness;
 use serde_json::{Value, json};
 
 use super::binary;
-use super::cluster::client;
+use super::cluster::{client, kubeconfig_with_viewer};
 use super::kube_objects::{PodState, apply_yaml, wait_for, wait_for_daemonset_pod};
 use super::process::Proc;
 use super::{ClusterConfig, Lab, LabConfig, NodeSpec, RegistrySetup, Run, pinboard_with};
 
 pub const NAMESPACE: &str = "pinboard-system";
 pub const ACCOUNT: &str = "pinboard-agent";
-const DAEMONSET: &str = "pinboard-agent-containerd";
+pub const DAEMONSET: &str = "pinboard-agent-containerd";
 /// The label that puts the DaemonSet's pod on a node.
-const POD_LABEL: &str = "pinboard.dev/agent-pod";
+pub const POD_LABEL: &str = "pinboard.dev/agent-pod";
+/// The DaemonSet's image when no test pod is to run: a name nothing resolves, so a pod made anyway (on a
+/// node labelled for it later) fails to pull it.
+const NO_IMAGE: &str = "unused.invalid/pinboard:none";
 /// Short, so that a stopped agent is stale within seconds (its Lease stands for four of these).
 pub const HEARTBEAT: &str = "1s";
 /// The lab's nodes are small: the free-space floor is theirs (the default, 16 GiB, is a real node's).
@@ -84,24 +87,8 @@ impl AgentsLab {
             .expect("the agents' kubeconfig");
         let image = match pod_node {
             Some(_) => agent_image(&lab),
-            None => "unused.invalid/pinboard:none".to_owned(),
+            None => NO_IMAGE.to_owned(),
         };
-        let manifests = pinboard_with(
-            [
-                "agent",
-                "manifests",
-                "--image",
-                &image,
-                "--node-selector",
-                &format!("{POD_LABEL}=true"),
-                &format!("--agent-arg=--insecure-registry={}", lab.registry_host()),
-                &format!("--agent-arg=--heartbeat-every={HEARTBEAT}"),
-                &format!("--agent-arg=--min-free={MIN_FREE}"),
-            ],
-            |_| {},
-        );
-        assert_eq!(manifests.code, 0, "{}", manifests.stderr);
-        apply_yaml(&admin, &manifests.stdout).await;
         let mut agents = AgentsLab {
             lab,
             admin,
@@ -109,6 +96,7 @@ impl AgentsLab {
             processes: BTreeMap::new(),
             agent_args,
         };
+        agents.install(&image).await;
         for node in &names {
             match Some(node.as_str()) == pod_node {
                 true => agents.run_pod(node).await,
@@ -116,6 +104,36 @@ impl AgentsLab {
             }
         }
         agents
+    }
+
+    /// Applies the manifests `pinboard agent manifests` prints for the agent's `image`, its DaemonSet on the
+    /// nodes labelled [`POD_LABEL`], every agent with the lab's registry and the short heartbeat.
+    async fn install(&self, image: &str) {
+        let manifests = pinboard_with(
+            [
+                "agent",
+                "manifests",
+                "--image",
+                image,
+                "--node-selector",
+                &format!("{POD_LABEL}=true"),
+                &format!(
+                    "--agent-arg=--insecure-registry={}",
+                    self.lab.registry_host()
+                ),
+                &format!("--agent-arg=--heartbeat-every={HEARTBEAT}"),
+                &format!("--agent-arg=--min-free={MIN_FREE}"),
+            ],
+            |_| {},
+        );
+        assert_eq!(manifests.code, 0, "{}", manifests.stderr);
+        apply_yaml(&self.admin, &manifests.stdout).await;
+    }
+
+    /// Installs the manifests again with the agent's image of this build, as an administrator fixing the
+    /// DaemonSet's image would: the DaemonSet replaces its pods, which then run the agent.
+    pub async fn install_this_build(&self) {
+        self.install(&agent_image(&self.lab)).await;
     }
 
     /// Labels `node` for the DaemonSet and waits for its pod to run.
@@ -239,9 +257,22 @@ impl AgentsLab {
     /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry.
     pub fn pinboard(&self, args: &[&str]) -> Run {
         let cluster = self.lab.cluster().expect("a cluster lab");
+        self.pinboard_as(cluster.kubeconfig(), None, args)
+    }
+
+    /// [`Self::pinboard`] as the lab's `viewer` user, granted what the test bound to it
+    /// ([`super::cluster::bind_viewer`]).
+    pub fn pinboard_as_viewer(&self, args: &[&str]) -> Run {
+        self.pinboard_as(&kubeconfig_with_viewer(&self.lab), Some("viewer"), args)
+    }
+
+    fn pinboard_as(&self, kubeconfig: &Path, context: Option<&str>, args: &[&str]) -> Run {
         let (command, rest) = args.split_first().expect("a command");
         let mut all: Vec<String> = vec![command.to_string(), "--kubeconfig".into()];
-        all.push(cluster.kubeconfig().display().to_string());
+        all.push(kubeconfig.display().to_string());
+        if let Some(context) = context {
+            all.extend(["--context".into(), context.into()]);
+        }
         all.extend(["--insecure-registry".into(), self.lab.registry_host()]);
         all.extend(["--min-free".into(), MIN_FREE.into()]);
         all.extend(rest.iter().map(|a| a.to_string()));

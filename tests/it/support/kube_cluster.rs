@@ -138,9 +138,14 @@ impl KubeCluster {
         Ok(())
     }
 
-    /// Starts `node`'s kubelet (a cluster node's, in its sandbox) on a new address of `network`, without
-    /// waiting for it (see [`KubeCluster::wait_registered`]).
-    pub(crate) fn start_kubelet(&mut self, node: &Node, network: &LabNetwork) -> Result<()> {
+    /// Starts `node`'s kubelet (a cluster node's, in its sandbox) on a new address of `network`, registering
+    /// its Node with `labels`, without waiting for it (see [`KubeCluster::wait_registered`]).
+    pub(crate) fn start_kubelet(
+        &mut self,
+        node: &Node,
+        labels: &[(String, String)],
+        network: &LabNetwork,
+    ) -> Result<()> {
         let sandbox = node
             .sandbox()
             .with_context(|| format!("node {} has no sandbox", node.name))?;
@@ -194,6 +199,10 @@ impl KubeCluster {
             .arg(format!("--address={ip}"))
             // Which image the kubelet's image garbage collection spares.
             .arg(format!("--pod-infra-container-image={SANDBOX_IMAGE}"));
+        if !labels.is_empty() {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            command.arg(format!("--node-labels={}", labels.join(",")));
+        }
         let log = node.dir().join("kubelet.log");
         let process = match Proc::spawn_group(&format!("kubelet ({name})"), command, &log) {
             Ok(process) => process,

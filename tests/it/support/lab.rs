@@ -155,8 +155,10 @@ impl Lab {
                     .with_context(context)?;
                 let mut cluster = KubeCluster::new(&dir, &apiserver, ca).with_context(context)?;
                 // The kubelets take seconds to start and keep trying the API server meanwhile.
-                for node in &nodes {
-                    cluster.start_kubelet(node, network).with_context(context)?;
+                for (node, spec) in nodes.iter().zip(&config.nodes) {
+                    cluster
+                        .start_kubelet(node, &spec.labels, network)
+                        .with_context(context)?;
                 }
                 apiserver.wait_launched().with_context(context)?;
                 cluster
@@ -319,7 +321,7 @@ impl Lab {
         let resources = &mut self.resources;
         let node = Node::start(&spec, &env, &mut resources.procs, &mut resources.mounts)?;
         if let (Some(cluster), Some(network)) = (&mut self.cluster, &self.network) {
-            cluster.start_kubelet(&node, network)?;
+            cluster.start_kubelet(&node, &spec.labels, network)?;
             cluster.wait_registered(&node.name)?;
         }
         self.nodes.push(node);

@@ -34,6 +34,8 @@ pub struct NodeSpec {
     pub imports_conf_d: bool,
     /// Where containerd serves its Prometheus metrics (`[metrics] address`), e.g. its gRPC calls by method.
     pub metrics_address: Option<String>,
+    /// In a cluster lab, the labels its kubelet registers its Node with (`--node-labels`).
+    pub labels: Vec<(String, String)>,
 }
 
 impl NodeSpec {
@@ -44,13 +46,24 @@ impl NodeSpec {
             without_config_path: false,
             imports_conf_d: false,
             metrics_address: None,
+            labels: Vec::new(),
         }
     }
 
     /// The node's containerd serving its metrics at `address` (`HOST:PORT`).
-    #[allow(dead_code, reason = "benches/agent_writes.rs counts the runtime's calls with it")]
+    #[allow(
+        dead_code,
+        reason = "benches/agent_writes.rs counts the runtime's calls with it"
+    )]
     pub fn serving_metrics(mut self, address: &str) -> NodeSpec {
         self.metrics_address = Some(address.to_owned());
+        self
+    }
+
+    /// In a cluster lab, the Node registered with label `key=value` from the start, as a provisioned node
+    /// joins labelled.
+    pub fn labelled(mut self, key: &str, value: &str) -> NodeSpec {
+        self.labels.push((key.to_owned(), value.to_owned()));
         self
     }
 
