@@ -270,9 +270,12 @@ impl Agent {
                 update = watch.updates.recv() => match update {
                     Some(update) => {
                         let sets_changed = matches!(update, AgentsUpdate::Sets(_));
+                        let node_unknown = self.node.is_none();
                         self.take(update).await;
-                        if sets_changed {
-                            // The nodes wait for the cache to serve a new set: not until the next heartbeat.
+                        // The nodes wait for the cache to serve a new set, and the relays hold their pulls for
+                        // a restarted holder only so long: not until the next heartbeat. A holder needs its
+                        // Node's address first, so the role is taken as soon as it has read it.
+                        if sets_changed || (node_unknown && self.node.is_some()) {
                             self.turn_cache().await;
                         }
                     }

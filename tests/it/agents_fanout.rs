@@ -30,19 +30,19 @@ const CACHE_PORT: &str = "5050";
 
 /// A lab whose agents are all eligible for the cache's role and reach `registry` through the proxy.
 async fn cache_lab(name: &str, registry: RegistrySetup) -> AgentsLab {
+    cache_lab_with(name, registry, &[]).await
+}
+
+/// [`cache_lab`], every agent with `more` arguments.
+async fn cache_lab_with(name: &str, registry: RegistrySetup, more: &[&str]) -> AgentsLab {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    AgentsLab::start_with(
-        name,
-        nodes,
-        None,
-        vec![
-            "--insecure-registry={proxy}".into(),
-            format!("--cache-port={CACHE_PORT}"),
-            "--cache-dir={lab}/cache-{node}".into(),
-        ],
-        registry,
-    )
-    .await
+    let mut args = vec![
+        "--insecure-registry={proxy}".to_string(),
+        format!("--cache-port={CACHE_PORT}"),
+        "--cache-dir={lab}/cache-{node}".into(),
+    ];
+    args.extend(more.iter().map(|a| a.to_string()));
+    AgentsLab::start_with(name, nodes, None, args, registry).await
 }
 
 /// `count` images, each of a base layer shared by all and a layer of its own.
@@ -376,6 +376,65 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
         2.0,
     );
     wait_hosts_back(&lab, &hosts_before).await;
+}
+
+/// With the DaemonSet's default heartbeat (30 s), a holder killed mid-rollout and started again at once
+/// serves again within seconds, well inside the relays' 30 s hold: it takes the role as soon as it has read
+/// its Node, not at its next heartbeat. No node's pulls go to the source through its relay, and the link
+/// carries each blob about once.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_caches_holder_restarted_at_the_default_heartbeat_serves_before_the_relays_give_up() {
+    let mut lab = cache_lab_with(
+        "agents-fanout-restarted",
+        RegistrySetup::default(),
+        &["--heartbeat-every=30s"],
+    )
+    .await;
+    let images = push_images(&lab, "restarted/app", 9700, 3);
+    let references = through_proxy(&lab, &images);
+    let unique = unique_bytes(&images);
+    let (holder, address) = lab.cache_holder().await;
+    let before = apply_until_a_quarter_moved(&lab, &references, unique).await;
+    lab.stop_agent(&holder);
+    let restarted = std::time::Instant::now();
+    lab.start_agent(&holder);
+    // Serving again: the cache answers (401 to a request without the token) at its address.
+    let http = support::http::agent();
+    let catalog = format!("{address}/v2/");
+    let serving = wait_for(
+        "the restarted holder serves",
+        Duration::from_secs(30),
+        || async {
+            match http.get(&catalog).call() {
+                Ok(answer) if answer.status() == 401 => Ok(restarted.elapsed()),
+                Ok(answer) => Err(format!("answered {}", answer.status())),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
+    eprintln!("the restarted holder served again {serving:?} after it started");
+    assert!(
+        serving < Duration::from_secs(10),
+        "well inside the relays' 30 s hold: {serving:?}"
+    );
+    lab.lab.proxy().set_bandwidth(None);
+    let reports = wait_set_pinned(&lab, "web").await;
+    for node in NODES {
+        lab.lab.node(node).assert_pinned(&references);
+        let set = &reports[node]["status"]["sets"][0];
+        assert!(
+            set["fanOut"]["sourceReason"].is_null(),
+            "{node}: no pulls went to the source: {set}"
+        );
+    }
+    assert_moved_at_most(
+        &lab,
+        "the cache's holder restarted at the default heartbeat",
+        before,
+        unique,
+        1.10,
+    );
 }
 
 /// The cache gone for good mid-rollout (its only eligible agent killed): the nodes' relays wait for it,

@@ -47,6 +47,9 @@ pub struct AgentsLab {
     /// Arguments every agent process gets on top, `{node}`, `{lab}` and `{proxy}` replaced by its node's
     /// name, the lab's directory and the registry proxy's host.
     agent_args: Vec<String>,
+    /// How often every agent renews its heartbeat: [`HEARTBEAT`], unless `agent_args` say
+    /// `--heartbeat-every=DURATION`.
+    heartbeat: String,
 }
 
 impl AgentsLab {
@@ -57,7 +60,7 @@ impl AgentsLab {
     }
 
     /// [`AgentsLab::start`] with the lab's `registry`, every agent process with `agent_args` (see
-    /// [`AgentsLab::agent_args`]).
+    /// [`AgentsLab::agent_args`]; `--heartbeat-every=DURATION` there replaces the lab's short heartbeat).
     pub async fn start_with(
         name: &str,
         nodes: Vec<NodeSpec>,
@@ -89,7 +92,14 @@ impl AgentsLab {
             Some(_) => agent_image(&lab),
             None => NO_IMAGE.to_owned(),
         };
+        let (heartbeat, agent_args): (Vec<String>, Vec<String>) = agent_args
+            .into_iter()
+            .partition(|a| a.starts_with("--heartbeat-every="));
+        let heartbeat = heartbeat
+            .last()
+            .map_or(HEARTBEAT, |a| a.trim_start_matches("--heartbeat-every="));
         let mut agents = AgentsLab {
+            heartbeat: heartbeat.to_owned(),
             lab,
             admin,
             agent_kubeconfig,
@@ -121,7 +131,7 @@ impl AgentsLab {
                     "--agent-arg=--insecure-registry={}",
                     self.lab.registry_host()
                 ),
-                &format!("--agent-arg=--heartbeat-every={HEARTBEAT}"),
+                &format!("--agent-arg=--heartbeat-every={}", self.heartbeat),
                 &format!("--agent-arg=--min-free={MIN_FREE}"),
             ],
             |_| {},
@@ -184,7 +194,7 @@ impl AgentsLab {
                 "--insecure-registry",
                 &self.lab.registry_host(),
                 "--heartbeat-every",
-                HEARTBEAT,
+                &self.heartbeat,
                 "--min-free",
                 MIN_FREE,
                 "--kubeconfig",
