@@ -310,6 +310,30 @@ impl PinboardApi {
         Ok(Api::<Node>::all(self.client.clone()).get_opt(name).await?)
     }
 
+    /// Removes the taints with `key` from Node `name`, and only those: a patch of the taints it read, at the
+    /// resourceVersion it read them at, so a taint another writer changed meanwhile is never lost (the write
+    /// fails with a conflict instead, and is tried again). Nothing is written when there is no such taint.
+    pub async fn remove_taint(&self, name: &str, key: &str) -> Result<(), AgentsError> {
+        let nodes = Api::<Node>::all(self.client.clone());
+        let Some(node) = nodes.get_opt(name).await? else {
+            return Ok(());
+        };
+        let version = node.metadata.resource_version.clone();
+        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        if !taints.iter().any(|t| t.key == key) {
+            return Ok(());
+        }
+        let kept: Vec<_> = taints.iter().filter(|t| t.key != key).collect();
+        let patch = json!({
+            "metadata": {"resourceVersion": version},
+            "spec": {"taints": kept},
+        });
+        nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
     /// Watches every set, report, Node, heartbeat and agents' DaemonSet: what the aggregating agent
     /// follows; with `images`, the reports' detail too (every node's images: what the commands judge and
     /// plan by). Each list is read from etcd, so a command judges what was written before it started.

@@ -284,6 +284,12 @@ fn event_line(event: &Event) -> Option<String> {
             ..
         } => format!("{node}: {} failed: {reason}", image(i)),
         Event::PullCancelled { node, image: i, .. } => format!("{node}: {} cancelled", image(i)),
+        Event::PullStalled { node, image: i, .. } => {
+            format!(
+                "{node}: {} stalled: no bytes for the progress timeout",
+                image(i)
+            )
+        }
         Event::Fetched {
             node,
             bytes,

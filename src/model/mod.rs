@@ -1,6 +1,7 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
 pub mod agent_daemonsets;
+pub mod agent_events;
 pub mod agent_pods;
 pub mod agents_view;
 pub mod cache_token;
@@ -20,6 +21,7 @@ pub mod node_summary;
 pub mod pinboard_api;
 pub mod pinboard_kinds;
 pub mod plan;
+pub mod prometheus;
 pub mod readiness;
 pub mod reference;
 pub mod release_payload;

@@ -78,6 +78,9 @@ pub struct PinSet {
 #[serde(rename_all = "camelCase")]
 pub struct ObjectMeta {
     pub name: String,
+    /// Events name the object by it, as `kubectl describe` finds them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -359,7 +362,7 @@ pub struct LostImage {
 }
 
 /// What the runtime holds of a lost image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Found {
     /// The runtime no longer has it (image GC, `crictl rmi`, disk pressure).
@@ -371,6 +374,17 @@ pub enum Found {
 }
 
 impl Found {
+    pub const ALL: [Found; 3] = [Found::Absent, Found::Unpinned, Found::Lazy];
+
+    /// As the report and the metrics' labels name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Found::Absent => "absent",
+            Found::Unpinned => "unpinned",
+            Found::Lazy => "lazy",
+        }
+    }
+
     /// How a reason says it.
     pub fn words(self) -> &'static str {
         match self {

@@ -30,6 +30,7 @@ mod node_sandbox;
 mod pki;
 pub mod private;
 mod process;
+pub mod prometheus;
 mod proxy;
 mod registry;
 pub mod release;
