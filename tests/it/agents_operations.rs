@@ -33,6 +33,11 @@ async fn lab(name: &str, nodes: &[&str]) -> AgentsLab {
 
 /// The Events of `reason` about node `node`'s PinboardNode.
 async fn events(lab: &AgentsLab, node: &str, reason: &str) -> Vec<Event> {
+    events_about(lab, "PinboardNode", node, reason).await
+}
+
+/// The Events of `reason` about pinboard's object `kind` `name`.
+async fn events_about(lab: &AgentsLab, kind: &str, name: &str, reason: &str) -> Vec<Event> {
     let api: Api<Event> = Api::all(lab.admin.clone());
     api.list(&Default::default())
         .await
@@ -41,8 +46,8 @@ async fn events(lab: &AgentsLab, node: &str, reason: &str) -> Vec<Event> {
         .into_iter()
         .filter(|e| {
             e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
-                && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("PinboardNode")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind)
         })
         .collect()
 }
@@ -149,6 +154,15 @@ async fn events_say_a_failed_pull_and_a_lost_pin_put_back_each_once_as_a_series(
     );
     let pinned = events(&lab, "n1", "Pinned").await;
     assert_eq!(pinned.len(), 1, "{pinned:#?}");
+    // The aggregating agent's news of the set as a whole: `kubectl describe pinset web` shows it.
+    let ready = events_about(&lab, "PinSet", "web", "Ready").await;
+    assert_eq!(ready.len(), 1, "{ready:#?}");
+    let restoring = events_about(&lab, "PinSet", "web", "NodesRestoring").await;
+    assert_eq!(
+        restoring.len(),
+        1,
+        "one Event, its repeats in its series: {restoring:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
