@@ -21,6 +21,7 @@ mod crio;
 mod engine;
 mod fanout;
 mod kube_cluster;
+mod kustomize;
 mod lab_smoke;
 mod lazy;
 mod measured;
