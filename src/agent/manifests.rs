@@ -229,6 +229,41 @@ mod tests {
             .collect()
     }
 
+    /// Whether a rule of a role bound to the agents' ServiceAccount (in `namespace`) allows `verb` on
+    /// `resource` of `group`.
+    fn agents_may(
+        objects: &[Value],
+        namespace: &str,
+        verb: &str,
+        group: &str,
+        resource: &str,
+    ) -> bool {
+        let bound_roles = objects.iter().filter(|b| {
+            b["kind"].as_str().is_some_and(|k| k.ends_with("Binding"))
+                && b["subjects"].as_array().unwrap().iter().any(|s| {
+                    s["kind"] == "ServiceAccount"
+                        && s["name"] == "pinboard-agent"
+                        && s["namespace"] == namespace
+                })
+        });
+        let has = |list: &Value, item: &str| list.as_array().unwrap().iter().any(|i| i == item);
+        bound_roles
+            .map(|b| {
+                find(
+                    objects,
+                    b["roleRef"]["kind"].as_str().unwrap(),
+                    b["roleRef"]["name"].as_str().unwrap(),
+                )
+                .unwrap()
+            })
+            .flat_map(|role| role["rules"].as_array().unwrap())
+            .any(|r| {
+                has(&r["apiGroups"], group)
+                    && has(&r["resources"], resource)
+                    && has(&r["verbs"], verb)
+            })
+    }
+
     #[test]
     fn the_manifests_name_the_image_and_namespace_and_mount_only_what_the_runtime_needs() {
         let containerd = objects(&args(RuntimeKind::Containerd));
@@ -244,7 +279,9 @@ mod tests {
         for object in &containerd {
             let namespace = &object["metadata"]["namespace"];
             assert!(
-                namespace.is_null() || namespace == "pins",
+                namespace.is_null()
+                    || namespace == "pins"
+                    || object["metadata"]["name"] == "pinboard-agent-events",
                 "{} {} in {namespace}",
                 object["kind"],
                 object["metadata"]["name"]
@@ -290,15 +327,17 @@ mod tests {
     }
 
     #[test]
-    fn another_namespace_moves_every_object_and_binding_there() {
-        let yaml = render(&args(RuntimeKind::Containerd)).unwrap();
+    fn another_namespace_moves_every_object_and_binding_there_but_the_events_role() {
+        let asked = args(RuntimeKind::Containerd);
+        let yaml = render(&asked).unwrap();
         assert!(
             !yaml.contains("pinboard-system"),
             "no object, binding or comment left behind"
         );
-        let objects = objects(&args(RuntimeKind::Containerd));
-        let binding = find(&objects, "ClusterRoleBinding", "pinboard-agent").unwrap();
-        assert_eq!(binding["subjects"][0]["namespace"], "pins");
+        let objects = objects(&asked);
+        let events = find(&objects, "RoleBinding", "pinboard-agent-events").unwrap();
+        assert_eq!(events["metadata"]["namespace"], "default");
+        assert_eq!(events["subjects"][0]["namespace"], "pins");
     }
 
     #[test]
@@ -352,5 +391,34 @@ mod tests {
             .collect();
         assert_eq!(ports, ["--cache-port=6000"]);
         assert!(host_paths(&objects).contains(&"/var/lib/pinboard/cache"));
+    }
+
+    #[test]
+    fn the_agents_may_always_record_events_in_default_and_nowhere_else() {
+        let objects = objects(&args(RuntimeKind::Containerd));
+        let role = find(&objects, "Role", "pinboard-agent-events").unwrap();
+        assert_eq!(role["metadata"]["namespace"], "default");
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}])
+        );
+        assert!(agents_may(
+            &objects,
+            "pins",
+            "patch",
+            "events.k8s.io",
+            "events"
+        ));
+        assert!(
+            objects
+                .iter()
+                .filter(|o| o["kind"] == "ClusterRole")
+                .flat_map(|r| r["rules"].as_array().unwrap())
+                .all(|r| !r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("events"))),
+            "no Events anywhere else"
+        );
     }
 }
