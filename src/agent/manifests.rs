@@ -46,6 +46,19 @@ const CACHE: Overlay = Overlay {
     resources: &[],
     patch: Some(source!("overlays/cache/daemonset-patch.yaml")),
 };
+const GATE: Overlay = Overlay {
+    resources: &[source!("overlays/gate/rbac.yaml")],
+    patch: Some(source!("overlays/gate/daemonset-patch.yaml")),
+};
+const METRICS: Overlay = Overlay {
+    resources: &[source!("overlays/metrics/service.yaml")],
+    patch: Some(source!("overlays/metrics/daemonset-patch.yaml")),
+};
+const SERVICE_MONITOR: Overlay = Overlay {
+    resources: &[source!("overlays/service-monitor/service-monitor.yaml")],
+    patch: None,
+};
+
 #[derive(Args, Debug)]
 pub struct ManifestArgs {
     /// The agent's image: this binary, built by the Containerfile.
@@ -69,6 +82,18 @@ pub struct ManifestArgs {
     /// blob cache at /var/lib/pinboard/cache: sets with `spec.fanOut` then pull through it.
     #[arg(long)]
     pub cache: bool,
+    /// The gate for new nodes: each agent removes the startup taint pinboard.dev/preloading:NoSchedule from
+    /// its Node once the sets selecting it are pinned there. Adds the ClusterRole pinboard-agent-gate, which
+    /// lets the agents patch any Node (RBAC cannot narrow a patch to one taint).
+    #[arg(long)]
+    pub gate: bool,
+    /// Prometheus metrics on each node's IP at port 9471 (`--metrics-port=9471`), a headless Service
+    /// pinboard-agent-metrics and prometheus.io scrape annotations.
+    #[arg(long)]
+    pub metrics: bool,
+    /// A ServiceMonitor (Prometheus Operator) for the metrics' Service. Implies --metrics.
+    #[arg(long)]
+    pub service_monitor: bool,
     /// One more argument for the agent (repeatable), e.g. `--agent-arg=--insecure-registry
     /// --agent-arg=registry.lab:5000` or `--agent-arg=--parallel=4`.
     #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
@@ -111,10 +136,14 @@ pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
         .agent_args
         .iter()
         .any(|a| a.starts_with("--cache-port"));
+    let metrics = args.metrics || args.service_monitor;
     let mut resources = Vec::new();
     for (overlay, asked) in [
         (&NODE_CREDENTIALS, args.node_credentials),
         (&CACHE, args.cache || cache_port_given),
+        (&GATE, args.gate),
+        (&METRICS, metrics),
+        (&SERVICE_MONITOR, args.service_monitor),
     ] {
         if !asked {
             continue;
@@ -189,6 +218,9 @@ mod tests {
             node_selector: None,
             node_credentials: false,
             cache: false,
+            gate: false,
+            metrics: false,
+            service_monitor: false,
             agent_args: vec!["--insecure-registry".into(), "registry.lab:5000".into()],
         }
     }
@@ -328,7 +360,8 @@ mod tests {
 
     #[test]
     fn another_namespace_moves_every_object_and_binding_there_but_the_events_role() {
-        let asked = args(RuntimeKind::Containerd);
+        let mut asked = args(RuntimeKind::Containerd);
+        (asked.gate, asked.service_monitor) = (true, true);
         let yaml = render(&asked).unwrap();
         assert!(
             !yaml.contains("pinboard-system"),
@@ -420,5 +453,90 @@ mod tests {
                     .contains(&json!("events"))),
             "no Events anywhere else"
         );
+    }
+
+    #[test]
+    fn the_gate_adds_its_argument_and_the_right_to_patch_nodes_only_when_asked() {
+        let mut asked = args(RuntimeKind::Containerd);
+        let without = objects(&asked);
+        assert!(!agent_args(&without).contains(&"--gate"));
+        assert!(!agents_may(&without, "pins", "patch", "", "nodes"));
+        asked.gate = true;
+        let with = objects(&asked);
+        assert!(agent_args(&with).contains(&"--gate"));
+        assert_eq!(
+            find(&with, "ClusterRole", "pinboard-agent-gate").unwrap()["rules"],
+            json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}])
+        );
+        assert!(agents_may(&with, "pins", "patch", "", "nodes"));
+        assert_eq!(
+            daemonset(&with)["spec"]["template"]["spec"]["tolerations"],
+            json!([{"operator": "Exists"}]),
+            "the agent runs on a node still tainted"
+        );
+    }
+
+    #[test]
+    fn metrics_are_served_on_a_named_port_a_headless_service_selects() {
+        let mut asked = args(RuntimeKind::Crio);
+        let without = objects(&asked);
+        assert!(
+            !agent_args(&without)
+                .iter()
+                .any(|a| a.starts_with("--metrics-port"))
+        );
+        assert!(agent(&without)["ports"].is_null());
+        assert!(!without.iter().any(|o| o["kind"] == "Service"));
+        asked.metrics = true;
+        let with = objects(&asked);
+        assert!(agent_args(&with).contains(&"--metrics-port=9471"));
+        assert_eq!(
+            agent(&with)["ports"],
+            json!([{"name": "metrics", "containerPort": 9471, "protocol": "TCP"}])
+        );
+        let template = &daemonset(&with)["spec"]["template"];
+        assert_eq!(
+            template["metadata"]["annotations"]["prometheus.io/scrape"],
+            "true"
+        );
+        assert_eq!(
+            template["metadata"]["annotations"]["prometheus.io/port"],
+            "9471"
+        );
+        let service = find(&with, "Service", "pinboard-agent-metrics").unwrap();
+        assert_eq!(service["metadata"]["namespace"], "pins");
+        assert_eq!(
+            service["spec"]["clusterIP"], "None",
+            "headless: one endpoint per agent"
+        );
+        assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
+        for (key, value) in service["spec"]["selector"].as_object().unwrap() {
+            assert_eq!(
+                &template["metadata"]["labels"][key], value,
+                "selects the agents' pods"
+            );
+        }
+    }
+
+    #[test]
+    fn a_service_monitor_implies_the_metrics_and_selects_their_service() {
+        let mut asked = args(RuntimeKind::Containerd);
+        asked.service_monitor = true;
+        let objects = objects(&asked);
+        assert!(agent_args(&objects).contains(&"--metrics-port=9471"));
+        let service = find(&objects, "Service", "pinboard-agent-metrics").unwrap();
+        let monitor = find(&objects, "ServiceMonitor", "pinboard-agent").unwrap();
+        assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+        assert_eq!(
+            monitor["metadata"]["namespace"], "pins",
+            "beside its Service"
+        );
+        for (key, value) in monitor["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .unwrap()
+        {
+            assert_eq!(&service["metadata"]["labels"][key], value);
+        }
+        assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
     }
 }

@@ -13,11 +13,14 @@ use serde_json::Value;
 use support::{kube_binary, pinboard};
 
 /// Each overlay of deploy/agent/overlays/ and the flags of `pinboard agent manifests` it stands for.
-const OVERLAYS: [(&str, &[&str]); 4] = [
+const OVERLAYS: [(&str, &[&str]); 7] = [
     ("containerd", &[]),
     ("crio", &["--runtime", "cri-o"]),
     ("node-credentials", &["--node-credentials"]),
     ("cache", &["--cache"]),
+    ("gate", &["--gate"]),
+    ("metrics", &["--metrics"]),
+    ("service-monitor", &["--service-monitor"]),
 ];
 
 /// The objects of a multi-document YAML by apiVersion, kind, namespace and name.

@@ -8,6 +8,7 @@
 mod agents;
 mod agents_fanout;
 mod agents_losses;
+mod agents_rbac;
 mod support;
 
 mod apply;
