@@ -2,8 +2,8 @@
 //! always match. Its source is the kustomize tree of `deploy/agent/`, applied here as kustomize applies it:
 //! the base (namespace, CRDs, least-privilege RBAC), the DaemonSet of the runtime's overlay, and for each
 //! option its overlay's objects and JSON patch (RFC 6902) of the DaemonSet; then what no overlay can know:
-//! the namespace, image, node selector and extra arguments. An integration test builds each overlay with
-//! kubectl's kustomize and compares.
+//! the namespace, image, node selector and extra arguments. The alert rules of `deploy/agent/alerts/` become a
+//! PrometheusRule. An integration test builds each overlay with kubectl's kustomize and compares.
 
 mod documents;
 
@@ -30,6 +30,7 @@ const BASE: [Source; 3] = [
 ];
 const DAEMONSET_CONTAINERD: Source = source!("overlays/containerd/daemonset.yaml");
 const DAEMONSET_CRIO: Source = source!("overlays/crio/daemonset.yaml");
+const ALERT_RULES: Source = source!("alerts/rules.yaml");
 
 /// What an overlay of `deploy/agent/overlays/` adds on top of its runtime's: objects, and a JSON patch of
 /// the DaemonSet.
@@ -94,6 +95,10 @@ pub struct ManifestArgs {
     /// A ServiceMonitor (Prometheus Operator) for the metrics' Service. Implies --metrics.
     #[arg(long)]
     pub service_monitor: bool,
+    /// A PrometheusRule (Prometheus Operator) with the alert rules of deploy/agent/alerts/rules.yaml.
+    /// Implies --metrics.
+    #[arg(long)]
+    pub alerts: bool,
     /// One more argument for the agent (repeatable), e.g. `--agent-arg=--insecure-registry
     /// --agent-arg=registry.lab:5000` or `--agent-arg=--parallel=4`.
     #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
@@ -136,7 +141,7 @@ pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
         .agent_args
         .iter()
         .any(|a| a.starts_with("--cache-port"));
-    let metrics = args.metrics || args.service_monitor;
+    let metrics = args.metrics || args.service_monitor || args.alerts;
     let mut resources = Vec::new();
     for (overlay, asked) in [
         (&NODE_CREDENTIALS, args.node_credentials),
@@ -171,6 +176,9 @@ pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
     }
     documents.push(daemonset);
     documents.extend(resources);
+    if args.alerts {
+        documents.push(prometheus_rule());
+    }
     for document in &mut documents {
         place(document, &args.namespace);
     }
@@ -180,6 +188,30 @@ pub fn render(args: &ManifestArgs) -> Result<String, NodeSelectorError> {
 /// The documents of one file of `deploy/agent/`.
 fn read((file, text): &Source) -> Vec<Document> {
     documents::read(file, text)
+}
+
+/// The alert rules, as the Prometheus Operator takes them: a PrometheusRule's spec is a rules file.
+fn prometheus_rule() -> Document {
+    let (file, text) = ALERT_RULES;
+    let rules: Value =
+        serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("{file} is not valid YAML: {e}"));
+    Document {
+        comment: format!(
+            "# The agents' alert rules: deploy/agent/{file} of pinboard's repository, whose docs/agents.md \
+             says what each\n# means and what to do. A Prometheus that selects rules by label \
+             (kube-prometheus-stack: `release`) needs it added.\n"
+        ),
+        object: json!({
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": {
+                "name": "pinboard-agent",
+                "namespace": DEFAULT_NAMESPACE,
+                "labels": {"app.kubernetes.io/name": "pinboard-agent"},
+            },
+            "spec": rules,
+        }),
+    }
 }
 
 /// Moves `document` from the default namespace to `namespace`: the Namespace itself, the objects in it and
@@ -221,6 +253,7 @@ mod tests {
             gate: false,
             metrics: false,
             service_monitor: false,
+            alerts: false,
             agent_args: vec!["--insecure-registry".into(), "registry.lab:5000".into()],
         }
     }
@@ -361,7 +394,7 @@ mod tests {
     #[test]
     fn another_namespace_moves_every_object_and_binding_there_but_the_events_role() {
         let mut asked = args(RuntimeKind::Containerd);
-        (asked.gate, asked.service_monitor) = (true, true);
+        (asked.gate, asked.service_monitor, asked.alerts) = (true, true, true);
         let yaml = render(&asked).unwrap();
         assert!(
             !yaml.contains("pinboard-system"),
@@ -538,5 +571,45 @@ mod tests {
             assert_eq!(&service["metadata"]["labels"][key], value);
         }
         assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    }
+
+    #[test]
+    fn the_alerts_are_the_rules_file_as_a_prometheus_rule_each_with_a_severity_and_what_to_do() {
+        let mut asked = args(RuntimeKind::Containerd);
+        assert!(
+            !objects(&asked)
+                .iter()
+                .any(|o| o["kind"] == "PrometheusRule")
+        );
+        asked.alerts = true;
+        let objects = objects(&asked);
+        assert!(
+            agent_args(&objects).contains(&"--metrics-port=9471"),
+            "alerts need metrics"
+        );
+        let rule = find(&objects, "PrometheusRule", "pinboard-agent").unwrap();
+        assert_eq!(rule["metadata"]["namespace"], "pins");
+        let file: Value = serde_saphyr::from_str(ALERT_RULES.1).unwrap();
+        assert_eq!(rule["spec"], file, "the rules file, whole");
+        let alerts: Vec<&Value> = file["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .collect();
+        assert!(alerts.len() >= 5);
+        for alert in alerts {
+            let name = &alert["alert"];
+            assert!(
+                alert["labels"]["severity"].is_string(),
+                "{name} has a severity"
+            );
+            for annotation in ["summary", "description"] {
+                assert!(
+                    alert["annotations"][annotation].is_string(),
+                    "{name} has a {annotation}"
+                );
+            }
+        }
     }
 }

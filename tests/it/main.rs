@@ -11,6 +11,7 @@ mod agents_losses;
 mod agents_rbac;
 mod support;
 
+mod alert_rules;
 mod apply;
 mod blob_cache;
 mod check;
