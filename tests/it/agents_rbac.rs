@@ -1,8 +1,8 @@
 //! The agents' RBAC as `pinboard agent manifests` prints it, applied to the lab's real kube-apiserver (RBAC
 //! authorization on), asked of the API server for the agents' ServiceAccount (SubjectAccessReviews): they may
 //! always record Events in `default`, where the Events of cluster-scoped objects go, and nowhere else; they
-//! may patch Nodes only once installed with `--gate`, and still never update, delete or create one. The
-//! headless metrics Service is accepted as written.
+//! may patch Nodes only once installed with `--gate`, and still never update, delete or create one, nor
+//! write its status. The headless metrics Service is accepted as written.
 
 use crate::support;
 
@@ -16,8 +16,8 @@ use support::pinboard;
 
 const NAMESPACE: &str = "pinboard-system";
 
-/// Whether the agents' ServiceAccount may `verb` `resource` of `group` (in `namespace`), as the API server
-/// answers for it.
+/// Whether the agents' ServiceAccount may `verb` `resource` (`resource/subresource`) of `group` (in
+/// `namespace`), as the API server answers for it.
 async fn agents_may(
     admin: &kube::Client,
     verb: &str,
@@ -25,11 +25,13 @@ async fn agents_may(
     resource: &str,
     namespace: &str,
 ) -> bool {
+    let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
     let review: SubjectAccessReview = serde_json::from_value(json!({"spec": {
         "user": format!("system:serviceaccount:{NAMESPACE}:pinboard-agent"),
         "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{NAMESPACE}"),
                    "system:authenticated"],
-        "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "namespace": namespace},
+        "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                               "subresource": subresource, "namespace": namespace},
     }}))
     .unwrap();
     let answer = Api::<SubjectAccessReview>::all(admin.clone())
@@ -94,4 +96,8 @@ async fn the_agents_record_events_in_default_only_and_patch_nodes_only_with_the_
             "{verb} nodes"
         );
     }
+    assert!(
+        !agents_may(&admin, "patch", "", "nodes/status", "").await,
+        "a Node's status"
+    );
 }
