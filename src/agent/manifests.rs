@@ -574,7 +574,7 @@ mod tests {
     }
 
     #[test]
-    fn the_alerts_are_the_rules_file_as_a_prometheus_rule_each_with_a_severity_and_what_to_do() {
+    fn the_alerts_are_the_rules_file_whole_as_a_prometheus_rule() {
         let mut asked = args(RuntimeKind::Containerd);
         assert!(
             !objects(&asked)
@@ -591,25 +591,5 @@ mod tests {
         assert_eq!(rule["metadata"]["namespace"], "pins");
         let file: Value = serde_saphyr::from_str(ALERT_RULES.1).unwrap();
         assert_eq!(rule["spec"], file, "the rules file, whole");
-        let alerts: Vec<&Value> = file["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g["rules"].as_array().unwrap())
-            .collect();
-        assert!(alerts.len() >= 5);
-        for alert in alerts {
-            let name = &alert["alert"];
-            assert!(
-                alert["labels"]["severity"].is_string(),
-                "{name} has a severity"
-            );
-            for annotation in ["summary", "description"] {
-                assert!(
-                    alert["annotations"][annotation].is_string(),
-                    "{name} has a {annotation}"
-                );
-            }
-        }
     }
 }

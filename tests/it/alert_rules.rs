@@ -1,6 +1,6 @@
 //! The agents' alert rules (deploy/agent/alerts/) through Prometheus' own promtool: the rules load, their
-//! unit tests pass, every alert is tested both firing and quiet, and the example configuration (with the
-//! rules it loads) is valid.
+//! unit tests pass, every alert has a severity, a summary and a description and is tested both firing and
+//! quiet, and the example configuration (with the rules it loads) is valid.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,7 +42,7 @@ fn the_rules_load_and_pass_their_unit_tests() {
 }
 
 #[test]
-fn every_alert_is_tested_firing_and_quiet() {
+fn every_alert_says_how_severe_and_what_to_do_and_is_tested_firing_and_quiet() {
     let rules = yaml("rules.yaml");
     let tests = yaml("rules.test.yaml");
     let cases: Vec<&Value> = tests["tests"]
@@ -56,8 +56,19 @@ fn every_alert_is_tested_firing_and_quiet() {
         .unwrap()
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
-        .filter_map(|r| r["alert"].as_str());
-    for alert in alerts {
+        .filter(|r| r["alert"].is_string());
+    for rule in alerts {
+        let alert = rule["alert"].as_str().unwrap();
+        assert!(
+            rule["labels"]["severity"].is_string(),
+            "{alert} has a severity"
+        );
+        for annotation in ["summary", "description"] {
+            assert!(
+                rule["annotations"][annotation].is_string(),
+                "{alert} has a {annotation}"
+            );
+        }
         let expected: Vec<usize> = cases
             .iter()
             .filter(|c| c["alertname"] == alert)
