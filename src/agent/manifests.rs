@@ -215,7 +215,8 @@ fn prometheus_rule() -> Document {
 }
 
 /// Moves `document` from the default namespace to `namespace`: the Namespace itself, the objects in it and
-/// the bindings' subjects there. Objects elsewhere (the Events Role in `default`) stay.
+/// the bindings' subjects there. Objects elsewhere (the Events' RoleBindings in `default` and `kube-system`)
+/// stay.
 fn place(document: &mut Document, namespace: &str) {
     let object = &mut document.object;
     if object["kind"] == "Namespace" {
@@ -392,7 +393,7 @@ mod tests {
     }
 
     #[test]
-    fn another_namespace_moves_every_object_and_binding_there_but_the_events_role() {
+    fn another_namespace_moves_every_object_and_binding_there_but_the_events_bindings() {
         let mut asked = args(RuntimeKind::Containerd);
         (asked.gate, asked.service_monitor, asked.alerts) = (true, true, true);
         let yaml = render(&asked).unwrap();
@@ -401,9 +402,20 @@ mod tests {
             "no object, binding or comment left behind"
         );
         let objects = objects(&asked);
-        let events = find(&objects, "RoleBinding", "pinboard-agent-events").unwrap();
-        assert_eq!(events["metadata"]["namespace"], "default");
-        assert_eq!(events["subjects"][0]["namespace"], "pins");
+        let events: Vec<(&Value, &Value)> = objects
+            .iter()
+            .filter(|o| {
+                o["kind"] == "RoleBinding" && o["metadata"]["name"] == "pinboard-agent-events"
+            })
+            .map(|b| (&b["metadata"]["namespace"], &b["subjects"][0]["namespace"]))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                (&json!("default"), &json!("pins")),
+                (&json!("kube-system"), &json!("pins"))
+            ]
+        );
     }
 
     #[test]
@@ -460,32 +472,38 @@ mod tests {
     }
 
     #[test]
-    fn the_agents_may_always_record_events_in_default_and_nowhere_else() {
+    fn the_agents_may_always_record_events_where_cluster_scoped_objects_have_them_only() {
         let objects = objects(&args(RuntimeKind::Containerd));
-        let role = find(&objects, "Role", "pinboard-agent-events").unwrap();
-        assert_eq!(role["metadata"]["namespace"], "default");
         assert_eq!(
-            role["rules"],
+            find(&objects, "ClusterRole", "pinboard-agent-events").unwrap()["rules"],
             json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}])
         );
-        assert!(agents_may(
-            &objects,
-            "pins",
-            "patch",
-            "events.k8s.io",
-            "events"
-        ));
-        assert!(
-            objects
-                .iter()
-                .filter(|o| o["kind"] == "ClusterRole")
-                .flat_map(|r| r["rules"].as_array().unwrap())
-                .all(|r| !r["resources"]
-                    .as_array()
-                    .unwrap()
-                    .contains(&json!("events"))),
-            "no Events anywhere else"
+        let bindings: Vec<(&Value, &Value)> = objects
+            .iter()
+            .filter(|b| b["roleRef"]["name"] == "pinboard-agent-events")
+            .map(|b| (&b["kind"], &b["metadata"]["namespace"]))
+            .collect();
+        assert_eq!(
+            bindings,
+            [
+                (&json!("RoleBinding"), &json!("default")),
+                (&json!("RoleBinding"), &json!("kube-system"))
+            ],
+            "bound in those two namespaces, never cluster-wide"
         );
+        let mention_events = objects
+            .iter()
+            .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("Role")))
+            .filter(|r| {
+                r["rules"].as_array().unwrap().iter().any(|r| {
+                    r["resources"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&json!("events"))
+                })
+            })
+            .count();
+        assert_eq!(mention_events, 1, "no other role grants Events");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The agents' RBAC as `pinboard agent manifests` prints it, applied to the lab's real kube-apiserver (RBAC
 //! authorization on), asked of the API server for the agents' ServiceAccount (SubjectAccessReviews): they may
-//! always record Events in `default`, where the Events of cluster-scoped objects go, and nowhere else; they
-//! may patch Nodes only once installed with `--gate`, and still never update, delete or create one, nor
-//! write its status. The headless metrics Service is accepted as written.
+//! always record Events in `default`, where the Events of cluster-scoped objects go (in `kube-system` on an
+//! API server that wants them there), and nowhere else, cluster-wide included; they may patch Nodes only once
+//! installed with `--gate`, and still never update, delete or create one, nor write its status. The headless
+//! metrics Service is accepted as written.
 
 use crate::support;
 
@@ -55,13 +56,18 @@ async fn the_agents_record_events_in_default_only_and_patch_nodes_only_with_the_
     let admin = client(apiserver.kubeconfig(), None).await;
 
     install(&admin, &["--metrics"]).await;
-    eventually("the agents' Events rights", || async {
-        (agents_may(&admin, "create", "events.k8s.io", "events", "default").await
-            && agents_may(&admin, "patch", "events.k8s.io", "events", "default").await)
-            .then_some(())
-    })
-    .await;
-    for namespace in [NAMESPACE, "kube-system"] {
+    for namespace in ["default", "kube-system"] {
+        eventually(
+            &format!("the agents' Events rights in {namespace}"),
+            || async {
+                (agents_may(&admin, "create", "events.k8s.io", "events", namespace).await
+                    && agents_may(&admin, "patch", "events.k8s.io", "events", namespace).await)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    for namespace in [NAMESPACE, "kube-public", ""] {
         assert!(
             !agents_may(&admin, "create", "events.k8s.io", "events", namespace).await,
             "no Events in {namespace}"
