@@ -38,6 +38,7 @@ mod run;
 pub mod tmux;
 mod token;
 
+pub use apiserver::kube_binary;
 pub use images::{ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage, unique_bytes};
 pub use kube_cluster::ClusterConfig;
 pub use lab::{Lab, LabConfig};
