@@ -6,13 +6,14 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use pinboard::backend::pinboard_api::PinboardApi;
 use pinboard::model::set::from_flags;
 use serde_json::Value;
 use support::agents::{AgentsLab, NAMESPACE};
-use support::kube_objects::wait_for;
+use support::kube_objects::{PodState, wait_for, wait_for_pod};
 use support::prometheus::Prometheus;
 use support::{ImageSpec, NodeSpec, RegistrySetup};
 
@@ -257,4 +258,149 @@ async fn prometheus_scrapes_the_agents_during_a_rollout_and_agrees_with_their_re
         .query("time() - pinboard_heartbeat_last_success_timestamp_seconds < 30")
         .unwrap();
     assert_eq!(heartbeats.len(), 2, "both agents renew: {heartbeats:?}");
+}
+
+/// The gate, with a real kubelet and scheduler: a node that registers with `pinboard.dev/preloading`
+/// (`--register-with-taints`) joins a cluster whose fan-out set selects it; a pod that needs the set's
+/// image (`imagePullPolicy: Never`, so the kubelet may not pull it) stays Pending while the node's agent
+/// pre-loads through the in-cluster cache; once the agent has pinned the set it lifts the taint, and the
+/// pod is scheduled there and runs. The registry link carried nothing for the new node: its bytes came
+/// from the cache.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_node_takes_no_pod_until_its_agent_has_pinned_the_sets_then_the_pod_runs_without_a_pull()
+ {
+    let nodes = ["n1", "n2"]
+        .iter()
+        .map(|n| NodeSpec::new(n, 200 * MIB))
+        .collect();
+    let mut lab = AgentsLab::start_with(
+        "agents-gate",
+        nodes,
+        None,
+        vec![
+            "--insecure-registry={proxy}".into(),
+            "--cache-port=5050".into(),
+            "--cache-dir={lab}/cache-{node}".into(),
+            "--gate".into(),
+        ],
+        RegistrySetup::default(),
+    )
+    .await;
+    let proxy = lab.lab.proxy_host();
+    // A runnable image (busybox), through the counting proxy.
+    let image = lab
+        .lab
+        .push_binary_image(std::path::Path::new("/bin/busybox"), "gate/busybox")
+        .expect("push busybox")
+        .replace(&lab.lab.registry_host(), &proxy);
+    lab.cache_holder().await;
+    let set = lab.set_file("web", &[&image], "");
+    let run = lab.pinboard(&[
+        "apply",
+        "--fan-out",
+        "--insecure-registry",
+        &proxy,
+        "--set",
+        set.to_str().unwrap(),
+        "--timeout",
+        "120s",
+    ]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+
+    // n3 joins with the startup taint; its agent starts as its DaemonSet's pod would, the link slowed.
+    let before = lab.lab.proxy().bytes_down();
+    lab.lab.proxy().set_bandwidth(Some(MIB / 2));
+    lab.lab
+        .add_node(NodeSpec::new("n3", 200 * MIB).tainted("pinboard.dev/preloading=:NoSchedule"))
+        .expect("n3 joins");
+    let pods: Api<Pod> = Api::namespaced(lab.admin.clone(), "default");
+    pods.create(&PostParams::default(), &app_pod(&image))
+        .await
+        .expect("the pod");
+    lab.start_agent("n3");
+    // Pending while the agent pre-loads: not scheduled, the taint named by the scheduler.
+    let pending = wait_for("app Pending, held off n3 by the taint", WAIT, || async {
+        let pod = pods.get("app").await.map_err(|e| e.to_string())?;
+        let unscheduled = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none();
+        let why = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+            .and_then(|c| c.message.clone())
+            .unwrap_or_default();
+        (unscheduled && why.contains("pinboard.dev/preloading"))
+            .then_some(why.clone())
+            .ok_or(why)
+    })
+    .await;
+    eprintln!("while n3 pre-loads: {pending}");
+    wait_for("n3's gate lifted", WAIT, || async {
+        let node = Api::<Node>::all(lab.admin.clone())
+            .get("n3")
+            .await
+            .map_err(|e| e.to_string())?;
+        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        let gated = taints.iter().any(|t| t.key == "pinboard.dev/preloading");
+        let pod = pods.get("app").await.map_err(|e| e.to_string())?;
+        let scheduled = pod.spec.and_then(|s| s.node_name);
+        match (gated, scheduled) {
+            (true, Some(node)) => panic!("app was scheduled on {node} while n3 was gated"),
+            (false, _) => Ok(()),
+            (true, None) => Err("still gated".to_string()),
+        }
+    })
+    .await;
+    let report = set_report(&lab, "n3", "web").await;
+    assert_eq!(
+        report["state"], "pinned",
+        "the gate lifts only once pinned: {report}"
+    );
+    let running = wait_for_pod(&lab.admin, "default", "app", PodState::Running).await;
+    assert_eq!(
+        running.spec.and_then(|s| s.node_name).as_deref(),
+        Some("n3")
+    );
+    let lifted_event = events(&lab, "n3", "GateLifted").await;
+    assert_eq!(lifted_event.len(), 1, "{lifted_event:#?}");
+    // The link: nothing for n3 (its agent pulled through the cache, which had every blob), and the pod pulled
+    // nothing (imagePullPolicy: Never, and it runs).
+    let moved = lab.lab.proxy().bytes_down() - before;
+    eprintln!("the link carried {moved} bytes while n3 joined");
+    assert!(moved < 64 * 1024, "the link carried {moved} bytes for n3");
+    assert!(
+        report["fanOut"]["cache"].is_string(),
+        "n3 pulled through the cache: {report}"
+    );
+}
+
+/// A pod for node n3 that runs the set's `image` only if it is on the node already.
+fn app_pod(image: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "app", "namespace": "default"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "n3"},
+            // The lab's pod network is not up (its Nodes stay NotReady): the host's network, and the
+            // lifecycle controller's own taints tolerated, but not the gate's.
+            "hostNetwork": true,
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists"},
+            ],
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "app",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": ["/usr/local/bin/busybox", "sleep", "3600"],
+            }],
+        },
+    }))
+    .expect("a pod")
 }

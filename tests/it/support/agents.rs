@@ -119,23 +119,25 @@ impl AgentsLab {
     /// Applies the manifests `pinboard agent manifests` prints for the agent's `image`, its DaemonSet on the
     /// nodes labelled [`POD_LABEL`], every agent with the lab's registry and the short heartbeat.
     async fn install(&self, image: &str) {
-        let manifests = pinboard_with(
-            [
-                "agent",
-                "manifests",
-                "--image",
-                image,
-                "--node-selector",
-                &format!("{POD_LABEL}=true"),
-                &format!(
-                    "--agent-arg=--insecure-registry={}",
-                    self.lab.registry_host()
-                ),
-                &format!("--agent-arg=--heartbeat-every={}", self.heartbeat),
-                &format!("--agent-arg=--min-free={MIN_FREE}"),
-            ],
-            |_| {},
-        );
+        let mut args = vec![
+            "agent".to_string(),
+            "manifests".into(),
+            "--image".into(),
+            image.into(),
+            "--node-selector".into(),
+            format!("{POD_LABEL}=true"),
+            format!(
+                "--agent-arg=--insecure-registry={}",
+                self.lab.registry_host()
+            ),
+            format!("--agent-arg=--heartbeat-every={}", self.heartbeat),
+            format!("--agent-arg=--min-free={MIN_FREE}"),
+        ];
+        // Agents started with the gate need its rights: the manifests' own `--gate`.
+        if self.agent_args.iter().any(|a| a == "--gate") {
+            args.push("--gate".into());
+        }
+        let manifests = pinboard_with(args, |_| {});
         assert_eq!(manifests.code, 0, "{}", manifests.stderr);
         apply_yaml(&self.admin, &manifests.stdout).await;
     }

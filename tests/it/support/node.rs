@@ -36,6 +36,9 @@ pub struct NodeSpec {
     pub metrics_address: Option<String>,
     /// In a cluster lab, the labels its kubelet registers its Node with (`--node-labels`).
     pub labels: Vec<(String, String)>,
+    /// In a cluster lab, the taints its kubelet registers its Node with (`--register-with-taints`),
+    /// `KEY=VALUE:EFFECT`.
+    pub taints: Vec<String>,
 }
 
 impl NodeSpec {
@@ -47,6 +50,7 @@ impl NodeSpec {
             imports_conf_d: false,
             metrics_address: None,
             labels: Vec::new(),
+            taints: Vec::new(),
         }
     }
 
@@ -57,6 +61,13 @@ impl NodeSpec {
     )]
     pub fn serving_metrics(mut self, address: &str) -> NodeSpec {
         self.metrics_address = Some(address.to_owned());
+        self
+    }
+
+    /// In a cluster lab, the Node registered with the taint `taint` (`KEY=VALUE:EFFECT`), as a node an
+    /// autoscaler makes with a startup taint.
+    pub fn tainted(mut self, taint: &str) -> NodeSpec {
+        self.taints.push(taint.to_owned());
         self
     }
 
