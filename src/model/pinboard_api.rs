@@ -311,24 +311,27 @@ pub struct SetReport {
     pub restores: Option<Restores>,
 }
 
-/// What one rollout of a set did on its node, as `apply` prints it per node.
+/// What one rollout of a set did on its node, as `apply` prints it per node (summed over the sets on
+/// agents).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SetOutcome {
     pub images: usize,
-    /// Images there before (whole, or only lazily), pulled by the rollout, and pinned at its end.
+    /// Images there before (whole, or only lazily: not pre-loaded), pulled by the rollout, and pinned at
+    /// its end.
     pub present: usize,
     pub lazy: usize,
     pub pulled: usize,
     pub pinned: usize,
-    /// What the node's runtime fetched, as the agent measured it, and how (`content-store`, `relay`,
-    /// `plan`).
+    /// What the node's runtime fetched, measured where it can be, and how it is known: `content-store` (the
+    /// blobs containerd's store gained, by their sizes), `relay` (what the node's relay passed on from the
+    /// in-cluster cache), `plan` (the plan's figure for the images pulled: the runtime reports no bytes),
+    /// or null when the node was never started.
     pub fetched_bytes: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fetched_source: Option<FetchedSource>,
-    /// What the agent's own plan said the node would fetch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub planned_bytes: Option<u64>,
+    /// What the plan said the node would fetch.
+    #[serde(default)]
+    pub planned_bytes: u64,
 }
 
 /// The losses an agent found of a set it had pinned, and what it did.

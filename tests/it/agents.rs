@@ -755,14 +755,8 @@ async fn lazy_pulling_asked_through_the_agents_is_written_by_each_agent_and_repo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
-    let mut lab = AgentsLab::start_with(
-        "agents-edit",
-        vec![NodeSpec::new("n1", 400 * MIB)],
-        None,
-        vec!["--insecure-registry={proxy}".into()],
-        support::RegistrySetup::default(),
-    )
-    .await;
+    let mut lab =
+        AgentsLab::through_proxy("agents-edit", vec![NodeSpec::new("n1", 400 * MIB)]).await;
     // One pull at a time through a slow link, so the set can be edited while it is pulled.
     lab.stop_agent("n1");
     lab.start_agent_with("n1", &["--parallel", "1"]);
@@ -882,14 +876,7 @@ async fn apply_on_agents_reports_what_each_node_fetched_as_the_proxy_counts_it()
         NodeSpec::new("n1", 200 * MIB),
         NodeSpec::new("n2", 200 * MIB),
     ];
-    let lab = AgentsLab::start_with(
-        "agents-fetched",
-        nodes,
-        None,
-        vec!["--insecure-registry={proxy}".into()],
-        support::RegistrySetup::default(),
-    )
-    .await;
+    let lab = AgentsLab::through_proxy("agents-fetched", nodes).await;
     let proxy = lab.lab.proxy_host();
     let layer = |seed, bytes: u64| support::LayerSpec {
         seed,

@@ -11,9 +11,9 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Secret};
-use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use serde_json::Value;
 use support::agents::AgentsLab;
 use support::crio::CrioStandIn;
 use support::kube_objects::{apply_yaml, wait_for};
@@ -491,18 +491,11 @@ async fn a_crio_node_pulls_through_its_agents_relay_beside_the_containerd_nodes(
     let proxy = lab.lab.proxy_host();
     let crio = CrioStandIn::start("agents-fanout-crio", "1.31.0", std::slice::from_ref(&proxy))
         .expect("the CRI-O stand-in starts");
-    // The stand-in has no kubelet: its Node is made by hand, as a kubelet would register it.
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n4"}})).unwrap();
-    Api::<Node>::all(lab.admin.clone())
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("Node n4");
-    let mut runtime = crio.node_args("n4");
-    runtime.extend([
+    let registries = [
         "--crio-registries-dir".to_string(),
         crio.registries_dir().display().to_string(),
-    ]);
-    lab.start_agent_on_host("n4", &runtime);
+    ];
+    lab.add_crio_node("n4", &crio, &registries).await;
     let before = lab.lab.proxy().bytes_down();
     apply_fan_out_set(&lab, "web", &references, "").await;
     let reports = wait_set_pinned_on(&lab, "web", &["n1", "n2", "n3", "n4"]).await;

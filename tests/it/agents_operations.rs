@@ -22,14 +22,7 @@ const WAIT: Duration = Duration::from_secs(150);
 
 async fn lab(name: &str, nodes: &[&str]) -> AgentsLab {
     let nodes = nodes.iter().map(|n| NodeSpec::new(n, 200 * MIB)).collect();
-    AgentsLab::start_with(
-        name,
-        nodes,
-        None,
-        vec!["--insecure-registry={proxy}".into()],
-        RegistrySetup::default(),
-    )
-    .await
+    AgentsLab::through_proxy(name, nodes).await
 }
 
 /// The Events of `reason` about node `node`'s PinboardNode.

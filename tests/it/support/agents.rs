@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as NodeObject;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use pinboard::model::readiness::Readiness;
 use serde_json::{Value, json};
 
 use super::binary;
 use super::cluster::{client, kubeconfig_with_viewer};
+use super::crio::CrioStandIn;
 use super::kube_objects::{PodState, apply_yaml, wait_for, wait_for_daemonset_pod};
 use super::process::Proc;
 use super::{ClusterConfig, Lab, LabConfig, NodeSpec, RegistrySetup, Run, pinboard_with};
@@ -57,6 +58,27 @@ impl AgentsLab {
     /// `pod_node` (when given; its image is pushed first) and as a process on every other node.
     pub async fn start(name: &str, nodes: Vec<NodeSpec>, pod_node: Option<&str>) -> AgentsLab {
         AgentsLab::start_with(name, nodes, pod_node, Vec::new(), RegistrySetup::default()).await
+    }
+
+    /// [`AgentsLab::start`] with every agent process taking the registry through its proxy too (images
+    /// referenced by the proxy's host, so that what the nodes pull is counted there).
+    pub async fn through_proxy(name: &str, nodes: Vec<NodeSpec>) -> AgentsLab {
+        let args = vec!["--insecure-registry={proxy}".into()];
+        AgentsLab::start_with(name, nodes, None, args, RegistrySetup::default()).await
+    }
+
+    /// Registers `node` as a CRI-O node served by the stand-in `crio` (which has no kubelet: its Node is made
+    /// by hand, as a kubelet would register it) and starts its agent on this host, with `extra` arguments.
+    pub async fn add_crio_node(&mut self, node: &str, crio: &CrioStandIn, extra: &[String]) {
+        let object: NodeObject =
+            serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+        Api::<NodeObject>::all(self.admin.clone())
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("Node {node}: {e}"));
+        let mut args = crio.node_args(node);
+        args.extend(extra.iter().cloned());
+        self.start_agent_on_host(node, &args);
     }
 
     /// [`AgentsLab::start`] with the lab's `registry`, every agent process with `agent_args` (see
