@@ -70,18 +70,26 @@ pub(super) async fn run_node(
         .collect();
     let statuses = client.image_records(&order, true).await;
     let runtime = Runtime::identify(&version.runtime_name, &version.runtime_version);
+    let progress = runtime
+        .as_ref()
+        .is_some_and(|r| r.kind == RuntimeKind::Containerd);
+    // What the content store holds before the pulls: the fetched bytes are measured against it, and progress
+    // must not count a blob the node holds for an image outside the set, or a pull's total would exceed
+    // the plan's.
+    let store_before = match progress {
+        true => content_store(&client).await.ok(),
+        false => None,
+    };
     let mut node = NodeRun {
         name: name.clone(),
         client,
-        progress: runtime
-            .as_ref()
-            .is_some_and(|r| r.kind == RuntimeKind::Containerd),
+        progress,
         runtime,
         runtime_name: version.runtime_name,
         shared: Arc::clone(&shared),
         status: HashMap::new(),
         queue: VecDeque::new(),
-        tracker: Tracker::new([]),
+        tracker: Tracker::new(store_before.iter().flat_map(|s| s.keys().cloned())),
         totals: HashMap::new(),
         sent: HashMap::new(),
         bytes: HashMap::new(),
@@ -128,10 +136,6 @@ pub(super) async fn run_node(
         node.status.insert(image.clone(), Status::Queued);
     }
     let to_pull: Vec<String> = node.queue.iter().cloned().collect();
-    let store_before = match node.progress {
-        true => content_store(&node.client).await.ok(),
-        false => None,
-    };
     let pulled_all = node.pull_all(&mut control).await;
     node.report_fetched(store_before, &to_pull, &job.plan).await;
     if pulled_all {

@@ -414,7 +414,8 @@ async fn a_node_the_daemonset_should_run_on_is_not_ready_until_its_agent_pins_an
 
     // A node labelled for the DaemonSet joins: not ready, named, before any agent reports there…
     lab.lab
-        .add_node(NodeSpec::new("n4", 200 * MIB).labelled(POD_LABEL, "true"))
+        // Room for the agent's own image too: this build, stripped of debug data, is ~80 MiB unpacked.
+        .add_node(NodeSpec::new("n4", 400 * MIB).labelled(POD_LABEL, "true"))
         .expect("n4 joins");
     let (code, judged, stderr) = lab.check(&["--set", "gap"]);
     assert_eq!(code, 1, "{stderr}");
