@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::digest_prefix::DigestPrefixes;
 use super::image::{ImageFacts, Layer, LazyFormat};
 use super::lazy::RemoteLayers;
 use super::machine_config::KubeletSettings;
@@ -67,6 +68,12 @@ pub enum HeldBlobs {
         diff_ids: HashSet<String>,
         configs: HashSet<String>,
     },
+    /// As its agent publishes them: the prefixes of every blob of its content store, or (`by_diff_id`,
+    /// CRI-O) of its layers' uncompressed digests and its images' configs' digests.
+    Prefixes {
+        by_diff_id: bool,
+        prefixes: DigestPrefixes,
+    },
 }
 
 impl HeldBlobs {
@@ -83,12 +90,27 @@ impl HeldBlobs {
                 HeldBlobs::Layers { diff_ids, .. },
                 Lacking::Layer(layer) | Lacking::Remote(layer),
             ) => layer.diff_id.as_ref().map(|id| diff_ids.contains(id)),
+            (
+                HeldBlobs::Prefixes {
+                    by_diff_id: true,
+                    prefixes,
+                },
+                Lacking::Layer(layer) | Lacking::Remote(layer),
+            ) => layer.diff_id.as_ref().and_then(|id| prefixes.contains(id)),
+            (HeldBlobs::Prefixes { prefixes, .. }, blob) => prefixes.contains(blob.digest()),
         }
     }
 
     /// Whether CRI-O's layers are known, so the images' uncompressed digests are worth reading.
     pub fn by_diff_id(&self) -> bool {
-        matches!(self, HeldBlobs::Layers { .. })
+        matches!(
+            self,
+            HeldBlobs::Layers { .. }
+                | HeldBlobs::Prefixes {
+                    by_diff_id: true,
+                    ..
+                }
+        )
     }
 }
 
