@@ -19,6 +19,7 @@
 //!   cache ([`cache`]); every agent points its node at it while a fan-out set rolls out ([`fan_out`]).
 
 mod aggregate;
+mod blobs;
 mod cache;
 mod facts;
 mod fan_out;
@@ -198,6 +199,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         written: None,
         written_images: None,
         last_write: None,
+        blobs: blobs::Publisher::default(),
         events,
         api,
         target,
@@ -266,6 +268,8 @@ struct Agent {
     written: Option<serde_json::Value>,
     written_images: Option<NodeImages>,
     last_write: Option<Instant>,
+    /// What the runtime holds, published for the plans.
+    blobs: blobs::Publisher,
     events: UnboundedSender<FleetEvent>,
 }
 
@@ -627,6 +631,7 @@ impl Agent {
             }
         }
         self.facts = facts::read(&self.target, self.api.client(), self.timeout).await;
+        self.blobs.read(&self.target, self.timeout).await;
         // The wish's failure is what an administrator asking for it needs to see, in the report.
         if refused.is_some() {
             self.facts.lazy_pulling_error = refused;
@@ -638,6 +643,7 @@ impl Agent {
         let Some(node) = &self.node else {
             return;
         };
+        self.blobs.publish(&self.api, node).await;
         let mut report = self.facts.clone();
         report.sets = self.reports.values().cloned().collect();
         report.cache = self.cache_report.clone();

@@ -1,6 +1,7 @@
 //! pinboard's own API on a Kubernetes cluster ([`crate::model::pinboard_api`]): finding it, writing sets
-//! (server-side apply, field manager `pinboard`), the agents' reports and set summaries (field manager
-//! `pinboard-agent`, status subresources), their heartbeat Leases, the roles one agent takes through a
+//! (server-side apply, field manager `pinboard`), the agents' reports, what their runtimes hold
+//! ([`crate::model::node_blobs`]) and set summaries (field manager `pinboard-agent`, status
+//! subresources), reading what the runtimes hold for a plan, their heartbeat Leases, the roles one agent takes through a
 //! Lease (the aggregator, the in-cluster cache and its token's Secret), a node's lazy-pull wish, reading
 //! pull Secrets, and watching it all (never polling: [`crate::backend::kube_watch`]). An agent watches the sets
 //! and only its own Node and report, so 5,000 agents do not each watch 5,000 nodes.
@@ -26,12 +27,14 @@ use crate::error::Failure;
 use crate::model::agents_view::{AgentsUpdate, WATCHED_KINDS};
 use crate::model::cache_token::CacheToken;
 use crate::model::machine_config::ClusterNode;
+use crate::model::node_blobs::{NodeBlobs, PinboardNodeBlobs};
 use crate::model::pinboard_api::{
     AGENT_MANAGER, API_VERSION, CACHE_ADDRESS_ANNOTATION, CACHE_LEASE, CACHE_SETS_ANNOTATION,
     CACHE_TOKEN_KEY, CACHE_TOKEN_SECRET, GROUP, Heartbeat, IMAGES_KIND, IMAGES_PLURAL, NODE_KIND,
     NodeImages, NodeReport, PinSet, PinSetStatus, PinboardNode, PinboardNodeImages, SET_KIND,
     VERSION, lease_name,
 };
+use crate::model::pinboard_kinds::{BLOBS_KIND, BLOBS_PLURAL};
 use crate::model::set::ImageSet;
 
 /// The field manager of what the commands write.
@@ -92,6 +95,8 @@ pub struct PinboardApi {
     nodes: ApiResource,
     /// The reports' detail: each node's images.
     images: ApiResource,
+    /// What each node's runtime holds.
+    blobs: ApiResource,
     /// Where the agents run: their Leases and the pull Secrets.
     namespace: String,
 }
@@ -136,6 +141,7 @@ impl PinboardApi {
             sets: resource(SET_KIND, crate::model::pinboard_api::SET_PLURAL),
             nodes: resource(NODE_KIND, crate::model::pinboard_api::NODE_PLURAL),
             images: resource(IMAGES_KIND, IMAGES_PLURAL),
+            blobs: resource(BLOBS_KIND, BLOBS_PLURAL),
             namespace: namespace.to_string(),
         }
     }
@@ -245,6 +251,60 @@ impl PinboardApi {
     ) -> Result<(), AgentsError> {
         let api = Api::all_with(self.client.clone(), &self.images);
         write_node_status(&api, IMAGES_KIND, node, json!(images), with_object).await
+    }
+
+    /// Writes what `node`'s runtime holds, as [`Self::write_report`] does the report.
+    pub async fn write_blobs(
+        &self,
+        node: &Node,
+        blobs: &NodeBlobs,
+        with_object: bool,
+    ) -> Result<(), AgentsError> {
+        let api = Api::all_with(self.client.clone(), &self.blobs);
+        write_node_status(&api, BLOBS_KIND, node, json!(blobs), with_object).await
+    }
+
+    /// What every node's agent published of what its runtime holds, by node, listed from the API server's
+    /// watch cache (one request, not paged through etcd; a moment behind at most) straight into the typed
+    /// objects. Empty where the kind is not served (agents installed before it).
+    pub async fn published_blobs(&self) -> Result<BTreeMap<String, NodeBlobs>, AgentsError> {
+        #[derive(serde::Deserialize)]
+        struct Listed {
+            items: Vec<PinboardNodeBlobs>,
+        }
+        let url = format!("/apis/{GROUP}/{VERSION}/{BLOBS_PLURAL}");
+        let request = kube::core::Request::new(url)
+            .list(&kube::api::ListParams::default().match_any())
+            .map_err(|e| AgentsError::Api(kube::Error::BuildRequest(e)))?;
+        match self.client.request::<Listed>(request).await {
+            Ok(listed) => Ok(listed
+                .items
+                .into_iter()
+                .filter_map(|o| Some((o.metadata.name, o.status?)))
+                .collect()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(BTreeMap::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `node`'s images, the detail of its report; None when its agent wrote none.
+    pub async fn node_images(&self, node: &str) -> Result<Option<NodeImages>, AgentsError> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &self.images);
+        Ok(api
+            .get_opt(node)
+            .await?
+            .and_then(|o| typed::<PinboardNodeImages>(&o)?.status))
+    }
+
+    /// Each node's agent's last heartbeat, by node, listed once from the watch cache.
+    pub async fn heartbeats(&self) -> Result<BTreeMap<String, Heartbeat>, AgentsError> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let listed = leases
+            .list(&kube::api::ListParams::default().match_any())
+            .await?;
+        let shared: Vec<std::sync::Arc<Lease>> =
+            listed.items.into_iter().map(std::sync::Arc::new).collect();
+        Ok(heartbeats_of(&shared))
     }
 
     /// Writes a set's summary over its nodes (the aggregating agent).
