@@ -257,6 +257,8 @@ fn pinboard_run(lab: &Lab, references: &[String], cache: Option<&std::path::Path
             gc_high_percent: 100,
             gc_high_given: true,
             min_free_bytes: 0,
+            min_free_given: true,
+            flags_over_agents: true,
         };
         let timeout = Duration::from_secs(30);
         let fan_out = cache.map(|dir| FanOutSetup {

@@ -36,7 +36,7 @@ use pinboard::model::pinboard_api::{
     KubeletThresholds, NODE_KIND, NODE_PLURAL, NodeReport, NodeSetPhase, PROGRESSING, PinboardNode,
     RuntimeReport, VERSION,
 };
-use pinboard::model::plan::Limits;
+use pinboard::model::plan::{AgentLimits, Limits};
 use pinboard::model::set::from_flags;
 use pinboard::ui;
 use pinboard::ui::msg::Msg;
@@ -127,6 +127,7 @@ fn pinned_report(images: &[String]) -> NodeReport {
             image_gc_low_threshold_percent: 80,
             source: "kubelet-config".into(),
         }),
+        limits: Some(AgentLimits::of(&Limits::default())),
         sets: vec![set],
         cache: None,
     }

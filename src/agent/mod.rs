@@ -647,6 +647,7 @@ impl Agent {
         let mut report = self.facts.clone();
         report.sets = self.reports.values().cloned().collect();
         report.cache = self.cache_report.clone();
+        report.limits = Some(crate::model::plan::AgentLimits::of(&self.limits));
         let sent = serde_json::to_value(&report).unwrap_or_default();
         let detail = report.image_detail();
         let report_due = self.written.as_ref() != Some(&sent);

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use super::labels::Selector;
 use super::lazy::{LazyPulling, RemoteLayers};
 use super::machine_config::KubeletSettings;
-use super::plan::NodeFacts;
+use super::plan::{AgentLimits, NodeFacts};
 use super::set::{ImageSet, from_flags};
 
 pub use super::pinboard_kinds::{
@@ -209,6 +209,9 @@ pub struct NodeReport {
     pub registry_config_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet: Option<KubeletThresholds>,
+    /// What the agent pulls by: its own floor, and its image GC threshold when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<AgentLimits>,
     /// Each set that selects the node.
     #[serde(default)]
     pub sets: Vec<SetReport>,
@@ -471,6 +474,7 @@ impl NodeReport {
                 image_gc_low_threshold_percent: k.image_gc_low_threshold_percent,
                 assumed: (k.source != KUBELET_CONFIG_SOURCE).then(|| k.source.clone()),
             }),
+            agent_limits: self.limits,
             ..NodeFacts::default()
         }
     }

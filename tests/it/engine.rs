@@ -29,6 +29,8 @@ const NO_FLOOR: Limits = Limits {
     gc_high_percent: 100,
     gc_high_given: true,
     min_free_bytes: 0,
+    min_free_given: true,
+    flags_over_agents: true,
 };
 
 fn lab(name: &str, nodes: &[(&str, u64)]) -> Lab {
