@@ -288,7 +288,8 @@ pub struct TargetArgs {
     /// machine-config API and pinboard's agents (default: agents); a cluster serving one needs no choice.
     #[arg(long, value_enum, value_name = "API")]
     pub cluster_api: Option<ClusterApi>,
-    /// Cluster mode on agents: the namespace they run in (their heartbeats and pull Secrets).
+    /// Cluster mode on agents: the namespace they run in (their heartbeats and pull Secrets). On OpenShift
+    /// with the agents installed too, where the plan finds their heartbeats.
     #[arg(long, value_name = "NS", default_value = crate::model::pinboard_api::DEFAULT_NAMESPACE)]
     pub agents_namespace: String,
     /// A node's CRI endpoint: [NAME=]unix:///path or [NAME=]tcp://host:port. Repeatable. Without it or
@@ -535,6 +536,7 @@ impl CommonArgs {
             verify,
             lazy_store: targets.lazy_store.clone(),
             release,
+            agents_namespace: targets.agents_namespace.clone(),
         })))
     }
 

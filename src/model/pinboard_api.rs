@@ -11,8 +11,9 @@
 //!   phase, bytes and conditions. Its `spec.lazyPulling` is what an administrator asks of the node's lazy
 //!   pulling.
 //! - [`PinboardNodeImages`] (the same name and owner): the report's detail — every image the runtime
-//!   holds, its pin and holders, and per set where each image is — read by the plan, `check`, the Config
-//!   and Rollout screens; not by the Nodes screen.
+//!   holds, its pin and holders, and per set where each image is — read by `check`, the Config and
+//!   Rollout screens; not by the Nodes screen, nor by a plan but for a node whose agent publishes no
+//!   `PinboardNodeBlobs` ([`super::node_blobs`]: what its runtime holds, which plans read instead).
 //! - The agent's heartbeat is a `coordination.k8s.io` Lease per node (`pinboard-agent-NODE`), renewed
 //!   often and written small, as the kubelet's own heartbeat is: the report is written only when something
 //!   changes.
@@ -332,6 +333,15 @@ pub struct NodeImages {
     pub sets: Vec<SetImages>,
 }
 
+impl NodeImages {
+    /// Whether the runtime holds the image `reference` names (the agent's list is complete).
+    pub fn holds(&self, reference: &str) -> bool {
+        self.images
+            .iter()
+            .any(|i| i.names.iter().any(|n| n == reference))
+    }
+}
+
 /// One set's images on one node.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -441,13 +451,6 @@ impl NodeReport {
                 .unwrap_or_default();
         }
         report
-    }
-
-    /// Whether the runtime holds the image `reference` names (the report's list is complete).
-    pub fn holds(&self, reference: &str) -> bool {
-        self.images
-            .iter()
-            .any(|i| i.names.iter().any(|n| n == reference))
     }
 
     /// What the planner needs of node `name`: its runtime, its image filesystem's space and its kubelet's

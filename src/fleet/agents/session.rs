@@ -25,11 +25,13 @@ pub(super) struct Connected {
     pub(super) api: PinboardApi,
     watch: AgentsWatch,
     pub(super) view: AgentsView,
+    /// Whether every node's images are watched too.
+    images: bool,
 }
 
 impl Watched for Connected {
     fn listed(&self) -> bool {
-        self.view.synced() && self.view.images_synced()
+        self.view.synced() && (!self.images || self.view.images_synced())
     }
 
     fn failing(&self) -> Option<FailingWatch> {
@@ -49,17 +51,20 @@ impl Watched for Connected {
 }
 
 impl Connected {
-    /// Connects, finds pinboard's API and waits for the first complete view; exit 3 when the API server
-    /// does not answer, naming what failed.
+    /// Connects, finds pinboard's API and waits for the first complete view, with every node's `images`
+    /// when asked (what readiness judges by; a plan does not need them); exit 3 when the API server does
+    /// not answer, naming what failed.
     pub(super) async fn open(
         options: &ConnectOptions,
         namespace: &str,
+        images: bool,
     ) -> Result<Connected, Failure> {
         let api = PinboardApi::discover(connect(options).await?, namespace).await?;
         let mut connected = Connected {
-            watch: api.watch_all(true),
+            watch: api.watch_all(images),
             api,
             view: AgentsView::default(),
+            images,
         };
         wait_for_first_list(
             &mut connected,
