@@ -13,7 +13,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use pinboard::model::readiness::Readiness;
 use serde_json::{Value, json};
-use support::agents::AgentsLab;
+use support::agents::{AgentsLab, AgentsSetup};
 use support::kube_objects::wait_for;
 use support::tmux::Tmux;
 use support::{ImageSpec, NodeSpec};
@@ -568,12 +568,15 @@ async fn lazy_pulling_asked_through_the_agents_is_written_by_each_agent_and_repo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
+    let setup = AgentsSetup {
+        agent_args: vec!["--insecure-registry={proxy}".into()],
+        ..AgentsSetup::default()
+    };
     let mut lab = AgentsLab::start_with(
         "agents-edit",
         vec![NodeSpec::new("n1", 400 * MIB)],
         None,
-        vec!["--insecure-registry={proxy}".into()],
-        support::RegistrySetup::default(),
+        setup,
     )
     .await;
     // One pull at a time through a slow link, so the set can be edited while it is pulled.

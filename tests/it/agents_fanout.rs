@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
-use support::agents::AgentsLab;
+use support::agents::{AgentsLab, AgentsSetup};
 use support::crio::CrioStandIn;
 use support::kube_objects::{apply_yaml, wait_for};
 use support::{
@@ -31,18 +31,16 @@ const CACHE_PORT: &str = "5050";
 /// A lab whose agents are all eligible for the cache's role and reach `registry` through the proxy.
 async fn cache_lab(name: &str, registry: RegistrySetup) -> AgentsLab {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    AgentsLab::start_with(
-        name,
-        nodes,
-        None,
-        vec![
+    let setup = AgentsSetup {
+        agent_args: vec![
             "--insecure-registry={proxy}".into(),
             format!("--cache-port={CACHE_PORT}"),
             "--cache-dir={lab}/cache-{node}".into(),
         ],
         registry,
-    )
-    .await
+        ..AgentsSetup::default()
+    };
+    AgentsLab::start_with(name, nodes, None, setup).await
 }
 
 /// `count` images, each of a base layer shared by all and a layer of its own.
@@ -384,15 +382,11 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cache_gone_for_good_sends_the_nodes_to_the_source_and_their_reports_say_so() {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    let proxy_args = vec!["--insecure-registry={proxy}".to_string()];
-    let mut lab = AgentsLab::start_with(
-        "agents-fanout-gone",
-        nodes,
-        None,
-        proxy_args,
-        RegistrySetup::default(),
-    )
-    .await;
+    let setup = AgentsSetup {
+        agent_args: vec!["--insecure-registry={proxy}".to_string()],
+        ..AgentsSetup::default()
+    };
+    let mut lab = AgentsLab::start_with("agents-fanout-gone", nodes, None, setup).await;
     // Only n1's agent may hold the cache.
     let cache_dir = format!("--cache-dir={}/cache-n1", lab.lab.dir().display());
     lab.stop_agent("n1");

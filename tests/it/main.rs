@@ -7,6 +7,7 @@
 
 mod agents;
 mod agents_fanout;
+mod agents_plan;
 mod support;
 
 mod apply;

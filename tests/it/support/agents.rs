@@ -27,8 +27,6 @@ const DAEMONSET: &str = "pinboard-agent-containerd";
 const POD_LABEL: &str = "pinboard.dev/agent-pod";
 /// Short, so that a stopped agent is stale within seconds (its Lease stands for four of these).
 pub const HEARTBEAT: &str = "1s";
-/// The lab's nodes are small: the free-space floor is theirs (the default, 16 GiB, is a real node's).
-const MIN_FREE: &str = "4Mi";
 /// How long an agent may take to take the cache's role.
 const CACHE_WAIT: Duration = Duration::from_secs(180);
 
@@ -43,24 +41,50 @@ pub struct AgentsLab {
     /// Arguments every agent process gets on top, `{node}`, `{lab}` and `{proxy}` replaced by its node's
     /// name, the lab's directory and the registry proxy's host.
     agent_args: Vec<String>,
+    /// Every agent's `--min-free`.
+    min_free: &'static str,
+}
+
+/// How a lab's agents run, beyond what every agent gets.
+#[derive(Clone, Debug)]
+pub struct AgentsSetup {
+    /// Arguments every agent process gets on top (see [`AgentsLab::agent_args`]).
+    pub agent_args: Vec<String>,
+    pub registry: RegistrySetup,
+    /// The agents' free-space floor, `--min-free`: the lab's nodes are small (the default, 16 GiB, is a
+    /// real node's).
+    pub min_free: &'static str,
+}
+
+impl Default for AgentsSetup {
+    fn default() -> Self {
+        AgentsSetup {
+            agent_args: Vec::new(),
+            registry: RegistrySetup::default(),
+            min_free: "4Mi",
+        }
+    }
 }
 
 impl AgentsLab {
     /// Starts the lab with `nodes`, installs the agents' manifests, and runs the agent as a pod on
     /// `pod_node` (when given; its image is pushed first) and as a process on every other node.
     pub async fn start(name: &str, nodes: Vec<NodeSpec>, pod_node: Option<&str>) -> AgentsLab {
-        AgentsLab::start_with(name, nodes, pod_node, Vec::new(), RegistrySetup::default()).await
+        AgentsLab::start_with(name, nodes, pod_node, AgentsSetup::default()).await
     }
 
-    /// [`AgentsLab::start`] with the lab's `registry`, every agent process with `agent_args` (see
-    /// [`AgentsLab::agent_args`]).
+    /// [`AgentsLab::start`], the agents run as `setup` says.
     pub async fn start_with(
         name: &str,
         nodes: Vec<NodeSpec>,
         pod_node: Option<&str>,
-        agent_args: Vec<String>,
-        registry: RegistrySetup,
+        setup: AgentsSetup,
     ) -> AgentsLab {
+        let AgentsSetup {
+            agent_args,
+            registry,
+            min_free,
+        } = setup;
         pinboard::install_crypto_provider();
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         let lab = Lab::start(
@@ -95,7 +119,7 @@ impl AgentsLab {
                 &format!("{POD_LABEL}=true"),
                 &format!("--agent-arg=--insecure-registry={}", lab.registry_host()),
                 &format!("--agent-arg=--heartbeat-every={HEARTBEAT}"),
-                &format!("--agent-arg=--min-free={MIN_FREE}"),
+                &format!("--agent-arg=--min-free={min_free}"),
             ],
             |_| {},
         );
@@ -107,6 +131,7 @@ impl AgentsLab {
             agent_kubeconfig,
             processes: BTreeMap::new(),
             agent_args,
+            min_free,
         };
         for node in &names {
             match Some(node.as_str()) == pod_node {
@@ -167,7 +192,7 @@ impl AgentsLab {
                 "--heartbeat-every",
                 HEARTBEAT,
                 "--min-free",
-                MIN_FREE,
+                self.min_free,
                 "--kubeconfig",
             ])
             .arg(&self.agent_kubeconfig)
@@ -235,14 +260,14 @@ impl AgentsLab {
         self.objects("PinboardNode", "pinboardnodes").await
     }
 
-    /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry.
+    /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry; the
+    /// floors are the agents' own, as they report them.
     pub fn pinboard(&self, args: &[&str]) -> Run {
         let cluster = self.lab.cluster().expect("a cluster lab");
         let (command, rest) = args.split_first().expect("a command");
         let mut all: Vec<String> = vec![command.to_string(), "--kubeconfig".into()];
         all.push(cluster.kubeconfig().display().to_string());
         all.extend(["--insecure-registry".into(), self.lab.registry_host()]);
-        all.extend(["--min-free".into(), MIN_FREE.into()]);
         all.extend(rest.iter().map(|a| a.to_string()));
         pinboard_with(all, |_| {})
     }
