@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use futures::StreamExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -24,7 +25,7 @@ use crate::model::machine_config::{ClusterNode, ClusterView};
 use crate::model::node_blobs::NodeBlobs;
 use crate::model::pinboard_api::NodeImages;
 use crate::model::plan::{
-    Limits, LinkBytes, NodeFacts, NodePlan, PlannedImage, Presence, link_bytes, plan_node,
+    Limits, LinkBytes, LinkCount, NodeFacts, NodePlan, PlannedImage, Presence, plan_node,
 };
 use crate::model::readiness::unreachable_reason;
 use crate::model::reference::{count_images, short_reference, some_of};
@@ -152,9 +153,10 @@ pub async fn survey(
         ));
     }
     let mut facts = resolved(&references, inspected)?;
+    let shared = Shared::default().of(&references);
     let planned: Vec<ToPlan> = observations
         .iter()
-        .map(|o| ToPlan::of(o, &references))
+        .map(|o| ToPlan::of(o, &shared))
         .collect();
     read_diff_ids(registry, &mut facts, &planned).await;
     Ok(summarize(sets, limits, &planned, facts, cache))
@@ -164,21 +166,34 @@ pub async fn survey(
 /// each.
 struct ToPlan<'a> {
     facts: &'a NodeFacts,
-    references: &'a [String],
+    references: &'a [Arc<str>],
     presence: Vec<Presence>,
 }
 
 impl<'a> ToPlan<'a> {
-    fn of(observed: &'a SurveyedNode, references: &'a [String]) -> ToPlan<'a> {
+    fn of(observed: &'a SurveyedNode, references: &'a [Arc<str>]) -> ToPlan<'a> {
         let presence = references
             .iter()
-            .map(|r| observed.presence.get(r).copied().flatten())
+            .map(|r| observed.presence.get(&**r).copied().flatten())
             .collect();
         ToPlan {
             facts: &observed.facts,
             references,
             presence,
         }
+    }
+}
+
+/// References shared by every node's plan: one copy of each however many nodes plan it.
+#[derive(Default)]
+struct Shared(HashMap<String, Arc<str>>);
+
+impl Shared {
+    fn of(&mut self, references: &[String]) -> Vec<Arc<str>> {
+        references
+            .iter()
+            .map(|r| Arc::clone(self.0.entry(r.clone()).or_insert_with(|| r.as_str().into())))
+            .collect()
     }
 }
 
@@ -190,7 +205,7 @@ async fn read_diff_ids(
     facts: &mut HashMap<String, ImageFacts>,
     nodes: &[ToPlan<'_>],
 ) {
-    let lacking: BTreeSet<&String> = nodes
+    let lacking: BTreeSet<&Arc<str>> = nodes
         .iter()
         .filter(|n| n.facts.held.by_diff_id())
         .flat_map(|n| n.references.iter().zip(&n.presence))
@@ -200,7 +215,7 @@ async fn read_diff_ids(
     // Owned: a stream of futures borrowing them is not Send-general enough for the fleet's boxed futures.
     let asked: Vec<(String, ImageFacts)> = lacking
         .into_iter()
-        .filter_map(|reference| Some((reference.clone(), facts.get(reference)?.clone())))
+        .filter_map(|reference| Some((reference.to_string(), facts.get(&**reference)?.clone())))
         .collect();
     let read: Vec<(String, Result<Vec<String>, RegistryError>)> =
         futures::stream::iter(asked.into_iter().map(|(reference, image)| async move {
@@ -356,7 +371,13 @@ pub async fn survey_cluster(
     }));
     nodes.sort_by(|a, b| a.0.facts.name.cmp(&b.0.facts.name));
     let facts = image_facts(sets, registry, platform).await?;
-    let planned: Vec<ToPlan> = nodes.iter().map(|(o, refs)| ToPlan::of(o, refs)).collect();
+    let mut shared = Shared::default();
+    let references: Vec<Vec<Arc<str>>> = nodes.iter().map(|(_, refs)| shared.of(refs)).collect();
+    let planned: Vec<ToPlan> = nodes
+        .iter()
+        .zip(&references)
+        .map(|((o, _), refs)| ToPlan::of(o, refs))
+        .collect();
     Ok(plan_nodes(&planned, sets, registry, facts, limits, cache).await)
 }
 
@@ -395,14 +416,15 @@ pub async fn survey_reported(
         ]));
     }
     // Nodes the same sets select share one union of their references.
-    let mut unions: Vec<Vec<String>> = Vec::new();
+    let mut unions: Vec<Vec<Arc<str>>> = Vec::new();
+    let mut shared = Shared::default();
     let mut union_of_sets: HashMap<Vec<usize>, usize> = HashMap::new();
     let nodes: Vec<(&str, usize)> = sets_of
         .into_iter()
         .map(|(name, indices)| {
             let union = *union_of_sets.entry(indices).or_insert_with_key(|indices| {
                 let chosen: Vec<ImageSet> = indices.iter().map(|&i| sets[i].clone()).collect();
-                unions.push(union_of(&chosen));
+                unions.push(shared.of(&union_of(&chosen)));
                 unions.len() - 1
             });
             (name, union)
@@ -524,7 +546,7 @@ fn resolved(
 }
 
 /// Plans every node for its references and puts the survey together, with what the link carries for them
-/// ([`link_bytes`], against what `cache` holds).
+/// ([`LinkCount`], against what `cache` holds).
 fn summarize(
     sets: &[ImageSet],
     limits: Limits,
@@ -532,33 +554,26 @@ fn summarize(
     facts: HashMap<String, ImageFacts>,
     cache: Option<&Path>,
 ) -> Survey {
-    let planned: Vec<(&ToPlan, Vec<PlannedImage>)> = nodes
+    let mut link = LinkCount::default();
+    let nodes = nodes
         .iter()
         .map(|node| {
-            let images = node
+            let images: Vec<PlannedImage> = node
                 .references
                 .iter()
                 .zip(&node.presence)
                 .map(|(r, present)| PlannedImage {
-                    reference: r,
-                    facts: &facts[r.as_str()],
+                    reference: Arc::clone(r),
+                    facts: &facts[&**r],
                     present: *present,
-                    lazy: node.facts.lazy.get(r),
+                    lazy: node.facts.lazy.get(&**r),
                 })
                 .collect();
-            (node, images)
+            link.add(&node.facts.held, &images);
+            plan_node(node.facts, &images, &limits)
         })
         .collect();
-    let nodes = planned
-        .iter()
-        .map(|(node, images)| plan_node(node.facts, images, &limits))
-        .collect();
-    let link_bytes = link_bytes(
-        planned
-            .iter()
-            .map(|(node, images)| (&node.facts.held, images.as_slice())),
-        |digest| cache.is_some_and(|dir| blobs::cache::holds(dir, digest)),
-    );
+    let link_bytes = link.total(|digest| cache.is_some_and(|dir| blobs::cache::holds(dir, digest)));
     Survey {
         sets: sets
             .iter()

@@ -7,6 +7,7 @@
 //! and only its own Node and report, so 5,000 agents do not each watch 5,000 nodes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -18,15 +19,16 @@ use kube::error::DiscoveryError;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use kube::{Client, discovery};
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::kube_watch::{Snapshot, TypedCache, spawn, typed};
 use crate::error::Failure;
-use crate::model::agents_view::{AgentsUpdate, WATCHED_KINDS};
+use crate::model::agents_view::{AgentsUpdate, AgentsView, WATCHED_KINDS};
 use crate::model::cache_token::CacheToken;
-use crate::model::machine_config::ClusterNode;
+use crate::model::machine_config::{ClusterNode, Connection};
 use crate::model::node_blobs::{NodeBlobs, PinboardNodeBlobs};
 use crate::model::pinboard_api::{
     AGENT_MANAGER, API_VERSION, CACHE_ADDRESS_ANNOTATION, CACHE_LEASE, CACHE_SETS_ANNOTATION,
@@ -264,27 +266,67 @@ impl PinboardApi {
         write_node_status(&api, BLOBS_KIND, node, json!(blobs), with_object).await
     }
 
-    /// What every node's agent published of what its runtime holds, by node, listed from the API server's
-    /// watch cache (one request, not paged through etcd; a moment behind at most) straight into the typed
-    /// objects. Empty where the kind is not served (agents installed before it).
+    /// What every node's agent published of what its runtime holds, by node, listed once from the watch
+    /// cache. Empty where the kind is not served (agents installed before it).
     pub async fn published_blobs(&self) -> Result<BTreeMap<String, NodeBlobs>, AgentsError> {
-        #[derive(serde::Deserialize)]
-        struct Listed {
-            items: Vec<PinboardNodeBlobs>,
-        }
-        let url = format!("/apis/{GROUP}/{VERSION}/{BLOBS_PLURAL}");
-        let request = kube::core::Request::new(url)
-            .list(&kube::api::ListParams::default().match_any())
-            .map_err(|e| AgentsError::Api(kube::Error::BuildRequest(e)))?;
-        match self.client.request::<Listed>(request).await {
+        match self.list_cached::<PinboardNodeBlobs>(BLOBS_PLURAL).await {
             Ok(listed) => Ok(listed
-                .items
                 .into_iter()
                 .filter_map(|o| Some((o.metadata.name, o.status?)))
                 .collect()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(BTreeMap::new()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The sets, the reports (without their image lists), the Nodes and the heartbeats as the API server's
+    /// watch cache has them now, each listed once: what a plan judges by, with no watch to keep.
+    pub async fn snapshot(&self) -> Result<AgentsView, AgentsError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let cached = kube::api::ListParams::default().match_any();
+        let (sets, reports, nodes, heartbeats) = tokio::join!(
+            self.list_cached::<PinSet>(crate::model::pinboard_api::SET_PLURAL),
+            self.list_cached::<PinboardNode>(crate::model::pinboard_api::NODE_PLURAL),
+            nodes.list(&cached),
+            self.heartbeats(),
+        );
+        let mut view = AgentsView::default();
+        view.apply(AgentsUpdate::Sets(sets?));
+        view.apply(AgentsUpdate::Reports(
+            reports?.into_iter().map(Arc::new).collect(),
+        ));
+        let nodes = nodes?.items.iter().map(ClusterNode::from).collect();
+        view.apply(AgentsUpdate::Nodes(nodes));
+        view.apply(AgentsUpdate::Heartbeats(heartbeats?));
+        for kind in WATCHED_KINDS {
+            view.apply(AgentsUpdate::Connection(kind, Connection::Synced));
+        }
+        Ok(view)
+    }
+
+    /// Every `plural` object of pinboard's API, listed from the API server's watch cache (one request,
+    /// not paged through etcd; a moment behind it at most), each read on its own: one that cannot be read
+    /// is left out, and said.
+    async fn list_cached<T: DeserializeOwned>(&self, plural: &str) -> Result<Vec<T>, kube::Error> {
+        #[derive(serde::Deserialize)]
+        struct Listed {
+            items: Vec<serde_json::Value>,
+        }
+        let url = format!("/apis/{GROUP}/{VERSION}/{plural}");
+        let request = kube::core::Request::new(url)
+            .list(&kube::api::ListParams::default().match_any())
+            .map_err(kube::Error::BuildRequest)?;
+        let listed: Listed = self.client.request(request).await?;
+        Ok(listed
+            .items
+            .into_iter()
+            .filter_map(|item| {
+                let name = item["metadata"]["name"].as_str().unwrap_or("?").to_owned();
+                serde_json::from_value(item)
+                    .inspect_err(|e| tracing::warn!("cannot read {plural}/{name}: {e}"))
+                    .ok()
+            })
+            .collect())
     }
 
     /// `node`'s images, the detail of its report; None when its agent wrote none.
@@ -302,8 +344,7 @@ impl PinboardApi {
         let listed = leases
             .list(&kube::api::ListParams::default().match_any())
             .await?;
-        let shared: Vec<std::sync::Arc<Lease>> =
-            listed.items.into_iter().map(std::sync::Arc::new).collect();
+        let shared: Vec<Arc<Lease>> = listed.items.into_iter().map(Arc::new).collect();
         Ok(heartbeats_of(&shared))
     }
 

@@ -126,16 +126,20 @@ impl NodeBlobs {
 
     /// Puts into `facts` what the plan needs of these holdings for `references` (what the runtime holds,
     /// the images present only lazily), and says which of them the node holds, in order.
-    pub fn plan_facts(self, facts: &mut NodeFacts, references: &[String]) -> Vec<Presence> {
-        let presence: Vec<Presence> = references.iter().map(|r| self.holds(r)).collect();
+    pub fn plan_facts<R: AsRef<str>>(
+        self,
+        facts: &mut NodeFacts,
+        references: &[R],
+    ) -> Vec<Presence> {
+        let presence: Vec<Presence> = references.iter().map(|r| self.holds(r.as_ref())).collect();
         facts.lazy = references
             .iter()
             .zip(&presence)
             .filter(|(_, present)| **present == Some(true))
             .filter_map(|(reference, _)| {
-                let digest = digest_of(reference);
+                let digest = digest_of(reference.as_ref());
                 let lazy = self.lazy.iter().find(|l| l.digest == digest)?;
-                Some((reference.clone(), lazy.remote.clone()))
+                Some((reference.as_ref().to_owned(), lazy.remote.clone()))
             })
             .collect();
         facts.held = match self.basis {
@@ -246,13 +250,13 @@ mod tests {
         assert_eq!(facts.lazy.get(&ref_z), Some(&lazily));
         let images = [
             PlannedImage {
-                reference: &ref_y,
+                reference: ref_y.as_str().into(),
                 facts: &image_y,
                 present: presence[0],
                 lazy: None,
             },
             PlannedImage {
-                reference: &ref_z,
+                reference: ref_z.as_str().into(),
                 facts: &image_z,
                 present: presence[1],
                 lazy: facts.lazy.get(&ref_z),
@@ -282,7 +286,7 @@ mod tests {
             let published = NodeBlobs::published(held, []);
             let presence = published.plan_facts(&mut facts, std::slice::from_ref(&reference));
             let images = [PlannedImage {
-                reference: &reference,
+                reference: reference.as_str().into(),
                 facts: &image_y,
                 present: presence[0],
                 lazy: None,

@@ -21,7 +21,8 @@
 //!   node's agent pulls by its own floor and threshold ([`AgentLimits`]): those decide, and the command
 //!   line's are a what-if (`minFreeSource`, `gcHighSource`: `what-if`) or, for `apply`, left aside.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -157,7 +158,8 @@ pub type Presence = Option<bool>;
 /// One image of the plan, as resolved for this node's platform.
 #[derive(Clone, Debug)]
 pub struct PlannedImage<'a> {
-    pub reference: &'a str,
+    /// Shared with every node's plan of it: one copy of the reference for 5,000 nodes.
+    pub reference: Arc<str>,
     pub facts: &'a ImageFacts,
     pub present: Presence,
     /// Its layers still in the registry, when it is present only lazily.
@@ -371,14 +373,15 @@ pub enum EstimateBasis {
 #[serde(rename_all = "camelCase")]
 pub struct ImagePlan {
     #[serde(rename = "ref")]
-    pub reference: String,
+    pub reference: Arc<str>,
     pub present: Presence,
     pub fetch_bytes: u64,
     pub estimated_disk_bytes: u64,
     pub lazy_format: LazyFormat,
-    /// Present only lazily: its layers still in the registry, whose bytes `fetchBytes` counts.
+    /// Present only lazily: its layers still in the registry, whose bytes `fetchBytes` counts. Boxed: a
+    /// plan holds one of these per node and image, nearly all of them none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lazy: Option<RemoteLayers>,
+    pub lazy: Option<Box<RemoteLayers>>,
     /// The mirror that answered for the image (registries.conf, ImageDigestMirrorSet); absent: the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<String>,
@@ -462,12 +465,12 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
                 };
             }
             ImagePlan {
-                reference: image.reference.to_string(),
+                reference: Arc::clone(&image.reference),
                 present: image.present,
                 fetch_bytes: fetch,
                 estimated_disk_bytes: disk,
                 lazy_format: image.facts.lazy_format(),
-                lazy: image.lazy.cloned(),
+                lazy: image.lazy.cloned().map(Box::new),
                 mirror: image.facts.mirror.clone(),
             }
         })
@@ -692,31 +695,41 @@ pub struct LinkBytes {
     pub direct: u64,
 }
 
-/// [`LinkBytes`] for nodes each planned with its own images (as [`plan_node`] takes them, with what each
-/// node holds); `cached` says whether the blob cache holds a digest.
-pub fn link_bytes<'a>(
-    nodes: impl IntoIterator<Item = (&'a HeldBlobs, &'a [PlannedImage<'a>])>,
-    cached: impl Fn(&str) -> bool,
-) -> LinkBytes {
-    let mut direct = 0;
-    let mut once: BTreeMap<&str, u64> = BTreeMap::new();
-    for (held, images) in nodes {
+/// [`LinkBytes`], counted node by node as each is planned (so that no node's planned images outlive its
+/// plan): with what each node holds, every blob it lacks and the manifests of its missing images.
+#[derive(Debug, Default)]
+pub struct LinkCount<'a> {
+    direct: u64,
+    once: HashMap<&'a str, u64>,
+}
+
+impl<'a> LinkCount<'a> {
+    /// Counts a node planned with `images` (as [`plan_node`] takes them), holding `held`.
+    pub fn add(&mut self, held: &HeldBlobs, images: &[PlannedImage<'a>]) {
         let blobs = lacking(images, held).0.into_iter().flatten();
         let manifests = images
             .iter()
             .filter(|i| i.present != Some(true))
             .map(|i| (i.facts.manifest_digest.as_str(), i.facts.manifest_size));
         for (digest, size) in blobs.map(|b| (b.digest(), b.size())).chain(manifests) {
-            direct += size;
-            once.insert(digest, size);
+            self.direct += size;
+            self.once.insert(digest, size);
         }
     }
-    let fan_out = once
-        .into_iter()
-        .filter(|(digest, _)| !cached(digest))
-        .map(|(_, size)| size)
-        .sum();
-    LinkBytes { fan_out, direct }
+
+    /// What the link carries for the nodes counted; `cached` says whether the blob cache holds a digest.
+    pub fn total(self, cached: impl Fn(&str) -> bool) -> LinkBytes {
+        let fan_out = self
+            .once
+            .into_iter()
+            .filter(|(digest, _)| !cached(digest))
+            .map(|(_, size)| size)
+            .sum();
+        LinkBytes {
+            fan_out,
+            direct: self.direct,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -727,6 +740,18 @@ mod tests {
     use crate::model::image::{ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, Layer};
 
     const MI: u64 = 1 << 20;
+
+    /// [`LinkCount`] of `nodes`.
+    fn link_bytes<'a>(
+        nodes: impl IntoIterator<Item = (&'a HeldBlobs, &'a [PlannedImage<'a>])>,
+        cached: impl Fn(&str) -> bool,
+    ) -> LinkBytes {
+        let mut count = LinkCount::default();
+        for (held, images) in nodes {
+            count.add(held, images);
+        }
+        count.total(cached)
+    }
 
     fn layer(digest: &str, size: u64, uncompressed: Option<u64>) -> Layer {
         let mut annotations = BTreeMap::new();
@@ -795,13 +820,13 @@ mod tests {
         };
         let images = [
             PlannedImage {
-                reference: "lazy",
+                reference: "lazy".into(),
                 facts: &lazy,
                 present: Some(true),
                 lazy: Some(&remote),
             },
             PlannedImage {
-                reference: "missing",
+                reference: "missing".into(),
                 facts: &missing,
                 present: Some(false),
                 lazy: None,
@@ -815,7 +840,7 @@ mod tests {
         let plan = plan_node(&node, &images, &limits(MI));
         assert_eq!(plan.images[0].fetch_bytes, 12 * MI, "its two remote layers");
         assert_eq!(plan.images[0].estimated_disk_bytes, 0, "not for the disk");
-        assert_eq!(plan.images[0].lazy.as_ref(), Some(&remote));
+        assert_eq!(plan.images[0].lazy.as_deref(), Some(&remote));
         assert_eq!(plan.images[0].present, Some(true));
         // The layer both share is fetched once, for the first image that needs it.
         assert_eq!(plan.images[1].fetch_bytes, 2 * MI + 1000);
@@ -845,7 +870,7 @@ mod tests {
         own.diff_id = Some("diff-own".into());
         let y = image("cy", vec![base, own]);
         let images = [PlannedImage {
-            reference: "y",
+            reference: "y".into(),
             facts: &y,
             present: Some(false),
             lazy: None,
@@ -885,7 +910,7 @@ mod tests {
         let mut unread = y.clone();
         unread.layers[0].diff_id = None;
         let images = [PlannedImage {
-            reference: "y",
+            reference: "y".into(),
             facts: &unread,
             present: Some(false),
             lazy: None,
@@ -907,19 +932,19 @@ mod tests {
         let c = image("cc", vec![layer("c1", MI, None)]);
         let images = [
             PlannedImage {
-                reference: "a",
+                reference: "a".into(),
                 facts: &a,
                 present: Some(false),
                 lazy: None,
             },
             PlannedImage {
-                reference: "b",
+                reference: "b".into(),
                 facts: &b,
                 present: Some(false),
                 lazy: None,
             },
             PlannedImage {
-                reference: "c",
+                reference: "c".into(),
                 facts: &c,
                 present: Some(true),
                 lazy: None,
@@ -950,13 +975,13 @@ mod tests {
         let missing = image("cm", vec![base, layer("m1", MI, Some(3 * MI))]);
         let images = [
             PlannedImage {
-                reference: "missing",
+                reference: "missing".into(),
                 facts: &missing,
                 present: Some(false),
                 lazy: None,
             },
             PlannedImage {
-                reference: "present",
+                reference: "present".into(),
                 facts: &present,
                 present: Some(true),
                 lazy: None,
@@ -977,7 +1002,7 @@ mod tests {
     fn an_agents_own_floor_decides_and_a_given_flag_is_a_what_if() {
         let big = image("c", vec![layer("l", 10 * MI, None)]); // 20 MiB + 1000 B on disk
         let images = [PlannedImage {
-            reference: "big",
+            reference: "big".into(),
             facts: &big,
             present: Some(false),
             lazy: None,
@@ -1050,7 +1075,7 @@ mod tests {
     fn verdicts_follow_the_floor_and_the_gc_threshold() {
         let big = image("c", vec![layer("l", 50 * MI, None)]); // 100 MiB + 1000 B on disk
         let images = [PlannedImage {
-            reference: "big",
+            reference: "big".into(),
             facts: &big,
             present: Some(false),
             lazy: None,
@@ -1094,7 +1119,7 @@ mod tests {
     fn unknown_figures_give_unknown_never_a_guess() {
         let img = image("c", vec![layer("l", MI, None)]);
         let images = [PlannedImage {
-            reference: "i",
+            reference: "i".into(),
             facts: &img,
             present: None,
             lazy: None,
@@ -1146,13 +1171,13 @@ mod tests {
         let planned = |a_present, b_present| {
             [
                 PlannedImage {
-                    reference: "a",
+                    reference: "a".into(),
                     facts: &a,
                     present: Some(a_present),
                     lazy: None,
                 },
                 PlannedImage {
-                    reference: "b",
+                    reference: "b".into(),
                     facts: &b,
                     present: Some(b_present),
                     lazy: None,
@@ -1198,7 +1223,7 @@ mod tests {
     fn json_uses_the_documented_field_names() {
         let img = image("c", vec![layer("l", MI, None)]);
         let images = [PlannedImage {
-            reference: "r",
+            reference: "r".into(),
             facts: &img,
             present: Some(false),
             lazy: None,

@@ -97,7 +97,7 @@ fn node_plan(
         images: images
             .iter()
             .map(|(reference, bytes)| ImagePlan {
-                reference: reference.to_string(),
+                reference: (*reference).into(),
                 present: Some(*bytes == 0),
                 fetch_bytes: *bytes,
                 estimated_disk_bytes: 2 * bytes,

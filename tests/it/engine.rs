@@ -113,7 +113,7 @@ async fn jobs(
         let planned: Vec<PlannedImage> = references
             .iter()
             .map(|r| PlannedImage {
-                reference: r,
+                reference: r.as_str().into(),
                 facts: &facts[r],
                 present: seen.presence[r],
                 lazy: None,

@@ -20,7 +20,7 @@ use super::{
     Applied, ApplyOptions, ApplyProgress, Events, Fleet, ReadingRegistry, RolloutControl,
     SetDeleted, SetSources, Traits, UnpinOptions, Unpinned,
 };
-use crate::backend::kube::ConnectOptions;
+use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::lazy::Apply;
 use crate::backend::pinboard_api::{AgentsError, PinboardApi};
 use crate::backend::registry::{Registry, RegistryOptions};
@@ -76,14 +76,13 @@ impl AgentsFleet {
         Connected::open(&self.config.connect, &self.config.namespace, images).await
     }
 
-    /// Connected, with the sets `sources` names: read from files, releases and flags, or named on the
+    /// The sets `sources` names: read from files, releases and flags, and the names of sets on the
     /// cluster.
-    async fn wanted(
+    async fn named(
         &self,
         sources: &SetSources,
         registry: &Registry,
-        images: bool,
-    ) -> Result<(Connected, Vec<WantedSet>), Failure> {
+    ) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
         let (files, names) = sources.split_names();
         let sets = match files.is_empty() {
             true => Vec::new(),
@@ -95,17 +94,34 @@ impl AgentsFleet {
                  on the cluster), --images-file FILE, --image REF or --release PULLSPEC",
             ));
         }
-        let connected = self.open(images).await?;
+        Ok((sets, names))
+    }
+
+    /// Connected, every node's images watched too, with the sets `sources` names.
+    async fn wanted(
+        &self,
+        sources: &SetSources,
+        registry: &Registry,
+    ) -> Result<(Connected, Vec<WantedSet>), Failure> {
+        let (sets, names) = self.named(sources, registry).await?;
+        let connected = self.open(true).await?;
         let wanted = connected.wanted(sets, names)?;
         Ok((connected, wanted))
     }
 
+    /// The sets planned on the cluster as the API server's watch cache has it now, read once: a plan
+    /// watches nothing, and reads no node's image list.
     async fn plan_sets(&self, sources: &SetSources) -> Result<Survey, Failure> {
         let registry = self.reading_registry()?;
-        let (connected, wanted) = self.wanted(sources, &registry, false).await?;
-        let sets: Vec<ImageSet> = wanted.into_iter().map(|w| w.set).collect();
-        let view = (&connected.api, &connected.view);
-        self.survey_view(view, &sets, &registry, self.config.limits)
+        let (sets, names) = self.named(sources, &registry).await?;
+        let client = connect(&self.config.connect).await?;
+        let api = PinboardApi::discover(client, &self.config.namespace).await?;
+        let view = api.snapshot().await?;
+        let sets: Vec<ImageSet> = session::wanted_in(&view, sets, names)?
+            .into_iter()
+            .map(|w| w.set)
+            .collect();
+        self.survey_view((&api, &view), &sets, &registry, self.config.limits)
             .await
     }
 
@@ -137,7 +153,7 @@ impl AgentsFleet {
         wait: Option<Duration>,
     ) -> Result<Readiness, Failure> {
         let registry = self.reading_registry()?;
-        let (mut connected, wanted) = self.wanted(sources, &registry, true).await?;
+        let (mut connected, wanted) = self.wanted(sources, &registry).await?;
         Ok(match wait {
             Some(limit) => connected.wait(&wanted, limit).await,
             None => connected.readiness(&wanted),

@@ -52,8 +52,8 @@ impl Watched for Connected {
 
 impl Connected {
     /// Connects, finds pinboard's API and waits for the first complete view, with every node's `images`
-    /// when asked (what readiness judges by; a plan does not need them); exit 3 when the API server does
-    /// not answer, naming what failed.
+    /// when asked (what readiness judges by); exit 3 when the API server does not answer, naming what
+    /// failed.
     pub(super) async fn open(
         options: &ConnectOptions,
         namespace: &str,
@@ -132,12 +132,22 @@ impl Connected {
         files: Vec<ImageSet>,
         names: Vec<String>,
     ) -> Result<Vec<WantedSet>, Failure> {
-        wanted_sets(
-            files,
-            names,
-            |name| self.view.set(name).map(|s| s.to_image_set()),
-            || self.view.sets.iter().map(|s| s.name().to_owned()).collect(),
-        )
-        .map_err(|sets| unknown_sets(sets, "PinSet", "a set YAML file"))
+        wanted_in(&self.view, files, names)
     }
+}
+
+/// The sets `files` and `names` name in `view`: those read from files, and those named on the cluster
+/// (each must be there).
+pub(super) fn wanted_in(
+    view: &AgentsView,
+    files: Vec<ImageSet>,
+    names: Vec<String>,
+) -> Result<Vec<WantedSet>, Failure> {
+    wanted_sets(
+        files,
+        names,
+        |name| view.set(name).map(|s| s.to_image_set()),
+        || view.sets.iter().map(|s| s.name().to_owned()).collect(),
+    )
+    .map_err(|sets| unknown_sets(sets, "PinSet", "a set YAML file"))
 }
