@@ -22,6 +22,7 @@
 //!   cache ([`cache`]); every agent points its node at it while a fan-out set rolls out ([`fan_out`]).
 
 mod aggregate;
+mod blobs;
 mod cache;
 mod facts;
 mod fan_out;
@@ -245,6 +246,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         metrics,
         recorder: Recorder::new(api.client().clone(), &node),
         report_uid: None,
+        blobs: blobs::Publisher::default(),
         events,
         api,
         target,
@@ -306,6 +308,8 @@ struct Agent {
     report_uid: Option<String>,
     /// The metrics page as last made, and the listener serving it (`--metrics-port`).
     metrics: Option<(Arc<Mutex<String>>, Server)>,
+    /// What the runtime holds, published for the plans.
+    blobs: blobs::Publisher,
     events: UnboundedSender<FleetEvent>,
 }
 
@@ -686,6 +690,7 @@ impl Agent {
             }
         }
         let mut facts = facts::read(&self.target, self.api.client(), self.timeout).await;
+        self.blobs.read(&self.target, self.timeout).await;
         // The wish's failure is what an administrator asking for it needs to see, in the report.
         if refused.is_some() {
             facts.lazy_pulling_error = refused;
@@ -699,9 +704,11 @@ impl Agent {
         let Some(node) = &self.node else {
             return;
         };
+        self.blobs.publish(&self.api, node).await;
         let mut report = self.state.facts().clone();
         report.sets = self.state.reports().cloned().collect();
         report.cache = self.cache_report.clone();
+        report.limits = Some(crate::model::plan::AgentLimits::of(&self.limits));
         let sent = serde_json::to_value(&report).unwrap_or_default();
         let detail = report.image_detail();
         let report_due = self.written.as_ref() != Some(&sent);

@@ -66,7 +66,7 @@ pub(super) async fn run_node(
         .plan
         .images
         .iter()
-        .map(|i| i.reference.clone())
+        .map(|i| i.reference.to_string())
         .collect();
     let statuses = client.image_records(&order, true).await;
     let runtime = Runtime::identify(&version.runtime_name, &version.runtime_version);
@@ -116,8 +116,8 @@ pub(super) async fn run_node(
             .plan
             .images
             .iter()
-            .find(|i| &i.reference == image)
-            .and_then(|i| i.lazy.as_ref());
+            .find(|i| *i.reference == **image)
+            .and_then(|i| i.lazy.as_deref());
         shared.emit(match lazy {
             // Its runtime would pull it lazily again: the readiness check after says how to make it local.
             Some(lazy) => Event::ImageLazy {
@@ -224,8 +224,8 @@ impl NodeRun {
             _ => (
                 plan.images
                     .iter()
-                    .filter(|i| to_pull.contains(&i.reference))
-                    .filter(|i| self.status.get(&i.reference) == Some(&Status::Ok))
+                    .filter(|i| to_pull.iter().any(|r| **r == *i.reference))
+                    .filter(|i| self.status.get(&*i.reference) == Some(&Status::Ok))
                     .map(|i| i.fetch_bytes)
                     .sum(),
                 FetchedSource::Plan,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use serde_json::Value;
-use support::agents::AgentsLab;
+use support::agents::{AgentsLab, AgentsSetup};
 use support::crio::CrioStandIn;
 use support::kube_objects::{apply_yaml, wait_for};
 use support::{
@@ -36,13 +36,18 @@ async fn cache_lab(name: &str, registry: RegistrySetup) -> AgentsLab {
 /// [`cache_lab`], every agent with `more` arguments.
 async fn cache_lab_with(name: &str, registry: RegistrySetup, more: &[&str]) -> AgentsLab {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    let mut args = vec![
+    let mut agent_args = vec![
         "--insecure-registry={proxy}".to_string(),
         format!("--cache-port={CACHE_PORT}"),
         "--cache-dir={lab}/cache-{node}".into(),
     ];
-    args.extend(more.iter().map(|a| a.to_string()));
-    AgentsLab::start_with(name, nodes, None, args, registry).await
+    agent_args.extend(more.iter().map(|a| a.to_string()));
+    let setup = AgentsSetup {
+        agent_args,
+        registry,
+        ..AgentsSetup::default()
+    };
+    AgentsLab::start_with(name, nodes, None, setup).await
 }
 
 /// `count` images, each of a base layer shared by all and a layer of its own.
@@ -443,15 +448,11 @@ async fn the_caches_holder_restarted_at_the_default_heartbeat_serves_before_the_
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cache_gone_for_good_sends_the_nodes_to_the_source_and_their_reports_say_so() {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    let proxy_args = vec!["--insecure-registry={proxy}".to_string()];
-    let mut lab = AgentsLab::start_with(
-        "agents-fanout-gone",
-        nodes,
-        None,
-        proxy_args,
-        RegistrySetup::default(),
-    )
-    .await;
+    let setup = AgentsSetup {
+        agent_args: vec!["--insecure-registry={proxy}".to_string()],
+        ..AgentsSetup::default()
+    };
+    let mut lab = AgentsLab::start_with("agents-fanout-gone", nodes, None, setup).await;
     // Only n1's agent may hold the cache.
     let cache_dir = format!("--cache-dir={}/cache-n1", lab.lab.dir().display());
     lab.stop_agent("n1");
