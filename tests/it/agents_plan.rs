@@ -48,7 +48,7 @@ fn node_plan(run: &support::Run, node: &str) -> Value {
         .unwrap_or_else(|| panic!("no {node} in {plan}"))
 }
 
-/// Waits until `node`'s agent has published that its runtime holds the image `digest`.
+/// Waits until `node`'s agent has reported, and published that its runtime holds the image `digest`.
 async fn wait_published(lab: &AgentsLab, node: &str, digest: &str) {
     wait_for(&format!("{node} publishes {digest}"), WAIT, || async {
         let objects = lab.objects("PinboardNodeBlobs", "pinboardnodeblobs").await;
@@ -60,9 +60,15 @@ async fn wait_published(lab: &AgentsLab, node: &str, digest: &str) {
         let held = images
             .and_then(|text| DigestPrefixes::from_base64(text).ok())
             .and_then(|prefixes| prefixes.contains(digest));
-        (held == Some(true))
+        // A plan takes a node's holdings only with its report: an agent's first publishes a moment before.
+        let reported = lab
+            .reports()
+            .await
+            .iter()
+            .any(|r| r["metadata"]["name"] == node);
+        (held == Some(true) && reported)
             .then_some(())
-            .ok_or(format!("{status:?}"))
+            .ok_or(format!("reported: {reported}, {status:?}"))
     })
     .await;
 }
