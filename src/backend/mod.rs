@@ -26,6 +26,7 @@ pub mod readiness;
 pub mod registries_conf;
 pub mod registry;
 pub mod remote_layers;
+pub mod stargz;
 pub mod target;
 pub mod tls_probe;
 pub mod toml_doc;

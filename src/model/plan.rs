@@ -631,10 +631,7 @@ mod tests {
             ],
         );
         let missing = image("cm", vec![shared, layer("m1", 2 * MI, None)]);
-        let remote = RemoteLayers {
-            remote_layers: vec![1, 2],
-            layers: 3,
-        };
+        let remote = RemoteLayers::of(&[false, true, true]).unwrap();
         let images = [
             PlannedImage {
                 reference: "lazy",
