@@ -30,6 +30,7 @@ pub mod stargz;
 pub mod target;
 pub mod tls_probe;
 pub mod toml_doc;
+pub mod whole;
 pub mod wiring;
 
 /// At most `max` characters of `text`, with `...` when cut: remote error bodies can be long.

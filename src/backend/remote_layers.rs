@@ -72,10 +72,19 @@ async fn containerd(
     client: &CriClient,
     images: &[&Image],
 ) -> Result<Vec<Option<RemoteLayers>>, CriError> {
-    let holdings = containerd_holdings(client).await?;
+    let Some(mut holdings) = containerd_holdings(client).await? else {
+        return Ok(vec![None; images.len()]);
+    };
+    if client.endpoint().is_local() && REMOTE_SNAPSHOTTERS.contains(&holdings.snapshotter()) {
+        let image_fs = client.image_fs_info().await.ok().and_then(|fs| {
+            let id = fs.image_filesystems.into_iter().next()?.fs_id?;
+            Some(PathBuf::from(id.mountpoint))
+        });
+        holdings = holdings.with_fetch(layer_states(image_fs, STATES_WITHIN).await);
+    }
     Ok(images
         .iter()
-        .map(|i| holdings.as_ref()?.remote_layers(&i.id))
+        .map(|i| holdings.remote_layers(&i.id))
         .collect())
 }
 
@@ -105,17 +114,11 @@ pub async fn containerd_holdings(
         }
         Err(e) => return Err(e),
     };
-    let holdings = ContainerdHoldings::new(&snapshotter, content, snapshots);
-    if !client.endpoint().is_local() || !REMOTE_SNAPSHOTTERS.contains(&snapshotter.as_str()) {
-        return Ok(Some(holdings));
-    }
-    let image_fs = client.image_fs_info().await.ok().and_then(|fs| {
-        let id = fs.image_filesystems.into_iter().next()?.fs_id?;
-        Some(PathBuf::from(id.mountpoint))
-    });
-    Ok(Some(
-        holdings.with_fetch(layer_states(image_fs, STATES_WITHIN).await),
-    ))
+    Ok(Some(ContainerdHoldings::new(
+        &snapshotter,
+        content,
+        snapshots,
+    )))
 }
 
 /// Every snapshot of `snapshotter` in the `k8s.io` namespace, by name.

@@ -492,6 +492,11 @@ impl ContainerdHoldings {
         &self.snapshotter
     }
 
+    /// Why the snapshotter's snapshots could not be listed, when they could not.
+    pub fn unserved_reason(&self) -> Option<&str> {
+        self.unserved.as_deref()
+    }
+
     /// The snapshot called `name`.
     pub fn snapshot(&self, name: &str) -> Option<&ContainerdSnapshot> {
         self.snapshots.get(name)
