@@ -62,7 +62,7 @@ pub struct LazyPulling {
     /// Whether the runtime itself reports it in force; None where it cannot say (CRI-O, a cluster pool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_force: Option<bool>,
-    /// In words: `on (stargz, in force)`, `on after restart`, `configured but store not mounted`, `off`.
+    /// In words: `on (stargz, in force)`, `on after restart`, `configured but store not serving`, `off`.
     pub text: String,
     /// What else is worth knowing: why a store counts as not mounted, the restart that applies it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,7 +85,7 @@ impl LazyPulling {
             (LazyState::On, Some(via), _) => format!("on ({via})"),
             (LazyState::On, None, _) => "on".into(),
             (LazyState::OnAfterRestart, ..) => "on after restart".into(),
-            (LazyState::StoreNotMounted, ..) => "configured but store not mounted".into(),
+            (LazyState::StoreNotMounted, ..) => "configured but store not serving".into(),
             (LazyState::OffAfterRestart, ..) => "off after restart".into(),
             (LazyState::Off, ..) => "off".into(),
         };
@@ -113,10 +113,10 @@ impl LazyPulling {
         LazyPulling::new(state, None, None, None)
     }
 
-    /// The words where a table cell is narrow: the same, but `store not mounted`.
+    /// The words where a table cell is narrow: the same, but `store not serving`.
     pub fn short(&self) -> &str {
         match self.state {
-            LazyState::StoreNotMounted => "store not mounted",
+            LazyState::StoreNotMounted => "store not serving",
             _ => &self.text,
         }
     }
@@ -804,7 +804,7 @@ mod tests {
             state(true, Some("stargz"), false),
             (
                 LazyState::StoreNotMounted,
-                "configured but store not mounted".into()
+                "configured but store not serving".into()
             )
         );
         assert_eq!(

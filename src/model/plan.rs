@@ -9,7 +9,7 @@
 //!   missing images is counted once, for the first image in set order that needs it (so per-image figures
 //!   add up to the node's). Where the runtime cannot say what it holds, `fetchBasis` is `upper-bound`. An
 //!   image present only lazily ([`RemoteLayers`]) still needs its remote layers from the registry: they
-//!   count here, for the link, and not for the disk.
+//!   count here, and on the disk too, as pre-loading pulls it whole ([`super::whole`]).
 //! - `estimatedDiskBytes`: for those same layers, the uncompressed size where an annotation gives it, else
 //!   twice the compressed size (the OpenShift daemon's rule); configs count as stored. `estimateBasis` says
 //!   which rule was used.
@@ -79,10 +79,9 @@ impl HeldBlobs {
             (HeldBlobs::Layers { configs, .. }, Lacking::Config { digest, .. }) => {
                 Some(configs.contains(*digest))
             }
-            (
-                HeldBlobs::Layers { diff_ids, .. },
-                Lacking::Layer(layer) | Lacking::Remote(layer),
-            ) => layer.diff_id.as_ref().map(|id| diff_ids.contains(id)),
+            (HeldBlobs::Layers { diff_ids, .. }, Lacking::Layer(layer)) => {
+                layer.diff_id.as_ref().map(|id| diff_ids.contains(id))
+            }
         }
     }
 
@@ -308,8 +307,6 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
                 disk += match blob {
                     // Configs are stored as they are.
                     Lacking::Config { size, .. } => size,
-                    // On the disk already, as far as the runtime is concerned: only the link is needed.
-                    Lacking::Remote(_) => 0,
                     Lacking::Layer(layer) => match layer.uncompressed_size() {
                         Some(size) => {
                             with_size += 1;
@@ -439,26 +436,26 @@ fn blob_digests(facts: &ImageFacts) -> impl Iterator<Item = &str> {
         .chain(facts.layers.iter().map(|l| l.digest.as_str()))
 }
 
-/// A blob a node lacks: a config or a layer, or a layer of a lazily present image still in the registry.
+/// A blob a node lacks: a config or a layer (a layer of a lazily present image still in the registry
+/// among them: pre-loading pulls it whole, onto the disk).
 #[derive(Clone, Copy, Debug)]
 enum Lacking<'a> {
     Config { digest: &'a str, size: u64 },
     Layer(&'a Layer),
-    Remote(&'a Layer),
 }
 
 impl<'a> Lacking<'a> {
     fn digest(&self) -> &'a str {
         match self {
             Lacking::Config { digest, .. } => digest,
-            Lacking::Layer(layer) | Lacking::Remote(layer) => &layer.digest,
+            Lacking::Layer(layer) => &layer.digest,
         }
     }
 
     fn size(&self) -> u64 {
         match self {
             Lacking::Config { size, .. } => *size,
-            Lacking::Layer(layer) | Lacking::Remote(layer) => layer.size,
+            Lacking::Layer(layer) => layer.size,
         }
     }
 }
@@ -496,7 +493,7 @@ fn lacking<'a>(
             if image.present == Some(true) {
                 // Still read from the registry, whatever the content store holds.
                 return remote_layers(image)
-                    .map(Lacking::Remote)
+                    .map(Lacking::Layer)
                     .filter(|blob| counted.insert(blob.digest()))
                     .collect();
             }
@@ -620,7 +617,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lazily_present_images_remote_layers_are_fetched_over_the_link_not_onto_the_disk() {
+    fn a_lazily_present_images_remote_layers_are_still_to_fetch_and_to_write() {
         let shared = layer("shared", 8 * MI, None);
         let lazy = image(
             "cl",
@@ -653,13 +650,17 @@ mod tests {
         };
         let plan = plan_node(&node, &images, &limits(MI));
         assert_eq!(plan.images[0].fetch_bytes, 12 * MI, "its two remote layers");
-        assert_eq!(plan.images[0].estimated_disk_bytes, 0, "not for the disk");
+        assert_eq!(
+            plan.images[0].estimated_disk_bytes,
+            24 * MI,
+            "pulled whole: onto the disk, twice compressed without an uncompressed size"
+        );
         assert_eq!(plan.images[0].lazy.as_ref(), Some(&remote));
         assert_eq!(plan.images[0].present, Some(true));
         // The layer both share is fetched once, for the first image that needs it.
         assert_eq!(plan.images[1].fetch_bytes, 2 * MI + 1000);
         assert_eq!(plan.fetch_bytes, 14 * MI + 1000);
-        assert_eq!(plan.estimated_disk_bytes, 4 * MI + 1000);
+        assert_eq!(plan.estimated_disk_bytes, 28 * MI + 1000);
         let json = serde_json::to_value(&plan.images[0]).unwrap();
         assert_eq!(json["lazy"]["remoteLayers"], serde_json::json!([1, 2]));
         assert!(
