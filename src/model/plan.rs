@@ -9,7 +9,8 @@
 //!   missing images is counted once, for the first image in set order that needs it (so per-image figures
 //!   add up to the node's). Where the runtime cannot say what it holds, `fetchBasis` is `upper-bound`. An
 //!   image present only lazily ([`RemoteLayers`]) still needs its remote layers from the registry: they
-//!   count here, and on the disk too, as pre-loading pulls it whole ([`super::whole`]).
+//!   count here, and for the disk too on containerd, where pre-loading pulls it whole
+//!   ([`super::whole`]); CRI-O's stays lazy.
 //! - `estimatedDiskBytes`: for those same layers, the uncompressed size where an annotation gives it, else
 //!   twice the compressed size (the OpenShift daemon's rule); configs count as stored. `estimateBasis` says
 //!   which rule was used.
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::image::{ImageFacts, Layer, LazyFormat};
 use super::lazy::RemoteLayers;
 use super::machine_config::KubeletSettings;
+use super::runtime::RuntimeKind;
 use super::units::{human, human_signed};
 
 /// What is known about a node before planning. `None` means unknown, never zero.
@@ -79,9 +81,10 @@ impl HeldBlobs {
             (HeldBlobs::Layers { configs, .. }, Lacking::Config { digest, .. }) => {
                 Some(configs.contains(*digest))
             }
-            (HeldBlobs::Layers { diff_ids, .. }, Lacking::Layer(layer)) => {
-                layer.diff_id.as_ref().map(|id| diff_ids.contains(id))
-            }
+            (
+                HeldBlobs::Layers { diff_ids, .. },
+                Lacking::Layer(layer) | Lacking::Remote(layer),
+            ) => layer.diff_id.as_ref().map(|id| diff_ids.contains(id)),
         }
     }
 
@@ -297,6 +300,13 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
     let (mut with_size, mut without_size) = (0usize, 0usize);
     let unknown_presence = images.iter().filter(|i| i.present.is_none()).count();
     let (lacking, fetch_basis) = lacking(images, &node.held);
+    // containerd nodes pull a lazily present image whole ([`super::whole`]); elsewhere it stays lazy.
+    let pulls_whole = node
+        .runtime
+        .as_deref()
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(RuntimeKind::of_cri_name)
+        == Some(RuntimeKind::Containerd);
     let image_plans: Vec<ImagePlan> = images
         .iter()
         .zip(lacking)
@@ -307,16 +317,20 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
                 disk += match blob {
                     // Configs are stored as they are.
                     Lacking::Config { size, .. } => size,
-                    Lacking::Layer(layer) => match layer.uncompressed_size() {
-                        Some(size) => {
-                            with_size += 1;
-                            size
+                    // Only the link is needed where the image stays lazy.
+                    Lacking::Remote(_) if !pulls_whole => 0,
+                    Lacking::Layer(layer) | Lacking::Remote(layer) => {
+                        match layer.uncompressed_size() {
+                            Some(size) => {
+                                with_size += 1;
+                                size
+                            }
+                            None => {
+                                without_size += 1;
+                                layer.size.saturating_mul(2)
+                            }
                         }
-                        None => {
-                            without_size += 1;
-                            layer.size.saturating_mul(2)
-                        }
-                    },
+                    }
                 };
             }
             ImagePlan {
@@ -436,26 +450,26 @@ fn blob_digests(facts: &ImageFacts) -> impl Iterator<Item = &str> {
         .chain(facts.layers.iter().map(|l| l.digest.as_str()))
 }
 
-/// A blob a node lacks: a config or a layer (a layer of a lazily present image still in the registry
-/// among them: pre-loading pulls it whole, onto the disk).
+/// A blob a node lacks: a config or a layer, or a layer of a lazily present image still in the registry.
 #[derive(Clone, Copy, Debug)]
 enum Lacking<'a> {
     Config { digest: &'a str, size: u64 },
     Layer(&'a Layer),
+    Remote(&'a Layer),
 }
 
 impl<'a> Lacking<'a> {
     fn digest(&self) -> &'a str {
         match self {
             Lacking::Config { digest, .. } => digest,
-            Lacking::Layer(layer) => &layer.digest,
+            Lacking::Layer(layer) | Lacking::Remote(layer) => &layer.digest,
         }
     }
 
     fn size(&self) -> u64 {
         match self {
             Lacking::Config { size, .. } => *size,
-            Lacking::Layer(layer) => layer.size,
+            Lacking::Layer(layer) | Lacking::Remote(layer) => layer.size,
         }
     }
 }
@@ -493,7 +507,7 @@ fn lacking<'a>(
             if image.present == Some(true) {
                 // Still read from the registry, whatever the content store holds.
                 return remote_layers(image)
-                    .map(Lacking::Layer)
+                    .map(Lacking::Remote)
                     .filter(|blob| counted.insert(blob.digest()))
                     .collect();
             }
@@ -661,6 +675,15 @@ mod tests {
         assert_eq!(plan.images[1].fetch_bytes, 2 * MI + 1000);
         assert_eq!(plan.fetch_bytes, 14 * MI + 1000);
         assert_eq!(plan.estimated_disk_bytes, 28 * MI + 1000);
+        let crio = NodeFacts {
+            runtime: Some("cri-o 1.31.0".into()),
+            ..node.clone()
+        };
+        assert_eq!(
+            plan_node(&crio, &images, &limits(MI)).images[0].estimated_disk_bytes,
+            0,
+            "CRI-O's stays lazy: only the link"
+        );
         let json = serde_json::to_value(&plan.images[0]).unwrap();
         assert_eq!(json["lazy"]["remoteLayers"], serde_json::json!([1, 2]));
         assert!(
