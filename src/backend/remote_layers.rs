@@ -37,6 +37,8 @@ use crate::model::runtime::RuntimeKind;
 
 /// The CRI plugin's label naming the layer a snapshot was pulled for.
 const LAYER_DIGEST_LABEL: &str = "containerd.io/snapshot/cri.layer-digest";
+/// The CRI plugin's label naming the reference a snapshot was pulled by.
+const IMAGE_REF_LABEL: &str = "containerd.io/snapshot/cri.image-ref";
 /// How long stargz's layer mounts get to say what they fetched.
 const STATES_WITHIN: Duration = Duration::from_secs(2);
 
@@ -142,6 +144,7 @@ async fn snapshots(
                     remote: info.labels.contains_key(REMOTE_SNAPSHOT_LABEL),
                     committed: info.kind == Kind::Committed as i32,
                     layer: info.labels.get(LAYER_DIGEST_LABEL).cloned(),
+                    image: info.labels.get(IMAGE_REF_LABEL).cloned(),
                     parent: info.parent,
                 };
                 snapshots.insert(info.name, snapshot);

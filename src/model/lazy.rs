@@ -314,8 +314,9 @@ pub struct RemoteLayers {
     /// where pinboard can read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fetched: Option<Fetched>,
-    /// Set when the snapshotter that serves the remote layers does not answer: why. No container can start
-    /// from the image then.
+    /// Set when the snapshotter that serves the image's layers does not answer: why. No container can start
+    /// from the image then, and which of its layers are remote cannot be told but by their blobs: those
+    /// absent (`remoteLayers`, which may then be empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unserved: Option<String>,
 }
@@ -351,8 +352,12 @@ impl RemoteLayers {
         })
     }
 
-    /// `3 of 5 layers remote`, then `, 6 % fetched` or `, not served` when known.
+    /// `3 of 5 layers remote`, then `, 6 % fetched` or `, not served` when known; `layers not served` for
+    /// an image whose blobs are all here but whose snapshotter does not answer.
     pub fn count(&self) -> String {
+        if self.remote_layers.is_empty() {
+            return "layers not served".into();
+        }
         let mut words = remote_count(self.remote_layers.len(), self.layers);
         if self.unserved.is_some() {
             words.push_str(", not served");
@@ -362,9 +367,12 @@ impl RemoteLayers {
         words
     }
 
-    /// `lazy (3 of 5 layers remote, 6 % fetched)`.
+    /// `lazy (3 of 5 layers remote, 6 % fetched)`; `unreadable (layers not served)`.
     pub fn words(&self) -> String {
-        format!("lazy ({})", self.count())
+        match self.remote_layers.is_empty() {
+            true => format!("unreadable ({})", self.count()),
+            false => format!("lazy ({})", self.count()),
+        }
     }
 }
 
@@ -380,14 +388,16 @@ pub fn lazy_words(remote: usize, layers: usize) -> String {
 }
 
 /// One containerd snapshot: its parent (empty for a bottom layer), whether it is remote, whether it is
-/// committed (an image layer; an active one is a container's root filesystem), and the layer it was
-/// pulled for (the CRI plugin's `containerd.io/snapshot/cri.layer-digest`), when it says.
+/// committed (an image layer; an active one is a container's root filesystem), and the layer and image
+/// it was pulled for (the CRI plugin's `containerd.io/snapshot/cri.layer-digest` and `…/cri.image-ref`),
+/// when it says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ContainerdSnapshot {
     pub parent: String,
     pub remote: bool,
     pub committed: bool,
     pub layer: Option<String>,
+    pub image: Option<String>,
 }
 
 /// What stargz-snapshotter says of one layer it serves: its compressed size and the bytes fetched.
@@ -526,6 +536,25 @@ impl ContainerdHoldings {
         self.layers_of.get(config).map(Vec::as_slice)
     }
 
+    /// The manifest (its digest) whose labels name `config` as its config.
+    pub fn manifest_of(&self, config: &str) -> Option<&str> {
+        self.content
+            .iter()
+            .find(|(_, labels)| labels.get(CONFIG_REF_LABEL).is_some_and(|c| c == config))
+            .map(|(digest, _)| digest.as_str())
+    }
+
+    /// The reference the image whose config is `config` was pulled by, as its remote snapshots name it
+    /// (the topmost that does).
+    pub fn reference_of(&self, config: &str) -> Option<&str> {
+        let label = format!("{SNAPSHOT_REF_LABEL}{}", self.snapshotter);
+        let top = self.content.get(config)?.get(&label)?;
+        self.chain(top)?
+            .into_iter()
+            .rev()
+            .find_map(|name| self.snapshots.get(name)?.image.as_deref())
+    }
+
     /// The snapshot chain, bottom first, from `top`; None when it is broken.
     pub fn chain<'a>(&'a self, top: &'a str) -> Option<Vec<&'a str>> {
         layer_chain(top, |name| {
@@ -537,20 +566,23 @@ impl ContainerdHoldings {
 
     /// The remote layers of the image whose config is `config` (CRI's image ID): a layer is remote when
     /// its snapshot carries the remote label, or its blob is not in the content store while its snapshot
-    /// exists; with what the snapshotter fetched of them. When the snapshotter does not answer, a layer
-    /// whose blob is absent is remote, and unserved. None when none is, or the image is not unpacked for
-    /// the CRI plugin's snapshotter.
+    /// exists; with what the snapshotter fetched of them. When the snapshotter does not answer, every
+    /// image unpacked for it is unserved, its layers whose blobs are absent remote. None when none is, or
+    /// the image is not unpacked for the CRI plugin's snapshotter.
     pub fn remote_layers(&self, config: &str) -> Option<RemoteLayers> {
-        if let Some(why) = &self.unserved {
-            let digests = self.layers_of.get(config)?;
-            let remote: Vec<bool> = digests.iter().map(|d| !self.has_blob(d)).collect();
-            return RemoteLayers::of(&remote).map(|lazy| RemoteLayers {
-                unserved: Some(why.clone()),
-                ..lazy
-            });
-        }
         let label = format!("{SNAPSHOT_REF_LABEL}{}", self.snapshotter);
         let top = self.content.get(config)?.get(&label)?;
+        if let Some(why) = &self.unserved {
+            let digests = self.layers_of.get(config)?;
+            return Some(RemoteLayers {
+                remote_layers: (0..digests.len())
+                    .filter(|&at| !self.has_blob(&digests[at]))
+                    .collect(),
+                layers: digests.len(),
+                fetched: None,
+                unserved: Some(why.clone()),
+            });
+        }
         let chain = self.chain(top)?;
         let blobs = self
             .layers_of
@@ -651,6 +683,7 @@ mod tests {
                         remote,
                         committed: true,
                         layer: None,
+                        image: None,
                     },
                 )
             })
@@ -758,20 +791,27 @@ mod tests {
     }
 
     #[test]
-    fn layers_a_snapshotter_that_does_not_answer_serves_are_remote_by_their_blobs_and_unserved() {
+    fn images_a_snapshotter_that_does_not_answer_serves_are_unserved_remote_by_their_blobs() {
         let held = node([true, false, false], [true; 3]);
-        let content = held.content.clone();
-        let down = ContainerdHoldings::unserved("stargz", content, "connection refused".into());
+        let down =
+            ContainerdHoldings::unserved("native", held.content, "connection refused".into());
         let lazy = down.remote_layers("sha256:config").unwrap();
         assert_eq!(lazy.remote_layers, [1, 2]);
         assert_eq!(lazy.unserved.as_deref(), Some("connection refused"));
         assert_eq!(lazy.words(), "lazy (2 of 3 layers remote, not served)");
-        let whole =
-            ContainerdHoldings::unserved("stargz", node([true; 3], [false; 3]).content, "x".into());
+        // Every blob here, yet no container can start from it, nor can it be told whether its snapshots
+        // are still remote.
+        let blobs = node([true; 3], [false; 3]).content;
+        let whole = ContainerdHoldings::unserved("native", blobs, "x".into())
+            .remote_layers("sha256:config")
+            .unwrap();
+        assert!(whole.remote_layers.is_empty());
+        assert_eq!(whole.words(), "unreadable (layers not served)");
         assert_eq!(
-            whole.remote_layers("sha256:config"),
+            ContainerdHoldings::unserved("stargz", HashMap::new(), "x".into())
+                .remote_layers("sha256:config"),
             None,
-            "every blob there"
+            "not unpacked for it"
         );
     }
 

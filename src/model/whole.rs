@@ -231,6 +231,7 @@ mod tests {
                         remote: remote.contains(name),
                         committed: true,
                         layer: None,
+                        image: None,
                     },
                 );
             }

@@ -37,7 +37,12 @@ pub(super) async fn blob_size(client: &CriClient, digest: &str) -> Result<i64, W
     Ok(info.info.map_or(0, |i| i.size))
 }
 
-/// The first `len` bytes of blob `digest`.
+/// Blob `digest` whole (a manifest: small).
+pub(super) async fn read(client: &CriClient, digest: &str) -> Result<Vec<u8>, WholeError> {
+    head(client, digest, 0).await
+}
+
+/// The first `len` bytes of blob `digest` (0: all of it).
 pub(super) async fn head(
     client: &CriClient,
     digest: &str,

@@ -19,6 +19,7 @@
 mod content;
 mod unpack;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +30,7 @@ use super::proto::cri::AuthConfig;
 use super::registry::{Registry, RegistryError};
 use super::remote_layers::containerd_holdings;
 use crate::model::image::{ImageFacts, config_diff_ids};
+use crate::model::lazy::ContainerdHoldings;
 use crate::model::served::Source;
 use crate::model::whole::{Blocked, Target, chain_ids, swap};
 
@@ -204,17 +206,67 @@ impl WholePull {
         })
     }
 
-    /// The target's snapshots made local, one image at a time on the node.
+    /// The target's snapshots made local, one image at a time on the node. Another image whose lazily
+    /// pulled layers the target shares is made whole with it: its missing blobs are fetched too, from
+    /// the repository it was pulled from.
     async fn swap(&self, lease: &str, target: &Target) -> Result<(), WholeError> {
         let _one_at_a_time = self.swapping.lock().await;
-        let holdings = containerd_holdings(&self.client)
-            .await?
-            .ok_or_else(|| WholeError::Unserved("the CRI plugin names no snapshotter".into()))?;
-        if let Some(why) = holdings.unserved_reason() {
-            return Err(WholeError::Unserved(why.to_string()));
+        let mut fetched = HashSet::new();
+        loop {
+            let holdings = containerd_holdings(&self.client).await?.ok_or_else(|| {
+                WholeError::Unserved("the CRI plugin names no snapshotter".into())
+            })?;
+            if let Some(why) = holdings.unserved_reason() {
+                return Err(WholeError::Unserved(why.to_string()));
+            }
+            match swap(&holdings, target) {
+                Ok(swap) => {
+                    return unpack::execute(&self.client, lease, &self.snapshotter, &swap).await;
+                }
+                Err(Blocked::Shared { config, layer }) if fetched.insert(config.clone()) => {
+                    self.fetch_sharing(lease, &holdings, &config)
+                        .await
+                        .ok_or(Blocked::Shared { config, layer })??;
+                }
+                Err(blocked) => return Err(blocked.into()),
+            }
         }
-        let swap = swap(&holdings, target)?;
-        unpack::execute(&self.client, lease, &self.snapshotter, &swap).await
+    }
+
+    /// The missing layer blobs of the image whose config is `config` (on the node, sharing a layer with
+    /// the target), from the repository its snapshots say it was pulled from; None when they do not say.
+    async fn fetch_sharing(
+        &self,
+        lease: &str,
+        holdings: &ContainerdHoldings,
+        config: &str,
+    ) -> Option<Result<(), WholeError>> {
+        let reference = holdings.reference_of(config)?;
+        let source = Source::of(reference).ok()?;
+        let manifest = holdings.manifest_of(config)?;
+        tracing::info!(
+            "{reference} shares lazily pulled layers with an image pulled whole: its missing layers are \
+             fetched too, and both made whole"
+        );
+        let fetching = async {
+            let manifest = content::read(&self.client, manifest).await?;
+            let layers: Vec<(String, u64)> = serde_json::from_slice::<serde_json::Value>(&manifest)
+                .ok()
+                .and_then(|m| {
+                    m["layers"]
+                        .as_array()?
+                        .iter()
+                        .map(|l| Some((l["digest"].as_str()?.to_string(), l["size"].as_u64()?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (digest, size) in layers.iter().filter(|(d, _)| !holdings.has_blob(d)) {
+                content::fetch_blob(&self.client, &self.registry, lease, &source, digest, *size)
+                    .await?;
+            }
+            Ok(())
+        };
+        Some(fetching.await)
     }
 }
 

@@ -489,9 +489,9 @@ mod tests {
             assert_eq!(n.reasons.len(), 1, "{:?}", n.reasons);
             assert!(
                 n.reasons[0].starts_with(
-                    "1 image present only lazily and unreadable: q.io/a@sha256:1 (1 of 2 layers remote, \
-                     not served): the snapshotter stargz does not answer: connection refused; no container \
-                     can start from them until the snapshotter serves again: start it;"
+                    "1 image unreadable, its snapshotter not serving: q.io/a@sha256:1 (1 of 2 layers \
+                     remote, not served): the snapshotter stargz does not answer: connection refused; no \
+                     container can start from them until the snapshotter serves again: start it;"
                 ),
                 "{}",
                 n.reasons[0]

@@ -523,15 +523,15 @@ pub(super) fn lazily_present(images: &[ImageReadiness], runtime: Option<&str>) -
     })
 }
 
-/// Why `images` present only lazily whose snapshotter does not serve them cannot even start a container,
-/// and the fix; None when none is.
+/// Why `images` whose snapshotter does not serve them cannot even start a container, and the fix; None
+/// when none is.
 pub(super) fn unserved(images: &[ImageReadiness]) -> Option<String> {
     let unserved = lazy_images(images, true);
     let why = images
         .iter()
         .find_map(|i| i.lazy.as_ref()?.unserved.as_deref())?;
     Some(format!(
-        "{} present only lazily and unreadable: {}: {why}; {}",
+        "{} unreadable, its snapshotter not serving: {}: {why}; {}",
         count_images(unserved.len()),
         some_of(&unserved),
         super::lazy::unserved_fix()
