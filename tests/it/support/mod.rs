@@ -16,6 +16,7 @@ mod binary_image;
 pub mod cluster;
 mod cri;
 pub mod crio;
+pub mod estargz;
 pub mod http;
 pub mod hup;
 mod images;
@@ -34,8 +35,10 @@ mod proxy;
 mod registry;
 pub mod release;
 mod run;
+pub mod stargz;
 pub mod tmux;
 mod token;
+pub mod unit;
 
 pub use images::{ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage, unique_bytes};
 pub use kube_cluster::ClusterConfig;
