@@ -84,25 +84,20 @@ const CONVERTED: &str = "lab.invalid/estargz:1";
 /// A builder conversion's namespace.
 const NAMESPACE: &str = "lab-estargz";
 
-/// Converts `spec` into an eStargz image in a builder under `lab_dir`, then pushes it to `registry` as
-/// `repo`, by digest.
-pub(crate) fn push_estargz(
+/// Converts `spec` into an eStargz image in a builder under `lab_dir`: the image as an OCI archive (its
+/// index naming one manifest), for [`push_archive`].
+pub(crate) fn estargz_archive(
     lab_dir: &Path,
     short_socket_dir: &Path,
-    registry: &Registry,
-    repo: &str,
     spec: &EstargzSpec,
-) -> Result<PushedImage> {
+) -> Result<Vec<u8>> {
     let layers = spec
         .layers
         .iter()
         .map(|files| BuiltLayer::gzip(&layer_tar(files)?))
         .collect::<Result<Vec<_>>>()?;
     let archive = oci_archive(SOURCE, &layers, &Extras::default())?;
-    let builder = Builder::start(lab_dir, short_socket_dir)?;
-    let exported = builder.convert(&archive)?;
-    drop(builder);
-    push_archive(registry, repo, &exported)
+    Builder::start(lab_dir, short_socket_dir)?.convert(&archive)
 }
 
 /// A tar of `files`, with their directories, every header fixed but the content.
@@ -243,7 +238,7 @@ fn ctr(program: &str, socket: &Path) -> Command {
 }
 
 /// Pushes the one image of the OCI archive `archive` (its index naming one manifest) to `repo`.
-fn push_archive(registry: &Registry, repo: &str, archive: &[u8]) -> Result<PushedImage> {
+pub(crate) fn push_archive(registry: &Registry, repo: &str, archive: &[u8]) -> Result<PushedImage> {
     let mut blobs = std::collections::HashMap::new();
     let mut index = None;
     for entry in tar::Archive::new(archive).entries()? {

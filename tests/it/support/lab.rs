@@ -13,7 +13,7 @@ use anyhow::{Context, Result, ensure};
 
 use super::apiserver::{ApiServer, ClusterApiServer};
 use super::binary_image::binary_layer;
-use super::estargz::{EstargzSpec, push_estargz};
+use super::estargz::{EstargzSpec, estargz_archive, push_archive};
 use super::images::{self, Extras, ImageSpec, LayerCache, Platform, PushedImage, PushedIndex};
 use super::kube_cluster::{ClusterConfig, KubeCluster, SANDBOX_IMAGE};
 use super::network::LabNetwork;
@@ -420,13 +420,18 @@ impl Lab {
     /// Makes the eStargz image `spec` as its users do (`ctr-remote image convert --estargz --oci`) and
     /// pushes it to the registry (directly, not through the proxy) as `repo`, by digest.
     pub fn push_estargz(&self, repo: &str, spec: &EstargzSpec) -> Result<PushedImage> {
-        push_estargz(
-            self.dir(),
-            &self.resources.short_socket_dir,
-            &self.registry,
-            repo,
-            spec,
-        )
+        self.push_estargz_archive(repo, &self.estargz_archive(spec)?)
+    }
+
+    /// The eStargz image `spec` made as [`Lab::push_estargz`] makes it, as an OCI archive, to push to
+    /// this lab's registry or another's.
+    pub fn estargz_archive(&self, spec: &EstargzSpec) -> Result<Vec<u8>> {
+        estargz_archive(self.dir(), &self.resources.short_socket_dir, spec)
+    }
+
+    /// Pushes the image of the OCI archive `archive` ([`Lab::estargz_archive`]) as `repo`, by digest.
+    pub fn push_estargz_archive(&self, repo: &str, archive: &[u8]) -> Result<PushedImage> {
+        push_archive(&self.registry, repo, archive)
     }
 
     pub(crate) fn registry(&self) -> &Registry {
