@@ -22,16 +22,21 @@
 //!   cache ([`cache`]); every agent points its node at it while a fan-out set rolls out ([`fan_out`]).
 
 mod aggregate;
+mod blobs;
 mod cache;
 mod facts;
 mod fan_out;
 mod losses;
 pub mod manifests;
+mod metrics;
+mod report_writer;
 mod state;
+mod tally;
 
 use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -40,6 +45,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::backend::blobs::Relay;
 use crate::backend::credentials::{AuthFiles, Credentials};
+use crate::backend::events::{self, Recorder};
+use crate::backend::http_server::Server;
 use crate::backend::image_events::image_changes;
 use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::lazy::{Apply, set_lazy};
@@ -53,16 +60,19 @@ use crate::error::Failure;
 use crate::fanout::{LOOPBACK, Update};
 use crate::fleet::direct::{DirectConfig, DirectFleet};
 use crate::fleet::{Fleet, FleetEvent, RolloutControl};
+use crate::model::agent_events::{Kind as EventKind, Note};
 use crate::model::agents_view::AgentsUpdate;
 use crate::model::holders::ReleaseScope;
 use crate::model::image::Platform;
 use crate::model::pinboard_api::{
-    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NodeImages, NodeSetPhase, SetFanOut,
+    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NODE_KIND, SET_KIND, SetFanOut,
 };
 use crate::model::readiness::LazyImages;
 use crate::model::set::from_flags;
 use crate::options::{LimitArgs, RegistryArgs, RolloutArgs, TargetArgs, registry_options};
-use state::{Action, AgentState, Input, Start, Timing, write_due};
+use metrics::IoStats;
+use report_writer::{Due, ReportWriter};
+use state::{Action, AgentState, GATE_TAINT, Input, Start, Timing};
 
 /// `pinboard agent`'s arguments.
 #[derive(Args, Debug)]
@@ -94,6 +104,20 @@ pub struct AgentArgs {
     /// sets' blobs on its node's IP at this port. None: it never takes the role.
     #[arg(long, value_name = "PORT", help_heading = "Agent")]
     pub cache_port: Option<u16>,
+    /// The node gate: the agent removes the taint pinboard.dev/preloading:NoSchedule from its Node once
+    /// every set that selects the node is pinned there (a node registered with it takes no pod before).
+    /// It never adds the taint.
+    #[arg(long, help_heading = "Agent")]
+    pub gate: bool,
+    /// With --gate: remove the taint after this long even though some set is not pinned (its pods will
+    /// then pull over the registry link); 0 keeps it until an administrator removes it.
+    #[arg(long, value_name = "DURATION", value_parser = crate::model::units::parse_duration,
+          default_value = "30m", help_heading = "Agent")]
+    pub gate_deadline: Duration,
+    /// Serves Prometheus' text format at `http://0.0.0.0:PORT/metrics` (the node's IP: the agents use the
+    /// host's network). None: no metrics.
+    #[arg(long, value_name = "PORT", help_heading = "Agent")]
+    pub metrics_port: Option<u16>,
     /// Where the in-cluster cache keeps its blobs (a hostPath in the DaemonSet).
     #[arg(
         long,
@@ -174,9 +198,28 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
     {
         tracing::info!("{line}");
     }
+    let metrics = match args.metrics_port {
+        Some(port) => {
+            let page = Arc::new(Mutex::new(String::new()));
+            let listen = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+            let server = metrics::serve(listen, Arc::clone(&page))
+                .await
+                .map_err(|e| {
+                    Failure::bad_input(format!(
+                        "cannot serve metrics on {listen}: {e}; choose another --metrics-port"
+                    ))
+                })?;
+            tracing::info!(%listen, "serving metrics at /metrics");
+            Some((page, server))
+        }
+        None => None,
+    };
     let (events, received) = unbounded_channel();
     let timing = Timing {
         verify_every: args.verify_every.max(Duration::from_secs(1)),
+        gate: args
+            .gate
+            .then_some((!args.gate_deadline.is_zero()).then_some(args.gate_deadline)),
         ..Timing::default()
     };
     let mut agent = Agent {
@@ -196,10 +239,11 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         relay: None,
         cache,
         cache_report: None,
-        written: None,
-        written_images: None,
-        written_phases: Vec::new(),
-        last_write: None,
+        writer: ReportWriter::default(),
+        io: IoStats::default(),
+        metrics,
+        recorder: Recorder::new(api.client().clone(), &node),
+        report_uid: None,
         events,
         api,
         target,
@@ -248,12 +292,15 @@ struct Agent {
     cache: Option<cache::CacheRole>,
     /// The cache's figures as of the last heartbeat (reported at that pace, not at every byte).
     cache_report: Option<CacheReport>,
-    /// The report and its detail as last written (the report as sent: without its image lists).
-    written: Option<serde_json::Value>,
-    written_images: Option<NodeImages>,
-    /// Each set's phase as last written.
-    written_phases: Vec<(String, i64, NodeSetPhase)>,
-    last_write: Option<Instant>,
+    /// What it last wrote of its node.
+    writer: ReportWriter,
+    /// What the shell counts of its writes and heartbeats, for the metrics.
+    io: IoStats,
+    /// The node's Kubernetes Events, and its PinboardNode's uid they name.
+    recorder: Recorder,
+    report_uid: Option<String>,
+    /// The metrics page as last made, and the listener serving it (`--metrics-port`).
+    metrics: Option<(Arc<Mutex<String>>, Server)>,
     events: UnboundedSender<FleetEvent>,
 }
 
@@ -270,9 +317,12 @@ impl Agent {
                 update = watch.updates.recv() => match update {
                     Some(update) => {
                         let sets_changed = matches!(update, AgentsUpdate::Sets(_));
+                        let node_unknown = self.node.is_none();
                         self.take(update).await;
-                        if sets_changed {
-                            // The nodes wait for the cache to serve a new set: not until the next heartbeat.
+                        // The nodes wait for the cache to serve a new set, and the relays hold their pulls for
+                        // a restarted holder only so long: not until the next heartbeat. A holder needs its
+                        // Node's address first, so the role is taken as soon as it has read it.
+                        if sets_changed || (node_unknown && self.node.is_some()) {
                             self.turn_cache().await;
                         }
                     }
@@ -281,18 +331,39 @@ impl Agent {
                 Some(event) = events.recv() => self.fold(event).await,
                 Some(()) = image_changes.recv() => self.handle(Input::RuntimeChanged).await,
                 _ = heartbeat.tick() => {
-                    if let Err(e) = self.api.renew(&self.target.node.name, valid_for).await {
+                    let renewed = self.api.renew(&self.target.node.name, valid_for).await;
+                    if let Err(e) = &renewed {
                         tracing::warn!("cannot renew the heartbeat: {e}");
                     }
+                    self.io.renewal(renewed.is_ok());
                     aggregator.turn().await;
                     self.turn_cache().await;
                 }
                 _ = tick.tick() => {
                     self.handle(Input::Tick).await;
                     self.write().await;
+                    self.make_metrics_page();
+                    if let Err(e) = self.recorder.flush().await {
+                        tracing::warn!("cannot write an Event's series: {e}");
+                    }
                 }
             }
         }
+    }
+
+    /// Makes the metrics page anew, when the agent serves one.
+    fn make_metrics_page(&self) {
+        let Some((page, _)) = &self.metrics else {
+            return;
+        };
+        let shown = metrics::Shown {
+            node: &self.target.node.name,
+            io: &self.io,
+            min_free_bytes: self.limits.min_free_bytes,
+            cache: self.cache_report.as_ref(),
+            relay: relay_of(&self.relay).map(|r| (r.holding(), r.sent_to_source().0)),
+        };
+        *page.lock().expect("metrics page") = metrics::page(&self.state, &shown, Instant::now());
     }
 
     /// Takes or keeps the cache's role, when eligible, and notes its figures.
@@ -303,7 +374,19 @@ impl Agent {
         cache
             .turn(node_ip(self.node.as_ref()), self.state.sets())
             .await;
+        let was_serving = self.cache_report.is_some();
         self.cache_report = cache.report();
+        if let Some(report) = self.cache_report.as_ref().filter(|_| !was_serving) {
+            let note = Note::normal(
+                "CacheServing",
+                "ServeCache",
+                format!(
+                    "this node's agent took the in-cluster cache's role: it serves the fan-out sets at {}",
+                    report.address
+                ),
+            );
+            self.record(&note).await;
+        }
     }
 
     /// Takes in a change the watches saw.
@@ -314,7 +397,12 @@ impl Agent {
                 let Some(node) = nodes.into_iter().next() else {
                     return;
                 };
-                self.handle(Input::Labels(node.labels)).await;
+                let gated = node.taints.iter().any(|t| t.key == GATE_TAINT);
+                self.handle(Input::Node {
+                    labels: node.labels,
+                    gated,
+                })
+                .await;
                 if self.node.is_none() {
                     match self.api.node(&self.target.node.name).await {
                         Ok(Some(node)) => {
@@ -327,11 +415,9 @@ impl Agent {
                 }
             }
             AgentsUpdate::Reports(reports) => {
+                self.report_uid = reports.first().and_then(|r| r.metadata.uid.clone());
                 if reports.is_empty() {
-                    // Its report was deleted (its detail with it, as both go with the Node): the next
-                    // write makes them again, whole.
-                    self.written = None;
-                    self.written_images = None;
+                    self.writer.forget_report();
                 }
                 let wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
                 self.handle(Input::LazyWish(wish)).await;
@@ -368,6 +454,20 @@ impl Agent {
                 Some(Input::Facts(self.read_facts().await))
             }
             Action::ReadFacts => Some(Input::Facts(self.read_facts().await)),
+            Action::Record(note) => {
+                self.record(&note).await;
+                None
+            }
+            Action::LiftGate => {
+                if let Err(e) = self
+                    .api
+                    .remove_taint(&self.target.node.name, GATE_TAINT)
+                    .await
+                {
+                    tracing::warn!("cannot lift the gate ({GATE_TAINT}) from the node: {e}");
+                }
+                None
+            }
             Action::Verify(images) => Some(Input::Verified(
                 observe(&self.target, &images, self.timeout).await,
             )),
@@ -471,7 +571,12 @@ impl Agent {
             }
             FleetEvent::Surveyed(survey) => {
                 if let Some(node) = survey.nodes.first() {
-                    self.handle(Input::Planned(node.fetch_bytes)).await;
+                    let no_space = node.verdict == crate::model::plan::Verdict::NoSpace;
+                    self.handle(Input::Planned {
+                        bytes: node.fetch_bytes,
+                        no_space,
+                    })
+                    .await;
                 }
             }
             FleetEvent::RolloutFinished(result) => self.finish(result.err(), fan_out).await,
@@ -515,6 +620,32 @@ impl Agent {
         .await;
     }
 
+    /// Records `note` as a Kubernetes Event about this node's PinboardNode (related to its set's PinSet),
+    /// and logs it.
+    async fn record(&mut self, note: &Note) {
+        match note.kind {
+            EventKind::Normal => tracing::info!(reason = note.reason, "{}", note.message),
+            EventKind::Warning => tracing::warn!(reason = note.reason, "{}", note.message),
+        }
+        let node = &self.target.node.name;
+        let regarding = events::reference(NODE_KIND, node, self.report_uid.as_deref());
+        let related = note.set.as_ref().map(|name| {
+            let uid = self
+                .state
+                .sets()
+                .get(name)
+                .and_then(|s| s.metadata.uid.clone());
+            events::reference(SET_KIND, name, uid.as_deref())
+        });
+        if let Err(e) = self
+            .recorder
+            .record(note, &regarding, related.as_ref())
+            .await
+        {
+            tracing::warn!("cannot record an Event ({}): {e}", note.reason);
+        }
+    }
+
     /// Releases what `release` says on this node.
     async fn release(&mut self, release: &ReleaseScope, set: &str) {
         match engine::unpin(&self.target.node, self.target.pin.clone(), release).await {
@@ -547,6 +678,7 @@ impl Agent {
             }
         }
         let mut facts = facts::read(&self.target, self.api.client(), self.timeout).await;
+        self.writer.blobs.read(&self.target, self.timeout).await;
         // The wish's failure is what an administrator asking for it needs to see, in the report.
         if refused.is_some() {
             facts.lazy_pulling_error = refused;
@@ -563,46 +695,14 @@ impl Agent {
         let mut report = self.state.facts().clone();
         report.sets = self.state.reports().cloned().collect();
         report.cache = self.cache_report.clone();
-        let sent = serde_json::to_value(&report).unwrap_or_default();
-        let detail = report.image_detail();
-        let report_due = self.written.as_ref() != Some(&sent);
-        let detail_due = self.written_images.as_ref() != Some(&detail);
-        if !report_due && !detail_due {
-            return;
-        }
-        let interval = write_interval(self.state.widest_set());
-        let phases = self.state.phases();
-        let news = self.state.running().is_none() || self.written_phases != phases;
-        if !write_due(news, self.last_write, interval, Instant::now()) {
-            return;
-        }
-        self.last_write = Some(Instant::now());
-        // The detail first: a reader that sees the report's new phase finds the images it rests on.
-        if detail_due {
-            let first = self.written_images.is_none();
-            match self.api.write_images(node, &detail, first).await {
-                Ok(()) => self.written_images = Some(detail),
-                Err(e) => {
-                    tracing::warn!("cannot write the report's images: {e}");
-                    // Perhaps the object is gone: the next write makes it again.
-                    self.written_images = None;
-                    return;
-                }
-            }
-        }
-        if report_due {
-            let first = self.written.is_none();
-            match self.api.write_report(node, &report, first).await {
-                Ok(()) => {
-                    self.written = Some(sent);
-                    self.written_phases = phases;
-                }
-                Err(e) => {
-                    tracing::warn!("cannot write the report: {e}");
-                    self.written = None;
-                }
-            }
-        }
+        report.limits = Some(crate::model::plan::AgentLimits::of(&self.limits));
+        let due = Due {
+            report,
+            phases: self.state.phases(),
+            settled: self.state.running().is_none(),
+            interval: write_interval(self.state.widest_set()),
+        };
+        self.writer.write(&self.api, node, due, &mut self.io).await;
     }
 }
 

@@ -20,13 +20,17 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::losses::Losses;
+use super::tally::SetTally;
+use crate::model::agent_events::Note;
 use crate::model::holders::ReleaseScope;
 use crate::model::node_report::{self, lost, lost_evidence, lost_images, restoring};
 use crate::model::pinboard_api::{
     DEGRADED, NodeReport, NodeSetPhase, PinSet, SetFanOut, SetReport,
 };
 use crate::model::readiness::ObservedNode;
+use crate::model::reference::{count_images, some_of};
 use crate::model::rollout::{Event, FetchedSource, Rollout};
+use crate::model::units::{clock, human};
 
 /// How often the agent acts on time alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,8 +39,11 @@ pub struct Timing {
     pub verify_every: Duration,
     /// The node's facts are read again this often when nothing happens (images come and go on their own).
     pub facts_every: Duration,
-    /// A failed set is tried again after this long (or as soon as it changes); so is a release that failed.
+    /// A failed set is tried again after this long (or as soon as it changes); so is a release that failed,
+    /// and a gate that did not lift.
     pub retry_after: Duration,
+    /// The node gate (`--gate`): off, or on and lifted after this long at the latest (None: never).
+    pub gate: Option<Option<Duration>>,
 }
 
 impl Default for Timing {
@@ -45,20 +52,28 @@ impl Default for Timing {
             verify_every: Duration::from_secs(30),
             facts_every: Duration::from_secs(300),
             retry_after: Duration::from_secs(60),
+            gate: None,
         }
     }
 }
 
 /// A change the runtime announced is checked this soon, so that a burst of them is one check.
 const VERIFY_SOON: Duration = Duration::from_secs(1);
+/// The taint a new node registers with when it is gated (`NoSchedule`): its agent removes it once the
+/// sets that select the node are pinned there.
+pub const GATE_TAINT: &str = "pinboard.dev/preloading";
 
 /// What the agent takes in.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
     /// The sets' watch listed or changed: every set.
     Sets(Vec<PinSet>),
-    /// Its Node's labels, as the Node's watch has them.
-    Labels(BTreeMap<String, String>),
+    /// Its Node's labels, and whether it carries the gate's taint ([`GATE_TAINT`]), as the Node's watch
+    /// has them.
+    Node {
+        labels: BTreeMap<String, String>,
+        gated: bool,
+    },
     /// Its Node object was read (its uid owns the report).
     NodeKnown,
     /// What an administrator asked of lazy pulling (its report's `spec.lazyPulling`).
@@ -73,8 +88,8 @@ pub enum Input {
     NotStarted(String),
     /// A fan-out set waits for the in-cluster cache to serve its generation, since then.
     WaitingForCache(Instant),
-    /// The rollout's own plan of the node: what it will fetch.
-    Planned(u64),
+    /// The rollout's own plan of the node: what it will fetch, and whether it fits.
+    Planned { bytes: u64, no_space: bool },
     /// An event of the running rollout, and how its fan-out set pulls now.
     Rollout(Event, Option<SetFanOut>),
     /// The running rollout ended, with why it stopped early, and then the runtime asked about the set's
@@ -104,6 +119,10 @@ pub enum Action {
     Release { scope: ReleaseScope, set: String },
     /// Read the node's facts again (and carry out the lazy-pull wish): answered by [`Input::Facts`].
     ReadFacts,
+    /// Tell an administrator, as a Kubernetes Event about the node's PinboardNode.
+    Record(Note),
+    /// Remove the gate's taint from the node: every set selecting it is pinned, or the deadline passed.
+    LiftGate,
     /// Ask the runtime about these images: answered by [`Input::Verified`].
     Verify(Vec<String>),
 }
@@ -132,7 +151,9 @@ pub struct Running {
     rollout: Rollout,
     restore: bool,
     fan_out: Option<SetFanOut>,
-    planned: Option<u64>,
+    planned: u64,
+    /// Its plan says the node has no room.
+    no_space: bool,
     /// Started for real (not waiting for the cache, not refused).
     started: bool,
     cancelling: bool,
@@ -161,7 +182,11 @@ pub struct AgentState {
     /// A fan-out set waiting for the cache to serve its generation, since when.
     waiting_for_cache: Option<(String, i64, Instant)>,
     losses: BTreeMap<String, Losses>,
+    /// Per set that selects the node: what its metrics count.
+    tallies: BTreeMap<String, SetTally>,
     next_verify: Option<Instant>,
+    /// The node carries the gate's taint: since when the agent knows, and when it last asked to lift it.
+    gated: Option<(Instant, Option<Instant>)>,
 }
 
 impl AgentState {
@@ -181,7 +206,9 @@ impl AgentState {
             releasing: BTreeMap::new(),
             waiting_for_cache: None,
             losses: BTreeMap::new(),
+            tallies: BTreeMap::new(),
             next_verify: None,
+            gated: None,
         }
     }
 
@@ -191,7 +218,14 @@ impl AgentState {
             Input::Sets(sets) => {
                 self.sets = Some(sets.into_iter().map(|s| (s.name().to_owned(), s)).collect());
             }
-            Input::Labels(labels) => self.labels = Some(labels),
+            Input::Node { labels, gated } => {
+                self.labels = Some(labels);
+                self.gated = match (gated, self.gated) {
+                    (false, _) => None,
+                    (true, None) => Some((now, None)),
+                    (true, known) => known,
+                };
+            }
             Input::NodeKnown => self.node_known = true,
             Input::LazyWish(wish) => {
                 let changed = std::mem::replace(&mut self.lazy_wish, wish) != wish;
@@ -208,12 +242,21 @@ impl AgentState {
             Input::Tick => {
                 let mut actions = self.timed(now);
                 actions.extend(self.reconcile(now));
+                actions.extend(self.gate(now));
                 return actions;
             }
             Input::Started { fan_out } => self.started(fan_out),
             Input::NotStarted(why) => {
                 if let Some(running) = self.running.take() {
+                    let note = Note::warning(
+                        "PullFailed",
+                        "RollOut",
+                        format!("set {} could not start: {why}", running.set),
+                    );
                     self.fail(&running.set, running.generation, &running.images, why, now);
+                    let mut actions = vec![Action::Record(note.of_set(&running.set))];
+                    actions.extend(self.reconcile(now));
+                    return actions;
                 }
             }
             Input::WaitingForCache(since) => {
@@ -222,9 +265,10 @@ impl AgentState {
                 }
                 return Vec::new();
             }
-            Input::Planned(bytes) => {
+            Input::Planned { bytes, no_space } => {
                 if let Some(running) = &mut self.running {
-                    running.planned = Some(bytes);
+                    running.planned = bytes;
+                    running.no_space = no_space;
                 }
                 return Vec::new();
             }
@@ -238,7 +282,11 @@ impl AgentState {
                 fan_out,
                 relayed,
             } => return self.ended(failure, observed, (fan_out, relayed), now),
-            Input::Verified(observed) => self.verified(&observed, now),
+            Input::Verified(observed) => {
+                let mut actions = self.verified(&observed, now);
+                actions.extend(self.reconcile(now));
+                return actions;
+            }
             Input::RuntimeChanged => {
                 let soon = now + VERIFY_SOON;
                 self.next_verify = Some(self.next_verify.map_or(soon, |at| at.min(soon)));
@@ -270,6 +318,11 @@ impl AgentState {
             .values()
             .map(|r| (r.name.clone(), r.observed_generation, r.state))
             .collect()
+    }
+
+    /// What each set's metrics count, by set.
+    pub fn tallies(&self) -> &BTreeMap<String, SetTally> {
+        &self.tallies
     }
 
     /// The rollout under way, if one is.
@@ -360,6 +413,7 @@ impl AgentState {
         }
         self.reports.retain(|name, _| desired.contains_key(name));
         self.losses.retain(|name, _| desired.contains_key(name));
+        self.tallies.retain(|name, _| desired.contains_key(name));
         let retry_after = self.timing.retry_after;
         let gone = self
             .facts
@@ -424,7 +478,8 @@ impl AgentState {
             rollout: Rollout::expecting(std::slice::from_ref(&self.node)),
             restore,
             fan_out: None,
-            planned: None,
+            planned: 0,
+            no_space: false,
             started: false,
             cancelling: false,
         });
@@ -436,6 +491,61 @@ impl AgentState {
             waiting_since,
             restore,
         })]
+    }
+
+    /// Lifts the node's gate once every set selecting it is pinned at its generation, or the gate's
+    /// deadline passed; asks again after a while when the taint stays (a write that failed). Never before
+    /// the sets are listed: no set yet is not "no set selects the node".
+    fn gate(&mut self, now: Instant) -> Vec<Action> {
+        let (Some(deadline), Some((since, asked))) = (self.timing.gate, self.gated) else {
+            return Vec::new();
+        };
+        if !self.node_known || self.sets.is_none() || self.labels.is_none() {
+            return Vec::new();
+        }
+        let desired = &self.desired();
+        if asked.is_some_and(|at| now.duration_since(at) < self.timing.retry_after) {
+            return Vec::new();
+        }
+        let waiting: Vec<&str> = desired
+            .iter()
+            .filter(|(name, (generation, _))| {
+                !self.reports.get(*name).is_some_and(|r| {
+                    r.observed_generation == *generation && r.state == NodeSetPhase::Pinned
+                })
+            })
+            .map(|(name, _)| name.as_str())
+            .collect();
+        let overdue = deadline.filter(|d| now.duration_since(since) >= *d);
+        let note = match (waiting.is_empty(), overdue) {
+            (true, _) => Note::normal(
+                "GateLifted",
+                "LiftGate",
+                match desired.len() {
+                    0 => format!("no set selects the node: {GATE_TAINT} removed"),
+                    n => format!(
+                        "{} pinned here: {GATE_TAINT} removed, the node takes pods",
+                        match n {
+                            1 => "the set that selects the node is".to_string(),
+                            n => format!("all {n} sets that select the node are"),
+                        }
+                    ),
+                },
+            ),
+            (false, Some(deadline)) => Note::warning(
+                "GateDeadline",
+                "LiftGate",
+                format!(
+                    "{GATE_TAINT} removed after {} (--gate-deadline) though not every set is pinned \
+                     here: {}; their pods may pull over the registry link",
+                    clock(deadline),
+                    some_of(&waiting)
+                ),
+            ),
+            (false, None) => return Vec::new(),
+        };
+        self.gated = Some((since, Some(now)));
+        vec![Action::Record(note), Action::LiftGate]
     }
 
     /// The rollout [`Action::RollOut`] asked for started: every image queued, the set's losses kept.
@@ -473,6 +583,10 @@ impl AgentState {
         let Some(running) = &mut self.running else {
             return;
         };
+        self.tallies
+            .entry(running.set.clone())
+            .or_default()
+            .fold(&event);
         running.rollout.apply(event);
         let Some(progress) = running.rollout.nodes().get(&self.node) else {
             return;
@@ -511,6 +625,14 @@ impl AgentState {
         let progress = running.rollout.nodes().get(&self.node);
         match (failure, progress, observed) {
             (Some(why), _, _) => {
+                if !running.cancelling {
+                    let note = Note::warning(
+                        "PullFailed",
+                        "RollOut",
+                        format!("set {} failed: {why}", running.set),
+                    );
+                    actions.push(Action::Record(note.of_set(&running.set)));
+                }
                 self.fail(&running.set, running.generation, &running.images, why, now);
             }
             (None, Some(progress), Some(observed)) => {
@@ -528,11 +650,18 @@ impl AgentState {
                     }
                 }
                 let losses = self.losses.entry(running.set.clone()).or_default();
+                let tally = self.tallies.entry(running.set.clone()).or_default();
+                tally.pulled_bytes += report.outcome.as_ref().map_or(0, |o| o.fetched_bytes);
                 report.restores = match (report.state, running.restore) {
-                    (NodeSetPhase::Pinned, true) => losses.restored(now),
+                    (NodeSetPhase::Pinned, true) => {
+                        tally.restored();
+                        losses.restored(now)
+                    }
                     _ => losses.report(now),
                 };
+                actions.push(Action::Record(ended_note(&running, &report)));
                 if report.state == NodeSetPhase::Pinned {
+                    tally.verified = Some(now);
                     self.failed.remove(&running.set);
                     let recent = report.restores.as_ref().map_or(0, |r| r.recent);
                     if recent > 1 {
@@ -559,7 +688,8 @@ impl AgentState {
 
     /// A check of the runtime: every pinned set with an image or pin lost is restoring, at once, and is
     /// put back as its losses allow.
-    fn verified(&mut self, observed: &ObservedNode, now: Instant) {
+    fn verified(&mut self, observed: &ObservedNode, now: Instant) -> Vec<Action> {
+        let mut notes = Vec::new();
         let running = self.running.as_ref().map(|r| r.set.clone());
         for (name, report) in &mut self.reports {
             if report.state != NodeSetPhase::Pinned || Some(name) == running.as_ref() {
@@ -572,22 +702,71 @@ impl AgentState {
                     (image, evidence)
                 })
                 .collect();
+            let tally = self.tallies.entry(name.clone()).or_default();
             if lost.is_empty() {
+                tally.verified = Some(now);
                 continue;
             }
+            tally.lost(lost.iter().map(|(image, _)| image.found));
             let found_at = Time(k8s_openapi::jiff::Timestamp::now());
             let losses = self.losses.entry(name.clone()).or_default();
             let backing_off = losses.found(lost_images(&lost, found_at), now);
-            tracing::warn!(
-                set = name,
-                lost = lost.len(),
-                "images or pins of a pinned set were lost; putting them back"
-            );
             let mut restored = restoring(report.clone(), &lost, backing_off.as_deref());
             restored.restores = losses.report(now).or_else(|| report.restores.clone());
             *report = restored;
+            let lost: Vec<String> = lost
+                .iter()
+                .map(|(image, _)| format!("{} ({})", image.name, image.found.words()))
+                .collect();
+            let message = format!(
+                "set {name}: {} lost since it was pinned: {}; {}",
+                count_images(lost.len()),
+                some_of(&lost),
+                backing_off.as_deref().unwrap_or("the agent puts it back")
+            );
+            let note = Note::warning("ImageLost", "Restore", message).of_set(name);
+            notes.push(Action::Record(note));
         }
+        notes
     }
+}
+
+/// What an administrator hears of a rollout that ended with `report`: pinned (or put back), failed, or no
+/// room.
+fn ended_note(running: &Running, report: &SetReport) -> Note {
+    let set = &running.set;
+    let degraded = report
+        .conditions
+        .iter()
+        .find(|c| c.type_ == DEGRADED && c.status == "True")
+        .map_or("failed", |c| c.message.as_str());
+    let note = match (report.state, running.restore, running.no_space) {
+        (NodeSetPhase::Pinned, true, _) => Note::normal(
+            "Restored",
+            "Restore",
+            format!("set {set}: every image lost since it was pinned is back and pinned"),
+        ),
+        (NodeSetPhase::Pinned, false, _) => {
+            let outcome = report.outcome.clone().unwrap_or_default();
+            Note::normal(
+                "Pinned",
+                "RollOut",
+                format!(
+                    "set {set} pinned: {} images, {} pulled, {} fetched",
+                    outcome.images,
+                    outcome.pulled,
+                    human(outcome.fetched_bytes)
+                ),
+            )
+        }
+        (_, _, true) => Note::warning("NoSpace", "RollOut", format!("set {set}: {degraded}")),
+        _ => Note::warning(
+            "PullFailed",
+            "RollOut",
+            format!("set {set} failed: {degraded}"),
+        ),
+    };
+    note.of_set(set)
 }
 
 /// A set pinned again after losses that recur: Degraded stays true, saying how often, so that an

@@ -101,11 +101,18 @@ pub(super) async fn pull(
         let pulled = match bytes.as_mut().filter(|_| !limit.is_zero()) {
             Some(bytes) => tokio::select! {
                 pulled = pulling => pulled,
-                () = stalled(bytes, limit) => Err((CriErrorKind::Transient, format!(
-                    "no bytes arrived for {} while short of the image's size; the pull was cancelled \
-                     (--pull-progress-timeout)",
-                    clock(limit)
-                ))),
+                () = stalled(bytes, limit) => {
+                    shared.emit(Event::PullStalled {
+                        node: node.clone(),
+                        image: image.clone(),
+                        at: Instant::now(),
+                    });
+                    Err((CriErrorKind::Transient, format!(
+                        "no bytes arrived for {} while short of the image's size; the pull was cancelled \
+                         (--pull-progress-timeout)",
+                        clock(limit)
+                    )))
+                }
             },
             None => pulling.await,
         };

@@ -1,6 +1,7 @@
 //! Pure domain logic: no I/O, no async. Everything here is unit-tested on its own.
 
 pub mod agent_daemonsets;
+pub mod agent_events;
 pub mod agent_pods;
 pub mod agents_view;
 pub mod cache_token;
@@ -8,6 +9,7 @@ pub mod cluster_session;
 pub mod config_view;
 pub mod crio;
 pub mod diff;
+pub mod digest_prefix;
 pub mod export;
 pub mod holders;
 pub mod image;
@@ -15,11 +17,13 @@ pub mod labels;
 pub mod lazy;
 pub mod machine_config;
 pub mod mirror_rules;
+pub mod node_blobs;
 pub mod node_report;
 pub mod node_summary;
 pub mod pinboard_api;
 pub mod pinboard_kinds;
 pub mod plan;
+pub mod prometheus;
 pub mod readiness;
 pub mod reference;
 pub mod release_payload;

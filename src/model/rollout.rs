@@ -77,6 +77,13 @@ pub enum Event {
         backoff: Duration,
         at: Instant,
     },
+    /// The pull made no byte progress for the progress timeout and was cancelled; a retry or a failure
+    /// follows.
+    PullStalled {
+        node: String,
+        image: String,
+        at: Instant,
+    },
     /// Pulled and confirmed with ImageStatus.
     PullDone {
         node: String,
@@ -540,6 +547,8 @@ impl NodeRollout {
                 };
                 None
             }),
+            // Its retry or failure says so on the image.
+            Event::PullStalled { .. } => {}
             Event::PullCancelled { image, .. } => self.update_image(interner, &image, |i| {
                 i.state = ImageState::Cancelled;
                 None
@@ -757,6 +766,7 @@ impl Event {
             | Event::PullStarted { node, .. }
             | Event::PullProgress { node, .. }
             | Event::PullRetry { node, .. }
+            | Event::PullStalled { node, .. }
             | Event::PullDone { node, .. }
             | Event::PullFailed { node, .. }
             | Event::PullCancelled { node, .. }

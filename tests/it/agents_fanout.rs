@@ -11,10 +11,10 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Secret};
-use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
-use support::agents::AgentsLab;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use serde_json::Value;
+use support::agents::{AgentsLab, AgentsSetup};
 use support::crio::CrioStandIn;
 use support::kube_objects::{apply_yaml, wait_for};
 use support::{
@@ -30,19 +30,24 @@ const CACHE_PORT: &str = "5050";
 
 /// A lab whose agents are all eligible for the cache's role and reach `registry` through the proxy.
 async fn cache_lab(name: &str, registry: RegistrySetup) -> AgentsLab {
+    cache_lab_with(name, registry, &[]).await
+}
+
+/// [`cache_lab`], every agent with `more` arguments.
+async fn cache_lab_with(name: &str, registry: RegistrySetup, more: &[&str]) -> AgentsLab {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    AgentsLab::start_with(
-        name,
-        nodes,
-        None,
-        vec![
-            "--insecure-registry={proxy}".into(),
-            format!("--cache-port={CACHE_PORT}"),
-            "--cache-dir={lab}/cache-{node}".into(),
-        ],
+    let mut agent_args = vec![
+        "--insecure-registry={proxy}".to_string(),
+        format!("--cache-port={CACHE_PORT}"),
+        "--cache-dir={lab}/cache-{node}".into(),
+    ];
+    agent_args.extend(more.iter().map(|a| a.to_string()));
+    let setup = AgentsSetup {
+        agent_args,
         registry,
-    )
-    .await
+        ..AgentsSetup::default()
+    };
+    AgentsLab::start_with(name, nodes, None, setup).await
 }
 
 /// `count` images, each of a base layer shared by all and a layer of its own.
@@ -378,21 +383,76 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
     wait_hosts_back(&lab, &hosts_before).await;
 }
 
+/// With the DaemonSet's default heartbeat (30 s), a holder killed mid-rollout and started again at once
+/// serves again within seconds, well inside the relays' 30 s hold: it takes the role as soon as it has read
+/// its Node, not at its next heartbeat. No node's pulls go to the source through its relay, and the link
+/// carries each blob about once.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_caches_holder_restarted_at_the_default_heartbeat_serves_before_the_relays_give_up() {
+    let mut lab = cache_lab_with(
+        "agents-fanout-restarted",
+        RegistrySetup::default(),
+        &["--heartbeat-every=30s"],
+    )
+    .await;
+    let images = push_images(&lab, "restarted/app", 9700, 3);
+    let references = through_proxy(&lab, &images);
+    let unique = unique_bytes(&images);
+    let (holder, address) = lab.cache_holder().await;
+    let before = apply_until_a_quarter_moved(&lab, &references, unique).await;
+    lab.stop_agent(&holder);
+    let restarted = std::time::Instant::now();
+    lab.start_agent(&holder);
+    // Serving again: the cache answers (401 to a request without the token) at its address.
+    let http = support::http::agent();
+    let catalog = format!("{address}/v2/");
+    let serving = wait_for(
+        "the restarted holder serves",
+        Duration::from_secs(30),
+        || async {
+            match http.get(&catalog).call() {
+                Ok(answer) if answer.status() == 401 => Ok(restarted.elapsed()),
+                Ok(answer) => Err(format!("answered {}", answer.status())),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
+    eprintln!("the restarted holder served again {serving:?} after it started");
+    assert!(
+        serving < Duration::from_secs(10),
+        "well inside the relays' 30 s hold: {serving:?}"
+    );
+    lab.lab.proxy().set_bandwidth(None);
+    let reports = wait_set_pinned(&lab, "web").await;
+    for node in NODES {
+        lab.lab.node(node).assert_pinned(&references);
+        let set = &reports[node]["status"]["sets"][0];
+        assert!(
+            set["fanOut"]["sourceReason"].is_null(),
+            "{node}: no pulls went to the source: {set}"
+        );
+    }
+    assert_moved_at_most(
+        &lab,
+        "the cache's holder restarted at the default heartbeat",
+        before,
+        unique,
+        1.10,
+    );
+}
+
 /// The cache gone for good mid-rollout (its only eligible agent killed): the nodes' relays wait for it,
 /// then send their runtimes to the source; every node still ends pinned, and each report says how many of
 /// its pulls went to the source and why.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cache_gone_for_good_sends_the_nodes_to_the_source_and_their_reports_say_so() {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    let proxy_args = vec!["--insecure-registry={proxy}".to_string()];
-    let mut lab = AgentsLab::start_with(
-        "agents-fanout-gone",
-        nodes,
-        None,
-        proxy_args,
-        RegistrySetup::default(),
-    )
-    .await;
+    let setup = AgentsSetup {
+        agent_args: vec!["--insecure-registry={proxy}".to_string()],
+        ..AgentsSetup::default()
+    };
+    let mut lab = AgentsLab::start_with("agents-fanout-gone", nodes, None, setup).await;
     // Only n1's agent may hold the cache.
     let cache_dir = format!("--cache-dir={}/cache-n1", lab.lab.dir().display());
     lab.stop_agent("n1");
@@ -432,18 +492,11 @@ async fn a_crio_node_pulls_through_its_agents_relay_beside_the_containerd_nodes(
     let proxy = lab.lab.proxy_host();
     let crio = CrioStandIn::start("agents-fanout-crio", "1.31.0", std::slice::from_ref(&proxy))
         .expect("the CRI-O stand-in starts");
-    // The stand-in has no kubelet: its Node is made by hand, as a kubelet would register it.
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n4"}})).unwrap();
-    Api::<Node>::all(lab.admin.clone())
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("Node n4");
-    let mut runtime = crio.node_args("n4");
-    runtime.extend([
+    let registries = [
         "--crio-registries-dir".to_string(),
         crio.registries_dir().display().to_string(),
-    ]);
-    lab.start_agent_on_host("n4", &runtime);
+    ];
+    lab.add_crio_node("n4", &crio, &registries).await;
     let before = lab.lab.proxy().bytes_down();
     apply_fan_out_set(&lab, "web", &references, "").await;
     let reports = wait_set_pinned_on(&lab, "web", &["n1", "n2", "n3", "n4"]).await;

@@ -51,7 +51,7 @@ fn start() -> Lab {
     .expect("the cluster lab must start")
 }
 
-/// The node agent as its DaemonSet would run it (as deploy/agent/daemonset-containerd.yaml does): on every
+/// The node agent as its DaemonSet would run it (as deploy/agent/overlays/containerd/daemonset.yaml does): on every
 /// node whatever its taints, on the pod network, without capabilities on a read-only root, with its own
 /// ServiceAccount's token and the node's containerd socket, registry config, image filesystem and kubelet
 /// credentials. An init container checks with openssl that the API server the pod's environment names

@@ -8,8 +8,12 @@
 mod agents;
 mod agents_fanout;
 mod agents_losses;
+mod agents_operations;
+mod agents_plan;
+mod agents_rbac;
 mod support;
 
+mod alert_rules;
 mod apply;
 mod blob_cache;
 mod check;
@@ -21,6 +25,7 @@ mod crio;
 mod engine;
 mod fanout;
 mod kube_cluster;
+mod kustomize;
 mod lab_smoke;
 mod lazy;
 mod measured;

@@ -44,6 +44,14 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Its Node as the watch has it, not gated.
+fn node(pairs: &[(&str, &str)]) -> Input {
+    Input::Node {
+        labels: labels(pairs),
+        gated: false,
+    }
+}
+
 /// Facts of a node holding `held`: (image, the sets holding its pin).
 fn facts(held: &[(&str, &[&str])]) -> NodeReport {
     NodeReport {
@@ -86,11 +94,7 @@ fn secs(n: u64) -> Duration {
 fn agent(sets: Vec<PinSet>, now: Instant) -> (AgentState, Vec<Action>) {
     let mut state = AgentState::new(NODE, Timing::default());
     assert!(state.update(Input::NodeKnown, now).is_empty());
-    assert!(
-        state
-            .update(Input::Labels(labels(&[("role", "web")])), now)
-            .is_empty()
-    );
+    assert!(state.update(node(&[("role", "web")]), now).is_empty());
     assert!(state.update(Input::Facts(facts(&[])), now).is_empty());
     let actions = state.update(Input::Sets(sets), now);
     (state, actions)
@@ -156,6 +160,17 @@ fn pin_through(state: &mut AgentState, actions: &[Action], now: Instant) -> Vec<
     )
 }
 
+/// The Events `actions` record: (reason, message).
+fn recorded(actions: &[Action]) -> Vec<(&'static str, String)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Record(note) => Some((note.reason, note.message.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
 fn report<'a>(state: &'a AgentState, name: &str) -> &'a SetReport {
     state
         .reports()
@@ -179,7 +194,7 @@ fn before_the_sets_are_listed_nothing_is_released_or_rolled_out() {
     let now = Instant::now();
     let mut state = AgentState::new(NODE, Timing::default());
     state.update(Input::NodeKnown, now);
-    state.update(Input::Labels(labels(&[("role", "web")])), now);
+    state.update(node(&[("role", "web")]), now);
     // A restarted agent: its node holds pins of set "web", and the sets' watch has said nothing yet.
     let actions = state.update(Input::Facts(facts(&[("a@sha256:1", &["web"])])), now);
     assert!(actions.is_empty(), "{actions:?}");
@@ -208,6 +223,7 @@ fn a_set_is_rolled_out_pinned_and_then_checked_against_the_runtime() {
     let after = pin_through(&mut state, &actions, now);
     assert!(after.contains(&Action::ReadFacts), "{after:?}");
     assert_eq!(report(&state, "web").state, NodeSetPhase::Pinned);
+    assert_eq!(recorded(&after)[0].0, "Pinned");
     // Nothing to do until the check falls due; then both images are asked about.
     let images = verify_due(&mut state, now + secs(31));
     assert_eq!(images, ["a@sha256:1", "b@sha256:2"]);
@@ -245,9 +261,14 @@ fn a_lost_image_makes_the_set_restoring_at_once_and_it_is_put_back() {
     let start = started(&actions).expect("a restore");
     assert!(start.restore);
     assert_eq!(start.set, "web");
+    let told = recorded(&actions);
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0].0, "ImageLost");
+    assert!(told[0].1.contains("b@sha256:2 (absent)"), "{told:?}");
 
     let after = pin_through(&mut state, &actions, at + secs(5));
     assert!(after.contains(&Action::ReadFacts));
+    assert_eq!(recorded(&after)[0].0, "Restored");
     let web = report(&state, "web");
     assert_eq!(web.state, NodeSetPhase::Pinned);
     let restores = web.restores.as_ref().expect("the restore is counted");
@@ -350,6 +371,10 @@ fn a_set_changed_mid_rollout_is_cancelled_and_rolled_out_at_its_new_generation()
         },
         now + secs(3),
     );
+    assert!(
+        recorded(&actions).is_empty(),
+        "a cancel is no failure: {actions:?}"
+    );
     let start = started(&actions).expect("the new generation, at once");
     assert_eq!(
         (start.generation, start.images.as_slice()),
@@ -365,7 +390,7 @@ fn a_set_that_stops_selecting_the_node_is_cancelled_then_released() {
     assert!(started(&actions).is_some());
     state.update(Input::Started { fan_out: None }, now);
     // The node is relabelled: the set no longer selects it.
-    let actions = state.update(Input::Labels(labels(&[("role", "db")])), now + secs(1));
+    let actions = state.update(node(&[("role", "db")]), now + secs(1));
     assert_eq!(actions, [Action::Cancel]);
     let actions = state.update(
         Input::Ended {
@@ -439,6 +464,13 @@ fn a_failed_set_is_tried_again_after_a_while_not_every_second() {
     assert!(started(&actions).is_some());
     let actions = state.update(Input::NotStarted("no credentials".into()), now);
     assert!(started(&actions).is_none(), "{actions:?}");
+    assert_eq!(
+        recorded(&actions),
+        [(
+            "PullFailed",
+            "set web could not start: no credentials".to_string()
+        )]
+    );
     assert_eq!(report(&state, "web").state, NodeSetPhase::Failed);
     assert!(started(&state.update(Input::Tick, now + secs(30))).is_none());
     assert!(started(&state.update(Input::Tick, now + secs(61))).is_some());
@@ -482,4 +514,112 @@ fn a_report_that_changed_is_written_at_once_when_it_is_news_else_once_an_interva
     assert!(!write_due(false, Some(now), interval, now + secs(4)));
     assert!(write_due(false, Some(now), interval, now + secs(5)));
     assert!(write_due(false, None, interval, now));
+}
+
+/// An agent with the gate on (`deadline`), on a node registered with the gate's taint.
+fn gated_agent(deadline: Option<Duration>, now: Instant) -> AgentState {
+    let timing = Timing {
+        gate: Some(deadline),
+        ..Timing::default()
+    };
+    let mut state = AgentState::new(NODE, timing);
+    state.update(Input::NodeKnown, now);
+    state.update(
+        Input::Node {
+            labels: labels(&[("role", "web")]),
+            gated: true,
+        },
+        now,
+    );
+    state.update(Input::Facts(facts(&[])), now);
+    state
+}
+
+fn lifts(actions: &[Action]) -> bool {
+    actions.contains(&Action::LiftGate)
+}
+
+#[test]
+fn the_gate_lifts_once_every_set_selecting_the_node_is_pinned_and_not_before_the_sets_are_listed() {
+    let now = Instant::now();
+    let mut state = gated_agent(Some(secs(1800)), now);
+    assert!(
+        !lifts(&state.update(Input::Tick, now)),
+        "the sets are not listed yet"
+    );
+    let actions = state.update(Input::Sets(vec![set("web", 1, &["a@sha256:1"])]), now);
+    assert!(!lifts(&actions));
+    state.update(Input::Started { fan_out: None }, now);
+    assert!(
+        !lifts(&state.update(Input::Tick, now + secs(1))),
+        "still pulling"
+    );
+    let start = Start {
+        set: "web".into(),
+        generation: 1,
+        images: vec!["a@sha256:1".into()],
+        fan_out: false,
+        waiting_since: None,
+        restore: false,
+    };
+    pin_through(&mut state, &[Action::RollOut(start)], now + secs(2));
+    let actions = state.update(Input::Tick, now + secs(3));
+    assert!(lifts(&actions), "{actions:?}");
+    assert_eq!(recorded(&actions)[0].0, "GateLifted");
+    // Asked once; asked again only if the taint stays a while (its removal failed).
+    assert!(!lifts(&state.update(Input::Tick, now + secs(4))));
+    assert!(lifts(&state.update(Input::Tick, now + secs(64))));
+    // Lifted: the watch sees the Node without the taint; nothing more to do.
+    state.update(node(&[("role", "web")]), now + secs(65));
+    assert!(!lifts(&state.update(Input::Tick, now + secs(200))));
+}
+
+#[test]
+fn a_node_no_set_selects_is_let_through_and_a_set_failing_for_good_holds_it_until_the_deadline() {
+    let now = Instant::now();
+    let mut state = gated_agent(Some(secs(1800)), now);
+    let db = selecting(set("db", 1, &["d@sha256:1"]), "role", "db");
+    state.update(Input::Sets(vec![db]), now);
+    let actions = state.update(Input::Tick, now + secs(1));
+    assert!(lifts(&actions));
+    assert!(
+        recorded(&actions)[0].1.contains("no set selects the node"),
+        "{actions:?}"
+    );
+
+    let mut state = gated_agent(Some(secs(1800)), now);
+    state.update(Input::Sets(vec![set("web", 1, &["a@sha256:1"])]), now);
+    state.update(Input::NotStarted("manifest unknown".into()), now);
+    assert!(!lifts(&state.update(Input::Tick, now + secs(1799))));
+    let actions = state.update(Input::Tick, now + secs(1800));
+    assert!(lifts(&actions));
+    let (reason, message) = &recorded(&actions)[0];
+    assert_eq!(*reason, "GateDeadline");
+    assert!(
+        message.contains("--gate-deadline") && message.contains("web"),
+        "{message}"
+    );
+
+    // Without a deadline, only an administrator lets it through.
+    let mut state = gated_agent(None, now);
+    state.update(Input::Sets(vec![set("web", 1, &["a@sha256:1"])]), now);
+    state.update(Input::NotStarted("manifest unknown".into()), now);
+    assert!(!lifts(&state.update(Input::Tick, now + secs(86_400))));
+}
+
+#[test]
+fn without_the_gate_the_agent_never_touches_the_nodes_taints() {
+    let now = Instant::now();
+    let mut state = AgentState::new(NODE, Timing::default());
+    state.update(Input::NodeKnown, now);
+    state.update(
+        Input::Node {
+            labels: labels(&[]),
+            gated: true,
+        },
+        now,
+    );
+    state.update(Input::Facts(facts(&[])), now);
+    state.update(Input::Sets(Vec::new()), now);
+    assert!(!lifts(&state.update(Input::Tick, now + secs(1))));
 }

@@ -33,7 +33,7 @@ use hyper::body::{Frame, Incoming};
 use serde::Serialize;
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
-use crate::backend::blobs::server::{Server, empty_body, full_body};
+use crate::backend::http_server::{Server, empty_body, full_body};
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 use crate::model::served::{Content, ServedDigests, Source};
 

@@ -7,14 +7,12 @@
 //!   of the sets only ([`crate::model::served::ServedDigests`]).
 //! - [`relay`]: [`Relay`], a node's own mirror passing its pulls on to the in-cluster cache's endpoint,
 //!   riding out the cache's restarts.
-//! - [`server`]: the HTTP/1.1 listener under both.
 //!
 //! `pinboard mirror` serves the endpoint on its own; nodes reach it as a registry mirror.
 
 pub mod cache;
 pub mod endpoint;
 pub mod relay;
-mod server;
 
 pub use cache::{Blob, BlobCache, BlobError, CacheOptions};
 pub use endpoint::{Endpoint, EndpointStats};

@@ -30,9 +30,9 @@ use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::{Frame, Incoming};
 use tokio::sync::Mutex;
 
-use crate::backend::blobs::server::{Server, empty_body, full_body};
 use crate::backend::cri::error_chain;
 use crate::backend::distribution::content_range;
+use crate::backend::http_server::{Server, empty_body, full_body};
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 
 /// How often a request waiting for the cache tries it again.
@@ -85,6 +85,8 @@ struct Shared {
     sent_to_source: AtomicU64,
     /// Bytes passed on to the runtime: what it fetched through the relay.
     passed: AtomicU64,
+    /// Requests waiting for the cache to answer again.
+    holding: AtomicU64,
     /// Why the last request was sent to the source.
     last_reason: std::sync::Mutex<Option<String>>,
 }
@@ -117,6 +119,7 @@ impl Relay {
             gave_up: AtomicBool::new(false),
             sent_to_source: AtomicU64::new(0),
             passed: AtomicU64::new(0),
+            holding: AtomicU64::new(0),
             last_reason: std::sync::Mutex::new(None),
         });
         let serving = Arc::clone(&shared);
@@ -139,6 +142,11 @@ impl Relay {
     pub fn sent_to_source(&self) -> (u64, Option<String>) {
         let reason = self.shared.last_reason.lock().expect("reason").clone();
         (self.shared.sent_to_source.load(Ordering::Relaxed), reason)
+    }
+
+    /// The runtime's requests the relay holds now, waiting for the cache to answer again.
+    pub fn holding(&self) -> u64 {
+        self.shared.holding.load(Ordering::Relaxed)
     }
 
     /// Bytes the relay passed on to the runtime so far (manifests and blobs).
@@ -191,6 +199,7 @@ impl Shared {
             false => self.hold,
         };
         let deadline = Instant::now() + hold;
+        let mut held: Option<Held> = None;
         loop {
             let why = match self.upstream().await {
                 Some(upstream) => match self
@@ -230,8 +239,25 @@ impl Shared {
                 *self.last_reason.lock().expect("reason") = Some(why.clone());
                 return Err(why);
             }
+            held.get_or_insert_with(|| Held::new(&self.holding));
             tokio::time::sleep(RETRY_EVERY).await;
         }
+    }
+}
+
+/// A request counted as held while it waits for the cache.
+struct Held<'a>(&'a AtomicU64);
+
+impl<'a> Held<'a> {
+    fn new(holding: &'a AtomicU64) -> Held<'a> {
+        holding.fetch_add(1, Ordering::Relaxed);
+        Held(holding)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as NodeObject;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use pinboard::model::readiness::Readiness;
 use serde_json::{Value, json};
 
 use super::binary;
 use super::cluster::{client, kubeconfig_with_viewer};
+use super::crio::CrioStandIn;
 use super::kube_objects::{PodState, apply_yaml, wait_for, wait_for_daemonset_pod};
 use super::process::Proc;
 use super::{ClusterConfig, Lab, LabConfig, NodeSpec, RegistrySetup, Run, pinboard_with};
@@ -31,8 +32,6 @@ pub const POD_LABEL: &str = "pinboard.dev/agent-pod";
 const NO_IMAGE: &str = "unused.invalid/pinboard:none";
 /// Short, so that a stopped agent is stale within seconds (its Lease stands for four of these).
 pub const HEARTBEAT: &str = "1s";
-/// The lab's nodes are small: the free-space floor is theirs (the default, 16 GiB, is a real node's).
-const MIN_FREE: &str = "4Mi";
 /// How long an agent may take to take the cache's role.
 const CACHE_WAIT: Duration = Duration::from_secs(180);
 
@@ -47,24 +46,78 @@ pub struct AgentsLab {
     /// Arguments every agent process gets on top, `{node}`, `{lab}` and `{proxy}` replaced by its node's
     /// name, the lab's directory and the registry proxy's host.
     agent_args: Vec<String>,
+    /// How often every agent renews its heartbeat: [`HEARTBEAT`], unless `agent_args` say
+    /// `--heartbeat-every=DURATION`.
+    heartbeat: String,
+    /// Every agent's `--min-free`.
+    min_free: &'static str,
+}
+
+/// How a lab's agents run, beyond what every agent gets.
+#[derive(Clone, Debug)]
+pub struct AgentsSetup {
+    /// Arguments every agent process gets on top (see [`AgentsLab::agent_args`]).
+    pub agent_args: Vec<String>,
+    pub registry: RegistrySetup,
+    /// The agents' free-space floor, `--min-free`: the lab's nodes are small (the default, 16 GiB, is a
+    /// real node's).
+    pub min_free: &'static str,
+}
+
+impl Default for AgentsSetup {
+    fn default() -> Self {
+        AgentsSetup {
+            agent_args: Vec::new(),
+            registry: RegistrySetup::default(),
+            min_free: "4Mi",
+        }
+    }
 }
 
 impl AgentsLab {
     /// Starts the lab with `nodes`, installs the agents' manifests, and runs the agent as a pod on
     /// `pod_node` (when given; its image is pushed first) and as a process on every other node.
     pub async fn start(name: &str, nodes: Vec<NodeSpec>, pod_node: Option<&str>) -> AgentsLab {
-        AgentsLab::start_with(name, nodes, pod_node, Vec::new(), RegistrySetup::default()).await
+        AgentsLab::start_with(name, nodes, pod_node, AgentsSetup::default()).await
     }
 
-    /// [`AgentsLab::start`] with the lab's `registry`, every agent process with `agent_args` (see
-    /// [`AgentsLab::agent_args`]).
+    /// [`AgentsLab::start`] with every agent process taking the registry through its proxy too (images
+    /// referenced by the proxy's host, so that what the nodes pull is counted there).
+    pub async fn through_proxy(name: &str, nodes: Vec<NodeSpec>) -> AgentsLab {
+        let setup = AgentsSetup {
+            agent_args: vec!["--insecure-registry={proxy}".into()],
+            ..AgentsSetup::default()
+        };
+        AgentsLab::start_with(name, nodes, None, setup).await
+    }
+
+    /// Registers `node` as a CRI-O node served by the stand-in `crio` (which has no kubelet: its Node is made
+    /// by hand, as a kubelet would register it) and starts its agent on this host, with `extra` arguments.
+    pub async fn add_crio_node(&mut self, node: &str, crio: &CrioStandIn, extra: &[String]) {
+        let object: NodeObject =
+            serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+        Api::<NodeObject>::all(self.admin.clone())
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("Node {node}: {e}"));
+        let mut args = crio.node_args(node);
+        args.extend(extra.iter().cloned());
+        self.start_agent_on_host(node, &args);
+    }
+
+    /// [`AgentsLab::start`], the agents run as `setup` says (`--heartbeat-every=DURATION` among its
+    /// `agent_args` replaces the lab's short heartbeat).
     pub async fn start_with(
         name: &str,
         nodes: Vec<NodeSpec>,
         pod_node: Option<&str>,
-        agent_args: Vec<String>,
-        registry: RegistrySetup,
+        setup: AgentsSetup,
     ) -> AgentsLab {
+        let AgentsSetup {
+            agent_args,
+            registry,
+            min_free,
+        } = setup;
         pinboard::install_crypto_provider();
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         let lab = Lab::start(
@@ -89,12 +142,20 @@ impl AgentsLab {
             Some(_) => agent_image(&lab),
             None => NO_IMAGE.to_owned(),
         };
+        let (heartbeat, agent_args): (Vec<String>, Vec<String>) = agent_args
+            .into_iter()
+            .partition(|a| a.starts_with("--heartbeat-every="));
+        let heartbeat = heartbeat
+            .last()
+            .map_or(HEARTBEAT, |a| a.trim_start_matches("--heartbeat-every="));
         let mut agents = AgentsLab {
+            heartbeat: heartbeat.to_owned(),
             lab,
             admin,
             agent_kubeconfig,
             processes: BTreeMap::new(),
             agent_args,
+            min_free,
         };
         agents.install(&image).await;
         for node in &names {
@@ -109,23 +170,25 @@ impl AgentsLab {
     /// Applies the manifests `pinboard agent manifests` prints for the agent's `image`, its DaemonSet on the
     /// nodes labelled [`POD_LABEL`], every agent with the lab's registry and the short heartbeat.
     async fn install(&self, image: &str) {
-        let manifests = pinboard_with(
-            [
-                "agent",
-                "manifests",
-                "--image",
-                image,
-                "--node-selector",
-                &format!("{POD_LABEL}=true"),
-                &format!(
-                    "--agent-arg=--insecure-registry={}",
-                    self.lab.registry_host()
-                ),
-                &format!("--agent-arg=--heartbeat-every={HEARTBEAT}"),
-                &format!("--agent-arg=--min-free={MIN_FREE}"),
-            ],
-            |_| {},
-        );
+        let mut args = vec![
+            "agent".to_string(),
+            "manifests".into(),
+            "--image".into(),
+            image.into(),
+            "--node-selector".into(),
+            format!("{POD_LABEL}=true"),
+            format!(
+                "--agent-arg=--insecure-registry={}",
+                self.lab.registry_host()
+            ),
+            format!("--agent-arg=--heartbeat-every={}", self.heartbeat),
+            format!("--agent-arg=--min-free={}", self.min_free),
+        ];
+        // Agents started with the gate need its rights: the manifests' own `--gate`.
+        if self.agent_args.iter().any(|a| a == "--gate") {
+            args.push("--gate".into());
+        }
+        let manifests = pinboard_with(args, |_| {});
         assert_eq!(manifests.code, 0, "{}", manifests.stderr);
         apply_yaml(&self.admin, &manifests.stdout).await;
     }
@@ -184,9 +247,9 @@ impl AgentsLab {
                 "--insecure-registry",
                 &self.lab.registry_host(),
                 "--heartbeat-every",
-                HEARTBEAT,
+                &self.heartbeat,
                 "--min-free",
-                MIN_FREE,
+                self.min_free,
                 "--kubeconfig",
             ])
             .arg(&self.agent_kubeconfig)
@@ -254,7 +317,8 @@ impl AgentsLab {
         self.objects("PinboardNode", "pinboardnodes").await
     }
 
-    /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry.
+    /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry; the
+    /// floors are the agents' own, as they report them.
     pub fn pinboard(&self, args: &[&str]) -> Run {
         let cluster = self.lab.cluster().expect("a cluster lab");
         self.pinboard_as(cluster.kubeconfig(), None, args)
@@ -274,7 +338,6 @@ impl AgentsLab {
             all.extend(["--context".into(), context.into()]);
         }
         all.extend(["--insecure-registry".into(), self.lab.registry_host()]);
-        all.extend(["--min-free".into(), MIN_FREE.into()]);
         all.extend(rest.iter().map(|a| a.to_string()));
         pinboard_with(all, |_| {})
     }

@@ -324,7 +324,7 @@ impl Drop for ApiServer {
 
 /// `${PINBOARD_CACHE:-$HOME/.cache/pinboard}/bin/<name>`, where scripts/setup builds the Kubernetes
 /// commands and containerd-stargz-grpc; an error saying so if it is missing.
-pub(crate) fn cached_binary(name: &str) -> Result<PathBuf> {
+pub fn cached_binary(name: &str) -> Result<PathBuf> {
     let cache = std::env::var_os("PINBOARD_CACHE").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pinboard"),
         PathBuf::from,

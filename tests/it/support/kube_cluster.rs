@@ -29,7 +29,7 @@ use super::binary_image::binary_layer;
 use super::http;
 use super::images::{Extras, oci_archive};
 use super::network::LabNetwork;
-use super::node::Node;
+use super::node::{Node, NodeSpec};
 use super::pki::Ca;
 use super::process::{Proc, stop_all};
 
@@ -139,11 +139,12 @@ impl KubeCluster {
     }
 
     /// Starts `node`'s kubelet (a cluster node's, in its sandbox) on a new address of `network`, registering
-    /// its Node with `labels`, without waiting for it (see [`KubeCluster::wait_registered`]).
+    /// its Node with the labels and taints of `spec`, without waiting for it (see
+    /// [`KubeCluster::wait_registered`]).
     pub(crate) fn start_kubelet(
         &mut self,
         node: &Node,
-        labels: &[(String, String)],
+        spec: &NodeSpec,
         network: &LabNetwork,
     ) -> Result<()> {
         let sandbox = node
@@ -199,9 +200,16 @@ impl KubeCluster {
             .arg(format!("--address={ip}"))
             // Which image the kubelet's image garbage collection spares.
             .arg(format!("--pod-infra-container-image={SANDBOX_IMAGE}"));
-        if !labels.is_empty() {
-            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if !spec.labels.is_empty() {
+            let labels: Vec<String> = spec
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
             command.arg(format!("--node-labels={}", labels.join(",")));
+        }
+        if !spec.taints.is_empty() {
+            command.arg(format!("--register-with-taints={}", spec.taints.join(",")));
         }
         let log = node.dir().join("kubelet.log");
         let process = match Proc::spawn_group(&format!("kubelet ({name})"), command, &log) {

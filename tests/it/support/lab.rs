@@ -159,7 +159,7 @@ impl Lab {
                 // The kubelets take seconds to start and keep trying the API server meanwhile.
                 for (node, spec) in nodes.iter().zip(&config.nodes) {
                     cluster
-                        .start_kubelet(node, &spec.labels, network)
+                        .start_kubelet(node, spec, network)
                         .with_context(context)?;
                 }
                 apiserver.wait_launched().with_context(context)?;
@@ -323,7 +323,7 @@ impl Lab {
         let resources = &mut self.resources;
         let node = Node::start(&spec, &env, &mut resources.procs, &mut resources.mounts)?;
         if let (Some(cluster), Some(network)) = (&mut self.cluster, &self.network) {
-            cluster.start_kubelet(&node, &spec.labels, network)?;
+            cluster.start_kubelet(&node, &spec, network)?;
             cluster.wait_registered(&node.name)?;
         }
         self.nodes.push(node);

@@ -31,6 +31,7 @@ mod node_sandbox;
 mod pki;
 pub mod private;
 mod process;
+pub mod prometheus;
 mod proxy;
 mod registry;
 pub mod release;
@@ -40,6 +41,7 @@ pub mod tmux;
 mod token;
 pub mod unit;
 
+pub use apiserver::cached_binary;
 pub use images::{ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage, unique_bytes};
 pub use kube_cluster::ClusterConfig;
 pub use lab::{Lab, LabConfig};

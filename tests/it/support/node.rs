@@ -41,6 +41,9 @@ pub struct NodeSpec {
     /// stargz-snapshotter runs beside its containerd ([`Stargz`]); a plain lab's containerd then runs as
     /// systemd runs its unit, restarted by `systemctl restart containerd` ([`Unit`]).
     pub stargz: bool,
+    /// In a cluster lab, the taints its kubelet registers its Node with (`--register-with-taints`),
+    /// `KEY=VALUE:EFFECT`.
+    pub taints: Vec<String>,
 }
 
 impl NodeSpec {
@@ -53,6 +56,7 @@ impl NodeSpec {
             metrics_address: None,
             labels: Vec::new(),
             stargz: false,
+            taints: Vec::new(),
         }
     }
 
@@ -72,6 +76,13 @@ impl NodeSpec {
     )]
     pub fn serving_metrics(mut self, address: &str) -> NodeSpec {
         self.metrics_address = Some(address.to_owned());
+        self
+    }
+
+    /// In a cluster lab, the Node registered with the taint `taint` (`KEY=VALUE:EFFECT`), as a node an
+    /// autoscaler makes with a startup taint.
+    pub fn tainted(mut self, taint: &str) -> NodeSpec {
+        self.taints.push(taint.to_owned());
         self
     }
 

@@ -1,5 +1,6 @@
-//! The HTTP/1.1 listener under pinboard's registry endpoints ([`super::Endpoint`], [`super::Relay`]):
-//! accepts connections and hands each request to the endpoint's handler until stopped.
+//! The HTTP/1.1 listener under pinboard's registry endpoints ([`super::blobs::Endpoint`],
+//! [`super::blobs::Relay`]) and the agent's metrics page: accepts connections and hands each request to the
+//! handler until stopped.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -35,7 +36,7 @@ impl Server {
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(accept(listener, handle, stopped));
-        tracing::debug!(%addr, "registry endpoint listening");
+        tracing::debug!(%addr, "listening");
         Ok(Server {
             addr,
             stop: Some(stop),
