@@ -4,9 +4,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/cri.proto",
         "proto/containerd/content.proto",
+        "proto/containerd/diff.proto",
         "proto/containerd/events.proto",
         "proto/containerd/images.proto",
+        "proto/containerd/leases.proto",
         "proto/containerd/snapshots.proto",
+        "proto/containerd/types.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -46,7 +46,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pinboard::backend::blobs::{BlobCache, CacheOptions};
-use pinboard::backend::credentials::Credentials;
 use pinboard::backend::lazy::LazyConfig;
 use pinboard::backend::pins::PinTarget;
 use pinboard::backend::target::{DirectNode, NodeTarget};
@@ -282,7 +281,7 @@ fn pinboard_run(lab: &Lab, references: &[String], cache: Option<&std::path::Path
             &targets,
             jobs,
             planned.facts,
-            Arc::new(Credentials::none()),
+            Arc::clone(&registry),
             EngineConfig::default(),
             fan_out,
             false,

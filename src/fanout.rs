@@ -22,8 +22,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinError;
 
 use crate::backend::blobs::{BlobCache, Endpoint, EndpointStats};
-use crate::backend::credentials::Credentials;
 use crate::backend::cri::{CriClient, CriEndpoint, CriError};
+use crate::backend::registry::Registry;
 use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{self, Wired, Wiring, WiringError};
 use crate::engine::{self, Control, EngineConfig, NodeJob};
@@ -145,7 +145,7 @@ impl Run {
         targets: &[NodeTarget],
         jobs: Vec<NodeJob>,
         facts: HashMap<String, ImageFacts>,
-        credentials: Arc<Credentials>,
+        registry: Arc<Registry>,
         config: EngineConfig,
         fan_out: Option<FanOutSetup>,
         operator: bool,
@@ -183,7 +183,7 @@ impl Run {
                 partly: Vec::new(),
             })
         });
-        let engine = engine::start(jobs, Arc::new(facts), credentials, config);
+        let engine = engine::start(jobs, Arc::new(facts), registry, config);
         let mut sample = tokio::time::interval(SAMPLE_EVERY);
         sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let run = Run {

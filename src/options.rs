@@ -197,6 +197,7 @@ impl RolloutArgs {
             parallel: self.parallel.max(1),
             force: self.force,
             pull_progress_timeout: self.pull_progress_timeout,
+            lazy_images: self.lazy_images(),
             ..EngineConfig::default()
         }
     }

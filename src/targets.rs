@@ -102,6 +102,7 @@ pub fn jobs(targets: &[NodeTarget], plans: Vec<NodePlan>, sets: &[ImageSet]) -> 
             plan,
             pin: t.pin.clone(),
             holders: Arc::clone(&holders),
+            lazy: t.lazy.clone(),
         })
         .collect()
 }

@@ -15,7 +15,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::proto::cri::{
     AuthConfig, Image, ImageFsInfoRequest, ImageFsInfoResponse, ImageSpec, ImageStatusRequest,
-    PullImageRequest, RemoveImageRequest, VersionRequest, VersionResponse,
+    PullImageRequest, PullImageResponse, RemoveImageRequest, VersionRequest, VersionResponse,
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use crate::model::reference::ImageRef;
@@ -127,6 +127,11 @@ pub enum CriErrorKind {
     InvalidReference,
     /// Anything else, such as no answer in time or a reset connection: another try may succeed.
     Transient,
+    /// The node's state stops it for now (a container runs from the layers a whole pull would replace):
+    /// trying again within the rollout would not help.
+    InUse,
+    /// The endpoint does not serve that call (gRPC Unimplemented).
+    Unimplemented,
 }
 
 impl CriErrorKind {
@@ -137,7 +142,9 @@ impl CriErrorKind {
     pub fn of(code: Option<tonic::Code>, cause: &str) -> CriErrorKind {
         let lower = cause.to_lowercase();
         let says = |words: &[&str]| words.iter().any(|w| lower.contains(w));
-        if says(&["no space left on device"]) {
+        if code == Some(tonic::Code::Unimplemented) {
+            CriErrorKind::Unimplemented
+        } else if says(&["no space left on device"]) {
             CriErrorKind::NoSpace
         } else if code == Some(tonic::Code::PermissionDenied)
             || says(&["unauthorized", "denied", "forbidden"])
@@ -250,7 +257,8 @@ impl CriClient {
         self.call_within(rpc, self.timeout, call).await
     }
 
-    async fn call_within<T>(
+    /// [`CriClient::call_content`] under `timeout`, for calls that take long (applying a layer).
+    pub async fn call_within<T>(
         &self,
         rpc: &'static str,
         timeout: Duration,
@@ -474,6 +482,34 @@ impl CriClient {
         };
         Ok(self
             .call("PullImage", timeout, self.images().pull_image(request))
+            .await?
+            .image_ref)
+    }
+
+    /// [`CriClient::pull_image`] through CRI's older `runtime.v1alpha2` API (its PullImage messages are
+    /// v1's, field for field): what stargz-snapshotter 0.12's CRI keychain serves on its socket.
+    pub async fn pull_image_v1alpha2(
+        &self,
+        image: &str,
+        auth: Option<AuthConfig>,
+        timeout: Duration,
+    ) -> Result<String, CriError> {
+        let request = PullImageRequest {
+            image: Some(spec(image)),
+            auth,
+        };
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        let pulling = async {
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::unavailable(error_chain(&e)))?;
+            let path =
+                http::uri::PathAndQuery::from_static("/runtime.v1alpha2.ImageService/PullImage");
+            let codec = tonic_prost::ProstCodec::<PullImageRequest, PullImageResponse>::default();
+            grpc.unary(tonic::Request::new(request), path, codec).await
+        };
+        Ok(self
+            .call("PullImage (v1alpha2)", timeout, pulling)
             .await?
             .image_ref)
     }

@@ -28,9 +28,11 @@ pub mod readiness;
 pub mod registries_conf;
 pub mod registry;
 pub mod remote_layers;
+pub mod stargz;
 pub mod target;
 pub mod tls_probe;
 pub mod toml_doc;
+pub mod whole;
 pub mod wiring;
 
 /// At most `max` characters of `text`, with `...` when cut: remote error bodies can be long.

@@ -3,7 +3,10 @@
 //!
 //! - containerd: the content store's blobs with their labels (`Content/List`: a manifest names its config
 //!   and layers, a config its top snapshot) and the CRI plugin's snapshotter's snapshots (`Snapshots/List`,
-//!   namespace `k8s.io`: parents and the remote label), both on the CRI socket.
+//!   namespace `k8s.io`: parents, kinds and the remote label), both on the CRI socket; on a local socket,
+//!   how much of each layer stargz-snapshotter fetched ([`super::stargz`]). A remote snapshotter that does
+//!   not answer leaves the content store to say which layers are remote (their blobs absent), and them
+//!   unreadable.
 //! - CRI-O: containers-storage's records, on the node's disk where pinboard runs: the image filesystem CRI
 //!   reports is `<graphroot>/<driver>-images`, whose `images.json` gives an image's top layer; the layers'
 //!   `<driver>-layers/layers.json` their parents; an additional-layer-store layer has an `additionallayer`
@@ -13,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use futures::StreamExt;
 use serde::Deserialize;
@@ -20,12 +24,23 @@ use serde::Deserialize;
 use super::cri::{CriClient, CriError};
 use super::held::content_infos;
 use super::pins::containerd::namespaced;
-use super::proto::containerd_snapshots::{ListSnapshotsRequest, snapshots_client::SnapshotsClient};
+use super::proto::containerd_snapshots::{
+    Kind, ListSnapshotsRequest, snapshots_client::SnapshotsClient,
+};
 use super::proto::cri::Image;
+use super::stargz::layer_states;
 use crate::model::lazy::{
-    ContainerdHoldings, ContainerdSnapshot, REMOTE_SNAPSHOT_LABEL, RemoteLayers, layer_chain,
+    ContainerdHoldings, ContainerdSnapshot, REMOTE_SNAPSHOT_LABEL, REMOTE_SNAPSHOTTERS,
+    RemoteLayers, layer_chain,
 };
 use crate::model::runtime::RuntimeKind;
+
+/// The CRI plugin's label naming the layer a snapshot was pulled for.
+const LAYER_DIGEST_LABEL: &str = "containerd.io/snapshot/cri.layer-digest";
+/// The CRI plugin's label naming the reference a snapshot was pulled by.
+const IMAGE_REF_LABEL: &str = "containerd.io/snapshot/cri.image-ref";
+/// How long stargz's layer mounts get to say what they fetched.
+const STATES_WITHIN: Duration = Duration::from_secs(2);
 
 /// Per image of `images` (the runtime's records of present images on `node`), in order, its remote layers
 /// when it is only lazily present.
@@ -59,20 +74,53 @@ async fn containerd(
     client: &CriClient,
     images: &[&Image],
 ) -> Result<Vec<Option<RemoteLayers>>, CriError> {
-    let Some(snapshotter) = client.cri_snapshotter().await? else {
+    let Some(mut holdings) = containerd_holdings(client).await? else {
         return Ok(vec![None; images.len()]);
+    };
+    if client.endpoint().is_local() && REMOTE_SNAPSHOTTERS.contains(&holdings.snapshotter()) {
+        let image_fs = client.image_fs_info().await.ok().and_then(|fs| {
+            let id = fs.image_filesystems.into_iter().next()?.fs_id?;
+            Some(PathBuf::from(id.mountpoint))
+        });
+        holdings = holdings.with_fetch(layer_states(image_fs, STATES_WITHIN).await);
+    }
+    Ok(images
+        .iter()
+        .map(|i| holdings.remote_layers(&i.id))
+        .collect())
+}
+
+/// What the containerd node `client` reaches holds of its images, for its CRI plugin's snapshotter (None:
+/// it names none).
+pub async fn containerd_holdings(
+    client: &CriClient,
+) -> Result<Option<ContainerdHoldings>, CriError> {
+    let Some(snapshotter) = client.cri_snapshotter().await? else {
+        return Ok(None);
     };
     let content = content_infos(client)
         .await?
         .into_iter()
         .map(|info| (info.digest, info.labels))
         .collect();
-    let snapshots = snapshots(client, &snapshotter).await?;
-    let holdings = ContainerdHoldings::new(&snapshotter, content, snapshots);
-    Ok(images
-        .iter()
-        .map(|i| holdings.remote_layers(&i.id))
-        .collect())
+    let snapshots = match snapshots(client, &snapshotter).await {
+        Ok(snapshots) => snapshots,
+        // The remote snapshotter is a process of its own, which may be down while containerd serves.
+        Err(e) if REMOTE_SNAPSHOTTERS.contains(&snapshotter.as_str()) => {
+            let why = format!("the snapshotter {snapshotter} does not answer: {}", e.cause);
+            return Ok(Some(ContainerdHoldings::unserved(
+                &snapshotter,
+                content,
+                why,
+            )));
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(Some(ContainerdHoldings::new(
+        &snapshotter,
+        content,
+        snapshots,
+    )))
 }
 
 /// Every snapshot of `snapshotter` in the `k8s.io` namespace, by name.
@@ -94,6 +142,9 @@ async fn snapshots(
             for info in page?.info {
                 let snapshot = ContainerdSnapshot {
                     remote: info.labels.contains_key(REMOTE_SNAPSHOT_LABEL),
+                    committed: info.kind == Kind::Committed as i32,
+                    layer: info.labels.get(LAYER_DIGEST_LABEL).cloned(),
+                    image: info.labels.get(IMAGE_REF_LABEL).cloned(),
                     parent: info.parent,
                 };
                 snapshots.insert(info.name, snapshot);
@@ -231,15 +282,7 @@ mod tests {
         let found = crio_storage(&images, &ids).unwrap();
         assert_eq!(
             found,
-            [
-                Some(RemoteLayers {
-                    remote_layers: vec![1, 2],
-                    layers: 3
-                }),
-                None,
-                None,
-                None
-            ]
+            [RemoteLayers::of(&[false, true, true]), None, None, None]
         );
         assert!(crio_storage(root.path(), &ids).is_err());
     }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::model::readiness::LazyImages;
+
 /// How the engine runs. [`Default`] is the OpenShift daemon's schedule, minus its sleep after each pull.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -26,6 +28,10 @@ pub struct EngineConfig {
     pub no_space_hint: &'static str,
     /// Pull and write nothing: every node is refused.
     pub readonly: bool,
+    /// On a node whose CRI snapshotter pulls lazily: pull whole, every byte on the node, lazily present
+    /// images included (NotReady, the default: pre-loading), or lazily through CRI (Accepted,
+    /// `--allow-lazy`: sets for a fast start).
+    pub lazy_images: LazyImages,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +48,7 @@ impl Default for EngineConfig {
             force: false,
             no_space_hint: "force to pull anyway",
             readonly: false,
+            lazy_images: LazyImages::NotReady,
         }
     }
 }

@@ -4,18 +4,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::backend::lazy::LazyConfig;
 use crate::backend::pins::PinTarget;
 use crate::backend::target::DirectNode;
 use crate::model::plan::NodePlan;
 
 /// One node to roll out: where it is, its plan from the survey (verdict and images, in order), how to
-/// pin, and which sets hold each image's pin ([`crate::model::holders::holders_of`]).
+/// pin, which sets hold each image's pin ([`crate::model::holders::holders_of`]), and where its lazy
+/// pulling is configured (its remote snapshotter's socket, which lazy pulls go through).
 #[derive(Clone, Debug)]
 pub struct NodeJob {
     pub node: DirectNode,
     pub plan: NodePlan,
     pub pin: PinTarget,
     pub holders: Arc<BTreeMap<String, BTreeSet<String>>>,
+    pub lazy: LazyConfig,
 }
 
 /// What an operator can do while the engine runs.

@@ -20,6 +20,7 @@ mod job;
 mod node;
 mod pin;
 mod pull;
+mod route;
 mod shared;
 mod unpin;
 
@@ -36,7 +37,7 @@ use node::run_node;
 use shared::Shared;
 pub use unpin::{UnpinChanges, UnpinError, sets_holding, unpin};
 
-use crate::backend::credentials::Credentials;
+use crate::backend::registry::Registry;
 use crate::model::image::ImageFacts;
 use crate::model::rollout::{Event, Rollout};
 
@@ -49,14 +50,15 @@ pub struct Engine {
 }
 
 /// Starts rolling out `jobs` on the current tokio runtime. `images` has each reference's facts (blobs and
-/// sizes, for byte progress); an image without facts is pulled without progress.
+/// sizes, for byte progress); an image without facts is pulled without progress. `registry` gives the
+/// credentials sent with each pull, and fetches the blobs of whole pulls.
 pub fn start(
     jobs: Vec<NodeJob>,
     images: Arc<HashMap<String, ImageFacts>>,
-    credentials: Arc<Credentials>,
+    registry: Arc<Registry>,
     config: EngineConfig,
 ) -> Engine {
-    let (shared, events) = Shared::new(images, credentials, config);
+    let (shared, events) = Shared::new(images, registry, config);
     let (control, control_rx) = mpsc::unbounded_channel();
     Engine {
         events,
@@ -145,7 +147,9 @@ fn route(routes: &HashMap<String, UnboundedSender<Control>>, message: &Control) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::lazy::LazyConfig;
     use crate::backend::pins::PinTarget;
+    use crate::backend::registry::RegistryOptions;
     use crate::backend::target::DirectNode;
     use crate::model::rollout::NodeState;
 
@@ -165,17 +169,13 @@ mod tests {
             plan,
             pin: PinTarget::Detect,
             holders: Arc::default(),
+            lazy: LazyConfig::default(),
         }
     }
 
     async fn refusals(jobs: Vec<NodeJob>, config: EngineConfig) -> Vec<(String, String)> {
-        let rollout = run_to_end(start(
-            jobs,
-            Arc::default(),
-            Arc::new(Credentials::none()),
-            config,
-        ))
-        .await;
+        let registry = Registry::new(RegistryOptions::default()).unwrap();
+        let rollout = run_to_end(start(jobs, Arc::default(), Arc::new(registry), config)).await;
         rollout
             .nodes()
             .iter()

@@ -1,10 +1,11 @@
 //! One node's rollout: refused when its plan says no-space (unless forced) or it cannot be reached; images
-//! already present are skipped (those present only lazily said so, as the plan found them); the rest are pulled `parallel` at a time from a queue the operator can
-//! cancel from and retry into, with byte progress where the runtime shows it (containerd); "no space left
-//! on device" stops the remaining pulls; pins are written last, once every image is there. What the runtime
-//! fetched is measured where it can be (containerd's content store before and after).
+//! already present are skipped (those present only lazily said so, as the plan found them, or pulled whole
+//! where the node pulls whole: [`super::route`]); the rest are pulled `parallel` at a time from a queue the
+//! operator can cancel from and retry into, with byte progress where the runtime shows it (containerd); "no
+//! space left on device" stops the remaining pulls; pins are written last, once every image is there. What
+//! the runtime fetched is measured where it can be (containerd's content store before and after).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,7 +15,8 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use super::job::{Control, NodeJob};
 use super::pin::Pinning;
-use super::pull::{PullFailure, pull};
+use super::pull::{PullFailure, PullOn, pull};
+use super::route::{Route, route};
 use super::shared::Shared;
 use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
 use crate::backend::held::content_store;
@@ -70,6 +72,7 @@ pub(super) async fn run_node(
         .collect();
     let statuses = client.image_records(&order, true).await;
     let runtime = Runtime::identify(&version.runtime_name, &version.runtime_version);
+    let route = Arc::new(route(&client, runtime.as_ref().map(|r| r.kind), &job, &shared).await);
     let progress = runtime
         .as_ref()
         .is_some_and(|r| r.kind == RuntimeKind::Containerd);
@@ -81,6 +84,8 @@ pub(super) async fn run_node(
         false => None,
     };
     let mut node = NodeRun {
+        route,
+        recorded: HashSet::new(),
         name: name.clone(),
         client,
         progress,
@@ -108,18 +113,24 @@ pub(super) async fn run_node(
         at: Instant::now(),
     });
     for image in present {
-        node.status.insert(image.clone(), Status::Ok);
-        if let Some(facts) = shared.images.get(image) {
-            node.tracker.add_present(facts);
-        }
         let lazy = job
             .plan
             .images
             .iter()
             .find(|i| *i.reference == **image)
             .and_then(|i| i.lazy.as_deref());
+        if lazy.is_some() && node.route.whole() {
+            // Pre-loading needs every byte on the node: pulled whole, its record kept.
+            node.recorded.insert(image.clone());
+            node.queue.push_back(image.clone());
+            continue;
+        }
+        node.status.insert(image.clone(), Status::Ok);
+        if let Some(facts) = shared.images.get(image) {
+            node.tracker.add_present(facts);
+        }
         shared.emit(match lazy {
-            // Its runtime would pull it lazily again: the readiness check after says how to make it local.
+            // Accepted lazily (--allow-lazy), or a runtime pinboard cannot pull whole on: left as it is.
             Some(lazy) => Event::ImageLazy {
                 node: name.clone(),
                 image: image.clone(),
@@ -154,6 +165,10 @@ pub(super) async fn run_node(
 struct NodeRun {
     name: String,
     client: CriClient,
+    /// How its pulls go.
+    route: Arc<Route>,
+    /// Images it holds a record of already (present only lazily, pulled whole).
+    recorded: HashSet<String>,
     /// As CRI Version names it: [`crate::backend::pins::resolve`] picks how the node pins from it, and it
     /// names a runtime pinboard does not know.
     runtime_name: String,
@@ -418,14 +433,16 @@ impl NodeRun {
             self.bytes.insert(image.clone(), tx);
             bytes = Some(rx);
         }
-        let handle = running.tasks.spawn(pull(
-            self.client.clone(),
-            self.name.clone(),
-            self.runtime.as_ref().map(|r| r.kind),
-            image.clone(),
-            bytes,
-            Arc::clone(&self.shared),
-        ));
+        let on = PullOn {
+            client: self.client.clone(),
+            node: self.name.clone(),
+            runtime: self.runtime.as_ref().map(|r| r.kind),
+            route: Arc::clone(&self.route),
+            recorded: self.recorded.contains(&image),
+        };
+        let handle = running
+            .tasks
+            .spawn(pull(on, image.clone(), bytes, Arc::clone(&self.shared)));
         running.images.insert(handle.id(), image.clone());
         running.aborts.insert(image, handle);
     }

@@ -1,4 +1,5 @@
-//! One image pulled on one node: attempts with the image's registry credential and exponential backoff
+//! One image pulled on one node, the way its [`Route`] says (CRI PullImage, lazily through the remote
+//! snapshotter's socket, or whole): attempts with the image's registry credential and exponential backoff
 //! between them (never a fixed sleep after a pull), each success confirmed with ImageStatus, and the stall
 //! rule: an attempt whose bytes stop moving short of the image's size is cancelled and fails. Only a
 //! [`CriErrorKind::Transient`] failure is tried again.
@@ -9,8 +10,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::credentials::{find_credential, sent_credential};
+use super::route::Route;
 use super::shared::Shared;
 use crate::backend::cri::{CriClient, CriError, CriErrorKind};
+use crate::backend::whole::Register;
 use crate::model::rollout::Event;
 use crate::model::runtime::RuntimeKind;
 use crate::model::units::clock;
@@ -21,17 +24,32 @@ pub(super) struct PullFailure {
     pub(super) no_space: bool,
 }
 
+/// Where an image is pulled: the node's CRI client, its runtime, the route its pulls take, and whether
+/// the node has a record of the image already (one present only lazily, pulled whole).
+pub(super) struct PullOn {
+    pub(super) client: CriClient,
+    pub(super) node: String,
+    pub(super) runtime: Option<RuntimeKind>,
+    pub(super) route: Arc<Route>,
+    pub(super) recorded: bool,
+}
+
 /// Pulls one image with retries; every success is confirmed with ImageStatus. The image's registry
 /// credential goes with every attempt; a refused one says which credential was sent and what the runtime
 /// makes of it. An attempt whose `bytes` stop moving for the progress timeout is cancelled and fails.
 pub(super) async fn pull(
-    client: CriClient,
-    node: String,
-    runtime: Option<RuntimeKind>,
+    on: PullOn,
     image: String,
     mut bytes: Option<watch::Receiver<(u64, u64)>>,
     shared: Arc<Shared>,
 ) -> Result<(), PullFailure> {
+    let PullOn {
+        client,
+        node,
+        runtime,
+        route,
+        recorded,
+    } = on;
     let credentials = Arc::clone(&shared.credentials);
     let reference = image.clone();
     // A credential helper may run: off the async threads.
@@ -53,12 +71,36 @@ pub(super) async fn pull(
             attempt,
             at: Instant::now(),
         });
-        let pulling = client.pull_image(&image, auth.clone(), config.pull_timeout);
-        let limit = config.pull_progress_timeout;
         let failed = |e: CriError| (e.kind, e.to_string());
+        let pulling = async {
+            let Route::Whole(whole) = &*route else {
+                let pulled = route.pull_cri(&client, &image, auth.clone(), config.pull_timeout);
+                return pulled.await.map(drop).map_err(failed);
+            };
+            let Some(facts) = shared.images.get(&image) else {
+                return Err((
+                    CriErrorKind::NotFound,
+                    "the registry did not describe it, so it cannot be pulled whole".to_string(),
+                ));
+            };
+            let register = (!recorded).then(|| Register {
+                auth: auth.clone(),
+                timeout: config.pull_timeout,
+            });
+            match tokio::time::timeout(config.pull_timeout, whole.pull(&image, facts, register))
+                .await
+            {
+                Ok(pulled) => pulled.map_err(|e| (e.kind(), format!("whole pull: {e}"))),
+                Err(_) => Err((
+                    CriErrorKind::Transient,
+                    format!("whole pull: not done within {}", clock(config.pull_timeout)),
+                )),
+            }
+        };
+        let limit = config.pull_progress_timeout;
         let pulled = match bytes.as_mut().filter(|_| !limit.is_zero()) {
             Some(bytes) => tokio::select! {
-                pulled = pulling => pulled.map_err(failed),
+                pulled = pulling => pulled,
                 () = stalled(bytes, limit) => {
                     shared.emit(Event::PullStalled {
                         node: node.clone(),
@@ -72,7 +114,7 @@ pub(super) async fn pull(
                     )))
                 }
             },
-            None => pulling.await.map_err(failed),
+            None => pulling.await,
         };
         let (kind, reason) = match pulled {
             Ok(_) => match client.image_status(&image).await {

@@ -7,9 +7,14 @@
 //! - A lazily present image ([`RemoteLayers`]) has its image record and layers on the node while some
 //!   layers' bytes are still in the registry, fetched on first read. containerd: its layers' snapshots
 //!   carry `containerd.io/snapshot/remote` (the label stays after a full fetch: it means "was lazy"), or
-//!   its layer blobs are absent from the content store while its snapshots exist. CRI-O (c/storage): its
-//!   layers are additional-layer-store layers (an `additionallayer` file in the layer's directory). For
-//!   pre-loading such an image is not there yet: the link is still needed.
+//!   its layer blobs are absent from the content store while its snapshots exist; how much of each remote
+//!   layer stargz-snapshotter has fetched is its per-layer state ([`layer_state`]), and a snapshotter that
+//!   does not answer leaves its remote layers unreadable (`unserved`). CRI-O (c/storage): its layers are
+//!   additional-layer-store layers (an `additionallayer` file in the layer's directory). For pre-loading
+//!   such an image is not there yet: the link is still needed, and stargz-snapshotter 0.12 keeps what it
+//!   fetched only until it restarts (each start mounts the layers from the registry again, with an empty
+//!   cache), so only the layers' blobs in the content store, unpacked locally, make it whole
+//!   ([`super::whole`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -57,7 +62,7 @@ pub struct LazyPulling {
     /// Whether the runtime itself reports it in force; None where it cannot say (CRI-O, a cluster pool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_force: Option<bool>,
-    /// In words: `on (stargz, in force)`, `on after restart`, `configured but store not mounted`, `off`.
+    /// In words: `on (stargz, in force)`, `on after restart`, `configured but store not serving`, `off`.
     pub text: String,
     /// What else is worth knowing: why a store counts as not mounted, the restart that applies it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,7 +85,7 @@ impl LazyPulling {
             (LazyState::On, Some(via), _) => format!("on ({via})"),
             (LazyState::On, None, _) => "on".into(),
             (LazyState::OnAfterRestart, ..) => "on after restart".into(),
-            (LazyState::StoreNotMounted, ..) => "configured but store not mounted".into(),
+            (LazyState::StoreNotMounted, ..) => "configured but store not serving".into(),
             (LazyState::OffAfterRestart, ..) => "off after restart".into(),
             (LazyState::Off, ..) => "off".into(),
         };
@@ -108,10 +113,10 @@ impl LazyPulling {
         LazyPulling::new(state, None, None, None)
     }
 
-    /// The words where a table cell is narrow: the same, but `store not mounted`.
+    /// The words where a table cell is narrow: the same, but `store not serving`.
     pub fn short(&self) -> &str {
         match self.state {
-            LazyState::StoreNotMounted => "store not mounted",
+            LazyState::StoreNotMounted => "store not serving",
             _ => &self.text,
         }
     }
@@ -266,24 +271,35 @@ pub fn restart_command(runtime: RuntimeKind) -> &'static str {
     }
 }
 
-/// How to make a node's lazily present images local, by its runtime (`containerd 1.6.20`): without the
-/// remote snapshotter or store, a pull fetches them whole; pinboard does not remove images.
+/// How to make a node's lazily present images whole, by its runtime (`containerd 1.6.20`). containerd:
+/// `pinboard apply` fetches their layers into its content store and unpacks them locally
+/// ([`super::whole`]). CRI-O: without the additional layer store a pull fetches them whole; pinboard does
+/// not remove images.
 pub fn make_local(runtime: Option<&str>) -> String {
     let kind = runtime
         .and_then(|r| r.split_whitespace().next())
         .and_then(RuntimeKind::of_cri_name);
-    let without = match kind {
-        Some(RuntimeKind::Crio) => "without the additional layer store",
-        _ => "with a snapshotter that does not pull lazily",
-    };
-    let restart = kind.map_or_else(
-        || "restart the runtime".to_string(),
-        |k| format!("`{}`", restart_command(k)),
-    );
-    format!(
-        "to make them local, remove them (`crictl rmi IMAGE`) and pull them again {without} (`pinboard lazy \
-         off`, {restart}, `pinboard apply`)"
-    )
+    match kind {
+        Some(RuntimeKind::Crio) => format!(
+            "to make them local, remove them (`crictl rmi IMAGE`) and pull them again without the additional \
+             layer store (`pinboard lazy off`, `{}`, `pinboard apply`)",
+            restart_command(RuntimeKind::Crio)
+        ),
+        _ => "`pinboard apply` makes them whole: it fetches their layers into containerd's content store and \
+              unpacks them there"
+            .into(),
+    }
+}
+
+/// Why images whose remote layers the snapshotter does not serve cannot start a container, and the fix:
+/// stargz-snapshotter 0.12 mounts every remote layer from the registry again as it starts, and exits when
+/// one cannot be (the registry unreachable, or a private image's credentials, which its CRI keychain keeps
+/// only in memory, lost with its restart).
+pub fn unserved_fix() -> &'static str {
+    "no container can start from them until the snapshotter serves again: start it; as it starts it mounts \
+     each remote layer from the registry again and exits when one cannot be, so restore the link, or give it \
+     the credentials of private images where its docker-config keychain reads them ($DOCKER_CONFIG/config.json: \
+     those it took from CRI pulls are lost when it restarts); then `pinboard apply` makes them whole"
 }
 
 /// The layers of a lazily present image whose bytes are still in the registry.
@@ -294,6 +310,34 @@ pub struct RemoteLayers {
     pub remote_layers: Vec<usize>,
     /// How many layers the image has.
     pub layers: usize,
+    /// Of the remote layers' bytes, what the snapshotter says it has fetched (stargz's per-layer state),
+    /// where pinboard can read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched: Option<Fetched>,
+    /// Set when the snapshotter that serves the image's layers does not answer: why. No container can start
+    /// from the image then, and which of its layers are remote cannot be told but by their blobs: those
+    /// absent (`remoteLayers`, which may then be empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unserved: Option<String>,
+}
+
+/// Bytes a snapshotter has fetched of layers it serves from the registry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fetched {
+    pub bytes: u64,
+    /// The layers' compressed size.
+    pub of: u64,
+}
+
+impl Fetched {
+    /// `6 %`: whole percents, rounded down, so that 100 % means every byte.
+    pub fn percent(&self) -> String {
+        let percent = (self.bytes.min(self.of) * 100)
+            .checked_div(self.of)
+            .unwrap_or(100);
+        format!("{percent} %")
+    }
 }
 
 impl RemoteLayers {
@@ -303,17 +347,32 @@ impl RemoteLayers {
         (!remote_layers.is_empty()).then_some(RemoteLayers {
             remote_layers,
             layers: remote.len(),
+            fetched: None,
+            unserved: None,
         })
     }
 
-    /// `3 of 5 layers remote`.
+    /// `3 of 5 layers remote`, then `, 6 % fetched` or `, not served` when known; `layers not served` for
+    /// an image whose blobs are all here but whose snapshotter does not answer.
     pub fn count(&self) -> String {
-        remote_count(self.remote_layers.len(), self.layers)
+        if self.remote_layers.is_empty() {
+            return "layers not served".into();
+        }
+        let mut words = remote_count(self.remote_layers.len(), self.layers);
+        if self.unserved.is_some() {
+            words.push_str(", not served");
+        } else if let Some(fetched) = &self.fetched {
+            words.push_str(&format!(", {} fetched", fetched.percent()));
+        }
+        words
     }
 
-    /// `lazy (3 of 5 layers remote)`.
+    /// `lazy (3 of 5 layers remote, 6 % fetched)`; `unreadable (layers not served)`.
     pub fn words(&self) -> String {
-        lazy_words(self.remote_layers.len(), self.layers)
+        match self.remote_layers.is_empty() {
+            true => format!("unreadable ({})", self.count()),
+            false => format!("lazy ({})", self.count()),
+        }
     }
 }
 
@@ -328,15 +387,50 @@ pub fn lazy_words(remote: usize, layers: usize) -> String {
     format!("lazy ({})", remote_count(remote, layers))
 }
 
-/// One containerd snapshot: its parent (empty for a bottom layer) and whether it is remote.
+/// One containerd snapshot: its parent (empty for a bottom layer), whether it is remote, whether it is
+/// committed (an image layer; an active one is a container's root filesystem), and the layer and image
+/// it was pulled for (the CRI plugin's `containerd.io/snapshot/cri.layer-digest` and `…/cri.image-ref`),
+/// when it says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ContainerdSnapshot {
     pub parent: String,
     pub remote: bool,
+    pub committed: bool,
+    pub layer: Option<String>,
+    pub image: Option<String>,
+}
+
+/// What stargz-snapshotter says of one layer it serves: its compressed size and the bytes fetched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerFetch {
+    pub size: u64,
+    pub fetched: u64,
+}
+
+/// A layer's state as stargz-snapshotter writes it in `/.stargz-snapshotter/<digest>.json` of the
+/// layer's mount (`{"digest", "size", "fetchedSize", "fetchedPercent"}`, and `error` once one happened):
+/// its digest and what it fetched. None for anything else.
+pub fn layer_state(json: &str) -> Option<(String, LayerFetch)> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct State {
+        digest: String,
+        size: u64,
+        fetched_size: u64,
+    }
+    let state: State = serde_json::from_str(json).ok()?;
+    Some((
+        state.digest,
+        LayerFetch {
+            size: state.size,
+            fetched: state.fetched_size,
+        },
+    ))
 }
 
 /// What a containerd node holds of its images: the content store's blobs with their labels, and the CRI
-/// plugin's snapshotter with its snapshots, by name.
+/// plugin's snapshotter with its snapshots, by name; what the snapshotter says it fetched of the layers it
+/// serves; and, when the snapshotter did not answer, why.
 #[derive(Clone, Debug, Default)]
 pub struct ContainerdHoldings {
     snapshotter: String,
@@ -345,6 +439,10 @@ pub struct ContainerdHoldings {
     snapshots: HashMap<String, ContainerdSnapshot>,
     /// Per config digest, its manifest's layer digests in order.
     layers_of: HashMap<String, Vec<String>>,
+    /// Per layer digest, what the snapshotter fetched of it (stargz's state files, where readable).
+    fetch: HashMap<String, LayerFetch>,
+    /// Why the snapshotter's snapshots could not be listed: it does not answer.
+    unserved: Option<String>,
 }
 
 impl ContainerdHoldings {
@@ -376,20 +474,116 @@ impl ContainerdHoldings {
             content,
             snapshots,
             layers_of,
+            fetch: HashMap::new(),
+            unserved: None,
         }
+    }
+
+    /// The same holdings, with what the snapshotter says it fetched of each layer, by digest.
+    pub fn with_fetch(mut self, fetch: HashMap<String, LayerFetch>) -> ContainerdHoldings {
+        self.fetch = fetch;
+        self
+    }
+
+    /// Holdings of a node whose remote snapshotter did not answer (`why`): its content store only, and no
+    /// layer it serves can be read.
+    pub fn unserved(
+        snapshotter: &str,
+        content: HashMap<String, HashMap<String, String>>,
+        why: String,
+    ) -> ContainerdHoldings {
+        ContainerdHoldings {
+            unserved: Some(why),
+            ..ContainerdHoldings::new(snapshotter, content, HashMap::new())
+        }
+    }
+
+    pub fn snapshotter(&self) -> &str {
+        &self.snapshotter
+    }
+
+    /// Why the snapshotter's snapshots could not be listed, when they could not.
+    pub fn unserved_reason(&self) -> Option<&str> {
+        self.unserved.as_deref()
+    }
+
+    /// The snapshot called `name`.
+    pub fn snapshot(&self, name: &str) -> Option<&ContainerdSnapshot> {
+        self.snapshots.get(name)
+    }
+
+    /// Every snapshot, by name.
+    pub fn snapshots(&self) -> impl Iterator<Item = (&String, &ContainerdSnapshot)> {
+        self.snapshots.iter()
+    }
+
+    /// Whether the content store holds the blob `digest`.
+    pub fn has_blob(&self, digest: &str) -> bool {
+        self.content.contains_key(digest)
+    }
+
+    /// Every image config whose image is unpacked for the CRI plugin's snapshotter, with its top snapshot.
+    pub fn unpacked(&self) -> impl Iterator<Item = (&String, &String)> {
+        let label = format!("{SNAPSHOT_REF_LABEL}{}", self.snapshotter);
+        self.content
+            .iter()
+            .filter_map(move |(config, labels)| Some((config, labels.get(&label)?)))
+    }
+
+    /// The layer digests, bottom first, of the image whose config is `config`, as its manifest's labels
+    /// name them.
+    pub fn layers_of(&self, config: &str) -> Option<&[String]> {
+        self.layers_of.get(config).map(Vec::as_slice)
+    }
+
+    /// The manifest (its digest) whose labels name `config` as its config.
+    pub fn manifest_of(&self, config: &str) -> Option<&str> {
+        self.content
+            .iter()
+            .find(|(_, labels)| labels.get(CONFIG_REF_LABEL).is_some_and(|c| c == config))
+            .map(|(digest, _)| digest.as_str())
+    }
+
+    /// The reference the image whose config is `config` was pulled by, as its remote snapshots name it
+    /// (the topmost that does).
+    pub fn reference_of(&self, config: &str) -> Option<&str> {
+        let label = format!("{SNAPSHOT_REF_LABEL}{}", self.snapshotter);
+        let top = self.content.get(config)?.get(&label)?;
+        self.chain(top)?
+            .into_iter()
+            .rev()
+            .find_map(|name| self.snapshots.get(name)?.image.as_deref())
+    }
+
+    /// The snapshot chain, bottom first, from `top`; None when it is broken.
+    pub fn chain<'a>(&'a self, top: &'a str) -> Option<Vec<&'a str>> {
+        layer_chain(top, |name| {
+            self.snapshots
+                .get(name)
+                .map(|s| Some(s.parent.as_str()).filter(|p| !p.is_empty()))
+        })
     }
 
     /// The remote layers of the image whose config is `config` (CRI's image ID): a layer is remote when
     /// its snapshot carries the remote label, or its blob is not in the content store while its snapshot
-    /// exists. None when none is, or the image is not unpacked for the CRI plugin's snapshotter.
+    /// exists; with what the snapshotter fetched of them. When the snapshotter does not answer, every
+    /// image unpacked for it is unserved, its layers whose blobs are absent remote. None when none is, or
+    /// the image is not unpacked for the CRI plugin's snapshotter.
     pub fn remote_layers(&self, config: &str) -> Option<RemoteLayers> {
         let label = format!("{SNAPSHOT_REF_LABEL}{}", self.snapshotter);
         let top = self.content.get(config)?.get(&label)?;
-        let chain = layer_chain(top, |name| {
-            self.snapshots
-                .get(name)
-                .map(|s| Some(s.parent.as_str()).filter(|p| !p.is_empty()))
-        })?;
+        if let Some(why) = &self.unserved {
+            let digests = self.layers_of.get(config)?;
+            return Some(RemoteLayers {
+                remote_layers: (0..digests.len())
+                    .filter(|&at| !self.has_blob(&digests[at]))
+                    .collect(),
+                layers: digests.len(),
+                fetched: None,
+                unserved: Some(why.clone()),
+            });
+        }
+        let chain = self.chain(top)?;
         let blobs = self
             .layers_of
             .get(config)
@@ -399,11 +593,30 @@ impl ContainerdHoldings {
             .enumerate()
             .map(|(at, name)| {
                 let labelled = self.snapshots.get(*name).is_some_and(|s| s.remote);
-                let absent = blobs.is_some_and(|digests| !self.content.contains_key(&digests[at]));
+                let absent = blobs.is_some_and(|digests| !self.has_blob(&digests[at]));
                 labelled || absent
             })
             .collect();
-        RemoteLayers::of(&remote)
+        let mut lazy = RemoteLayers::of(&remote)?;
+        let states: Vec<&LayerFetch> = lazy
+            .remote_layers
+            .iter()
+            .filter_map(|&at| {
+                let snapshot = self.snapshots.get(chain[at])?;
+                let digest = snapshot
+                    .layer
+                    .as_ref()
+                    .or_else(|| blobs.map(|digests| &digests[at]))?;
+                self.fetch.get(digest)
+            })
+            .collect();
+        if states.len() == lazy.remote_layers.len() {
+            lazy.fetched = Some(Fetched {
+                bytes: states.iter().map(|s| s.fetched).sum(),
+                of: states.iter().map(|s| s.size).sum(),
+            });
+        }
+        Some(lazy)
     }
 }
 
@@ -468,6 +681,9 @@ mod tests {
                     ContainerdSnapshot {
                         parent: parent.to_string(),
                         remote,
+                        committed: true,
+                        layer: None,
+                        image: None,
                     },
                 )
             })
@@ -482,13 +698,8 @@ mod tests {
             None
         );
         let labelled = node([true; 3], [true, false, true]).remote_layers("sha256:config");
-        assert_eq!(
-            labelled,
-            Some(RemoteLayers {
-                remote_layers: vec![0, 2],
-                layers: 3
-            })
-        );
+        assert_eq!(labelled, RemoteLayers::of(&[true, false, true]));
+        assert_eq!(labelled.unwrap().remote_layers, [0, 2]);
         let removed = node([false, true, false], [false; 3])
             .remote_layers("sha256:config")
             .unwrap();
@@ -507,6 +718,100 @@ mod tests {
         assert_eq!(
             node([false; 3], [true; 3]).remote_layers("sha256:other"),
             None
+        );
+    }
+
+    #[test]
+    fn stargz_says_how_much_of_each_remote_layer_it_fetched() {
+        // As stargz-snapshotter 0.12 writes it in the layer's mount.
+        let (digest, state) = layer_state(
+            r#"{"digest":"sha256:l0","size":31074300,"fetchedSize":24300,"fetchedPercent":0.0781996698236163}"#,
+        )
+        .unwrap();
+        assert_eq!(digest, "sha256:l0");
+        assert_eq!(
+            state,
+            LayerFetch {
+                size: 31_074_300,
+                fetched: 24_300
+            }
+        );
+        assert_eq!(layer_state("not json"), None);
+        let fetch = |l0: u64, l2: u64| {
+            HashMap::from([
+                (
+                    "sha256:l0".to_string(),
+                    LayerFetch {
+                        size: 1000,
+                        fetched: l0,
+                    },
+                ),
+                (
+                    "sha256:l2".to_string(),
+                    LayerFetch {
+                        size: 1000,
+                        fetched: l2,
+                    },
+                ),
+            ])
+        };
+        let lazy = node([false, true, false], [true, false, true])
+            .with_fetch(fetch(60, 60))
+            .remote_layers("sha256:config")
+            .unwrap();
+        assert_eq!(
+            lazy.fetched,
+            Some(Fetched {
+                bytes: 120,
+                of: 2000
+            })
+        );
+        assert_eq!(lazy.words(), "lazy (2 of 3 layers remote, 6 % fetched)");
+        let all = node([false, true, false], [true, false, true])
+            .with_fetch(fetch(1000, 999))
+            .remote_layers("sha256:config")
+            .unwrap();
+        assert_eq!(
+            all.count(),
+            "2 of 3 layers remote, 99 % fetched",
+            "never 100 short of every byte"
+        );
+        // A remote layer the snapshotter says nothing of: nothing is said of the whole.
+        let partly = node([false, true, false], [true, false, true])
+            .with_fetch(HashMap::from([(
+                "sha256:l0".to_string(),
+                LayerFetch {
+                    size: 1,
+                    fetched: 1,
+                },
+            )]))
+            .remote_layers("sha256:config")
+            .unwrap();
+        assert_eq!(partly.fetched, None);
+    }
+
+    #[test]
+    fn images_a_snapshotter_that_does_not_answer_serves_are_unserved_remote_by_their_blobs() {
+        let held = node([true, false, false], [true; 3]);
+        let down =
+            ContainerdHoldings::unserved("native", held.content, "connection refused".into());
+        let lazy = down.remote_layers("sha256:config").unwrap();
+        assert_eq!(lazy.remote_layers, [1, 2]);
+        assert_eq!(lazy.unserved.as_deref(), Some("connection refused"));
+        assert_eq!(lazy.words(), "lazy (2 of 3 layers remote, not served)");
+        // Every blob here, yet no container can start from it, nor can it be told whether its snapshots
+        // are still remote.
+        let blobs = node([true; 3], [false; 3]).content;
+        let whole = ContainerdHoldings::unserved("native", blobs, "x".into())
+            .remote_layers("sha256:config")
+            .unwrap();
+        assert!(whole.remote_layers.is_empty());
+        assert_eq!(whole.words(), "unreadable (layers not served)");
+        assert_eq!(
+            ContainerdHoldings::unserved("stargz", HashMap::new(), "x".into())
+                .remote_layers("sha256:config"),
+            None,
+            "not unpacked for it"
         );
     }
 
@@ -539,7 +844,7 @@ mod tests {
             state(true, Some("stargz"), false),
             (
                 LazyState::StoreNotMounted,
-                "configured but store not mounted".into()
+                "configured but store not serving".into()
             )
         );
         assert_eq!(

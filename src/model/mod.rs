@@ -33,4 +33,5 @@ pub mod runtime;
 pub mod served;
 pub mod set;
 pub mod units;
+pub mod whole;
 pub mod wiring;

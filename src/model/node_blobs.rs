@@ -220,10 +220,7 @@ mod tests {
             vec![reference(&image_x), "reg.example/app:x".into()],
             vec![format!("other.example/z@{}", image_z.manifest_digest)],
         ];
-        let lazily = RemoteLayers {
-            remote_layers: vec![1],
-            layers: 2,
-        };
+        let lazily = RemoteLayers::of(&[false, true]).expect("one layer remote");
         let published = NodeBlobs::published(
             &containerd,
             [

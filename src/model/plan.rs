@@ -9,7 +9,8 @@
 //!   missing images is counted once, for the first image in set order that needs it (so per-image figures
 //!   add up to the node's). Where the runtime cannot say what it holds, `fetchBasis` is `upper-bound`. An
 //!   image present only lazily ([`RemoteLayers`]) still needs its remote layers from the registry: they
-//!   count here, for the link, and not for the disk.
+//!   count here, and for the disk too on containerd, where pre-loading pulls it whole
+//!   ([`super::whole`]); CRI-O's stays lazy.
 //! - `estimatedDiskBytes`: for those same layers, the uncompressed size where an annotation gives it, else
 //!   twice the compressed size (the OpenShift daemon's rule); configs count as stored. `estimateBasis` says
 //!   which rule was used.
@@ -30,6 +31,7 @@ use super::digest_prefix::DigestPrefixes;
 use super::image::{ImageFacts, Layer, LazyFormat};
 use super::lazy::RemoteLayers;
 use super::machine_config::KubeletSettings;
+use super::runtime::RuntimeKind;
 use super::units::{human, human_signed};
 
 /// What is known about a node before planning. `None` means unknown, never zero.
@@ -461,6 +463,13 @@ fn plan_lacking<'a>(
 ) -> NodePlan {
     let (mut with_size, mut without_size) = (0usize, 0usize);
     let unknown_presence = images.iter().filter(|i| i.present.is_none()).count();
+    // containerd nodes pull a lazily present image whole ([`super::whole`]); elsewhere it stays lazy.
+    let pulls_whole = node
+        .runtime
+        .as_deref()
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(RuntimeKind::of_cri_name)
+        == Some(RuntimeKind::Containerd);
     let image_plans: Vec<ImagePlan> = images
         .iter()
         .zip(lacking)
@@ -471,18 +480,20 @@ fn plan_lacking<'a>(
                 disk += match blob {
                     // Configs are stored as they are.
                     Lacking::Config { size, .. } => size,
-                    // On the disk already, as far as the runtime is concerned: only the link is needed.
-                    Lacking::Remote(_) => 0,
-                    Lacking::Layer(layer) => match layer.uncompressed_size() {
-                        Some(size) => {
-                            with_size += 1;
-                            size
+                    // Only the link is needed where the image stays lazy.
+                    Lacking::Remote(_) if !pulls_whole => 0,
+                    Lacking::Layer(layer) | Lacking::Remote(layer) => {
+                        match layer.uncompressed_size() {
+                            Some(size) => {
+                                with_size += 1;
+                                size
+                            }
+                            None => {
+                                without_size += 1;
+                                layer.size.saturating_mul(2)
+                            }
                         }
-                        None => {
-                            without_size += 1;
-                            layer.size.saturating_mul(2)
-                        }
-                    },
+                    }
                 };
             }
             ImagePlan {
@@ -824,7 +835,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lazily_present_images_remote_layers_are_fetched_over_the_link_not_onto_the_disk() {
+    fn a_lazily_present_images_remote_layers_are_still_to_fetch_and_to_write() {
         let shared = layer("shared", 8 * MI, None);
         let lazy = image(
             "cl",
@@ -835,10 +846,7 @@ mod tests {
             ],
         );
         let missing = image("cm", vec![shared, layer("m1", 2 * MI, None)]);
-        let remote = RemoteLayers {
-            remote_layers: vec![1, 2],
-            layers: 3,
-        };
+        let remote = RemoteLayers::of(&[false, true, true]).unwrap();
         let images = [
             PlannedImage {
                 reference: "lazy".into(),
@@ -860,13 +868,26 @@ mod tests {
         };
         let plan = plan_node(&node, &images, &limits(MI));
         assert_eq!(plan.images[0].fetch_bytes, 12 * MI, "its two remote layers");
-        assert_eq!(plan.images[0].estimated_disk_bytes, 0, "not for the disk");
+        assert_eq!(
+            plan.images[0].estimated_disk_bytes,
+            24 * MI,
+            "pulled whole: onto the disk, twice compressed without an uncompressed size"
+        );
         assert_eq!(plan.images[0].lazy.as_deref(), Some(&remote));
         assert_eq!(plan.images[0].present, Some(true));
         // The layer both share is fetched once, for the first image that needs it.
         assert_eq!(plan.images[1].fetch_bytes, 2 * MI + 1000);
         assert_eq!(plan.fetch_bytes, 14 * MI + 1000);
-        assert_eq!(plan.estimated_disk_bytes, 4 * MI + 1000);
+        assert_eq!(plan.estimated_disk_bytes, 28 * MI + 1000);
+        let crio = NodeFacts {
+            runtime: Some("cri-o 1.31.0".into()),
+            ..node.clone()
+        };
+        assert_eq!(
+            plan_node(&crio, &images, &limits(MI)).images[0].estimated_disk_bytes,
+            0,
+            "CRI-O's stays lazy: only the link"
+        );
         let json = serde_json::to_value(&plan.images[0]).unwrap();
         assert_eq!(json["lazy"]["remoteLayers"], serde_json::json!([1, 2]));
         assert!(

@@ -9,10 +9,11 @@ use std::os::unix::fs::MetadataExt as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pinboard::backend::credentials::Credentials;
+use pinboard::backend::lazy::LazyConfig;
 use pinboard::backend::node::survey_node;
 use pinboard::backend::pins::PinTarget;
 use pinboard::backend::pins::{CRIO_DROP_IN, Reload};
+use pinboard::backend::registry::{Registry, RegistryOptions};
 use pinboard::backend::target::DirectNode;
 use pinboard::engine::{self, Control, EngineConfig, NodeJob};
 use pinboard::model::holders::holders_of;
@@ -125,6 +126,7 @@ async fn jobs(
             plan,
             pin: pin(&node.name),
             holders: Arc::new(holders_of(&[from_flags("engine", references)])),
+            lazy: LazyConfig::default(),
         });
     }
     jobs
@@ -135,7 +137,8 @@ fn start(
     facts: HashMap<String, ImageFacts>,
     config: EngineConfig,
 ) -> engine::Engine {
-    engine::start(jobs, Arc::new(facts), Arc::new(Credentials::none()), config)
+    let registry = Registry::new(RegistryOptions::default()).expect("a registry client");
+    engine::start(jobs, Arc::new(facts), Arc::new(registry), config)
 }
 
 fn record<'a>(listing: &'a str, name: &str) -> Option<&'a str> {

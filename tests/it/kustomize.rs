@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
-use support::{kube_binary, pinboard};
+use support::{cached_binary, pinboard};
 
 /// Each overlay of deploy/agent/overlays/ and the flags of `pinboard agent manifests` it stands for.
 const OVERLAYS: [(&str, &[&str]); 7] = [
@@ -48,7 +48,7 @@ fn by_identity(yaml: &str) -> BTreeMap<String, Value> {
 
 #[test]
 fn each_kustomize_overlay_builds_the_objects_pinboard_agent_manifests_prints() {
-    let kubectl = kube_binary("kubectl").unwrap();
+    let kubectl = cached_binary("kubectl").unwrap();
     let overlays = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/agent/overlays");
     let mut found: Vec<String> = std::fs::read_dir(&overlays)
         .unwrap()

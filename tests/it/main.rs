@@ -39,6 +39,7 @@ mod registry;
 mod registry_mirrors;
 mod release;
 mod site_tls;
+mod stargz;
 mod tui_cluster;
 mod tui_e2e;
 mod tui_panic;

@@ -1,5 +1,5 @@
 //! An image's config blob, read for what its manifest does not say: its layers' uncompressed digests,
-//! which is how CRI-O knows a layer it holds already.
+//! which is how CRI-O knows a layer it holds already, and whole pulls name their layers' snapshots.
 
 use futures::StreamExt;
 
@@ -20,6 +20,21 @@ impl Registry {
         reference: &str,
         facts: &ImageFacts,
     ) -> Result<Vec<String>, RegistryError> {
+        let config = self.config_blob(reference, facts).await?;
+        let config: serde_json::Value =
+            serde_json::from_slice(&config).map_err(|e| RegistryError::Invalid {
+                reference: reference.to_string(),
+                cause: format!("config {} is not JSON: {e}", facts.config_digest),
+            })?;
+        Ok(config_diff_ids(&config))
+    }
+
+    /// `reference`'s config blob (as resolved in `facts`), checked against its digest.
+    pub async fn config_blob(
+        &self,
+        reference: &str,
+        facts: &ImageFacts,
+    ) -> Result<Vec<u8>, RegistryError> {
         let invalid = |cause: String| RegistryError::Invalid {
             reference: reference.to_string(),
             cause,
@@ -45,8 +60,6 @@ impl Registry {
                 "config {digest} does not match its digest"
             )));
         }
-        let config: serde_json::Value = serde_json::from_slice(&config)
-            .map_err(|e| invalid(format!("config {digest} is not JSON: {e}")))?;
-        Ok(config_diff_ids(&config))
+        Ok(config)
     }
 }

@@ -40,6 +40,8 @@ use check::Checker;
 
 /// How long quitting the TUI waits for a cancelled rollout to put fan-out's files back.
 const QUIT_GRACE: Duration = Duration::from_secs(30);
+/// How often the TUI reads the nodes' lazy pulling, so that a change made elsewhere shows within a second.
+const LAZY_EVERY: Duration = Duration::from_millis(300);
 
 /// What a direct fleet is made of, as the command line gives it.
 pub struct DirectConfig {
@@ -163,6 +165,20 @@ impl Direct {
         let _ = events.send(FleetEvent::Nodes(infos));
     }
 
+    /// Reads every node's lazy pulling every [`LAZY_EVERY`] and tells `events` what the nodes are like
+    /// whenever it changed (a runtime restarted, its snapshotter gone or back), until no one listens.
+    async fn watch_lazy(&self, events: &Events) {
+        let mut last = views::lazy_states(&self.targets, self.timeout).await;
+        while !events.is_closed() {
+            tokio::time::sleep(LAZY_EVERY).await;
+            let now = views::lazy_states(&self.targets, self.timeout).await;
+            if now != last {
+                self.send_nodes(events).await;
+                last = now;
+            }
+        }
+    }
+
     /// The nodes, then the config views for `sets`, told to `events`.
     async fn send_views(&self, sets: &[ImageSet], events: &Events) {
         self.send_nodes(events).await;
@@ -242,6 +258,9 @@ impl Fleet for DirectFleet {
     }
 
     fn watch(&self, events: Events) {
+        let direct = Arc::clone(&self.0);
+        let watching = events.clone();
+        tokio::spawn(async move { direct.watch_lazy(&watching).await });
         if self.0.engine.readonly {
             return;
         }

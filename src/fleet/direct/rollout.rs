@@ -39,7 +39,7 @@ async fn start(
         targets,
         jobs,
         planned.facts.clone(),
-        fleet.registry.credentials(),
+        Arc::clone(&fleet.registry),
         config,
         fan_out,
         operator,

@@ -1,6 +1,7 @@
 //! What the TUI shows of direct nodes, read from the nodes themselves: each node's runtime, space, images,
-//! pins and lazy pulling as its runtime has it (the Nodes screen), and per node what pinning a set writes against what is there
-//! (the Config screen: the CRI-O drop-in, or the containerd labels, each pin with who holds it).
+//! pins and lazy pulling as its runtime has it (the Nodes screen, whose lazy pulling is watched), and per
+//! node what pinning a set writes against what is there (the Config screen: the CRI-O drop-in, or the
+//! containerd labels, each pin with who holds it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -14,6 +15,7 @@ use crate::backend::target::NodeTarget;
 use crate::model::config_view::{ConfigNote, ConfigView};
 use crate::model::diff::DiffKind;
 use crate::model::holders::{HeldBy, Holder, holders_of};
+use crate::model::lazy::LazyPulling;
 use crate::model::node_summary::NodeSummary;
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::Runtime;
@@ -154,6 +156,23 @@ async fn containerd_view(
         notes: ConfigNote::held(&held).into_iter().collect(),
         lines,
     }
+}
+
+/// Each node's lazy pulling as its runtime has it now (None where it cannot be read): what the TUI watches
+/// for changes made behind its back (a runtime restarted, a snapshotter gone), cheaply.
+pub async fn lazy_states(targets: &[NodeTarget], timeout: Duration) -> Vec<Option<LazyPulling>> {
+    let states = targets.iter().map(|target| async move {
+        let client = CriClient::connect(&target.node.endpoint, timeout)
+            .await
+            .ok()?;
+        let version = client.version().await.ok()?;
+        let kind = runtime_kind(&version.runtime_name).ok()?;
+        read_lazy(&client, kind, &target.lazy)
+            .await
+            .ok()
+            .map(|(lazy, _)| lazy)
+    });
+    futures::future::join_all(states).await
 }
 
 /// What the Nodes screen shows for one node. Unknown stays unknown.

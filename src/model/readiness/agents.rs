@@ -12,7 +12,8 @@ use std::time::{Duration, SystemTime};
 use super::direct::image_readiness;
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, LeftOut, NodeReadiness, PinnedBy,
-    Readiness, SetOnNode, SetState, WantedSet, lazily_present, not_as_wanted, with_reason,
+    Readiness, SetOnNode, SetState, WantedSet, lazily_present, not_as_wanted, unserved,
+    with_reason,
 };
 use crate::model::agent_daemonsets::{AGENTS_DAEMONSET_LABEL, AgentDaemonSet, Placement};
 use crate::model::agent_pods::{AgentPods, PodsOnNode};
@@ -179,6 +180,7 @@ fn assess_node(
             .and_then(|r| r.runtime.as_ref())
             .map(|r| r.name.as_str());
         reasons.extend(lazily_present(&images, runtime));
+        reasons.extend(unserved(&images));
     }
     let not_pinned = with_reason(&images, ImageReason::NotPinned);
     if report.is_some() && done && !not_pinned.is_empty() {
@@ -895,10 +897,7 @@ mod tests {
             .get_mut("n1")
             .and_then(|r| Arc::make_mut(r).status.as_mut())
         {
-            report.images[0].lazy = Some(crate::model::lazy::RemoteLayers {
-                remote_layers: vec![1, 2],
-                layers: 3,
-            });
+            report.images[0].lazy = crate::model::lazy::RemoteLayers::of(&[false, true, true]);
         }
         let wanted = [WantedSet {
             set: from_flags("web", &[IMAGE.to_string()]),
@@ -911,7 +910,8 @@ mod tests {
         assert!(
             n1.reasons
                 .iter()
-                .any(|r| r.contains("1 image present only lazily") && r.contains("crictl rmi")),
+                .any(|r| r.contains("1 image present only lazily")
+                    && r.contains("`pinboard apply` makes them whole")),
             "{:?}",
             n1.reasons
         );

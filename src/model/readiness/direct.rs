@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use super::{
     Evidence, ImageObserved, ImageReadiness, ImageReason, LazyImages, NodeReadiness, ObservedNode,
-    PinnedBy, PullSeen, STUCK_AFTER_SECONDS, lazily_present, pin_method_name, with_reason,
+    PinnedBy, PullSeen, STUCK_AFTER_SECONDS, lazily_present, pin_method_name, unserved,
+    with_reason,
 };
 use crate::model::crio::{NotPinned, explain_unpinned};
 use crate::model::holders::HeldBy;
@@ -108,10 +109,11 @@ pub fn assess_with(
 ) -> NodeReadiness {
     let mut images: Vec<ImageReadiness> = observed.images.iter().map(image_readiness).collect();
     if lazy == LazyImages::Accepted {
-        for image in images
-            .iter_mut()
-            .filter(|i| i.reason == Some(ImageReason::Lazy))
-        {
+        // Only those a container can start from: an unserved one is not there at all.
+        for image in images.iter_mut().filter(|i| {
+            i.reason == Some(ImageReason::Lazy)
+                && i.lazy.as_ref().is_some_and(|l| l.unserved.is_none())
+        }) {
             image.reason = None;
         }
     }
@@ -187,6 +189,7 @@ pub fn assess_with(
                 format!("{reason}, or pass --allow-lazy when a fast start is all the set is for")
             }),
         );
+        reasons.extend(unserved(&images));
         let unknown = with(ImageReason::Unknown);
         if !unknown.is_empty() {
             let why = observed
@@ -446,10 +449,7 @@ mod tests {
     #[test]
     fn a_lazily_present_image_is_not_ready_unless_accepted() {
         let mut lazy = image("q.io/a@sha256:1", Some(true), Some(true), None);
-        lazy.lazy = Some(RemoteLayers {
-            remote_layers: vec![0, 1, 2],
-            layers: 3,
-        });
+        lazy.lazy = RemoteLayers::of(&[true; 3]);
         let observed = node(vec![lazy, image("b", Some(true), Some(true), None)]);
         let n = assess(&observed, None);
         assert!(!n.ready);
@@ -459,10 +459,9 @@ mod tests {
             n.reasons,
             [
                 "1 image present only lazily, the registry link still needed for their layers: q.io/a@sha256:1 \
-                 (3 of 3 layers remote); to make them local, remove them (`crictl rmi IMAGE`) and pull \
-                 them again with a snapshotter that does not pull lazily (`pinboard lazy off`, `systemctl \
-                 restart containerd`, `pinboard apply`), or pass --allow-lazy when a fast start is all the set \
-                 is for"
+                 (3 of 3 layers remote); `pinboard apply` makes them whole: it fetches their layers into \
+                 containerd's content store and unpacks them there, or pass --allow-lazy when a fast start is \
+                 all the set is for"
             ]
         );
         assert_eq!(n.summary(), "1 image lazily present");
@@ -474,6 +473,30 @@ mod tests {
         assert!(accepted.ready, "{:?}", accepted.reasons);
         assert_eq!(accepted.images[0].reason, None);
         assert!(accepted.images[0].lazy.is_some(), "still said");
+    }
+
+    #[test]
+    fn a_lazily_present_image_its_snapshotter_does_not_serve_is_never_ready() {
+        let mut lazy = image("q.io/a@sha256:1", Some(true), Some(true), None);
+        lazy.lazy = RemoteLayers::of(&[true, false]).map(|l| RemoteLayers {
+            unserved: Some("the snapshotter stargz does not answer: connection refused".into()),
+            ..l
+        });
+        let observed = node(vec![lazy]);
+        for accepted in [LazyImages::NotReady, LazyImages::Accepted] {
+            let n = assess_with(&observed, None, accepted);
+            assert!(!n.ready);
+            assert_eq!(n.reasons.len(), 1, "{:?}", n.reasons);
+            assert!(
+                n.reasons[0].starts_with(
+                    "1 image unreadable, its snapshotter not serving: q.io/a@sha256:1 (1 of 2 layers \
+                     remote, not served): the snapshotter stargz does not answer: connection refused; no \
+                     container can start from them until the snapshotter serves again: start it;"
+                ),
+                "{}",
+                n.reasons[0]
+            );
+        }
     }
 
     #[test]

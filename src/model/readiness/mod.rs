@@ -509,14 +509,10 @@ pub fn pin_method_name(method: PinMethod) -> &'static str {
 
 /// Whether an image is pinned: the runtime's word where it reports pins (the observation leaves it unset
 /// where it cannot), else the node's pin record; otherwise unknown.
-/// Why `images` present only lazily are not pre-loaded, and how to make them local on a node running
-/// `runtime`; None when none is.
+/// Why `images` present only lazily (their snapshotter serving them) are not pre-loaded, and how to make
+/// them whole on a node running `runtime`; None when none is.
 pub(super) fn lazily_present(images: &[ImageReadiness], runtime: Option<&str>) -> Option<String> {
-    let lazily: Vec<String> = images
-        .iter()
-        .filter(|i| i.reason == Some(ImageReason::Lazy))
-        .filter_map(|i| Some(format!("{} ({})", i.reference, i.lazy.as_ref()?.count())))
-        .collect();
+    let lazily = lazy_images(images, false);
     (!lazily.is_empty()).then(|| {
         format!(
             "{} present only lazily, the registry link still needed for their layers: {}; {}",
@@ -525,6 +521,36 @@ pub(super) fn lazily_present(images: &[ImageReadiness], runtime: Option<&str>) -
             super::lazy::make_local(runtime)
         )
     })
+}
+
+/// Why `images` whose snapshotter does not serve them cannot even start a container, and the fix; None
+/// when none is.
+pub(super) fn unserved(images: &[ImageReadiness]) -> Option<String> {
+    let unserved = lazy_images(images, true);
+    let why = images
+        .iter()
+        .find_map(|i| i.lazy.as_ref()?.unserved.as_deref())?;
+    Some(format!(
+        "{} unreadable, its snapshotter not serving: {}: {why}; {}",
+        count_images(unserved.len()),
+        some_of(&unserved),
+        super::lazy::unserved_fix()
+    ))
+}
+
+/// `REF (3 of 3 layers remote, 6 % fetched)` for each lazily present image of `images`, served or not.
+fn lazy_images(images: &[ImageReadiness], unserved: bool) -> Vec<String> {
+    images
+        .iter()
+        .filter(|i| i.reason == Some(ImageReason::Lazy))
+        .filter_map(|i| {
+            let lazy = i
+                .lazy
+                .as_ref()
+                .filter(|l| l.unserved.is_some() == unserved)?;
+            Some(format!("{} ({})", i.reference, lazy.count()))
+        })
+        .collect()
 }
 
 /// The references of the images not ready for `reason`.

@@ -155,7 +155,7 @@ impl ApiServer {
         procs: &mut Vec<Proc>,
         cluster: Option<&ClusterApiServer<'_>>,
     ) -> Result<ApiServer> {
-        let binary = kube_binary("kube-apiserver")?;
+        let binary = cached_binary("kube-apiserver")?;
         let dir = lab_dir.join("apiserver");
         std::fs::create_dir_all(&dir)?;
         let agent = http::agent();
@@ -323,8 +323,8 @@ impl Drop for ApiServer {
 }
 
 /// `${PINBOARD_CACHE:-$HOME/.cache/pinboard}/bin/<name>`, where scripts/setup builds the Kubernetes
-/// commands; an error saying so if it is missing.
-pub fn kube_binary(name: &str) -> Result<PathBuf> {
+/// commands and containerd-stargz-grpc; an error saying so if it is missing.
+pub fn cached_binary(name: &str) -> Result<PathBuf> {
     let cache = std::env::var_os("PINBOARD_CACHE").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pinboard"),
         PathBuf::from,

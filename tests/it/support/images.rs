@@ -343,12 +343,18 @@ impl ImageDocuments {
     }
 }
 
-/// A linux/amd64 image of the one layer `layer`, with the config settings of `extras`, as an OCI image
+/// A linux/amd64 image of `layers` (bottom first), with the config settings of `extras`, as an OCI image
 /// layout in a tar whose index names it `name`: what `ctr images import` takes.
-pub(crate) fn oci_archive(name: &str, layer: &BuiltLayer, extras: &Extras<'_>) -> Result<Vec<u8>> {
-    let layers = vec![(LayerMeta::of_built(layer), BUILT_HISTORY.to_owned())];
-    let documents =
-        ImageDocuments::new(layers, &Platform::linux_amd64(), extras, &BTreeMap::new())?;
+pub(crate) fn oci_archive(
+    name: &str,
+    layers: &[BuiltLayer],
+    extras: &Extras<'_>,
+) -> Result<Vec<u8>> {
+    let metas = layers
+        .iter()
+        .map(|layer| (LayerMeta::of_built(layer), BUILT_HISTORY.to_owned()))
+        .collect();
+    let documents = ImageDocuments::new(metas, &Platform::linux_amd64(), extras, &BTreeMap::new())?;
     let index = serde_json::to_vec(&json!({
         "schemaVersion": 2,
         "mediaType": INDEX_TYPE,
@@ -370,7 +376,11 @@ pub(crate) fn oci_archive(name: &str, layer: &BuiltLayer, extras: &Extras<'_>) -
     };
     add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
     add("index.json", &index)?;
-    for blob in [&layer.blob, &documents.config, &documents.manifest] {
+    let blobs = layers
+        .iter()
+        .map(|l| &l.blob)
+        .chain([&documents.config, &documents.manifest]);
+    for blob in blobs {
         let digest = sha256_digest(blob);
         let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
         add(&format!("blobs/sha256/{hex}"), blob)?;

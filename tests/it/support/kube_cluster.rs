@@ -24,7 +24,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::json;
 
-use super::apiserver::{ApiServer, kube_binary};
+use super::apiserver::{ApiServer, cached_binary};
 use super::binary_image::binary_layer;
 use super::http;
 use super::images::{Extras, oci_archive};
@@ -82,7 +82,7 @@ impl KubeCluster {
         let sandbox_archive = lab_dir.join("sandbox-image.tar");
         std::fs::write(
             &sandbox_archive,
-            oci_archive(SANDBOX_IMAGE, &layer, &extras)?,
+            oci_archive(SANDBOX_IMAGE, std::slice::from_ref(&layer), &extras)?,
         )?;
         Ok(KubeCluster {
             ca,
@@ -107,7 +107,7 @@ impl KubeCluster {
     ) -> Result<()> {
         // Neither serves anything: their health is the cluster's.
         let common = |name: &str| -> Result<std::process::Command> {
-            let mut command = network.command(kube_binary(name)?);
+            let mut command = network.command(cached_binary(name)?);
             command
                 .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
                 .args(["--leader-elect=false", "--port=0", "--secure-port=0"]);
@@ -171,7 +171,7 @@ impl KubeCluster {
 
         let ip = network.add_node_ip()?;
         write_pod_network(node, ip)?;
-        let mut command = sandbox.command(kube_binary("kubelet")?);
+        let mut command = sandbox.command(cached_binary("kubelet")?);
         command
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .args([

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, ensure};
 
 use super::apiserver::{ApiServer, ClusterApiServer};
 use super::binary_image::binary_layer;
+use super::estargz::{EstargzSpec, estargz_archive, push_archive};
 use super::images::{self, Extras, ImageSpec, LayerCache, Platform, PushedImage, PushedIndex};
 use super::kube_cluster::{ClusterConfig, KubeCluster, SANDBOX_IMAGE};
 use super::network::LabNetwork;
@@ -22,6 +23,7 @@ use super::pki::{Ca, SitePki};
 use super::process::{Proc, run, stop_all};
 use super::proxy::{Proxy, ProxyControl};
 use super::registry::{Registry, RegistrySetup, RegistryTls};
+use super::stargz::unmount_fuse_under;
 use super::token::TokenService;
 
 /// What to start.
@@ -370,6 +372,40 @@ impl Lab {
         node.wait_ready(&mut procs[at])
     }
 
+    /// Node `name`'s stargz-snapshotter process, by its position among the lab's processes.
+    fn stargz_at(&self, name: &str) -> Result<usize> {
+        let wanted = self.node(name).stargz_process_name();
+        self.resources
+            .procs
+            .iter()
+            .position(|p| p.name() == wanted)
+            .with_context(|| format!("node {name} runs no stargz-snapshotter"))
+    }
+
+    /// Kills node `name`'s stargz-snapshotter (SIGKILL, as a crash): its layers' FUSE mounts stay, dead.
+    pub fn kill_stargz(&mut self, name: &str) -> Result<()> {
+        let at = self.stargz_at(name)?;
+        self.resources.procs[at].kill()
+    }
+
+    /// Starts node `name`'s stargz-snapshotter again (after [`Lab::kill_stargz`]);
+    /// returns once it serves and the node's containerd reaches it, or its log's end when it exits first
+    /// (it mounts every remote layer again at start, and gives up when one cannot be resolved).
+    pub fn start_stargz(&mut self, name: &str) -> Result<()> {
+        let at = self.stargz_at(name)?;
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .expect("found by stargz_at");
+        let procs = &mut self.resources.procs;
+        procs[at] = node
+            .stargz()
+            .spawn(&node.stargz_process_name(), node.sandbox())?;
+        node.stargz().wait_ready(&mut procs[at])?;
+        node.wait_stargz_reached()
+    }
+
     /// Pushes a linux/amd64 image to the registry (directly, not through the proxy) under its digest.
     pub fn push_image(&self, repo: &str, spec: &ImageSpec) -> Result<PushedImage> {
         images::push_image(
@@ -379,6 +415,23 @@ impl Lab {
             spec,
             &Platform::linux_amd64(),
         )
+    }
+
+    /// Makes the eStargz image `spec` as its users do (`ctr-remote image convert --estargz --oci`) and
+    /// pushes it to the registry (directly, not through the proxy) as `repo`, by digest.
+    pub fn push_estargz(&self, repo: &str, spec: &EstargzSpec) -> Result<PushedImage> {
+        self.push_estargz_archive(repo, &self.estargz_archive(spec)?)
+    }
+
+    /// The eStargz image `spec` made as [`Lab::push_estargz`] makes it, as an OCI archive, to push to
+    /// this lab's registry or another's.
+    pub fn estargz_archive(&self, spec: &EstargzSpec) -> Result<Vec<u8>> {
+        estargz_archive(self.dir(), &self.resources.short_socket_dir, spec)
+    }
+
+    /// Pushes the image of the OCI archive `archive` ([`Lab::estargz_archive`]) as `repo`, by digest.
+    pub fn push_estargz_archive(&self, repo: &str, archive: &[u8]) -> Result<PushedImage> {
+        push_archive(&self.registry, repo, archive)
     }
 
     pub(crate) fn registry(&self) -> &Registry {
@@ -427,6 +480,8 @@ struct Resources {
 impl Drop for Resources {
     fn drop(&mut self) {
         stop_all(&mut self.procs);
+        // A killed stargz-snapshotter's layers, mounted on the nodes' image filesystems.
+        unmount_fuse_under(&self.dir);
         for mount in &self.mounts {
             unmount(mount);
         }

@@ -18,6 +18,8 @@ use super::network::LabNetwork;
 use super::node_sandbox::{self, CONTAINERD_ROOT, NodeSandbox, RUNC_ROOT};
 use super::pki::SitePki;
 use super::process::{Proc, run};
+use super::stargz::{Stargz, StargzEnv};
+use super::unit::Unit;
 
 /// Unix socket paths are limited to 108 bytes, and containerd adds `.ttrpc` to its socket path.
 const MAX_SOCKET_PATH: usize = 100;
@@ -36,6 +38,9 @@ pub struct NodeSpec {
     pub metrics_address: Option<String>,
     /// In a cluster lab, the labels its kubelet registers its Node with (`--node-labels`).
     pub labels: Vec<(String, String)>,
+    /// stargz-snapshotter runs beside its containerd ([`Stargz`]); a plain lab's containerd then runs as
+    /// systemd runs its unit, restarted by `systemctl restart containerd` ([`Unit`]).
+    pub stargz: bool,
     /// In a cluster lab, the taints its kubelet registers its Node with (`--register-with-taints`),
     /// `KEY=VALUE:EFFECT`.
     pub taints: Vec<String>,
@@ -50,8 +55,18 @@ impl NodeSpec {
             imports_conf_d: false,
             metrics_address: None,
             labels: Vec::new(),
+            stargz: false,
             taints: Vec::new(),
         }
+    }
+
+    /// The node with stargz-snapshotter beside its containerd (not yet in containerd's config: `pinboard
+    /// lazy on` puts it there), its containerd importing `<node>/conf.d/*.toml` and, in a plain lab,
+    /// restarted by the `systemctl` of [`Node::unit`].
+    pub fn with_stargz(mut self) -> NodeSpec {
+        self.stargz = true;
+        self.imports_conf_d = true;
+        self
     }
 
     /// The node's containerd serving its metrics at `address` (`HOST:PORT`).
@@ -107,6 +122,10 @@ pub struct Node {
     certs: PathBuf,
     /// A cluster node's namespaces.
     sandbox: Option<NodeSandbox>,
+    /// Its stargz-snapshotter, when it runs one.
+    stargz: Option<Stargz>,
+    /// How a plain node with stargz runs its containerd, for `systemctl restart containerd`.
+    unit: Option<Unit>,
 }
 
 /// What a node needs from the lab to start.
@@ -240,6 +259,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 socket = paths.socket_in_config.display(),
             ),
         )?;
+        let stargz = match spec.stargz {
+            true => Some(Stargz::prepare(&StargzEnv {
+                node_dir: &dir,
+                node: &spec.name,
+                containerd_root: &root,
+                containerd_root_in_node: &root_in_config,
+                containerd_socket_in_node: &paths.socket_in_config,
+                registry_hosts: env.registry_hosts,
+                plain_http: env.scheme == "http",
+                short_socket_dir: env.short_socket_dir,
+                sandbox: sandbox.as_ref(),
+            })?),
+            false => None,
+        };
+        let unit = match (spec.stargz, &sandbox) {
+            (true, None) => Some(Unit::write(&dir, &paths.socket)?),
+            _ => None,
+        };
         let node = Node {
             name: spec.name.clone(),
             socket: paths.socket,
@@ -248,7 +285,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             config,
             certs: paths.certs,
             sandbox,
+            stargz,
+            unit,
         };
+        if let Some(stargz) = &node.stargz {
+            procs.push(stargz.spawn(&node.stargz_process_name(), node.sandbox.as_ref())?);
+            stargz.wait_ready(procs.last_mut().expect("just pushed"))?;
+        }
         procs.push(node.spawn_containerd()?);
         node.wait_ready(procs.last_mut().expect("just pushed"))?;
         Ok(node)
@@ -313,11 +356,78 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         format!("containerd ({})", self.name)
     }
 
+    /// The name of this node's stargz-snapshotter among the lab's processes.
+    pub(crate) fn stargz_process_name(&self) -> String {
+        format!("stargz ({})", self.name)
+    }
+
+    /// Its stargz-snapshotter's socket as the node names it, when it runs one.
+    pub fn stargz_socket(&self) -> Option<&Path> {
+        self.stargz.as_ref().map(|s| s.socket_in_node.as_path())
+    }
+
+    /// Its stargz-snapshotter; panics for a node without one (a mistake in the test).
+    pub fn stargz(&self) -> &Stargz {
+        self.stargz
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {} runs no stargz-snapshotter", self.name))
+    }
+
+    /// The mount points of the layers its stargz-snapshotter mounts from the registry (FUSE, under its
+    /// root), as this machine's mount table lists them: a plain lab's node only (a cluster node's are in
+    /// its own mount namespace).
+    pub fn stargz_mounts(&self) -> Vec<String> {
+        let root = &self.stargz().root;
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(' ');
+                let (mountpoint, kind) = (fields.nth(1)?, fields.next()?);
+                (kind == "fuse.rawBridge" && Path::new(mountpoint).starts_with(root))
+                    .then(|| mountpoint.to_string())
+            })
+            .collect()
+    }
+
+    /// Returns once its containerd reaches its stargz-snapshotter again, when it has it as a proxy plugin
+    /// (else at once): containerd dials a snapshotter that went away with a backoff of up to 3 s, and says
+    /// it does not answer until then.
+    pub(crate) fn wait_stargz_reached(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            match self.ctr(&["snapshots", "--snapshotter", "stargz", "ls"]) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.to_string().contains("not loaded") => return Ok(()),
+                Err(e) if std::time::Instant::now() > deadline => {
+                    return Err(e.context("containerd does not reach the snapshotter"));
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// `ctr ARGS` on the node's containerd, in the CRI namespace: what it prints.
+    pub fn ctr(&self, args: &[&str]) -> Result<String> {
+        run_ctr(&self.socket, args)
+    }
+
+    /// How a plain node with stargz runs its containerd: its `systemctl`. Panics for another node.
+    pub fn unit(&self) -> &Unit {
+        self.unit
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {} has no unit: NodeSpec::with_stargz", self.name))
+    }
+
     /// Starts this node's containerd (its log appended to), without waiting for it.
     pub(crate) fn spawn_containerd(&self) -> Result<Proc> {
         let dir = self.dir();
         let log = dir.join("containerd.log");
         match &self.sandbox {
+            None if self.unit.is_some() => {
+                let command = self.unit().command(&self.config);
+                Proc::spawn_group(&self.process_name(), command, &log)
+            }
             None => {
                 let mut command = Command::new("containerd");
                 command.arg("--config").arg(&self.config);

@@ -22,6 +22,8 @@ pub(crate) struct Proc {
     log: PathBuf,
     /// Signals go to the process group the child leads, not only to the child.
     group: bool,
+    /// What asks it to stop (SIGTERM unless [`Proc::stopped_by`] says otherwise).
+    stop_signal: libc::c_int,
 }
 
 impl Proc {
@@ -66,7 +68,15 @@ impl Proc {
             child,
             log: log.to_owned(),
             group,
+            stop_signal: libc::SIGTERM,
         })
+    }
+
+    /// The same process, asked to stop with `signal` rather than SIGTERM (stargz-snapshotter unmounts its
+    /// layers on SIGINT only).
+    pub(crate) fn stopped_by(mut self, signal: libc::c_int) -> Proc {
+        self.stop_signal = signal;
+        self
     }
 
     /// Polls `probe` every 100 ms until it returns true, failing early if the process exits and after
@@ -144,10 +154,11 @@ impl Proc {
     }
 }
 
-/// Stops all `procs`: SIGTERM to each, then SIGKILL to those still running after [`GRACE`].
+/// Stops all `procs`: each one's stop signal (SIGTERM unless it says otherwise), then SIGKILL to those still
+/// running after [`GRACE`].
 pub(crate) fn stop_all(procs: &mut [Proc]) {
     for p in procs.iter_mut() {
-        p.signal(libc::SIGTERM);
+        p.signal(p.stop_signal);
     }
     let deadline = Instant::now() + GRACE;
     for p in procs.iter_mut() {
@@ -155,7 +166,10 @@ pub(crate) fn stop_all(procs: &mut [Proc]) {
             thread::sleep(Duration::from_millis(20));
         }
         if let Ok(None) = p.child.try_wait() {
-            eprintln!("lab: {} did not exit after SIGTERM; killing it", p.name);
+            eprintln!(
+                "lab: {} did not exit when asked to stop; killing it",
+                p.name
+            );
             p.signal(libc::SIGKILL);
             let _ = p.child.wait();
         }
