@@ -14,7 +14,8 @@
 //! Counted from the applied PinSet to the report saying `pinned` (and 10 s more): the API server's own
 //! request counters (`apiserver_request_total` on `/metrics`, every write request by resource and verb:
 //! only the agent writes then) and, from watches, how often the node's PinboardNode, its
-//! PinboardNodeImages and its Lease really changed (a new resourceVersion: a write to etcd). Each run is
+//! PinboardNodeImages, its PinboardNodeBlobs (what its runtime holds, for the plans) and its Lease really
+//! changed (a new resourceVersion: a write to etcd). Each run is
 //! a fresh lab; the medians of `PINBOARD_BENCH_RUNS` (3) runs are printed, and the load average before
 //! each.
 //!
@@ -32,12 +33,11 @@ mod common;
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
-use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{env_number, load_average, spread};
+use common::{env_number, load_average, since, spread};
 use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -49,6 +49,7 @@ use pinboard::model::pinboard_api::{
     DEFAULT_NAMESPACE, GROUP, IMAGES_KIND, IMAGES_PLURAL, NODE_KIND, NODE_PLURAL, NodeSetPhase,
     PinboardNode, VERSION, lease_name,
 };
+use pinboard::model::pinboard_kinds::{BLOBS_KIND, BLOBS_PLURAL};
 use pinboard::model::set::from_flags;
 use support::cluster::client;
 use support::kube_objects::apply_yaml;
@@ -59,51 +60,14 @@ const SET: &str = "release";
 /// How long the agent gets to start, and the rollout to end.
 const WAIT: Duration = Duration::from_secs(900);
 
-/// The API server's write requests so far, by `VERB resource[/subresource]` and by `name` where a watch
-/// tells (`apiserver_request_total` has no names).
-type Counts = BTreeMap<String, f64>;
+/// New resourceVersions, by `KIND name`, as watches tell them.
+type Counts = common::Counts;
 
-/// `apiserver_request_total` of every write verb, by verb and resource (summed over codes and clients).
+/// The API server's write requests so far, by verb and resource.
 async fn write_requests(admin: &kube::Client) -> Counts {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = admin.request_text(request).await.expect("/metrics");
-    let mut counts = Counts::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let (labels, value) = line.rsplit_once(' ').expect("a sample");
-        let label = |name: &str| {
-            let key = format!("{name}=\"");
-            labels
-                .split(&key)
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let verb = label("verb");
-        // Server-side apply is counted as APPLY, not PATCH.
-        if !["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
-            continue;
-        }
-        let subresource = label("subresource");
-        let resource = match subresource.is_empty() {
-            true => label("resource"),
-            false => format!("{}/{subresource}", label("resource")),
-        };
-        *counts.entry(format!("{verb} {resource}")).or_default() += value.parse::<f64>().unwrap();
-    }
+    let mut counts = common::apiserver_requests(admin).await;
+    counts.retain(|key, _| common::is_write(key));
     counts
-}
-
-/// What changed between two [`write_requests`].
-fn since(before: &Counts, after: &Counts) -> Counts {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect()
 }
 
 /// Counts every new resourceVersion `api`'s watch sees, by `KIND name`, from when it is listed.
@@ -244,9 +208,11 @@ struct Run {
     rollout: Duration,
     /// Write requests by verb and resource.
     requests: Counts,
-    /// New resourceVersions of the node's report, its detail, its Lease and the aggregator's Lease.
+    /// New resourceVersions of the node's report, its detail, what its runtime holds, its Lease and the
+    /// aggregator's Lease.
     report_versions: f64,
     images_versions: f64,
+    blobs_versions: f64,
     lease_versions: f64,
     aggregator_versions: f64,
     /// Then, the set pinned and nothing changing: the agent's CPU share of one core, containerd's gRPC
@@ -313,13 +279,15 @@ fn one_run(
             NODE_PLURAL,
         );
         let reports: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
-        let details: Api<DynamicObject> = Api::all_with(
-            admin.clone(),
-            &ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(GROUP, VERSION, IMAGES_KIND),
-                IMAGES_PLURAL,
-            ),
-        );
+        let of_kind = |kind: &str, plural: &str| -> Api<DynamicObject> {
+            let gvk = GroupVersionKind::gvk(GROUP, VERSION, kind);
+            Api::all_with(
+                admin.clone(),
+                &ApiResource::from_gvk_with_plural(&gvk, plural),
+            )
+        };
+        let details = of_kind(IMAGES_KIND, IMAGES_PLURAL);
+        let blobs = of_kind(BLOBS_KIND, BLOBS_PLURAL);
         agent = Some(start_agent(&lab, &kubeconfig));
         // The agent's first report (its node's facts) comes before the set.
         let deadline = Instant::now() + WAIT;
@@ -332,6 +300,7 @@ fn one_run(
         let watches = [
             count_versions(NODE_KIND, reports.clone(), Arc::clone(&versions)),
             count_versions(IMAGES_KIND, details, Arc::clone(&versions)),
+            count_versions(BLOBS_KIND, blobs, Arc::clone(&versions)),
             count_versions("Lease", leases, Arc::clone(&versions)),
         ];
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -379,6 +348,7 @@ fn one_run(
             requests,
             report_versions: of(&format!("{NODE_KIND} {NODE}")),
             images_versions: of(&format!("{IMAGES_KIND} {NODE}")),
+            blobs_versions: of(&format!("{BLOBS_KIND} {NODE}")),
             lease_versions: of(&format!("Lease {}", lease_name(NODE))),
             aggregator_versions: of("Lease pinboard-aggregator"),
         }
@@ -406,12 +376,13 @@ fn main() {
         loads.push(load);
         let run = one_run(&runtime, images, layer_bytes, bps, idle);
         println!(
-            "rollout {:.1} s; write requests {:?}; new resourceVersions: report {}, its images {}, its \
-             Lease {}, the aggregator's Lease {}",
+            "rollout {:.1} s; write requests {:?}; new resourceVersions: report {}, its images {}, what \
+             its runtime holds {}, its Lease {}, the aggregator's Lease {}",
             run.rollout.as_secs_f64(),
             run.requests,
             run.report_versions,
             run.images_versions,
+            run.blobs_versions,
             run.lease_versions,
             run.aggregator_versions
         );
@@ -447,9 +418,11 @@ fn main() {
         );
     }
     println!(
-        "new resourceVersions: report {}, its images {}, its Lease {}, the aggregator's Lease {}",
+        "new resourceVersions: report {}, its images {}, what its runtime holds {}, its Lease {}, the \
+         aggregator's Lease {}",
         spread(of(&|r| r.report_versions), count),
         spread(of(&|r| r.images_versions), count),
+        spread(of(&|r| r.blobs_versions), count),
         spread(of(&|r| r.lease_versions), count),
         spread(of(&|r| r.aggregator_versions), count),
     );

@@ -14,18 +14,23 @@
 //!
 //! The agents contender (benches/cluster_view/agents.rs) measures the same on pinboard's agents: 5,000
 //! Nodes with one PinboardNode report of 200 images each (`PINBOARD_BENCH_AGENT_NODES`,
-//! `PINBOARD_BENCH_AGENT_IMAGES`). Every contender (`PINBOARD_BENCH_CONTENDERS`, by default both) runs
+//! `PINBOARD_BENCH_AGENT_IMAGES`), then the plan of a set of those 200 images on every node, by what each
+//! node's agent published of what its runtime holds, `PINBOARD_BENCH_PLANS` times each way
+//! (benches/cluster_view/agents_plan.rs). Every contender (`PINBOARD_BENCH_CONTENDERS`, by default both) runs
 //! `PINBOARD_BENCH_RUNS` times, interleaved, each on a fresh lab; the medians (min–max) and the load average
 //! before each run are printed at the end.
 //!
 //!     cargo bench --bench cluster_view     # PINBOARD_BENCH_NODES=2000 PINBOARD_BENCH_SETS=20 PINBOARD_BENCH_CHANGES=20
 //!                                          # PINBOARD_BENCH_AGENT_NODES=5000 PINBOARD_BENCH_AGENT_IMAGES=200
 //!                                          # PINBOARD_BENCH_RUNS=3 PINBOARD_BENCH_CONTENDERS=openshift,agents
+//!                                          # PINBOARD_BENCH_PLANS=3
 //!
 //! Prints one line per figure; results go in BENCHMARKS.md.
 
 #[path = "cluster_view/agents.rs"]
 mod agents;
+#[path = "cluster_view/agents_plan.rs"]
+mod agents_plan;
 mod common;
 #[allow(
     dead_code,
@@ -498,6 +503,7 @@ fn openshift(
             change_max,
             rss_before,
             rss_after,
+            plan: None,
         }
     })
 }
@@ -523,15 +529,21 @@ struct Figures {
     /// (c) VmRSS before watching and after the first complete view.
     rss_before: u64,
     rss_after: u64,
+    /// The agents contender's plans.
+    plan: Option<agents_plan::PlanFigures>,
 }
 
 fn main() {
+    if let Ok(kubeconfig) = std::env::var(agents_plan::CHILD) {
+        return agents_plan::child(&kubeconfig);
+    }
     let nodes = env_number("PINBOARD_BENCH_NODES", 2000);
     let sets = env_number("PINBOARD_BENCH_SETS", 20).max(1);
     let changes = env_number("PINBOARD_BENCH_CHANGES", 20);
     let agent_nodes = env_number("PINBOARD_BENCH_AGENT_NODES", 5000);
     let agent_images = env_number("PINBOARD_BENCH_AGENT_IMAGES", 200);
     let runs = env_number("PINBOARD_BENCH_RUNS", 3usize).max(1);
+    let plans = env_number("PINBOARD_BENCH_PLANS", 3usize).max(1);
     let contenders: Vec<String> = std::env::var("PINBOARD_BENCH_CONTENDERS")
         .unwrap_or_else(|_| "openshift,agents".into())
         .split(',')
@@ -549,7 +561,7 @@ fn main() {
             loads.push(load);
             figures.push(match contender.as_str() {
                 "openshift" => openshift(&runtime, nodes, sets, changes),
-                "agents" => agents::run(&runtime, agent_nodes, agent_images, changes),
+                "agents" => agents::run(&runtime, agent_nodes, agent_images, changes, plans),
                 other => panic!("unknown contender {other:?}: openshift or agents"),
             });
         }
@@ -570,6 +582,28 @@ fn main() {
             spread(of(&|f| millis(f.change_max)), |v| format!("{v:.1} ms")),
             spread(of(&|f| f.rss_after as f64), |v| mb(v as u64)),
             spread(of(&|f| f.rss_before as f64), |v| mb(v as u64)),
+        );
+        let plans: Vec<&agents_plan::PlanFigures> =
+            figures.iter().filter_map(|f| f.plan.as_ref()).collect();
+        if plans.is_empty() {
+            continue;
+        }
+        let every = |f: &dyn Fn(&agents_plan::PlanFigures) -> Vec<f64>| -> Vec<f64> {
+            plans.iter().flat_map(|p| f(p)).collect()
+        };
+        let each = |f: &dyn Fn(&agents_plan::PlanFigures) -> f64| -> Vec<f64> {
+            plans.iter().map(|p| f(p)).collect()
+        };
+        let millis_of = |times: &[Duration]| times.iter().map(|t| millis(*t)).collect();
+        println!(
+            "{contender:<9} (d) the TUI's Plan {}, its peak {} over what it used before (process VmHWM \
+             {}); (e) `pinboard plan` {}, VmHWM {}; API writes during the plans {}",
+            spread(every(&|p| millis_of(&p.tui)), |v| format!("{v:.0} ms")),
+            spread(each(&|p| p.tui_peak_over as f64), |v| mb(v as u64)),
+            spread(each(&|p| p.tui_peak as f64), |v| mb(v as u64)),
+            spread(every(&|p| millis_of(&p.command)), |v| format!("{v:.0} ms")),
+            spread(each(&|p| p.command_peak as f64), |v| mb(v as u64)),
+            spread(each(&|p| p.writes), |v| format!("{v:.0}")),
         );
     }
 }

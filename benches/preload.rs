@@ -58,10 +58,9 @@ use pinboard::model::plan::Limits;
 use pinboard::model::rollout::{NodeState, Rollout};
 use pinboard::model::set;
 use pinboard::survey::survey;
-use support::agents::AgentsLab;
+use support::agents::{AgentsLab, AgentsSetup};
 use support::{
-    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup,
-    unique_bytes,
+    ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, NodeSpec, PushedImage, unique_bytes,
 };
 
 const MIB: u64 = 1 << 20;
@@ -257,6 +256,8 @@ fn pinboard_run(lab: &Lab, references: &[String], cache: Option<&std::path::Path
             gc_high_percent: 100,
             gc_high_given: true,
             min_free_bytes: 0,
+            min_free_given: true,
+            flags_over_agents: true,
         };
         let timeout = Duration::from_secs(30);
         let fan_out = cache.map(|dir| FanOutSetup {
@@ -353,16 +354,19 @@ fn agents_cache_run(cap: u64, imagefs: u64) -> (Run, u64) {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let agents = runtime.block_on(AgentsLab::start_with(
-        &format!("bench-preload-{NAME}"),
-        node_specs(imagefs),
-        None,
-        vec![
+    let setup = AgentsSetup {
+        agent_args: vec![
             "--insecure-registry={proxy}".into(),
             "--cache-port=5050".into(),
             "--cache-dir={lab}/cache-{node}".into(),
         ],
-        RegistrySetup::default(),
+        ..AgentsSetup::default()
+    };
+    let agents = runtime.block_on(AgentsLab::start_with(
+        &format!("bench-preload-{NAME}"),
+        node_specs(imagefs),
+        None,
+        setup,
     ));
     let lab = &agents.lab;
     let (references, pushed) = push_set(lab, NAME);

@@ -288,7 +288,8 @@ pub struct TargetArgs {
     /// machine-config API and pinboard's agents (default: agents); a cluster serving one needs no choice.
     #[arg(long, value_enum, value_name = "API")]
     pub cluster_api: Option<ClusterApi>,
-    /// Cluster mode on agents: the namespace they run in (their heartbeats and pull Secrets).
+    /// Cluster mode on agents: the namespace they run in (their heartbeats and pull Secrets). On OpenShift
+    /// with the agents installed too, where the plan finds their heartbeats.
     #[arg(long, value_name = "NS", default_value = crate::model::pinboard_api::DEFAULT_NAMESPACE)]
     pub agents_namespace: String,
     /// A node's CRI endpoint: [NAME=]unix:///path or [NAME=]tcp://host:port. Repeatable. Without it or
@@ -419,35 +420,28 @@ impl CacheArgs {
 }
 
 /// When a node counts as full.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Default)]
 #[command(next_help_heading = "Disk limits")]
 pub struct LimitArgs {
     /// Kubelet image GC high threshold, percent: a node above it after pre-loading is `tight`. Default: in
     /// cluster mode each node's kubelet's own (its configuration), else 85.
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(1..=100))]
     pub gc_high_percent: Option<u8>,
-    /// Free space that must remain after pre-loading, e.g. 16Gi (the OpenShift daemon's floor).
-    #[arg(long, value_name = "BYTES", default_value = "16Gi", value_parser = parse_bytes)]
-    pub min_free: u64,
+    /// Free space that must remain after pre-loading, e.g. 16Gi (default: 16Gi, the OpenShift daemon's
+    /// floor). On pinboard's agents each agent pulls by its own: given to `plan`, a what-if.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub min_free: Option<u64>,
 }
 
 impl LimitArgs {
     pub fn limits(&self) -> Limits {
+        let default = Limits::default();
         Limits {
-            gc_high_percent: self
-                .gc_high_percent
-                .unwrap_or(Limits::default().gc_high_percent),
+            gc_high_percent: self.gc_high_percent.unwrap_or(default.gc_high_percent),
             gc_high_given: self.gc_high_percent.is_some(),
-            min_free_bytes: self.min_free,
-        }
-    }
-}
-
-impl Default for LimitArgs {
-    fn default() -> Self {
-        LimitArgs {
-            gc_high_percent: None,
-            min_free: Limits::default().min_free_bytes,
+            min_free_bytes: self.min_free.unwrap_or(default.min_free_bytes),
+            min_free_given: self.min_free.is_some(),
+            ..default
         }
     }
 }
@@ -542,6 +536,7 @@ impl CommonArgs {
             verify,
             lazy_store: targets.lazy_store.clone(),
             release,
+            agents_namespace: targets.agents_namespace.clone(),
         })))
     }
 

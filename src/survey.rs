@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use futures::StreamExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -14,14 +15,17 @@ use serde::{Deserialize, Serialize};
 use crate::backend::blobs;
 use crate::backend::node::{SurveyedNode, survey_node};
 use crate::backend::openshift::Cluster;
+use crate::backend::pinboard_api::PinboardApi;
 use crate::backend::registry::{PlatformFacts, Registry, RegistryError};
 use crate::backend::target::DirectNode;
 use crate::error::{Exit, Failure};
 use crate::model::agents_view::{AgentsView, NodeWithSet};
 use crate::model::image::{ImageFacts, Platform};
 use crate::model::machine_config::{ClusterNode, ClusterView};
+use crate::model::node_blobs::NodeBlobs;
+use crate::model::pinboard_api::NodeImages;
 use crate::model::plan::{
-    Limits, LinkBytes, NodeFacts, NodePlan, PlannedImage, link_bytes, plan_node,
+    Limits, LinkBytes, LinkCount, NodeFacts, NodePlan, PlannedImage, Presence, plan_node,
 };
 use crate::model::readiness::unreachable_reason;
 use crate::model::reference::{count_images, short_reference, some_of};
@@ -30,6 +34,8 @@ use crate::model::set::ImageSet;
 
 /// Configs read at once for their layers' uncompressed digests.
 const DIFF_IDS_AT_ONCE: usize = 16;
+/// Image lists read at once, of the nodes whose agent publishes no holdings.
+const IMAGE_LISTS_AT_ONCE: usize = 16;
 
 /// The result of a survey, serialized as `plan -o json|yaml` prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,9 +153,48 @@ pub async fn survey(
         ));
     }
     let mut facts = resolved(&references, inspected)?;
-    read_diff_ids(registry, &mut facts, &observations).await;
-    let planned = observations.iter().map(|o| (o, references.as_slice()));
-    Ok(summarize(sets, limits, planned, facts, cache))
+    let shared = Shared::default().of(&references);
+    let planned: Vec<ToPlan> = observations
+        .iter()
+        .map(|o| ToPlan::of(o, &shared))
+        .collect();
+    read_diff_ids(registry, &mut facts, &planned).await;
+    Ok(summarize(sets, limits, &planned, facts, cache))
+}
+
+/// One node to plan: what is known of it, the references of the sets it gets, and whether it holds
+/// each.
+struct ToPlan<'a> {
+    facts: &'a NodeFacts,
+    references: &'a [Arc<str>],
+    presence: Vec<Presence>,
+}
+
+impl<'a> ToPlan<'a> {
+    fn of(observed: &'a SurveyedNode, references: &'a [Arc<str>]) -> ToPlan<'a> {
+        let presence = references
+            .iter()
+            .map(|r| observed.presence.get(&**r).copied().flatten())
+            .collect();
+        ToPlan {
+            facts: &observed.facts,
+            references,
+            presence,
+        }
+    }
+}
+
+/// References shared by every node's plan: one copy of each however many nodes plan it.
+#[derive(Default)]
+struct Shared(HashMap<String, Arc<str>>);
+
+impl Shared {
+    fn of(&mut self, references: &[String]) -> Vec<Arc<str>> {
+        references
+            .iter()
+            .map(|r| Arc::clone(self.0.entry(r.clone()).or_insert_with(|| r.as_str().into())))
+            .collect()
+    }
 }
 
 /// The layers' uncompressed digests of the images some node holding layers by them (CRI-O) lacks, read
@@ -158,19 +203,19 @@ pub async fn survey(
 async fn read_diff_ids(
     registry: &Registry,
     facts: &mut HashMap<String, ImageFacts>,
-    nodes: &[SurveyedNode],
+    nodes: &[ToPlan<'_>],
 ) {
-    let lacking: BTreeSet<&String> = nodes
+    let lacking: BTreeSet<&Arc<str>> = nodes
         .iter()
         .filter(|n| n.facts.held.by_diff_id())
-        .flat_map(|n| n.presence.iter())
+        .flat_map(|n| n.references.iter().zip(&n.presence))
         .filter(|(_, present)| **present != Some(true))
         .map(|(reference, _)| reference)
         .collect();
     // Owned: a stream of futures borrowing them is not Send-general enough for the fleet's boxed futures.
     let asked: Vec<(String, ImageFacts)> = lacking
         .into_iter()
-        .filter_map(|reference| Some((reference.clone(), facts.get(reference)?.clone())))
+        .filter_map(|reference| Some((reference.to_string(), facts.get(&**reference)?.clone())))
         .collect();
     let read: Vec<(String, Result<Vec<String>, RegistryError>)> =
         futures::stream::iter(asked.into_iter().map(|(reference, image)| async move {
@@ -207,18 +252,18 @@ async fn read_diff_ids(
     }
 }
 
-/// Each node planned for its own images.
-async fn survey_nodes(
-    nodes: &[(SurveyedNode, Vec<String>)],
+/// Each node planned for its own images, with the layers' uncompressed digests where a node holds layers
+/// by them.
+async fn plan_nodes(
+    nodes: &[ToPlan<'_>],
     sets: &[ImageSet],
     registry: &Registry,
-    platform: &Platform,
+    mut facts: HashMap<String, ImageFacts>,
     limits: Limits,
     cache: Option<&Path>,
-) -> Result<Survey, SurveyError> {
-    let facts = image_facts(sets, registry, platform).await?;
-    let planned = nodes.iter().map(|(o, refs)| (o, refs.as_slice()));
-    Ok(summarize(sets, limits, planned, facts, cache))
+) -> Survey {
+    read_diff_ids(registry, &mut facts, nodes).await;
+    summarize(sets, limits, nodes, facts, cache)
 }
 
 /// Every image of the sets, resolved for `platform`, by reference; or every reference the registry could not
@@ -249,10 +294,16 @@ pub async fn served_digests(
 
 /// Cluster mode: every node the sets land on (by their labels, as they would be applied), each planned for
 /// the union of the sets that land on it, with what the cluster tells about its space
-/// ([`Cluster::observe`]).
+/// ([`Cluster::observe`]); a node whose pinboard agent `published` what its runtime holds is planned by
+/// that, exactly, the others by their Node's image list (an upper bound).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the survey's inputs, each its own"
+)]
 pub async fn survey_cluster(
     cluster: &Cluster,
     view: &ClusterView,
+    mut published: BTreeMap<String, NodeBlobs>,
     sets: &[ImageSet],
     registry: &Registry,
     platform: &Platform,
@@ -296,6 +347,12 @@ pub async fn survey_cluster(
         .into_iter()
         .zip(asked.into_iter().map(|(_, references)| references))
         .collect();
+    for (observed, references) in &mut nodes {
+        if let Some(blobs) = published.remove(&observed.facts.name) {
+            let presence = blobs.plan_facts(&mut observed.facts, references);
+            observed.presence = references.iter().cloned().zip(presence).collect();
+        }
+    }
     nodes.extend(missing.into_iter().map(|(name, references)| {
         let facts = NodeFacts {
             unreachable: Some(format!(
@@ -313,14 +370,30 @@ pub async fn survey_cluster(
         )
     }));
     nodes.sort_by(|a, b| a.0.facts.name.cmp(&b.0.facts.name));
-    survey_nodes(&nodes, sets, registry, platform, limits, cache).await
+    let facts = image_facts(sets, registry, platform).await?;
+    let mut shared = Shared::default();
+    let references: Vec<Vec<Arc<str>>> = nodes.iter().map(|(_, refs)| shared.of(refs)).collect();
+    let planned: Vec<ToPlan> = nodes
+        .iter()
+        .zip(&references)
+        .map(|((o, _), refs)| ToPlan::of(o, refs))
+        .collect();
+    Ok(plan_nodes(&planned, sets, registry, facts, limits, cache).await)
 }
 
 /// On agents: every node the sets are judged on ([`AgentsView::choose`]: those they select that an agents'
 /// DaemonSet should run on or whose agent is alive), each planned for the union of the sets that select it,
-/// from what its agent reported at `now` (its complete image list, its image filesystem, its kubelet's
-/// thresholds). A node whose agent is missing or stale is unreachable, with why.
+/// from what its agent reported at `now` (its image filesystem, its kubelet's thresholds, what it pulls by)
+/// and what it published of what its runtime holds ([`NodeBlobs`], read once for every node from the API
+/// server's watch cache): exact. A node whose agent publishes nothing yet (an older agent) is planned by
+/// its image list, read for it alone: an upper bound. A node whose agent is missing or stale is
+/// unreachable, with why. Nothing is written.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the survey's inputs, each its own"
+)]
 pub async fn survey_reported(
+    api: &PinboardApi,
     view: &AgentsView,
     sets: &[ImageSet],
     registry: &Registry,
@@ -329,14 +402,14 @@ pub async fn survey_reported(
     cache: Option<&Path>,
     now: SystemTime,
 ) -> Result<Survey, SurveyError> {
-    let mut per_node: BTreeMap<&str, Vec<ImageSet>> = BTreeMap::new();
-    for set in sets {
+    let mut sets_of: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (index, set) in sets.iter().enumerate() {
         let selector = set.node_selector.as_ref().map(|s| &s.0);
         for node in view.choose(selector, now).judged {
-            per_node.entry(&node.name).or_default().push(set.clone());
+            sets_of.entry(&node.name).or_default().push(index);
         }
     }
-    if per_node.is_empty() {
+    if sets_of.is_empty() {
         return Err(SurveyError::NoTarget(vec![
             "the sets select no node an agent runs or should run on: check their nodeSelector (or \
              --selector) against `kubectl get nodes --show-labels`, and that the agents run \
@@ -344,37 +417,108 @@ pub async fn survey_reported(
                 .into(),
         ]));
     }
-    let nodes: Vec<(SurveyedNode, Vec<String>)> = per_node
+    // Nodes the same sets select share one union of their references.
+    let mut unions: Vec<Vec<Arc<str>>> = Vec::new();
+    let mut shared = Shared::default();
+    let mut union_of_sets: HashMap<Vec<usize>, usize> = HashMap::new();
+    let nodes: Vec<(&str, usize)> = sets_of
         .into_iter()
-        .map(|(name, chosen)| {
-            let references = union_of(&chosen);
-            let surveyed = match (view.agent_untrusted(name, now), view.report(name)) {
-                (None, Some(report)) => SurveyedNode {
-                    facts: report.facts(name),
-                    presence: references
-                        .iter()
-                        .map(|r| (r.clone(), Some(report.holds(r))))
-                        .collect(),
-                },
-                (untrusted, _) => SurveyedNode {
-                    facts: NodeFacts {
-                        name: name.to_owned(),
-                        unreachable: Some(match untrusted {
-                            Some(NodeWithSet::Stale { .. }) => {
-                                "its agent's heartbeat is stale: what it reported is not trusted"
-                                    .into()
-                            }
-                            _ => "no pinboard agent reports on it yet".into(),
-                        }),
-                        ..NodeFacts::default()
-                    },
-                    presence: references.iter().map(|r| (r.clone(), None)).collect(),
-                },
-            };
-            (surveyed, references)
+        .map(|(name, indices)| {
+            let union = *union_of_sets.entry(indices).or_insert_with_key(|indices| {
+                let chosen: Vec<ImageSet> = indices.iter().map(|&i| sets[i].clone()).collect();
+                unions.push(shared.of(&union_of(&chosen)));
+                unions.len() - 1
+            });
+            (name, union)
         })
         .collect();
-    survey_nodes(&nodes, sets, registry, platform, limits, cache).await
+    let references = union_of(sets);
+    let platforms = [platform.clone()];
+    let (published, inspected) = tokio::join!(
+        api.published_blobs(),
+        registry.inspect_all(&references, &platforms)
+    );
+    let mut published = published.unwrap_or_else(|e| {
+        tracing::warn!(
+            "cannot list what the nodes' runtimes hold (PinboardNodeBlobs), so every node is planned by \
+             its image list, an upper bound; the ClusterRole pinboard-agents-viewer reads them: {e}"
+        );
+        BTreeMap::new()
+    });
+    let facts = resolved(&references, inspected)?;
+    let trusted = |name: &str| view.agent_untrusted(name, now).is_none();
+    let older: Vec<String> = nodes
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| trusted(name) && !published.contains_key(*name))
+        .map(str::to_owned)
+        .collect();
+    let image_lists = older_image_lists(api, older).await;
+    let observed: Vec<(NodeFacts, Vec<Presence>, usize)> = nodes
+        .iter()
+        .map(|&(name, union)| {
+            let references = &unions[union];
+            let Some(report) = view.report(name).filter(|_| trusted(name)) else {
+                let untrusted = view.agent_untrusted(name, now);
+                let facts = NodeFacts {
+                    name: name.to_owned(),
+                    unreachable: Some(match untrusted {
+                        Some(NodeWithSet::Stale { .. }) => {
+                            "its agent's heartbeat is stale: what it reported is not trusted".into()
+                        }
+                        _ => "no pinboard agent reports on it yet".into(),
+                    }),
+                    ..NodeFacts::default()
+                };
+                return (facts, vec![None; references.len()], union);
+            };
+            let mut facts = report.facts(name);
+            let presence = match published.remove(name) {
+                Some(blobs) => blobs.plan_facts(&mut facts, references),
+                None => {
+                    let listed = image_lists.get(name);
+                    references
+                        .iter()
+                        .map(|r| listed.map(|images| images.holds(r)))
+                        .collect()
+                }
+            };
+            (facts, presence, union)
+        })
+        .collect();
+    let (known, presence): (Vec<(NodeFacts, usize)>, Vec<Vec<Presence>>) = observed
+        .into_iter()
+        .map(|(facts, presence, union)| ((facts, union), presence))
+        .unzip();
+    let planned: Vec<ToPlan> = known
+        .iter()
+        .zip(presence)
+        .map(|((facts, union), presence)| ToPlan {
+            facts,
+            references: &unions[*union],
+            presence,
+        })
+        .collect();
+    Ok(plan_nodes(&planned, sets, registry, facts, limits, cache).await)
+}
+
+/// The image lists of nodes whose agent publishes no holdings (an older agent), each read on its own; a
+/// list that cannot be read leaves its node's presence unknown.
+async fn older_image_lists(api: &PinboardApi, nodes: Vec<String>) -> HashMap<String, NodeImages> {
+    // Owned: a stream of futures borrowing them is not Send-general enough for the fleet's boxed futures.
+    futures::stream::iter(nodes.into_iter().map(|name| async move {
+        match api.node_images(&name).await {
+            Ok(images) => images.map(|images| (name, images)),
+            Err(e) => {
+                tracing::warn!("{name}: cannot read its image list: {e}");
+                None
+            }
+        }
+    }))
+    .buffer_unordered(IMAGE_LISTS_AT_ONCE)
+    .filter_map(std::future::ready)
+    .collect()
+    .await
 }
 
 type Inspected = Vec<Result<PlatformFacts, RegistryError>>;
@@ -404,38 +548,34 @@ fn resolved(
 }
 
 /// Plans every node for its references and puts the survey together, with what the link carries for them
-/// ([`link_bytes`], against what `cache` holds).
-fn summarize<'a>(
+/// ([`LinkCount`], against what `cache` holds).
+fn summarize(
     sets: &[ImageSet],
     limits: Limits,
-    planned: impl Iterator<Item = (&'a SurveyedNode, &'a [String])>,
+    nodes: &[ToPlan<'_>],
     facts: HashMap<String, ImageFacts>,
     cache: Option<&Path>,
 ) -> Survey {
-    let planned: Vec<(&SurveyedNode, Vec<PlannedImage>)> = planned
-        .map(|(observation, references)| {
-            let images = references
+    let mut link = LinkCount::default();
+    let nodes = nodes
+        .iter()
+        .map(|node| {
+            let images: Vec<PlannedImage> = node
+                .references
                 .iter()
-                .map(|r| PlannedImage {
-                    reference: r,
-                    facts: &facts[r.as_str()],
-                    present: observation.presence.get(r).copied().flatten(),
-                    lazy: observation.facts.lazy.get(r),
+                .zip(&node.presence)
+                .map(|(r, present)| PlannedImage {
+                    reference: Arc::clone(r),
+                    facts: &facts[&**r],
+                    present: *present,
+                    lazy: node.facts.lazy.get(&**r),
                 })
                 .collect();
-            (observation, images)
+            link.add(&node.facts.held, &images);
+            plan_node(node.facts, &images, &limits)
         })
         .collect();
-    let nodes = planned
-        .iter()
-        .map(|(observation, images)| plan_node(&observation.facts, images, &limits))
-        .collect();
-    let link_bytes = link_bytes(
-        planned
-            .iter()
-            .map(|(observation, images)| (&observation.facts.held, images.as_slice())),
-        |digest| cache.is_some_and(|dir| blobs::cache::holds(dir, digest)),
-    );
+    let link_bytes = link.total(|digest| cache.is_some_and(|dir| blobs::cache::holds(dir, digest)));
     Survey {
         sets: sets
             .iter()

@@ -6,10 +6,14 @@
 //! counts and the set's phase) and its heartbeat Lease, each written through the agent's own calls
 //! ([`PinboardApi::write_images`], [`PinboardApi::write_report`], [`PinboardApi::renew`]).
 //!
+//! The set's images are in the lab registry, and each node's agent has also published what its runtime holds
+//! (its PinboardNodeBlobs, [`super::agents_plan`]), which the Nodes screen does not watch.
+//!
 //! Measures, through the TUI's own fleet ([`AgentsFleet::watch`]: `watch_all` and `node_summary::of_agents`)
 //! and its `update` and Nodes screen drawn at 120×40 for every summary it sends: (a) from connecting to the
 //! first complete view (a summary for every node, each reachable, its heartbeat fresh); (b) from one agent's
-//! report write (new free space on its image filesystem) to the Nodes screen showing it; (c) VmRSS.
+//! report write (new free space on its image filesystem) to the Nodes screen showing it; (c) VmRSS; then
+//! the plan of the set on every node ([`super::agents_plan::measure`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -20,14 +24,10 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-use pinboard::backend::kube::ConnectOptions;
 use pinboard::backend::kube_watch::TypedCache;
 use pinboard::backend::pinboard_api::PinboardApi;
-use pinboard::backend::registry::RegistryOptions;
-use pinboard::fleet::agents::{AgentsFleet, AgentsSettings};
 use pinboard::fleet::{Fleet, FleetEvent, Traits};
 use pinboard::model::agents_view::{AgentsUpdate, AgentsView};
-use pinboard::model::image::Platform;
 use pinboard::model::lazy::{LazyPulling, LazyState};
 use pinboard::model::node_report;
 use pinboard::model::node_summary::of_agents;
@@ -36,7 +36,7 @@ use pinboard::model::pinboard_api::{
     KubeletThresholds, NODE_KIND, NODE_PLURAL, NodeReport, NodeSetPhase, PROGRESSING, PinboardNode,
     RuntimeReport, VERSION,
 };
-use pinboard::model::plan::Limits;
+use pinboard::model::plan::{AgentLimits, Limits};
 use pinboard::model::set::from_flags;
 use pinboard::ui;
 use pinboard::ui::msg::Msg;
@@ -44,11 +44,12 @@ use pinboard::ui::render::render_to_buffer;
 use pinboard::ui::state::State;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use super::agents_plan::{OtherPool, PushedSet, fleet as plan_fleet, measure, published, push_set};
 use super::common::{rss_bytes, trimmed_rss};
 use super::support::cluster::client;
 use super::support::kube_objects::apply_yaml;
 use super::support::{Lab, LabConfig};
-use super::{Figures, IN_FLIGHT, WAIT, create_nodes, image, list_paged, mb, ms, print_line};
+use super::{Figures, IN_FLIGHT, WAIT, create_nodes, list_paged, mb, ms, print_line};
 
 const SET: &str = "release";
 /// How long the bench's heartbeats stand: every agent stays fresh for the whole run.
@@ -127,18 +128,19 @@ fn pinned_report(images: &[String]) -> NodeReport {
             image_gc_low_threshold_percent: 80,
             source: "kubelet-config".into(),
         }),
+        limits: Some(AgentLimits::of(&Limits::default())),
         sets: vec![set],
         cache: None,
     }
 }
 
-/// Installs the agents' manifests and creates the set, the Nodes, each node's report and heartbeat, as
-/// their agents would write them; returns the Nodes and the report.
+/// Installs the agents' manifests and creates the set, the Nodes, each node's report, what its runtime
+/// holds and its heartbeat, as their agents would write them; returns the Nodes and the report.
 async fn create_objects(
     admin: &kube::Client,
     api: &PinboardApi,
     nodes: usize,
-    images: usize,
+    pushed: &PushedSet,
 ) -> (Vec<Node>, NodeReport) {
     let manifests = std::process::Command::new(env!("CARGO_BIN_EXE_pinboard"))
         .args(["agent", "manifests"])
@@ -146,8 +148,9 @@ async fn create_objects(
         .expect("pinboard agent manifests runs");
     assert!(manifests.status.success(), "pinboard agent manifests");
     apply_yaml(admin, &String::from_utf8_lossy(&manifests.stdout)).await;
-    let references: Vec<String> = (0..images).map(image).collect();
-    let set = from_flags(SET, &references);
+    let references = &pushed.references;
+    let images = references.len();
+    let set = from_flags(SET, references);
     // The PinSet kind is served a moment after its CRD is.
     let deadline = Instant::now() + WAIT;
     while let Err(e) = api.apply_set(&set).await {
@@ -155,15 +158,19 @@ async fn create_objects(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let created = create_nodes(admin, nodes, images).await;
-    let report = pinned_report(&references);
+    let report = pinned_report(references);
     let detail = report.image_detail();
-    futures::stream::iter(created.iter().map(|node| {
-        let (report, detail) = (&report, &detail);
+    let pool = OtherPool::new();
+    futures::stream::iter(created.iter().enumerate().map(|(n, node)| {
+        let (report, detail, pool) = (&report, &detail, &pool);
         async move {
             let name = node.metadata.name.as_deref().expect("a named Node");
             api.write_images(node, detail, true)
                 .await
                 .unwrap_or_else(|e| panic!("images of {name}: {e}"));
+            api.write_blobs(node, &published(n, pushed, pool), true)
+                .await
+                .unwrap_or_else(|e| panic!("blobs of {name}: {e}"));
             api.write_report(node, report, true)
                 .await
                 .unwrap_or_else(|e| panic!("report of {name}: {e}"));
@@ -266,6 +273,7 @@ pub(super) fn run(
     nodes: usize,
     images: usize,
     changes: usize,
+    plans: usize,
 ) -> Figures {
     let lab = Lab::start(
         "bench-agents",
@@ -277,32 +285,24 @@ pub(super) fn run(
     )
     .expect("lab starts");
     let kubeconfig = lab.apiserver().unwrap().kubeconfig().to_owned();
+    let pushed = push_set(&lab, images);
     runtime.block_on(async {
         let admin = client(&kubeconfig, None).await;
         let api = PinboardApi::new(admin.clone(), DEFAULT_NAMESPACE);
         let creating = Instant::now();
-        let (created, report) = create_objects(&admin, &api, nodes, images).await;
+        let (created, report) = create_objects(&admin, &api, nodes, &pushed).await;
         println!(
-            "created 1 PinSet of {images} images, {nodes} Nodes + status, {nodes} PinboardNodes + status \
-             and {nodes} PinboardNodeImages + status (the report's detail: {images} images, the set's \
-             {images} image states), {nodes} Leases ({IN_FLIGHT} requests in flight): {:.1} s",
+            "created 1 PinSet of {images} images, {nodes} Nodes + status, {nodes} PinboardNodes + status, \
+             {nodes} PinboardNodeImages + status (the report's detail: {images} images, the set's \
+             {images} image states), {nodes} PinboardNodeBlobs + status (what each runtime holds) and \
+             {nodes} Leases ({IN_FLIGHT} requests in flight): {:.1} s",
             creating.elapsed().as_secs_f64()
         );
         let rss_before = trimmed_rss();
 
         // (a) First complete view.
         let started = Instant::now();
-        let fleet = AgentsFleet::new(AgentsSettings {
-            connect: ConnectOptions {
-                kubeconfig: Some(kubeconfig.clone()),
-                context: None,
-            },
-            namespace: DEFAULT_NAMESPACE.into(),
-            registry: RegistryOptions::default(),
-            platform: Platform::host(),
-            limits: Limits::default(),
-            cache_dir: None,
-        });
+        let fleet = plan_fleet(kubeconfig.clone(), lab.registry_host());
         fleet.connect().await.expect("the fleet connects");
         let connected = started.elapsed();
         let (events, mut received) = unbounded_channel();
@@ -362,6 +362,7 @@ pub(super) fn run(
         print_line("      write (the agent's status apply)   ", &mut writes);
         print_line("      update + draw                       ", &mut showings);
         breakdown(&admin).await;
+        let plan = measure(&fleet, &admin, &kubeconfig, &pushed, &created, plans).await;
         drop(fleet);
         let (change_median, _, change_max) = super::stats(&mut latencies);
         Figures {
@@ -370,6 +371,7 @@ pub(super) fn run(
             change_max,
             rss_before,
             rss_after,
+            plan: Some(plan),
         }
     })
 }

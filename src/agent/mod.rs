@@ -22,12 +22,14 @@
 //!   cache ([`cache`]); every agent points its node at it while a fan-out set rolls out ([`fan_out`]).
 
 mod aggregate;
+mod blobs;
 mod cache;
 mod facts;
 mod fan_out;
 mod losses;
 pub mod manifests;
 mod metrics;
+mod report_writer;
 mod state;
 mod tally;
 
@@ -63,14 +65,14 @@ use crate::model::agents_view::AgentsUpdate;
 use crate::model::holders::ReleaseScope;
 use crate::model::image::Platform;
 use crate::model::pinboard_api::{
-    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NODE_KIND, NodeImages, NodeSetPhase,
-    SET_KIND, SetFanOut,
+    CacheReport, DEFAULT_NAMESPACE, HEARTBEAT_PERIODS_VALID, NODE_KIND, SET_KIND, SetFanOut,
 };
 use crate::model::readiness::LazyImages;
 use crate::model::set::from_flags;
 use crate::options::{LimitArgs, RegistryArgs, RolloutArgs, TargetArgs, registry_options};
 use metrics::IoStats;
-use state::{Action, AgentState, GATE_TAINT, Input, Start, Timing, write_due};
+use report_writer::{Due, ReportWriter};
+use state::{Action, AgentState, GATE_TAINT, Input, Start, Timing};
 
 /// `pinboard agent`'s arguments.
 #[derive(Args, Debug)]
@@ -237,10 +239,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         relay: None,
         cache,
         cache_report: None,
-        written: None,
-        written_images: None,
-        written_phases: Vec::new(),
-        last_write: None,
+        writer: ReportWriter::default(),
         io: IoStats::default(),
         metrics,
         recorder: Recorder::new(api.client().clone(), &node),
@@ -293,12 +292,8 @@ struct Agent {
     cache: Option<cache::CacheRole>,
     /// The cache's figures as of the last heartbeat (reported at that pace, not at every byte).
     cache_report: Option<CacheReport>,
-    /// The report and its detail as last written (the report as sent: without its image lists).
-    written: Option<serde_json::Value>,
-    written_images: Option<NodeImages>,
-    /// Each set's phase as last written.
-    written_phases: Vec<(String, i64, NodeSetPhase)>,
-    last_write: Option<Instant>,
+    /// What it last wrote of its node.
+    writer: ReportWriter,
     /// What the shell counts of its writes and heartbeats, for the metrics.
     io: IoStats,
     /// The node's Kubernetes Events, and its PinboardNode's uid they name.
@@ -422,10 +417,7 @@ impl Agent {
             AgentsUpdate::Reports(reports) => {
                 self.report_uid = reports.first().and_then(|r| r.metadata.uid.clone());
                 if reports.is_empty() {
-                    // Its report was deleted (its detail with it, as both go with the Node): the next
-                    // write makes them again, whole.
-                    self.written = None;
-                    self.written_images = None;
+                    self.writer.forget_report();
                 }
                 let wish = reports.into_iter().next().and_then(|r| r.spec.lazy_pulling);
                 self.handle(Input::LazyWish(wish)).await;
@@ -686,6 +678,7 @@ impl Agent {
             }
         }
         let mut facts = facts::read(&self.target, self.api.client(), self.timeout).await;
+        self.writer.blobs.read(&self.target, self.timeout).await;
         // The wish's failure is what an administrator asking for it needs to see, in the report.
         if refused.is_some() {
             facts.lazy_pulling_error = refused;
@@ -702,50 +695,14 @@ impl Agent {
         let mut report = self.state.facts().clone();
         report.sets = self.state.reports().cloned().collect();
         report.cache = self.cache_report.clone();
-        let sent = serde_json::to_value(&report).unwrap_or_default();
-        let detail = report.image_detail();
-        let report_due = self.written.as_ref() != Some(&sent);
-        let detail_due = self.written_images.as_ref() != Some(&detail);
-        if !report_due && !detail_due {
-            return;
-        }
-        let interval = write_interval(self.state.widest_set());
-        let phases = self.state.phases();
-        let news = self.state.running().is_none() || self.written_phases != phases;
-        if !write_due(news, self.last_write, interval, Instant::now()) {
-            return;
-        }
-        self.last_write = Some(Instant::now());
-        // The detail first: a reader that sees the report's new phase finds the images it rests on.
-        if detail_due {
-            let first = self.written_images.is_none();
-            let written = self.api.write_images(node, &detail, first).await;
-            self.io.wrote("images", written.is_ok());
-            match written {
-                Ok(()) => self.written_images = Some(detail),
-                Err(e) => {
-                    tracing::warn!("cannot write the report's images: {e}");
-                    // Perhaps the object is gone: the next write makes it again.
-                    self.written_images = None;
-                    return;
-                }
-            }
-        }
-        if report_due {
-            let first = self.written.is_none();
-            let written = self.api.write_report(node, &report, first).await;
-            self.io.wrote("report", written.is_ok());
-            match written {
-                Ok(()) => {
-                    self.written = Some(sent);
-                    self.written_phases = phases;
-                }
-                Err(e) => {
-                    tracing::warn!("cannot write the report: {e}");
-                    self.written = None;
-                }
-            }
-        }
+        report.limits = Some(crate::model::plan::AgentLimits::of(&self.limits));
+        let due = Due {
+            report,
+            phases: self.state.phases(),
+            settled: self.state.running().is_none(),
+            interval: write_interval(self.state.widest_set()),
+        };
+        self.writer.write(&self.api, node, due, &mut self.io).await;
     }
 }
 

@@ -151,7 +151,7 @@ pub struct Running {
     rollout: Rollout,
     restore: bool,
     fan_out: Option<SetFanOut>,
-    planned: Option<u64>,
+    planned: u64,
     /// Its plan says the node has no room.
     no_space: bool,
     /// Started for real (not waiting for the cache, not refused).
@@ -267,7 +267,7 @@ impl AgentState {
             }
             Input::Planned { bytes, no_space } => {
                 if let Some(running) = &mut self.running {
-                    running.planned = Some(bytes);
+                    running.planned = bytes;
                     running.no_space = no_space;
                 }
                 return Vec::new();
@@ -478,7 +478,7 @@ impl AgentState {
             rollout: Rollout::expecting(std::slice::from_ref(&self.node)),
             restore,
             fan_out: None,
-            planned: None,
+            planned: 0,
             no_space: false,
             started: false,
             cancelling: false,

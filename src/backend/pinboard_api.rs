@@ -1,12 +1,14 @@
 //! pinboard's own API on a Kubernetes cluster ([`crate::model::pinboard_api`]): finding it, writing sets
-//! (server-side apply, field manager `pinboard`), the agents' reports and set summaries (field manager
-//! `pinboard-agent`, status subresources), their heartbeat Leases, the roles one agent takes through a
+//! (server-side apply, field manager `pinboard`), the agents' reports, what their runtimes hold
+//! ([`crate::model::node_blobs`]) and set summaries (field manager `pinboard-agent`, status
+//! subresources), reading what the runtimes hold for a plan, their heartbeat Leases, the roles one agent takes through a
 //! Lease (the aggregator, the in-cluster cache and its token's Secret), a node's lazy-pull wish, reading
 //! pull Secrets, and watching it all, the agents' DaemonSets included (never polling:
 //! [`crate::backend::kube_watch`]). An agent watches the sets and only its own Node and report, so 5,000
 //! agents do not each watch 5,000 nodes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -19,6 +21,7 @@ use kube::error::DiscoveryError;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use kube::{Client, discovery};
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -26,15 +29,17 @@ use tokio::task::JoinHandle;
 use super::kube_watch::{Snapshot, TypedCache, spawn, typed};
 use crate::error::Failure;
 use crate::model::agent_daemonsets::{AGENTS_DAEMONSET_LABEL, AgentDaemonSet, AgentDaemonSets};
-use crate::model::agents_view::{AgentsUpdate, WATCHED_KINDS};
+use crate::model::agents_view::{AgentsUpdate, AgentsView, WATCHED_KINDS};
 use crate::model::cache_token::CacheToken;
-use crate::model::machine_config::ClusterNode;
+use crate::model::machine_config::{ClusterNode, Connection};
+use crate::model::node_blobs::{NodeBlobs, PinboardNodeBlobs};
 use crate::model::pinboard_api::{
     AGENT_MANAGER, API_VERSION, CACHE_ADDRESS_ANNOTATION, CACHE_LEASE, CACHE_SETS_ANNOTATION,
     CACHE_TOKEN_KEY, CACHE_TOKEN_SECRET, GROUP, Heartbeat, IMAGES_KIND, IMAGES_PLURAL, NODE_KIND,
     NodeImages, NodeReport, PinSet, PinSetStatus, PinboardNode, PinboardNodeImages, SET_KIND,
     VERSION, lease_name,
 };
+use crate::model::pinboard_kinds::{BLOBS_KIND, BLOBS_PLURAL};
 use crate::model::set::ImageSet;
 
 /// The field manager of what the commands write.
@@ -95,6 +100,8 @@ pub struct PinboardApi {
     nodes: ApiResource,
     /// The reports' detail: each node's images.
     images: ApiResource,
+    /// What each node's runtime holds.
+    blobs: ApiResource,
     /// Where the agents run: their Leases and the pull Secrets.
     namespace: String,
 }
@@ -139,6 +146,7 @@ impl PinboardApi {
             sets: resource(SET_KIND, crate::model::pinboard_api::SET_PLURAL),
             nodes: resource(NODE_KIND, crate::model::pinboard_api::NODE_PLURAL),
             images: resource(IMAGES_KIND, IMAGES_PLURAL),
+            blobs: resource(BLOBS_KIND, BLOBS_PLURAL),
             namespace: namespace.to_string(),
         }
     }
@@ -248,6 +256,99 @@ impl PinboardApi {
     ) -> Result<(), AgentsError> {
         let api = Api::all_with(self.client.clone(), &self.images);
         write_node_status(&api, IMAGES_KIND, node, json!(images), with_object).await
+    }
+
+    /// Writes what `node`'s runtime holds, as [`Self::write_report`] does the report.
+    pub async fn write_blobs(
+        &self,
+        node: &Node,
+        blobs: &NodeBlobs,
+        with_object: bool,
+    ) -> Result<(), AgentsError> {
+        let api = Api::all_with(self.client.clone(), &self.blobs);
+        write_node_status(&api, BLOBS_KIND, node, json!(blobs), with_object).await
+    }
+
+    /// What every node's agent published of what its runtime holds, by node, listed once from the watch
+    /// cache. Empty where the kind is not served (agents installed before it).
+    pub async fn published_blobs(&self) -> Result<BTreeMap<String, NodeBlobs>, AgentsError> {
+        match self.list_cached::<PinboardNodeBlobs>(BLOBS_PLURAL).await {
+            Ok(listed) => Ok(listed
+                .into_iter()
+                .filter_map(|o| Some((o.metadata.name, o.status?)))
+                .collect()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(BTreeMap::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The sets, the reports (without their image lists), the Nodes and the heartbeats as the API server's
+    /// watch cache has them now, each listed once: what a plan judges by, with no watch to keep.
+    pub async fn snapshot(&self) -> Result<AgentsView, AgentsError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let cached = kube::api::ListParams::default().match_any();
+        let (sets, reports, nodes, heartbeats) = tokio::join!(
+            self.list_cached::<PinSet>(crate::model::pinboard_api::SET_PLURAL),
+            self.list_cached::<PinboardNode>(crate::model::pinboard_api::NODE_PLURAL),
+            nodes.list(&cached),
+            self.heartbeats(),
+        );
+        let mut view = AgentsView::default();
+        view.apply(AgentsUpdate::Sets(sets?));
+        view.apply(AgentsUpdate::Reports(
+            reports?.into_iter().map(Arc::new).collect(),
+        ));
+        let nodes = nodes?.items.iter().map(ClusterNode::from).collect();
+        view.apply(AgentsUpdate::Nodes(nodes));
+        view.apply(AgentsUpdate::Heartbeats(heartbeats?));
+        for kind in WATCHED_KINDS {
+            view.apply(AgentsUpdate::Connection(kind, Connection::Synced));
+        }
+        Ok(view)
+    }
+
+    /// Every `plural` object of pinboard's API, listed from the API server's watch cache (one request,
+    /// not paged through etcd; a moment behind it at most), each read on its own: one that cannot be read
+    /// is left out, and said.
+    async fn list_cached<T: DeserializeOwned>(&self, plural: &str) -> Result<Vec<T>, kube::Error> {
+        #[derive(serde::Deserialize)]
+        struct Listed {
+            items: Vec<serde_json::Value>,
+        }
+        let url = format!("/apis/{GROUP}/{VERSION}/{plural}");
+        let request = kube::core::Request::new(url)
+            .list(&kube::api::ListParams::default().match_any())
+            .map_err(kube::Error::BuildRequest)?;
+        let listed: Listed = self.client.request(request).await?;
+        Ok(listed
+            .items
+            .into_iter()
+            .filter_map(|item| {
+                let name = item["metadata"]["name"].as_str().unwrap_or("?").to_owned();
+                serde_json::from_value(item)
+                    .inspect_err(|e| tracing::warn!("cannot read {plural}/{name}: {e}"))
+                    .ok()
+            })
+            .collect())
+    }
+
+    /// `node`'s images, the detail of its report; None when its agent wrote none.
+    pub async fn node_images(&self, node: &str) -> Result<Option<NodeImages>, AgentsError> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &self.images);
+        Ok(api
+            .get_opt(node)
+            .await?
+            .and_then(|o| typed::<PinboardNodeImages>(&o)?.status))
+    }
+
+    /// Each node's agent's last heartbeat, by node, listed once from the watch cache.
+    pub async fn heartbeats(&self) -> Result<BTreeMap<String, Heartbeat>, AgentsError> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let listed = leases
+            .list(&kube::api::ListParams::default().match_any())
+            .await?;
+        let shared: Vec<Arc<Lease>> = listed.items.into_iter().map(Arc::new).collect();
+        Ok(heartbeats_of(&shared))
     }
 
     /// Writes a set's summary over its nodes (the aggregating agent).

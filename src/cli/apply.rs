@@ -16,6 +16,8 @@ use crate::error::{Exit, Failure};
 use crate::fanout::{FanOutReport, Update};
 use crate::fleet::{Applied, ApplyOptions, ApplyProgress, NodeOutcome, Rolled, SetUsed};
 use crate::model::lazy::lazy_words;
+use crate::model::node_report;
+use crate::model::pinboard_api::SetOutcome;
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, FetchedSource, ImageState, NodeRollout, NodeState, Rollout};
 use crate::model::units::human;
@@ -182,14 +184,10 @@ fn outcome(name: &str, node: &NodeRollout, planned: Option<u64>) -> NodeOutcome 
             .to_string(),
         confirmed,
         reason,
-        images: node.images().len(),
-        present: node.present_count(),
-        lazy: node.lazy_count(),
-        pulled: node.pulled_count(),
-        pinned: node.pinned_count(),
-        fetched_bytes: node.fetched().map_or(0, |(bytes, _)| bytes),
-        fetched_source: node.fetched().map(|(_, source)| source),
-        planned_bytes: planned.unwrap_or_default(),
+        figures: SetOutcome {
+            planned_bytes: planned.unwrap_or_default(),
+            ..node_report::outcome(node)
+        },
         failed,
     }
 }
@@ -206,20 +204,21 @@ fn rollout_table(outcomes: &[NodeOutcome]) -> String {
                 Some(false) => format!("{} (not confirmed by the runtime)", o.state),
                 _ => o.state.clone(),
             };
+            let f = &o.figures;
             vec![
                 o.node.clone(),
                 state,
-                o.images.to_string(),
-                match o.lazy {
-                    0 => o.present.to_string(),
-                    lazy => format!("{} + {lazy} lazy", o.present),
+                f.images.to_string(),
+                match f.lazy {
+                    0 => f.present.to_string(),
+                    lazy => format!("{} + {lazy} lazy", f.present),
                 },
-                o.pulled.to_string(),
-                o.pinned.to_string(),
-                human(o.planned_bytes),
-                match o.fetched_source {
-                    Some(FetchedSource::Plan) => format!("{} (plan)", human(o.fetched_bytes)),
-                    _ => human(o.fetched_bytes),
+                f.pulled.to_string(),
+                f.pinned.to_string(),
+                human(f.planned_bytes),
+                match f.fetched_source {
+                    Some(FetchedSource::Plan) => format!("{} (plan)", human(f.fetched_bytes)),
+                    _ => human(f.fetched_bytes),
                 },
                 o.reason.clone().unwrap_or_default(),
             ]

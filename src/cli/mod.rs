@@ -266,7 +266,7 @@ mod tests {
                 Duration::from_secs(90),
                 "{command}"
             );
-            assert_eq!(common.limits.min_free, 1 << 30, "{command}");
+            assert_eq!(common.limits.min_free, Some(1 << 30), "{command}");
             assert_eq!(common.registry.insecure_registries, ["127.0.0.1:5000"]);
             assert_eq!(
                 common.registry.certs_dir.as_deref(),

@@ -8,7 +8,10 @@ use ratatui::backend::IntoCrossterm;
 
 use super::output::{image_matrix, table};
 use crate::error::Failure;
-use crate::model::plan::{EstimateBasis, FetchBasis, GcSource, ImagePlan, NodePlan, SpaceSource};
+use crate::model::plan::{
+    EstimateBasis, FetchBasis, FloorSource, GcSource, ImagePlan, NodePlan, SpaceSource,
+};
+use crate::model::reference::some_of;
 use crate::model::units::{human, human_signed};
 use crate::options::{Caller, CommonArgs, Output};
 use crate::survey::Survey;
@@ -66,12 +69,12 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         .map(|s| format!("{} ({} images)", s.name, s.images))
         .collect();
     out.push_str(&format!(
-        "\nsets: {}; floor {} (--min-free), {}; est. disk is uncompressed size where the image states it, else \
-         2x compressed\n",
+        "\nsets: {}; {}, {}; est. disk is uncompressed size where the image states it, else 2x compressed\n",
         sets.join(", "),
-        human(survey.min_free_bytes),
+        floors(survey),
         gc_thresholds(survey)
     ));
+    out.push_str(&what_if(survey));
     out.push_str(&format!(
         "registry link: {} if every node pulls for itself, {} with fan-out (--fan-out: each blob once, \
          what the blob cache holds not again)\n",
@@ -163,6 +166,69 @@ fn mirrors_used(survey: &Survey) -> String {
         .collect()
 }
 
+/// `floor 16 GiB (--min-free)` when every node has the same, else each floor with the nodes judged by it.
+fn floors(survey: &Survey) -> String {
+    let groups = grouped(survey, |n| Some((n.min_free_bytes, n.min_free_source)));
+    match groups.as_slice() {
+        [] => format!("floor {} (--min-free)", human(survey.min_free_bytes)),
+        [((bytes, source), _)] => format!("floor {} ({})", human(*bytes), source.label()),
+        _ => {
+            let each: Vec<String> = groups
+                .iter()
+                .map(|((bytes, source), nodes)| {
+                    format!(
+                        "{} ({}) on {}",
+                        human(*bytes),
+                        source.short(),
+                        some_of(nodes)
+                    )
+                })
+                .collect();
+            format!("floors: {}", each.join("; "))
+        }
+    }
+}
+
+/// On agents with `--min-free` given: that it is a what-if, and the floors the agents pull by instead.
+fn what_if(survey: &Survey) -> String {
+    let own = grouped(survey, |n| {
+        (n.min_free_source == FloorSource::WhatIf)
+            .then_some(n.agent_min_free_bytes)
+            .flatten()
+    });
+    if own.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = own
+        .iter()
+        .map(|(bytes, nodes)| format!("{} on {}", human(*bytes), some_of(nodes)))
+        .collect();
+    format!(
+        "--min-free {} is a what-if: the agents pull by their own floors ({}), which is what `apply` \
+         judges by\n",
+        human(survey.min_free_bytes),
+        each.join("; ")
+    )
+}
+
+/// The nodes by what `key` says of them, in first-seen order; nodes it says nothing of are left out.
+fn grouped<K: PartialEq>(
+    survey: &Survey,
+    key: impl Fn(&NodePlan) -> Option<K>,
+) -> Vec<(K, Vec<&str>)> {
+    let mut groups: Vec<(K, Vec<&str>)> = Vec::new();
+    for node in &survey.nodes {
+        let Some(k) = key(node) else {
+            continue;
+        };
+        match groups.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, nodes)) => nodes.push(&node.node),
+            None => groups.push((k, vec![&node.node])),
+        }
+    }
+    groups
+}
+
 /// `GC high threshold 85% (--gc-high-percent)` when every node has the same, else each node's.
 fn gc_thresholds(survey: &Survey) -> String {
     let mut thresholds: Vec<(u8, GcSource)> = survey
@@ -220,4 +286,65 @@ fn node_row(node: &NodePlan) -> Vec<String> {
             .map_or_else(|| "unknown".into(), human_signed),
         verdict_label(node.verdict),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::plan::{AgentLimits, Limits, NodeFacts, plan_node};
+
+    const MI: u64 = 1 << 20;
+
+    /// n1 and n2 on agents started with `--min-free 1Mi`, n3 with an agent that does not say.
+    fn survey(limits: Limits) -> Survey {
+        let node = |name: &str, agent: Option<u64>| NodeFacts {
+            name: name.into(),
+            capacity_bytes: Some(100 * MI),
+            available_bytes: Some(50 * MI),
+            used_bytes: Some(50 * MI),
+            agent_limits: agent.map(|min_free_bytes| AgentLimits {
+                min_free_bytes,
+                gc_high_percent: None,
+            }),
+            ..NodeFacts::default()
+        };
+        let nodes = [node("n1", Some(MI)), node("n2", Some(MI)), node("n3", None)];
+        Survey {
+            sets: Vec::new(),
+            gc_high_percent: limits.gc_high_percent,
+            min_free_bytes: limits.min_free_bytes,
+            nodes: nodes.iter().map(|n| plan_node(n, &[], &limits)).collect(),
+            link_bytes: Default::default(),
+            facts: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_table_names_each_nodes_floor_and_a_given_min_free_on_agents_as_a_what_if() {
+        let own = plan_table(&survey(Limits::default()), None);
+        assert!(
+            own.contains("floors: 1 MiB (its agent's) on n1, n2; 16 GiB (--min-free) on n3"),
+            "{own}"
+        );
+        assert!(!own.contains("what-if"), "{own}");
+        let given = Limits {
+            min_free_bytes: 16 << 30,
+            min_free_given: true,
+            ..Limits::default()
+        };
+        let what_if = plan_table(&survey(given), None);
+        assert!(
+            what_if.contains(
+                "floors: 16 GiB (--min-free, what-if) on n1, n2; 16 GiB (--min-free) on n3"
+            ),
+            "{what_if}"
+        );
+        assert!(
+            what_if.contains(
+                "--min-free 16 GiB is a what-if: the agents pull by their own floors (1 MiB on n1, n2), \
+                 which is what `apply` judges by"
+            ),
+            "{what_if}"
+        );
+    }
 }

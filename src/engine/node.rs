@@ -66,22 +66,30 @@ pub(super) async fn run_node(
         .plan
         .images
         .iter()
-        .map(|i| i.reference.clone())
+        .map(|i| i.reference.to_string())
         .collect();
     let statuses = client.image_records(&order, true).await;
     let runtime = Runtime::identify(&version.runtime_name, &version.runtime_version);
+    let progress = runtime
+        .as_ref()
+        .is_some_and(|r| r.kind == RuntimeKind::Containerd);
+    // What the content store holds before the pulls: the fetched bytes are measured against it, and progress
+    // must not count a blob the node holds for an image outside the set, or a pull's total would exceed
+    // the plan's.
+    let store_before = match progress {
+        true => content_store(&client).await.ok(),
+        false => None,
+    };
     let mut node = NodeRun {
         name: name.clone(),
         client,
-        progress: runtime
-            .as_ref()
-            .is_some_and(|r| r.kind == RuntimeKind::Containerd),
+        progress,
         runtime,
         runtime_name: version.runtime_name,
         shared: Arc::clone(&shared),
         status: HashMap::new(),
         queue: VecDeque::new(),
-        tracker: Tracker::new([]),
+        tracker: Tracker::new(store_before.iter().flat_map(|s| s.keys().cloned())),
         totals: HashMap::new(),
         sent: HashMap::new(),
         bytes: HashMap::new(),
@@ -108,8 +116,8 @@ pub(super) async fn run_node(
             .plan
             .images
             .iter()
-            .find(|i| &i.reference == image)
-            .and_then(|i| i.lazy.as_ref());
+            .find(|i| *i.reference == **image)
+            .and_then(|i| i.lazy.as_deref());
         shared.emit(match lazy {
             // Its runtime would pull it lazily again: the readiness check after says how to make it local.
             Some(lazy) => Event::ImageLazy {
@@ -128,10 +136,6 @@ pub(super) async fn run_node(
         node.status.insert(image.clone(), Status::Queued);
     }
     let to_pull: Vec<String> = node.queue.iter().cloned().collect();
-    let store_before = match node.progress {
-        true => content_store(&node.client).await.ok(),
-        false => None,
-    };
     let pulled_all = node.pull_all(&mut control).await;
     node.report_fetched(store_before, &to_pull, &job.plan).await;
     if pulled_all {
@@ -220,8 +224,8 @@ impl NodeRun {
             _ => (
                 plan.images
                     .iter()
-                    .filter(|i| to_pull.contains(&i.reference))
-                    .filter(|i| self.status.get(&i.reference) == Some(&Status::Ok))
+                    .filter(|i| to_pull.iter().any(|r| **r == *i.reference))
+                    .filter(|i| self.status.get(&*i.reference) == Some(&Status::Ok))
                     .map(|i| i.fetch_bytes)
                     .sum(),
                 FetchedSource::Plan,

@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::fanout::FanOutReport;
 use crate::model::holders::UnpinReport;
+use crate::model::pinboard_api::SetOutcome;
 use crate::model::readiness::Readiness;
-use crate::model::rollout::{FetchedSource, Rollout};
+use crate::model::rollout::Rollout;
 use crate::model::set::{ImageSet, Origin, content_name};
 
 /// How an `apply` ended.
@@ -42,21 +43,9 @@ pub struct NodeOutcome {
     pub confirmed: Option<bool>,
     /// Why the node was refused, stopped or not pinned.
     pub reason: Option<String>,
-    pub images: usize,
-    /// Images that were on the node before (whole, or only lazily: not pre-loaded), images the rollout
-    /// pulled, and images pinned at the end.
-    pub present: usize,
-    pub lazy: usize,
-    pub pulled: usize,
-    pub pinned: usize,
-    /// What the node's runtime fetched, measured where it can be.
-    pub fetched_bytes: u64,
-    /// How `fetchedBytes` is known: `content-store` (the blobs containerd's store gained, by their sizes),
-    /// `plan` (what the plan counts for the images pulled: the runtime reports no bytes), or null when the
-    /// node was never started.
-    pub fetched_source: Option<FetchedSource>,
-    /// What the plan said the node would fetch.
-    pub planned_bytes: u64,
+    /// Its images present, pulled and pinned, and the bytes fetched beside what the plan said.
+    #[serde(flatten)]
+    pub figures: SetOutcome,
     /// `REF: reason` of every pull that failed.
     pub failed: Vec<String>,
 }

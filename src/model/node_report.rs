@@ -102,8 +102,9 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
     }
 }
 
-/// What the rollout did on its node so far: its counts and the bytes the engine measured.
-fn outcome(node: &NodeRollout) -> SetOutcome {
+/// What the rollout did on its node so far: its counts and the bytes the engine measured (the plan's
+/// figure left to the caller).
+pub fn outcome(node: &NodeRollout) -> SetOutcome {
     let fetched = node.fetched();
     SetOutcome {
         images: node.images().len(),
@@ -113,7 +114,7 @@ fn outcome(node: &NodeRollout) -> SetOutcome {
         pinned: node.pinned_count(),
         fetched_bytes: fetched.map_or(0, |(bytes, _)| bytes),
         fetched_source: fetched.map(|(_, source)| source),
-        planned_bytes: None,
+        planned_bytes: 0,
     }
 }
 

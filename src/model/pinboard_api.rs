@@ -11,8 +11,9 @@
 //!   phase, bytes and conditions. Its `spec.lazyPulling` is what an administrator asks of the node's lazy
 //!   pulling.
 //! - [`PinboardNodeImages`] (the same name and owner): the report's detail — every image the runtime
-//!   holds, its pin and holders, and per set where each image is — read by the plan, `check`, the Config
-//!   and Rollout screens; not by the Nodes screen.
+//!   holds, its pin and holders, and per set where each image is — read by `check`, the Config and
+//!   Rollout screens; not by the Nodes screen, nor by a plan but for a node whose agent publishes no
+//!   `PinboardNodeBlobs` ([`super::node_blobs`]: what its runtime holds, which plans read instead).
 //! - The agent's heartbeat is a `coordination.k8s.io` Lease per node (`pinboard-agent-NODE`), renewed
 //!   often and written small, as the kubelet's own heartbeat is: the report is written only when something
 //!   changes.
@@ -26,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::labels::Selector;
 use super::lazy::{LazyPulling, RemoteLayers};
 use super::machine_config::KubeletSettings;
-use super::plan::NodeFacts;
+use super::plan::{AgentLimits, NodeFacts};
 use super::rollout::FetchedSource;
 use super::set::{ImageSet, from_flags};
 
@@ -216,6 +217,9 @@ pub struct NodeReport {
     pub registry_config_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet: Option<KubeletThresholds>,
+    /// What the agent pulls by: its own floor, and its image GC threshold when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<AgentLimits>,
     /// Each set that selects the node.
     #[serde(default)]
     pub sets: Vec<SetReport>,
@@ -311,24 +315,27 @@ pub struct SetReport {
     pub restores: Option<Restores>,
 }
 
-/// What one rollout of a set did on its node, as `apply` prints it per node.
+/// What one rollout of a set did on its node, as `apply` prints it per node (summed over the sets on
+/// agents).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SetOutcome {
     pub images: usize,
-    /// Images there before (whole, or only lazily), pulled by the rollout, and pinned at its end.
+    /// Images there before (whole, or only lazily: not pre-loaded), pulled by the rollout, and pinned at
+    /// its end.
     pub present: usize,
     pub lazy: usize,
     pub pulled: usize,
     pub pinned: usize,
-    /// What the node's runtime fetched, as the agent measured it, and how (`content-store`, `relay`,
-    /// `plan`).
+    /// What the node's runtime fetched, measured where it can be, and how it is known: `content-store` (the
+    /// blobs containerd's store gained, by their sizes), `relay` (what the node's relay passed on from the
+    /// in-cluster cache), `plan` (the plan's figure for the images pulled: the runtime reports no bytes),
+    /// or null when the node was never started.
     pub fetched_bytes: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fetched_source: Option<FetchedSource>,
-    /// What the agent's own plan said the node would fetch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub planned_bytes: Option<u64>,
+    /// What the plan said the node would fetch.
+    #[serde(default)]
+    pub planned_bytes: u64,
 }
 
 /// The losses an agent found of a set it had pinned, and what it did.
@@ -424,6 +431,15 @@ pub struct NodeImages {
     pub images: Vec<ImageReport>,
     #[serde(default)]
     pub sets: Vec<SetImages>,
+}
+
+impl NodeImages {
+    /// Whether the runtime holds the image `reference` names (the agent's list is complete).
+    pub fn holds(&self, reference: &str) -> bool {
+        self.images
+            .iter()
+            .any(|i| i.names.iter().any(|n| n == reference))
+    }
 }
 
 /// One set's images on one node.
@@ -587,6 +603,7 @@ impl NodeReport {
                 image_gc_low_threshold_percent: k.image_gc_low_threshold_percent,
                 assumed: (k.source != KUBELET_CONFIG_SOURCE).then(|| k.source.clone()),
             }),
+            agent_limits: self.limits,
             ..NodeFacts::default()
         }
     }

@@ -10,3 +10,5 @@ pub const NODE_KIND: &str = "PinboardNode";
 pub const NODE_PLURAL: &str = "pinboardnodes";
 pub const IMAGES_KIND: &str = "PinboardNodeImages";
 pub const IMAGES_PLURAL: &str = "pinboardnodeimages";
+pub const BLOBS_KIND: &str = "PinboardNodeBlobs";
+pub const BLOBS_PLURAL: &str = "pinboardnodeblobs";

@@ -17,12 +17,16 @@
 //!   daemon's 16 GiB), `tight` above the kubelet's image GC high threshold (GC would start removing unpinned
 //!   images), `fits` otherwise, `unknown` when a figure it needs is unknown. pinboard never guesses one.
 //!   The threshold is `--gc-high-percent` when given, else the node's kubelet's own (cluster mode, read from
-//!   its configuration), else the kubelet's default; `gcHighSource` says which.
+//!   its configuration), else the kubelet's default; `gcHighSource` says which. On pinboard's agents each
+//!   node's agent pulls by its own floor and threshold ([`AgentLimits`]): those decide, and the command
+//!   line's are a what-if (`minFreeSource`, `gcHighSource`: `what-if`) or, for `apply`, left aside.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::digest_prefix::DigestPrefixes;
 use super::image::{ImageFacts, Layer, LazyFormat};
 use super::lazy::RemoteLayers;
 use super::machine_config::KubeletSettings;
@@ -51,6 +55,9 @@ pub struct NodeFacts {
     /// By reference, the images of the sets present only lazily there.
     #[serde(skip)]
     pub lazy: HashMap<String, RemoteLayers>,
+    /// On pinboard's agents: what the node's agent pulls by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_limits: Option<AgentLimits>,
 }
 
 /// What a node's runtime holds already: the blobs a pull skips.
@@ -66,6 +73,12 @@ pub enum HeldBlobs {
     Layers {
         diff_ids: HashSet<String>,
         configs: HashSet<String>,
+    },
+    /// As its agent publishes them: the prefixes of every blob of its content store, or (`by_diff_id`,
+    /// CRI-O) of its layers' uncompressed digests and its images' configs' digests.
+    Prefixes {
+        by_diff_id: bool,
+        prefixes: DigestPrefixes,
     },
 }
 
@@ -83,12 +96,27 @@ impl HeldBlobs {
                 HeldBlobs::Layers { diff_ids, .. },
                 Lacking::Layer(layer) | Lacking::Remote(layer),
             ) => layer.diff_id.as_ref().map(|id| diff_ids.contains(id)),
+            (
+                HeldBlobs::Prefixes {
+                    by_diff_id: true,
+                    prefixes,
+                },
+                Lacking::Layer(layer) | Lacking::Remote(layer),
+            ) => layer.diff_id.as_ref().and_then(|id| prefixes.contains(id)),
+            (HeldBlobs::Prefixes { prefixes, .. }, blob) => prefixes.contains(blob.digest()),
         }
     }
 
     /// Whether CRI-O's layers are known, so the images' uncompressed digests are worth reading.
     pub fn by_diff_id(&self) -> bool {
-        matches!(self, HeldBlobs::Layers { .. })
+        matches!(
+            self,
+            HeldBlobs::Layers { .. }
+                | HeldBlobs::Prefixes {
+                    by_diff_id: true,
+                    ..
+                }
+        )
     }
 }
 
@@ -130,7 +158,8 @@ pub type Presence = Option<bool>;
 /// One image of the plan, as resolved for this node's platform.
 #[derive(Clone, Debug)]
 pub struct PlannedImage<'a> {
-    pub reference: &'a str,
+    /// Shared with every node's plan of it: one copy of the reference for 5,000 nodes.
+    pub reference: Arc<str>,
     pub facts: &'a ImageFacts,
     pub present: Presence,
     /// Its layers still in the registry, when it is present only lazily.
@@ -146,6 +175,11 @@ pub struct Limits {
     pub gc_high_given: bool,
     /// Free bytes that must remain after pre-loading (default 16 GiB, as the OpenShift daemon).
     pub min_free_bytes: u64,
+    /// Whether `min_free_bytes` was given (`--min-free`), not the default.
+    pub min_free_given: bool,
+    /// What a given flag is on a node whose agent says what it pulls by: a what-if in place of the
+    /// agent's own (`plan`, the TUI's Plan), or nothing (`apply`'s refusal: the agents decide).
+    pub flags_over_agents: bool,
 }
 
 impl Default for Limits {
@@ -154,6 +188,63 @@ impl Default for Limits {
             gc_high_percent: 85,
             gc_high_given: false,
             min_free_bytes: 16 << 30,
+            min_free_given: false,
+            flags_over_agents: true,
+        }
+    }
+}
+
+/// What a node's agent pulls by (its `--min-free`, and its `--gc-high-percent` when given), as it reports
+/// it: what its own plan refuses a set by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentLimits {
+    pub min_free_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc_high_percent: Option<u8>,
+}
+
+impl AgentLimits {
+    /// What an agent started with `limits` pulls by.
+    pub fn of(limits: &Limits) -> AgentLimits {
+        AgentLimits {
+            min_free_bytes: limits.min_free_bytes,
+            gc_high_percent: limits.gc_high_given.then_some(limits.gc_high_percent),
+        }
+    }
+}
+
+/// Where a node's free-space floor comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FloorSource {
+    /// `--min-free`.
+    Flag,
+    /// Its default, 16 GiB: not given.
+    #[default]
+    Default,
+    /// The node's agent's own (`pinboard agent --min-free`): what it refuses a set by.
+    Agent,
+    /// `--min-free` on a node whose agent pulls by its own: what the plan would be, not what the agent does.
+    WhatIf,
+}
+
+impl FloorSource {
+    /// How messages name it, for one node or many.
+    pub fn label(self) -> &'static str {
+        match self {
+            FloorSource::Flag | FloorSource::Default => "--min-free",
+            FloorSource::Agent => "the agents' own --min-free",
+            FloorSource::WhatIf => "--min-free, a what-if: the agents pull by their own",
+        }
+    }
+
+    /// One or two words, for narrow places.
+    pub fn short(self) -> &'static str {
+        match self {
+            FloorSource::Flag | FloorSource::Default => "--min-free",
+            FloorSource::Agent => "its agent's",
+            FloorSource::WhatIf => "--min-free, what-if",
         }
     }
 }
@@ -168,6 +259,10 @@ pub enum GcSource {
     KubeletConfig,
     /// The kubelet's default (85%): neither given nor read.
     Default,
+    /// The node's agent's own `--gc-high-percent`.
+    Agent,
+    /// `--gc-high-percent` on a node whose agent judges by its own or its kubelet's: a what-if.
+    WhatIf,
 }
 
 impl GcSource {
@@ -177,6 +272,8 @@ impl GcSource {
             GcSource::Flag => "--gc-high-percent",
             GcSource::KubeletConfig => "the kubelet's imageGCHighThresholdPercent",
             GcSource::Default => "the kubelet's default; --gc-high-percent sets another",
+            GcSource::Agent => "its agent's --gc-high-percent",
+            GcSource::WhatIf => "--gc-high-percent, a what-if: its agent judges by its own",
         }
     }
 
@@ -186,6 +283,8 @@ impl GcSource {
             GcSource::Flag => "flag",
             GcSource::KubeletConfig => "kubelet",
             GcSource::Default => "default",
+            GcSource::Agent => "agent",
+            GcSource::WhatIf => "what-if",
         }
     }
 }
@@ -194,13 +293,43 @@ impl Limits {
     /// The image GC high threshold for `node`, and where it comes from.
     pub fn gc_high_for(&self, node: &NodeFacts) -> (u8, GcSource) {
         let read = node.kubelet.as_ref().filter(|k| k.assumed.is_none());
-        match read {
-            _ if self.gc_high_given => (self.gc_high_percent, GcSource::Flag),
-            Some(kubelet) => (
+        let agent = node.agent_limits.as_ref();
+        match (agent, read) {
+            (Some(_), _) if self.gc_high_given && self.flags_over_agents => {
+                (self.gc_high_percent, GcSource::WhatIf)
+            }
+            (None, _) if self.gc_high_given => (self.gc_high_percent, GcSource::Flag),
+            (
+                Some(AgentLimits {
+                    gc_high_percent: Some(percent),
+                    ..
+                }),
+                _,
+            ) => (*percent, GcSource::Agent),
+            (_, Some(kubelet)) => (
                 kubelet.image_gc_high_threshold_percent,
                 GcSource::KubeletConfig,
             ),
-            None => (self.gc_high_percent, GcSource::Default),
+            (_, None) => (Limits::default().gc_high_percent, GcSource::Default),
+        }
+    }
+
+    /// The free-space floor for `node`, and where it comes from.
+    pub fn min_free_for(&self, node: &NodeFacts) -> (u64, FloorSource) {
+        match (&node.agent_limits, self.min_free_given) {
+            (Some(_), true) if self.flags_over_agents => (self.min_free_bytes, FloorSource::WhatIf),
+            (Some(agent), _) => (agent.min_free_bytes, FloorSource::Agent),
+            (None, true) => (self.min_free_bytes, FloorSource::Flag),
+            (None, false) => (self.min_free_bytes, FloorSource::Default),
+        }
+    }
+
+    /// These limits for `apply`'s refusal on agents: each agent's own decide, the flags only where an agent
+    /// does not say.
+    pub fn agents_decide(self) -> Limits {
+        Limits {
+            flags_over_agents: false,
+            ..self
         }
     }
 }
@@ -244,14 +373,15 @@ pub enum EstimateBasis {
 #[serde(rename_all = "camelCase")]
 pub struct ImagePlan {
     #[serde(rename = "ref")]
-    pub reference: String,
+    pub reference: Arc<str>,
     pub present: Presence,
     pub fetch_bytes: u64,
     pub estimated_disk_bytes: u64,
     pub lazy_format: LazyFormat,
-    /// Present only lazily: its layers still in the registry, whose bytes `fetchBytes` counts.
+    /// Present only lazily: its layers still in the registry, whose bytes `fetchBytes` counts. Boxed: a
+    /// plan holds one of these per node and image, nearly all of them none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lazy: Option<RemoteLayers>,
+    pub lazy: Option<Box<RemoteLayers>>,
     /// The mirror that answered for the image (registries.conf, ImageDigestMirrorSet); absent: the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<String>,
@@ -280,6 +410,14 @@ pub struct NodePlan {
     pub gc_high_percent: u8,
     #[serde(default = "default_gc_source")]
     pub gc_high_source: GcSource,
+    /// The free-space floor the verdict used, and where it comes from.
+    #[serde(default = "default_min_free")]
+    pub min_free_bytes: u64,
+    #[serde(default)]
+    pub min_free_source: FloorSource,
+    /// On agents: the floor the node's agent pulls by, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_min_free_bytes: Option<u64>,
     pub verdict: Verdict,
     pub reasons: Vec<String>,
     pub images: Vec<ImagePlan>,
@@ -291,6 +429,10 @@ fn default_gc_high() -> u8 {
 
 fn default_gc_source() -> GcSource {
     GcSource::Default
+}
+
+fn default_min_free() -> u64 {
+    Limits::default().min_free_bytes
 }
 
 /// Plans one node. `images` is the union of every set that targets the node, each reference once.
@@ -323,12 +465,12 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
                 };
             }
             ImagePlan {
-                reference: image.reference.to_string(),
+                reference: Arc::clone(&image.reference),
                 present: image.present,
                 fetch_bytes: fetch,
                 estimated_disk_bytes: disk,
                 lazy_format: image.facts.lazy_format(),
-                lazy: image.lazy.cloned(),
+                lazy: image.lazy.cloned().map(Box::new),
                 mirror: image.facts.mirror.clone(),
             }
         })
@@ -351,6 +493,8 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
         .available_bytes
         .map(|a| a as i64 - estimated_disk_bytes as i64);
     let (gc_high_percent, gc_high_source) = limits.gc_high_for(node);
+    let (min_free_bytes, min_free_source) = limits.min_free_for(node);
+    let agent_min_free_bytes = node.agent_limits.map(|a| a.min_free_bytes);
     if let Some(why) = node.kubelet.as_ref().and_then(|k| k.assumed.as_deref()) {
         reasons.push(format!(
             "the kubelet's configuration could not be read ({why}): its defaults are assumed \
@@ -365,7 +509,10 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
             (Some(capacity), Some(after)) if capacity > 0 => judge(
                 capacity,
                 after,
-                limits.min_free_bytes,
+                (
+                    min_free_bytes,
+                    floor_words(min_free_source, agent_min_free_bytes),
+                ),
                 (gc_high_percent, gc_high_source),
                 &mut reasons,
             ),
@@ -393,16 +540,30 @@ pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits)
         available_after_bytes,
         gc_high_percent,
         gc_high_source,
+        min_free_bytes,
+        min_free_source,
+        agent_min_free_bytes,
         verdict,
         reasons,
         images: image_plans,
     }
 }
 
+/// How a no-space reason names the floor it used.
+fn floor_words(source: FloorSource, agent_min_free: Option<u64>) -> String {
+    match (source, agent_min_free) {
+        (FloorSource::Agent, _) => "its agent's --min-free".into(),
+        (FloorSource::WhatIf, Some(own)) => {
+            format!("--min-free, a what-if: its agent pulls by {}", human(own))
+        }
+        _ => "--min-free".into(),
+    }
+}
+
 fn judge(
     capacity: u64,
     after: i64,
-    min_free_bytes: u64,
+    (min_free_bytes, floor): (u64, String),
     (gc_high_percent, gc_high_source): (u8, GcSource),
     reasons: &mut Vec<String>,
 ) -> Verdict {
@@ -414,7 +575,7 @@ fn judge(
             )
         } else {
             format!(
-                "would leave {} free, below the {} floor (--min-free)",
+                "would leave {} free, below the {} floor ({floor})",
                 human_signed(after),
                 human(min_free_bytes)
             )
@@ -534,31 +695,41 @@ pub struct LinkBytes {
     pub direct: u64,
 }
 
-/// [`LinkBytes`] for nodes each planned with its own images (as [`plan_node`] takes them, with what each
-/// node holds); `cached` says whether the blob cache holds a digest.
-pub fn link_bytes<'a>(
-    nodes: impl IntoIterator<Item = (&'a HeldBlobs, &'a [PlannedImage<'a>])>,
-    cached: impl Fn(&str) -> bool,
-) -> LinkBytes {
-    let mut direct = 0;
-    let mut once: BTreeMap<&str, u64> = BTreeMap::new();
-    for (held, images) in nodes {
+/// [`LinkBytes`], counted node by node as each is planned (so that no node's planned images outlive its
+/// plan): with what each node holds, every blob it lacks and the manifests of its missing images.
+#[derive(Debug, Default)]
+pub struct LinkCount<'a> {
+    direct: u64,
+    once: HashMap<&'a str, u64>,
+}
+
+impl<'a> LinkCount<'a> {
+    /// Counts a node planned with `images` (as [`plan_node`] takes them), holding `held`.
+    pub fn add(&mut self, held: &HeldBlobs, images: &[PlannedImage<'a>]) {
         let blobs = lacking(images, held).0.into_iter().flatten();
         let manifests = images
             .iter()
             .filter(|i| i.present != Some(true))
             .map(|i| (i.facts.manifest_digest.as_str(), i.facts.manifest_size));
         for (digest, size) in blobs.map(|b| (b.digest(), b.size())).chain(manifests) {
-            direct += size;
-            once.insert(digest, size);
+            self.direct += size;
+            self.once.insert(digest, size);
         }
     }
-    let fan_out = once
-        .into_iter()
-        .filter(|(digest, _)| !cached(digest))
-        .map(|(_, size)| size)
-        .sum();
-    LinkBytes { fan_out, direct }
+
+    /// What the link carries for the nodes counted; `cached` says whether the blob cache holds a digest.
+    pub fn total(self, cached: impl Fn(&str) -> bool) -> LinkBytes {
+        let fan_out = self
+            .once
+            .into_iter()
+            .filter(|(digest, _)| !cached(digest))
+            .map(|(_, size)| size)
+            .sum();
+        LinkBytes {
+            fan_out,
+            direct: self.direct,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -569,6 +740,18 @@ mod tests {
     use crate::model::image::{ANNOTATION_ESTARGZ_UNCOMPRESSED_SIZE, Layer};
 
     const MI: u64 = 1 << 20;
+
+    /// [`LinkCount`] of `nodes`.
+    fn link_bytes<'a>(
+        nodes: impl IntoIterator<Item = (&'a HeldBlobs, &'a [PlannedImage<'a>])>,
+        cached: impl Fn(&str) -> bool,
+    ) -> LinkBytes {
+        let mut count = LinkCount::default();
+        for (held, images) in nodes {
+            count.add(held, images);
+        }
+        count.total(cached)
+    }
 
     fn layer(digest: &str, size: u64, uncompressed: Option<u64>) -> Layer {
         let mut annotations = BTreeMap::new();
@@ -637,13 +820,13 @@ mod tests {
         };
         let images = [
             PlannedImage {
-                reference: "lazy",
+                reference: "lazy".into(),
                 facts: &lazy,
                 present: Some(true),
                 lazy: Some(&remote),
             },
             PlannedImage {
-                reference: "missing",
+                reference: "missing".into(),
                 facts: &missing,
                 present: Some(false),
                 lazy: None,
@@ -657,7 +840,7 @@ mod tests {
         let plan = plan_node(&node, &images, &limits(MI));
         assert_eq!(plan.images[0].fetch_bytes, 12 * MI, "its two remote layers");
         assert_eq!(plan.images[0].estimated_disk_bytes, 0, "not for the disk");
-        assert_eq!(plan.images[0].lazy.as_ref(), Some(&remote));
+        assert_eq!(plan.images[0].lazy.as_deref(), Some(&remote));
         assert_eq!(plan.images[0].present, Some(true));
         // The layer both share is fetched once, for the first image that needs it.
         assert_eq!(plan.images[1].fetch_bytes, 2 * MI + 1000);
@@ -687,7 +870,7 @@ mod tests {
         own.diff_id = Some("diff-own".into());
         let y = image("cy", vec![base, own]);
         let images = [PlannedImage {
-            reference: "y",
+            reference: "y".into(),
             facts: &y,
             present: Some(false),
             lazy: None,
@@ -727,7 +910,7 @@ mod tests {
         let mut unread = y.clone();
         unread.layers[0].diff_id = None;
         let images = [PlannedImage {
-            reference: "y",
+            reference: "y".into(),
             facts: &unread,
             present: Some(false),
             lazy: None,
@@ -749,19 +932,19 @@ mod tests {
         let c = image("cc", vec![layer("c1", MI, None)]);
         let images = [
             PlannedImage {
-                reference: "a",
+                reference: "a".into(),
                 facts: &a,
                 present: Some(false),
                 lazy: None,
             },
             PlannedImage {
-                reference: "b",
+                reference: "b".into(),
                 facts: &b,
                 present: Some(false),
                 lazy: None,
             },
             PlannedImage {
-                reference: "c",
+                reference: "c".into(),
                 facts: &c,
                 present: Some(true),
                 lazy: None,
@@ -792,13 +975,13 @@ mod tests {
         let missing = image("cm", vec![base, layer("m1", MI, Some(3 * MI))]);
         let images = [
             PlannedImage {
-                reference: "missing",
+                reference: "missing".into(),
                 facts: &missing,
                 present: Some(false),
                 lazy: None,
             },
             PlannedImage {
-                reference: "present",
+                reference: "present".into(),
                 facts: &present,
                 present: Some(true),
                 lazy: None,
@@ -814,11 +997,85 @@ mod tests {
         assert_eq!(plan.estimate_basis, EstimateBasis::Uncompressed);
     }
 
+    /// Agents started with `--min-free 1Mi`, a plan run without `--min-free`: the agents' floor decides.
+    #[test]
+    fn an_agents_own_floor_decides_and_a_given_flag_is_a_what_if() {
+        let big = image("c", vec![layer("l", 10 * MI, None)]); // 20 MiB + 1000 B on disk
+        let images = [PlannedImage {
+            reference: "big".into(),
+            facts: &big,
+            present: Some(false),
+            lazy: None,
+        }];
+        let on_agent = NodeFacts {
+            agent_limits: Some(AgentLimits {
+                min_free_bytes: MI,
+                gc_high_percent: Some(95),
+            }),
+            ..node(100 * MI, 30 * MI)
+        };
+        let given = Limits {
+            min_free_bytes: 16 << 30,
+            min_free_given: true,
+            gc_high_percent: 50,
+            gc_high_given: true,
+            ..Limits::default()
+        };
+
+        let own = plan_node(&on_agent, &images, &Limits::default());
+        assert_eq!(own.verdict, Verdict::Fits, "{:?}", own.reasons);
+        assert_eq!(
+            (own.min_free_bytes, own.min_free_source),
+            (MI, FloorSource::Agent)
+        );
+        assert_eq!(
+            (own.gc_high_percent, own.gc_high_source),
+            (95, GcSource::Agent)
+        );
+        assert_eq!(own.agent_min_free_bytes, Some(MI));
+
+        let what_if = plan_node(&on_agent, &images, &given);
+        assert_eq!(what_if.verdict, Verdict::NoSpace);
+        assert_eq!(
+            (what_if.min_free_bytes, what_if.min_free_source),
+            (16 << 30, FloorSource::WhatIf)
+        );
+        assert_eq!(what_if.gc_high_source, GcSource::WhatIf);
+        assert!(
+            what_if.reasons[0].ends_with(
+                "below the 16 GiB floor (--min-free, a what-if: its agent pulls by 1 MiB)"
+            ),
+            "{:?}",
+            what_if.reasons
+        );
+        let json = serde_json::to_value(&what_if).unwrap();
+        assert_eq!(json["minFreeSource"], "what-if");
+        assert_eq!(json["agentMinFreeBytes"], MI);
+
+        // apply's refusal: the agents decide, whatever was given.
+        let decided = plan_node(&on_agent, &images, &given.agents_decide());
+        assert_eq!(decided.verdict, Verdict::Fits);
+        assert_eq!(decided.min_free_source, FloorSource::Agent);
+        assert_eq!(decided.gc_high_source, GcSource::Agent);
+
+        // A node whose agent does not say (an older agent), or direct mode: the flag, or its default.
+        let unsaid = node(100 * MI, 30 * MI);
+        let flagged = plan_node(&unsaid, &images, &given.agents_decide());
+        assert_eq!(flagged.min_free_source, FloorSource::Flag);
+        assert_eq!(flagged.gc_high_source, GcSource::Flag);
+        let default = plan_node(&unsaid, &images, &Limits::default());
+        assert_eq!(
+            (default.min_free_bytes, default.min_free_source),
+            (16 << 30, FloorSource::Default)
+        );
+        assert_eq!(default.verdict, Verdict::NoSpace);
+    }
+
     #[test]
     fn verdicts_follow_the_floor_and_the_gc_threshold() {
         let big = image("c", vec![layer("l", 50 * MI, None)]); // 100 MiB + 1000 B on disk
         let images = [PlannedImage {
-            reference: "big",
+            reference: "big".into(),
             facts: &big,
             present: Some(false),
             lazy: None,
@@ -862,7 +1119,7 @@ mod tests {
     fn unknown_figures_give_unknown_never_a_guess() {
         let img = image("c", vec![layer("l", MI, None)]);
         let images = [PlannedImage {
-            reference: "i",
+            reference: "i".into(),
             facts: &img,
             present: None,
             lazy: None,
@@ -914,13 +1171,13 @@ mod tests {
         let planned = |a_present, b_present| {
             [
                 PlannedImage {
-                    reference: "a",
+                    reference: "a".into(),
                     facts: &a,
                     present: Some(a_present),
                     lazy: None,
                 },
                 PlannedImage {
-                    reference: "b",
+                    reference: "b".into(),
                     facts: &b,
                     present: Some(b_present),
                     lazy: None,
@@ -966,7 +1223,7 @@ mod tests {
     fn json_uses_the_documented_field_names() {
         let img = image("c", vec![layer("l", MI, None)]);
         let images = [PlannedImage {
-            reference: "r",
+            reference: "r".into(),
             facts: &img,
             present: Some(false),
             lazy: None,

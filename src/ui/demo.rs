@@ -23,7 +23,7 @@ use crate::model::image::LazyFormat;
 use crate::model::lazy::{LazyPulling, LazyState};
 use crate::model::node_summary::NodeSummary;
 use crate::model::plan::{
-    EstimateBasis, FetchBasis, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict,
+    EstimateBasis, FetchBasis, FloorSource, GcSource, ImagePlan, LinkBytes, NodePlan, Verdict,
 };
 use crate::model::rollout::{Event, PinMethod, Rollout};
 use crate::model::set::{self, ImageSet};
@@ -90,12 +90,15 @@ fn node_plan(
         available_after_bytes: Some(available as i64 - 2 * fetch as i64),
         gc_high_percent: 85,
         gc_high_source: GcSource::Default,
+        min_free_bytes: 16 * GI,
+        min_free_source: FloorSource::Default,
+        agent_min_free_bytes: None,
         verdict,
         reasons: reason.into_iter().map(str::to_string).collect(),
         images: images
             .iter()
             .map(|(reference, bytes)| ImagePlan {
-                reference: reference.to_string(),
+                reference: (*reference).into(),
                 present: Some(*bytes == 0),
                 fetch_bytes: *bytes,
                 estimated_disk_bytes: 2 * bytes,

@@ -414,7 +414,8 @@ async fn a_node_the_daemonset_should_run_on_is_not_ready_until_its_agent_pins_an
 
     // A node labelled for the DaemonSet joins: not ready, named, before any agent reports there…
     lab.lab
-        .add_node(NodeSpec::new("n4", 200 * MIB).labelled(POD_LABEL, "true"))
+        // Room for the agent's own image too: this build, stripped of debug data, is ~80 MiB unpacked.
+        .add_node(NodeSpec::new("n4", 400 * MIB).labelled(POD_LABEL, "true"))
         .expect("n4 joins");
     let (code, judged, stderr) = lab.check(&["--set", "gap"]);
     assert_eq!(code, 1, "{stderr}");
@@ -755,14 +756,8 @@ async fn lazy_pulling_asked_through_the_agents_is_written_by_each_agent_and_repo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
-    let mut lab = AgentsLab::start_with(
-        "agents-edit",
-        vec![NodeSpec::new("n1", 400 * MIB)],
-        None,
-        vec!["--insecure-registry={proxy}".into()],
-        support::RegistrySetup::default(),
-    )
-    .await;
+    let mut lab =
+        AgentsLab::through_proxy("agents-edit", vec![NodeSpec::new("n1", 400 * MIB)]).await;
     // One pull at a time through a slow link, so the set can be edited while it is pulled.
     lab.stop_agent("n1");
     lab.start_agent_with("n1", &["--parallel", "1"]);
@@ -882,14 +877,7 @@ async fn apply_on_agents_reports_what_each_node_fetched_as_the_proxy_counts_it()
         NodeSpec::new("n1", 200 * MIB),
         NodeSpec::new("n2", 200 * MIB),
     ];
-    let lab = AgentsLab::start_with(
-        "agents-fetched",
-        nodes,
-        None,
-        vec!["--insecure-registry={proxy}".into()],
-        support::RegistrySetup::default(),
-    )
-    .await;
+    let lab = AgentsLab::through_proxy("agents-fetched", nodes).await;
     let proxy = lab.lab.proxy_host();
     let layer = |seed, bytes: u64| support::LayerSpec {
         seed,

@@ -11,10 +11,10 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Secret};
-use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
-use support::agents::AgentsLab;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use serde_json::Value;
+use support::agents::{AgentsLab, AgentsSetup};
 use support::crio::CrioStandIn;
 use support::kube_objects::{apply_yaml, wait_for};
 use support::{
@@ -36,13 +36,18 @@ async fn cache_lab(name: &str, registry: RegistrySetup) -> AgentsLab {
 /// [`cache_lab`], every agent with `more` arguments.
 async fn cache_lab_with(name: &str, registry: RegistrySetup, more: &[&str]) -> AgentsLab {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    let mut args = vec![
+    let mut agent_args = vec![
         "--insecure-registry={proxy}".to_string(),
         format!("--cache-port={CACHE_PORT}"),
         "--cache-dir={lab}/cache-{node}".into(),
     ];
-    args.extend(more.iter().map(|a| a.to_string()));
-    AgentsLab::start_with(name, nodes, None, args, registry).await
+    agent_args.extend(more.iter().map(|a| a.to_string()));
+    let setup = AgentsSetup {
+        agent_args,
+        registry,
+        ..AgentsSetup::default()
+    };
+    AgentsLab::start_with(name, nodes, None, setup).await
 }
 
 /// `count` images, each of a base layer shared by all and a layer of its own.
@@ -443,15 +448,11 @@ async fn the_caches_holder_restarted_at_the_default_heartbeat_serves_before_the_
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cache_gone_for_good_sends_the_nodes_to_the_source_and_their_reports_say_so() {
     let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    let proxy_args = vec!["--insecure-registry={proxy}".to_string()];
-    let mut lab = AgentsLab::start_with(
-        "agents-fanout-gone",
-        nodes,
-        None,
-        proxy_args,
-        RegistrySetup::default(),
-    )
-    .await;
+    let setup = AgentsSetup {
+        agent_args: vec!["--insecure-registry={proxy}".to_string()],
+        ..AgentsSetup::default()
+    };
+    let mut lab = AgentsLab::start_with("agents-fanout-gone", nodes, None, setup).await;
     // Only n1's agent may hold the cache.
     let cache_dir = format!("--cache-dir={}/cache-n1", lab.lab.dir().display());
     lab.stop_agent("n1");
@@ -491,18 +492,11 @@ async fn a_crio_node_pulls_through_its_agents_relay_beside_the_containerd_nodes(
     let proxy = lab.lab.proxy_host();
     let crio = CrioStandIn::start("agents-fanout-crio", "1.31.0", std::slice::from_ref(&proxy))
         .expect("the CRI-O stand-in starts");
-    // The stand-in has no kubelet: its Node is made by hand, as a kubelet would register it.
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n4"}})).unwrap();
-    Api::<Node>::all(lab.admin.clone())
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("Node n4");
-    let mut runtime = crio.node_args("n4");
-    runtime.extend([
+    let registries = [
         "--crio-registries-dir".to_string(),
         crio.registries_dir().display().to_string(),
-    ]);
-    lab.start_agent_on_host("n4", &runtime);
+    ];
+    lab.add_crio_node("n4", &crio, &registries).await;
     let before = lab.lab.proxy().bytes_down();
     apply_fan_out_set(&lab, "web", &references, "").await;
     let reports = wait_set_pinned_on(&lab, "web", &["n1", "n2", "n3", "n4"]).await;

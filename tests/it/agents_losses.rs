@@ -9,14 +9,12 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, PostParams};
 use pinboard::backend::cri::{CriClient, CriEndpoint};
 use serde_json::{Value, json};
 use support::agents::AgentsLab;
 use support::crio::CrioStandIn;
 use support::kube_objects::wait_for;
-use support::{ImageSpec, NodeSpec, RegistrySetup};
+use support::{ImageSpec, NodeSpec};
 
 const MIB: u64 = 1 << 20;
 /// What the issue asks: a loss named within this long at the agents' default settings.
@@ -97,14 +95,7 @@ async fn an_image_removed_or_a_pin_cleared_behind_the_agents_back_is_named_and_p
         NodeSpec::new("n2", 200 * MIB),
         NodeSpec::new("n3", 200 * MIB),
     ];
-    let lab = AgentsLab::start_with(
-        "agents-losses",
-        nodes,
-        None,
-        vec!["--insecure-registry={proxy}".into()],
-        RegistrySetup::default(),
-    )
-    .await;
+    let lab = AgentsLab::through_proxy("agents-losses", nodes).await;
     let proxy = lab.lab.proxy_host();
     let push = |repository: &str, spec: &ImageSpec| {
         lab.lab
@@ -167,24 +158,11 @@ async fn an_image_removed_or_a_pin_cleared_behind_the_agents_back_is_named_and_p
 #[tokio::test(flavor = "multi_thread")]
 async fn a_loss_on_a_crio_node_is_found_by_its_agents_periodic_check_and_put_back() {
     let nodes = vec![NodeSpec::new("n1", 200 * MIB)];
-    let mut lab = AgentsLab::start_with(
-        "agents-losses-crio",
-        nodes,
-        None,
-        vec!["--insecure-registry={proxy}".into()],
-        RegistrySetup::default(),
-    )
-    .await;
+    let mut lab = AgentsLab::through_proxy("agents-losses-crio", nodes).await;
     let proxy = lab.lab.proxy_host();
     let crio = CrioStandIn::start("agents-losses-crio", "1.31.0", std::slice::from_ref(&proxy))
         .expect("the CRI-O stand-in starts");
-    // The stand-in has no kubelet: its Node is made by hand, as a kubelet would register it.
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": "c1"}})).unwrap();
-    Api::<Node>::all(lab.admin.clone())
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("Node c1");
-    lab.start_agent_on_host("c1", &crio.node_args("c1"));
+    lab.add_crio_node("c1", &crio, &[]).await;
     let image = lab
         .lab
         .push_image(

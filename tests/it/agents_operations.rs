@@ -12,24 +12,17 @@ use kube::api::{Api, PostParams};
 use pinboard::backend::pinboard_api::PinboardApi;
 use pinboard::model::set::from_flags;
 use serde_json::Value;
-use support::agents::{AgentsLab, NAMESPACE};
+use support::agents::{AgentsLab, AgentsSetup, NAMESPACE};
 use support::kube_objects::{PodState, wait_for, wait_for_pod};
 use support::prometheus::Prometheus;
-use support::{ImageSpec, NodeSpec, RegistrySetup};
+use support::{ImageSpec, NodeSpec};
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(150);
 
 async fn lab(name: &str, nodes: &[&str]) -> AgentsLab {
     let nodes = nodes.iter().map(|n| NodeSpec::new(n, 200 * MIB)).collect();
-    AgentsLab::start_with(
-        name,
-        nodes,
-        None,
-        vec!["--insecure-registry={proxy}".into()],
-        RegistrySetup::default(),
-    )
-    .await
+    AgentsLab::through_proxy(name, nodes).await
 }
 
 /// The Events of `reason` about node `node`'s PinboardNode.
@@ -273,19 +266,16 @@ async fn a_new_node_takes_no_pod_until_its_agent_has_pinned_the_sets_then_the_po
         .iter()
         .map(|n| NodeSpec::new(n, 200 * MIB))
         .collect();
-    let mut lab = AgentsLab::start_with(
-        "agents-gate",
-        nodes,
-        None,
-        vec![
+    let setup = AgentsSetup {
+        agent_args: vec![
             "--insecure-registry={proxy}".into(),
             "--cache-port=5050".into(),
             "--cache-dir={lab}/cache-{node}".into(),
             "--gate".into(),
         ],
-        RegistrySetup::default(),
-    )
-    .await;
+        ..AgentsSetup::default()
+    };
+    let mut lab = AgentsLab::start_with("agents-gate", nodes, None, setup).await;
     let proxy = lab.lab.proxy_host();
     // A runnable image (busybox), through the counting proxy.
     let image = lab

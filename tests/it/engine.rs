@@ -29,6 +29,8 @@ const NO_FLOOR: Limits = Limits {
     gc_high_percent: 100,
     gc_high_given: true,
     min_free_bytes: 0,
+    min_free_given: true,
+    flags_over_agents: true,
 };
 
 fn lab(name: &str, nodes: &[(&str, u64)]) -> Lab {
@@ -111,7 +113,7 @@ async fn jobs(
         let planned: Vec<PlannedImage> = references
             .iter()
             .map(|r| PlannedImage {
-                reference: r,
+                reference: r.as_str().into(),
                 facts: &facts[r],
                 present: seen.presence[r],
                 lazy: None,

@@ -63,6 +63,7 @@ impl Session {
             verify: None,
             lazy_store: "/var/lib/stargz-store/store:ref".to_owned(),
             release: SetOptions::default(),
+            agents_namespace: "pinboard-system".to_owned(),
         });
         fleet.connect().await.expect("the lab's cluster answers");
         let backend = Live::new(

@@ -1,8 +1,9 @@
 //! Any Kubernetes cluster with pinboard's agents installed: pinboard writes PinSets (server-side apply)
 //! and deletes them; each node's agent (`pinboard agent`, [`crate::agent`]) pulls and pins through the
 //! same engine as direct mode and reports its node in a PinboardNode, which pinboard watches (never
-//! polls) and judges through [`crate::model::readiness::assess_agents`]. An agent's image list is
-//! complete, so the plan knows exactly which images each node holds.
+//! polls) and judges through [`crate::model::readiness::assess_agents`]. Each agent publishes what its
+//! runtime holds, so the plan knows exactly which blobs each node lacks, and reports the floor it pulls
+//! by, which its node's verdict takes.
 
 mod lazy;
 mod outcome;
@@ -20,18 +21,21 @@ use super::{
     Applied, ApplyOptions, ApplyProgress, Events, Fleet, ReadingRegistry, Reported, RolloutControl,
     SetDeleted, SetSources, SetUsed, Traits, UnpinOptions, Unpinned,
 };
-use crate::backend::kube::ConnectOptions;
+use crate::backend::kube::{ConnectOptions, connect};
 use crate::backend::lazy::Apply;
-use crate::backend::pinboard_api::AgentsError;
+use crate::backend::pinboard_api::{AgentsError, PinboardApi};
 use crate::backend::registry::{Registry, RegistryOptions};
 use crate::error::{Exit, Failure};
 use crate::fanout::FanOutReport;
+use crate::model::agents_view::AgentsView;
 use crate::model::image::Platform;
 use crate::model::lazy::NodeLazy;
 use crate::model::pinboard_api::PinSet;
-use crate::model::plan::{Limits, Verdict};
+use crate::model::plan::{Limits, NodePlan, Verdict};
 use crate::model::readiness::{Readiness, WantedSet, count_nodes};
+use crate::model::reference::some_of;
 use crate::model::set::ImageSet;
+use crate::model::units::human;
 use crate::survey::{Survey, survey_reported};
 
 use session::Connected;
@@ -70,17 +74,18 @@ impl AgentsFleet {
             .map_err(|e| Failure::bad_input(e.to_string()))
     }
 
-    async fn open(&self) -> Result<Connected, Failure> {
-        Connected::open(&self.config.connect, &self.config.namespace).await
+    /// Connected, with every node's images watched too when `images` (what readiness judges by).
+    async fn open(&self, images: bool) -> Result<Connected, Failure> {
+        Connected::open(&self.config.connect, &self.config.namespace, images).await
     }
 
-    /// Connected, with the sets `sources` names: read from files, releases and flags, or named on the
+    /// The sets `sources` names: read from files, releases and flags, and the names of sets on the
     /// cluster.
-    async fn wanted(
+    async fn named(
         &self,
         sources: &SetSources,
         registry: &Registry,
-    ) -> Result<(Connected, Vec<WantedSet>), Failure> {
+    ) -> Result<(Vec<ImageSet>, Vec<String>), Failure> {
         let (files, names) = sources.split_names();
         let sets = match files.is_empty() {
             true => Vec::new(),
@@ -92,30 +97,52 @@ impl AgentsFleet {
                  on the cluster), --images-file FILE, --image REF or --release PULLSPEC",
             ));
         }
-        let connected = self.open().await?;
+        Ok((sets, names))
+    }
+
+    /// Connected, every node's images watched too, with the sets `sources` names.
+    async fn wanted(
+        &self,
+        sources: &SetSources,
+        registry: &Registry,
+    ) -> Result<(Connected, Vec<WantedSet>), Failure> {
+        let (sets, names) = self.named(sources, registry).await?;
+        let connected = self.open(true).await?;
         let wanted = connected.wanted(sets, names)?;
         Ok((connected, wanted))
     }
 
+    /// The sets planned on the cluster as the API server's watch cache has it now, read once: a plan
+    /// watches nothing, and reads no node's image list.
     async fn plan_sets(&self, sources: &SetSources) -> Result<Survey, Failure> {
         let registry = self.reading_registry()?;
-        let (connected, wanted) = self.wanted(sources, &registry).await?;
-        let sets: Vec<ImageSet> = wanted.into_iter().map(|w| w.set).collect();
-        self.survey_view(&connected.view, &sets, &registry).await
+        let (sets, names) = self.named(sources, &registry).await?;
+        let client = connect(&self.config.connect).await?;
+        let api = PinboardApi::discover(client, &self.config.namespace).await?;
+        let view = api.snapshot().await?;
+        let sets: Vec<ImageSet> = session::wanted_in(&view, sets, names)?
+            .into_iter()
+            .map(|w| w.set)
+            .collect();
+        self.survey_view((&api, &view), &sets, &registry, self.config.limits)
+            .await
     }
 
+    /// The sets planned on the nodes `view` shows, by what their agents published and reported.
     async fn survey_view(
         &self,
-        view: &crate::model::agents_view::AgentsView,
+        (api, view): (&PinboardApi, &AgentsView),
         sets: &[ImageSet],
         registry: &Registry,
+        limits: Limits,
     ) -> Result<Survey, Failure> {
         survey_reported(
+            api,
             view,
             sets,
             registry,
             &self.config.platform,
-            self.config.limits,
+            limits,
             self.config.cache_dir.as_deref(),
             SystemTime::now(),
         )
@@ -136,8 +163,9 @@ impl AgentsFleet {
         })
     }
 
-    /// Checks every set, names the nodes the plan says they will not fit (their agents will not pull
-    /// there), writes the sets, then waits up to `wait` for the agents to report them pinned.
+    /// Checks every set, names the nodes the plan says they will not fit by their agents' own floors
+    /// (their agents will not pull there), writes the sets, then waits up to `wait` for the agents to
+    /// report them pinned.
     async fn write_sets(
         &self,
         sources: &SetSources,
@@ -145,24 +173,32 @@ impl AgentsFleet {
     ) -> Result<Applied, Failure> {
         let registry = self.reading_registry()?;
         let sets = super::sets::noted(sources, true, &registry, &self.config.platform).await?;
-        let mut connected = self.open().await?;
-        match self.survey_view(&connected.view, &sets, &registry).await {
+        let mut connected = self.open(true).await?;
+        let limits = self.config.limits;
+        if let Some(line) = flags_left_aside(&limits) {
+            eprintln!("warning: {line}");
+        }
+        let view = (&connected.api, &connected.view);
+        match self
+            .survey_view(view, &sets, &registry, limits.agents_decide())
+            .await
+        {
             Ok(survey) => {
-                let full: Vec<&str> = survey
+                let full: Vec<&NodePlan> = survey
                     .nodes
                     .iter()
                     .filter(|n| n.verdict == Verdict::NoSpace)
-                    .map(|n| n.node.as_str())
                     .collect();
                 if !full.is_empty() && !options.force {
                     return Err(Failure {
                         exit: Exit::BadInput,
                         lines: vec![format!(
-                            "the plan says the sets do not fit on {} ({}): their agents would refuse them; \
-                             free space there, narrow the sets' nodeSelector (or --selector), or pass \
-                             --force to write the sets anyway",
+                            "the plan says the sets do not fit on {} ({}): their agents would refuse them, \
+                             by the floors they pull by ({}); free space there, narrow the sets' \
+                             nodeSelector (or --selector), or pass --force to write the sets anyway",
                             count_nodes(full.len()),
-                            full.join(", ")
+                            some_of(&full.iter().map(|n| n.node.clone()).collect::<Vec<_>>()),
+                            floors_of(&full)
                         )],
                     });
                 }
@@ -241,7 +277,7 @@ impl AgentsFleet {
                 "unpin deletes PinSets: pass --set NAME, --set FILE or --release PULLSPEC",
             ));
         }
-        let connected = self.open().await?;
+        let connected = self.open(false).await?;
         let mut deleted = Vec::new();
         for name in targets {
             let message = match connected.api.delete_set(&name).await {
@@ -259,6 +295,45 @@ impl AgentsFleet {
         }
         Ok(Unpinned::Sets(deleted))
     }
+}
+
+/// What `apply` says of the disk-limit flags given on agents: each agent pulls by its own.
+fn flags_left_aside(limits: &Limits) -> Option<String> {
+    let given: Vec<String> = [
+        limits
+            .min_free_given
+            .then(|| format!("--min-free {}", human(limits.min_free_bytes))),
+        limits
+            .gc_high_given
+            .then(|| format!("--gc-high-percent {}", limits.gc_high_percent)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!given.is_empty()).then(|| {
+        format!(
+            "{} does not apply to the agents: each node's agent pulls by its own (its --min-free and \
+             --gc-high-percent, in its PinboardNode report), and only the nodes whose agents would refuse \
+             are refused; `plan` takes it as a what-if",
+            given.join(" and ")
+        )
+    })
+}
+
+/// `n3 1.00 MiB (its agent's), n4 16 GiB (--min-free)`: the floor each refused node was judged by.
+fn floors_of(nodes: &[&NodePlan]) -> String {
+    let each: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{} {} ({})",
+                n.node,
+                human(n.min_free_bytes),
+                n.min_free_source.short()
+            )
+        })
+        .collect();
+    some_of(&each)
 }
 
 impl Fleet for AgentsFleet {
@@ -341,12 +416,14 @@ impl Fleet for AgentsFleet {
     ) -> BoxFuture<'_, Result<Survey, Failure>> {
         async move {
             let registry = self.reading_registry()?;
-            let view = self.tui.view_with_images().await?;
+            let view = self.tui.listed_view().await?;
             let sets: Vec<ImageSet> = sets
                 .into_iter()
                 .map(|set| self.tui.targeting(set, &nodes))
                 .collect();
-            self.survey_view(&view, &sets, &registry).await
+            let api = self.tui.api()?;
+            self.survey_view((&api, &view), &sets, &registry, self.config.limits)
+                .await
         }
         .boxed()
     }
@@ -381,7 +458,7 @@ impl Fleet for AgentsFleet {
         wanted: Option<bool>,
         apply: Apply,
     ) -> BoxFuture<'_, Result<Vec<NodeLazy>, Failure>> {
-        async move { lazy::lazy(&mut self.open().await?, wanted, apply).await }.boxed()
+        async move { lazy::lazy(&mut self.open(false).await?, wanted, apply).await }.boxed()
     }
 
     fn shut_down(&self) -> BoxFuture<'_, ()> {

@@ -5,7 +5,7 @@
 
 use crate::fleet::NodeOutcome;
 use crate::model::agents_view::AgentsView;
-use crate::model::pinboard_api::{DEGRADED, NodeSetPhase, SetReport};
+use crate::model::pinboard_api::{DEGRADED, NodeSetPhase, SetOutcome, SetReport};
 use crate::model::readiness::Readiness;
 
 /// A set `apply` wrote: its name, and whether this apply changed it (a new generation the agents rolled
@@ -82,14 +82,7 @@ fn outcome(name: &str, reports: &[(&Applied, Option<&SetReport>)]) -> NodeOutcom
             })
         }),
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
-        images: 0,
-        present: 0,
-        lazy: 0,
-        pulled: 0,
-        pinned: 0,
-        fetched_bytes: 0,
-        fetched_source: None,
-        planned_bytes: 0,
+        figures: SetOutcome::default(),
         failed: Vec::new(),
     };
     for (set, report) in reports {
@@ -106,19 +99,20 @@ fn outcome(name: &str, reports: &[(&Applied, Option<&SetReport>)]) -> NodeOutcom
         let Some(figures) = report.outcome.as_ref() else {
             continue;
         };
-        outcome.images += figures.images;
-        outcome.pinned += figures.pinned;
+        let sum = &mut outcome.figures;
+        sum.images += figures.images;
+        sum.pinned += figures.pinned;
         if !set.changed {
             // Nothing moved for this apply: every image was there already.
-            outcome.present += figures.images;
+            sum.present += figures.images;
             continue;
         }
-        outcome.present += figures.present;
-        outcome.lazy += figures.lazy;
-        outcome.pulled += figures.pulled;
-        outcome.fetched_bytes += figures.fetched_bytes;
-        outcome.planned_bytes += figures.planned_bytes.unwrap_or_default();
-        outcome.fetched_source = outcome.fetched_source.or(figures.fetched_source);
+        sum.present += figures.present;
+        sum.lazy += figures.lazy;
+        sum.pulled += figures.pulled;
+        sum.fetched_bytes += figures.fetched_bytes;
+        sum.planned_bytes += figures.planned_bytes;
+        sum.fetched_source = sum.fetched_source.or(figures.fetched_source);
     }
     outcome
 }
@@ -126,7 +120,6 @@ fn outcome(name: &str, reports: &[(&Applied, Option<&SetReport>)]) -> NodeOutcom
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::pinboard_api::SetOutcome;
     use crate::model::rollout::FetchedSource;
 
     fn report(name: &str, state: NodeSetPhase, fetched: u64) -> SetReport {
@@ -141,7 +134,7 @@ mod tests {
                 pinned: 3,
                 fetched_bytes: fetched,
                 fetched_source: Some(FetchedSource::ContentStore),
-                planned_bytes: Some(fetched + 10),
+                planned_bytes: fetched + 10,
                 ..SetOutcome::default()
             }),
             ..SetReport::default()
@@ -166,14 +159,15 @@ mod tests {
         );
         let o = outcome("n1", &[(&web, Some(&w)), (&db, Some(&d))]);
         assert_eq!(o.state, "pinned");
-        assert_eq!((o.images, o.present, o.pulled, o.pinned), (6, 4, 2, 6));
-        assert_eq!((o.fetched_bytes, o.planned_bytes), (1000, 1010));
-        assert_eq!(o.fetched_source, Some(FetchedSource::ContentStore));
+        let f = &o.figures;
+        assert_eq!((f.images, f.present, f.pulled, f.pinned), (6, 4, 2, 6));
+        assert_eq!((f.fetched_bytes, f.planned_bytes), (1000, 1010));
+        assert_eq!(f.fetched_source, Some(FetchedSource::ContentStore));
 
         let failed = report("db", NodeSetPhase::Failed, 0);
         let o = outcome("n1", &[(&web, Some(&w)), (&db, Some(&failed))]);
         assert_eq!(o.state, "failed");
         let o = outcome("n1", &[(&web, None)]);
-        assert_eq!((o.state.as_str(), o.fetched_bytes), ("waiting", 0));
+        assert_eq!((o.state.as_str(), o.figures.fetched_bytes), ("waiting", 0));
     }
 }

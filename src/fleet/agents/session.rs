@@ -29,11 +29,13 @@ pub(super) struct Connected {
     pub(super) api: PinboardApi,
     watch: AgentsWatch,
     pub(super) view: AgentsView,
+    /// Whether every node's images are watched too.
+    images: bool,
 }
 
 impl Watched for Connected {
     fn listed(&self) -> bool {
-        self.view.synced() && self.view.images_synced()
+        self.view.synced() && (!self.images || self.view.images_synced())
     }
 
     fn failing(&self) -> Option<FailingWatch> {
@@ -53,17 +55,20 @@ impl Watched for Connected {
 }
 
 impl Connected {
-    /// Connects, finds pinboard's API and waits for the first complete view; exit 3 when the API server
-    /// does not answer, naming what failed.
+    /// Connects, finds pinboard's API and waits for the first complete view, with every node's `images`
+    /// when asked (what readiness judges by); exit 3 when the API server does not answer, naming what
+    /// failed.
     pub(super) async fn open(
         options: &ConnectOptions,
         namespace: &str,
+        images: bool,
     ) -> Result<Connected, Failure> {
         let api = PinboardApi::discover(connect(options).await?, namespace).await?;
         let mut connected = Connected {
-            watch: api.watch_all(true),
+            watch: api.watch_all(images),
             api,
             view: AgentsView::default(),
+            images,
         };
         wait_for_first_list(
             &mut connected,
@@ -145,12 +150,22 @@ impl Connected {
         files: Vec<ImageSet>,
         names: Vec<String>,
     ) -> Result<Vec<WantedSet>, Failure> {
-        wanted_sets(
-            files,
-            names,
-            |name| self.view.set(name).map(|s| s.to_image_set()),
-            || self.view.sets.iter().map(|s| s.name().to_owned()).collect(),
-        )
-        .map_err(|sets| unknown_sets(sets, "PinSet", "a set YAML file"))
+        wanted_in(&self.view, files, names)
     }
+}
+
+/// The sets `files` and `names` name in `view`: those read from files, and those named on the cluster
+/// (each must be there).
+pub(super) fn wanted_in(
+    view: &AgentsView,
+    files: Vec<ImageSet>,
+    names: Vec<String>,
+) -> Result<Vec<WantedSet>, Failure> {
+    wanted_sets(
+        files,
+        names,
+        |name| view.set(name).map(|s| s.to_image_set()),
+        || view.sets.iter().map(|s| s.name().to_owned()).collect(),
+    )
+    .map_err(|sets| unknown_sets(sets, "PinSet", "a set YAML file"))
 }

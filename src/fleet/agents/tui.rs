@@ -4,8 +4,9 @@
 //! server-side apply of its PinSet, unpinning deletes it, and `L` asks the node's agent.
 //!
 //! The Nodes screen needs only the reports, which are small; every node's images (the reports' detail,
-//! most of their bytes) are watched from the first time a screen needs them: the Plan, the Config screen,
-//! a rollout to follow. So a cluster of thousands of nodes opens on the Nodes screen without listing them.
+//! most of their bytes) are watched from the first time a screen needs them: the Config screen, a rollout
+//! to follow. So a cluster of thousands of nodes opens on the Nodes screen without listing them. The Plan
+//! reads what the agents published of what their runtimes hold, once per plan, not the image lists.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -32,10 +33,10 @@ use crate::model::set::ImageSet;
 
 /// How often the Nodes screen is judged again when nothing changed: a heartbeat goes stale silently.
 const REJUDGE_EVERY: Duration = Duration::from_secs(5);
-/// How long the Plan waits for every node's images to be listed.
-const IMAGES_WITHIN: Duration = Duration::from_secs(120);
-/// How often the Plan looks whether they are.
-const IMAGES_LISTED_EVERY: Duration = Duration::from_millis(100);
+/// How long the Plan waits for the watches' first lists.
+const LISTED_WITHIN: Duration = Duration::from_secs(120);
+/// How often the Plan looks whether they are in.
+const LISTED_EVERY: Duration = Duration::from_millis(100);
 /// The label every kubelet sets to its node's name: how a set aimed at chosen nodes selects them.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
@@ -101,7 +102,7 @@ impl Live {
         Ok(())
     }
 
-    fn api(&self) -> Result<PinboardApi, Failure> {
+    pub(super) fn api(&self) -> Result<PinboardApi, Failure> {
         self.api
             .lock()
             .expect("api lock")
@@ -109,26 +110,24 @@ impl Live {
             .ok_or_else(|| Failure::bad_input("not connected to the cluster"))
     }
 
-    /// The view as watched now, with every node's images (watched from now on, and waited for the first
-    /// time).
-    pub(super) async fn view_with_images(&self) -> Result<AgentsView, Failure> {
+    /// The view as watched now, once the watches' first lists are in (waited for the first time).
+    pub(super) async fn listed_view(&self) -> Result<AgentsView, Failure> {
         self.api()?;
-        self.watch_images();
-        let deadline = Instant::now() + IMAGES_WITHIN;
+        let deadline = Instant::now() + LISTED_WITHIN;
         loop {
             {
                 let view = self.view.lock().expect("view lock");
-                if view.images_synced() {
+                if view.synced() {
                     return Ok(view.clone());
                 }
             }
             if Instant::now() >= deadline {
                 return Err(Failure::unreachable(vec![format!(
-                    "the nodes' images (PinboardNodeImages) were not listed within {IMAGES_WITHIN:?}; the \
-                     API server is too slow or unreachable"
+                    "the nodes' reports were not listed within {LISTED_WITHIN:?}; the API server is too \
+                     slow or unreachable"
                 )]));
             }
-            tokio::time::sleep(IMAGES_LISTED_EVERY).await;
+            tokio::time::sleep(LISTED_EVERY).await;
         }
     }
 

@@ -3,15 +3,17 @@
 //! polls) and judges through [`crate::model::readiness::assess_cluster`]. Each target node's kubelet
 //! configuration (`/configz`) says how many images `Node.status.images` holds at most. `check
 //! --verify-cri` also asks the runtimes of the nodes named by `--cri` or `--nodes` and requires their
-//! confirmation.
+//! confirmation. Where pinboard's agents run on the nodes too, the plan takes what they published of
+//! what their runtimes hold: exact for those nodes.
 
 pub mod registry;
 mod session;
 mod tui;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -22,12 +24,14 @@ use super::{
     SetDeleted, SetSources, Traits, UnpinOptions, Unpinned,
 };
 use crate::backend::openshift::{Cluster, ClusterError, ConnectOptions, connect};
+use crate::backend::pinboard_api::{AgentsError, PinboardApi};
 use crate::backend::readiness::observe;
 use crate::backend::registry::Registry;
 use crate::backend::target::NodeTarget;
 use crate::error::{Exit, Failure};
 use crate::model::image::Platform;
 use crate::model::machine_config::{pool_warning, pools_for_set};
+use crate::model::node_blobs::NodeBlobs;
 use crate::model::plan::Limits;
 use crate::model::readiness::{Readiness, WantedSet, assess};
 use crate::model::set::ImageSet;
@@ -55,6 +59,8 @@ pub struct MachineConfigSettings {
     pub lazy_store: String,
     /// TUI: how a release typed at the import prompt becomes sets.
     pub release: crate::model::release_payload::SetOptions,
+    /// Where pinboard's agents run, when they are installed too: their heartbeats.
+    pub agents_namespace: String,
 }
 
 /// An OpenShift cluster's nodes, through its machine-config daemons.
@@ -155,6 +161,7 @@ impl MachineConfigFleet {
         survey_cluster(
             &connected.cluster,
             &connected.session.view,
+            self.published(&connected.cluster).await,
             &sets,
             &registry,
             &self.config.platform,
@@ -163,6 +170,36 @@ impl MachineConfigFleet {
         )
         .await
         .map_err(Failure::from)
+    }
+
+    /// What pinboard's agents, where they run on the nodes too, published of what their runtimes hold, by
+    /// node: only the agents whose heartbeat is fresh. Empty without them, or when they cannot be read
+    /// (said): those nodes' plans are upper bounds.
+    async fn published(&self, cluster: &Cluster) -> BTreeMap<String, NodeBlobs> {
+        let namespace = &self.config.agents_namespace;
+        let api = match PinboardApi::discover(cluster.client().clone(), namespace).await {
+            Ok(api) => api,
+            Err(AgentsError::NotInstalled) => return BTreeMap::new(),
+            Err(e) => {
+                tracing::warn!("cannot tell whether pinboard's agents run on the nodes: {e}");
+                return BTreeMap::new();
+            }
+        };
+        let (published, heartbeats) = tokio::join!(api.published_blobs(), api.heartbeats());
+        match (published, heartbeats) {
+            (Ok(mut published), Ok(heartbeats)) => {
+                let now = SystemTime::now();
+                published.retain(|node, _| heartbeats.get(node).is_some_and(|h| !h.stale(now)));
+                published
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(
+                    "cannot read what pinboard's agents published of the nodes' runtimes, so the plan is \
+                     an upper bound: {e}"
+                );
+                BTreeMap::new()
+            }
+        }
     }
 
     async fn judge(
@@ -390,6 +427,7 @@ impl Fleet for MachineConfigFleet {
             survey_cluster(
                 &cluster,
                 &view,
+                self.published(&cluster).await,
                 &sets,
                 registry,
                 &self.config.platform,

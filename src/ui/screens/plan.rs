@@ -10,7 +10,6 @@ use ratatui::widgets::Paragraph;
 
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::units::{human, human_signed};
-use crate::survey::Survey;
 use crate::ui::state::{Pane, Screen, State, matches};
 use crate::ui::status::{Tone, verdict_label};
 use crate::ui::theme::{Role, Theme};
@@ -84,7 +83,7 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
                 right(or_unknown(n.available_after_bytes, human_signed)),
                 right(human(n.fetch_bytes)),
                 right(human(n.estimated_disk_bytes)),
-                disk_bar(theme, survey, n, true, widths[6]),
+                disk_bar(theme, n, true, widths[6]),
             ]
         },
     );
@@ -92,18 +91,12 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
         .selected(Pane::Plan)
         .and_then(|name| survey.nodes.iter().find(|n| n.node == name));
     if let Some(node) = node {
-        plan_detail(state, frame, detail_area, survey, node);
+        plan_detail(state, frame, detail_area, node);
     }
 }
 
 /// Used space before (`█`) and what the plan adds (`▓`, verdict color); `│` GC threshold, `┃` floor.
-fn disk_bar(
-    theme: &Theme,
-    survey: &Survey,
-    node: &NodePlan,
-    after: bool,
-    width: u16,
-) -> Line<'static> {
+fn disk_bar(theme: &Theme, node: &NodePlan, after: bool, width: u16) -> Line<'static> {
     let (Some(capacity), Some(available)) = (node.capacity_bytes, node.available_bytes) else {
         return Line::from(UNKNOWN);
     };
@@ -114,7 +107,7 @@ fn disk_bar(
     } else {
         0.0
     };
-    let floor = 1.0 - survey.min_free_bytes as f64 / capacity;
+    let floor = 1.0 - node.min_free_bytes as f64 / capacity;
     let gc = f64::from(node.gc_high_percent) / 100.0;
     bar(
         width,
@@ -127,7 +120,7 @@ fn disk_bar(
     )
 }
 
-fn plan_detail(state: &State, frame: &mut Frame, area: Rect, survey: &Survey, node: &NodePlan) {
+fn plan_detail(state: &State, frame: &mut Frame, area: Rect, node: &NodePlan) {
     let theme = &state.theme;
     let block = pane(theme, Line::from(format!(" {} ", node.node)), false);
     let inner = block.inner(area);
@@ -163,23 +156,24 @@ fn plan_detail(state: &State, frame: &mut Frame, area: Rect, survey: &Survey, no
         ]),
         bar_line(
             "before ",
-            disk_bar(theme, survey, node, false, bar_width),
+            disk_bar(theme, node, false, bar_width),
             percent(before_free),
             or_unknown(node.available_bytes, human),
         ),
         bar_line(
             "after  ",
-            disk_bar(theme, survey, node, true, bar_width),
+            disk_bar(theme, node, true, bar_width),
             percent(node.available_after_bytes),
             or_unknown(node.available_after_bytes, human_signed),
         ),
         dim(
             theme,
             format!(
-                "        │ GC threshold {}% ({})   ┃ floor: {} free (--min-free)",
+                "        │ GC threshold {}% ({})   ┃ floor: {} free ({})",
                 node.gc_high_percent,
                 node.gc_high_source.short(),
-                human(survey.min_free_bytes)
+                human(node.min_free_bytes),
+                node.min_free_source.short()
             ),
         ),
     ];

@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as NodeObject;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use pinboard::model::readiness::Readiness;
 use serde_json::{Value, json};
 
 use super::binary;
 use super::cluster::{client, kubeconfig_with_viewer};
+use super::crio::CrioStandIn;
 use super::kube_objects::{PodState, apply_yaml, wait_for, wait_for_daemonset_pod};
 use super::process::Proc;
 use super::{ClusterConfig, Lab, LabConfig, NodeSpec, RegistrySetup, Run, pinboard_with};
@@ -31,8 +32,6 @@ pub const POD_LABEL: &str = "pinboard.dev/agent-pod";
 const NO_IMAGE: &str = "unused.invalid/pinboard:none";
 /// Short, so that a stopped agent is stale within seconds (its Lease stands for four of these).
 pub const HEARTBEAT: &str = "1s";
-/// The lab's nodes are small: the free-space floor is theirs (the default, 16 GiB, is a real node's).
-const MIN_FREE: &str = "4Mi";
 /// How long an agent may take to take the cache's role.
 const CACHE_WAIT: Duration = Duration::from_secs(180);
 
@@ -50,24 +49,75 @@ pub struct AgentsLab {
     /// How often every agent renews its heartbeat: [`HEARTBEAT`], unless `agent_args` say
     /// `--heartbeat-every=DURATION`.
     heartbeat: String,
+    /// Every agent's `--min-free`.
+    min_free: &'static str,
+}
+
+/// How a lab's agents run, beyond what every agent gets.
+#[derive(Clone, Debug)]
+pub struct AgentsSetup {
+    /// Arguments every agent process gets on top (see [`AgentsLab::agent_args`]).
+    pub agent_args: Vec<String>,
+    pub registry: RegistrySetup,
+    /// The agents' free-space floor, `--min-free`: the lab's nodes are small (the default, 16 GiB, is a
+    /// real node's).
+    pub min_free: &'static str,
+}
+
+impl Default for AgentsSetup {
+    fn default() -> Self {
+        AgentsSetup {
+            agent_args: Vec::new(),
+            registry: RegistrySetup::default(),
+            min_free: "4Mi",
+        }
+    }
 }
 
 impl AgentsLab {
     /// Starts the lab with `nodes`, installs the agents' manifests, and runs the agent as a pod on
     /// `pod_node` (when given; its image is pushed first) and as a process on every other node.
     pub async fn start(name: &str, nodes: Vec<NodeSpec>, pod_node: Option<&str>) -> AgentsLab {
-        AgentsLab::start_with(name, nodes, pod_node, Vec::new(), RegistrySetup::default()).await
+        AgentsLab::start_with(name, nodes, pod_node, AgentsSetup::default()).await
     }
 
-    /// [`AgentsLab::start`] with the lab's `registry`, every agent process with `agent_args` (see
-    /// [`AgentsLab::agent_args`]; `--heartbeat-every=DURATION` there replaces the lab's short heartbeat).
+    /// [`AgentsLab::start`] with every agent process taking the registry through its proxy too (images
+    /// referenced by the proxy's host, so that what the nodes pull is counted there).
+    pub async fn through_proxy(name: &str, nodes: Vec<NodeSpec>) -> AgentsLab {
+        let setup = AgentsSetup {
+            agent_args: vec!["--insecure-registry={proxy}".into()],
+            ..AgentsSetup::default()
+        };
+        AgentsLab::start_with(name, nodes, None, setup).await
+    }
+
+    /// Registers `node` as a CRI-O node served by the stand-in `crio` (which has no kubelet: its Node is made
+    /// by hand, as a kubelet would register it) and starts its agent on this host, with `extra` arguments.
+    pub async fn add_crio_node(&mut self, node: &str, crio: &CrioStandIn, extra: &[String]) {
+        let object: NodeObject =
+            serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+        Api::<NodeObject>::all(self.admin.clone())
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("Node {node}: {e}"));
+        let mut args = crio.node_args(node);
+        args.extend(extra.iter().cloned());
+        self.start_agent_on_host(node, &args);
+    }
+
+    /// [`AgentsLab::start`], the agents run as `setup` says (`--heartbeat-every=DURATION` among its
+    /// `agent_args` replaces the lab's short heartbeat).
     pub async fn start_with(
         name: &str,
         nodes: Vec<NodeSpec>,
         pod_node: Option<&str>,
-        agent_args: Vec<String>,
-        registry: RegistrySetup,
+        setup: AgentsSetup,
     ) -> AgentsLab {
+        let AgentsSetup {
+            agent_args,
+            registry,
+            min_free,
+        } = setup;
         pinboard::install_crypto_provider();
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         let lab = Lab::start(
@@ -105,6 +155,7 @@ impl AgentsLab {
             agent_kubeconfig,
             processes: BTreeMap::new(),
             agent_args,
+            min_free,
         };
         agents.install(&image).await;
         for node in &names {
@@ -131,7 +182,7 @@ impl AgentsLab {
                 self.lab.registry_host()
             ),
             format!("--agent-arg=--heartbeat-every={}", self.heartbeat),
-            format!("--agent-arg=--min-free={MIN_FREE}"),
+            format!("--agent-arg=--min-free={}", self.min_free),
         ];
         // Agents started with the gate need its rights: the manifests' own `--gate`.
         if self.agent_args.iter().any(|a| a == "--gate") {
@@ -198,7 +249,7 @@ impl AgentsLab {
                 "--heartbeat-every",
                 &self.heartbeat,
                 "--min-free",
-                MIN_FREE,
+                self.min_free,
                 "--kubeconfig",
             ])
             .arg(&self.agent_kubeconfig)
@@ -266,7 +317,8 @@ impl AgentsLab {
         self.objects("PinboardNode", "pinboardnodes").await
     }
 
-    /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry.
+    /// Runs `pinboard COMMAND` on the cluster as its administrator, reaching the lab's registry; the
+    /// floors are the agents' own, as they report them.
     pub fn pinboard(&self, args: &[&str]) -> Run {
         let cluster = self.lab.cluster().expect("a cluster lab");
         self.pinboard_as(cluster.kubeconfig(), None, args)
@@ -286,7 +338,6 @@ impl AgentsLab {
             all.extend(["--context".into(), context.into()]);
         }
         all.extend(["--insecure-registry".into(), self.lab.registry_host()]);
-        all.extend(["--min-free".into(), MIN_FREE.into()]);
         all.extend(rest.iter().map(|a| a.to_string()));
         pinboard_with(all, |_| {})
     }
