@@ -542,6 +542,47 @@ mod tests {
     }
 
     #[test]
+    fn the_holder_sends_each_stripe_once_however_many_nodes() {
+        for n in [4, 100, 2600] {
+            let (swarm, parents) = placed(n, 4);
+            // One stream of each stripe leaves the holder: it sends the blob it fetched once over the
+            // link once, and everything else comes from nodes.
+            for tree in 0..4 {
+                let from_holder = parents.iter().filter(|p| p[tree] == Parent::Holder).count();
+                assert_eq!(from_holder, 1, "{n} nodes, stripe {tree}");
+            }
+            assert_eq!(swarm.children(&Parent::Holder), 4);
+        }
+    }
+
+    #[test]
+    fn a_parent_gone_mid_transfer_costs_a_resume_from_another_not_a_restart() {
+        let (mut swarm, parents) = placed(40, 4);
+        let geometry = crate::model::peers::Geometry::with(40 << 20, 1 << 20, 4);
+        let (child, tree) = (0..40)
+            .flat_map(|i| (0..4).map(move |t| (i, t)))
+            .find(|&(i, t)| parents[i][t] == Parent::Peer("n4".into()))
+            .unwrap();
+        let child_name = format!("n{child}");
+        // The child had taken the first three pieces of its stripe from n4 when n4 went.
+        let mut fetch = crate::model::peers::Fetch::new(geometry);
+        for piece in geometry.stripe_from(tree, 0).take(3) {
+            fetch.verified(piece);
+        }
+        let next = swarm
+            .lost(&child_name, tree, &Parent::Peer("n4".into()), Loss::Gone)
+            .unwrap();
+        assert_ne!(next, Parent::Peer("n4".into()));
+        assert_ne!(next, Parent::Peer(child_name.clone()));
+        // It asks its new parent for the fourth piece of the stripe, keeping what it verified.
+        let fourth = geometry.stripe_from(tree, 0).nth(3);
+        assert_eq!(fetch.wanted(tree), fourth);
+        assert_eq!(fetch.held_bytes(), 3 << 20);
+        // n4 is named nowhere as dropped: going away is not serving bad bytes.
+        assert_eq!(swarm.dropped().count(), 0);
+    }
+
+    #[test]
     fn a_member_that_serves_corrupt_pieces_is_dropped_and_named() {
         let (mut swarm, parents) = placed(12, 4);
         let (child, tree) = (0..12)
