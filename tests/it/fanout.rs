@@ -947,28 +947,40 @@ fn sampling_the_link<T>(
     (result, sampler.join().expect("the sampler"))
 }
 
-/// Bytes per second over the middle of a transfer: from when 5% of its bytes had crossed to when 95% had,
-/// so the survey before it and the last manifests after it do not count.
-fn middle_rate(samples: &[(Instant, u64)]) -> f64 {
+/// Bytes per second over the middle of a transfer, from when 5% of its bytes had crossed to when 95% had (so
+/// the survey before it and the last manifests after it do not count): over all of it, and in each whole
+/// second of it.
+fn middle_rates(samples: &[(Instant, u64)]) -> (f64, Vec<f64>) {
     let total = samples.last().expect("samples").1 as f64;
     let when = |share: f64| {
         samples
             .iter()
-            .find(|(_, bytes)| *bytes as f64 >= share * total)
+            .position(|(_, bytes)| *bytes as f64 >= share * total)
             .expect("a sample past it")
     };
-    let ((from, low), (to, high)) = (when(0.05), when(0.95));
-    (high - low) as f64 / to.duration_since(*from).as_secs_f64()
+    let middle = &samples[when(0.05)..=when(0.95)];
+    let rate = |from: &(Instant, u64), to: &(Instant, u64)| {
+        (to.1 - from.1) as f64 / to.0.duration_since(from.0).as_secs_f64()
+    };
+    let seconds = middle
+        .chunks_exact(21)
+        .map(|c| rate(&c[0], &c[20]))
+        .collect();
+    (rate(&middle[0], &middle[middle.len() - 1]), seconds)
 }
 
 #[test]
+#[ignore = "fails: --link-rate paces what pinboard reads, and the sockets' receive buffers let the link \
+            burst at full speed for seconds, then stall (issue 32)"]
 fn a_link_budget_holds_the_registry_link_to_it_and_without_one_the_rollout_runs_at_the_links_speed()
 {
     const LINK: u64 = 8 * MI;
     const BUDGET: u64 = 4 * MI;
-    let lab = lab("fanout-budget", &["n1", "n2"], 320 * MI);
+    let lab = lab("fanout-budget", &["n1", "n2"], 512 * MI);
     lab.proxy().set_bandwidth(Some(LINK));
-    let budgeted = push_images(&lab, "budget/app", 7300, 6, 6 * MI, 2 * MI);
+    // 60 MiB: 15 s at the budget, so what sits in the sockets' buffers at either end of the measure (a few
+    // MiB over the connections under way) moves the rate by a few percent only.
+    let budgeted = push_images(&lab, "budget/app", 7300, 6, 12 * MI, 4 * MI);
     let free = push_images(&lab, "free/app", 7400, 6, 6 * MI, 2 * MI);
     let unique = unique_bytes(&budgeted);
     let nodes: Vec<&Node> = lab.nodes().iter().collect();
@@ -1006,15 +1018,30 @@ fn a_link_budget_holds_the_registry_link_to_it_and_without_one_the_rollout_runs_
     assert_eq!(report["fanOut"]["linkRate"], BUDGET, "{}", report["fanOut"]);
     assert_moved_about_once(&lab, before, unique, 1.05);
     assert_pinned_everywhere(&lab, &nodes, &budgeted);
-    let rate = middle_rate(&samples);
+    let (rate, seconds) = middle_rates(&samples);
+    let mib = |rates: &[f64]| {
+        rates
+            .iter()
+            .map(|r| format!("{:.1}", r / MI as f64))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     eprintln!(
-        "under a budget of 4 MiB/s on a link of 8 MiB/s: {:.2} MiB/s over the rollout",
-        rate / MI as f64
+        "under a budget of 4 MiB/s on a link of 8 MiB/s: {:.2} MiB/s over the rollout; each second: {}",
+        rate / MI as f64,
+        mib(&seconds)
     );
     assert!(
         (rate - BUDGET as f64).abs() <= 0.10 * BUDGET as f64,
         "{:.2} MiB/s under a budget of 4 MiB/s",
         rate / MI as f64
+    );
+    // Not only on average: no second of it goes faster (what sits in the sockets' buffers is the link's
+    // too).
+    assert!(
+        seconds.iter().all(|&r| r <= 1.10 * BUDGET as f64),
+        "MiB/s in each second under a budget of 4 MiB/s: {}",
+        mib(&seconds)
     );
 
     let cache = tempfile::tempdir().unwrap();
@@ -1029,7 +1056,7 @@ fn a_link_budget_holds_the_registry_link_to_it_and_without_one_the_rollout_runs_
         "{}",
         report["fanOut"]
     );
-    let rate = middle_rate(&samples);
+    let (rate, _) = middle_rates(&samples);
     eprintln!(
         "no budget on a link of 8 MiB/s: {:.2} MiB/s over the rollout",
         rate / MI as f64
