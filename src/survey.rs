@@ -25,7 +25,7 @@ use crate::model::machine_config::{ClusterNode, ClusterView};
 use crate::model::node_blobs::NodeBlobs;
 use crate::model::pinboard_api::NodeImages;
 use crate::model::plan::{
-    Limits, LinkBytes, LinkCount, NodeFacts, NodePlan, PlannedImage, Presence, plan_node,
+    Limits, LinkBytes, LinkCount, NodeFacts, NodePlan, PlannedImage, Presence, plan_node_counted,
 };
 use crate::model::readiness::unreachable_reason;
 use crate::model::reference::{count_images, short_reference, some_of};
@@ -571,8 +571,7 @@ fn summarize(
                     lazy: node.facts.lazy.get(&**r),
                 })
                 .collect();
-            link.add(&node.facts.held, &images);
-            plan_node(node.facts, &images, &limits)
+            plan_node_counted(node.facts, &images, &limits, &mut link)
         })
         .collect();
     let link_bytes = link.total(|digest| cache.is_some_and(|dir| blobs::cache::holds(dir, digest)));

@@ -13,7 +13,8 @@
 //!   and the process's memory peak (VmHWM) during it, over what it used before;
 //! - (e) `pinboard plan`'s: `AgentsFleet::plan` (connect, the first lists, the survey) in a process of its
 //!   own (this bench run again with [`CHILD`] set), its time and its VmHWM; rendering the table or JSON is
-//!   left out (timed apart).
+//!   left out (timed apart). `PINBOARD_BENCH_PLAN_WRAPPER="heaptrack -o FILE"` (or `perf record -g -o
+//!   FILE`) runs that process under a profiler.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -41,6 +42,8 @@ use super::{mb, ms};
 
 /// Set in the environment of this bench run again as `pinboard plan`: the kubeconfig.
 pub const CHILD: &str = "PINBOARD_BENCH_PLAN_CHILD";
+/// A profiler's command line to run that process under (`perf record -g -o FILE`, `heaptrack -o FILE`).
+const WRAPPER: &str = "PINBOARD_BENCH_PLAN_WRAPPER";
 /// The lab registry's host, for that run.
 const CHILD_REGISTRY: &str = "PINBOARD_BENCH_PLAN_REGISTRY";
 const SET: &str = "release";
@@ -207,15 +210,32 @@ pub fn child(kubeconfig: &str) {
         fleet.plan(&named_set()).await.expect("the plan")
     });
     let took = started.elapsed();
+    // The plan's own peak, before `-o json` renders it (the table is smaller; JSON is the largest output).
+    let planned_peak = peak_rss_bytes();
     let fetched = exact(&survey, nodes);
     let rendering = Instant::now();
-    let json = serde_json::to_vec_pretty(&survey).unwrap().len();
+    let json = serde_json::to_string_pretty(&survey).unwrap().len();
     println!(
-        "child: {} {} {fetched} {json} {}",
+        "child: {} {planned_peak} {fetched} {json} {} {}",
         took.as_micros(),
-        peak_rss_bytes(),
-        rendering.elapsed().as_micros()
+        rendering.elapsed().as_micros(),
+        peak_rss_bytes()
     );
+}
+
+/// This bench run again, under the profiler [`WRAPPER`] names if set.
+fn child_command() -> std::process::Command {
+    let bench = std::env::current_exe().unwrap();
+    let wrapper = std::env::var(WRAPPER).unwrap_or_default();
+    let mut words = wrapper.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut command = std::process::Command::new(program);
+            command.args(words).arg(bench);
+            command
+        }
+        None => std::process::Command::new(bench),
+    }
 }
 
 /// What planning the set cost, each way.
@@ -273,7 +293,7 @@ pub async fn measure(
     let before = apiserver_requests(admin).await;
     let (mut command, mut command_peak) = (Vec::new(), 0);
     for _ in 0..plans {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
+        let out = child_command()
             .env(CHILD, kubeconfig)
             .env(CHILD_REGISTRY, &set.registry_host)
             .env("PINBOARD_BENCH_AGENT_NODES", nodes.len().to_string())
@@ -285,19 +305,20 @@ pub async fn measure(
             .find_map(|l| l.strip_prefix("child: "))
             .unwrap_or_else(|| panic!("no plan: {said}\n{}", String::from_utf8_lossy(&out.stderr)));
         let figures: Vec<u64> = line.split(' ').map(|f| f.parse().unwrap()).collect();
-        let [micros, peak, fetched, json, rendering] = figures[..] else {
+        let [micros, peak, fetched, json, rendering, rendered_peak] = figures[..] else {
             panic!("{line}");
         };
         command.push(Duration::from_micros(micros));
         command_peak = command_peak.max(peak);
         println!(
             "(e) `pinboard plan` (AgentsFleet::plan, a process of its own): {}, VmHWM {}; every node \
-             exact, {} to fetch in all; rendering it as JSON (left out): {} bytes in {}",
+             exact, {} to fetch in all; rendering it as JSON (left out): {} bytes in {}, VmHWM {} then",
             ms(Duration::from_micros(micros)),
             mb(peak),
             mb(fetched),
             json,
             ms(Duration::from_micros(rendering)),
+            mb(rendered_peak),
         );
     }
     let command_requests = since(&before, &apiserver_requests(admin).await);

@@ -438,9 +438,30 @@ fn default_min_free() -> u64 {
 
 /// Plans one node. `images` is the union of every set that targets the node, each reference once.
 pub fn plan_node(node: &NodeFacts, images: &[PlannedImage<'_>], limits: &Limits) -> NodePlan {
+    plan_lacking(node, images, lacking(images, &node.held), limits)
+}
+
+/// [`plan_node`], counting what the node lacks towards the link's bytes too (found once for both).
+pub fn plan_node_counted<'a>(
+    node: &NodeFacts,
+    images: &[PlannedImage<'a>],
+    limits: &Limits,
+    link: &mut LinkCount<'a>,
+) -> NodePlan {
+    let found = lacking(images, &node.held);
+    link.count(&found.0, images);
+    plan_lacking(node, images, found, limits)
+}
+
+/// [`plan_node`], with what the node lacks found.
+fn plan_lacking<'a>(
+    node: &NodeFacts,
+    images: &[PlannedImage<'a>],
+    (lacking, fetch_basis): (Vec<Vec<Lacking<'a>>>, FetchBasis),
+    limits: &Limits,
+) -> NodePlan {
     let (mut with_size, mut without_size) = (0usize, 0usize);
     let unknown_presence = images.iter().filter(|i| i.present.is_none()).count();
-    let (lacking, fetch_basis) = lacking(images, &node.held);
     let image_plans: Vec<ImagePlan> = images
         .iter()
         .zip(lacking)
@@ -643,7 +664,7 @@ fn lacking<'a>(
     images: &[PlannedImage<'a>],
     held: &HeldBlobs,
 ) -> (Vec<Vec<Lacking<'a>>>, FetchBasis) {
-    let mut counted: HashSet<&str> = images
+    let mut counted: foldhash::HashSet<&str> = images
         .iter()
         .filter(|i| i.present == Some(true))
         .flat_map(|i| {
@@ -719,13 +740,13 @@ impl LinkBytes {
 #[derive(Debug, Default)]
 pub struct LinkCount<'a> {
     direct: u64,
-    once: HashMap<&'a str, u64>,
+    once: foldhash::HashMap<&'a str, u64>,
 }
 
 impl<'a> LinkCount<'a> {
-    /// Counts a node planned with `images` (as [`plan_node`] takes them), holding `held`.
-    pub fn add(&mut self, held: &HeldBlobs, images: &[PlannedImage<'a>]) {
-        let blobs = lacking(images, held).0.into_iter().flatten();
+    /// Counts a node planned with `images` (as [`plan_node`] takes them), lacking `lacking` of them.
+    fn count(&mut self, lacking: &[Vec<Lacking<'a>>], images: &[PlannedImage<'a>]) {
+        let blobs = lacking.iter().flatten();
         let manifests = images
             .iter()
             .filter(|i| i.present != Some(true))
@@ -769,7 +790,7 @@ mod tests {
     ) -> LinkBytes {
         let mut count = LinkCount::default();
         for (held, images) in nodes {
-            count.add(held, images);
+            count.count(&lacking(images, held).0, images);
         }
         count.total(cached)
     }
