@@ -128,6 +128,9 @@ pub struct FanOutReport {
     pub link_bytes: u64,
     /// Bytes the endpoint served to the nodes.
     pub served_bytes: u64,
+    /// `--link-rate`: the budget the cache kept on the registry link, bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_rate: Option<u64>,
 }
 
 impl Run {
@@ -181,6 +184,7 @@ impl Run {
             Update::FanOut(FanOutNodes {
                 direct: direct.filter(|name| !wired(name)).collect(),
                 partly: Vec::new(),
+                link_rate: fan_out.cache.link_rate(),
             })
         });
         let engine = engine::start(jobs, Arc::new(facts), registry, config);
@@ -309,6 +313,7 @@ impl FanOut {
         let report = FanOutReport {
             link_bytes: self.cache.link_bytes() - self.link_before,
             served_bytes: stats.served_bytes,
+            link_rate: self.cache.link_rate(),
         };
         (report, unwired.into_iter().flatten().collect())
     }

@@ -35,7 +35,7 @@ use crate::model::image::Platform;
 use crate::model::plan::Limits;
 use crate::model::readiness::LazyImages;
 use crate::model::release_payload::SetOptions;
-use crate::model::units::{parse_bytes, parse_duration};
+use crate::model::units::{parse_bytes, parse_duration, parse_rate};
 use crate::targets::{self, NodeDefaults, parse_reload};
 
 /// `check --wait`'s default limit.
@@ -388,6 +388,11 @@ pub struct CacheArgs {
     /// Bytes of complete blobs the cache keeps; the least recently used go first, e.g. 100Gi.
     #[arg(long, value_name = "SIZE", default_value = "50Gi", value_parser = parse_bytes)]
     pub cache_max: u64,
+    /// A budget for the registry link, e.g. 6MiB/s or 50Mbit/s: what the blob cache takes from the
+    /// registries, all downloads together, stays under it however many nodes pull (fan-out, `mirror`);
+    /// `plan` shows how long the link bytes take at it. Default: no budget.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub link_rate: Option<u64>,
 }
 
 impl Default for CacheArgs {
@@ -395,6 +400,7 @@ impl Default for CacheArgs {
         CacheArgs {
             cache_dir: None,
             cache_max: cache::DEFAULT_MAX_BYTES,
+            link_rate: None,
         }
     }
 }
@@ -415,6 +421,7 @@ impl CacheArgs {
     pub fn options(&self) -> CacheOptions {
         CacheOptions {
             max_bytes: self.cache_max,
+            link_rate: self.link_rate,
             ..CacheOptions::default()
         }
     }

@@ -28,6 +28,8 @@ pub struct CacheSetup {
     pub registry: RegistryOptions,
     pub node_credentials: Arc<Credentials>,
     pub platform: Platform,
+    /// `--link-rate`: the budget of the registry link, bytes per second.
+    pub link_rate: Option<u64>,
 }
 
 pub struct CacheRole {
@@ -161,8 +163,12 @@ impl CacheRole {
             .await
             .map_err(|e| e.to_string())?
             .ok_or("the cache's token Secret holds no token")?;
-        let cache = BlobCache::open(&self.setup.dir, CacheOptions::default(), registry)
-            .map_err(|e| e.to_string())?;
+        let options = CacheOptions {
+            link_rate: self.setup.link_rate,
+            ..CacheOptions::default()
+        };
+        let cache =
+            BlobCache::open(&self.setup.dir, options, registry).map_err(|e| e.to_string())?;
         let listen = SocketAddr::new(ip, self.setup.port);
         let endpoint = Endpoint::start(listen, Arc::clone(&cache), allowed, Some(token))
             .await
@@ -188,6 +194,7 @@ impl CacheRole {
             served_bytes: stats.served_bytes,
             requests: stats.requests,
             refused: stats.refused,
+            link_rate: serving.cache.link_rate(),
         })
     }
 }

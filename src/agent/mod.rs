@@ -118,6 +118,11 @@ pub struct AgentArgs {
     /// host's network). None: no metrics.
     #[arg(long, value_name = "PORT", help_heading = "Agent")]
     pub metrics_port: Option<u16>,
+    /// A budget for the registry link, e.g. 6MiB/s or 50Mbit/s: what the in-cluster cache takes from the
+    /// registries, all downloads together, stays under it however many nodes pull. Default: no budget.
+    #[arg(long, value_name = "RATE", value_parser = crate::model::units::parse_rate,
+          help_heading = "Agent")]
+    pub link_rate: Option<u64>,
     /// Where the in-cluster cache keeps its blobs (a hostPath in the DaemonSet).
     #[arg(
         long,
@@ -185,6 +190,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
             registry: registry.clone(),
             node_credentials: Arc::clone(&node_credentials),
             platform: platform.clone(),
+            link_rate: args.link_rate,
         };
         cache::CacheRole::new(api.clone(), &node, setup)
     });

@@ -20,7 +20,7 @@ use crate::model::node_report;
 use crate::model::pinboard_api::SetOutcome;
 use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, FetchedSource, ImageState, NodeRollout, NodeState, Rollout};
-use crate::model::units::human;
+use crate::model::units::{human, human_rate};
 use crate::options::{APPLY_WAIT, Caller, CommonArgs, Output};
 use crate::ui::status::{node_status, pin_method_label};
 
@@ -148,14 +148,23 @@ fn printed_report(
     }
 }
 
-/// `fan-out: 967 MiB over the registry link, 2.83 GiB served to the nodes`, or nothing without fan-out.
+/// `fan-out: 967 MiB over the registry link (budget 6 MiB/s), 2.83 GiB served to the nodes`, or nothing
+/// without fan-out.
 fn fan_out_line(report: Option<&FanOutReport>) -> String {
     report.map_or_else(String::new, |r| {
         format!(
-            "\nfan-out: {} over the registry link, {} served to the nodes\n",
+            "\nfan-out: {} over the registry link{}, {} served to the nodes\n",
             human(r.link_bytes),
+            budget(r.link_rate),
             human(r.served_bytes)
         )
+    })
+}
+
+/// ` (budget 6 MiB/s)`, or nothing without one.
+fn budget(link_rate: Option<u64>) -> String {
+    link_rate.map_or_else(String::new, |rate| {
+        format!(" (budget {})", human_rate(rate))
     })
 }
 
@@ -398,9 +407,10 @@ fn bar(rollout: &Rollout) -> String {
     let filled = (done * BAR_WIDTH).checked_div(total).unwrap_or(0);
     let bytes = match rollout.link_bytes() {
         Some(link) => format!(
-            "{} to the nodes, {} over the link",
+            "{} to the nodes, {} over the link{}",
             human(bytes),
-            human(link)
+            human(link),
+            budget(rollout.link_rate())
         ),
         None => format!("{} fetched", human(bytes)),
     };

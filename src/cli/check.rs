@@ -11,7 +11,7 @@ use crate::model::lazy::RemoteLayers;
 use crate::model::readiness::{
     ImageReadiness, ImageReason, LeftOut, NodeReadiness, NodesStatus, Readiness,
 };
-use crate::model::units::human;
+use crate::model::units::{human, human_rate};
 use crate::options::{CHECK_WAIT, Caller, CommonArgs};
 
 pub async fn check(args: CommonArgs) -> Result<String, Failure> {
@@ -160,10 +160,13 @@ fn readiness_table(nodes: &[NodeReadiness]) -> String {
         .filter_map(|n| Some((&n.node, n.cache.as_ref()?)))
     {
         out.push_str(&format!(
-            "\n{node} holds the in-cluster cache ({}): {} from the registries, {} served to the nodes, {} \
+            "\n{node} holds the in-cluster cache ({}): {} from the registries{}, {} served to the nodes, {} \
              requests, {} refused\n",
             cache.address,
             human(cache.link_bytes),
+            cache
+                .link_rate
+                .map_or_else(String::new, |rate| format!(" (budget {})", human_rate(rate))),
             human(cache.served_bytes),
             cache.requests,
             cache.refused

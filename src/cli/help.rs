@@ -52,10 +52,11 @@ const REGISTRY: &[&str] = &[
 ];
 /// When a node counts as full.
 const LIMITS: &[&str] = &["gc_high_percent", "min_free"];
-/// What the blob cache holds is not fetched again (plan's link bytes).
-const CACHE_DIR: &[&str] = &["cache_dir"];
+/// What the blob cache holds is not fetched again (plan's link bytes), and how long they take at the
+/// link's budget.
+const CACHE_DIR: &[&str] = &["cache_dir", "link_rate"];
 /// Filling the blob cache: fan-out and `mirror`.
-const CACHE: &[&str] = &["cache_dir", "cache_max"];
+const CACHE: &[&str] = &["cache_dir", "cache_max", "link_rate"];
 /// How pinboard pulls.
 const PULLS: &[&str] = &[
     "parallel",

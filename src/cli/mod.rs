@@ -325,6 +325,35 @@ mod tests {
     }
 
     #[test]
+    fn link_rate_takes_a_rate_and_says_how_to_write_one() {
+        for command in ["plan", "apply", "mirror", "tui"] {
+            let parsed = Cli::try_parse_from(["pinboard", command, "--link-rate", "6MiB/s"]);
+            let common = match parsed.map(|p| p.command) {
+                Ok(Some(Command::Plan(c) | Command::Apply(c))) => c,
+                Ok(Some(Command::Tui(t))) => t.common,
+                // mirror needs --listen: what matters is that the rate was read.
+                Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => continue,
+                other => panic!("{command}: {other:?}"),
+            };
+            assert_eq!(common.cache.link_rate, Some(6 << 20), "{command}");
+            assert_eq!(common.cache.options().link_rate, Some(6 << 20));
+        }
+        for command in ["apply", "agent"] {
+            let err = Cli::try_parse_from(["pinboard", command, "--link-rate", "6 potatoes"])
+                .unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+            assert_eq!(err.exit_code(), 2, "bad input");
+            let text = err.to_string();
+            assert!(
+                text.contains("--link-rate")
+                    && text.contains("\"6 potatoes\" is not a rate")
+                    && text.contains("write e.g. 6MiB/s"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
     fn mirror_needs_an_address_to_listen_on() {
         let err = Cli::try_parse_from(["pinboard", "mirror", "--image", "quay.io/a/b@sha256:0"])
             .unwrap_err();

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
+use std::time::Duration;
 
 use crossterm::style::{ResetColor, SetForegroundColor};
 use ratatui::backend::IntoCrossterm;
@@ -12,7 +13,7 @@ use crate::model::plan::{
     EstimateBasis, FetchBasis, FloorSource, GcSource, ImagePlan, NodePlan, SpaceSource,
 };
 use crate::model::reference::some_of;
-use crate::model::units::{human, human_signed};
+use crate::model::units::{clock, human, human_rate, human_signed};
 use crate::options::{Caller, CommonArgs, Output};
 use crate::survey::Survey;
 use crate::ui::status::verdict_label;
@@ -24,7 +25,8 @@ pub async fn run(args: CommonArgs) -> Result<String, Failure> {
             asks_runtimes: false,
         })
         .await?;
-    let survey = fleet.plan(&args.input.sources()).await?;
+    let mut survey = fleet.plan(&args.input.sources()).await?;
+    survey.link_bytes = survey.link_bytes.at_rate(args.cache.link_rate);
     render(&survey, args.output())
 }
 
@@ -81,6 +83,15 @@ pub fn plan_table(survey: &Survey, theme: Option<&Theme>) -> String {
         human(survey.link_bytes.direct),
         human(survey.link_bytes.fan_out)
     ));
+    if let (Some(rate), Some(seconds)) = (survey.link_bytes.rate, survey.link_bytes.fan_out_seconds)
+    {
+        out.push_str(&format!(
+            "link budget: {} (--link-rate): fan-out's {} take {} over the link at least\n",
+            human_rate(rate),
+            human(survey.link_bytes.fan_out),
+            clock(Duration::from_secs(seconds))
+        ));
+    }
     let sources = [
         SpaceSource::KubeletSummary,
         SpaceSource::AllocatableEphemeralStorage,

@@ -237,6 +237,14 @@ impl AgentsView {
         self.cache_bytes().0
     }
 
+    /// The registry link's budget the in-cluster cache keeps (`--link-rate`), as a holder reports it.
+    pub fn cache_link_rate(&self) -> Option<u64> {
+        self.reports
+            .values()
+            .filter_map(|r| r.status.as_ref()?.cache.as_ref()?.link_rate)
+            .max()
+    }
+
     /// Bytes the in-cluster cache took from the registries and served to the nodes, summed over its
     /// holders as [`Self::cache_link_bytes`].
     pub fn cache_bytes(&self) -> (u64, u64) {
@@ -251,7 +259,10 @@ impl AgentsView {
     /// The nodes whose agent pulled set `name` from the source rather than through the cache, and those
     /// that pulled through it but sent some pulls to the source while it was away.
     pub fn pulled_from_source(&self, name: &str) -> FanOutNodes {
-        let mut nodes = FanOutNodes::default();
+        let mut nodes = FanOutNodes {
+            link_rate: self.cache_link_rate(),
+            ..FanOutNodes::default()
+        };
         for (node, report) in &self.reports {
             let fan_out = report
                 .status

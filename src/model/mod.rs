@@ -20,6 +20,8 @@ pub mod mirror_rules;
 pub mod node_blobs;
 pub mod node_report;
 pub mod node_summary;
+pub mod pacing;
+pub mod peers;
 pub mod pinboard_api;
 pub mod pinboard_kinds;
 pub mod plan;

@@ -241,6 +241,9 @@ pub struct CacheReport {
     pub requests: u64,
     /// Requests refused: without the token, or for a digest no fan-out set names.
     pub refused: u64,
+    /// `--link-rate`: the budget it keeps on the registry link, bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_rate: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -31,6 +31,7 @@ use super::digest_prefix::DigestPrefixes;
 use super::image::{ImageFacts, Layer, LazyFormat};
 use super::lazy::RemoteLayers;
 use super::machine_config::KubeletSettings;
+use super::pacing::time_at;
 use super::runtime::RuntimeKind;
 use super::units::{human, human_signed};
 
@@ -725,6 +726,24 @@ pub struct LinkBytes {
     pub fan_out: u64,
     /// Without: every node fetches what it lacks itself, so the sum over the nodes.
     pub direct: u64,
+    /// `--link-rate`: the budget the blob cache keeps on the link, bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u64>,
+    /// Under that budget, the seconds `fan_out` takes over the link at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_out_seconds: Option<u64>,
+}
+
+impl LinkBytes {
+    /// These bytes under a budget of `rate` bytes per second (none: as they are).
+    pub fn at_rate(self, rate: Option<u64>) -> LinkBytes {
+        LinkBytes {
+            rate,
+            fan_out_seconds: rate
+                .map(|rate| time_at(self.fan_out, rate).as_secs_f64().ceil() as u64),
+            ..self
+        }
+    }
 }
 
 /// [`LinkBytes`], counted node by node as each is planned (so that no node's planned images outlive its
@@ -760,6 +779,8 @@ impl<'a> LinkCount<'a> {
         LinkBytes {
             fan_out,
             direct: self.direct,
+            rate: None,
+            fan_out_seconds: None,
         }
     }
 }
@@ -1241,6 +1262,12 @@ mod tests {
         let n1_bytes = 16 * MI + 2000 + 2 * MANIFEST;
         let n2_bytes = 2 * MI + 1000 + MANIFEST;
         let nothing_cached = link_bytes(nodes, |_| false);
+        let budgeted = nothing_cached.at_rate(Some(MI));
+        assert_eq!(
+            (budgeted.rate, budgeted.fan_out_seconds),
+            (Some(MI), Some(nothing_cached.fan_out.div_ceil(MI)))
+        );
+        assert_eq!(nothing_cached.at_rate(None), nothing_cached);
         assert_eq!(nothing_cached.direct, n1_bytes + n2_bytes);
         assert_eq!(
             nothing_cached.fan_out, n1_bytes,

@@ -667,6 +667,8 @@ pub struct FanOutNodes {
     /// in-cluster cache's relay gave up): what those took crosses the link uncounted, as the runtime
     /// fetched it itself.
     pub partly: Vec<String>,
+    /// `--link-rate`: the budget of the registry link the cache keeps, bytes per second.
+    pub link_rate: Option<u64>,
 }
 
 /// Equal when every node is: how the references happen to be shared does not count.
@@ -722,6 +724,18 @@ impl Rollout {
         let link = self.link.as_ref()?;
         let direct = link.nodes.direct.iter().filter_map(|n| self.nodes.get(n));
         Some(link.cache + direct.map(NodeRollout::done_bytes).sum::<u64>())
+    }
+
+    /// The budget of the registry link the cache keeps (`--link-rate`), when it has one.
+    pub fn link_rate(&self) -> Option<u64> {
+        self.link.as_ref()?.nodes.link_rate
+    }
+
+    /// Under a budget, how long the rest of `planned` link bytes (the plan's `linkBytes.fanOut`) takes at
+    /// it: the budget's own bound on the rollout's end.
+    pub fn link_eta(&self, planned: u64) -> Option<Duration> {
+        let rest = planned.saturating_sub(self.link.as_ref()?.cache);
+        Some(crate::model::pacing::time_at(rest, self.link_rate()?))
     }
 
     /// Every node by name. Read-only: events are the only way in.
@@ -825,7 +839,9 @@ mod tests {
         r.set_fan_out(FanOutNodes {
             direct: vec![s("n3")],
             partly: Vec::new(),
+            link_rate: None,
         });
+        assert_eq!(r.link_eta(1000), None, "no budget, no ETA of its own");
         r.record_link_bytes(50);
         assert_eq!(
             r.link_bytes(),
@@ -835,6 +851,23 @@ mod tests {
         r.apply(progress("n3", 100));
         r.apply(progress("n1", 100));
         assert_eq!(r.link_bytes(), Some(50 + 100), "n1 pulls through the cache");
+    }
+
+    #[test]
+    fn a_link_budget_bounds_the_rollout_by_the_link_bytes_left() {
+        let mut r = Rollout::expecting(&[s("n1")]);
+        assert_eq!(r.link_rate(), None);
+        r.set_fan_out(FanOutNodes {
+            link_rate: Some(4 << 20),
+            ..FanOutNodes::default()
+        });
+        assert_eq!(r.link_rate(), Some(4 << 20));
+        assert_eq!(r.link_eta(40 << 20), Some(Duration::from_secs(10)));
+        r.record_link_bytes(20 << 20);
+        assert_eq!(r.link_eta(40 << 20), Some(Duration::from_secs(5)));
+        // More than planned (the manifests, a resumed blob): nothing left, not a negative time.
+        r.record_link_bytes(41 << 20);
+        assert_eq!(r.link_eta(40 << 20), Some(Duration::ZERO));
     }
 
     #[test]

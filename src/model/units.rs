@@ -1,5 +1,5 @@
 //! Byte quantities as administrators write them (`16Gi`, `500M`, `1048576`) and as pinboard prints them;
-//! durations as they write them (`30s`, `10m`, `1h`).
+//! durations as they write them (`30s`, `10m`, `1h`); rates of a link (`6MiB/s`, `50Mbit/s`).
 
 use std::time::Duration;
 
@@ -12,6 +12,8 @@ pub enum UnitsError {
     NotBytes { text: String },
     #[error("{text:?} is not a duration: write e.g. 30s, 10m or 1h")]
     NotDuration { text: String },
+    #[error("{text:?} is not a rate: write e.g. 6MiB/s, 500KiB/s, 50Mbit/s or 1Gbit/s")]
+    NotRate { text: String },
 }
 
 /// Parses a Kubernetes-style quantity of bytes: a whole number with an optional suffix
@@ -65,6 +67,48 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitsError> {
         .checked_mul(seconds)
         .map(Duration::from_secs)
         .ok_or_else(bad)
+}
+
+/// Parses a rate in bytes per second: a whole number of bytes as [`parse_bytes`] reads them, with `B` or
+/// `iB` allowed after the suffix (`6MiB/s`, `500KB/s`, `6Mi`), or of bits (`50Mbit/s`, `1Gbit/s`,
+/// `800kbit/s`: powers of 1000, as lines are sold); `/s` is optional. Zero is refused.
+pub fn parse_rate(text: &str) -> Result<u64, UnitsError> {
+    let bad = || UnitsError::NotRate {
+        text: text.trim().to_owned(),
+    };
+    let quantity = text.trim();
+    let quantity = quantity.strip_suffix("/s").unwrap_or(quantity);
+    let rate = match quantity.strip_suffix("bit") {
+        Some(bits) => {
+            let multiplier = match bits.trim_start_matches(|c: char| c.is_ascii_digit()) {
+                "" => 1,
+                "k" | "K" => 1_000,
+                "M" => 1_000_000,
+                "G" => 1_000_000_000,
+                _ => return Err(bad()),
+            };
+            let number =
+                &bits[..bits.len() - bits.trim_start_matches(|c: char| c.is_ascii_digit()).len()];
+            let number: u64 = number.parse().map_err(|_| bad())?;
+            number.checked_mul(multiplier).ok_or_else(bad)? / 8
+        }
+        None => {
+            let bytes = quantity.strip_suffix('B').unwrap_or(quantity);
+            let bytes = bytes
+                .strip_suffix("iB")
+                .map_or(bytes.to_string(), |b| format!("{b}i"));
+            parse_bytes(&bytes).map_err(|_| bad())?
+        }
+    };
+    match rate {
+        0 => Err(bad()),
+        rate => Ok(rate),
+    }
+}
+
+/// A rate for people: `6 MiB/s`.
+pub fn human_rate(bytes_per_second: u64) -> String {
+    format!("{}/s", human(bytes_per_second))
 }
 
 /// A duration for people: `1h02m`, `3m05s`, `42s`.
@@ -127,6 +171,24 @@ mod tests {
         assert!(parse_duration("m").is_err());
         assert!(parse_duration("1.5h").is_err());
         assert!(parse_duration("99999999999999999h").is_err());
+    }
+
+    #[test]
+    fn parses_rates_of_bytes_and_of_bits() {
+        assert_eq!(parse_rate("6MiB/s"), Ok(6 << 20));
+        assert_eq!(parse_rate("6Mi"), Ok(6 << 20));
+        assert_eq!(parse_rate("500KB/s"), Ok(500_000));
+        assert_eq!(parse_rate("4096"), Ok(4096));
+        assert_eq!(parse_rate("50Mbit/s"), Ok(6_250_000));
+        assert_eq!(parse_rate("1Gbit/s"), Ok(125_000_000));
+        assert_eq!(parse_rate(" 800kbit "), Ok(100_000));
+        for bad in [
+            "0", "0MiB/s", "fast", "6 MiB/s", "1.5MiB/s", "50Mb/s", "Mbit/s", "6MiB/h",
+        ] {
+            let error = parse_rate(bad).unwrap_err().to_string();
+            assert!(error.contains("6MiB/s"), "{bad}: {error}");
+        }
+        assert_eq!(human_rate(6 << 20), "6 MiB/s");
     }
 
     #[test]

@@ -369,6 +369,7 @@ pub fn demo_state(now: Instant, theme: Theme) -> State {
     let link_bytes = LinkBytes {
         fan_out: full.iter().map(|(_, bytes)| bytes).sum(),
         direct: plans.iter().map(|p| p.fetch_bytes).sum(),
+        ..LinkBytes::default()
     };
     let survey = Survey {
         sets: vec![

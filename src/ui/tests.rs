@@ -575,6 +575,7 @@ fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_coun
     update(
         &mut state,
         Msg::FanOut(FanOutNodes {
+            link_rate: None,
             direct: Vec::new(),
             partly: vec!["n2".into()],
         }),

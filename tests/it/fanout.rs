@@ -923,3 +923,149 @@ fn a_blob_corrupted_in_the_registry_fails_its_image_naming_the_mismatch_and_the_
     assert_no_blob_fetched_since(&lab, from);
     assert_pinned_everywhere(&lab, &nodes, &images);
 }
+
+/// `run`'s result, and what the link had carried since `before` every 50 ms while it ran, with when.
+fn sampling_the_link<T>(
+    lab: &Lab,
+    before: u64,
+    run: impl FnOnce() -> T,
+) -> (T, Vec<(Instant, u64)>) {
+    let proxy = lab.proxy().clone();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let sampler = std::thread::spawn(move || {
+        let mut samples = Vec::new();
+        loop {
+            samples.push((Instant::now(), proxy.bytes_down() - before));
+            match stopped.recv_timeout(Duration::from_millis(50)) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                _ => return samples,
+            }
+        }
+    });
+    let result = run();
+    stop.send(()).expect("the sampler runs");
+    (result, sampler.join().expect("the sampler"))
+}
+
+/// Bytes per second over the middle of a transfer, from when 5% of its bytes had crossed to when 95% had (so
+/// the survey before it and the last manifests after it do not count): over all of it, and in each whole
+/// second of it.
+fn middle_rates(samples: &[(Instant, u64)]) -> (f64, Vec<f64>) {
+    let total = samples.last().expect("samples").1 as f64;
+    let when = |share: f64| {
+        samples
+            .iter()
+            .position(|(_, bytes)| *bytes as f64 >= share * total)
+            .expect("a sample past it")
+    };
+    let middle = &samples[when(0.05)..=when(0.95)];
+    let rate = |from: &(Instant, u64), to: &(Instant, u64)| {
+        (to.1 - from.1) as f64 / to.0.duration_since(from.0).as_secs_f64()
+    };
+    let seconds = middle
+        .chunks_exact(21)
+        .map(|c| rate(&c[0], &c[20]))
+        .collect();
+    (rate(&middle[0], &middle[middle.len() - 1]), seconds)
+}
+
+#[test]
+#[ignore = "fails: --link-rate paces what pinboard reads, and the sockets' receive buffers let the link \
+            burst at full speed for seconds, then stall (issue 32)"]
+fn a_link_budget_holds_the_registry_link_to_it_and_without_one_the_rollout_runs_at_the_links_speed()
+{
+    const LINK: u64 = 8 * MI;
+    const BUDGET: u64 = 4 * MI;
+    let lab = lab("fanout-budget", &["n1", "n2"], 512 * MI);
+    lab.proxy().set_bandwidth(Some(LINK));
+    // 60 MiB: 15 s at the budget, so what sits in the sockets' buffers at either end of the measure (a few
+    // MiB over the connections under way) moves the rate by a few percent only.
+    let budgeted = push_images(&lab, "budget/app", 7300, 6, 12 * MI, 4 * MI);
+    let free = push_images(&lab, "free/app", 7400, 6, 6 * MI, 2 * MI);
+    let unique = unique_bytes(&budgeted);
+    let nodes: Vec<&Node> = lab.nodes().iter().collect();
+
+    // The plan says what the budget implies.
+    let plan = support::pinboard(args(
+        &lab,
+        "plan",
+        &nodes,
+        &budgeted,
+        &["-o", "json", "--link-rate", "4MiB/s"],
+    ));
+    assert_ok(&plan, &lab);
+    let plan: serde_json::Value = serde_json::from_str(&plan.stdout).expect("plan JSON");
+    assert_eq!(plan["linkBytes"]["rate"], BUDGET, "{}", plan["linkBytes"]);
+    assert_eq!(
+        plan["linkBytes"]["fanOutSeconds"],
+        unique.div_ceil(BUDGET),
+        "{}",
+        plan["linkBytes"]
+    );
+
+    let cache = tempfile::tempdir().unwrap();
+    let budget = [
+        &fan_out(&cache)[..],
+        &["--link-rate", "4MiB/s", "-o", "json"],
+    ]
+    .concat();
+    let before = lab.proxy().bytes_down();
+    let (run, samples) = sampling_the_link(&lab, before, || {
+        support::pinboard(args(&lab, "apply", &nodes, &budgeted, &budget))
+    });
+    assert_ok(&run, &lab);
+    let report = ready_with_link_bytes(&run, unique);
+    assert_eq!(report["fanOut"]["linkRate"], BUDGET, "{}", report["fanOut"]);
+    assert_moved_about_once(&lab, before, unique, 1.05);
+    assert_pinned_everywhere(&lab, &nodes, &budgeted);
+    let (rate, seconds) = middle_rates(&samples);
+    let mib = |rates: &[f64]| {
+        rates
+            .iter()
+            .map(|r| format!("{:.1}", r / MI as f64))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    eprintln!(
+        "under a budget of 4 MiB/s on a link of 8 MiB/s: {:.2} MiB/s over the rollout; each second: {}",
+        rate / MI as f64,
+        mib(&seconds)
+    );
+    assert!(
+        (rate - BUDGET as f64).abs() <= 0.10 * BUDGET as f64,
+        "{:.2} MiB/s under a budget of 4 MiB/s",
+        rate / MI as f64
+    );
+    // Not only on average: no second of it goes faster (what sits in the sockets' buffers is the link's
+    // too).
+    assert!(
+        seconds.iter().all(|&r| r <= 1.10 * BUDGET as f64),
+        "MiB/s in each second under a budget of 4 MiB/s: {}",
+        mib(&seconds)
+    );
+
+    let cache = tempfile::tempdir().unwrap();
+    let before = lab.proxy().bytes_down();
+    let (run, samples) = sampling_the_link(&lab, before, || {
+        apply_fan_out_json(&lab, &nodes, &free, &cache)
+    });
+    assert_ok(&run, &lab);
+    let report = ready_with_link_bytes(&run, unique_bytes(&free));
+    assert!(
+        report["fanOut"].get("linkRate").is_none(),
+        "{}",
+        report["fanOut"]
+    );
+    let (rate, _) = middle_rates(&samples);
+    eprintln!(
+        "no budget on a link of 8 MiB/s: {:.2} MiB/s over the rollout",
+        rate / MI as f64
+    );
+    // The link's own speed, give or take the moments between containerd's requests when no blob is under
+    // way (measured 6.9-7.8 MiB/s on 2 busy cores): far above what the budget allowed.
+    assert!(
+        rate >= 0.80 * LINK as f64,
+        "{:.2} MiB/s on a link of 8 MiB/s without a budget",
+        rate / MI as f64
+    );
+}

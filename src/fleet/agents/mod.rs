@@ -246,6 +246,7 @@ impl AgentsFleet {
             fan_out: fanned_out.then(|| FanOutReport {
                 link_bytes: link.saturating_sub(cache_before.0),
                 served_bytes: served.saturating_sub(cache_before.1),
+                link_rate: connected.view.cache_link_rate(),
             }),
             readiness,
         })))

@@ -479,6 +479,7 @@ mod tests {
                 Update::FanOut(FanOutNodes {
                     direct: vec!["n2".into()],
                     partly: vec!["n3".into()],
+                    link_rate: None,
                 }),
                 Update::LinkBytes(600)
             ]

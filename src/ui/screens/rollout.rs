@@ -10,7 +10,7 @@ use ratatui::widgets::{Paragraph, Wrap};
 use crate::model::lazy::remote_count;
 use crate::model::reference::some_of;
 use crate::model::rollout::{ImageRollout, ImageState, NodeRollout, NodeState};
-use crate::model::units::human;
+use crate::model::units::{clock, human, human_rate};
 use crate::ui::state::{Pane, Screen, State, matches};
 use crate::ui::status::{Tone, image_status, node_status, pin_method_label};
 use crate::ui::theme::{Role, Theme};
@@ -197,14 +197,26 @@ fn summary(state: &State) -> Line<'static> {
         .filter_map(|n| n.eta(now))
         .max();
     // Without fan-out, every byte a node fetches crosses the registry link.
+    let budget = match (state.rollout.link_rate(), &state.survey) {
+        (Some(rate), Some(survey)) => format!(
+            ", budget {}, {} left at it",
+            human_rate(rate),
+            state
+                .rollout
+                .link_eta(survey.link_bytes.fan_out)
+                .map_or_else(String::new, clock)
+        ),
+        (Some(rate), None) => format!(", budget {}", human_rate(rate)),
+        (None, _) => String::new(),
+    };
     let link = match (
         state.rollout.link_bytes(),
         state.rollout.partly_from_source(),
     ) {
-        (Some(link), []) => format!("{} (fan-out)", human(link)),
+        (Some(link), []) => format!("{} (fan-out{budget})", human(link)),
         // What those nodes' runtimes fetched from the source themselves is not known to pinboard.
         (Some(link), partly) => format!(
-            "{} (fan-out; not counted: what {} took from the source)",
+            "{} (fan-out{budget}; not counted: what {} took from the source)",
             human(link),
             some_of(partly)
         ),

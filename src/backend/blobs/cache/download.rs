@@ -19,7 +19,6 @@
 use std::io::SeekFrom;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -289,8 +288,7 @@ impl BlobCache {
                 }
                 Ok(Some(Ok(chunk))) => chunk,
             };
-            self.link_bytes
-                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            self.took_from_link(chunk.len() as u64).await;
             // More than the descriptor's size cannot be the blob: keep what fits, and let verification fail.
             let room = usize::try_from(job.size - partial.have).unwrap_or(usize::MAX);
             let fits = &chunk[..chunk.len().min(room)];

@@ -29,6 +29,7 @@ use nix::fcntl::{Flock, FlockArg};
 use tokio::sync::watch;
 
 use crate::backend::registry::{ManifestBytes, Registry, RegistryError};
+use crate::model::pacing::Pace;
 use crate::model::served::Source;
 
 mod download;
@@ -62,6 +63,8 @@ pub struct CacheOptions {
     pub stall_after: Duration,
     /// Retries in a row without a byte of progress before a download fails (1 + `retries` attempts).
     pub retries: u32,
+    /// `--link-rate`: bytes per second all downloads together take from the registries at most.
+    pub link_rate: Option<u64>,
 }
 
 impl Default for CacheOptions {
@@ -70,6 +73,7 @@ impl Default for CacheOptions {
             max_bytes: DEFAULT_MAX_BYTES,
             stall_after: DEFAULT_STALL_AFTER,
             retries: DEFAULT_RETRIES,
+            link_rate: None,
         }
     }
 }
@@ -148,6 +152,8 @@ pub struct BlobCache {
     registry: RwLock<Arc<Registry>>,
     state: Mutex<State>,
     link_bytes: AtomicU64,
+    /// The budget of the registry link every download books its bytes against (`--link-rate`).
+    link_pace: Option<Mutex<Pace>>,
     /// Held for the cache's lifetime.
     _lock: Flock<std::fs::File>,
 }
@@ -253,10 +259,11 @@ impl BlobCache {
         let state = index(&dir.join(COMPLETE_DIR))?;
         let cache = Arc::new(BlobCache {
             dir: dir.to_path_buf(),
-            options,
             registry: RwLock::new(registry),
             state: Mutex::new(state),
             link_bytes: AtomicU64::new(0),
+            link_pace: options.link_rate.map(|rate| Mutex::new(Pace::new(rate))),
+            options,
             _lock: lock,
         });
         cache.evict();
@@ -286,6 +293,25 @@ impl BlobCache {
     /// counts what came) and the manifests the cache stored.
     pub fn link_bytes(&self) -> u64 {
         self.link_bytes.load(Ordering::Relaxed)
+    }
+
+    /// `--link-rate`: the budget of the registry link, bytes per second.
+    pub fn link_rate(&self) -> Option<u64> {
+        self.options.link_rate
+    }
+
+    /// Counts `bytes` taken over the registry link and, under a budget, waits until they fit in it: the
+    /// caller reads no more from the link meanwhile, so the registry's sending follows the budget.
+    async fn took_from_link(&self, bytes: u64) {
+        self.link_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let Some(pace) = &self.link_pace else {
+            return;
+        };
+        let at = pace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .book(bytes, Instant::now());
+        tokio::time::sleep_until(at.into()).await;
     }
 
     /// Bytes of complete blobs and manifests on disk.
@@ -368,13 +394,17 @@ impl BlobCache {
         let path = self.complete_path(hex);
         write_atomically(&media_type_path(&path), manifest.media_type.as_bytes())?;
         write_atomically(&path, &manifest.body)?;
-        let mut state = self.lock();
-        if !state.complete.contains_key(hex) {
-            state.insert(hex, manifest.body.len() as u64);
-            self.link_bytes
-                .fetch_add(manifest.body.len() as u64, Ordering::Relaxed);
+        let new = {
+            let mut state = self.lock();
+            let new = !state.complete.contains_key(hex);
+            if new {
+                state.insert(hex, manifest.body.len() as u64);
+            }
+            new
+        };
+        if new {
+            self.took_from_link(manifest.body.len() as u64).await;
         }
-        drop(state);
         self.evict();
         Ok(manifest)
     }
