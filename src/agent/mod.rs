@@ -465,6 +465,8 @@ impl Agent {
                 None
             }
             Action::LiftGate => {
+                // The report first: whoever sees the taint gone finds the sets pinned there.
+                self.write().await;
                 if let Err(e) = self
                     .api
                     .remove_taint(&self.target.node.name, GATE_TAINT)
