@@ -115,9 +115,23 @@ async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_wha
                 .is_some_and(|r| r.starts_with("containerd"))
         );
     }
-    let details = lab
-        .objects("PinboardNodeImages", "pinboardnodeimages")
-        .await;
+    // What each pin rests on comes with the agent's check of its runtime: at the rollout's end, or, when
+    // that read did not answer (a loaded machine), at its next periodic check.
+    let details = wait_for("every pinned image with its evidence", WAIT, || async {
+        let details = lab
+            .objects("PinboardNodeImages", "pinboardnodeimages")
+            .await;
+        let images = || {
+            details
+                .iter()
+                .flat_map(|d| d["status"]["sets"].as_array().into_iter().flatten())
+                .flat_map(|s| s["images"].as_array().into_iter().flatten())
+        };
+        (details.len() == 3 && images().all(|i| !i["evidence"].is_null()))
+            .then_some(details.clone())
+            .ok_or(format!("{details:?}"))
+    })
+    .await;
     for report in lab.reports().await {
         let set = &report["status"]["sets"][0];
         assert_eq!(set["name"], "web", "{report}");
