@@ -14,6 +14,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -164,11 +165,16 @@ pub(crate) fn command_in(namespace: &Path, program: impl AsRef<OsStr>) -> Comman
     command
 }
 
+/// How many subnets past this process's first one the next lab's search starts.
+static SUBNETS_PASSED: AtomicU32 = AtomicU32::new(0);
+
 /// Creates the veth pair, its lab end in the namespace of process `pid`, for the first free subnet; the
 /// search starts from one that depends on the test process, so that labs of several processes rarely try
-/// the same ones.
+/// the same ones, and moves on with each lab, so that a lab never gets the subnet one just dropped had (a
+/// test checking that its lab's addresses are gone would find the next lab's).
 fn create_veth(pid: u32) -> Result<u8> {
-    let start = std::process::id() % 250;
+    let passed = SUBNETS_PASSED.load(Ordering::Relaxed);
+    let start = std::process::id() % 250 + passed;
     for offset in 0..250 {
         let subnet = u8::try_from((start + offset) % 250 + 1).expect("at most 250");
         let out = Command::new("ip")
@@ -186,6 +192,7 @@ fn create_veth(pid: u32) -> Result<u8> {
             .output()
             .context("running ip link add")?;
         if out.status.success() {
+            SUBNETS_PASSED.fetch_max(passed + offset + 1, Ordering::Relaxed);
             return Ok(subnet);
         }
         let error = String::from_utf8_lossy(&out.stderr);
