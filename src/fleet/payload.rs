@@ -89,7 +89,7 @@ pub async fn resolve(
         repository: parsed.repository.clone(),
     };
     let layer = registry
-        .blob(&source, &last.digest, 0)
+        .blob(&source, &last.digest, 0, None)
         .await
         .map_err(|failure| failure.error)?;
     let bytes = layer

@@ -39,6 +39,13 @@ impl Pace {
     }
 }
 
+/// How much of a blob one request asks for under a budget of `rate`: a sixteenth of a second's worth
+/// (64 KiB to 4 MiB), so that the window a request brings at the link's speed moves a second's bytes by
+/// about 6 % at most, and requests stay few (16 a second).
+pub fn window(rate: u64) -> u64 {
+    (rate / 16).clamp(64 << 10, 4 << 20)
+}
+
 /// How long `bytes` take at `rate` bytes per second: what a budget implies for the bytes left.
 pub fn time_at(bytes: u64, rate: u64) -> Duration {
     Duration::from_secs_f64(bytes as f64 / rate.max(1) as f64)
@@ -79,5 +86,16 @@ mod tests {
         let woke = first + Duration::from_millis(10);
         assert_eq!(pace.book(MI, woke), first + Duration::from_secs(1));
         assert_eq!(time_at(6 * MI, 2 * MI), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_window_is_a_sixteenth_of_a_second_within_its_bounds() {
+        assert_eq!(window(4 * MI), 256 << 10);
+        assert_eq!(
+            window(100 << 10),
+            64 << 10,
+            "a slow link still asks for 64 KiB"
+        );
+        assert_eq!(window(1 << 30), 4 * MI, "a fast one no more than 4 MiB");
     }
 }

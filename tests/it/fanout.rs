@@ -970,8 +970,6 @@ fn middle_rates(samples: &[(Instant, u64)]) -> (f64, Vec<f64>) {
 }
 
 #[test]
-#[ignore = "fails: --link-rate paces what pinboard reads, and the sockets' receive buffers let the link \
-            burst at full speed for seconds, then stall (issue 32)"]
 fn a_link_budget_holds_the_registry_link_to_it_and_without_one_the_rollout_runs_at_the_links_speed()
 {
     const LINK: u64 = 8 * MI;

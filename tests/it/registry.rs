@@ -815,7 +815,7 @@ async fn blob_bytes(
     digest: &str,
     offset: u64,
 ) -> Result<(u64, Vec<u8>), BlobFailure> {
-    let body = registry.blob(source, digest, offset).await?;
+    let body = registry.blob(source, digest, offset, None).await?;
     let chunks: Vec<_> = body.stream.collect().await;
     let bytes = chunks.into_iter().map(|c| c.unwrap()).collect::<Vec<_>>();
     Ok((body.start, bytes.concat()))

@@ -160,7 +160,7 @@ fn a_registry_signed_by_a_site_ca_is_used_once_its_ca_is_where_containers_look()
     let source = Source::of(&image).unwrap();
     let bytes = tokio::runtime::Runtime::new().unwrap().block_on(async {
         let body = client
-            .blob(&source, &layer.digest, 0)
+            .blob(&source, &layer.digest, 0, None)
             .await
             .map_err(|f| f.error)
             .unwrap();

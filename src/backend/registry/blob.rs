@@ -21,6 +21,8 @@ pub struct BlobBody {
     /// Where the body starts in the blob: the offset asked for when the registry answered 206, 0 when it
     /// answered 200 (it ignored the `Range`, or none was sent).
     pub start: u64,
+    /// Whether the registry honoured the range (206).
+    pub ranged: bool,
     /// The body as it arrives. An error means the transfer broke off (reset, closed early).
     pub stream: BoxStream<'static, Result<Bytes, BrokenOff>>,
 }
@@ -51,8 +53,8 @@ impl From<RegistryError> for BlobFailure {
 }
 
 impl Registry {
-    /// One GET of blob `digest` from `source`, from byte `offset` (with `Range: bytes=<offset>-` when it is
-    /// not 0), with the repository's credentials; a 401 to a token renews it once. The body is not verified
+    /// One GET of blob `digest` from `source`, from byte `offset` up to `end` (exclusive) or its end, with
+    /// a `Range` unless that is the whole blob, with the repository's credentials; a 401 to a token renews it once. The body is not verified
     /// here: the caller hashes the whole blob. A 206 whose `Content-Range` does not start at `offset` is
     /// refused, so bytes never land in the wrong place. No read timeout: the blob cache detects stalls.
     pub async fn blob(
@@ -60,6 +62,7 @@ impl Registry {
         source: &Source,
         digest: &str,
         offset: u64,
+        end: Option<u64>,
     ) -> Result<BlobBody, BlobFailure> {
         let label = format!("blob {digest} of {source}");
         let reference = parse_reference(&format!("{source}@{digest}"))?;
@@ -67,7 +70,7 @@ impl Registry {
         let mut retry_after = None;
         for candidate in self.candidates(&reference, &label)? {
             let target = parse_reference(&candidate.reference)?;
-            match self.blob_from(&target, &label, digest, offset).await {
+            match self.blob_from(&target, &label, digest, offset, end).await {
                 Ok(body) => return Ok(body),
                 Err(failure) => {
                     retry_after = failure.retry_after;
@@ -88,12 +91,16 @@ impl Registry {
         label: &str,
         digest: &str,
         offset: u64,
+        end: Option<u64>,
     ) -> Result<BlobBody, BlobFailure> {
         let label = label.to_owned();
         let registry = reference.registry.as_str();
         let host = self.host(registry, &label).await?;
         let path = format!("{}/blobs/{digest}", reference.repository);
-        let range = (offset > 0).then(|| format!("bytes={offset}-"));
+        let range = match end {
+            Some(end) => Some(format!("bytes={offset}-{}", end.saturating_sub(1))),
+            None => (offset > 0).then(|| format!("bytes={offset}-")),
+        };
         let mut renewed = false;
         let (response, auth) = loop {
             let auth = self.auth(&host, reference, &label).await?;
@@ -165,7 +172,11 @@ impl Registry {
                         })
                     })
                     .boxed();
-                Ok(BlobBody { start, stream })
+                Ok(BlobBody {
+                    start,
+                    ranged: status == http::StatusCode::PARTIAL_CONTENT,
+                    stream,
+                })
             }
             _ => {
                 let retry_after = retry_after(response.headers(), std::time::SystemTime::now());

@@ -42,7 +42,7 @@ impl Registry {
         let source = Source::of(reference).map_err(|e| invalid(e.to_string()))?;
         let digest = &facts.config_digest;
         let mut body = self
-            .blob(&source, digest, 0)
+            .blob(&source, digest, 0, None)
             .await
             .map_err(|failure| failure.error)?
             .stream;

@@ -100,7 +100,7 @@ pub(super) async fn fetch_blob(
     let from = ingest.offset;
     if from < size {
         let body = registry
-            .blob(source, digest, from)
+            .blob(source, digest, from, None)
             .await
             .map_err(|failure| WholeError::Registry(failure.error))?;
         // A registry that ignored the Range sends the blob from its start: skip what is there.

@@ -8,6 +8,8 @@
 //! with the whole blob (200) is restarted from byte 0, with a warning in the log; 429 and 503 are retried
 //! after their `Retry-After` (else with a backoff). Retries are bounded by [`super::CacheOptions::retries`]
 //! in a row without a byte of progress, so a connection that breaks every megabyte still completes.
+//! Under a budget on the link (`--link-rate`) each request asks for one window of the blob when its turn
+//! comes ([`crate::model::pacing::window`]), so the link keeps the budget second by second.
 //!
 //! Nothing unverified is ever served as complete: a reader holds back the last byte of its range until the
 //! whole blob has been verified. A blob whose sha256 does not match is discarded and fetched once more, then
@@ -200,8 +202,9 @@ impl BlobCache {
             }
             let before = partial.have;
             let (cause, wait) = match self.attempt(job, &mut partial, progress).await {
-                Ok(()) if partial.have == job.size => continue,
-                Ok(()) => (
+                // The whole blob, or the window a budget asked for.
+                Ok(end) if partial.have >= end => continue,
+                Ok(_) => (
                     format!(
                         "the body ended after {} of {} bytes",
                         partial.have, job.size
@@ -241,20 +244,23 @@ impl BlobCache {
         }
     }
 
-    /// One upstream request from what the partial file holds, its body appended as it arrives.
+    /// One upstream request from what the partial file holds, its body appended as it arrives: up to the
+    /// blob's end, or under a budget up to the end of the window booked for it, which it returns.
     async fn attempt(
         &self,
         job: &Job,
         partial: &mut Partial,
         progress: &watch::Sender<Progress>,
-    ) -> Result<(), Attempt> {
+    ) -> Result<u64, Attempt> {
         let stall = self.options.stall_after;
         let stalled = || Attempt::Retry {
             cause: format!("no byte for {}s", stall.as_secs_f32()),
             wait: None,
         };
+        let window = self.book_window(job.size - partial.have).await;
+        let end = window.map(|w| partial.have + w);
         let registry = self.registry();
-        let request = registry.blob(&job.source, &job.digest, partial.have);
+        let request = registry.blob(&job.source, &job.digest, partial.have, end);
         let body = match tokio::time::timeout(stall, request).await {
             Err(_) => return Err(stalled()),
             Ok(Err(failure)) if failure.error.is_transient() => {
@@ -275,11 +281,14 @@ impl BlobCache {
             );
             partial.restart(progress).await.map_err(Attempt::Fatal)?;
         }
+        // A registry that ignored the range (200) sends the whole blob.
+        let end = end.filter(|_| body.ranged).unwrap_or(job.size);
+        let mut prepaid = window.unwrap_or(0);
         let mut stream = body.stream;
         loop {
             let chunk = match tokio::time::timeout(stall, stream.next()).await {
                 Err(_) => return Err(stalled()),
-                Ok(None) => return Ok(()),
+                Ok(None) => return Ok(end),
                 Ok(Some(Err(broken))) => {
                     return Err(Attempt::Retry {
                         cause: broken.to_string(),
@@ -288,7 +297,7 @@ impl BlobCache {
                 }
                 Ok(Some(Ok(chunk))) => chunk,
             };
-            self.took_from_link(chunk.len() as u64).await;
+            self.took_from_link(chunk.len() as u64, &mut prepaid).await;
             // More than the descriptor's size cannot be the blob: keep what fits, and let verification fail.
             let room = usize::try_from(job.size - partial.have).unwrap_or(usize::MAX);
             let fits = &chunk[..chunk.len().min(room)];
@@ -296,7 +305,7 @@ impl BlobCache {
             let written = partial.have;
             progress.send_modify(|p| p.written = written);
             if fits.len() < chunk.len() {
-                return Ok(());
+                return Ok(end);
             }
         }
     }

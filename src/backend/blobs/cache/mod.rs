@@ -29,7 +29,7 @@ use nix::fcntl::{Flock, FlockArg};
 use tokio::sync::watch;
 
 use crate::backend::registry::{ManifestBytes, Registry, RegistryError};
-use crate::model::pacing::Pace;
+use crate::model::pacing::{Pace, time_at, window};
 use crate::model::served::Source;
 
 mod download;
@@ -300,17 +300,36 @@ impl BlobCache {
         self.options.link_rate
     }
 
-    /// Counts `bytes` taken over the registry link and, under a budget, waits until they fit in it: the
-    /// caller reads no more from the link meanwhile, so the registry's sending follows the budget.
-    async fn took_from_link(&self, bytes: u64) {
+    /// Under a budget, books the window of the next request for a blob with `left` bytes to go and waits
+    /// for its turn: the window's length, which the request asks for as a range. A request then brings at
+    /// most one window at the link's speed, whatever the sockets' buffers would hold, so the link keeps to
+    /// the budget in every second, not only on average.
+    async fn book_window(&self, left: u64) -> Option<u64> {
+        let pace = self.link_pace.as_ref()?;
+        let (turn, window) = {
+            let mut pace = pace.lock().unwrap_or_else(|e| e.into_inner());
+            let window = window(pace.rate()).min(left);
+            let done = pace.book(window, Instant::now());
+            (done - time_at(window, pace.rate()), window)
+        };
+        tokio::time::sleep_until(turn.into()).await;
+        Some(window)
+    }
+
+    /// Counts `bytes` taken over the registry link and, under a budget, books those no window booked
+    /// beforehand (`prepaid`, used up as it covers them: a registry may send more than the range asked)
+    /// and waits until they fit in it: the caller reads no more from the link meanwhile.
+    async fn took_from_link(&self, bytes: u64, prepaid: &mut u64) {
         self.link_bytes.fetch_add(bytes, Ordering::Relaxed);
-        let Some(pace) = &self.link_pace else {
+        let covered = bytes.min(*prepaid);
+        *prepaid -= covered;
+        let Some(pace) = self.link_pace.as_ref().filter(|_| bytes > covered) else {
             return;
         };
         let at = pace
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .book(bytes, Instant::now());
+            .book(bytes - covered, Instant::now());
         tokio::time::sleep_until(at.into()).await;
     }
 
@@ -403,7 +422,8 @@ impl BlobCache {
             new
         };
         if new {
-            self.took_from_link(manifest.body.len() as u64).await;
+            self.took_from_link(manifest.body.len() as u64, &mut 0)
+                .await;
         }
         self.evict();
         Ok(manifest)
