@@ -17,6 +17,7 @@ use serde_json::Value;
 use support::agents::{AgentsLab, AgentsSetup};
 use support::crio::CrioStandIn;
 use support::kube_objects::{apply_yaml, wait_for};
+use support::link::{LinkSampler, mib_per_second, middle_rates};
 use support::{
     ImageSpec, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup, unique_bytes,
 };
@@ -558,6 +559,60 @@ async fn a_link_that_resets_every_mebibyte_still_carries_each_blob_about_once() 
     apply_fan_out_set(&lab, "web", &references, "").await;
     wait_pinned_through_cache(&lab, "web", &references).await;
     assert_moved_at_most(&lab, "a link resetting every MiB", before, unique, 1.10);
+}
+
+/// The in-cluster cache under `--link-rate` on every eligible agent: what crosses the registry link keeps the
+/// budget in each second of a rollout to every node, and the holder's report says the budget.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_in_cluster_cache_keeps_the_link_budget_in_each_second() {
+    const BUDGET: u64 = 2 * MI;
+    let lab = cache_lab_with(
+        "agents-fanout-budget",
+        RegistrySetup::default(),
+        &["--link-rate=2MiB/s"],
+    )
+    .await;
+    lab.lab.proxy().set_bandwidth(Some(8 * MI));
+    // About 15 MiB: 7.5 s at the budget.
+    let images = push_images(&lab, "budget/app", 9600, 6);
+    let references = through_proxy(&lab, &images);
+    let unique = unique_bytes(&images);
+    let before = lab.lab.proxy().bytes_down();
+    let sampler = LinkSampler::start(&lab.lab);
+    apply_fan_out_set(&lab, "web", &references, "").await;
+    wait_pinned_through_cache(&lab, "web", &references).await;
+    let samples = sampler.stop();
+    assert_moved_at_most(&lab, "under a budget of 2 MiB/s", before, unique, 1.05);
+    let (rate, seconds) = middle_rates(&samples);
+    eprintln!(
+        "the in-cluster cache under a budget of 2 MiB/s on a link of 8 MiB/s: {:.2} MiB/s over the \
+         rollout; each second: {}",
+        rate / MI as f64,
+        mib_per_second(&seconds)
+    );
+    assert!(
+        (rate - BUDGET as f64).abs() <= 0.10 * BUDGET as f64,
+        "{:.2} MiB/s under a budget of 2 MiB/s",
+        rate / MI as f64
+    );
+    assert!(
+        seconds.iter().all(|&r| r <= 1.10 * BUDGET as f64),
+        "MiB/s in each second under a budget of 2 MiB/s: {}",
+        mib_per_second(&seconds)
+    );
+    // The holder reports at its heartbeat's pace.
+    wait_for("the budget in the holder's report", WAIT, || async {
+        let budgets: Vec<Value> = reports(&lab)
+            .await
+            .values()
+            .filter_map(|r| r["status"].get("cache"))
+            .map(|c| c["linkRate"].clone())
+            .collect();
+        (budgets == [Value::from(BUDGET)])
+            .then_some(())
+            .ok_or(format!("{budgets:?}"))
+    })
+    .await;
 }
 
 /// Capacity, measured rather than asserted (`cargo test --test it capacity -- --ignored --nocapture`): the

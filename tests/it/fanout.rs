@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::Digest as _;
+use support::link::{LinkSampler, mib_per_second, middle_rates};
 use support::{
     ImageSpec, Lab, LabConfig, LayerFormat, LayerSpec, Node, NodeSpec, PushedImage, unique_bytes,
 };
@@ -924,49 +925,11 @@ fn a_blob_corrupted_in_the_registry_fails_its_image_naming_the_mismatch_and_the_
     assert_pinned_everywhere(&lab, &nodes, &images);
 }
 
-/// `run`'s result, and what the link had carried since `before` every 50 ms while it ran, with when.
-fn sampling_the_link<T>(
-    lab: &Lab,
-    before: u64,
-    run: impl FnOnce() -> T,
-) -> (T, Vec<(Instant, u64)>) {
-    let proxy = lab.proxy().clone();
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let sampler = std::thread::spawn(move || {
-        let mut samples = Vec::new();
-        loop {
-            samples.push((Instant::now(), proxy.bytes_down() - before));
-            match stopped.recv_timeout(Duration::from_millis(50)) {
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-                _ => return samples,
-            }
-        }
-    });
+/// `run`'s result, and what the link carried every 50 ms while it ran.
+fn sampling_the_link<T>(lab: &Lab, run: impl FnOnce() -> T) -> (T, Vec<(Instant, u64)>) {
+    let sampler = LinkSampler::start(lab);
     let result = run();
-    stop.send(()).expect("the sampler runs");
-    (result, sampler.join().expect("the sampler"))
-}
-
-/// Bytes per second over the middle of a transfer, from when 5% of its bytes had crossed to when 95% had (so
-/// the survey before it and the last manifests after it do not count): over all of it, and in each whole
-/// second of it.
-fn middle_rates(samples: &[(Instant, u64)]) -> (f64, Vec<f64>) {
-    let total = samples.last().expect("samples").1 as f64;
-    let when = |share: f64| {
-        samples
-            .iter()
-            .position(|(_, bytes)| *bytes as f64 >= share * total)
-            .expect("a sample past it")
-    };
-    let middle = &samples[when(0.05)..=when(0.95)];
-    let rate = |from: &(Instant, u64), to: &(Instant, u64)| {
-        (to.1 - from.1) as f64 / to.0.duration_since(from.0).as_secs_f64()
-    };
-    let seconds = middle
-        .chunks_exact(21)
-        .map(|c| rate(&c[0], &c[20]))
-        .collect();
-    (rate(&middle[0], &middle[middle.len() - 1]), seconds)
+    (result, sampler.stop())
 }
 
 #[test]
@@ -1008,7 +971,7 @@ fn a_link_budget_holds_the_registry_link_to_it_and_without_one_the_rollout_runs_
     ]
     .concat();
     let before = lab.proxy().bytes_down();
-    let (run, samples) = sampling_the_link(&lab, before, || {
+    let (run, samples) = sampling_the_link(&lab, || {
         support::pinboard(args(&lab, "apply", &nodes, &budgeted, &budget))
     });
     assert_ok(&run, &lab);
@@ -1017,17 +980,10 @@ fn a_link_budget_holds_the_registry_link_to_it_and_without_one_the_rollout_runs_
     assert_moved_about_once(&lab, before, unique, 1.05);
     assert_pinned_everywhere(&lab, &nodes, &budgeted);
     let (rate, seconds) = middle_rates(&samples);
-    let mib = |rates: &[f64]| {
-        rates
-            .iter()
-            .map(|r| format!("{:.1}", r / MI as f64))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     eprintln!(
         "under a budget of 4 MiB/s on a link of 8 MiB/s: {:.2} MiB/s over the rollout; each second: {}",
         rate / MI as f64,
-        mib(&seconds)
+        mib_per_second(&seconds)
     );
     assert!(
         (rate - BUDGET as f64).abs() <= 0.10 * BUDGET as f64,
@@ -1039,14 +995,12 @@ fn a_link_budget_holds_the_registry_link_to_it_and_without_one_the_rollout_runs_
     assert!(
         seconds.iter().all(|&r| r <= 1.10 * BUDGET as f64),
         "MiB/s in each second under a budget of 4 MiB/s: {}",
-        mib(&seconds)
+        mib_per_second(&seconds)
     );
 
     let cache = tempfile::tempdir().unwrap();
-    let before = lab.proxy().bytes_down();
-    let (run, samples) = sampling_the_link(&lab, before, || {
-        apply_fan_out_json(&lab, &nodes, &free, &cache)
-    });
+    let (run, samples) =
+        sampling_the_link(&lab, || apply_fan_out_json(&lab, &nodes, &free, &cache));
     assert_ok(&run, &lab);
     let report = ready_with_link_bytes(&run, unique_bytes(&free));
     assert!(

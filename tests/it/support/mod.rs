@@ -24,6 +24,7 @@ pub mod kube_cluster;
 pub mod kube_objects;
 pub mod kubelet;
 pub mod lab;
+pub mod link;
 pub mod logs;
 pub mod network;
 mod node;

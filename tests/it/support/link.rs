@@ -1,0 +1,69 @@
+//! What the lab's link carries over time: the proxy's bytes sampled every 50 ms while a rollout runs, and
+//! the rates they give, over the whole transfer and in each second of it.
+
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::Lab;
+
+/// Samples `(when, bytes the link carried since the start)`, on a thread of its own until stopped.
+pub struct LinkSampler {
+    stop: mpsc::Sender<()>,
+    sampler: JoinHandle<Vec<(Instant, u64)>>,
+}
+
+impl LinkSampler {
+    pub fn start(lab: &Lab) -> LinkSampler {
+        let proxy = lab.proxy().clone();
+        let before = proxy.bytes_down();
+        let (stop, stopped) = mpsc::channel::<()>();
+        let sampler = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            loop {
+                samples.push((Instant::now(), proxy.bytes_down() - before));
+                match stopped.recv_timeout(Duration::from_millis(50)) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                    _ => return samples,
+                }
+            }
+        });
+        LinkSampler { stop, sampler }
+    }
+
+    pub fn stop(self) -> Vec<(Instant, u64)> {
+        self.stop.send(()).expect("the sampler runs");
+        self.sampler.join().expect("the sampler")
+    }
+}
+
+/// Bytes per second over the middle of a transfer, from when 5% of its bytes had crossed to when 95% had (so
+/// the survey before it and the last manifests after it do not count): over all of it, and in each whole
+/// second of it.
+pub fn middle_rates(samples: &[(Instant, u64)]) -> (f64, Vec<f64>) {
+    let total = samples.last().expect("samples").1 as f64;
+    let when = |share: f64| {
+        samples
+            .iter()
+            .position(|(_, bytes)| *bytes as f64 >= share * total)
+            .expect("a sample past it")
+    };
+    let middle = &samples[when(0.05)..=when(0.95)];
+    let rate = |from: &(Instant, u64), to: &(Instant, u64)| {
+        (to.1 - from.1) as f64 / to.0.duration_since(from.0).as_secs_f64()
+    };
+    let seconds = middle
+        .chunks_exact(21)
+        .map(|c| rate(&c[0], &c[20]))
+        .collect();
+    (rate(&middle[0], &middle[middle.len() - 1]), seconds)
+}
+
+/// Rates in MiB/s, one decimal each, for a message.
+pub fn mib_per_second(rates: &[f64]) -> String {
+    rates
+        .iter()
+        .map(|r| format!("{:.1}", r / (1u64 << 20) as f64))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
