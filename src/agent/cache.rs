@@ -30,6 +30,8 @@ pub struct CacheSetup {
     pub platform: Platform,
     /// `--link-rate`: the budget of the registry link, bytes per second.
     pub link_rate: Option<u64>,
+    /// `--serve-rate`: the most the holder sends to the nodes, bytes per second.
+    pub serve_rate: Option<u64>,
 }
 
 pub struct CacheRole {
@@ -173,6 +175,7 @@ impl CacheRole {
         let endpoint = Endpoint::start(listen, Arc::clone(&cache), allowed, Some(token))
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        endpoint.cap_serving(self.setup.serve_rate);
         tracing::info!(address = endpoint.url(), "serving the in-cluster cache");
         Ok(Serving {
             published: CacheLease {
@@ -195,6 +198,7 @@ impl CacheRole {
             requests: stats.requests,
             refused: stats.refused,
             link_rate: serving.cache.link_rate(),
+            serve_rate: serving.endpoint.serving_cap(),
         })
     }
 }

@@ -123,6 +123,11 @@ pub struct AgentArgs {
     #[arg(long, value_name = "RATE", value_parser = crate::model::units::parse_rate,
           help_heading = "Agent")]
     pub link_rate: Option<u64>,
+    /// A cap on what the in-cluster cache's holder sends to the nodes, all together, e.g. 100MiB/s, so its
+    /// node's NIC keeps room for its own traffic. Default: no cap.
+    #[arg(long, value_name = "RATE", value_parser = crate::model::units::parse_rate,
+          help_heading = "Agent")]
+    pub serve_rate: Option<u64>,
     /// Where the in-cluster cache keeps its blobs (a hostPath in the DaemonSet).
     #[arg(
         long,
@@ -191,6 +196,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
             node_credentials: Arc::clone(&node_credentials),
             platform: platform.clone(),
             link_rate: args.link_rate,
+            serve_rate: args.serve_rate,
         };
         cache::CacheRole::new(api.clone(), &node, setup)
     });

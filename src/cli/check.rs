@@ -160,14 +160,17 @@ fn readiness_table(nodes: &[NodeReadiness]) -> String {
         .filter_map(|n| Some((&n.node, n.cache.as_ref()?)))
     {
         out.push_str(&format!(
-            "\n{node} holds the in-cluster cache ({}): {} from the registries{}, {} served to the nodes, {} \
-             requests, {} refused\n",
+            "\n{node} holds the in-cluster cache ({}): {} from the registries{}, {} served to the nodes{}, \
+             {} requests, {} refused\n",
             cache.address,
             human(cache.link_bytes),
             cache
                 .link_rate
                 .map_or_else(String::new, |rate| format!(" (budget {})", human_rate(rate))),
             human(cache.served_bytes),
+            cache
+                .serve_rate
+                .map_or_else(String::new, |rate| format!(" (cap {})", human_rate(rate))),
             cache.requests,
             cache.refused
         ));

@@ -244,6 +244,9 @@ pub struct CacheReport {
     /// `--link-rate`: the budget it keeps on the registry link, bytes per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_rate: Option<u64>,
+    /// `--serve-rate`: the most it sends to the nodes, all together, bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_rate: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

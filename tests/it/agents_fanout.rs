@@ -9,7 +9,7 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -613,6 +613,57 @@ async fn the_in_cluster_cache_keeps_the_link_budget_in_each_second() {
             .ok_or(format!("{budgets:?}"))
     })
     .await;
+}
+
+/// A serving cap on the cache's holder (`--serve-rate`): what it sends to the nodes, all of them together,
+/// takes at least its bytes at the cap, and `check` says the cap.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_caches_holder_sends_to_the_nodes_under_its_serving_cap() {
+    const CAP: u64 = 4 * MI;
+    let lab = cache_lab_with(
+        "agents-fanout-serve-cap",
+        RegistrySetup::default(),
+        &["--serve-rate=4MiB/s"],
+    )
+    .await;
+    // About 8.9 MiB to each of 3 nodes: 6.8 s at the cap; without it the nodes pinned in 3.0 s.
+    let images = push_images(&lab, "served/app", 9700, 3);
+    let references = through_proxy(&lab, &images);
+    let unique = unique_bytes(&images);
+    let started = Instant::now();
+    apply_fan_out_set(&lab, "web", &references, "").await;
+    wait_pinned_through_cache(&lab, "web", &references).await;
+    let took = started.elapsed().as_secs_f64();
+    // Every byte the holder served went before the nodes said pinned; it reports at its heartbeat's pace.
+    let served = wait_for("the holder's served bytes in its report", WAIT, || async {
+        let served: Vec<u64> = reports(&lab)
+            .await
+            .values()
+            .filter_map(|r| r["status"]["cache"]["servedBytes"].as_u64())
+            .collect();
+        match served[..] {
+            [bytes] if bytes >= 3 * (unique - unique / 20) => Ok(bytes),
+            _ => Err(format!("{served:?}")),
+        }
+    })
+    .await;
+    let at_cap = served as f64 / CAP as f64;
+    eprintln!(
+        "the holder served {:.1} MiB under a cap of 4 MiB/s: pinned everywhere after {took:.1} s, {at_cap:.1} s \
+         at the cap",
+        served as f64 / MI as f64
+    );
+    assert!(
+        took >= 0.95 * at_cap,
+        "{served} bytes served in {took:.1} s: faster than the cap of 4 MiB/s allows"
+    );
+    let check = lab.pinboard(&["check", "--set", "web"]);
+    assert_eq!(check.code, 0, "{}", check.stderr);
+    assert!(
+        check.stdout.contains("served to the nodes (cap 4 MiB/s)"),
+        "{}",
+        check.stdout
+    );
 }
 
 /// Capacity, measured rather than asserted (`cargo test --test it capacity -- --ignored --nocapture`): the

@@ -14,12 +14,14 @@
 //!
 //! Started with a [`CacheToken`] (the in-cluster cache), it answers 401 to any request without it in the
 //! [`CACHE_TOKEN_HEADER`] header, `/v2/` included. The digests served can be replaced while it runs
-//! ([`Endpoint::serve`]), when the sets it serves change.
+//! ([`Endpoint::serve`]), when the sets it serves change. A serving cap ([`Endpoint::cap_serving`]) keeps
+//! the blob bytes it sends, to all clients together, under a rate, so its node's NIC keeps room.
 
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt as _;
@@ -35,6 +37,7 @@ use serde::Serialize;
 use crate::backend::blobs::cache::{BlobCache, BlobError};
 use crate::backend::http_server::{Server, empty_body, full_body};
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
+use crate::model::pacing::Pace;
 use crate::model::served::{Content, ServedDigests, Source};
 
 type Body = UnsyncBoxBody<Bytes, BlobError>;
@@ -71,6 +74,21 @@ struct Shared {
     served_bytes: AtomicU64,
     requests: AtomicU64,
     refused: AtomicU64,
+    /// The serving cap every blob stream books its bytes against.
+    serve_pace: Mutex<Option<Pace>>,
+}
+
+impl Shared {
+    /// Under a serving cap, waits until `bytes` more fit in it.
+    async fn may_send(&self, bytes: u64) {
+        let at = {
+            let mut pace = self.serve_pace.lock().unwrap_or_else(|e| e.into_inner());
+            pace.as_mut().map(|pace| pace.book(bytes, Instant::now()))
+        };
+        if let Some(at) = at {
+            tokio::time::sleep_until(at.into()).await;
+        }
+    }
 }
 
 impl Endpoint {
@@ -89,6 +107,7 @@ impl Endpoint {
             served_bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            serve_pace: Mutex::new(None),
         });
         let serving = Arc::clone(&shared);
         let server = Server::start(listen, move |request| {
@@ -112,6 +131,24 @@ impl Endpoint {
     /// Serves `allowed` from now on, instead of what it served.
     pub fn serve(&self, allowed: ServedDigests) {
         *self.shared.allowed.write().expect("served digests") = Arc::new(allowed);
+    }
+
+    /// Sends blob bytes, all clients together, at `rate` bytes per second at most from now on (None: as fast
+    /// as they go).
+    pub fn cap_serving(&self, rate: Option<u64>) {
+        *self
+            .shared
+            .serve_pace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = rate.map(Pace::new);
+    }
+
+    /// The serving cap, bytes per second.
+    pub fn serving_cap(&self) -> Option<u64> {
+        let pace = self.shared.serve_pace.lock();
+        pace.unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(Pace::rate)
     }
 
     pub fn stats(&self) -> EndpointStats {
@@ -284,12 +321,16 @@ async fn blob(
     let shared = Arc::clone(shared);
     let body = futures::stream::iter(first)
         .chain(stream)
-        .map(move |chunk| {
-            let chunk = chunk?;
-            shared
-                .served_bytes
-                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            Ok(Frame::data(chunk))
+        .then(move |chunk| {
+            let shared = Arc::clone(&shared);
+            async move {
+                let chunk = chunk?;
+                shared.may_send(chunk.len() as u64).await;
+                shared
+                    .served_bytes
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Ok(Frame::data(chunk))
+            }
         });
     builder
         .body(StreamBody::new(body).boxed_unsync())
