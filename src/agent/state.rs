@@ -29,7 +29,7 @@ use crate::model::pinboard_api::{
 };
 use crate::model::readiness::ObservedNode;
 use crate::model::reference::{count_images, some_of};
-use crate::model::rollout::{Event, FetchedSource, Rollout};
+use crate::model::rollout::{Event, FetchedSource, NodeRollout, Rollout};
 use crate::model::units::{clock, human};
 
 /// How often the agent acts on time alone.
@@ -59,6 +59,10 @@ impl Default for Timing {
 
 /// A change the runtime announced is checked this soon, so that a burst of them is one check.
 const VERIFY_SOON: Duration = Duration::from_secs(1);
+/// A rollout the runtime did not confirm at its end is rolled out again (nothing present is pulled again)
+/// after this long, doubling, this many times; then the set fails with the runtime's silence as the reason.
+const CONFIRM_AFTER: Duration = Duration::from_secs(2);
+const CONFIRM_TRIES: u32 = 3;
 /// The taint a new node registers with when it is gated (`NoSchedule`): its agent removes it once the
 /// sets that select the node are pinned there.
 pub const GATE_TAINT: &str = "pinboard.dev/preloading";
@@ -176,6 +180,9 @@ pub struct AgentState {
     running: Option<Running>,
     /// Sets that failed, at which generation and when.
     failed: BTreeMap<String, (i64, Instant)>,
+    /// Sets whose rollout the runtime did not confirm at its end: at which generation, how many times,
+    /// and when to roll them out again.
+    unconfirmed: BTreeMap<String, (i64, u32, Instant)>,
     /// Releases tried, by set, and when: one that did not take is tried again after a while, not every
     /// second.
     releasing: BTreeMap<String, Instant>,
@@ -203,6 +210,7 @@ impl AgentState {
             reports: BTreeMap::new(),
             running: None,
             failed: BTreeMap::new(),
+            unconfirmed: BTreeMap::new(),
             releasing: BTreeMap::new(),
             waiting_for_cache: None,
             losses: BTreeMap::new(),
@@ -413,6 +421,8 @@ impl AgentState {
         }
         self.reports.retain(|name, _| desired.contains_key(name));
         self.losses.retain(|name, _| desired.contains_key(name));
+        self.unconfirmed
+            .retain(|name, _| desired.contains_key(name));
         self.tallies.retain(|name, _| desired.contains_key(name));
         let retry_after = self.timing.retry_after;
         let gone = self
@@ -445,7 +455,11 @@ impl AgentState {
                 .losses
                 .get(*name)
                 .is_some_and(|losses| !losses.may_restore(now));
-            !done && !failed && !waiting
+            let confirming = self
+                .unconfirmed
+                .get(*name)
+                .is_some_and(|(g, _, at)| g == generation && now < *at);
+            !done && !failed && !waiting && !confirming
         });
         let Some((name, (generation, images))) = next else {
             return Vec::new();
@@ -623,6 +637,23 @@ impl AgentState {
         };
         let mut actions = Vec::new();
         let progress = running.rollout.nodes().get(&self.node);
+        let unanswered = match (&failure, &observed) {
+            (None, Some(observed)) => node_report::unanswered(observed),
+            _ => None,
+        };
+        let tries = self
+            .unconfirmed
+            .remove(&running.set)
+            .filter(|(g, ..)| *g == running.generation)
+            .map_or(0, |(_, tries, _)| tries);
+        if let (Some(why), Some(progress)) = (&unanswered, progress)
+            && tries < CONFIRM_TRIES
+        {
+            self.unconfirmed_end(&running, progress, why, fan_out, tries, now);
+            actions.push(Action::ReadFacts);
+            actions.extend(self.reconcile(now));
+            return actions;
+        }
         match (failure, progress, observed) {
             (Some(why), _, _) => {
                 if !running.cancelling {
@@ -684,6 +715,37 @@ impl AgentState {
         actions.push(Action::ReadFacts);
         actions.extend(self.reconcile(now));
         actions
+    }
+
+    /// The running rollout ended without the runtime's word on it (`why`), for the `tries`-th time: the set
+    /// stays pulling (or restoring), not pinned on the rollout's word and not failed for a silence, and is
+    /// rolled out again after a while.
+    fn unconfirmed_end(
+        &mut self,
+        running: &Running,
+        progress: &NodeRollout,
+        why: &str,
+        fan_out: Option<SetFanOut>,
+        tries: u32,
+        now: Instant,
+    ) {
+        let before = self.reports.get(&running.set);
+        let mut report = node_report::rolling(&running.set, running.generation, progress);
+        report.fan_out = fan_out;
+        report.state = if running.restore {
+            NodeSetPhase::Restoring
+        } else {
+            NodeSetPhase::Pulling
+        };
+        report.conditions = node_report::confirming_conditions(why);
+        report.restores = before.and_then(|r| r.restores.clone());
+        if let Some(outcome) = &mut report.outcome {
+            outcome.planned_bytes = running.planned;
+        }
+        self.reports.insert(running.set.clone(), report);
+        let again = now + CONFIRM_AFTER * 2u32.pow(tries);
+        self.unconfirmed
+            .insert(running.set.clone(), (running.generation, tries + 1, again));
     }
 
     /// A check of the runtime: every pinned set with an image or pin lost is restoring, at once, and is

@@ -260,6 +260,37 @@ fn condition(kind: &str, status: bool, reason: &str, message: String) -> Conditi
     }
 }
 
+/// Why `observed`, the runtime's word at a rollout's end, cannot confirm it: the runtime did not answer,
+/// or could not say of some image. None when it answered for every image.
+pub fn unanswered(observed: &ObservedNode) -> Option<String> {
+    if let Some(why) = &observed.unreachable {
+        return Some(why.clone());
+    }
+    let judged = assess(observed, None);
+    judged
+        .images
+        .iter()
+        .any(|i| i.reason == Some(ImageReason::Unknown))
+        .then(|| judged.reasons.join("; "))
+}
+
+/// A set whose rollout ended without the runtime's word on it (`why`): progressing, not degraded; the
+/// agent asks again.
+pub fn confirming_conditions(why: &str) -> Vec<Condition> {
+    vec![
+        condition(
+            PROGRESSING,
+            true,
+            "Confirming",
+            format!(
+                "the rollout ended, and the runtime did not answer when asked about the set's images \
+                 ({why}): the agent asks again"
+            ),
+        ),
+        condition(DEGRADED, false, "AsExpected", String::new()),
+    ]
+}
+
 /// Progressing and Degraded, as Kubernetes' conventions have them.
 fn conditions(state: NodeSetPhase, failed: Option<&str>) -> Vec<Condition> {
     let pulling = state == NodeSetPhase::Pulling;

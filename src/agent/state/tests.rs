@@ -623,3 +623,108 @@ fn without_the_gate_the_agent_never_touches_the_nodes_taints() {
     state.update(Input::Sets(Vec::new()), now);
     assert!(!lifts(&state.update(Input::Tick, now + secs(1))));
 }
+
+/// Carries the rollout `actions` started through to an end where the runtime could not say of its images.
+fn end_unanswered(state: &mut AgentState, actions: &[Action], now: Instant) -> Vec<Action> {
+    let start = started(actions).expect("a rollout").clone();
+    state.update(Input::Started { fan_out: None }, now);
+    let mut events = vec![Event::NodeStarted {
+        node: NODE.into(),
+        images: start.images.clone(),
+        at: now,
+    }];
+    events.extend(start.images.iter().map(|image| Event::ImagePresent {
+        node: NODE.into(),
+        image: image.clone(),
+    }));
+    events.push(Event::Pinned {
+        node: NODE.into(),
+        method: PinMethod::ContainerdLabel,
+        confirmed: true,
+        at: now,
+    });
+    for event in events {
+        state.update(Input::Rollout(event, None), now);
+    }
+    let unanswered = ObservedNode {
+        node: NODE.into(),
+        runtime: Some("containerd 1.7.24".into()),
+        error: Some("ImageStatus: deadline exceeded".into()),
+        images: start
+            .images
+            .iter()
+            .map(|image| ImageObserved {
+                reference: image.clone(),
+                ..ImageObserved::default()
+            })
+            .collect(),
+        ..ObservedNode::default()
+    };
+    state.update(
+        Input::Ended {
+            failure: None,
+            observed: Some(unanswered),
+            fan_out: None,
+            relayed: None,
+        },
+        now,
+    )
+}
+
+#[test]
+fn a_rollout_whose_end_the_runtime_does_not_confirm_is_neither_pinned_nor_failed_until_it_answers()
+{
+    let now = Instant::now();
+    let (mut state, actions) = agent(vec![set("web", 1, &["a@sha256:1"])], now);
+    let after = end_unanswered(&mut state, &actions, now);
+    let web = report(&state, "web");
+    assert_eq!(web.state, NodeSetPhase::Pulling, "{web:?}");
+    assert_eq!(web.conditions[0].reason, "Confirming");
+    assert!(
+        web.conditions[0]
+            .message
+            .contains("ImageStatus: deadline exceeded"),
+        "{:?}",
+        web.conditions
+    );
+    assert!(recorded(&after).is_empty(), "no failure to tell: {after:?}");
+    assert!(started(&after).is_none(), "not at once: {after:?}");
+    assert!(
+        started(&state.update(Input::Tick, now + secs(1))).is_none(),
+        "nor within a second"
+    );
+    // Rolled out again (what is present is not pulled again); this time the runtime answers.
+    let again = state.update(Input::Tick, now + secs(2));
+    let after = pin_through(&mut state, &again, now + secs(3));
+    let web = report(&state, "web");
+    assert_eq!(web.state, NodeSetPhase::Pinned);
+    assert_eq!(web.images[0].evidence.as_deref(), Some("runtime"));
+    assert_eq!(recorded(&after)[0].0, "Pinned");
+}
+
+#[test]
+fn a_runtime_that_never_answers_at_the_end_fails_the_set_with_its_silence_as_the_reason() {
+    let now = Instant::now();
+    let (mut state, mut actions) = agent(vec![set("web", 1, &["a@sha256:1"])], now);
+    let mut at = now;
+    // Asked again after 2, 4 and 8 s: three silences leave the set pulling, the fourth fails it.
+    for wait in [2, 4, 8] {
+        end_unanswered(&mut state, &actions, at);
+        assert_eq!(report(&state, "web").state, NodeSetPhase::Pulling);
+        assert!(started(&state.update(Input::Tick, at + secs(wait - 1))).is_none());
+        at += secs(wait);
+        actions = state.update(Input::Tick, at);
+        assert!(started(&actions).is_some(), "after {wait} s");
+    }
+    let after = end_unanswered(&mut state, &actions, at);
+    let web = report(&state, "web");
+    assert_eq!(web.state, NodeSetPhase::Failed);
+    assert!(
+        web.conditions[1]
+            .message
+            .contains("ImageStatus: deadline exceeded"),
+        "{:?}",
+        web.conditions
+    );
+    assert_eq!(recorded(&after)[0].0, "PullFailed");
+}
