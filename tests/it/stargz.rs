@@ -13,7 +13,7 @@
 //!   snapshotter's CRI keychain); killed and started again, the snapshotter cannot mount its layers (the
 //!   keychain kept them in memory) and exits: pinboard names the image unreadable and the node's store not
 //!   serving, with the fix; with the credentials in its docker config it starts, and `apply` makes the
-//!   image whole.
+//!   image whole. Through an agent, the set's pull secret reaches the snapshotter the same way.
 //! - A snapshotter killed mid-pull and started again: every pull ends pulled; one left down: every pull
 //!   ends failed with its reason, within the retries.
 
@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use pinboard::backend::cri::{CriClient, DEFAULT_TIMEOUT};
 use serde_json::Value;
-use support::agents::AgentsLab;
+use support::agents::{AgentsLab, AgentsSetup};
 use support::estargz::EstargzSpec;
-use support::kube_objects::wait_for;
+use support::kube_objects::{apply_yaml, wait_for};
 use support::private::{assert_no_secret, auth_file, token_lab};
 use support::tmux::Tmux;
 use support::{Lab, Node, NodeSpec, PushedImage, Run, binary, pinboard_with};
@@ -680,6 +680,86 @@ async fn through_an_agent_a_lazily_pulled_image_is_named_then_made_whole() {
         (text == "off").then_some(()).ok_or(text)
     })
     .await;
+}
+
+/// A private eStargz image through an agent: the set's pull secret reaches the snapshotter through the
+/// agent's CRI pull, which mounts the layers from the token registry; the agent for pre-loading then makes
+/// the image whole; no secret reaches the agent's log or pinboard's output.
+#[tokio::test(flavor = "multi_thread")]
+async fn through_an_agent_a_private_estargz_image_is_pulled_lazily_with_the_sets_pull_secret() {
+    let setup = AgentsSetup {
+        agent_args: vec!["--insecure-registry={proxy}".into()],
+        registry: support::private::token_registry(),
+        ..AgentsSetup::default()
+    };
+    let mut lab = AgentsLab::start_with(
+        "stargz-agents-private",
+        vec![NodeSpec::new("n1", 256 * MI).with_stargz()],
+        None,
+        setup,
+    )
+    .await;
+    let config = lab.lab.node("n1").config_file().display().to_string();
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &["--containerd-config", &config, "--allow-lazy"]);
+    let run = lab.pinboard(&["lazy", "on", "-o", "json"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    lab.lab.restart_node("n1").unwrap();
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &["--containerd-config", &config, "--allow-lazy"]);
+
+    let registry = lab.lab.registry_host();
+    let pushed = lab.lab.push_estargz("private/lazy", &app(3700)).unwrap();
+    let image = pushed.reference(&registry);
+    let auth =
+        serde_json::json!({"auths": {&registry: {"auth": support::private::encoded_login()}}});
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: registry-login\n  namespace: {}\n\
+         type: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{auth}'\n",
+        support::agents::NAMESPACE
+    );
+    apply_yaml(&lab.admin, &secret).await;
+    let set = lab.set_file(
+        "private-lazy",
+        &[&image],
+        "  pullSecrets:\n  - name: registry-login\n",
+    );
+    let applied = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "1s"]);
+    assert_ne!(applied.code, 2, "{}", applied.stderr);
+    let lazily = wait_for("n1 judged lazily present", AGENT_WAIT, || async {
+        let (code, judged, stderr) = lab.check(&["--set", "private-lazy"]);
+        let n1 = judged.nodes.into_iter().next().ok_or(stderr.clone())?;
+        let named = n1.reasons.iter().any(|r| {
+            r.contains("present only lazily")
+                && r.contains(&format!("{image} (3 of 3 layers remote, "))
+        });
+        (code == 1 && named).then_some(stderr.clone()).ok_or(stderr)
+    })
+    .await;
+    let node = lab.lab.node("n1");
+    assert_eq!(remote_snapshots(node), 3, "mounted from the token registry");
+    assert!(!blobs_held(node, &pushed));
+
+    // The agent for pre-loading makes it whole, with the same secret.
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &["--containerd-config", &config]);
+    wait_for("n1 ready", AGENT_WAIT, || async {
+        let (code, _, stderr) = lab.check(&["--set", "private-lazy"]);
+        (code == 0).then_some(()).ok_or(stderr)
+    })
+    .await;
+    let node = lab.lab.node("n1");
+    assert!(blobs_held(node, &pushed));
+    assert_eq!(remote_snapshots(node), 0);
+    let log = std::fs::read_to_string(lab.lab.dir().join("agent-n1.log")).unwrap();
+    for secret in [
+        support::private::PASSWORD.to_string(),
+        support::private::encoded_login(),
+    ] {
+        assert!(!log.contains(&secret), "the agent logged a registry secret");
+        assert!(!lazily.contains(&secret), "check printed a registry secret");
+        assert!(!applied.stdout.contains(&secret) && !applied.stderr.contains(&secret));
+    }
 }
 
 /// Waits for `node`'s row of the Nodes screen to say `state`, and says how long it took.
