@@ -581,6 +581,13 @@ impl Agent {
             .and_then(|r| r.fan_out_report(relay_of(&self.relay)));
         match event {
             FleetEvent::Rollout(Update::Event(event)) => {
+                // Settled with failures, the engine waits for an image's retry from its control (the
+                // TUI's); the agent retries a failed set itself, after a while, so the rollout ends here.
+                if matches!(event, crate::model::rollout::Event::NodeStopped { .. })
+                    && let Some(running) = self.running.as_mut()
+                {
+                    running.control.take();
+                }
                 self.handle(Input::Rollout(event, fan_out)).await
             }
             FleetEvent::Surveyed(survey) => {

@@ -655,7 +655,11 @@ impl AgentState {
             return actions;
         }
         match (failure, progress, observed) {
-            (Some(why), _, _) => {
+            (Some(why), progress, _) => {
+                let why = progress.map_or_else(
+                    || why.clone(),
+                    |node| node_report::with_failed_image(&why, node),
+                );
                 if !running.cancelling {
                     let note = Note::warning(
                         "PullFailed",

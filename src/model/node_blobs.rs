@@ -37,7 +37,11 @@ pub struct NodeBlobs {
     pub image_count: usize,
     #[serde(default)]
     pub blob_count: usize,
+    /// Left out when empty: server-side apply turns a field that was set and is now `""` into null, which
+    /// the schema refuses, and the object would keep what the node held before.
+    #[serde(default, skip_serializing_if = "DigestPrefixes::is_empty")]
     pub images: DigestPrefixes,
+    #[serde(default, skip_serializing_if = "DigestPrefixes::is_empty")]
     pub blobs: DigestPrefixes,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lazy: Vec<LazyImage>,
@@ -296,6 +300,21 @@ mod tests {
         let unknown = plan(&HeldBlobs::Unknown);
         assert_eq!(unknown.fetch_bytes, 9_500_000 + 1000);
         assert_eq!(unknown.fetch_basis, FetchBasis::UpperBound);
+    }
+
+    #[test]
+    fn a_node_that_holds_nothing_publishes_neither_images_nor_blobs_and_reads_back_empty() {
+        let empty = NodeBlobs {
+            basis: BlobBasis::ContentStore,
+            ..NodeBlobs::default()
+        };
+        let json = serde_json::to_value(&empty).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"basis": "content-store", "imageCount": 0, "blobCount": 0}),
+            "no empty strings for server-side apply to turn into null"
+        );
+        assert_eq!(serde_json::from_value::<NodeBlobs>(json).unwrap(), empty);
     }
 
     /// 200 images sharing base layers, about 1,000 distinct blobs: what one node's object costs.

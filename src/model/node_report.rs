@@ -75,13 +75,11 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
         })
         .collect();
     let failed = match &node.state {
-        NodeState::Refused { reason }
-        | NodeState::Stopped { reason }
-        | NodeState::PinFailed { reason } => Some(reason.clone()),
-        _ => images
-            .iter()
-            .find(|i| i.state == ImagePhase::Failed)
-            .map(|i| format!("{}: {}", i.name, i.reason.as_deref().unwrap_or("failed"))),
+        NodeState::Refused { reason } => Some(reason.clone()),
+        NodeState::Stopped { reason } | NodeState::PinFailed { reason } => {
+            Some(with_failed_image(reason, node))
+        }
+        _ => failed_image(node),
     };
     let state = match (&node.state, &failed) {
         (_, Some(_)) => NodeSetPhase::Failed,
@@ -99,6 +97,24 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
         fan_out: None,
         outcome: Some(outcome(node)),
         restores: None,
+    }
+}
+
+/// The first image that failed on `node`, with its reason: `IMAGE: why`.
+fn failed_image(node: &NodeRollout) -> Option<String> {
+    node.images()
+        .find_map(|(image, rollout)| match &rollout.state {
+            rollout::ImageState::Failed { reason } => Some(format!("{image}: {reason}")),
+            _ => None,
+        })
+}
+
+/// `why` a rollout failed on `node`, led by its first failed image's own reason, which says more than a
+/// count of failures (`IMAGE: the snapshotter stargz does not answer; not pinned: 1 of 1 image(s) failed`).
+pub fn with_failed_image(why: &str, node: &NodeRollout) -> String {
+    match failed_image(node) {
+        Some(image) if !why.contains(&image) => format!("{image}; {why}"),
+        _ => why.to_string(),
     }
 }
 
@@ -322,6 +338,35 @@ mod tests {
 
     fn s(text: &str) -> String {
         text.to_string()
+    }
+
+    #[test]
+    fn a_set_that_failed_leads_with_its_first_failed_images_own_reason() {
+        let at = Instant::now();
+        let mut r = Rollout::default();
+        r.apply(Event::NodeStarted {
+            node: s("n1"),
+            images: vec![s("a"), s("b")],
+            at,
+        });
+        r.apply(Event::PullFailed {
+            node: s("n1"),
+            image: s("b"),
+            reason: s("the snapshotter stargz does not answer"),
+            at,
+        });
+        let summary = "not pinned: 1 of 2 image(s) failed or were cancelled";
+        r.apply(Event::NodeStopped {
+            node: s("n1"),
+            reason: s(summary),
+            at,
+        });
+        let failed = rolling("web", 1, &r.nodes()["n1"]);
+        assert_eq!(failed.state, NodeSetPhase::Failed);
+        let why = format!("b: the snapshotter stargz does not answer; {summary}");
+        assert_eq!(failed.conditions[1].message, why);
+        assert_eq!(with_failed_image(summary, &r.nodes()["n1"]), why);
+        assert_eq!(with_failed_image(&why, &r.nodes()["n1"]), why, "said once");
     }
 
     #[test]

@@ -597,6 +597,41 @@ fn a_snapshotter_killed_mid_pull_leaves_every_pull_pulled_or_failed_with_its_rea
     }
 }
 
+/// What `pinboard lazy status` says of the lab's one node, through its agent.
+fn lazy_text(lab: &AgentsLab) -> String {
+    let run = lab.pinboard(&["lazy", "status", "-o", "json"]);
+    let said: Value = serde_json::from_str(&run.stdout).unwrap_or_default();
+    said["nodes"][0]["lazyPulling"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Lazy pulling on through n1's agent (started with its containerd's config and `agent_args`), containerd
+/// restarted by the node's administrator and the agent with it (it reads its node's facts at its start,
+/// else every five minutes); returns once the agent reports stargz in force, with the config's path.
+async fn lazy_on_through_the_agent(lab: &mut AgentsLab, agent_args: &[&str]) -> String {
+    let config = lab.lab.node("n1").config_file().display().to_string();
+    let args = [&["--containerd-config", config.as_str()][..], agent_args].concat();
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &args);
+    let run = lab.pinboard(&["lazy", "on", "-o", "json"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    lab.lab.restart_node("n1").unwrap();
+    lab.stop_agent("n1");
+    lab.start_agent_with("n1", &args);
+    wait_for(
+        "the agent reporting stargz in force",
+        AGENT_WAIT,
+        || async {
+            let text = lazy_text(lab);
+            (text == "on (stargz, in force)").then_some(()).ok_or(text)
+        },
+    )
+    .await;
+    config
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn through_an_agent_a_lazily_pulled_image_is_named_then_made_whole() {
     let mut lab = AgentsLab::start(
@@ -605,35 +640,8 @@ async fn through_an_agent_a_lazily_pulled_image_is_named_then_made_whole() {
         None,
     )
     .await;
-    let config = lab.lab.node("n1").config_file().display().to_string();
     // A node whose sets are for a fast start: its agent pulls lazily.
-    lab.stop_agent("n1");
-    lab.start_agent_with("n1", &["--containerd-config", &config, "--allow-lazy"]);
-    let lazy_text = |lab: &AgentsLab| {
-        let run = lab.pinboard(&["lazy", "status", "-o", "json"]);
-        let said: Value = serde_json::from_str(&run.stdout).unwrap_or_default();
-        said["nodes"][0]["lazyPulling"]["text"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    };
-
-    // On through the agent; containerd restarted by the node's administrator, and the agent with it (it
-    // reads its node's facts at its start, else every five minutes).
-    let run = lab.pinboard(&["lazy", "on", "-o", "json"]);
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    lab.lab.restart_node("n1").unwrap();
-    lab.stop_agent("n1");
-    lab.start_agent_with("n1", &["--containerd-config", &config, "--allow-lazy"]);
-    wait_for(
-        "the agent reporting stargz in force",
-        AGENT_WAIT,
-        || async {
-            let text = lazy_text(&lab);
-            (text == "on (stargz, in force)").then_some(()).ok_or(text)
-        },
-    )
-    .await;
+    let config = lazy_on_through_the_agent(&mut lab, &["--allow-lazy"]).await;
 
     let pushed = lab.lab.push_estargz("stargz/agent", &app(3600)).unwrap();
     let image = pushed.reference(&lab.lab.registry_host());
@@ -699,14 +707,7 @@ async fn through_an_agent_a_private_estargz_image_is_pulled_lazily_with_the_sets
         setup,
     )
     .await;
-    let config = lab.lab.node("n1").config_file().display().to_string();
-    lab.stop_agent("n1");
-    lab.start_agent_with("n1", &["--containerd-config", &config, "--allow-lazy"]);
-    let run = lab.pinboard(&["lazy", "on", "-o", "json"]);
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    lab.lab.restart_node("n1").unwrap();
-    lab.stop_agent("n1");
-    lab.start_agent_with("n1", &["--containerd-config", &config, "--allow-lazy"]);
+    let config = lazy_on_through_the_agent(&mut lab, &["--allow-lazy"]).await;
 
     let registry = lab.lab.registry_host();
     let pushed = lab.lab.push_estargz("private/lazy", &app(3700)).unwrap();
@@ -760,6 +761,69 @@ async fn through_an_agent_a_private_estargz_image_is_pulled_lazily_with_the_sets
         assert!(!lazily.contains(&secret), "check printed a registry secret");
         assert!(!applied.stdout.contains(&secret) && !applied.stderr.contains(&secret));
     }
+}
+
+/// A snapshotter down while an agent pulls a set whole: the set ends failed on that node with the reason,
+/// within the pull's retries (never hung), and once the snapshotter serves again the agent's next try pins
+/// it.
+#[tokio::test(flavor = "multi_thread")]
+async fn through_an_agent_a_snapshotter_down_fails_the_set_with_the_reason_and_its_return_pins_it()
+{
+    let mut lab = AgentsLab::start(
+        "stargz-agents-down",
+        vec![NodeSpec::new("n1", 256 * MI).with_stargz()],
+        None,
+    )
+    .await;
+    lazy_on_through_the_agent(&mut lab, &[]).await;
+
+    let pushed = lab.lab.push_estargz("stargz/down", &app(3800)).unwrap();
+    let image = pushed.reference(&lab.lab.registry_host());
+    lab.lab.kill_stargz("n1").unwrap();
+    let set = lab.set_file("down", &[&image], "");
+    let started = Instant::now();
+    let run = lab.pinboard(&["apply", "--set", set.to_str().unwrap(), "--timeout", "1s"]);
+    assert_ne!(run.code, 2, "{}", run.stderr);
+    // Its Degraded condition leads with the image's own reason, not only a count of failures.
+    let failed = wait_for("n1's set failed with the reason", AGENT_WAIT, || async {
+        let report = lab.reports().await.into_iter().next().unwrap_or_default();
+        let set = &report["status"]["sets"][0];
+        let degraded = set["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Degraded")
+            .cloned()
+            .unwrap_or_default();
+        let named = degraded["message"].as_str().is_some_and(|m| {
+            m.starts_with(&format!("{image}: whole pull: "))
+                && m.contains("containerd-stargz-grpc.sock: connect: connection refused")
+        });
+        (set["state"] == "failed" && named)
+            .then_some(started.elapsed())
+            .ok_or(set.to_string())
+    })
+    .await;
+    eprintln!("failed with the reason after {:.1} s", failed.as_secs_f64());
+    let (code, judged, stderr) = lab.check(&["--set", "down"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        judged.nodes[0]
+            .reasons
+            .iter()
+            .any(|r| r.contains(&format!("{image}: whole pull: "))),
+        "check names the image and why: {:?}",
+        judged.nodes[0].reasons
+    );
+
+    lab.lab.start_stargz("n1").unwrap();
+    wait_for("n1 ready once stargz serves", AGENT_WAIT, || async {
+        let (code, _, stderr) = lab.check(&["--set", "down"]);
+        (code == 0).then_some(()).ok_or(stderr)
+    })
+    .await;
+    let node = lab.lab.node("n1");
+    assert!(blobs_held(node, &pushed), "pulled whole");
 }
 
 /// Waits for `node`'s row of the Nodes screen to say `state`, and says how long it took.
