@@ -615,6 +615,16 @@ async fn lazy_on_through_the_agent(lab: &mut AgentsLab, agent_args: &[&str]) -> 
     let args = [&["--containerd-config", config.as_str()][..], agent_args].concat();
     lab.stop_agent("n1");
     lab.start_agent_with("n1", &args);
+    // The agent started without the config reported that it could not read lazy pulling: `lazy on` would
+    // take that report, not yet the new agent's, for its answer.
+    wait_for("the agent reading lazy pulling", AGENT_WAIT, || async {
+        let report = lab.reports().await.into_iter().next().unwrap_or_default();
+        let status = &report["status"];
+        (status["lazyPulling"].is_object() && status.get("lazyPullingError").is_none())
+            .then_some(())
+            .ok_or(status.to_string())
+    })
+    .await;
     let run = lab.pinboard(&["lazy", "on", "-o", "json"]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     lab.lab.restart_node("n1").unwrap();

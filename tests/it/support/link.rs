@@ -60,10 +60,36 @@ pub fn middle_rates(samples: &[(Instant, u64)]) -> (f64, Vec<f64>) {
 }
 
 /// Rates in MiB/s, one decimal each, for a message.
-pub fn mib_per_second(rates: &[f64]) -> String {
+fn mib_per_second(rates: &[f64]) -> String {
     rates
         .iter()
         .map(|r| format!("{:.1}", r / (1u64 << 20) as f64))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Asserts that the link kept to `budget` bytes per second over the middle of the transfer `samples` show,
+/// within 10 %, and in no second went 10 % over it (what sits in the sockets' buffers is the link's too);
+/// says the rates on stderr for `what`.
+pub fn assert_kept_to(samples: &[(Instant, u64)], budget: u64, what: &str) {
+    let (rate, seconds) = middle_rates(samples);
+    let mib = |bytes: f64| bytes / (1u64 << 20) as f64;
+    eprintln!(
+        "{what}, budget {:.1} MiB/s: {:.2} MiB/s over the rollout; each second: {}",
+        mib(budget as f64),
+        mib(rate),
+        mib_per_second(&seconds)
+    );
+    assert!(
+        (rate - budget as f64).abs() <= 0.10 * budget as f64,
+        "{what}: {:.2} MiB/s under a budget of {:.1} MiB/s",
+        mib(rate),
+        mib(budget as f64)
+    );
+    assert!(
+        seconds.iter().all(|&r| r <= 1.10 * budget as f64),
+        "{what}: MiB/s in each second under a budget of {:.1} MiB/s: {}",
+        mib(budget as f64),
+        mib_per_second(&seconds)
+    );
 }
