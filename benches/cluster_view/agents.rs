@@ -122,6 +122,7 @@ fn pinned_report(images: &[String]) -> NodeReport {
         pin_method: Some("containerd-label".into()),
         lazy_pulling: Some(LazyPulling::new(LazyState::Off, None, Some(true), None)),
         lazy_pulling_error: None,
+        lazy_pulling_wish: None,
         registry_config_dir: Some("/etc/containerd/certs.d".into()),
         kubelet: Some(KubeletThresholds {
             image_gc_high_threshold_percent: 85,

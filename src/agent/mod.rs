@@ -704,6 +704,7 @@ impl Agent {
         if refused.is_some() {
             facts.lazy_pulling_error = refused;
         }
+        facts.lazy_pulling_wish = self.state.lazy_wish();
         facts
     }
 

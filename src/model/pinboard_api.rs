@@ -212,6 +212,10 @@ pub struct NodeReport {
     /// Why lazy pulling could not be read, when it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lazy_pulling_error: Option<String>,
+    /// The administrator's wish (`spec.lazyPulling`) this report answers: set once the agent has carried
+    /// it out or failed to, so that an error read before the wish is not taken for its answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy_pulling_wish: Option<bool>,
     /// Where the runtime reads its registry hosts (containerd's `config_path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_config_dir: Option<String>,

@@ -38,10 +38,9 @@ pub(super) async fn lazy(
         }
         connected
             .follow(FOLLOW_WITHIN, |view| {
-                nodes.iter().all(|n| {
-                    view.report(n)
-                        .is_some_and(|r| follows(r, on) || r.lazy_pulling_error.is_some())
-                })
+                nodes
+                    .iter()
+                    .all(|n| view.report(n).is_some_and(|r| answered(r, on)))
             })
             .await;
     }
@@ -52,6 +51,13 @@ pub(super) async fn lazy(
             node_lazy(node, connected.view.report(node), stale.is_none(), wanted)
         })
         .collect())
+}
+
+/// Whether `report` answers the wish `on`: lazy pulling configured so, or the agent's error in carrying
+/// out that very wish (an error it reported before it was asked is no answer).
+fn answered(report: &NodeReport, on: bool) -> bool {
+    follows(report, on)
+        || (report.lazy_pulling_error.is_some() && report.lazy_pulling_wish == Some(on))
 }
 
 /// Whether `report` shows lazy pulling configured as `on` asks (in force or after a restart).
@@ -95,5 +101,30 @@ fn node_lazy(
         diff: Vec::new(),
         error,
         add: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_reported_before_the_wish_is_no_answer_to_it() {
+        let unreadable = NodeReport {
+            lazy_pulling_error: Some("no containerd config: pass --containerd-config".into()),
+            ..NodeReport::default()
+        };
+        assert!(!answered(&unreadable, true), "an agent not yet asked");
+        let refused = NodeReport {
+            lazy_pulling_wish: Some(true),
+            ..unreadable.clone()
+        };
+        assert!(answered(&refused, true), "its answer to on");
+        assert!(!answered(&refused, false), "not to off");
+        let on = NodeReport {
+            lazy_pulling: Some(LazyPulling::new(LazyState::On, None, Some(true), None)),
+            ..NodeReport::default()
+        };
+        assert!(answered(&on, true));
     }
 }
