@@ -790,16 +790,7 @@ async fn a_set_edited_mid_rollout_converges_to_its_new_content() {
     // Written, not waited for.
     let apply = |images: &[&str]| {
         let file = lab.set_file("edited", images, "");
-        let file = file.to_str().unwrap();
-        let run = lab.pinboard(&[
-            "apply",
-            "--insecure-registry",
-            &proxy,
-            "--set",
-            file,
-            "--timeout",
-            "1s",
-        ]);
+        let run = lab.apply(&file, "1s", &[]);
         assert_ne!(run.code, 2, "{}", run.stderr);
     };
     apply(&refs[..8]);

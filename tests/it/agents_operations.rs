@@ -187,15 +187,7 @@ async fn prometheus_scrapes_the_agents_during_a_rollout_and_agrees_with_their_re
     lab.lab.proxy().set_bandwidth(Some(MIB));
     let refs: Vec<&str> = images.iter().map(String::as_str).collect();
     let set = lab.set_file("web", &refs, "");
-    let run = lab.pinboard(&[
-        "apply",
-        "--insecure-registry",
-        &proxy,
-        "--set",
-        set.to_str().unwrap(),
-        "--timeout",
-        "120s",
-    ]);
+    let run = lab.apply(&set, "120s", &[]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let by_node = |samples: Vec<support::prometheus::Sample>| -> BTreeMap<String, f64> {
         samples
@@ -285,16 +277,7 @@ async fn a_new_node_takes_no_pod_until_its_agent_has_pinned_the_sets_then_the_po
         .replace(&lab.lab.registry_host(), &proxy);
     lab.cache_holder().await;
     let set = lab.set_file("web", &[&image], "");
-    let run = lab.pinboard(&[
-        "apply",
-        "--fan-out",
-        "--insecure-registry",
-        &proxy,
-        "--set",
-        set.to_str().unwrap(),
-        "--timeout",
-        "120s",
-    ]);
+    let run = lab.apply(&set, "120s", &["--fan-out"]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
 
     // n3 joins with the startup taint; its agent starts as its DaemonSet's pod would, the link slowed.

@@ -99,8 +99,8 @@ async fn a_plan_on_agents_counts_only_the_blobs_a_node_lacks_and_the_link_carrie
     lab.start_agent("n1");
     wait_published(&lab, "n1", &x.manifest_digest).await;
 
-    let file = lab.set_file("y", &[&y.reference(&proxy)], "");
-    let file = file.to_str().unwrap();
+    let set = lab.set_file("y", &[&y.reference(&proxy)], "");
+    let file = set.to_str().unwrap();
     let run = lab.pinboard(&[
         "plan",
         "--insecure-registry",
@@ -121,15 +121,7 @@ async fn a_plan_on_agents_counts_only_the_blobs_a_node_lacks_and_the_link_carrie
     assert_eq!(n1["images"][0]["present"], false, "{n1}");
 
     let before = lab.lab.proxy().bytes_down();
-    let run = lab.pinboard(&[
-        "apply",
-        "--insecure-registry",
-        &proxy,
-        "--set",
-        file,
-        "--timeout",
-        "120s",
-    ]);
+    let run = lab.apply(&set, "120s", &[]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let moved = lab.lab.proxy().bytes_down() - before;
     lab.lab.node("n1").assert_pinned(&[&y.reference(&proxy)]);

@@ -324,6 +324,24 @@ impl AgentsLab {
         self.pinboard_as(cluster.kubeconfig(), None, args)
     }
 
+    /// `pinboard apply --set SET --timeout TIMEOUT EXTRA…`, the lab's proxy an insecure registry too (the
+    /// images' references name it).
+    pub fn apply(&self, set: &Path, timeout: &str, extra: &[&str]) -> Run {
+        let proxy = self.lab.proxy_host();
+        let set = set.to_str().expect("a UTF-8 path");
+        let mut args = vec![
+            "apply",
+            "--insecure-registry",
+            &proxy,
+            "--set",
+            set,
+            "--timeout",
+            timeout,
+        ];
+        args.extend(extra);
+        self.pinboard(&args)
+    }
+
     /// [`Self::pinboard`] as the lab's `viewer` user, granted what the test bound to it
     /// ([`super::cluster::bind_viewer`]).
     pub fn pinboard_as_viewer(&self, args: &[&str]) -> Run {
