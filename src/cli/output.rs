@@ -25,6 +25,22 @@ pub fn render<T: Serialize>(
     }
 }
 
+/// `value` as pretty JSON on stdout, written as it is serialized. A closed pipe (`| head`) ends it quietly,
+/// as printing any other output does.
+pub fn write_json<T: Serialize>(value: &T) -> Result<(), Failure> {
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = serde_json::to_writer_pretty(&mut stdout, value)
+        .map_err(std::io::Error::from)
+        .and_then(|()| stdout.write_all(b"\n"))
+        .and_then(|()| stdout.flush());
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Failure::bad_input(format!("cannot write JSON: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `failure`, once `text` is on stdout: a command that fails still prints what it found. A closed pipe is
 /// not worth more than the exit code that follows.
 pub fn printed_then(text: &str, failure: Failure) -> Failure {

@@ -27,6 +27,11 @@ pub async fn run(args: CommonArgs) -> Result<String, Failure> {
         .await?;
     let mut survey = fleet.plan(&args.input.sources()).await?;
     survey.link_bytes = survey.link_bytes.at_rate(args.cache.link_rate);
+    if let Output::Json = args.output() {
+        // Thousands of nodes make hundreds of MB of JSON: written as it is made, not built in memory first.
+        super::output::write_json(&survey)?;
+        return Ok(String::new());
+    }
     render(&survey, args.output())
 }
 
