@@ -6,8 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-/// How far the schedule may fall behind `now` and still catch up.
-pub const SLACK: Duration = Duration::from_millis(50);
+/// How far the schedule may fall behind `now` and still catch up: enough for a timer's oversleeping, and
+/// little enough that a flow starting after a pause goes at most 2 % over its rate in its first second
+/// (with a window in flight, [`window`], at most 8 %).
+pub const SLACK: Duration = Duration::from_millis(20);
 
 /// The schedule of one rate.
 #[derive(Clone, Debug, PartialEq, Eq)]
