@@ -163,6 +163,18 @@ pub struct Running {
     cancelling: bool,
 }
 
+impl Running {
+    /// The set's report as the rollout has it on `progress`, with its fan-out and its plan's bytes.
+    fn report(&self, progress: &NodeRollout, fan_out: Option<SetFanOut>) -> SetReport {
+        let mut report = node_report::rolling(&self.set, self.generation, progress);
+        report.fan_out = fan_out;
+        if let Some(outcome) = &mut report.outcome {
+            outcome.planned_bytes = self.planned;
+        }
+        report
+    }
+}
+
 /// Everything the agent knows.
 #[derive(Clone, Debug)]
 pub struct AgentState {
@@ -605,11 +617,7 @@ impl AgentState {
         let Some(progress) = running.rollout.nodes().get(&self.node) else {
             return;
         };
-        let mut report = node_report::rolling(&running.set, running.generation, progress);
-        report.fan_out = fan_out;
-        if let Some(outcome) = &mut report.outcome {
-            outcome.planned_bytes = running.planned;
-        }
+        let mut report = running.report(progress, fan_out);
         let before = self.reports.get(&running.set);
         if running.restore && report.state == NodeSetPhase::Pulling {
             report.state = NodeSetPhase::Restoring;
@@ -671,11 +679,9 @@ impl AgentState {
                 self.fail(&running.set, running.generation, &running.images, why, now);
             }
             (None, Some(progress), Some(observed)) => {
-                let rolled = node_report::rolling(&running.set, running.generation, progress);
-                let mut report = node_report::verified(rolled, &observed);
-                report.fan_out = fan_out;
+                let mut report =
+                    node_report::verified(running.report(progress, fan_out), &observed);
                 if let Some(outcome) = &mut report.outcome {
-                    outcome.planned_bytes = running.planned;
                     // A runtime that reports no bytes (CRI-O) fetched what its relay passed on.
                     if let (Some(FetchedSource::Plan), Some(bytes)) =
                         (outcome.fetched_source, relayed)
@@ -734,8 +740,7 @@ impl AgentState {
         now: Instant,
     ) {
         let before = self.reports.get(&running.set);
-        let mut report = node_report::rolling(&running.set, running.generation, progress);
-        report.fan_out = fan_out;
+        let mut report = running.report(progress, fan_out);
         report.state = if running.restore {
             NodeSetPhase::Restoring
         } else {
@@ -743,9 +748,6 @@ impl AgentState {
         };
         report.conditions = node_report::confirming_conditions(why);
         report.restores = before.and_then(|r| r.restores.clone());
-        if let Some(outcome) = &mut report.outcome {
-            outcome.planned_bytes = running.planned;
-        }
         self.reports.insert(running.set.clone(), report);
         let again = now + CONFIRM_AFTER * 2u32.pow(tries);
         self.unconfirmed
