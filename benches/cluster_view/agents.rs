@@ -132,6 +132,7 @@ fn pinned_report(images: &[String]) -> NodeReport {
         limits: Some(AgentLimits::of(&Limits::default())),
         sets: vec![set],
         cache: None,
+        peers: None,
     }
 }
 

@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::backend::blobs::{BlobCache, CacheOptions, Endpoint};
+use crate::backend::blobs::{BlobCache, CacheOptions, Endpoint, Tracker};
 use crate::backend::credentials::Credentials;
 use crate::backend::pinboard_api::{CacheLease, PinboardApi};
 use crate::backend::registry::{Registry, RegistryOptions};
@@ -82,6 +82,7 @@ impl CacheRole {
             }
             Err(e) => return tracing::warn!("cannot take the cache's Lease: {e}"),
         }
+        self.expect_agents().await;
         let wanted: BTreeMap<String, i64> = fan_out_sets(sets)
             .map(|s| (s.name().to_string(), s.generation()))
             .collect();
@@ -110,12 +111,28 @@ impl CacheRole {
             blobs,
             "the in-cluster cache serves the fan-out sets"
         );
+        self.expect_agents().await;
         let Some(serving) = &mut self.serving else {
             return;
         };
         serving.published.sets = wanted;
         if let Err(e) = self.api.lead_cache(&self.holder, &serving.published).await {
             tracing::warn!("cannot publish the cache's sets: {e}");
+        }
+    }
+
+    /// Tells the tracker how many nodes have a live agent: a batch of nodes asking for a blob closes once
+    /// that many asked (or at its window).
+    async fn expect_agents(&self) {
+        let Some(tracker) = self.serving.as_ref().and_then(|s| s.endpoint.tracker()) else {
+            return;
+        };
+        match self.api.heartbeats().await {
+            Ok(heartbeats) => {
+                let now = std::time::SystemTime::now();
+                tracker.expect(heartbeats.values().filter(|h| !h.stale(now)).count());
+            }
+            Err(e) => tracing::debug!("cannot count the agents for the tracker: {e}"),
         }
     }
 
@@ -191,6 +208,7 @@ impl CacheRole {
     pub fn report(&self) -> Option<CacheReport> {
         let serving = self.serving.as_ref()?;
         let stats = serving.endpoint.stats();
+        let tracker = serving.endpoint.tracker();
         Some(CacheReport {
             address: serving.published.address.clone(),
             link_bytes: stats.link_bytes,
@@ -199,6 +217,9 @@ impl CacheRole {
             refused: stats.refused,
             link_rate: serving.cache.link_rate(),
             serve_rate: serving.endpoint.serving_cap(),
+            swarm_nodes: tracker.map_or(0, |t| t.stats().nodes),
+            swarm_blobs: tracker.map_or(0, |t| t.stats().blobs),
+            dropped_peers: tracker.map(Tracker::dropped).unwrap_or_default(),
         })
     }
 }

@@ -3,13 +3,16 @@
 //! cache ([`super::cache`]) with its token and waits out the cache's restarts up to [`HOLD_FOR_CACHE`];
 //! the source is kept after it (containerd's `server`, CRI-O's location), so neither a dead cache nor a
 //! dead agent stops a pull. The files are put back byte for byte when the rollout ends, and at the agent's
-//! start if a killed agent left them. The set's report says which way the node pulled.
+//! start if a killed agent left them. The set's report says which way the node pulled. With `--peer-port`
+//! the relay takes each blob from the other nodes the cache's tracker names, and serves them what it took
+//! ([`crate::backend::blobs::peers`]).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::blobs::{Locate, Relay, Upstream};
+use crate::backend::blobs::{Locate, PeerSetup, Peers, Relay, Upstream};
 use crate::backend::pinboard_api::PinboardApi;
 use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{Wired, marker};
@@ -23,20 +26,85 @@ pub const WAIT_FOR_CACHE: Duration = Duration::from_secs(60);
 /// is sent to the source: a killed agent's pod is started again within this.
 pub const HOLD_FOR_CACHE: Duration = Duration::from_secs(30);
 
-/// Starts the node's relay on its loopback, following the cache's Lease.
-pub async fn start_relay(api: &PinboardApi) -> Result<Relay, String> {
+/// How the node serves other nodes, from the agent's flags (`--peer-port`, `--peer-dir`, `--serve-rate`).
+#[derive(Clone, Debug)]
+pub struct PeerWish {
+    pub port: u16,
+    pub dir: PathBuf,
+    pub serve_rate: Option<u64>,
+}
+
+/// The node's relay to the cache, started for the first fan-out set (or why it could not be), with its
+/// peer side when the agent serves other nodes.
+pub struct RelaySlot {
+    peers: Option<PeerWish>,
+    started: Option<Result<Relay, String>>,
+}
+
+impl RelaySlot {
+    pub fn new(peers: Option<PeerWish>) -> RelaySlot {
+        RelaySlot {
+            peers,
+            started: None,
+        }
+    }
+
+    /// The relay, once started.
+    pub fn get(&self) -> Option<&Relay> {
+        self.started.as_ref()?.as_ref().ok()
+    }
+
+    /// The relay, started on the node's loopback if it is not yet, following the cache's Lease; its peer
+    /// side serves on `node_ip` (without it, or when it cannot listen, the node takes every blob from the
+    /// cache's holder).
+    pub async fn start(
+        &mut self,
+        api: &PinboardApi,
+        node: &str,
+        node_ip: Option<IpAddr>,
+    ) -> Result<&Relay, &str> {
+        if self.started.is_none() {
+            let locate = locate(api);
+            let peers = match (&self.peers, node_ip) {
+                (Some(wish), Some(ip)) => {
+                    let setup = PeerSetup {
+                        listen: SocketAddr::new(ip, wish.port),
+                        dir: wish.dir.clone(),
+                        node: node.to_string(),
+                        serve_rate: wish.serve_rate,
+                    };
+                    match Peers::start(setup, Arc::clone(&locate)).await {
+                        Ok(peers) => Some(peers),
+                        Err(e) => {
+                            tracing::warn!("not serving the other nodes: {e}");
+                            None
+                        }
+                    }
+                }
+                (Some(_), None) => {
+                    tracing::warn!("not serving the other nodes: the Node has no InternalIP yet");
+                    None
+                }
+                (None, _) => None,
+            };
+            let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+            let relay = Relay::start(listen, locate, HOLD_FOR_CACHE, peers).await;
+            self.started = Some(relay.map_err(|e| e.to_string()));
+        }
+        match self.started.as_ref().expect("just started") {
+            Ok(relay) => Ok(relay),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Finds the cache as its Lease says now.
+fn locate(api: &PinboardApi) -> Locate {
     let api = api.clone();
-    let locate: Locate = Arc::new(move || {
+    Arc::new(move || {
         let api = api.clone();
         Box::pin(async move { upstream(&api).await })
-    });
-    Relay::start(
-        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        locate,
-        HOLD_FOR_CACHE,
-    )
-    .await
-    .map_err(|e| e.to_string())
+    })
 }
 
 /// The cache as its Lease and token Secret say now.

@@ -80,7 +80,8 @@ pub struct ManifestArgs {
     #[arg(long)]
     pub node_credentials: bool,
     /// Makes the agents eligible for the in-cluster cache's role (`--cache-port=5050`), with a hostPath
-    /// blob cache at /var/lib/pinboard/cache: sets with `spec.fanOut` then pull through it.
+    /// blob cache at /var/lib/pinboard/cache: sets with `spec.fanOut` then pull through it, the nodes
+    /// serving each other what they took (`--peer-port=5051`, /var/lib/pinboard/peers).
     #[arg(long)]
     pub cache: bool,
     /// The gate for new nodes: each agent removes the startup taint pinboard.dev/preloading:NoSchedule from
@@ -459,7 +460,9 @@ mod tests {
         asked.cache = true;
         let objects = objects(&asked);
         assert!(agent_args(&objects).contains(&"--cache-port=5050"));
+        assert!(agent_args(&objects).contains(&"--peer-port=5051"));
         assert!(host_paths(&objects).contains(&"/var/lib/pinboard/cache"));
+        assert!(host_paths(&objects).contains(&"/var/lib/pinboard/peers"));
         asked.cache = false;
         asked.agent_args = vec!["--cache-port=6000".into()];
         let objects = super::tests::objects(&asked);

@@ -43,7 +43,7 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use crate::backend::blobs::Relay;
+use crate::backend::blobs::{Peers, Relay};
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::events::{self, Recorder};
 use crate::backend::http_server::Server;
@@ -123,11 +123,25 @@ pub struct AgentArgs {
     #[arg(long, value_name = "RATE", value_parser = crate::model::units::parse_rate,
           help_heading = "Agent")]
     pub link_rate: Option<u64>,
-    /// A cap on what the in-cluster cache's holder sends to the nodes, all together, e.g. 100MiB/s, so its
-    /// node's NIC keeps room for its own traffic. Default: no cap.
+    /// A cap on what this node sends to the other nodes, all together, e.g. 100MiB/s, so its NIC keeps room
+    /// for its own traffic: as the in-cluster cache's holder, and with --peer-port. Default: no cap.
     #[arg(long, value_name = "RATE", value_parser = crate::model::units::parse_rate,
           help_heading = "Agent")]
     pub serve_rate: Option<u64>,
+    /// Makes nodes serve each other a fan-out set's blobs: this node serves the pieces it took, on its
+    /// node's IP at this port, to the other nodes' agents (with the cache's token only), and takes each
+    /// blob from the nodes the cache's tracker names. None: it takes every blob from the cache's holder.
+    #[arg(long, value_name = "PORT", help_heading = "Agent")]
+    pub peer_port: Option<u16>,
+    /// Where the node keeps the blobs it takes from and serves to other nodes (a hostPath in the DaemonSet);
+    /// cleared when the agent starts.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/pinboard/peers",
+        help_heading = "Agent"
+    )]
+    pub peer_dir: PathBuf,
     /// Where the in-cluster cache keeps its blobs (a hostPath in the DaemonSet).
     #[arg(
         long,
@@ -248,7 +262,11 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         heartbeat_every: args.heartbeat_every.max(Duration::from_secs(1)),
         node: None,
         running: None,
-        relay: None,
+        relay: fan_out::RelaySlot::new(args.peer_port.map(|port| fan_out::PeerWish {
+            port,
+            dir: args.peer_dir.clone(),
+            serve_rate: args.serve_rate,
+        })),
         cache,
         cache_report: None,
         writer: ReportWriter::default(),
@@ -298,8 +316,8 @@ struct Agent {
     /// The Node object (its uid owns the report); None until it is seen.
     node: Option<Node>,
     running: Option<RunningIo>,
-    /// The node's relay to the cache, started for the first fan-out set (or why it could not be).
-    relay: Option<Result<Relay, String>>,
+    /// The node's relay to the cache, and its peer side.
+    relay: fan_out::RelaySlot,
     /// The in-cluster cache's role, for an agent started with `--cache-port`.
     cache: Option<cache::CacheRole>,
     /// The cache's figures as of the last heartbeat (reported at that pace, not at every byte).
@@ -373,7 +391,10 @@ impl Agent {
             io: &self.io,
             min_free_bytes: self.limits.min_free_bytes,
             cache: self.cache_report.as_ref(),
-            relay: relay_of(&self.relay).map(|r| (r.holding(), r.sent_to_source().0)),
+            relay: self
+                .relay
+                .get()
+                .map(|r| (r.holding(), r.sent_to_source().0)),
         };
         *page.lock().expect("metrics page") = metrics::page(&self.state, &shown, Instant::now());
     }
@@ -463,9 +484,9 @@ impl Agent {
             }
             Action::Release { scope, set } => {
                 self.release(&scope, &set).await;
-                Some(Input::Facts(self.read_facts().await))
+                Some(Input::Facts(Box::new(self.read_facts().await)))
             }
-            Action::ReadFacts => Some(Input::Facts(self.read_facts().await)),
+            Action::ReadFacts => Some(Input::Facts(Box::new(self.read_facts().await))),
             Action::Record(note) => {
                 self.record(&note).await;
                 None
@@ -506,11 +527,11 @@ impl Agent {
             false => (None, None),
             true => {
                 let since = waiting_since.unwrap_or_else(Instant::now);
-                if self.relay.is_none() {
-                    self.relay = Some(fan_out::start_relay(&self.api).await);
-                }
-                let relay = self.relay.as_ref().expect("just started").as_ref();
-                let relay = relay.map_err(String::as_str);
+                let ip = node_ip(self.node.as_ref());
+                let relay = self
+                    .relay
+                    .start(&self.api, &self.target.node.name, ip)
+                    .await;
                 let key = (name.as_str(), generation);
                 match fan_out::prepare(
                     &self.api,
@@ -567,8 +588,8 @@ impl Agent {
             control,
             wired,
             fan_out: fan_out.clone(),
-            sent_to_source_before: relay_of(&self.relay).map_or(0, |r| r.sent_to_source().0),
-            passed_before: relay_of(&self.relay).map_or(0, Relay::passed_bytes),
+            sent_to_source_before: self.relay.get().map_or(0, |r| r.sent_to_source().0),
+            passed_before: self.relay.get().map_or(0, Relay::passed_bytes),
         });
         Input::Started { fan_out }
     }
@@ -578,7 +599,7 @@ impl Agent {
         let fan_out = self
             .running
             .as_ref()
-            .and_then(|r| r.fan_out_report(relay_of(&self.relay)));
+            .and_then(|r| r.fan_out_report(self.relay.get()));
         match event {
             FleetEvent::Rollout(Update::Event(event)) => {
                 // Settled with failures, the engine waits for an image's retry from its control (the
@@ -619,7 +640,9 @@ impl Agent {
             fan_out::unwire(&set, wired).await;
         }
         // Every pull through the relay: what it passed on is what the runtime fetched.
-        let relayed = relay_of(&self.relay)
+        let relayed = self
+            .relay
+            .get()
             .filter(|relay| {
                 running.fan_out.as_ref().is_some_and(|f| f.cache.is_some())
                     && relay.sent_to_source().0 == running.sent_to_source_before
@@ -717,6 +740,7 @@ impl Agent {
         let mut report = self.state.facts().clone();
         report.sets = self.state.reports().cloned().collect();
         report.cache = self.cache_report.clone();
+        report.peers = self.relay.get().and_then(Relay::peers).map(Peers::report);
         report.limits = Some(crate::model::plan::AgentLimits::of(&self.limits));
         let due = Due {
             report,
@@ -747,11 +771,6 @@ async fn pull_credentials<'a>(
         }
     }
     credentials
-}
-
-/// The node's relay, once started.
-fn relay_of(relay: &Option<Result<Relay, String>>) -> Option<&Relay> {
-    relay.as_ref()?.as_ref().ok()
 }
 
 /// The node's InternalIP, where the in-cluster cache serves when this agent holds its role.

@@ -83,7 +83,7 @@ pub enum Input {
     /// What an administrator asked of lazy pulling (its report's `spec.lazyPulling`).
     LazyWish(Option<bool>),
     /// The node's facts, read again.
-    Facts(NodeReport),
+    Facts(Box<NodeReport>),
     /// A second went by.
     Tick,
     /// The set [`Action::RollOut`] named started, pulling as `fan_out` says for a fan-out set.
@@ -256,7 +256,7 @@ impl AgentState {
                 return Vec::new();
             }
             Input::Facts(facts) => {
-                self.facts = facts;
+                self.facts = *facts;
                 self.facts_read = Some(now);
             }
             Input::Tick => {

@@ -519,6 +519,41 @@ pub(super) fn content_range(headers: &http::HeaderMap) -> Option<std::ops::Range
     Some(first.trim().parse().ok()?..last.trim().parse::<u64>().ok()? + 1)
 }
 
+/// A `Range: bytes=...` header against a blob of `size` bytes: `Ok(None)` for the whole blob (no header,
+/// or one this endpoint serves whole, such as several ranges), `Err` when it cannot be satisfied.
+pub(super) fn parse_range(
+    header: Option<&str>,
+    size: u64,
+) -> Result<Option<std::ops::Range<u64>>, ()> {
+    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((first, last)) = spec.split_once('-') else {
+        return Ok(None);
+    };
+    let number = |text: &str| text.trim().parse::<u64>().map_err(|_| ());
+    let range = match (first.trim().is_empty(), last.trim().is_empty()) {
+        // `bytes=-N`: the last N bytes.
+        (true, false) => {
+            let n = number(last)?.min(size);
+            if n == 0 {
+                return Err(());
+            }
+            size - n..size
+        }
+        (false, true) => number(first)?..size,
+        (false, false) => number(first)?..number(last)?.saturating_add(1).min(size),
+        (true, true) => return Ok(None),
+    };
+    if range.start >= size || range.start >= range.end {
+        return Err(());
+    }
+    Ok(Some(range))
+}
+
 /// Whether a 401's challenge says `error="insufficient_scope"`: the token is valid but does not cover the
 /// request (distribution, Docker Hub).
 fn insufficient_scope(headers: &http::HeaderMap) -> bool {
@@ -633,6 +668,24 @@ fn system_roots_usable() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_are_read_as_http_says() {
+        assert_eq!(parse_range(None, 100), Ok(None));
+        assert_eq!(parse_range(Some("bytes=10-"), 100), Ok(Some(10..100)));
+        assert_eq!(parse_range(Some("bytes=10-19"), 100), Ok(Some(10..20)));
+        assert_eq!(parse_range(Some("bytes=90-500"), 100), Ok(Some(90..100)));
+        assert_eq!(parse_range(Some("bytes=-30"), 100), Ok(Some(70..100)));
+        assert_eq!(parse_range(Some("bytes=-300"), 100), Ok(Some(0..100)));
+        assert_eq!(parse_range(Some("bytes=0-0"), 100), Ok(Some(0..1)));
+        // Several ranges, or another unit: served whole.
+        assert_eq!(parse_range(Some("bytes=0-1,5-6"), 100), Ok(None));
+        assert_eq!(parse_range(Some("items=0-1"), 100), Ok(None));
+        assert_eq!(parse_range(Some("bytes=100-"), 100), Err(()));
+        assert_eq!(parse_range(Some("bytes=20-10"), 100), Err(()));
+        assert_eq!(parse_range(Some("bytes=-0"), 100), Err(()));
+        assert_eq!(parse_range(Some("bytes=x-"), 100), Err(()));
+    }
 
     #[test]
     fn a_token_short_of_the_repository_is_told_from_other_refusals() {

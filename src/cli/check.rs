@@ -174,6 +174,18 @@ fn readiness_table(nodes: &[NodeReadiness]) -> String {
             cache.requests,
             cache.refused
         ));
+        if cache.swarm_nodes > 0 {
+            out.push_str(&format!(
+                "  {} nodes take its blobs from each other ({} blobs shared through its tracker)\n",
+                cache.swarm_nodes, cache.swarm_blobs
+            ));
+        }
+        for dropped in &cache.dropped_peers {
+            out.push_str(&format!(
+                "  ! {} no longer serves the other nodes: it sent a corrupt piece of {} ({})\n",
+                dropped.node, dropped.digest, dropped.reason
+            ));
+        }
     }
     let set_rows: Vec<Vec<String>> = nodes
         .iter()

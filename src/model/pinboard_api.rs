@@ -230,6 +230,35 @@ pub struct NodeReport {
     /// The in-cluster cache's figures, when this node's agent holds the cache's role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheReport>,
+    /// What the node's agent took from and served to other nodes, once it took part in a swarm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<PeerReport>,
+}
+
+/// A node's part in its fan-out sets' swarms (`--peer-port`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerReport {
+    /// `http://NODE-IP:PORT`: where it serves its pieces to other nodes.
+    pub address: String,
+    /// Verified bytes it served to other nodes.
+    pub served_bytes: u64,
+    /// Verified bytes it took from other nodes, and from the cache's holder.
+    pub from_peers_bytes: u64,
+    pub from_holder_bytes: u64,
+    /// Pieces it refused because their hash was not the holder's.
+    pub refused_pieces: u64,
+    /// Requests refused: without the cache's token, or for a blob it does not take.
+    pub refused: u64,
+}
+
+/// A node the tracker dropped as a parent for serving a corrupt piece.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DroppedPeer {
+    pub node: String,
+    pub digest: String,
+    pub reason: String,
 }
 
 /// The in-cluster cache as its holder reports it.
@@ -251,6 +280,14 @@ pub struct CacheReport {
     /// `--serve-rate`: the most it sends to the nodes, all together, bytes per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve_rate: Option<u64>,
+    /// Nodes that asked its tracker for parents (they serve each other), and blobs they swarm over.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub swarm_nodes: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub swarm_blobs: u64,
+    /// Peers dropped for serving corrupt pieces, named with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped_peers: Vec<DroppedPeer>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,122 +11,34 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
 use serde_json::Value;
 use support::agents::{AgentsLab, AgentsSetup};
 use support::crio::CrioStandIn;
+use support::fan_out::{
+    self, CACHE_PORT, WAIT, apply_fan_out_set, assert_moved_at_most, cache_token, push_images,
+    reports, through_proxy, wait_set_pinned_on,
+};
 use support::kube_objects::{apply_yaml, wait_for};
 use support::link::{LinkSampler, assert_kept_to};
-use support::{
-    ImageSpec, LayerFormat, LayerSpec, NodeSpec, PushedImage, RegistrySetup, unique_bytes,
-};
+use support::{ImageSpec, NodeSpec, RegistrySetup, unique_bytes};
 
-const KI: u64 = 1 << 10;
 const MI: u64 = 1 << 20;
-const WAIT: Duration = Duration::from_secs(180);
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
-/// Where every eligible agent's cache serves on its node.
-const CACHE_PORT: &str = "5050";
 
-/// A lab whose agents are all eligible for the cache's role and reach `registry` through the proxy.
+/// A lab of [`NODES`] whose agents are all eligible for the cache's role and reach `registry` through the
+/// proxy.
 async fn cache_lab(name: &str, registry: RegistrySetup) -> AgentsLab {
     cache_lab_with(name, registry, &[]).await
 }
 
 /// [`cache_lab`], every agent with `more` arguments.
 async fn cache_lab_with(name: &str, registry: RegistrySetup, more: &[&str]) -> AgentsLab {
-    let nodes = NODES.iter().map(|n| NodeSpec::new(n, 256 * MI)).collect();
-    let mut agent_args = vec![
-        "--insecure-registry={proxy}".to_string(),
-        format!("--cache-port={CACHE_PORT}"),
-        "--cache-dir={lab}/cache-{node}".into(),
-    ];
-    agent_args.extend(more.iter().map(|a| a.to_string()));
-    let setup = AgentsSetup {
-        agent_args,
-        registry,
-        ..AgentsSetup::default()
-    };
-    AgentsLab::start_with(name, nodes, None, setup).await
-}
-
-/// `count` images, each of a base layer shared by all and a layer of its own.
-fn push_images(lab: &AgentsLab, repo: &str, seed: u64, count: u64) -> Vec<PushedImage> {
-    (0..count)
-        .map(|i| {
-            let layer = |seed, bytes| LayerSpec {
-                seed,
-                bytes,
-                format: LayerFormat::Gzip,
-            };
-            let spec = ImageSpec {
-                layers: vec![
-                    layer(seed, 3 * MI as usize),
-                    layer(
-                        seed + 100 + i,
-                        2 * MI as usize + i as usize * 16 * KI as usize,
-                    ),
-                ],
-                ..ImageSpec::default()
-            };
-            lab.lab
-                .push_image(&format!("{repo}{i}"), &spec)
-                .expect("push")
-        })
-        .collect()
-}
-
-/// Applies PinSet `name` with `spec.fanOut` listing `references` (and `extra` YAML under its spec), as
-/// `kubectl apply` would.
-async fn apply_fan_out_set(lab: &AgentsLab, name: &str, references: &[String], extra: &str) {
-    let listed: String = references
-        .iter()
-        .map(|r| format!("  - name: {r}\n"))
-        .collect();
-    let yaml = format!(
-        "apiVersion: pinboard.dev/v1alpha1\nkind: PinSet\nmetadata:\n  name: {name}\nspec:\n  fanOut: true\n  \
-         pinnedImages:\n{listed}{extra}"
-    );
-    apply_yaml(&lab.admin, &yaml).await;
-}
-
-/// The PinboardNode reports, by node.
-async fn reports(lab: &AgentsLab) -> BTreeMap<String, Value> {
-    lab.reports()
-        .await
-        .into_iter()
-        .map(|r| (r["metadata"]["name"].as_str().unwrap().to_owned(), r))
-        .collect()
+    fan_out::cache_lab(name, &NODES, registry, more).await
 }
 
 /// Waits until every node's report has set `name` pinned.
 async fn wait_set_pinned(lab: &AgentsLab, name: &str) -> BTreeMap<String, Value> {
     wait_set_pinned_on(lab, name, &NODES).await
-}
-
-/// Waits until the reports of `nodes` have set `name` pinned.
-async fn wait_set_pinned_on(
-    lab: &AgentsLab,
-    name: &str,
-    nodes: &[&str],
-) -> BTreeMap<String, Value> {
-    wait_for(&format!("set {name} pinned on {nodes:?}"), WAIT, || async {
-        let reports = reports(lab).await;
-        let pinned = nodes.iter().all(|node| {
-            reports.get(*node).is_some_and(|r| {
-                r["status"]["sets"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|s| s["name"] == name && s["state"] == "pinned")
-            })
-        });
-        pinned
-            .then(|| reports.clone())
-            .ok_or_else(|| format!("{reports:?}"))
-    })
-    .await
 }
 
 /// Waits until every node has set `name` pinned, and asserts that each holds `references` pinned and says
@@ -148,28 +60,6 @@ async fn wait_pinned_through_cache(
         );
     }
     reports
-}
-
-/// Asserts that the link carried at most `slack` times `unique` bytes since the proxy had sent `before`,
-/// and says on stderr what it carried for `what`; the bytes it carried.
-fn assert_moved_at_most(lab: &AgentsLab, what: &str, before: u64, unique: u64, slack: f64) -> u64 {
-    let moved = lab.lab.proxy().bytes_down() - before;
-    let ratio = moved as f64 / unique as f64;
-    assert!(
-        moved as f64 <= slack * unique as f64,
-        "{moved} bytes crossed the link for {unique} unique bytes ({ratio:.3}x; lab: {})",
-        lab.lab.dir().display()
-    );
-    eprintln!("{what}: {moved} bytes over the link for {unique} unique ({ratio:.3}x)");
-    moved
-}
-
-/// `images`' references through the lab's counting proxy.
-fn through_proxy(lab: &AgentsLab, images: &[PushedImage]) -> Vec<String> {
-    images
-        .iter()
-        .map(|i| i.reference(&lab.lab.proxy_host()))
-        .collect()
 }
 
 /// Applies set `web` of `references` over a link slowed to 2 MiB/s, and returns once a quarter of their
@@ -195,17 +85,6 @@ async fn wait_hosts_back(lab: &AgentsLab, before: &[Option<String>]) {
         (now == before).then_some(()).ok_or(format!("{now:?}"))
     })
     .await;
-}
-
-/// The cache's token, from its Secret.
-async fn cache_token(lab: &AgentsLab) -> String {
-    let secrets: Api<Secret> = Api::namespaced(lab.admin.clone(), support::agents::NAMESPACE);
-    let secret = secrets
-        .get("pinboard-cache-token")
-        .await
-        .expect("the token's Secret");
-    let data = secret.data.expect("data");
-    String::from_utf8(data["token"].0.clone()).expect("a text token")
 }
 
 /// Every node's hosts.toml for the proxy, as it is now (None: no file).

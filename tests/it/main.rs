@@ -9,6 +9,7 @@ mod agents;
 mod agents_fanout;
 mod agents_losses;
 mod agents_operations;
+mod agents_peers;
 mod agents_plan;
 mod agents_rbac;
 mod support;

@@ -53,8 +53,8 @@ fn node(pairs: &[(&str, &str)]) -> Input {
 }
 
 /// Facts of a node holding `held`: (image, the sets holding its pin).
-fn facts(held: &[(&str, &[&str])]) -> NodeReport {
-    NodeReport {
+fn facts(held: &[(&str, &[&str])]) -> Box<NodeReport> {
+    Box::new(NodeReport {
         images: held
             .iter()
             .map(|(image, sets)| ImageReport {
@@ -65,7 +65,7 @@ fn facts(held: &[(&str, &[&str])]) -> NodeReport {
             })
             .collect(),
         ..NodeReport::default()
-    }
+    })
 }
 
 /// The runtime's word on `images`: (image, present, pinned).

@@ -18,7 +18,6 @@
 //! the blob bytes it sends, to all clients together, under a rate, so its node's NIC keeps room.
 
 use std::net::SocketAddr;
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -35,9 +34,12 @@ use hyper::body::{Frame, Incoming};
 use serde::Serialize;
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
+use crate::backend::blobs::tracker::{Join, Lost, Reply, Tracker};
+use crate::backend::distribution::parse_range;
 use crate::backend::http_server::{Server, empty_body, full_body};
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
 use crate::model::pacing::Pace;
+use crate::model::peers::wire::SWARM_PREFIX;
 use crate::model::served::{Content, ServedDigests, Source};
 
 type Body = UnsyncBoxBody<Bytes, BlobError>;
@@ -76,6 +78,8 @@ struct Shared {
     refused: AtomicU64,
     /// The serving cap every blob stream books its bytes against.
     serve_pace: Mutex<Option<Pace>>,
+    /// With a token (the in-cluster cache): the tracker of the nodes serving each other.
+    tracker: Option<Tracker>,
 }
 
 impl Shared {
@@ -103,11 +107,12 @@ impl Endpoint {
         let shared = Arc::new(Shared {
             cache,
             allowed: RwLock::new(Arc::new(allowed)),
-            token,
             served_bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             serve_pace: Mutex::new(None),
+            tracker: token.is_some().then(Tracker::default),
+            token,
         });
         let serving = Arc::clone(&shared);
         let server = Server::start(listen, move |request| {
@@ -155,6 +160,11 @@ impl Endpoint {
         Endpoint::figures(&self.shared)
     }
 
+    /// The tracker of the nodes serving each other (an endpoint started with a token has one).
+    pub fn tracker(&self) -> Option<&Tracker> {
+        self.shared.tracker.as_ref()
+    }
+
     fn figures(shared: &Shared) -> EndpointStats {
         EndpointStats {
             link_bytes: shared.cache.link_bytes(),
@@ -190,6 +200,10 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
                 "this cache serves only pinboard's agents' nodes".into(),
             );
         }
+    }
+    if let (Some(tracker), Some(rest)) = (&shared.tracker, path.strip_prefix(SWARM_PREFIX)) {
+        let query = request.uri().query().unwrap_or_default().to_string();
+        return swarm(shared, tracker, &method, rest, ns.as_deref(), &query);
     }
     if method != Method::GET && !head {
         return refuse(
@@ -246,6 +260,79 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
             format!("{reference} is not a blob of the sets this mirror serves in {source}"),
         ),
     }
+}
+
+/// The tracker's part of the endpoint: `GET <SWARM_PREFIX>/v2/<name>/blobs/<digest>` (join),
+/// `POST <SWARM_PREFIX>/lost` and `POST <SWARM_PREFIX>/done` ([`crate::model::peers::wire`]).
+fn swarm(
+    shared: &Shared,
+    tracker: &Tracker,
+    method: &Method,
+    rest: &str,
+    ns: Option<&str>,
+    query: &str,
+) -> Response<Body> {
+    let param = |name| query_param(query, name).unwrap_or_default();
+    let reply: Reply = match (method, rest) {
+        (&Method::POST, "/lost") => {
+            let corrupt = (param("why") == "corrupt").then(|| param("reason"));
+            tracker.lost(&Lost {
+                digest: &param("digest"),
+                node: &param("node"),
+                stripe: param("stripe").parse().unwrap_or(usize::MAX),
+                from: &param("from"),
+                corrupt: corrupt.as_deref(),
+            })
+        }
+        (&Method::POST, "/done") => {
+            tracker.done(&param("digest"), &param("node"));
+            Ok(Default::default())
+        }
+        (&Method::GET, rest) => {
+            let allowed = Arc::clone(&shared.allowed.read().expect("served digests"));
+            let blob = split_path(rest).and_then(|(name, kind, digest)| {
+                let source = allowed.source_of(ns, name)?;
+                match (kind, allowed.get(&source, digest)) {
+                    (Kind::Blob, Some(Content::Blob { size })) => Some((source, digest, size)),
+                    _ => None,
+                }
+            });
+            match blob {
+                Some((source, digest, size)) => tracker.join(
+                    &shared.cache,
+                    &Join {
+                        source: &source,
+                        digest,
+                        size,
+                        node: &param("node"),
+                        address: &param("address"),
+                    },
+                ),
+                None => Err((
+                    StatusCode::NOT_FOUND,
+                    format!("{rest} is not a blob of the sets this cache serves"),
+                )),
+            }
+        }
+        _ => Err((
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} {SWARM_PREFIX}{rest} is not a request of the tracker"),
+        )),
+    };
+    let (status, body) = match reply {
+        Ok(answer) => (
+            StatusCode::OK,
+            serde_json::to_string(&answer).expect("an answer serializes"),
+        ),
+        Err((status, why)) => {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            (status, serde_json::json!({ "error": why }).to_string())
+        }
+    };
+    response(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(full_body(Bytes::from(body)))
+        .expect("a valid response")
 }
 
 async fn manifest(shared: &Shared, source: &Source, digest: &str, head: bool) -> Response<Body> {
@@ -356,45 +443,13 @@ fn split_path(path: &str) -> Option<(&str, Kind, &str)> {
     (!name.is_empty() && !reference.is_empty()).then_some((name, kind, reference))
 }
 
-/// A `Range: bytes=...` header against a blob of `size` bytes: `Ok(None)` for the whole blob (no header,
-/// or one this endpoint serves whole, such as several ranges), `Err` when it cannot be satisfied.
-fn parse_range(header: Option<&str>, size: u64) -> Result<Option<Range<u64>>, ()> {
-    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
-        return Ok(None);
-    };
-    if spec.contains(',') {
-        return Ok(None);
-    }
-    let Some((first, last)) = spec.split_once('-') else {
-        return Ok(None);
-    };
-    let number = |text: &str| text.trim().parse::<u64>().map_err(|_| ());
-    let range = match (first.trim().is_empty(), last.trim().is_empty()) {
-        // `bytes=-N`: the last N bytes.
-        (true, false) => {
-            let n = number(last)?.min(size);
-            if n == 0 {
-                return Err(());
-            }
-            size - n..size
-        }
-        (false, true) => number(first)?..size,
-        (false, false) => number(first)?..number(last)?.saturating_add(1).min(size),
-        (true, true) => return Ok(None),
-    };
-    if range.start >= size || range.start >= range.end {
-        return Err(());
-    }
-    Ok(Some(range))
-}
-
-/// The value of `name` in a query string, percent-decoded.
+/// The value of `name` in a query string, form-decoded (`+` is a space).
 fn query_param(query: &str, name: &str) -> Option<String> {
     query
         .split('&')
         .filter_map(|pair| pair.split_once('='))
         .find(|(key, _)| *key == name)
-        .map(|(_, value)| percent_decode(value))
+        .map(|(_, value)| percent_decode(&value.replace('+', " ")))
 }
 
 fn percent_decode(text: &str) -> String {
@@ -478,24 +533,6 @@ mod tests {
     }
 
     #[test]
-    fn ranges_are_read_as_http_says() {
-        assert_eq!(parse_range(None, 100), Ok(None));
-        assert_eq!(parse_range(Some("bytes=10-"), 100), Ok(Some(10..100)));
-        assert_eq!(parse_range(Some("bytes=10-19"), 100), Ok(Some(10..20)));
-        assert_eq!(parse_range(Some("bytes=90-500"), 100), Ok(Some(90..100)));
-        assert_eq!(parse_range(Some("bytes=-30"), 100), Ok(Some(70..100)));
-        assert_eq!(parse_range(Some("bytes=-300"), 100), Ok(Some(0..100)));
-        assert_eq!(parse_range(Some("bytes=0-0"), 100), Ok(Some(0..1)));
-        // Several ranges, or another unit: served whole.
-        assert_eq!(parse_range(Some("bytes=0-1,5-6"), 100), Ok(None));
-        assert_eq!(parse_range(Some("items=0-1"), 100), Ok(None));
-        assert_eq!(parse_range(Some("bytes=100-"), 100), Err(()));
-        assert_eq!(parse_range(Some("bytes=20-10"), 100), Err(()));
-        assert_eq!(parse_range(Some("bytes=-0"), 100), Err(()));
-        assert_eq!(parse_range(Some("bytes=x-"), 100), Err(()));
-    }
-
-    #[test]
     fn containerds_ns_parameter_is_decoded() {
         assert_eq!(
             query_param("ns=127.0.0.1%3A5000", "ns").as_deref(),
@@ -507,5 +544,9 @@ mod tests {
         );
         assert_eq!(query_param("nsx=quay.io", "ns"), None);
         assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(
+            query_param("reason=piece+0+hashed%2B", "reason").as_deref(),
+            Some("piece 0 hashed+")
+        );
     }
 }

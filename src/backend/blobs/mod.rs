@@ -5,6 +5,9 @@
 //!   resumed with `Range` after a drop, verified before it counts as complete, bounded by `--cache-max`.
 //! - [`endpoint`]: [`Endpoint`], the pull side of the OCI distribution API over the cache, for the digests
 //!   of the sets only ([`crate::model::served::ServedDigests`]).
+//! - [`tracker`]: [`Tracker`], the holder's who-takes-what-from-whom for nodes serving each other.
+//! - [`peers`]: [`Peers`], a node serving the pieces it took to other nodes, and taking each blob from
+//!   the parents the tracker names, every piece checked against the holder's hash.
 //! - [`relay`]: [`Relay`], a node's own mirror passing its pulls on to the in-cluster cache's endpoint,
 //!   riding out the cache's restarts.
 //!
@@ -12,8 +15,14 @@
 
 pub mod cache;
 pub mod endpoint;
+pub mod peers;
 pub mod relay;
+pub mod tracker;
+pub mod upstream;
 
 pub use cache::{Blob, BlobCache, BlobError, CacheOptions};
 pub use endpoint::{Endpoint, EndpointStats};
-pub use relay::{Locate, Relay, Upstream};
+pub use peers::{PeerSetup, Peers};
+pub use relay::Relay;
+pub use tracker::Tracker;
+pub use upstream::{Locate, Upstream};

@@ -12,10 +12,8 @@
 //!
 //! A dead agent means a dead relay: the runtime's connection is refused and it pulls from the source.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -23,17 +21,21 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, RANGE};
+use http::header::{
+    ACCEPT, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderMap, HeaderValue, RANGE,
+};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::{Frame, Incoming};
 use tokio::sync::Mutex;
 
+use crate::backend::blobs::peers::Peers;
+use crate::backend::blobs::upstream::{Locate, Upstream};
 use crate::backend::cri::error_chain;
-use crate::backend::distribution::content_range;
+use crate::backend::distribution::{content_range, parse_range};
 use crate::backend::http_server::{Server, empty_body, full_body};
-use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
+use crate::model::cache_token::CACHE_TOKEN_HEADER;
 
 /// How often a request waiting for the cache tries it again.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
@@ -52,17 +54,6 @@ const PASSED_ON: [&str; 7] = [
 ];
 
 type Body = UnsyncBoxBody<Bytes, RelayError>;
-
-/// Where the cache is: its address (`http://IP:PORT`) and its token.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Upstream {
-    pub address: String,
-    pub token: CacheToken,
-}
-
-/// Finds the cache (its holder may have moved); None while no one serves it.
-pub type Locate =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Option<Upstream>> + Send>> + Send + Sync>;
 
 /// A blob that could not be passed on whole.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +80,8 @@ struct Shared {
     holding: AtomicU64,
     /// Why the last request was sent to the source.
     last_reason: std::sync::Mutex<Option<String>>,
+    /// With `--peer-port`: blobs are taken from the other nodes the tracker names.
+    peers: Option<Peers>,
 }
 
 #[derive(Default)]
@@ -100,11 +93,13 @@ struct Located {
 }
 
 impl Relay {
-    /// Listens on `listen` and passes requests on to the cache `locate` finds, waiting up to `hold` for it.
+    /// Listens on `listen` and passes requests on to the cache `locate` finds, waiting up to `hold` for it;
+    /// with `peers`, takes blobs from the other nodes as the cache's tracker says.
     pub async fn start(
         listen: SocketAddr,
         locate: Locate,
         hold: Duration,
+        peers: Option<Peers>,
     ) -> Result<Relay, RelayError> {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
@@ -121,6 +116,7 @@ impl Relay {
             passed: AtomicU64::new(0),
             holding: AtomicU64::new(0),
             last_reason: std::sync::Mutex::new(None),
+            peers,
         });
         let serving = Arc::clone(&shared);
         let server = Server::start(listen, move |request| handle(Arc::clone(&serving), request))
@@ -152,6 +148,11 @@ impl Relay {
     /// Bytes the relay passed on to the runtime so far (manifests and blobs).
     pub fn passed_bytes(&self) -> u64 {
         self.shared.passed.load(Ordering::Relaxed)
+    }
+
+    /// The node's peer side, when it serves other nodes.
+    pub fn peers(&self) -> Option<&Peers> {
+        self.shared.peers.as_ref()
     }
 
     /// Passes requests on to `upstream` from now on (until it fails and another is found).
@@ -280,6 +281,12 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
             headers.append(name.clone(), value.clone());
         }
     }
+    if method == Method::GET
+        && target.contains("/blobs/")
+        && let Some(response) = from_peers(&shared, &target, &headers).await
+    {
+        return response;
+    }
     let upstream = match shared.open(&method, &target, &headers).await {
         Ok(response) => response,
         Err(why) => return plain(StatusCode::SERVICE_UNAVAILABLE, &why),
@@ -321,6 +328,52 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
     response
         .body(StreamBody::new(body).boxed_unsync())
         .expect("a valid response")
+}
+
+/// The blob at `target` as the node takes it from the other nodes, its verified prefix passed on as it
+/// grows; None (the request goes to the cache as before) without peers or a placement in the swarm.
+async fn from_peers(
+    shared: &Arc<Shared>,
+    target: &str,
+    headers: &HeaderMap,
+) -> Option<Response<Body>> {
+    let peers = shared.peers.as_ref()?;
+    let upstream = shared.upstream().await?;
+    let taking = peers.take(&upstream, target).await?;
+    let size = taking.cut.size;
+    let asked = headers.get(RANGE).and_then(|v| v.to_str().ok());
+    let mut response = Response::builder()
+        .header(CONTENT_TYPE, "application/octet-stream")
+        .header("docker-content-digest", taking.digest.as_str())
+        .header("accept-ranges", "bytes");
+    let span = match parse_range(asked, size) {
+        Ok(Some(span)) => {
+            let range = format!("bytes {}-{}/{size}", span.start, span.end - 1);
+            response = response
+                .status(StatusCode::PARTIAL_CONTENT)
+                .header(CONTENT_RANGE, range);
+            span
+        }
+        Ok(None) => 0..size,
+        Err(()) => {
+            let refused = Response::builder()
+                .status(StatusCode::RANGE_NOT_SATISFIABLE)
+                .header(CONTENT_RANGE, format!("bytes */{size}"))
+                .body(empty_body());
+            return Some(refused.expect("a valid response"));
+        }
+    };
+    let shared = Arc::clone(shared);
+    let body = taking.prefix_stream(span.clone()).map(move |chunk| {
+        let chunk = chunk.map_err(RelayError)?;
+        let passed = &shared.passed;
+        passed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        Ok(Frame::data(chunk))
+    });
+    let response = response
+        .header(CONTENT_LENGTH, span.end - span.start)
+        .body(StreamBody::new(body.boxed()).boxed_unsync());
+    Some(response.expect("a valid response"))
 }
 
 /// A blob on its way to the runtime: bytes `next..end` are still to come from `stream`.
@@ -421,7 +474,9 @@ mod tests {
     use std::net::Ipv4Addr;
     use std::sync::atomic::AtomicUsize;
 
-    use http::header::{CONTENT_RANGE, HeaderName};
+    use http::header::HeaderName;
+
+    use crate::model::cache_token::CacheToken;
 
     use super::*;
 
@@ -520,9 +575,14 @@ mod tests {
                 .filter(|_| asked.fetch_add(1, Ordering::SeqCst) >= absent);
             Box::pin(async move { upstream })
         });
-        Relay::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), locate, hold)
-            .await
-            .unwrap()
+        Relay::start(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            locate,
+            hold,
+            None,
+        )
+        .await
+        .unwrap()
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@
 //!   stripe trees), and who is dropped for serving corrupt pieces.
 //! - [`fetch`]: one node taking one blob in: which pieces it holds, what to ask for next, the verified
 //!   prefix the runtime reads.
+//! - [`wire`]: what nodes and the tracker say to each other, and a piece checked against its hash.
 //!
 //! Pure: the holder's tracker and every node's relay run it, and so does the simulation
 //! (`benches/fan_out_scale.rs`).
@@ -14,7 +15,9 @@
 pub mod fetch;
 pub mod pieces;
 pub mod swarm;
+pub mod wire;
 
 pub use fetch::Fetch;
 pub use pieces::Geometry;
 pub use swarm::{Loss, Parent, Placement, Swarm};
+pub use wire::{Answer, Cut, Cutter, ParentAt};

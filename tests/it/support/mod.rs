@@ -17,6 +17,7 @@ pub mod cluster;
 mod cri;
 pub mod crio;
 pub mod estargz;
+pub mod fan_out;
 pub mod http;
 pub mod hup;
 mod images;
