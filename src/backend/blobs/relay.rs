@@ -363,17 +363,77 @@ async fn from_peers(
             return Some(refused.expect("a valid response"));
         }
     };
-    let shared = Arc::clone(shared);
-    let body = taking.prefix_stream(span.clone()).map(move |chunk| {
-        let chunk = chunk.map_err(RelayError)?;
-        let passed = &shared.passed;
-        passed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-        Ok(Frame::data(chunk))
-    });
+    let mut rest_headers = headers.clone();
+    rest_headers.remove(RANGE);
+    let from_peers = FromPeers::Peers {
+        peers: taking.prefix_stream(span.clone()),
+        rest: Passing {
+            shared: Arc::clone(shared),
+            target: target.to_string(),
+            headers: rest_headers,
+            next: span.start,
+            end: span.end,
+            stream: futures::stream::empty().boxed(),
+            resumed_at: None,
+        },
+    };
     let response = response
         .header(CONTENT_LENGTH, span.end - span.start)
-        .body(StreamBody::new(body.boxed()).boxed_unsync());
+        .body(StreamBody::new(from_peers.stream()).boxed_unsync());
     Some(response.expect("a valid response"))
+}
+
+/// A blob passed on from what the node takes from the other nodes; should that fail (no parent within
+/// the stripes' patience), the rest comes from the cache's holder as without peers, so the runtime sees
+/// one download, not a failure that would send it to the source.
+enum FromPeers {
+    Peers {
+        peers: BoxStream<'static, Result<Bytes, String>>,
+        /// What is left, `next..end`, for the holder should the peers fail.
+        rest: Passing,
+    },
+    Holder(BoxStream<'static, Result<Frame<Bytes>, RelayError>>),
+}
+
+impl FromPeers {
+    fn stream(self) -> BoxStream<'static, Result<Frame<Bytes>, RelayError>> {
+        futures::stream::unfold(Some(self), |from| async move {
+            let mut from = from?;
+            loop {
+                match from {
+                    FromPeers::Holder(mut holder) => {
+                        let item = holder.next().await?;
+                        return Some((item, Some(FromPeers::Holder(holder))));
+                    }
+                    FromPeers::Peers {
+                        mut peers,
+                        mut rest,
+                    } => match peers.next().await {
+                        Some(Ok(chunk)) => {
+                            rest.next += chunk.len() as u64;
+                            let passed = &rest.shared.passed;
+                            passed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            let from = FromPeers::Peers { peers, rest };
+                            return Some((Ok(Frame::data(chunk)), Some(from)));
+                        }
+                        None => return None,
+                        Some(Err(why)) => {
+                            tracing::warn!(
+                                target = rest.target,
+                                at = rest.next,
+                                "taking the rest of the blob from the cache's holder: {why}"
+                            );
+                            if let Err(e) = rest.resume(&why).await {
+                                return Some((Err(e), None));
+                            }
+                            from = FromPeers::Holder(resumable(rest));
+                        }
+                    },
+                }
+            }
+        })
+        .boxed()
+    }
 }
 
 /// A blob on its way to the runtime: bytes `next..end` are still to come from `stream`.
@@ -639,6 +699,53 @@ mod tests {
             said.contains("no agent serves the in-cluster cache"),
             "{said}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_blob_the_peers_fail_to_give_is_finished_from_the_holder() {
+        use crate::backend::blobs::peers::Taking;
+        use crate::model::peers::Cut;
+        use crate::model::peers::wire::piece_hash;
+
+        let (cache, requests) = breaking_cache(false).await;
+        let relay = relay(Some(upstream_of(&cache)), 0, Duration::from_secs(10)).await;
+        let blob = blob();
+        let piece = 64 * 1024;
+        let cut = Cut {
+            size: BLOB as u64,
+            piece_size: piece as u64,
+            stripes: 4,
+            hashes: blob.chunks(piece).map(piece_hash).collect(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let taking = Arc::new(Taking::create(&dir.path().join("b"), "sha256:00", cut).unwrap());
+        taking.put(0, blob.slice(..piece)).await.unwrap();
+        let from_peers = FromPeers::Peers {
+            peers: taking.prefix_stream(0..BLOB as u64),
+            rest: Passing {
+                shared: Arc::clone(&relay.shared),
+                target: "/v2/app/blobs/sha256:00".into(),
+                headers: HeaderMap::new(),
+                next: 0,
+                end: BLOB as u64,
+                stream: futures::stream::empty().boxed(),
+                resumed_at: None,
+            },
+        };
+        // The peers give the first piece, then fail.
+        taking.fail("no parent for stripe 1 within 30s".into());
+        let frames: Vec<Bytes> = from_peers
+            .stream()
+            .map(|frame| frame.unwrap().into_data().unwrap())
+            .collect()
+            .await;
+        assert!(frames.concat() == blob, "the whole blob, in order");
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            1,
+            "one request to the holder: the rest, from the first piece's end"
+        );
+        assert_eq!(relay.passed_bytes(), BLOB as u64);
     }
 
     #[test]

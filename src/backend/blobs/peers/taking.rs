@@ -153,12 +153,14 @@ impl Taking {
                     return None;
                 }
                 loop {
+                    // What is verified goes first, then the failure.
                     let ready = {
                         let mut held = taking.lock();
                         held.used = Instant::now();
+                        let prefix = held.fetch.prefix_bytes().min(end);
                         match &held.failed {
-                            Some(why) => Err(why.clone()),
-                            None => Ok(held.fetch.prefix_bytes().min(end)),
+                            Some(why) if prefix <= at => Err(why.clone()),
+                            _ => Ok(prefix),
                         }
                     };
                     match ready {
@@ -231,11 +233,14 @@ mod tests {
         assert!(taking.complete());
         assert_eq!(taking.piece(1, Duration::ZERO).await.unwrap(), piece(1));
 
+        // A failed taking passes on what it verified, then its failure.
         let failing = Arc::new(
             Taking::create(&dir.path().join("c"), "sha256:c", taking.cut.clone()).unwrap(),
         );
-        let mut reader = failing.prefix_stream(0..10);
+        let mut reader = failing.prefix_stream(0..600_000);
+        failing.put(0, piece(0)).await.unwrap();
         failing.fail("its parents are gone".into());
+        assert_eq!(reader.next().await, Some(Ok(piece(0))));
         assert_eq!(
             reader.next().await,
             Some(Err("its parents are gone".into()))
