@@ -11,8 +11,10 @@
 //! built per batch.)
 //!
 //! **Batches.** The first member asking opens a batch; it closes when as many members as the holder
-//! expects (the nodes its sets land on) have asked, or after the window, whichever is first. Until then a
-//! member is told to ask again. A member asking once the batch closed starts a new one; a later batch
+//! expects (the nodes with an agent) have asked, or once no member came for [`BATCH_QUIET`] (at most
+//! [`BATCH_WINDOW`] after it opened), whichever is first. A batch that keeps gathering stays open: at
+//! thousands of nodes the joins queue at the tracker for longer than a fixed window, which would cut the
+//! nodes into batches hung one below the other. Until it closes a member is told to ask again. A member asking once the batch closed starts a new one; a later batch
 //! hangs its trees from the least loaded members of earlier ones (or the holder), which hold the blob or
 //! are well on their way.
 //!
@@ -25,8 +27,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// A batch closes once no member joined it for this long.
+pub const BATCH_QUIET: Duration = Duration::from_millis(250);
 /// How long a batch gathers members at most.
-pub const BATCH_WINDOW: Duration = Duration::from_millis(1000);
+pub const BATCH_WINDOW: Duration = Duration::from_secs(5);
 
 /// Where a member takes a stripe from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -93,6 +97,14 @@ impl Member {
 struct Batch {
     first: usize,
     opened: Instant,
+    /// When its last member joined.
+    last: Instant,
+}
+
+impl Batch {
+    fn due(&self, window: Duration) -> Instant {
+        (self.last + BATCH_QUIET).min(self.opened + window)
+    }
 }
 
 /// One blob's swarm, as the tracker sees it.
@@ -113,7 +125,7 @@ pub struct Swarm {
 
 impl Swarm {
     /// A swarm of a blob cut into `stripes` stripes, where each member serves up to that many children in
-    /// its tree, and a batch waits for up to `expected` members for at most [`BATCH_WINDOW`].
+    /// its tree, and a batch waits for up to `expected` members (see [`BATCH_QUIET`], [`BATCH_WINDOW`]).
     pub fn new(stripes: usize, expected: usize) -> Swarm {
         Swarm {
             stripes: stripes.max(1),
@@ -158,10 +170,13 @@ impl Swarm {
                 state: State::Active,
             });
             self.by_name.insert(name.to_string(), index);
-            self.open.get_or_insert(Batch {
-                first: index,
-                opened: now,
-            });
+            self.open
+                .get_or_insert(Batch {
+                    first: index,
+                    opened: now,
+                    last: now,
+                })
+                .last = now;
         }
         self.placement(name, now)
     }
@@ -178,7 +193,7 @@ impl Swarm {
             Some(parents) => Placement::Placed(parents.iter().map(|&p| self.parent(p)).collect()),
             None => Placement::Wait(
                 self.open
-                    .map_or(now, |batch| batch.opened + self.window)
+                    .map_or(now, |batch| batch.due(self.window))
                     .max(now),
             ),
         }
@@ -298,7 +313,7 @@ impl Swarm {
             return;
         };
         let gathered = self.members.len() - batch.first;
-        if gathered >= self.expected || now >= batch.opened + self.window {
+        if gathered >= self.expected || now >= batch.due(self.window) {
             self.open = None;
             self.place(batch.first);
         }
@@ -482,16 +497,22 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_waits_for_the_expected_members_or_its_window() {
+    fn a_batch_waits_for_the_expected_members_while_they_keep_coming() {
         let start = Instant::now();
         let mut swarm = Swarm::new(4, 3);
+        assert_eq!(swarm.join("a", start), Placement::Wait(start + BATCH_QUIET));
+        // b comes just before the quiet gap ends: the batch stays open a gap after b.
+        let b_came = start + BATCH_QUIET - Duration::from_millis(1);
         assert_eq!(
-            swarm.join("a", start),
-            Placement::Wait(start + BATCH_WINDOW)
+            swarm.join("b", b_came),
+            Placement::Wait(b_came + BATCH_QUIET)
         );
-        assert!(matches!(swarm.join("b", start), Placement::Wait(_)));
-        // The window ends before the third comes: the two are placed.
-        let later = start + BATCH_WINDOW;
+        assert!(matches!(
+            swarm.placement("a", start + BATCH_QUIET),
+            Placement::Wait(_)
+        ));
+        // No third comes: the two are placed.
+        let later = b_came + BATCH_QUIET;
         assert!(matches!(swarm.placement("a", later), Placement::Placed(_)));
         let Placement::Placed(b) = swarm.placement("b", later) else {
             panic!()
@@ -505,6 +526,20 @@ mod tests {
         };
         assert!(c.iter().all(|p| *p != Parent::Peer("c".into())));
         assert_eq!(swarm.members(), 3);
+        // Members that keep coming hold a batch open up to its window, no longer.
+        let mut swarm = Swarm::new(4, 1000);
+        let mut at = start;
+        for n in 0..100 {
+            at = start + BATCH_QUIET / 2 * n;
+            if at >= start + BATCH_WINDOW {
+                break;
+            }
+            assert!(matches!(
+                swarm.join(&format!("m{n}"), at),
+                Placement::Wait(_)
+            ));
+        }
+        assert!(matches!(swarm.placement("m0", at), Placement::Placed(_)));
     }
 
     #[test]
