@@ -18,7 +18,7 @@ use http::{Response, StatusCode};
 
 use super::state::AgentState;
 use crate::backend::http_server::{Server, full_body};
-use crate::model::pinboard_api::{CacheReport, Found, ImagePhase, NodeSetPhase};
+use crate::model::pinboard_api::{CacheReport, Found, ImagePhase, NodeSetPhase, PeerReport};
 use crate::model::prometheus::{Exposition, Kind};
 
 /// What the shell counts of its own I/O.
@@ -54,6 +54,8 @@ pub struct Shown<'a> {
     pub cache: Option<&'a CacheReport>,
     /// The node's relay: requests it holds now, and pulls it sent to the source.
     pub relay: Option<(u64, u64)>,
+    /// What the node took from and served to other nodes (`--peer-port`).
+    pub peers: Option<&'a PeerReport>,
 }
 
 const IMAGE_STATES: [(ImagePhase, &str); 6] = [
@@ -310,6 +312,46 @@ fn cache_and_relay(page: &mut Exposition, shown: &Shown) {
             page.family(name, Kind::Counter, help);
             page.sample(name, &node, value as f64);
         }
+    }
+    if let Some(cache) = shown.cache {
+        page.family(
+            "pinboard_cache_dropped_peers",
+            Kind::Gauge,
+            "Nodes the cache's tracker dropped as parents for serving a corrupt piece (named in its report).",
+        );
+        page.sample(
+            "pinboard_cache_dropped_peers",
+            &node,
+            cache.dropped_peers.len() as f64,
+        );
+    }
+    if let Some(peers) = shown.peers {
+        let served = "pinboard_peer_served_bytes_total";
+        page.family(
+            served,
+            Kind::Counter,
+            "Verified bytes this node served to other nodes.",
+        );
+        page.sample(served, &node, peers.served_bytes as f64);
+        let taken = "pinboard_peer_taken_bytes_total";
+        page.family(
+            taken,
+            Kind::Counter,
+            "Verified bytes this node took, by where from: other nodes, or the cache's holder.",
+        );
+        for (from, bytes) in [
+            ("peers", peers.from_peers_bytes),
+            ("holder", peers.from_holder_bytes),
+        ] {
+            page.sample(taken, &[("node", shown.node), ("from", from)], bytes as f64);
+        }
+        let refused = "pinboard_peer_refused_pieces_total";
+        page.family(
+            refused,
+            Kind::Counter,
+            "Pieces this node refused because their hash was not the holder's.",
+        );
+        page.sample(refused, &node, peers.refused_pieces as f64);
     }
     if let Some((holding, sent)) = shown.relay {
         page.family(

@@ -386,6 +386,7 @@ impl Agent {
         let Some((page, _)) = &self.metrics else {
             return;
         };
+        let peers = self.relay.get().and_then(Relay::peers).map(Peers::report);
         let shown = metrics::Shown {
             node: &self.target.node.name,
             io: &self.io,
@@ -395,6 +396,7 @@ impl Agent {
                 .relay
                 .get()
                 .map(|r| (r.holding(), r.sent_to_source().0)),
+            peers: peers.as_ref(),
         };
         *page.lock().expect("metrics page") = metrics::page(&self.state, &shown, Instant::now());
     }

@@ -133,8 +133,17 @@ impl Endpoint {
         self.server.url()
     }
 
-    /// Serves `allowed` from now on, instead of what it served.
+    /// Serves `allowed` from now on, instead of what it served; the tracker forgets the blobs it no
+    /// longer serves.
     pub fn serve(&self, allowed: ServedDigests) {
+        if let Some(tracker) = &self.shared.tracker {
+            let blobs: std::collections::HashSet<&str> = allowed
+                .blobs()
+                .into_iter()
+                .map(|(_, digest, _)| digest)
+                .collect();
+            tracker.retain(|digest| blobs.contains(digest));
+        }
         *self.shared.allowed.write().expect("served digests") = Arc::new(allowed);
     }
 

@@ -178,6 +178,13 @@ impl Tracker {
         }
     }
 
+    /// Forgets the swarms and cuts of the blobs `keep` refuses (the sets no longer name them).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut state = self.lock();
+        state.swarms.retain(|digest, _| keep(digest));
+        state.cuts.retain(|digest, _| keep(digest));
+    }
+
     /// The peers dropped for serving corrupt pieces, each once, with why.
     pub fn dropped(&self) -> Vec<DroppedPeer> {
         self.lock().dropped.clone()
