@@ -209,7 +209,9 @@ impl Peers {
                 .collect();
             idle.iter().filter_map(|d| takings.remove(d)).collect()
         };
+        let mut joins = self.joins.lock().unwrap_or_else(|e| e.into_inner());
         for taking in gone {
+            joins.remove(&taking.digest);
             let _ = std::fs::remove_file(taking.path());
         }
     }

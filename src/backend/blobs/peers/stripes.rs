@@ -30,6 +30,9 @@ const NOT_YET_FOR: Duration = Duration::from_secs(60);
 /// before the blob fails on this node.
 const REPLACE_FOR: Duration = Duration::from_secs(30);
 const RETRY_EVERY: Duration = Duration::from_millis(500);
+/// Corrupt pieces a stripe refuses before it gives up on the blob (every parent, the holder too, sending
+/// bytes that fail the cut's hashes means the cut or the holder's copy is wrong).
+const MAX_REFUSED: u32 = 8;
 
 /// One blob being taken in: what every stripe task shares.
 struct Intake {
@@ -95,6 +98,7 @@ impl Intake {
 
     async fn stripe(&self, stripe: usize, mut parent: ParentAt) -> Result<(), String> {
         let mut not_yet_since: Option<Instant> = None;
+        let mut refused = 0;
         while let Some(piece) = self.taking.wanted(stripe) {
             let why = match self.piece(&parent, piece).await {
                 Ok(bytes) => match self.taking.cut.refuses(piece, &bytes) {
@@ -112,6 +116,13 @@ impl Intake {
                     }
                     Some(why) => {
                         self.state.refused_pieces.fetch_add(1, Ordering::Relaxed);
+                        refused += 1;
+                        if refused >= MAX_REFUSED {
+                            return Err(format!(
+                                "{refused} corrupt pieces refused in stripe {stripe}, the last from {}: {why}",
+                                parent.name()
+                            ));
+                        }
                         tracing::warn!(
                             digest = self.taking.digest,
                             peer = parent.name(),
