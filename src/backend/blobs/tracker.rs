@@ -211,8 +211,11 @@ impl Tracker {
                 Ok(Err(e)) => Cutting::Failed(e.to_string(), Instant::now()),
                 Err(e) => Cutting::Failed(e.to_string(), Instant::now()),
             };
-            if let Cutting::Failed(why, _) = &outcome {
-                tracing::warn!(digest, "the tracker cannot cut a blob: {why}");
+            match &outcome {
+                Cutting::Failed(why, _) => {
+                    tracing::warn!(digest, "the tracker cannot cut a blob: {why}");
+                }
+                _ => tracing::info!(digest, "the tracker cut a blob for the nodes"),
             }
             tracker.lock().cuts.insert(digest, outcome);
         });

@@ -64,6 +64,12 @@ pub fn spawn(
         upstream: Mutex::new(upstream),
     });
     tokio::spawn(async move {
+        let started = Instant::now();
+        tracing::info!(
+            digest = intake.taking.digest,
+            parents = ?parents.iter().map(ParentAt::name).collect::<Vec<_>>(),
+            "taking a blob from the other nodes"
+        );
         let stripes = parents.into_iter().enumerate().map(|(stripe, parent)| {
             let intake = Arc::clone(&intake);
             tokio::spawn(async move { intake.stripe(stripe, parent).await })
@@ -80,6 +86,11 @@ pub fn spawn(
             }
         }
         if intake.taking.complete() {
+            tracing::info!(
+                digest = intake.taking.digest,
+                seconds = started.elapsed().as_secs_f64(),
+                "took a blob from the other nodes"
+            );
             let upstream = intake.upstream();
             let state = &intake.state;
             tracker_client::done(&state.client, &upstream, &intake.taking.digest, &state.node)
