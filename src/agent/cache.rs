@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::backend::blobs::{BlobCache, CacheOptions, Endpoint, Tracker};
+use crate::backend::blobs::{BlobCache, CacheOptions, Endpoint, ServingCap, Tracker};
 use crate::backend::credentials::Credentials;
 use crate::backend::pinboard_api::{CacheLease, PinboardApi};
 use crate::backend::registry::{Registry, RegistryOptions};
@@ -30,8 +30,8 @@ pub struct CacheSetup {
     pub platform: Platform,
     /// `--link-rate`: the budget of the registry link, bytes per second.
     pub link_rate: Option<u64>,
-    /// `--serve-rate`: the most the holder sends to the nodes, bytes per second.
-    pub serve_rate: Option<u64>,
+    /// `--serve-rate`: the node's serving cap, shared with its peer side.
+    pub serving_cap: Option<ServingCap>,
 }
 
 pub struct CacheRole {
@@ -192,7 +192,7 @@ impl CacheRole {
         let endpoint = Endpoint::start(listen, Arc::clone(&cache), allowed, Some(token))
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        endpoint.cap_serving(self.setup.serve_rate);
+        endpoint.cap_serving(self.setup.serving_cap.clone());
         tracing::info!(address = endpoint.url(), "serving the in-cluster cache");
         Ok(Serving {
             published: CacheLease {

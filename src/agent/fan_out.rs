@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::blobs::{Locate, PeerSetup, Peers, Relay, Upstream};
+use crate::backend::blobs::{Locate, PeerSetup, Peers, Relay, ServingCap, Upstream};
 use crate::backend::pinboard_api::PinboardApi;
 use crate::backend::target::NodeTarget;
 use crate::backend::wiring::{Wired, marker};
@@ -31,7 +31,7 @@ pub const HOLD_FOR_CACHE: Duration = Duration::from_secs(30);
 pub struct PeerWish {
     pub port: u16,
     pub dir: PathBuf,
-    pub serve_rate: Option<u64>,
+    pub serving_cap: Option<ServingCap>,
 }
 
 /// The node's relay to the cache, started for the first fan-out set (or why it could not be), with its
@@ -71,7 +71,7 @@ impl RelaySlot {
                         listen: SocketAddr::new(ip, wish.port),
                         dir: wish.dir.clone(),
                         node: node.to_string(),
-                        serve_rate: wish.serve_rate,
+                        serving_cap: wish.serving_cap.clone(),
                     };
                     match Peers::start(setup, Arc::clone(&locate)).await {
                         Ok(peers) => Some(peers),

@@ -43,7 +43,7 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use crate::backend::blobs::{Peers, Relay};
+use crate::backend::blobs::{Peers, Relay, ServingCap};
 use crate::backend::credentials::{AuthFiles, Credentials};
 use crate::backend::events::{self, Recorder};
 use crate::backend::http_server::Server;
@@ -202,6 +202,8 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
     let node_credentials = Arc::new(node_credentials);
     let registry = registry_options(&args.registry)?;
     let platform = args.targets.platform()?;
+    // One cap for all the node sends: as the cache's holder and to other nodes.
+    let serving_cap = args.serve_rate.map(ServingCap::new);
     let cache = args.cache_port.map(|port| {
         let setup = cache::CacheSetup {
             port,
@@ -210,7 +212,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
             node_credentials: Arc::clone(&node_credentials),
             platform: platform.clone(),
             link_rate: args.link_rate,
-            serve_rate: args.serve_rate,
+            serving_cap: serving_cap.clone(),
         };
         cache::CacheRole::new(api.clone(), &node, setup)
     });
@@ -265,7 +267,7 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         relay: fan_out::RelaySlot::new(args.peer_port.map(|port| fan_out::PeerWish {
             port,
             dir: args.peer_dir.clone(),
-            serve_rate: args.serve_rate,
+            serving_cap,
         })),
         cache,
         cache_report: None,

@@ -20,7 +20,6 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt as _;
@@ -34,11 +33,11 @@ use hyper::body::{Frame, Incoming};
 use serde::Serialize;
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
+use crate::backend::blobs::serving_cap::ServingCap;
 use crate::backend::blobs::tracker::{Join, Lost, Reply, Tracker};
 use crate::backend::distribution::parse_range;
 use crate::backend::http_server::{Server, empty_body, full_body};
 use crate::model::cache_token::{CACHE_TOKEN_HEADER, CacheToken};
-use crate::model::pacing::Pace;
 use crate::model::peers::wire::SWARM_PREFIX;
 use crate::model::served::{Content, ServedDigests, Source};
 
@@ -77,7 +76,7 @@ struct Shared {
     requests: AtomicU64,
     refused: AtomicU64,
     /// The serving cap every blob stream books its bytes against.
-    serve_pace: Mutex<Option<Pace>>,
+    serving_cap: Mutex<Option<ServingCap>>,
     /// With a token (the in-cluster cache): the tracker of the nodes serving each other.
     tracker: Option<Tracker>,
 }
@@ -85,12 +84,13 @@ struct Shared {
 impl Shared {
     /// Under a serving cap, waits until `bytes` more fit in it.
     async fn may_send(&self, bytes: u64) {
-        let at = {
-            let mut pace = self.serve_pace.lock().unwrap_or_else(|e| e.into_inner());
-            pace.as_mut().map(|pace| pace.book(bytes, Instant::now()))
-        };
-        if let Some(at) = at {
-            tokio::time::sleep_until(at.into()).await;
+        let cap = self
+            .serving_cap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(cap) = cap {
+            cap.wait_to_send(bytes).await;
         }
     }
 }
@@ -110,7 +110,7 @@ impl Endpoint {
             served_bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            serve_pace: Mutex::new(None),
+            serving_cap: Mutex::new(None),
             tracker: token.is_some().then(Tracker::default),
             token,
         });
@@ -147,22 +147,22 @@ impl Endpoint {
         *self.shared.allowed.write().expect("served digests") = Arc::new(allowed);
     }
 
-    /// Sends blob bytes, all clients together, at `rate` bytes per second at most from now on (None: as fast
-    /// as they go).
-    pub fn cap_serving(&self, rate: Option<u64>) {
+    /// Sends blob bytes, all clients together, under `cap` from now on (None: as fast as they go); the
+    /// node's other senders may share it.
+    pub fn cap_serving(&self, cap: Option<ServingCap>) {
         *self
             .shared
-            .serve_pace
+            .serving_cap
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = rate.map(Pace::new);
+            .unwrap_or_else(|e| e.into_inner()) = cap;
     }
 
     /// The serving cap, bytes per second.
     pub fn serving_cap(&self) -> Option<u64> {
-        let pace = self.shared.serve_pace.lock();
-        pace.unwrap_or_else(|e| e.into_inner())
+        let cap = self.shared.serving_cap.lock();
+        cap.unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .map(Pace::rate)
+            .map(ServingCap::rate)
     }
 
     pub fn stats(&self) -> EndpointStats {

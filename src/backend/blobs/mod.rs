@@ -17,6 +17,7 @@ pub mod cache;
 pub mod endpoint;
 pub mod peers;
 pub mod relay;
+pub mod serving_cap;
 pub mod tracker;
 pub mod upstream;
 
@@ -24,5 +25,6 @@ pub use cache::{Blob, BlobCache, BlobError, CacheOptions};
 pub use endpoint::{Endpoint, EndpointStats};
 pub use peers::{PeerSetup, Peers};
 pub use relay::Relay;
+pub use serving_cap::ServingCap;
 pub use tracker::Tracker;
 pub use upstream::{Locate, Upstream};

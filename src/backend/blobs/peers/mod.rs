@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::backend::blobs::serving_cap::ServingCap;
 use crate::backend::blobs::upstream::{Locate, Upstream};
 use crate::backend::http_server::Server;
 use crate::model::peers::wire::Answer;
@@ -41,8 +42,8 @@ pub struct PeerSetup {
     pub listen: SocketAddr,
     pub dir: PathBuf,
     pub node: String,
-    /// `--serve-rate`: the most it sends to other nodes, all together, bytes per second.
-    pub serve_rate: Option<u64>,
+    /// `--serve-rate`: the node's serving cap, shared with its cache's endpoint.
+    pub serving_cap: Option<ServingCap>,
 }
 
 /// A running peer side; dropping it stops serving.
@@ -89,7 +90,7 @@ impl Peers {
             (setup.node, started.url(), setup.dir),
             client,
             locate,
-            setup.serve_rate,
+            setup.serving_cap,
         ));
         let _ = state_slot.set(Arc::clone(&state));
         tracing::info!(address = state.address, "serving pieces to the other nodes");

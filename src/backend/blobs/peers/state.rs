@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::taking::Taking;
+use crate::backend::blobs::serving_cap::ServingCap;
 use crate::backend::blobs::upstream::{Locate, Upstream};
 use crate::model::cache_token::CacheToken;
-use crate::model::pacing::Pace;
 use crate::model::pinboard_api::PeerReport;
 
 /// The cache is asked where it is at most this often.
@@ -30,8 +30,8 @@ pub struct PeersState {
     /// Told whenever a taking is added: a node may be asked for a blob the moment the tracker placed it,
     /// before it started taking it.
     pub added: tokio::sync::Notify,
-    /// The serving cap (`--serve-rate`) every piece sent books against.
-    pub serve_pace: Option<Mutex<Pace>>,
+    /// The node's serving cap (`--serve-rate`) every piece sent books against.
+    pub serving_cap: Option<ServingCap>,
     pub served: AtomicU64,
     pub from_peers: AtomicU64,
     pub from_holder: AtomicU64,
@@ -44,7 +44,7 @@ impl PeersState {
         (node, address, dir): (String, String, PathBuf),
         client: reqwest::Client,
         locate: Locate,
-        serve_rate: Option<u64>,
+        serving_cap: Option<ServingCap>,
     ) -> PeersState {
         PeersState {
             node,
@@ -56,7 +56,7 @@ impl PeersState {
             token: RwLock::new(None),
             takings: Mutex::new(HashMap::new()),
             added: tokio::sync::Notify::new(),
-            serve_pace: serve_rate.map(|rate| Mutex::new(Pace::new(rate))),
+            serving_cap,
             served: AtomicU64::new(0),
             from_peers: AtomicU64::new(0),
             from_holder: AtomicU64::new(0),
@@ -112,14 +112,9 @@ impl PeersState {
 
     /// Waits until `bytes` more fit under the serving cap.
     pub async fn may_send(&self, bytes: u64) {
-        let Some(pace) = &self.serve_pace else {
-            return;
-        };
-        let at = pace
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .book(bytes, Instant::now());
-        tokio::time::sleep_until(at.into()).await;
+        if let Some(cap) = &self.serving_cap {
+            cap.wait_to_send(bytes).await;
+        }
     }
 
     pub fn report(&self) -> PeerReport {
