@@ -326,13 +326,22 @@ fn cache_and_relay(page: &mut Exposition, shown: &Shown) {
         );
     }
     if let Some(peers) = shown.peers {
-        let served = "pinboard_peer_served_bytes_total";
-        page.family(
-            served,
-            Kind::Counter,
-            "Verified bytes this node served to other nodes.",
-        );
-        page.sample(served, &node, peers.served_bytes as f64);
+        let counters = [
+            (
+                "pinboard_peer_served_bytes_total",
+                "Verified bytes this node served to other nodes.",
+                peers.served_bytes,
+            ),
+            (
+                "pinboard_peer_refused_pieces_total",
+                "Pieces this node refused because their hash was not the holder's.",
+                peers.refused_pieces,
+            ),
+        ];
+        for (name, help, value) in counters {
+            page.family(name, Kind::Counter, help);
+            page.sample(name, &node, value as f64);
+        }
         let taken = "pinboard_peer_taken_bytes_total";
         page.family(
             taken,
@@ -345,13 +354,6 @@ fn cache_and_relay(page: &mut Exposition, shown: &Shown) {
         ] {
             page.sample(taken, &[("node", shown.node), ("from", from)], bytes as f64);
         }
-        let refused = "pinboard_peer_refused_pieces_total";
-        page.family(
-            refused,
-            Kind::Counter,
-            "Pieces this node refused because their hash was not the holder's.",
-        );
-        page.sample(refused, &node, peers.refused_pieces as f64);
     }
     if let Some((holding, sent)) = shown.relay {
         page.family(
