@@ -102,7 +102,11 @@ impl CacheRole {
                 serving.endpoint.serve(allowed);
             }
             None => match self.start(ip, registry, allowed).await {
-                Ok(serving) => self.serving = Some(serving),
+                Ok(serving) => {
+                    self.serving = Some(serving);
+                    // Its tracker is new: tell it how many nodes to expect before any asks.
+                    self.expect_agents().await;
+                }
                 Err(e) => return tracing::warn!("cannot serve the in-cluster cache: {e}"),
             },
         }
@@ -111,7 +115,6 @@ impl CacheRole {
             blobs,
             "the in-cluster cache serves the fan-out sets"
         );
-        self.expect_agents().await;
         let Some(serving) = &mut self.serving else {
             return;
         };
@@ -209,6 +212,7 @@ impl CacheRole {
         let serving = self.serving.as_ref()?;
         let stats = serving.endpoint.stats();
         let tracker = serving.endpoint.tracker();
+        let swarm = tracker.map(Tracker::stats).unwrap_or_default();
         Some(CacheReport {
             address: serving.published.address.clone(),
             link_bytes: stats.link_bytes,
@@ -217,8 +221,8 @@ impl CacheRole {
             refused: stats.refused,
             link_rate: serving.cache.link_rate(),
             serve_rate: serving.endpoint.serving_cap(),
-            swarm_nodes: tracker.map_or(0, |t| t.stats().nodes),
-            swarm_blobs: tracker.map_or(0, |t| t.stats().blobs),
+            swarm_nodes: swarm.nodes,
+            swarm_blobs: swarm.blobs,
             dropped_peers: tracker.map(Tracker::dropped).unwrap_or_default(),
         })
     }

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use serde::Serialize;
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
 use crate::model::peers::wire::{Answer, Cut, Cutter, HOLDER, ParentAt};
@@ -73,7 +72,7 @@ enum Cutting {
     Failed(String, Instant),
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TrackerStats {
     /// Nodes that asked for parents.
     pub nodes: u64,
