@@ -308,10 +308,7 @@ fn cache_and_relay(page: &mut Exposition, shown: &Shown) {
                 cache.refused,
             ),
         ];
-        for (name, help, value) in counters {
-            page.family(name, Kind::Counter, help);
-            page.sample(name, &node, value as f64);
-        }
+        node_counters(page, &node, &counters);
     }
     if let Some(cache) = shown.cache {
         page.family(
@@ -338,10 +335,7 @@ fn cache_and_relay(page: &mut Exposition, shown: &Shown) {
                 peers.refused_pieces,
             ),
         ];
-        for (name, help, value) in counters {
-            page.family(name, Kind::Counter, help);
-            page.sample(name, &node, value as f64);
-        }
+        node_counters(page, &node, &counters);
         let taken = "pinboard_peer_taken_bytes_total";
         page.family(
             taken,
@@ -368,6 +362,14 @@ fn cache_and_relay(page: &mut Exposition, shown: &Shown) {
             "Pulls the node's relay sent to the source because the in-cluster cache stayed away.",
         );
         page.sample("pinboard_relay_sent_to_source_total", &node, sent as f64);
+    }
+}
+
+/// Counters of one node, each `(name, help, value)`, labelled `node`.
+fn node_counters(page: &mut Exposition, node: &[(&str, &str)], counters: &[(&str, &str, u64)]) {
+    for &(name, help, value) in counters {
+        page.family(name, Kind::Counter, help);
+        page.sample(name, node, value as f64);
     }
 }
 
