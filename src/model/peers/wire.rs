@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use super::pieces::Geometry;
-use super::swarm::Parent;
 
 pub const SWARM_PREFIX: &str = "/pinboard/v1/swarm";
 /// Where a node serves its pieces to other nodes: `GET <peer URL>/pinboard/v1/pieces/<digest>` with
@@ -142,14 +141,6 @@ pub enum ParentAt {
 }
 
 impl ParentAt {
-    /// The swarm's parent this names.
-    pub fn parent(&self) -> Parent {
-        match self {
-            ParentAt::Holder => Parent::Holder,
-            ParentAt::Peer { node, .. } => Parent::Peer(node.clone()),
-        }
-    }
-
     /// How `lost` names it: the node's name, or `holder`.
     pub fn name(&self) -> &str {
         match self {

@@ -67,43 +67,26 @@ impl Peers {
             .no_proxy()
             .build()
             .map_err(|e| format!("cannot build the peers' HTTP client: {e}"))?;
-        let listen = setup.listen;
-        let (started, state_slot) = {
-            let slot: Arc<std::sync::OnceLock<Arc<PeersState>>> = Arc::default();
-            let serving = Arc::clone(&slot);
-            let server = Server::start(listen, move |request| {
-                let state = serving.get().cloned();
-                async move {
-                    match state {
-                        Some(state) => serve::handle(state, request).await,
-                        None => serve::not_ready(),
-                    }
-                }
-            })
-            .await
-            .map_err(|e| {
-                format!("cannot serve pieces on {listen}: {e}; choose another --peer-port")
-            })?;
-            (server, slot)
-        };
         let state = Arc::new(PeersState::new(
-            (setup.node, started.url(), setup.dir),
+            (setup.node, setup.dir),
             client,
             locate,
             setup.serving_cap,
         ));
-        let _ = state_slot.set(Arc::clone(&state));
-        tracing::info!(address = state.address, "serving pieces to the other nodes");
+        let serving = Arc::clone(&state);
+        let listen = setup.listen;
+        let server = Server::start(listen, move |request| {
+            serve::handle(Arc::clone(&serving), request)
+        })
+        .await
+        .map_err(|e| format!("cannot serve pieces on {listen}: {e}; choose another --peer-port"))?;
+        state.listening_at(server.url());
+        tracing::info!(address = server.url(), "serving pieces to the other nodes");
         Ok(Peers {
             state,
-            _server: started,
+            _server: server,
             joins: Mutex::default(),
         })
-    }
-
-    /// `http://NODE-IP:PORT`: where other nodes reach it.
-    pub fn address(&self) -> &str {
-        &self.state.address
     }
 
     /// What it took and served so far; blobs unused for [`LINGER`] are let go first.
@@ -158,9 +141,14 @@ impl Peers {
         let deadline = Instant::now() + JOIN_PATIENCE;
         let state = &self.state;
         loop {
-            let answer =
-                tracker_client::join(&state.client, upstream, target, &state.node, &state.address)
-                    .await;
+            let answer = tracker_client::join(
+                &state.client,
+                upstream,
+                target,
+                &state.node,
+                state.address(),
+            )
+            .await;
             let wait = match answer {
                 Ok(Answer {
                     cut: Some(cut),

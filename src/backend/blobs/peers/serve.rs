@@ -97,11 +97,6 @@ fn not_yet() -> Response<Full<Bytes>> {
         .expect("a valid response")
 }
 
-/// The answer while the peer side is still starting.
-pub fn not_ready() -> Response<Full<Bytes>> {
-    plain(StatusCode::SERVICE_UNAVAILABLE, "starting")
-}
-
 fn refuse(state: &PeersState, status: StatusCode, why: &str) -> Response<Full<Bytes>> {
     state.refused.fetch_add(1, Ordering::Relaxed);
     plain(status, why)

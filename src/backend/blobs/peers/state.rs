@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use super::taking::Taking;
@@ -18,8 +18,8 @@ const LOCATE_EVERY: Duration = Duration::from_secs(1);
 
 pub struct PeersState {
     pub node: String,
-    /// Where other nodes reach this one: `http://NODE-IP:PORT`.
-    pub address: String,
+    /// Where other nodes reach this one, `http://NODE-IP:PORT`, once it listens.
+    address: OnceLock<String>,
     pub dir: PathBuf,
     pub client: reqwest::Client,
     pub locate: Locate,
@@ -41,14 +41,14 @@ pub struct PeersState {
 
 impl PeersState {
     pub fn new(
-        (node, address, dir): (String, String, PathBuf),
+        (node, dir): (String, PathBuf),
         client: reqwest::Client,
         locate: Locate,
         serving_cap: Option<ServingCap>,
     ) -> PeersState {
         PeersState {
             node,
-            address,
+            address: OnceLock::new(),
             dir,
             client,
             locate,
@@ -65,7 +65,18 @@ impl PeersState {
         }
     }
 
-    /// The cache as it is now: `known` unless it failed, else found again (at most every second).
+    /// Its listener's URL, once it listens.
+    pub fn listening_at(&self, url: String) {
+        let _ = self.address.set(url);
+    }
+
+    /// Where other nodes reach this one.
+    pub fn address(&self) -> &str {
+        self.address.get().map_or("", String::as_str)
+    }
+
+    /// The cache as it is now: the one last found unless it is `failed`, else found again (at most every
+    /// second).
     pub async fn upstream(&self, failed: &Upstream) -> Option<Upstream> {
         let mut located = self.located.lock().await;
         match &*located {
@@ -120,7 +131,7 @@ impl PeersState {
     pub fn report(&self) -> PeerReport {
         let count = |n: &AtomicU64| n.load(Ordering::Relaxed);
         PeerReport {
-            address: self.address.clone(),
+            address: self.address().to_string(),
             served_bytes: count(&self.served),
             from_peers_bytes: count(&self.from_peers),
             from_holder_bytes: count(&self.from_holder),

@@ -237,7 +237,7 @@ impl Intake {
                             &upstream,
                             &self.target,
                             &state.node,
-                            &state.address,
+                            state.address(),
                         )
                         .await
                         {
