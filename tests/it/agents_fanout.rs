@@ -16,7 +16,7 @@ use support::agents::{AgentsLab, AgentsSetup};
 use support::crio::CrioStandIn;
 use support::fan_out::{
     self, CACHE_PORT, WAIT, apply_fan_out_set, assert_moved_at_most, cache_token, push_images,
-    reports, through_proxy, wait_set_pinned_on,
+    reports, through_proxy, wait_link_moved, wait_set_pinned_on,
 };
 use support::kube_objects::{apply_yaml, wait_for};
 use support::link::{LinkSampler, assert_kept_to};
@@ -68,13 +68,7 @@ async fn apply_until_a_quarter_moved(lab: &AgentsLab, references: &[String], uni
     lab.lab.proxy().set_bandwidth(Some(2 * MI));
     let before = lab.lab.proxy().bytes_down();
     apply_fan_out_set(lab, "web", references, "").await;
-    wait_for("a quarter of the bytes over the link", WAIT, || async {
-        let moved = lab.lab.proxy().bytes_down() - before;
-        (moved >= unique / 4)
-            .then_some(())
-            .ok_or_else(|| format!("{moved} bytes"))
-    })
-    .await;
+    wait_link_moved(lab, before, unique / 4).await;
     before
 }
 

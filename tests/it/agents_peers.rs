@@ -13,7 +13,7 @@ use serde_json::Value;
 use support::agents::AgentsLab;
 use support::fan_out::{
     self, WAIT, apply_fan_out_set, assert_moved_at_most, cache_token, push_images, reports,
-    through_proxy, wait_set_pinned_on,
+    through_proxy, wait_link_moved, wait_set_pinned_on,
 };
 use support::kube_objects::wait_for;
 use support::{PushedImage, RegistrySetup, unique_bytes};
@@ -210,13 +210,7 @@ async fn a_peer_killed_mid_transfer_costs_its_children_a_resume_and_every_node_e
         .expect("a node besides the holder");
     let before = lab.lab.proxy().bytes_down();
     apply_fan_out_set(&lab, "web", &references, "").await;
-    wait_for("half the set over the link", WAIT, || async {
-        let moved = lab.lab.proxy().bytes_down() - before;
-        (moved >= unique / 2)
-            .then_some(())
-            .ok_or_else(|| format!("{moved} bytes"))
-    })
-    .await;
+    wait_link_moved(&lab, before, unique / 2).await;
     // Placed and forwarding by now: every node of a batch of 8 serves children in its tree.
     std::thread::sleep(Duration::from_secs(1));
     lab.stop_agent(victim);

@@ -153,3 +153,14 @@ pub async fn cache_token(lab: &AgentsLab) -> String {
     let data = secret.data.expect("data");
     String::from_utf8(data["token"].0.clone()).expect("a text token")
 }
+
+/// Waits until the link carried `bytes` more than the `before` its proxy had sent.
+pub async fn wait_link_moved(lab: &AgentsLab, before: u64, bytes: u64) {
+    wait_for(&format!("{bytes} bytes over the link"), WAIT, || async {
+        let moved = lab.lab.proxy().bytes_down() - before;
+        (moved >= bytes)
+            .then_some(())
+            .ok_or_else(|| format!("{moved} bytes"))
+    })
+    .await;
+}
