@@ -109,29 +109,29 @@ fn label_changes(
 }
 
 /// One image as containerd's records show it: every record (name) pointing at the same content.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ContainerdImage {
-    /// Each record's name and labels.
-    pub records: Vec<(String, HashMap<String, String>)>,
+    /// Each record whole, as containerd lists it: an update sends its target back.
+    pub records: Vec<ContainerdRecord>,
 }
 
 impl ContainerdImage {
     pub fn names(&self) -> Vec<String> {
-        self.records.iter().map(|(name, _)| name.clone()).collect()
+        self.records.iter().map(|r| r.name.clone()).collect()
     }
 
     /// Who holds its pin, over every record.
     pub fn holders(&self) -> Holders {
         self.records
             .iter()
-            .flat_map(|(_, labels)| label_holders(labels))
+            .flat_map(|r| label_holders(&r.labels))
             .collect()
     }
 
     /// Whether any record carries the pin label.
     pub fn pin_labelled(&self) -> bool {
-        self.records.iter().any(|(_, labels)| {
-            labels.get(CONTAINERD_PIN_LABEL).map(String::as_str) == Some(CONTAINERD_PIN_VALUE)
+        self.records.iter().any(|r| {
+            r.labels.get(CONTAINERD_PIN_LABEL).map(String::as_str) == Some(CONTAINERD_PIN_VALUE)
         })
     }
 
@@ -150,7 +150,7 @@ impl ContainerdImage {
     fn known_as(&self, names: &[&str]) -> bool {
         self.records
             .iter()
-            .any(|(n, _)| names.contains(&n.as_str()))
+            .any(|r| names.contains(&r.name.as_str()))
     }
 }
 
@@ -170,11 +170,7 @@ pub async fn containerd_images(client: &CriClient) -> Result<Vec<ContainerdImage
             .target
             .as_ref()
             .map_or_else(|| record.name.clone(), |t| t.digest.clone());
-        by_target
-            .entry(target)
-            .or_default()
-            .records
-            .push((record.name, record.labels));
+        by_target.entry(target).or_default().records.push(record);
     }
     Ok(by_target.into_values().collect())
 }
@@ -198,6 +194,29 @@ pub fn cri_names<'a>(reference: &'a str, status: &'a Image) -> Vec<&'a str> {
         .collect()
 }
 
+/// The request that changes `record`'s labels by `changes` (a value to set, or None to remove) and
+/// nothing else. It carries the whole record as listed, target included, as `ctr images label` sends it:
+/// containerd's API requires an image's target, and 1.7 and 2.x dereference it whatever the mask says
+/// (without it their images service panics and containerd exits).
+fn label_update(
+    record: &ContainerdRecord,
+    changes: &BTreeMap<String, Option<String>>,
+) -> UpdateImageRequest {
+    let mut image = record.clone();
+    for (key, value) in changes {
+        match value {
+            Some(value) => image.labels.insert(key.clone(), value.clone()),
+            None => image.labels.remove(key),
+        };
+    }
+    UpdateImageRequest {
+        image: Some(image),
+        update_mask: Some(prost_types::FieldMask {
+            paths: changes.keys().map(|k| format!("labels.{k}")).collect(),
+        }),
+    }
+}
+
 /// Makes every record of `image` say `holders` (the pin label with them), then reads the records back:
 /// proof it was written, since containerd 1.6 does not report pins through CRI.
 pub async fn write_holders(
@@ -206,24 +225,13 @@ pub async fn write_holders(
     holders: &Holders,
 ) -> Result<(), PinError> {
     let mut images = ImagesClient::new(client.channel());
-    for (name, labels) in &image.records {
-        let changes = label_changes(labels, holders);
+    for record in &image.records {
+        let name = &record.name;
+        let changes = label_changes(&record.labels, holders);
         if changes.is_empty() {
             continue;
         }
-        let update = UpdateImageRequest {
-            image: Some(ContainerdRecord {
-                name: name.clone(),
-                labels: changes
-                    .iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
-                    .collect(),
-                ..ContainerdRecord::default()
-            }),
-            update_mask: Some(prost_types::FieldMask {
-                paths: changes.keys().map(|k| format!("labels.{k}")).collect(),
-            }),
-        };
+        let update = label_update(record, &changes);
         match images.update(namespaced(update)).await {
             // Removed meanwhile: nothing left to label.
             Err(status) if status.code() == tonic::Code::NotFound => continue,
@@ -331,6 +339,50 @@ mod tests {
 
     fn set(name: &str) -> Holder {
         Holder::Set(name.into())
+    }
+
+    #[test]
+    fn a_label_update_carries_the_record_whole_and_masks_only_the_changed_labels() {
+        let target = crate::backend::proto::containerd_types::Descriptor {
+            media_type: "application/vnd.oci.image.manifest.v1+json".into(),
+            digest: "sha256:aa".into(),
+            size: 428,
+            annotations: HashMap::new(),
+        };
+        let record = ContainerdRecord {
+            name: "reg.example.com/app@sha256:aa".into(),
+            labels: HashMap::from([
+                ("io.cri-containerd.image".into(), "managed".into()),
+                ("pinboard.dev/set.old".into(), "old".into()),
+            ]),
+            target: Some(target.clone()),
+            ..ContainerdRecord::default()
+        };
+        let changes = BTreeMap::from([
+            ("pinboard.dev/set.old".to_string(), None),
+            (
+                CONTAINERD_PIN_LABEL.to_string(),
+                Some(CONTAINERD_PIN_VALUE.to_string()),
+            ),
+        ]);
+        let update = label_update(&record, &changes);
+        let image = update.image.unwrap();
+        assert_eq!(image.target, Some(target), "the target is required");
+        assert_eq!(image.name, record.name);
+        assert_eq!(
+            image.labels,
+            HashMap::from([
+                ("io.cri-containerd.image".into(), "managed".into()),
+                (CONTAINERD_PIN_LABEL.into(), CONTAINERD_PIN_VALUE.into()),
+            ])
+        );
+        assert_eq!(
+            update.update_mask.unwrap().paths,
+            [
+                "labels.io.cri-containerd.pinned",
+                "labels.pinboard.dev/set.old"
+            ]
+        );
     }
 
     #[test]
