@@ -82,19 +82,30 @@ pub async fn observe(
         runtime_kind: runtime.as_ref().map(|r| r.kind),
         ..ObservedNode::default()
     };
+    let mut crio_broken = None;
     let record = match pins::resolve(target.pin.clone(), &version.runtime_name, &client) {
         Ok(PinTarget::CrioDropIn { config_dir, .. }) => {
             observed.pin_method = Some(PinMethod::CrioDropIn);
             let read = tokio::task::spawn_blocking(move || {
-                Ok::<_, pins::PinError>((
-                    pins::read_crio_config(&config_dir)?,
-                    pins::read_drop_in(&config_dir)?,
-                ))
+                (
+                    pins::read_crio_config(&config_dir),
+                    pins::read_drop_in(&config_dir),
+                )
             })
             .await;
-            match read.map_err(|e| e.to_string()) {
-                Ok(Ok((config, entries))) => Record::Crio(config, entries),
-                Ok(Err(e)) => Record::Unreadable(format!("reading CRI-O's configuration: {e}")),
+            match read {
+                Ok((config, Ok(entries))) => match config {
+                    Ok(config) => Record::Crio(config, entries),
+                    // CRI-O cannot load it either: its pins stay as they were, and that is the news.
+                    Err(e @ pins::PinError::CrioConfig(_)) => {
+                        crio_broken = Some(e.to_string());
+                        Record::Crio(CrioConfig::default(), entries)
+                    }
+                    Err(e) => Record::Unreadable(format!("reading CRI-O's configuration: {e}")),
+                },
+                Ok((_, Err(e))) => {
+                    Record::Unreadable(format!("reading CRI-O's configuration: {e}"))
+                }
                 Err(e) => Record::Unreadable(format!("reading CRI-O's configuration: {e}")),
             }
         }
@@ -114,6 +125,7 @@ pub async fn observe(
             runtime: runtime.to_string(),
             version: runtime.version,
             config: config.clone(),
+            broken: crio_broken,
         });
     }
     let kind = runtime.as_ref().map(|r| r.kind);
@@ -155,6 +167,7 @@ pub async fn observe(
                 .chain(&status.repo_digests)
                 .cloned()
                 .collect();
+            image.tags.clone_from(&status.repo_tags);
         }
         // Only where the call used carries the runtime's word; otherwise `false` would mean nothing.
         image.reported_pinned = status.as_ref().filter(|_| reports.any()).map(|s| s.pinned);

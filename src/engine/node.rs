@@ -1,6 +1,7 @@
 //! One node's rollout: refused when its plan says no-space (unless forced) or it cannot be reached; images
 //! already present are skipped (those present only lazily said so, as the plan found them, or pulled whole
-//! where the node pulls whole: [`super::route`]); the rest are pulled `parallel` at a time from a queue the
+//! where the node pulls whole: [`super::route`]; on CRI-O, one there only under its tags is pulled by its
+//! reference, which adds the name pinned_images is matched against); the rest are pulled `parallel` at a time from a queue the
 //! operator can cancel from and retry into, with byte progress where the runtime shows it (containerd); "no
 //! space left on device" stops the remaining pulls; pins are written last, once every image is there. What
 //! the runtime fetched is measured where it can be (containerd's content store before and after).
@@ -100,8 +101,22 @@ pub(super) async fn run_node(
         bytes: HashMap::new(),
     };
     let mut present = Vec::new();
+    let crio = node
+        .runtime
+        .as_ref()
+        .is_some_and(|r| r.kind == RuntimeKind::Crio);
     for (image, status) in order.iter().zip(statuses) {
         match status {
+            // CRI-O matches pinned_images against the names it stored: an image it has only under its tags
+            // (a pod pulled it by tag) cannot be pinned by the set's digest reference. A pull by that
+            // reference adds the name; every blob is there, so nothing is downloaded.
+            Ok(Some(record)) if crio && !record.pinned && !record.repo_tags.is_empty() => {
+                tracing::info!(
+                    "{name}: {image} is there as {}: pulled by its digest to add that name",
+                    record.repo_tags.join(", ")
+                );
+                node.queue.push_back(image.clone());
+            }
             Ok(Some(_)) => present.push(image),
             Ok(None) => node.queue.push_back(image.clone()),
             Err(e) => return refuse(e.to_string()),

@@ -11,7 +11,7 @@ use tokio::task::JoinError;
 
 use crate::backend::cri::CriClient;
 use crate::backend::pins::{self, PinError, PinTarget, Reload, resolve};
-use crate::model::crio::{NotPinned, explain_unpinned};
+use crate::model::crio::{NotPinned, broken_config, explain_unpinned};
 use crate::model::holders::Holder;
 use crate::model::rollout::PinMethod;
 use crate::model::runtime::{PinReports, Runtime};
@@ -40,6 +40,14 @@ pub(super) enum PinningError {
     /// The runtime does not report them pinned: the causes and fixes its files and version explain.
     #[error("{}", .reasons.join("; "))]
     NotPinned { reasons: Vec<String> },
+}
+
+/// An image the runtime does not report pinned: the names it knows it by, its tags apart.
+#[derive(Default)]
+struct Unpinned {
+    reference: String,
+    tags: Vec<String>,
+    names: Vec<String>,
 }
 
 /// A node's runtime, as pinning needs it.
@@ -105,7 +113,12 @@ impl Pinning<'_> {
         })
         .await
         .map_err(PinningError::Writing)?;
-        let (changed, missing) = changed?;
+        let (changed, missing) = changed.map_err(|e| match e {
+            PinError::CrioConfig(_) => PinningError::NotPinned {
+                reasons: vec![broken_config(&self.runtime_label(), &e.to_string())],
+            },
+            e => e.into(),
+        })?;
         if !missing.is_empty() {
             return Err(PinningError::NotListed { missing });
         }
@@ -130,6 +143,12 @@ impl Pinning<'_> {
         })
     }
 
+    /// `CRI-O 1.33.13`, or the name CRI Version gave a runtime pinboard does not know.
+    fn runtime_label(&self) -> String {
+        self.runtime
+            .map_or_else(|| self.runtime_name.to_string(), Runtime::to_string)
+    }
+
     /// Which CRI calls carry this runtime's word on pins.
     fn reports(&self) -> PinReports {
         self.runtime
@@ -139,7 +158,7 @@ impl Pinning<'_> {
 
     /// The images the runtime does not report pinned, each with the names it knows it by (one it could not
     /// be asked about counts as not pinned, with none).
-    async fn not_pinned(&self, images: &[String]) -> Vec<(String, Vec<String>)> {
+    async fn not_pinned(&self, images: &[String]) -> Vec<Unpinned> {
         let records = self
             .client
             .image_records(images, self.reports().list_images)
@@ -149,15 +168,22 @@ impl Pinning<'_> {
             .zip(records)
             .filter_map(|(image, record)| match record {
                 Ok(Some(i)) if i.pinned => None,
-                Ok(Some(i)) => Some((image.clone(), [i.repo_tags, i.repo_digests].concat())),
-                _ => Some((image.clone(), Vec::new())),
+                Ok(Some(i)) => Some(Unpinned {
+                    reference: image.clone(),
+                    names: [i.repo_tags.clone(), i.repo_digests].concat(),
+                    tags: i.repo_tags,
+                }),
+                _ => Some(Unpinned {
+                    reference: image.clone(),
+                    ..Unpinned::default()
+                }),
             })
             .collect()
     }
 
     /// What is still not pinned once the runtime had time to apply a reload (asynchronous in CRI-O) or to
     /// come back from a restart.
-    async fn confirm(&self, images: &[String]) -> Vec<(String, Vec<String>)> {
+    async fn confirm(&self, images: &[String]) -> Vec<Unpinned> {
         let deadline = Instant::now() + CONFIRM_WITHIN;
         loop {
             let unpinned = self.not_pinned(images).await;
@@ -169,29 +195,29 @@ impl Pinning<'_> {
     }
 
     /// Why CRI-O does not pin `unpinned` after the drop-in in `dir` listed them and it was reloaded: its
-    /// files and version explain it as `check` does; what they do not explain is listed.
-    async fn why_not_pinned(
-        &self,
-        dir: PathBuf,
-        unpinned: &[(String, Vec<String>)],
-    ) -> Vec<String> {
-        let runtime = self
-            .runtime
-            .map_or_else(|| self.runtime_name.to_string(), Runtime::to_string);
+    /// files and version explain it as `check` does (a file it cannot load fails its reload as a whole);
+    /// what they do not explain is listed.
+    async fn why_not_pinned(&self, dir: PathBuf, unpinned: &[Unpinned]) -> Vec<String> {
+        let runtime = self.runtime_label();
         let version = self.runtime.and_then(Runtime::crio_version);
         let config = match version {
             Some(_) => tokio::task::spawn_blocking(move || pins::read_crio_config(&dir))
                 .await
-                .ok()
-                .and_then(Result::ok),
-            None => None,
+                .map_err(|e| PinError::Reload(e.to_string()))
+                .and_then(|read| read),
+            None => Err(PinError::Reload("not CRI-O".into())),
         };
-        let images = unpinned
-            .iter()
-            .map(|(reference, names)| NotPinned { reference, names });
+        let images = unpinned.iter().map(|u| NotPinned {
+            reference: &u.reference,
+            tags: &u.tags,
+            names: &u.names,
+        });
         let (mut reasons, rest) = match &config {
-            Some(config) => explain_unpinned(&runtime, version, config, images),
-            None => (Vec::new(), images.map(|i| i.reference).collect()),
+            Ok(config) => explain_unpinned(&runtime, version, config, images),
+            Err(e @ PinError::CrioConfig(_)) => {
+                (vec![broken_config(&runtime, &e.to_string())], Vec::new())
+            }
+            Err(_) => (Vec::new(), images.map(|i| i.reference).collect()),
         };
         if !rest.is_empty() {
             reasons.push(format!(

@@ -4,8 +4,9 @@
 //! - Its configuration: `crio.conf`, then every regular file under `crio.conf.d`, recursively, in lexical
 //!   order ([`drop_in_order`]), whatever its extension. A later file that sets `crio.image.pinned_images`
 //!   replaces the array: nothing is merged ([`CrioConfig::effective`]).
-//! - Its patterns ([`Pattern`]), case-insensitive, matched against every name of an image (repo tags and
-//!   repo digests).
+//! - Its patterns ([`Pattern`]), case-insensitive, matched against the names CRI-O stored for an image:
+//!   those it was pulled by. CRI reports more: repo digests made of each stored repository and each digest
+//!   of the image, so an image pulled by tag shows a repo digest no pattern can pin (CRI-O 1.33, tried).
 //! - What a reload (SIGHUP, `systemctl reload crio`) does with changed pins, by version ([`ReloadPins`]).
 //! - Why CRI-O does not pin what a file lists ([`explain_unpinned`]): the reason line `check` prints and
 //!   the failure `apply` ends with.
@@ -188,6 +189,15 @@ impl CrioConfig {
         CrioConfig { settings }
     }
 
+    /// What CRI-O has in force before the drop-in `file` (named relative to the drop-in directory): the
+    /// last setting of a file it reads earlier, `crio.conf` included. The drop-in replaces it.
+    pub fn before(&self, file: &str) -> Option<&PinnedImagesSetting> {
+        self.settings.iter().rev().find(|s| {
+            let path = Path::new(&s.file);
+            path.is_absolute() || path < Path::new(file)
+        })
+    }
+
     /// The last file before the effective one whose list would pin an image known by `names`: a pin that
     /// a later file replaced.
     fn replaced_in<S: AsRef<str>>(&self, names: &[S]) -> Option<&PinnedImagesSetting> {
@@ -217,6 +227,15 @@ const RELOAD_REMOVALS_FIXED: [Version; 3] = [
     Version::new(1, 30, 3),
     Version::new(1, 31, 0),
 ];
+
+/// Why CRI-O (`runtime`) applies no new pins while `error` (a file it cannot load, named) stands, with
+/// the fix.
+pub fn broken_config(runtime: &str, error: &str) -> String {
+    format!(
+        "{runtime} cannot load its configuration: {error}; its reload fails as a whole and keeps the pins \
+         it had: fix or remove that file, then `pinboard apply` again"
+    )
+}
 
 /// How `systemctl restart crio` is offered as the fix.
 pub const RESTART_FIX: &str = "restart CRI-O (`systemctl restart crio` keeps running containers; \
@@ -258,7 +277,8 @@ impl ReloadPins {
             ),
             ReloadPins::AddsOnly | ReloadPins::Applies => format!(
                 "it has not applied pinned_images since {file} changed; reload CRI-O \
-                 (`systemctl reload crio`)"
+                 (`systemctl reload crio`): a reload that fails keeps the old pins, and CRI-O's log \
+                 (`journalctl -u crio`) names the file it could not decode"
             ),
         }
     }
@@ -278,11 +298,29 @@ impl ReloadPins {
     }
 }
 
-/// An image CRI-O reports not pinned: its reference and every name CRI-O knows it by.
+/// An image CRI-O reports not pinned: its reference, its repo tags, and every name CRI reports for it
+/// (tags and repo digests).
 pub struct NotPinned<'a> {
     pub reference: &'a str,
+    pub tags: &'a [String],
     pub names: &'a [String],
 }
+
+impl NotPinned<'_> {
+    /// The names CRI-O surely stored: its tags; an image without tags was pulled by digest, and its repo
+    /// digests are then what it stored.
+    fn stored(&self) -> &[String] {
+        match self.tags.is_empty() {
+            true => self.names,
+            false => self.tags,
+        }
+    }
+}
+
+/// Why an image listed by digest, which CRI-O has only under its tags, is not pinned.
+const STORED_UNDER_TAGS: &str = "CRI-O has them only under their tags, and matches pinned_images against \
+                                 the names it stored, not repo digests; `pinboard apply` pulls each by \
+                                 its digest to add that name (nothing is downloaded)";
 
 /// Why CRI-O (`runtime`, e.g. `CRI-O 1.29.2`, at `version`) does not pin images its files list: one
 /// sentence per file and cause, with the fix. The references no file lists are returned apart.
@@ -300,6 +338,9 @@ pub fn explain_unpinned<'a>(
             .chain(image.names.iter().map(String::as_str))
             .collect();
         let cause = match (config.effective(), config.replaced_in(&names)) {
+            (Some(effective), _) if config.pins(&names) && !config.pins(image.stored()) => {
+                (effective.file.clone(), STORED_UNDER_TAGS.to_string())
+            }
             (Some(effective), _) if config.pins(&names) => {
                 let why = version.map_or(ReloadPins::Applies, ReloadPins::of);
                 (effective.file.clone(), why.why(&effective.file))
@@ -424,6 +465,17 @@ mod tests {
         assert_eq!(replaced.settings[2].patterns, ["b"]);
         let alone = CrioConfig::default().with_drop_in("50-pinned-images", vec!["a".into()]);
         assert!(alone.pins(&["A"]));
+        // What the drop-in replaces: the last file before it, crio.conf included.
+        assert_eq!(
+            config.before("50-pinned-images").unwrap().file,
+            "10-site.conf"
+        );
+        assert_eq!(config.before("05-x").unwrap().file, "/etc/crio/crio.conf");
+        assert_eq!(
+            written.before("50-pinned-images").unwrap().file,
+            "10-site.conf"
+        );
+        assert_eq!(CrioConfig::default().before("50-pinned-images"), None);
     }
 
     #[test]
@@ -520,14 +572,17 @@ mod tests {
             [
                 NotPinned {
                     reference: "registry.example.com/ns/a@sha256:1",
+                    tags: &[],
                     names: &a,
                 },
                 NotPinned {
                     reference: "registry.example.com/ns/b@sha256:2",
+                    tags: &[],
                     names: &b,
                 },
                 NotPinned {
                     reference: "quay.io/x/c@sha256:3",
+                    tags: &[],
                     names: &c,
                 },
             ]
@@ -549,10 +604,47 @@ mod tests {
         let (reasons, _) =
             explain_unpinned("CRI-O 1.31.0", Version::parse("1.31.0"), &listed, images());
         assert!(
-            reasons[0].ends_with(
+            reasons[0].contains(
                 "it has not applied pinned_images since 50-pinned-images changed; reload CRI-O \
-                 (`systemctl reload crio`)"
+                 (`systemctl reload crio`): a reload that fails keeps the old pins"
             ),
+            "{reasons:?}"
+        );
+
+        // Pulled by tag: CRI reports a repo digest CRI-O never stored, so the entry naming it cannot pin.
+        let exact = CrioConfig::read([setting(
+            "50-pinned-images",
+            &["registry.example.com/ns/a@sha256:1"],
+        )])
+        .unwrap();
+        let tags = names(&["registry.example.com/ns/a:1.0"]);
+        let tagged = [tags.clone(), a.clone()].concat();
+        let by_tag = NotPinned {
+            reference: "registry.example.com/ns/a@sha256:1",
+            tags: &tags,
+            names: &tagged,
+        };
+        let (reasons, rest) =
+            explain_unpinned("CRI-O 1.33.13", Version::parse("1.33.13"), &exact, [by_tag]);
+        assert_eq!(
+            reasons,
+            [format!(
+                "1 image listed in 50-pinned-images is not pinned by CRI-O 1.33.13: {STORED_UNDER_TAGS}"
+            )]
+        );
+        assert!(rest.is_empty());
+        // A glob that matches its tag would pin it: then the reload is what has not happened.
+        let glob = CrioConfig::read([setting("50-pinned-images", &["registry.example.com/ns/*"])])
+            .unwrap();
+        let by_tag = NotPinned {
+            reference: "registry.example.com/ns/a@sha256:1",
+            tags: &tags,
+            names: &tagged,
+        };
+        let (reasons, _) =
+            explain_unpinned("CRI-O 1.33.13", Version::parse("1.33.13"), &glob, [by_tag]);
+        assert!(
+            reasons[0].contains("has not applied pinned_images"),
             "{reasons:?}"
         );
 

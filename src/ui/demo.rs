@@ -260,7 +260,8 @@ fn config_views() -> BTreeMap<String, ConfigView> {
         .collect();
     // An earlier pinboard's drop-in, without holder marks: its pin is adopted as unowned.
     let old = "[crio]\n  [crio.image]\n    pinned_images = [\"registry.redhat.io/ubi9/ubi-minimal@sha256:cba06b5736faf67e54b07b561eae94395e774c517a7d910a54369e1263ccfbd4\"]\n";
-    let new = pins::hold_in_drop_in(Some(old), &holds).expect("the demo's drop-in is valid TOML");
+    let new =
+        pins::hold_in_drop_in(Some(old), &holds, None).expect("the demo's drop-in is valid TOML");
     let entries =
         pins::crio_entries(new.as_deref().unwrap_or_default()).expect("written by pinboard");
     let held = ConfigNote::held(entries.iter().map(|e| &e.holders));

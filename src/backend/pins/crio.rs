@@ -8,6 +8,12 @@
 //! with `toml_edit`, one entry per line so that each can carry its mark, keeping an administrator's comments
 //! and other keys, written atomically and only when its content changes. What CRI-O makes of all its files
 //! together is read by [`read_crio_config`] and judged by [`crate::model::crio`].
+//!
+//! CRI-O enforces only the last file that sets `pinned_images`: the drop-in would revoke what an earlier
+//! file (`crio.conf`, an administrator's `10-site.conf`) pins. So it carries that file's entries forward,
+//! each marked `# pinboard: kept from 10-site.conf`, refreshed from that file at every write and gone with
+//! the drop-in's last entry of its own. A configuration CRI-O cannot load (its reload would fail as a
+//! whole) is refused before anything is written.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -19,7 +25,7 @@ use toml_edit::{Array, DocumentMut, Value};
 use super::PinError;
 use crate::backend::files::{file_error, read_optional, write_if_changed};
 use crate::backend::toml_doc::{TomlDocError, decor_text, has_values, parse, set_value, table_at};
-use crate::model::crio::{self, CrioConfig, PinnedImagesError};
+use crate::model::crio::{self, CrioConfig, PinnedImagesError, PinnedImagesSetting};
 use crate::model::holders::{CrioEntry, Holder, Holders, PinChange, ReleaseScope};
 
 pub const CRIO_CONFIG_DIR: &str = "/etc/crio/crio.conf.d";
@@ -35,6 +41,8 @@ const HEADER: &str =
 /// How the mark of an entry begins, and how an unowned holder is written in it (not a set name).
 const MARK: &str = "# pinboard:";
 const UNOWNED_MARK: &str = "(unowned)";
+/// How the mark of an entry carried forward from an earlier file begins; the file's name follows.
+const KEPT_MARK: &str = "kept from ";
 
 /// Why the drop-in's text cannot be edited: CRI-O would refuse it too.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -60,6 +68,8 @@ struct DropInEntry {
     /// As written (a literal or basic string).
     value: Value,
     entry: CrioEntry,
+    /// The earlier file it repeats, which the drop-in replaces: `{Admin}` holds it.
+    kept_from: Option<String>,
     /// The comment after the entry that is not pinboard's mark.
     comment: Option<String>,
     /// Comment lines above the entry.
@@ -74,17 +84,30 @@ impl DropInEntry {
                 pattern: pattern.to_string(),
                 holders,
             },
+            kept_from: None,
             comment: None,
             above: Vec::new(),
         }
     }
 
+    /// An entry repeating `pattern` of the earlier file `file`.
+    fn kept(pattern: &str, file: &str) -> DropInEntry {
+        DropInEntry {
+            kept_from: Some(file.to_string()),
+            ..DropInEntry::new(pattern, Holders::from([Holder::Admin]))
+        }
+    }
+
+    /// An administrator's own entry in the drop-in (not one kept from an earlier file).
     fn is_admins(&self) -> bool {
-        self.entry.holders.contains(&Holder::Admin)
+        self.kept_from.is_none() && self.entry.holders.contains(&Holder::Admin)
     }
 
     /// What follows the entry's comma: pinboard's mark, or the administrator's comment.
     fn trailing(&self) -> Option<String> {
+        if let Some(file) = &self.kept_from {
+            return Some(format!("{MARK} {KEPT_MARK}{file}"));
+        }
         if self.is_admins() {
             return self.comment.clone();
         }
@@ -172,10 +195,15 @@ impl DropIn {
                     .map_or(trailing, |next| decor_text(next.decor().prefix()));
                 let comment =
                     comment_in(after).or_else(|| comment_in(decor_text(value.decor().suffix())));
-                let (holders, comment) = match comment.as_deref().map(|c| c.strip_prefix(MARK)) {
-                    Some(Some(mark)) => (parse_mark(mark), None),
-                    _ if marked => (Holders::from([Holder::Admin]), comment),
-                    _ => (Holders::from([Holder::Unowned]), comment),
+                let mark = comment.as_deref().and_then(|c| c.strip_prefix(MARK));
+                let kept_from = mark
+                    .and_then(|m| m.trim().strip_prefix(KEPT_MARK))
+                    .map(str::to_string);
+                let (holders, comment) = match mark {
+                    _ if kept_from.is_some() => (Holders::from([Holder::Admin]), None),
+                    Some(mark) => (parse_mark(mark), None),
+                    None if marked => (Holders::from([Holder::Admin]), comment),
+                    None => (Holders::from([Holder::Unowned]), comment),
                 };
                 let mut value = (*value).clone();
                 value.decor_mut().clear();
@@ -185,6 +213,7 @@ impl DropIn {
                         pattern: pattern.to_string(),
                         holders,
                     },
+                    kept_from,
                     comment,
                     above,
                 });
@@ -199,6 +228,22 @@ impl DropIn {
             entries,
             closing,
         })
+    }
+
+    /// Replaces the entries kept from an earlier file with those of `earlier`, the setting CRI-O has in
+    /// force before the drop-in, each one the drop-in has no entry for: while the drop-in has an entry of
+    /// its own (a set's, or the administrator's), so that it never revokes what that file pins. Without one
+    /// of its own, it keeps none: the earlier file is in force again once the key is gone.
+    fn keep(&mut self, earlier: Option<&PinnedImagesSetting>) {
+        self.entries.retain(|e| e.kept_from.is_none());
+        let Some(earlier) = earlier.filter(|_| !self.entries.is_empty()) else {
+            return;
+        };
+        for pattern in &earlier.patterns {
+            if !self.entries.iter().any(|e| e.entry.pattern == *pattern) {
+                self.entries.push(DropInEntry::kept(pattern, &earlier.file));
+            }
+        }
     }
 
     /// The new text: entries sorted (stable, so an administrator's duplicate keeps its place), one per line
@@ -273,13 +318,16 @@ pub fn crio_entries(text: &str) -> Result<Vec<CrioEntry>, DropInError> {
 }
 
 /// The drop-in's new content once each image of `holds` is held by its sets (added to what holds it
-/// already; a new entry where pinboard has none for it), given its old content. Pure, for previews; an
-/// administrator's entries, comments and other keys are kept.
+/// already; a new entry where pinboard has none for it), given its old content and `earlier`, the setting
+/// CRI-O has in force before the drop-in ([`CrioConfig::before`]), whose entries it keeps. Pure, for
+/// previews; an administrator's entries, comments and other keys are kept.
 pub fn hold_in_drop_in(
     old: Option<&str>,
     holds: &BTreeMap<String, BTreeSet<String>>,
+    earlier: Option<&PinnedImagesSetting>,
 ) -> Result<Option<String>, DropInError> {
     let mut drop_in = DropIn::parse(old)?;
+    drop_in.entries.retain(|e| e.kept_from.is_none());
     for (image, sets) in holds {
         let sets = sets.iter().map(|s| Holder::Set(s.clone()));
         match drop_in
@@ -293,19 +341,22 @@ pub fn hold_in_drop_in(
                 .push(DropInEntry::new(image, sets.collect())),
         }
     }
+    drop_in.keep(earlier);
     drop_in.render()
 }
 
 /// The drop-in's new content once `release` is applied to its entries (an entry goes with its last
-/// holder; the administrator's never go), and what it did to each entry it changed or was asked about.
-/// The text is unchanged when no holder is released.
+/// holder; the administrator's never go), with the entries of `earlier` kept as [`hold_in_drop_in`] keeps
+/// them, and what it did to each entry it changed or was asked about. The text is unchanged when no
+/// holder is released.
 pub fn release_in_drop_in(
     old: Option<&str>,
     release: &ReleaseScope,
+    earlier: Option<&PinnedImagesSetting>,
 ) -> Result<(Option<String>, Vec<PinChange>), DropInError> {
     let mut drop_in = DropIn::parse(old)?;
     let mut changes = Vec::new();
-    for entry in &mut drop_in.entries {
+    for entry in drop_in.entries.iter_mut().filter(|e| e.kept_from.is_none()) {
         let names = [entry.entry.pattern.clone()];
         if let Some(change) = release.change(&entry.entry.pattern, &entry.entry.holders, &names) {
             entry.entry.holders = change.after.clone();
@@ -316,6 +367,7 @@ pub fn release_in_drop_in(
         return Ok((old.map(str::to_string), changes));
     }
     drop_in.entries.retain(|e| !e.entry.holders.is_empty());
+    drop_in.keep(earlier);
     Ok((drop_in.render()?, changes))
 }
 
@@ -336,27 +388,34 @@ pub fn read_crio_pins(config_dir: &Path) -> Result<Vec<String>, PinError> {
         .collect())
 }
 
-/// Holds each image of `holds` by its sets in the drop-in in `config_dir`, written only when its content
-/// changes; returns whether it changed. Blocking: call from `spawn_blocking`.
+/// Holds each image of `holds` by its sets in the drop-in in `config_dir`, keeping what the file before it
+/// pins, written only when its content changes; returns whether it changed. Refused, with nothing written,
+/// when CRI-O could not load its configuration ([`read_crio_config`]). Blocking: call from
+/// `spawn_blocking`.
 pub fn hold_crio_pins(
     config_dir: &Path,
     holds: &BTreeMap<String, BTreeSet<String>>,
 ) -> Result<bool, PinError> {
+    let config = read_crio_config(config_dir)?;
     let path = config_dir.join(CRIO_DROP_IN);
     let old = read_optional(&path)?;
-    let new = hold_in_drop_in(old.as_deref(), holds).map_err(file_error(&path))?;
+    let new = hold_in_drop_in(old.as_deref(), holds, config.before(CRIO_DROP_IN))
+        .map_err(file_error(&path))?;
     Ok(write_if_changed(&path, old.as_deref(), new.as_deref())?)
 }
 
-/// Applies `release` to the drop-in in `config_dir`, written only when its content changes; returns
-/// whether it changed and what happened to each entry concerned. Blocking: call from `spawn_blocking`.
+/// Applies `release` to the drop-in in `config_dir`, keeping what the file before it pins, written only
+/// when its content changes; returns whether it changed and what happened to each entry concerned. Refused
+/// as [`hold_crio_pins`] is. Blocking: call from `spawn_blocking`.
 pub fn release_crio_pins(
     config_dir: &Path,
     release: &ReleaseScope,
 ) -> Result<(bool, Vec<PinChange>), PinError> {
+    let config = read_crio_config(config_dir)?;
     let path = config_dir.join(CRIO_DROP_IN);
     let old = read_optional(&path)?;
-    let (new, changes) = release_in_drop_in(old.as_deref(), release).map_err(file_error(&path))?;
+    let (new, changes) = release_in_drop_in(old.as_deref(), release, config.before(CRIO_DROP_IN))
+        .map_err(file_error(&path))?;
     Ok((
         write_if_changed(&path, old.as_deref(), new.as_deref())?,
         changes,
@@ -374,7 +433,8 @@ pub fn crio_conf(config_dir: &Path) -> PathBuf {
 
 /// What CRI-O reads for `pinned_images`: [`crio_conf`], then every file under `config_dir`, recursively,
 /// in CRI-O's order ([`crio::drop_in_order`]), whatever its name. Missing files and directories count as
-/// empty. Blocking: call from `spawn_blocking`.
+/// empty; a file CRI-O could not load either is [`PinError::CrioConfig`]. Blocking: call from
+/// `spawn_blocking`.
 pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
     let main = crio_conf(config_dir);
     let mut files: Vec<(String, String)> = read_optional(&main)?
@@ -389,7 +449,7 @@ pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
         let text = fs::read_to_string(&path).map_err(file_error(&path))?;
         files.push((relative.display().to_string(), text));
     }
-    Ok(CrioConfig::read(files).map_err(file_error(config_dir))?)
+    CrioConfig::read(files).map_err(|e| PinError::CrioConfig(file_error(config_dir)(e)))
 }
 
 /// Every file under `dir` (whose path below the drop-in directory is `relative`), as CRI-O's walk finds
@@ -508,6 +568,7 @@ mod tests {
                 ("set-b", &["b@sha256:2", "a@sha256:1"]),
                 ("set-a", &["a@sha256:1"]),
             ]),
+            None,
         )
         .unwrap()
         .unwrap();
@@ -524,9 +585,10 @@ mod tests {
             Holders::from([set("set-a"), set("set-b")])
         );
         // Holding again changes nothing; another set is added to the entry, not a second entry.
-        let again = hold_in_drop_in(Some(&new), &holds(&[("set-a", &["a@sha256:1"])])).unwrap();
+        let again =
+            hold_in_drop_in(Some(&new), &holds(&[("set-a", &["a@sha256:1"])]), None).unwrap();
         assert_eq!(again.as_deref(), Some(new.as_str()));
-        let more = hold_in_drop_in(Some(&new), &holds(&[("set-c", &["b@sha256:2"])]))
+        let more = hold_in_drop_in(Some(&new), &holds(&[("set-c", &["b@sha256:2"])]), None)
             .unwrap()
             .unwrap();
         assert!(
@@ -537,6 +599,74 @@ mod tests {
     }
 
     #[test]
+    fn the_drop_in_keeps_what_the_file_it_replaces_pins_while_it_has_entries_of_its_own() {
+        let site = |patterns: &[&str]| PinnedImagesSetting {
+            file: "10-site.conf".into(),
+            patterns: patterns.iter().map(|p| p.to_string()).collect(),
+        };
+        let earlier = site(&["quay.io/db/*", "a@sha256:1"]);
+        let new = hold_in_drop_in(
+            None,
+            &holds(&[("set-a", &["a@sha256:1", "b@sha256:2"])]),
+            Some(&earlier),
+        )
+        .unwrap()
+        .unwrap();
+        // CRI-O reads the site's glob in the drop-in too; the site's exact entry is the set's already.
+        assert_eq!(
+            crio_reads(&new),
+            ["a@sha256:1", "b@sha256:2", "quay.io/db/*"]
+        );
+        assert!(
+            new.contains("\"quay.io/db/*\", # pinboard: kept from 10-site.conf\n"),
+            "{new}"
+        );
+        let kept = crio_entries(&new).unwrap().pop().unwrap();
+        assert_eq!(kept.holders, Holders::from([Holder::Admin]));
+        // The site's file changed: the next write follows it, and a set never takes over a kept entry.
+        let changed = site(&["quay.io/db2/*"]);
+        let again = hold_in_drop_in(
+            Some(&new),
+            &holds(&[("set-b", &["quay.io/db2/*"])]),
+            Some(&changed),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            crio_reads(&again),
+            ["a@sha256:1", "b@sha256:2", "quay.io/db2/*"]
+        );
+        assert!(
+            again.contains("\"quay.io/db2/*\", # pinboard: set-b\n"),
+            "{again}"
+        );
+        // Releasing one set keeps the others' entries and what is kept; the last takes the file, and the
+        // site's file is in force again.
+        let (after_b, _) = release_in_drop_in(
+            Some(&again),
+            &ReleaseScope::of_sets(&["set-b"], &[], false),
+            Some(&changed),
+        )
+        .unwrap();
+        let after_b = after_b.unwrap();
+        assert_eq!(
+            crio_reads(&after_b),
+            ["a@sha256:1", "b@sha256:2", "quay.io/db2/*"]
+        );
+        assert!(
+            after_b.contains("# pinboard: kept from 10-site.conf"),
+            "{after_b}"
+        );
+        let (gone, _) = release_in_drop_in(
+            Some(&after_b),
+            &ReleaseScope::of_sets(&["set-a"], &[], false),
+            Some(&changed),
+        )
+        .unwrap();
+        assert_eq!(gone, None);
+    }
+
+    #[test]
     fn releasing_a_set_keeps_what_another_holds_and_the_last_holder_takes_the_entry() {
         let both = hold_in_drop_in(
             None,
@@ -544,11 +674,13 @@ mod tests {
                 ("set-a", &["x@sha256:1", "y@sha256:2"]),
                 ("set-b", &["y@sha256:2", "z@sha256:3"]),
             ]),
+            None,
         )
         .unwrap();
         let (after_a, changes) = release_in_drop_in(
             both.as_deref(),
             &ReleaseScope::of_sets(&["set-a"], &["x@sha256:1", "y@sha256:2"], false),
+            None,
         )
         .unwrap();
         let after_a = after_a.unwrap();
@@ -570,6 +702,7 @@ mod tests {
         let (gone, _) = release_in_drop_in(
             Some(&after_a),
             &ReleaseScope::of_sets(&["set-b"], &[], false),
+            None,
         )
         .unwrap();
         assert_eq!(gone, None);
@@ -577,7 +710,7 @@ mod tests {
 
     #[test]
     fn an_administrators_entries_comments_and_keys_survive_every_release() {
-        let marked = hold_in_drop_in(None, &holds(&[("set-a", &["x@sha256:1"])]))
+        let marked = hold_in_drop_in(None, &holds(&[("set-a", &["x@sha256:1"])]), None)
             .unwrap()
             .unwrap();
         // An administrator adds an entry of their own with a comment, a glob, and another key.
@@ -596,7 +729,7 @@ mod tests {
             images: BTreeSet::new(),
             release_unowned: true,
         };
-        let (after, _) = release_in_drop_in(Some(&edited), &all).unwrap();
+        let (after, _) = release_in_drop_in(Some(&edited), &all, None).unwrap();
         let after = after.unwrap();
         assert_eq!(crio_reads(&after), ["quay.io/db/*"]);
         for kept in [
@@ -609,7 +742,7 @@ mod tests {
         }
         // Without any entry left, the key goes and the administrator's other key stays.
         let only_admin = edited.replace("      'quay.io/db/*', # keep: OPS-7\n", "");
-        let (left, _) = release_in_drop_in(Some(&only_admin), &all).unwrap();
+        let (left, _) = release_in_drop_in(Some(&only_admin), &all, None).unwrap();
         let left = left.unwrap();
         assert!(
             !left.contains("pinned_images") && left.contains("log_level"),
@@ -627,7 +760,7 @@ mod tests {
                 .iter()
                 .all(|e| e.holders == Holders::from([Holder::Unowned]))
         );
-        let held = hold_in_drop_in(Some(old), &holds(&[("set-b", &["y@sha256:2"])]))
+        let held = hold_in_drop_in(Some(old), &holds(&[("set-b", &["y@sha256:2"])]), None)
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -640,6 +773,7 @@ mod tests {
         let (kept, _) = release_in_drop_in(
             Some(&held),
             &ReleaseScope::of_sets(&["set-b"], &["y@sha256:2"], false),
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -649,12 +783,17 @@ mod tests {
         let (released, _) = release_in_drop_in(
             Some(&held),
             &ReleaseScope::of_sets(&["set-b"], &["y@sha256:2"], true),
+            None,
         )
         .unwrap();
         assert_eq!(crio_reads(released.as_deref().unwrap()), ["old@sha256:0"]);
         // Releasing what no entry holds leaves the file as it is, even one from before marks.
-        let (same, changes) =
-            release_in_drop_in(Some(old), &ReleaseScope::of_sets(&["set-z"], &[], false)).unwrap();
+        let (same, changes) = release_in_drop_in(
+            Some(old),
+            &ReleaseScope::of_sets(&["set-z"], &[], false),
+            None,
+        )
+        .unwrap();
         assert_eq!(same.as_deref(), Some(old));
         assert!(changes.is_empty());
     }
@@ -671,13 +810,13 @@ mod tests {
     fn broken_drop_ins_are_refused_naming_the_problem() {
         let one = holds(&[("set-a", &["a"])]);
         assert!(
-            hold_in_drop_in(Some("crio = 1"), &one)
+            hold_in_drop_in(Some("crio = 1"), &one, None)
                 .unwrap_err()
                 .to_string()
                 .contains("crio is not a table")
         );
         assert!(
-            hold_in_drop_in(Some("[crio"), &one)
+            hold_in_drop_in(Some("[crio"), &one, None)
                 .unwrap_err()
                 .to_string()
                 .contains("not valid TOML")

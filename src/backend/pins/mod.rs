@@ -34,6 +34,9 @@ pub use crio::{
 pub enum PinError {
     #[error(transparent)]
     File(#[from] FileError),
+    /// A file of CRI-O's configuration that CRI-O could not load either ([`read_crio_config`]).
+    #[error(transparent)]
+    CrioConfig(FileError),
     #[error("reloading CRI-O: {0}")]
     Reload(String),
     #[error("containerd images service: {0}")]

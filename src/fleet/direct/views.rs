@@ -82,7 +82,12 @@ pub fn by_outcome(outcomes: Vec<(String, Option<String>)>) -> String {
 fn crio_view(config_dir: &Path, holds: &BTreeMap<String, BTreeSet<String>>) -> ConfigView {
     let path = config_dir.join(pins::CRIO_DROP_IN);
     let old = std::fs::read_to_string(&path).ok();
-    let new = pins::hold_in_drop_in(old.as_deref(), holds);
+    let config = pins::read_crio_config(config_dir);
+    let earlier = config
+        .as_ref()
+        .ok()
+        .and_then(|c| c.before(pins::CRIO_DROP_IN));
+    let new = pins::hold_in_drop_in(old.as_deref(), holds, earlier);
     let lines = match &new {
         Ok(new) => crate::model::diff::lines(old.as_deref(), new.as_deref()),
         Err(e) => vec![(DiffKind::Removed, format!("cannot edit: {e}"))],
@@ -94,7 +99,7 @@ fn crio_view(config_dir: &Path, holds: &BTreeMap<String, BTreeSet<String>>) -> C
         .unwrap_or_default();
     let wanted: Vec<String> = holds.keys().cloned().collect();
     let held = ConfigNote::held(written.iter().map(|e| &e.holders));
-    let mut notes = match pins::read_crio_config(config_dir) {
+    let mut notes = match config {
         Ok(config) => {
             let patterns = written.into_iter().map(|e| e.pattern).collect();
             let written = config.with_drop_in(pins::CRIO_DROP_IN, patterns);
@@ -208,13 +213,16 @@ async fn node_info(target: &NodeTarget, timeout: Duration) -> NodeSummary {
     let Ok(version) = client.version().await else {
         return info;
     };
-    let reports = Runtime::identify(&version.runtime_name, &version.runtime_version)
-        .map(|r| r.reports_pinned())
+    let runtime = Runtime::identify(&version.runtime_name, &version.runtime_version);
+    let reports = runtime
+        .as_ref()
+        .map(Runtime::reports_pinned)
         .unwrap_or_default();
+    info.warning = runtime.as_ref().and_then(Runtime::outside_known);
     if let Ok(kind) = runtime_kind(&version.runtime_name) {
         match read_lazy(&client, kind, &target.lazy).await {
             Ok((lazy, _)) => {
-                info.warning = lazy.warning();
+                info.warning = lazy.warning().or(info.warning);
                 info.lazy_pulling = Some(lazy);
             }
             Err(e) => tracing::warn!("{}: cannot read lazy pulling: {e}", target.node.name),

@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use super::{
-    Evidence, ImageObserved, ImageReadiness, ImageReason, LazyImages, NodeReadiness, ObservedNode,
-    PinnedBy, PullSeen, STUCK_AFTER_SECONDS, lazily_present, pin_method_name, unserved,
-    with_reason,
+    CrioObserved, Evidence, ImageObserved, ImageReadiness, ImageReason, LazyImages, NodeReadiness,
+    ObservedNode, PinnedBy, PullSeen, STUCK_AFTER_SECONDS, lazily_present, pin_method_name,
+    unserved, with_reason,
 };
-use crate::model::crio::{NotPinned, explain_unpinned};
+use crate::model::crio::{NotPinned, broken_config, explain_unpinned};
 use crate::model::holders::HeldBy;
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::reference::{count_images, some_of};
@@ -161,6 +161,18 @@ pub fn assess_with(
         let unpinned = with(ImageReason::NotPinned);
         // CRI-O: images its files list but it does not pin are explained by file, cause and fix.
         let unpinned = match &observed.crio {
+            Some(CrioObserved {
+                runtime,
+                broken: Some(broken),
+                ..
+            }) if !unpinned.is_empty() => {
+                reasons.push(format!(
+                    "{} not pinned: {}",
+                    count_images(unpinned.len()),
+                    broken_config(runtime, broken)
+                ));
+                Vec::new()
+            }
             Some(crio) if !unpinned.is_empty() => {
                 let images = observed
                     .images
@@ -168,6 +180,7 @@ pub fn assess_with(
                     .filter(|i| unpinned.contains(&i.reference.as_str()))
                     .map(|i| NotPinned {
                         reference: &i.reference,
+                        tags: &i.tags,
                         names: &i.names,
                     });
                 let (explained, rest) =
@@ -223,7 +236,7 @@ pub fn assess_with(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{CrioObserved, Readiness};
+    use super::super::Readiness;
     use super::*;
     use crate::model::crio::CrioConfig;
     use crate::model::lazy::RemoteLayers;
@@ -241,6 +254,7 @@ mod tests {
             reported_pinned: reported,
             recorded_pinned: recorded,
             names: Vec::new(),
+            tags: Vec::new(),
             pulling: None,
             holders: None,
             lazy: None,
@@ -309,6 +323,7 @@ mod tests {
                 runtime: format!("CRI-O {version}"),
                 version: crate::model::runtime::Version::parse(version),
                 config,
+                broken: None,
             }),
             images,
             ..ObservedNode::default()

@@ -70,6 +70,9 @@ pub struct CrioObserved {
     pub runtime: String,
     pub version: Option<super::runtime::Version>,
     pub config: CrioConfig,
+    /// The file of its configuration CRI-O cannot load, and why: its reloads fail, its pins stay as they
+    /// were ([`super::crio::broken_config`]). `config` is empty then.
+    pub broken: Option<String>,
 }
 
 /// One image on one node. None: could not be asked.
@@ -85,6 +88,8 @@ pub struct ImageObserved {
     pub recorded_pinned: Option<bool>,
     /// Every name the runtime knows it by (repo tags and digests); empty when it is missing.
     pub names: Vec<String>,
+    /// Its repo tags alone: CRI-O pins by the names it stored, which its tags surely are.
+    pub tags: Vec<String>,
     /// A pull of the (missing) image the runtime is running now, where it tells (containerd).
     pub pulling: Option<PullSeen>,
     /// Who holds its pin, by the node's record (drop-in marks, holder labels); None: could not be read.
