@@ -12,6 +12,7 @@ use crate::backend::lazy::{read_lazy, runtime_kind};
 use crate::backend::node::survey_node;
 use crate::backend::readiness::observe;
 use crate::backend::target::NodeTarget;
+use crate::backend::wiring::containerd_config_path;
 use crate::model::holders::Holder;
 use crate::model::pinboard_api::{
     FilesystemReport, ImageReport, KUBELET_CONFIG_SOURCE, KubeletThresholds, NodeReport,
@@ -104,14 +105,11 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
         Ok(lazy) => (Some(lazy), None),
         Err(why) => (None, Some(why)),
     };
-    report.registry_config_dir = match client.registry_config_path().await {
-        Ok(Some(dir)) => Some(dir.display().to_string()),
-        _ => target
-            .wiring
-            .registry_config_dir
-            .as_ref()
-            .map(|d| d.display().to_string()),
-    };
+    report.registry_config_dir = containerd_config_path(target, &client)
+        .await
+        .ok()
+        .flatten()
+        .map(|dir| dir.display().to_string());
     let kubelet = crate::backend::kubelet::settings(kube, &target.node.name).await;
     report.kubelet = Some(KubeletThresholds {
         image_gc_high_threshold_percent: kubelet.image_gc_high_threshold_percent,

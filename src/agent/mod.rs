@@ -83,7 +83,8 @@ pub struct AgentArgs {
     /// The agents' namespace: their heartbeat Leases and the sets' pull Secrets.
     #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE, help_heading = "Agent")]
     pub namespace: String,
-    /// The node's registry config directory (containerd's config_path) when its runtime does not say.
+    /// The node's registry config directory (containerd's config_path) as the agent reaches it (its
+    /// hostPath mount); without it, what containerd reports or its config files set.
     #[arg(long, value_name = "DIR", help_heading = "Agent")]
     pub registry_config_dir: Option<PathBuf>,
     /// The node's own registry credentials (docker config JSON, e.g. the kubelet's

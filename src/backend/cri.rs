@@ -19,6 +19,7 @@ use super::proto::cri::{
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use crate::model::reference::ImageRef;
+use crate::model::runtime::Runtime;
 
 pub const MAX_DECODE_BYTES: usize = 64 << 20;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -304,12 +305,27 @@ impl CriClient {
         }
     }
 
+    /// The runtime's name and version. A runtime outside the supported-versions table is warned of, once
+    /// per endpoint in a process ([`Runtime::outside_known`]).
     pub async fn version(&self) -> Result<VersionResponse, CriError> {
         let request = VersionRequest {
             version: "v1".into(),
         };
-        self.call("Version", self.timeout, self.runtime().version(request))
-            .await
+        let version = self
+            .call("Version", self.timeout, self.runtime().version(request))
+            .await?;
+        static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        if let Some(warning) = Runtime::identify(&version.runtime_name, &version.runtime_version)
+            .and_then(|r| r.outside_known())
+        {
+            let endpoint = self.endpoint.to_string();
+            let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+            if !warned.contains(&endpoint) {
+                tracing::warn!("{endpoint}: {warning}");
+                warned.push(endpoint);
+            }
+        }
+        Ok(version)
     }
 
     /// Why the runtime is not ready (its `RuntimeReady` condition is false), or None when it is.
@@ -348,9 +364,18 @@ impl CriClient {
     }
 
     /// The snapshotter containerd's CRI plugin unpacks images with, from [`CriClient::cri_config`]'s
-    /// `containerd.snapshotter`. None when the runtime does not report one.
+    /// `containerd.snapshotter`; containerd 2 no longer reports it there, so then from the image filesystem
+    /// ImageFsInfo names, which is the snapshotter's root (`…/io.containerd.snapshotter.v1.<name>`). None
+    /// when neither says.
     pub async fn cri_snapshotter(&self) -> Result<Option<String>, CriError> {
-        self.cri_config_text("containerd", "snapshotter").await
+        if let Some(snapshotter) = self.cri_config_text("containerd", "snapshotter").await? {
+            return Ok(Some(snapshotter));
+        }
+        let filesystems = self.image_fs_info().await?.image_filesystems;
+        Ok(filesystems
+            .iter()
+            .filter_map(|fs| fs.fs_id.as_ref())
+            .find_map(|id| snapshotter_of_root(&id.mountpoint)))
     }
 
     /// The text [`CriClient::cri_config`] holds at `section.key`, when it is set.
@@ -549,9 +574,32 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// The snapshotter whose root `path` is: containerd names each `<root>/io.containerd.snapshotter.v1.<name>`.
+fn snapshotter_of_root(path: &str) -> Option<String> {
+    let name = std::path::Path::new(path).file_name()?.to_str()?;
+    name.strip_prefix("io.containerd.snapshotter.v1.")
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshotter_is_named_by_its_root() {
+        let of = |path: &str| snapshotter_of_root(path);
+        assert_eq!(
+            of("/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs").as_deref(),
+            Some("overlayfs")
+        );
+        assert_eq!(
+            of("/var/lib/containerd/io.containerd.snapshotter.v1.stargz/").as_deref(),
+            Some("stargz")
+        );
+        assert_eq!(of("/var/lib/containers/storage/overlay-images"), None);
+        assert_eq!(of("/x/io.containerd.snapshotter.v1."), None);
+    }
 
     #[test]
     fn endpoints_parse_like_crictl() {

@@ -3,7 +3,8 @@
 //!
 //! - containerd: `<config_path>/<registry host>/hosts.toml` for each source registry, with the endpoint as
 //!   the first host; the config path is the nodes file's `registryConfigDir`, else what containerd reports
-//!   (CRI `Status`, verbose). containerd re-reads the files on every pull: no restart. Afterwards each file
+//!   (CRI `Status`, verbose), else (containerd 2, whose `Status` no longer says) what its config files set
+//!   ([`containerd_config_path`]). containerd re-reads the files on every pull: no restart. Afterwards each file
 //!   is back byte for byte, or gone if there was none.
 //! - CRI-O: the drop-in [`CRIO_DROP_IN`] in its registries.conf.d (`--crio-registries-dir`), then a reload
 //!   (CRI-O re-reads registries on reload); removed, and CRI-O reloaded, afterwards.
@@ -19,7 +20,9 @@ use std::path::{Path, PathBuf};
 
 use super::cri::{CriClient, CriEndpoint, CriError};
 use super::files::{FileError, read_optional, write_if_changed};
+use super::lazy::containerd::ContainerdFiles;
 use super::pins::{PinError, PinTarget, Reload, reload_crio};
+use super::target::NodeTarget;
 use crate::model::runtime::RuntimeKind;
 use crate::model::served::Source;
 use crate::model::wiring::{
@@ -47,10 +50,13 @@ pub enum WiringError {
     #[error(
         "containerd has no registry config_path, so it cannot be given a mirror without a restart: it pulls \
          directly; to fan out to it, set config_path under [plugins.\"io.containerd.grpc.v1.cri\".registry] \
-         (e.g. /etc/containerd/certs.d) and restart containerd, or name it as registryConfigDir in the nodes \
-         file"
+         (containerd 2: [plugins.\"io.containerd.cri.v1.images\".registry]), e.g. /etc/containerd/certs.d, \
+         and restart containerd, or name it as registryConfigDir in the nodes file"
     )]
     NoConfigPath,
+    /// containerd's config files, read for its registry `config_path`.
+    #[error("reading containerd's configuration for its registry config_path: {0}")]
+    ContainerdConfig(String),
     #[error(
         "CRI-O at {endpoint}: its registries.conf.d is on the node, and pinboard writes where it runs"
     )]
@@ -129,31 +135,44 @@ pub enum Wiring {
     },
 }
 
-/// How a node's runtime is wired, asked over its CRI socket `client`, given where its files are (`paths`)
-/// and how it pins (`pin`: CRI-O is reloaded the same way); Err says why it cannot be (the node then pulls
-/// directly).
-pub async fn locate(
-    paths: &WiringPaths,
-    pin: &PinTarget,
+/// containerd's registry `config_path`: as the nodes file names it (`registryConfigDir`); else as containerd
+/// reports it in CRI `Status` (1.x); else as its config files set it (`containerdConfig` and what it
+/// imports), which containerd 2 no longer reports. None when it has none.
+pub async fn containerd_config_path(
+    target: &NodeTarget,
     client: &CriClient,
-) -> Result<Wiring, WiringError> {
+) -> Result<Option<PathBuf>, WiringError> {
+    if let Some(dir) = &target.wiring.registry_config_dir {
+        return Ok(Some(dir.clone()));
+    }
+    if let Some(dir) = client.registry_config_path().await? {
+        return Ok(Some(dir));
+    }
+    let config = target.lazy.containerd_config.clone();
+    tokio::task::spawn_blocking(move || ContainerdFiles::read(&config))
+        .await
+        .map_err(|e| WiringError::ContainerdConfig(e.to_string()))?
+        .map(|files| files.registry_config_path())
+        .map_err(|e| WiringError::ContainerdConfig(e.to_string()))
+}
+
+/// How `target`'s runtime is wired, asked over its CRI socket `client`, given where its files are and how
+/// it pins (CRI-O is reloaded the same way); Err says why it cannot be (the node then pulls directly).
+pub async fn locate(target: &NodeTarget, client: &CriClient) -> Result<Wiring, WiringError> {
+    let (paths, pin) = (&target.wiring, &target.pin);
     let version = client.version().await?;
     let local = client.endpoint().is_local();
     let runtime = version.runtime_name;
     match RuntimeKind::of_cri_name(&runtime) {
         Some(RuntimeKind::Containerd) => {
-            let config_path = match &paths.registry_config_dir {
-                Some(dir) => dir.clone(),
-                None if !local => {
-                    return Err(WiringError::RemoteContainerd {
-                        endpoint: client.endpoint().clone(),
-                    });
-                }
-                None => client
-                    .registry_config_path()
-                    .await?
-                    .ok_or(WiringError::NoConfigPath)?,
-            };
+            if paths.registry_config_dir.is_none() && !local {
+                return Err(WiringError::RemoteContainerd {
+                    endpoint: client.endpoint().clone(),
+                });
+            }
+            let config_path = containerd_config_path(target, client)
+                .await?
+                .ok_or(WiringError::NoConfigPath)?;
             Ok(Wiring::Containerd { config_path })
         }
         Some(RuntimeKind::Crio) if !local => Err(WiringError::RemoteCrio {

@@ -149,14 +149,49 @@ impl Runtime {
     }
 }
 
+/// The versions pinboard knows, by runtime: the supported-versions table (docs/runtimes.md), oldest and
+/// newest `major.minor`.
+const KNOWN_CONTAINERD: (Version, Version) = (Version::new(1, 6, 0), Version::new(2, 1, u32::MAX));
+const KNOWN_CRIO: (Version, Version) = (Version::new(1, 28, 0), Version::new(1, 33, u32::MAX));
+
+impl Runtime {
+    /// Why pinboard cannot vouch for this runtime, when its version is outside the supported-versions
+    /// table (docs/runtimes.md): a warning, once per node. None for a version in the table.
+    pub fn outside_known(&self) -> Option<String> {
+        let (oldest, newest, range) = match self.kind {
+            RuntimeKind::Containerd => (KNOWN_CONTAINERD.0, KNOWN_CONTAINERD.1, "1.6 to 2.1"),
+            RuntimeKind::Crio => (KNOWN_CRIO.0, KNOWN_CRIO.1, "1.28 to 1.33"),
+        };
+        let name = self.name();
+        let why = match self.version {
+            None => "its version cannot be read".to_string(),
+            Some(v) if v < oldest => {
+                format!("it is older than {name} {range}, which pinboard knows")
+            }
+            Some(v) if v > newest => {
+                format!("it is newer than {name} {range}, which pinboard knows")
+            }
+            Some(_) => return None,
+        };
+        Some(format!(
+            "{self}: {why} (docs/runtimes.md): how it reports pins, reads lazy-pulling config and \
+             signals lost images may differ from what pinboard expects"
+        ))
+    }
+
+    /// Its name as people write it.
+    fn name(&self) -> &'static str {
+        match self.kind {
+            RuntimeKind::Crio => "CRI-O",
+            RuntimeKind::Containerd => "containerd",
+        }
+    }
+}
+
 impl fmt::Display for Runtime {
     /// `CRI-O 1.29.2`, `containerd 1.6.20~ds1`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self.kind {
-            RuntimeKind::Crio => "CRI-O",
-            RuntimeKind::Containerd => "containerd",
-        };
-        write!(f, "{name} {}", self.version_text)
+        write!(f, "{} {}", self.name(), self.version_text)
     }
 }
 
@@ -187,6 +222,39 @@ mod tests {
         for no in ["1.28.9", "1.29.6", "1.30.5", "1.30.0", "1.27.0"] {
             assert!(!has(no), "{no}");
         }
+    }
+
+    #[test]
+    fn runtimes_outside_the_supported_versions_table_are_named() {
+        let outside =
+            |name: &str, version: &str| Runtime::identify(name, version).unwrap().outside_known();
+        for known in [
+            ("containerd", "1.6.20~ds1"),
+            ("containerd", "v1.7.24"),
+            ("containerd", "2.0.5"),
+            ("containerd", "2.1.9+unknown"),
+            ("cri-o", "1.28.0"),
+            ("cri-o", "1.33.13"),
+        ] {
+            assert_eq!(outside(known.0, known.1), None, "{known:?}");
+        }
+        let newer = outside("containerd", "2.2.0").unwrap();
+        assert!(
+            newer.starts_with("containerd 2.2.0: it is newer than containerd 1.6 to 2.1"),
+            "{newer}"
+        );
+        let older = outside("cri-o", "1.27.4").unwrap();
+        assert!(
+            older.starts_with("CRI-O 1.27.4: it is older than CRI-O 1.28 to 1.33"),
+            "{older}"
+        );
+        assert!(outside("cri-o", "1.34.0").is_some());
+        assert!(outside("containerd", "1.5.18").is_some());
+        assert!(
+            outside("containerd", "devel")
+                .unwrap()
+                .contains("cannot be read")
+        );
     }
 
     #[test]

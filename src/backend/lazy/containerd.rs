@@ -106,24 +106,42 @@ impl ContainerdFiles {
         self.ours.as_ref().map(|(path, _)| path.as_path())
     }
 
+    /// The CRI image setting these files give at `path` below the CRI image plugin's section (version 3:
+    /// `io.containerd.cri.v1.images`, whose keys merge file by file; version 2: the CRI plugin, whose last
+    /// section replaces the others whole, so a key it leaves out is the default): None when unset.
+    fn cri_image_setting(&self, path: &[&str]) -> Option<&Item> {
+        let mut setting = None;
+        for loaded in &self.loaded {
+            let section = match self.version3 {
+                true => get(&loaded.doc, &["plugins", CRI_IMAGES]),
+                false => get(&loaded.doc, &["plugins", CRI]),
+            };
+            let Some(section) = section else {
+                continue;
+            };
+            let value = path
+                .iter()
+                .try_fold(section, |item, key| item.get(key))
+                .filter(|item| !item.is_none());
+            if value.is_some() || !self.version3 {
+                setting = value;
+            }
+        }
+        setting
+    }
+
     /// The snapshotter these files give the CRI plugin, and the socket of its proxy plugin when one is
     /// configured for it.
     pub fn snapshotter(&self) -> (String, Option<PathBuf>) {
-        let mut snapshotter = DEFAULT_SNAPSHOTTER.to_string();
-        for loaded in &self.loaded {
-            let set = match self.version3 {
-                true => get(&loaded.doc, &["plugins", CRI_IMAGES, "snapshotter"]),
-                // The last CRI section replaces the others whole: unset there means the default.
-                false => get(&loaded.doc, &["plugins", CRI]).map(|cri| {
-                    cri.get("containerd")
-                        .and_then(|c| c.get("snapshotter"))
-                        .unwrap_or(&Item::None)
-                }),
-            };
-            if let Some(item) = set {
-                snapshotter = item.as_str().unwrap_or(DEFAULT_SNAPSHOTTER).to_string();
-            }
-        }
+        let key: &[&str] = match self.version3 {
+            true => &["snapshotter"],
+            false => &["containerd", "snapshotter"],
+        };
+        let snapshotter = self
+            .cri_image_setting(key)
+            .and_then(Item::as_str)
+            .unwrap_or(DEFAULT_SNAPSHOTTER)
+            .to_string();
         let address = self
             .loaded
             .iter()
@@ -131,6 +149,15 @@ impl ContainerdFiles {
             .find_map(|l| get(&l.doc, &["proxy_plugins", &snapshotter, "address"])?.as_str())
             .map(PathBuf::from);
         (snapshotter, address)
+    }
+
+    /// The registry `config_path` (hosts.toml directory) these files give the CRI plugin, when set: what
+    /// containerd 2 no longer reports through CRI `Status`.
+    pub fn registry_config_path(&self) -> Option<PathBuf> {
+        self.cri_image_setting(&["registry", "config_path"])
+            .and_then(Item::as_str)
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from)
     }
 
     /// pinboard's file with lazy pulling through `socket` turned on (`enable`) or off; refused when the
@@ -726,6 +753,62 @@ mod tests {
             .change(false, Path::new(SOCKET))
             .unwrap();
         assert_eq!(off.new, None);
+    }
+
+    #[test]
+    fn the_registry_config_path_is_read_as_containerd_merges_its_files() {
+        // Version 2: the last CRI section replaces the others whole.
+        let (dir, config) = setup(true);
+        let path = |config: &Path| {
+            ContainerdFiles::read(config)
+                .unwrap()
+                .registry_config_path()
+        };
+        assert_eq!(
+            path(&config),
+            Some(PathBuf::from("/etc/containerd/certs.d"))
+        );
+        std::fs::create_dir_all(dir.path().join("conf.d")).unwrap();
+        let later = dir.path().join("conf.d/50-site.toml");
+        std::fs::write(
+            &later,
+            "version = 2
+[plugins.\"io.containerd.grpc.v1.cri\"]
+  sandbox_image = \"p\"
+",
+        )
+        .unwrap();
+        assert_eq!(
+            path(&config),
+            None,
+            "a later CRI section without it drops it"
+        );
+        // Version 3 (containerd 2): key by key, a later file without it keeps it.
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "version = 3\nimports = [\"{}/conf.d/*.toml\"]\n[plugins.\"{CRI_IMAGES}\".registry]\n  \
+                 config_path = \"/etc/containerd/certs.d\"\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("conf.d")).unwrap();
+        std::fs::write(
+            dir.path().join("conf.d/50-site.toml"),
+            format!("version = 3\n[plugins.\"{CRI_IMAGES}\"]\n  snapshotter = \"native\"\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            path(&config),
+            Some(PathBuf::from("/etc/containerd/certs.d"))
+        );
+        assert_eq!(
+            ContainerdFiles::read(&config).unwrap().snapshotter().0,
+            "native"
+        );
     }
 
     #[test]
