@@ -30,6 +30,14 @@ impl Source {
     }
 }
 
+/// How a source registry is named as the first path segment of a mirror location (`<endpoint>/<segment>`):
+/// lowercase, a port's `:` as `_`, so that the references containers-image makes of it are valid (a path
+/// segment holds no `:`; real CRI-O refuses `mirror:5050/registry:5000/app` as an invalid reference).
+/// A host name holds no `_`, so the segment names one registry.
+pub fn mirror_segment(registry: &str) -> String {
+    registry.to_lowercase().replace(':', "_")
+}
+
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.registry, self.repository)
@@ -92,7 +100,8 @@ impl ServedDigests {
 
     /// The source repository a request for `/v2/<name>/...` is about: with containerd's `ns=<registry>`
     /// parameter, `name` is the repository on that registry; without it (containers-image and OpenShift
-    /// mirrors with a path prefix), `name` starts with the registry host. `None` when no set uses it.
+    /// mirrors with a path prefix), `name` starts with the registry host, as [`mirror_segment`] writes it
+    /// (or as written). `None` when no set uses it.
     pub fn source_of(&self, ns: Option<&str>, name: &str) -> Option<Source> {
         let source = match ns {
             Some(registry) => Source {
@@ -100,7 +109,11 @@ impl ServedDigests {
                 repository: name.to_string(),
             },
             None => {
-                let (registry, repository) = name.split_once('/')?;
+                let (segment, repository) = name.split_once('/')?;
+                let registry = self
+                    .registries()
+                    .into_iter()
+                    .find(|r| *r == segment || mirror_segment(r) == segment)?;
                 Source {
                     registry: registry.to_string(),
                     repository: repository.to_string(),
@@ -255,6 +268,17 @@ mod tests {
         assert_eq!(
             allowed.source_of(None, "127.0.0.1:5000/team/app"),
             Some(source("127.0.0.1:5000/team/app"))
+        );
+        // A port as containers-image can name it in a path: `_` for `:`.
+        assert_eq!(mirror_segment("127.0.0.1:5000"), "127.0.0.1_5000");
+        assert_eq!(mirror_segment("Quay.IO"), "quay.io");
+        assert_eq!(
+            allowed.source_of(None, "127.0.0.1_5000/team/app"),
+            Some(source("127.0.0.1:5000/team/app"))
+        );
+        assert_eq!(
+            allowed.source_of(None, "docker.io/library/nginx"),
+            Some(source("docker.io/library/nginx"))
         );
         assert_eq!(allowed.source_of(None, "team/app"), None);
         assert_eq!(allowed.source_of(Some("quay.io"), "team/app"), None);

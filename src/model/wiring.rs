@@ -27,7 +27,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table, value};
 
-use super::served::Source;
+use super::served::{Source, mirror_segment};
 
 /// The marker's prefix: the first line of every file fan-out writes.
 const MARKER: &str = "# pinboard-fan-out: ";
@@ -232,7 +232,11 @@ pub fn crio_registries<'s>(
         table.decor_mut().clear();
         table["prefix"] = value(&prefix);
         let mut mirror = Table::new();
-        mirror["location"] = value(format!("{}/{prefix}", marker.endpoint_host()));
+        let path = match prefix.split_once('/') {
+            Some((registry, rest)) => format!("{}/{rest}", mirror_segment(registry)),
+            None => mirror_segment(&prefix),
+        };
+        mirror["location"] = value(format!("{}/{path}", marker.endpoint_host()));
         mirror["insecure"] = value(marker.endpoint.starts_with("http://"));
         mirror["pull-from-mirror"] = value("digest-only");
         let mut mirrors = ArrayOfTables::new();
@@ -443,7 +447,8 @@ mod tests {
                 Some("digest-only".to_string()),
             )
         };
-        assert_eq!(mirrors(tables[0]), [ours("127.0.0.1:5000")]);
+        // A port is `_` in the mirror's path: containers-image refuses `:` there.
+        assert_eq!(mirrors(tables[0]), [ours("127.0.0.1_5000")]);
         assert_eq!(
             mirrors(tables[1]),
             [
