@@ -13,14 +13,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::agents::{AgentsLab, AgentsSetup};
-use support::crio::CrioStandIn;
 use support::fan_out::{
     self, CACHE_PORT, WAIT, apply_fan_out_set, assert_moved_at_most, cache_token, push_images,
     reports, through_proxy, wait_link_moved, wait_set_pinned_on,
 };
 use support::kube_objects::{apply_yaml, wait_for};
 use support::link::{LinkSampler, assert_kept_to};
-use support::{ImageSpec, NodeSpec, RegistrySetup, unique_bytes};
+use support::{ImageSpec, NodeSpec, RegistrySetup, Runtime, unique_bytes};
 
 const MI: u64 = 1 << 20;
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -355,23 +354,19 @@ async fn the_cache_gone_for_good_sends_the_nodes_to_the_source_and_their_reports
     wait_hosts_back(&lab, &hosts_before).await;
 }
 
-/// CRI-O's registries.conf cannot send the cache's token; the relay does, so a CRI-O node pulls through
-/// the cache as containerd's do.
+/// CRI-O's registries.conf cannot send the cache's token; the relay does, so a node running the real
+/// CRI-O pulls through the cache as containerd's do: its registries.conf.d drop-in names the relay, and the
+/// registry never hears from CRI-O itself.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crio_node_pulls_through_its_agents_relay_beside_the_containerd_nodes() {
     let mut lab = cache_lab("agents-fanout-crio", RegistrySetup::default()).await;
     let images = push_images(&lab, "crio/app", 9600, 3);
     let references = through_proxy(&lab, &images);
     let unique = unique_bytes(&images);
-    let proxy = lab.lab.proxy_host();
-    let crio = CrioStandIn::start("agents-fanout-crio", "1.31.0", std::slice::from_ref(&proxy))
-        .expect("the CRI-O stand-in starts");
-    let registries = [
-        "--crio-registries-dir".to_string(),
-        crio.registries_dir().display().to_string(),
-    ];
-    lab.add_crio_node("n4", &crio, &registries).await;
+    lab.add_host_node(NodeSpec::new("n4", 200 * MI).on(Runtime::Crio133), &[])
+        .await;
     let before = lab.lab.proxy().bytes_down();
+    let heads_from = lab.lab.proxy().request_heads().len();
     apply_fan_out_set(&lab, "web", &references, "").await;
     let reports = wait_set_pinned_on(&lab, "web", &["n1", "n2", "n3", "n4"]).await;
     let set = &reports["n4"]["status"]["sets"][0];
@@ -381,21 +376,15 @@ async fn a_crio_node_pulls_through_its_agents_relay_beside_the_containerd_nodes(
             .is_some_and(|c| c.ends_with(&format!(":{CACHE_PORT}"))),
         "n4 pulled through the cache: {set}"
     );
-    let counts = crio.counts();
-    let (relays, sources): (Vec<_>, Vec<_>) = counts
-        .pulled_from
+    lab.lab.node("n4").assert_pinned(&references);
+    let from_runtimes: Vec<String> = lab.lab.proxy().request_heads()[heads_from..]
         .iter()
-        .partition(|(host, _)| host.starts_with("127.0.0.1:"));
-    assert_eq!(
-        relays.iter().map(|(_, n)| **n).sum::<u64>(),
-        references.len() as u64,
-        "every image came through the relay on the node's loopback: {:?}",
-        counts.pulled_from
-    );
+        .map(|h| h.to_ascii_lowercase())
+        .filter(|h| h.contains("/blobs/") && !h.contains("user-agent: pinboard/"))
+        .collect();
     assert!(
-        sources.is_empty(),
-        "none from the source: {:?}",
-        counts.pulled_from
+        from_runtimes.is_empty(),
+        "every blob came through pinboard, none from a runtime straight from the source: {from_runtimes:?}"
     );
     assert_moved_at_most(
         &lab,
@@ -404,11 +393,12 @@ async fn a_crio_node_pulls_through_its_agents_relay_beside_the_containerd_nodes(
         unique,
         1.05,
     );
+    let registries_dir = lab.lab.node("n4").crio().registries_dir.clone();
     wait_for(
         "the fan-out drop-in removed",
         Duration::from_secs(30),
         || async {
-            let left: Vec<_> = std::fs::read_dir(crio.registries_dir())
+            let left: Vec<_> = std::fs::read_dir(&registries_dir)
                 .unwrap()
                 .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                 .filter(|name| name.contains("pinboard"))

@@ -1,16 +1,17 @@
 //! Headless `apply` and `unpin` against the lab, judged by `check`: a node that pins through a CRI-O
 //! drop-in (a nodes file with `pin: crio-drop-in`, a temporary config dir, no reload) next to one that pins
-//! with the containerd label. The lab's containerd 1.6.20 cannot report pins, so on the drop-in node the
-//! record decides: CRI-O's effective `pinned_images`, so an image is pinned there only when the files
-//! list it, an administrator's glob included. Unpinning keeps the images, and releases only the named
-//! sets' holds: a pin another set holds stays, and so does an administrator's entry. A pin set by hand
+//! with the containerd label. Both nodes run containerd 1.6.20, which cannot report pins, so on the drop-in
+//! node the record decides: CRI-O's effective `pinned_images`, so an image is pinned there only when the
+//! files list it, an administrator's glob included (the real CRI-O's drop-in is tests/it/crio.rs).
+//! Unpinning keeps the images, and releases only the named sets' holds: a pin another set holds stays, and
+//! so does an administrator's entry. A pin set by hand
 //! with `ctr` (no holder) stays through `unpin` as unowned, until `--release-unowned` names its image.
 
 use crate::support;
 
 use pinboard::backend::pins::{CRIO_DROP_IN, read_crio_pins};
 use pinboard::model::readiness::{ImageReason, NodesStatus, PinnedBy, Readiness};
-use support::{ImageSpec, Lab, LabConfig, NodeSpec};
+use support::{ImageSpec, Lab, LabConfig, NodeSpec, Runtime};
 
 const MI: u64 = 1 << 20;
 
@@ -201,7 +202,11 @@ fn two_containerd_nodes(name: &str) -> Lab {
     Lab::start(
         name,
         LabConfig {
-            nodes: vec![NodeSpec::new("n1", 32 * MI), NodeSpec::new("n2", 32 * MI)],
+            // containerd 1.6.20 reports no pins: the record decides there (docs/runtimes.md).
+            nodes: vec![
+                NodeSpec::new("n1", 32 * MI).on(Runtime::Containerd16),
+                NodeSpec::new("n2", 32 * MI).on(Runtime::Containerd16),
+            ],
             apiserver: false,
             ..LabConfig::default()
         },

@@ -60,7 +60,9 @@ fn push_images(
         .collect()
 }
 
-/// `pinboard ARGS --cri NAME=ENDPOINT… --image REF… --insecure-registry PROXY --min-free 1Mi`.
+/// `pinboard ARGS --nodes FILE --image REF… --insecure-registry PROXY --min-free 1Mi`, the nodes file
+/// naming `nodes` as an administrator lists them (each containerd's config, where containerd 2 says where
+/// its hosts.toml go).
 fn args(
     lab: &Lab,
     command: &str,
@@ -68,10 +70,11 @@ fn args(
     images: &[PushedImage],
     extra: &[&str],
 ) -> Vec<String> {
-    let mut args = vec![command.to_string()];
-    for node in nodes {
-        args.extend(["--cri".into(), format!("{}={}", node.name, node.endpoint())]);
-    }
+    let mut args = vec![
+        command.to_string(),
+        "--nodes".into(),
+        lab.nodes_file_of(nodes).display().to_string(),
+    ];
     for image in images {
         args.extend(["--image".into(), image.reference(&lab.proxy_host())]);
     }

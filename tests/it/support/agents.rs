@@ -17,7 +17,6 @@ use serde_json::{Value, json};
 
 use super::binary;
 use super::cluster::{client, kubeconfig_with_viewer};
-use super::crio::CrioStandIn;
 use super::kube_objects::{PodState, apply_yaml, wait_for, wait_for_daemonset_pod};
 use super::process::Proc;
 use super::{ClusterConfig, Lab, LabConfig, NodeSpec, RegistrySetup, Run, pinboard_with};
@@ -91,18 +90,24 @@ impl AgentsLab {
         AgentsLab::start_with(name, nodes, None, setup).await
     }
 
-    /// Registers `node` as a CRI-O node served by the stand-in `crio` (which has no kubelet: its Node is made
-    /// by hand, as a kubelet would register it) and starts its agent on this host, with `extra` arguments.
-    pub async fn add_crio_node(&mut self, node: &str, crio: &CrioStandIn, extra: &[String]) {
+    /// Starts `spec` as a node of the lab without a kubelet (its runtime on this host: the real CRI-O, or
+    /// containerd 2, which the lab's kubelet cannot use), registers its Node by hand, as a kubelet would,
+    /// and starts its agent on this host with the node's arguments and `extra`.
+    pub async fn add_host_node(&mut self, spec: NodeSpec, extra: &[String]) {
+        let name = spec.name.clone();
+        let mut args = self
+            .lab
+            .add_node(spec.without_kubelet())
+            .unwrap_or_else(|e| panic!("node {name}: {e:#}"))
+            .node_args();
+        args.extend(extra.iter().cloned());
         let object: NodeObject =
-            serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
         Api::<NodeObject>::all(self.admin.clone())
             .create(&PostParams::default(), &object)
             .await
-            .unwrap_or_else(|e| panic!("Node {node}: {e}"));
-        let mut args = crio.node_args(node);
-        args.extend(extra.iter().cloned());
-        self.start_agent_on_host(node, &args);
+            .unwrap_or_else(|e| panic!("Node {name}: {e}"));
+        self.start_agent_on_host(&name, &args);
     }
 
     /// [`AgentsLab::start`], the agents run as `setup` says (`--heartbeat-every=DURATION` among its

@@ -322,14 +322,18 @@ impl Drop for ApiServer {
     }
 }
 
-/// `${PINBOARD_CACHE:-$HOME/.cache/pinboard}/bin/<name>`, where scripts/setup builds the Kubernetes
-/// commands and containerd-stargz-grpc; an error saying so if it is missing.
-pub fn cached_binary(name: &str) -> Result<PathBuf> {
-    let cache = std::env::var_os("PINBOARD_CACHE").map_or_else(
+/// `${PINBOARD_CACHE:-$HOME/.cache/pinboard}`: what scripts/setup builds and fetches, outside the repository.
+pub(crate) fn cache_dir() -> PathBuf {
+    std::env::var_os("PINBOARD_CACHE").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pinboard"),
         PathBuf::from,
-    );
-    let binary = cache.join("bin").join(name);
+    )
+}
+
+/// `<cache>/bin/<name>` ([`cache_dir`]), where scripts/setup builds the Kubernetes commands and
+/// containerd-stargz-grpc; an error saying so if it is missing.
+pub fn cached_binary(name: &str) -> Result<PathBuf> {
+    let binary = cache_dir().join("bin").join(name);
     if !binary.is_file() {
         bail!(
             "{} is missing: run scripts/setup, which builds {name} once and caches it there",

@@ -17,6 +17,7 @@ impl HupRecorder {
     /// Starts it with `crio.pid` and `hup.log` in `dir`, and returns once its trap is set: a SIGHUP before
     /// that would end it, as a HUP ends any shell.
     pub fn start(dir: &Path) -> HupRecorder {
+        std::fs::create_dir_all(dir).expect("the recorder's directory");
         let (pidfile, log, ready) = (
             dir.join("crio.pid"),
             dir.join("hup.log"),

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, ensure};
 
 use super::apiserver::{ApiServer, ClusterApiServer};
 use super::binary_image::binary_layer;
+use super::crio_node::remove_crun_state;
 use super::estargz::{EstargzSpec, estargz_archive, push_archive};
 use super::images::{self, Extras, ImageSpec, LayerCache, Platform, PushedImage, PushedIndex};
 use super::kube_cluster::{ClusterConfig, KubeCluster, SANDBOX_IMAGE};
@@ -23,6 +24,7 @@ use super::pki::{Ca, SitePki};
 use super::process::{Proc, run, stop_all};
 use super::proxy::{Proxy, ProxyControl};
 use super::registry::{Registry, RegistrySetup, RegistryTls};
+use super::run::{Run, pinboard};
 use super::stargz::unmount_fuse_under;
 use super::token::TokenService;
 
@@ -91,6 +93,7 @@ impl Lab {
                 .join(format!("pinboard-lab-{}-{unique}", std::process::id())),
             procs: Vec::new(),
             mounts: Vec::new(),
+            deaths: Vec::new(),
         };
         let context = || format!("lab {name} did not start; logs in {}", dir.display());
 
@@ -161,16 +164,20 @@ impl Lab {
                 let mut cluster = KubeCluster::new(&dir, &apiserver, ca).with_context(context)?;
                 // The kubelets take seconds to start and keep trying the API server meanwhile.
                 for (node, spec) in nodes.iter().zip(&config.nodes) {
-                    cluster
-                        .start_kubelet(node, spec, network)
-                        .with_context(context)?;
+                    if spec.has_kubelet() {
+                        cluster
+                            .start_kubelet(node, spec, network)
+                            .with_context(context)?;
+                    }
                 }
                 apiserver.wait_launched().with_context(context)?;
                 cluster
                     .start_controllers(&dir, network, &apiserver)
                     .with_context(context)?;
-                for node in &nodes {
-                    cluster.wait_registered(&node.name).with_context(context)?;
+                for (node, spec) in nodes.iter().zip(&config.nodes) {
+                    if spec.has_kubelet() {
+                        cluster.wait_registered(&node.name).with_context(context)?;
+                    }
                 }
                 (Some(apiserver), Some(cluster))
             }
@@ -325,7 +332,9 @@ impl Lab {
         };
         let resources = &mut self.resources;
         let node = Node::start(&spec, &env, &mut resources.procs, &mut resources.mounts)?;
-        if let (Some(cluster), Some(network)) = (&mut self.cluster, &self.network) {
+        if let (Some(cluster), Some(network)) = (&mut self.cluster, &self.network)
+            && spec.has_kubelet()
+        {
             cluster.start_kubelet(&node, &spec, network)?;
             cluster.wait_registered(&node.name)?;
         }
@@ -357,7 +366,7 @@ impl Lab {
         Ok(())
     }
 
-    /// Kills node `name`'s containerd (SIGKILL, as a crash) and starts it again on the same root, state and
+    /// Kills node `name`'s runtime (SIGKILL, as a crash) and starts it again on the same root, state and
     /// socket; returns once it serves CRI again.
     pub fn restart_node(&mut self, name: &str) -> Result<()> {
         let node = self
@@ -369,9 +378,9 @@ impl Lab {
         let at = procs
             .iter()
             .position(|p| p.name() == node.process_name())
-            .context("the node's containerd is not among the lab's processes")?;
+            .context("the node's runtime is not among the lab's processes")?;
         procs[at].kill()?;
-        procs[at] = node.spawn_containerd()?;
+        procs[at] = node.spawn_runtime()?;
         node.wait_ready(&mut procs[at])
     }
 
@@ -418,6 +427,82 @@ impl Lab {
             spec,
             &Platform::linux_amd64(),
         )
+    }
+
+    /// [`Lab::push_image`], its manifest also pushed under `tag`, so that it can be pulled by tag as a pod
+    /// pulls it.
+    pub fn push_tagged(&self, repo: &str, spec: &ImageSpec, tag: &str) -> Result<PushedImage> {
+        let extras = Extras {
+            tag: Some(tag),
+            ..Extras::default()
+        };
+        images::push_image_with(
+            &self.registry,
+            &self.layers,
+            repo,
+            spec,
+            &Platform::linux_amd64(),
+            &extras,
+        )
+    }
+
+    /// Writes `<lab>/nodes.yaml`, a nodes file (docs/nodes-file.md) with every node as an administrator
+    /// lists it for pinboard ([`Node::nodes_file_entry`]), and returns its path.
+    pub fn nodes_file(&self) -> PathBuf {
+        self.nodes_file_of(&self.nodes.iter().collect::<Vec<_>>())
+    }
+
+    /// [`Lab::nodes_file`] of `nodes` alone: `<lab>/nodes-<names>.yaml`.
+    pub fn nodes_file_of(&self, nodes: &[&Node]) -> PathBuf {
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        let path = self.dir().join(match nodes.len() == self.nodes.len() {
+            true => "nodes.yaml".to_string(),
+            false => format!("nodes-{}.yaml", names.join("-")),
+        });
+        let text: String = nodes.iter().map(|n| n.nodes_file_entry()).collect();
+        std::fs::write(&path, text).expect("the nodes file is written");
+        path
+    }
+
+    /// `pinboard COMMAND` on every node of the lab (its nodes file, [`Lab::nodes_file`]) and its plain-HTTP
+    /// registry and proxy, with `args` after; `plan` and `apply` with a floor of 1 MiB, as the lab's image
+    /// filesystems are small.
+    pub fn pinboard(&self, command: &str, args: &[&str]) -> Run {
+        let nodes = self.nodes_file();
+        let mut all = vec![
+            command.to_string(),
+            "--nodes".into(),
+            nodes.display().to_string(),
+        ];
+        if command != "unpin" {
+            for host in [self.registry_host(), self.proxy_host()] {
+                all.extend(["--insecure-registry".into(), host]);
+            }
+        }
+        if command == "plan" || command == "apply" {
+            all.extend(["--min-free".into(), "1Mi".into()]);
+        }
+        all.extend(args.iter().map(|a| a.to_string()));
+        pinboard(&all)
+    }
+
+    /// Writes the PinnedImageSet `name` listing `images` into the lab's directory, as an administrator
+    /// writes one; its path, for `--set`.
+    pub fn set_file(&self, name: &str, images: &[&str]) -> String {
+        let path = self.dir().join(format!("{name}.yaml"));
+        let entries: String = images
+            .iter()
+            .map(|i| format!("    - name: {i}\n"))
+            .collect();
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: machineconfiguration.openshift.io/v1\nkind: PinnedImageSet\nmetadata:\n  \
+                 name: {name}\nspec:\n  pinnedImages:\n{entries}"
+            ),
+        )
+        .expect("the set's file is written");
+        path.display().to_string()
     }
 
     /// Makes the eStargz image `spec` as its users do (`ctr-remote image convert --estargz --oci`) and
@@ -478,13 +563,32 @@ struct Resources {
     short_socket_dir: PathBuf,
     procs: Vec<Proc>,
     mounts: Vec<PathBuf>,
+    /// The nodes' runtimes that died during the test, as the lab found them when the test ended.
+    deaths: Vec<String>,
+}
+
+impl Drop for Lab {
+    /// Before anything stops (a cluster node's runtime goes with its sandbox): which runtimes died during
+    /// the test, for [`Resources`] to report once everything is cleaned up.
+    fn drop(&mut self) {
+        self.resources.deaths = self
+            .resources
+            .procs
+            .iter_mut()
+            .filter_map(Proc::death)
+            .collect();
+    }
 }
 
 impl Drop for Resources {
+    /// Stops everything; then fails the test if a node's runtime died during it (pinboard must never harm a
+    /// runtime), naming the runtime and its log's last lines.
     fn drop(&mut self) {
+        let deaths = std::mem::take(&mut self.deaths);
         stop_all(&mut self.procs);
         // A killed stargz-snapshotter's layers, mounted on the nodes' image filesystems.
         unmount_fuse_under(&self.dir);
+        remove_crun_state();
         for mount in &self.mounts {
             unmount(mount);
         }
@@ -496,6 +600,14 @@ impl Drop for Resources {
         ] {
             if path.exists() {
                 let _ = std::fs::remove_dir_all(&path);
+            }
+        }
+        if !deaths.is_empty() {
+            let report = format!("lab {}: {}", self.dir.display(), deaths.join("\n"));
+            // A test already failing says why it failed; this says what died with it.
+            match std::thread::panicking() {
+                true => eprintln!("{report}"),
+                false => panic!("{report}"),
             }
         }
     }

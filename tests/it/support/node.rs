@@ -12,12 +12,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::cri;
+use super::cri::{self, CriImage};
+use super::crio_node::{self, CrioFiles};
 use super::lab::mount_tmpfs;
 use super::network::LabNetwork;
 use super::node_sandbox::{self, CONTAINERD_ROOT, NodeSandbox, RUNC_ROOT};
 use super::pki::SitePki;
 use super::process::{Proc, run};
+use super::runtime::Runtime;
 use super::stargz::{Stargz, StargzEnv};
 use super::unit::Unit;
 
@@ -44,6 +46,11 @@ pub struct NodeSpec {
     /// In a cluster lab, the taints its kubelet registers its Node with (`--register-with-taints`),
     /// `KEY=VALUE:EFFECT`.
     pub taints: Vec<String>,
+    /// Its runtime; None: the lab's default ([`Runtime::default_for`]).
+    pub runtime: Option<Runtime>,
+    /// In a cluster lab, runs no kubelet: its runtime is a process of this host, as a CRI-O node always
+    /// is, and its Node is made by hand ([`super::agents::AgentsLab::add_host_node`]).
+    pub without_kubelet: bool,
 }
 
 impl NodeSpec {
@@ -57,7 +64,27 @@ impl NodeSpec {
             labels: Vec::new(),
             stargz: false,
             taints: Vec::new(),
+            runtime: None,
+            without_kubelet: false,
         }
+    }
+
+    /// In a cluster lab, the node without a kubelet (its runtime on this host): for a runtime the lab's
+    /// kubelet 1.20 cannot use, such as containerd 2.
+    pub fn without_kubelet(mut self) -> NodeSpec {
+        self.without_kubelet = true;
+        self
+    }
+
+    /// Whether a cluster lab starts a kubelet beside it.
+    pub(crate) fn has_kubelet(&self) -> bool {
+        !self.without_kubelet && !self.runtime.is_some_and(Runtime::is_crio)
+    }
+
+    /// The node running `runtime` rather than the lab's default.
+    pub fn on(mut self, runtime: Runtime) -> NodeSpec {
+        self.runtime = Some(runtime);
+        self
     }
 
     /// The node with stargz-snapshotter beside its containerd (not yet in containerd's config: `pinboard
@@ -111,6 +138,8 @@ impl NodeSpec {
 #[derive(Debug)]
 pub struct Node {
     pub name: String,
+    /// What it runs.
+    pub runtime: Runtime,
     /// The containerd socket, serving both containerd's API and CRI.
     pub socket: PathBuf,
     /// containerd's root directory: the node's tmpfs.
@@ -126,9 +155,12 @@ pub struct Node {
     stargz: Option<Stargz>,
     /// How a plain node with stargz runs its containerd, for `systemctl restart containerd`.
     unit: Option<Unit>,
+    /// A CRI-O node's files.
+    crio: Option<CrioFiles>,
 }
 
 /// What a node needs from the lab to start.
+#[derive(Clone, Copy)]
 pub(crate) struct NodeEnv<'a> {
     pub(crate) lab_dir: &'a Path,
     /// Registry hosts (`127.0.0.1:PORT`) the node pulls from.
@@ -169,6 +201,28 @@ impl Node {
         procs: &mut Vec<Proc>,
         mounts: &mut Vec<PathBuf>,
     ) -> Result<Node> {
+        if !spec.has_kubelet() && env.cluster.is_some() {
+            let plain = NodeEnv {
+                cluster: None,
+                ..*env
+            };
+            return Node::start(spec, &plain, procs, mounts);
+        }
+        let runtime = match spec.runtime {
+            Some(runtime) => runtime,
+            None => Runtime::default_for(env.cluster.is_some())?,
+        };
+        if env.cluster.is_some() && !runtime.serves_kubelet_1_20() {
+            bail!(
+                "node {}: the lab's kubelet 1.20 speaks only CRI v1alpha2, which {runtime} does not serve; \
+                 run a cluster lab's nodes on containerd 1.6 or 1.7",
+                spec.name
+            );
+        }
+        runtime.bin_dir()?;
+        if runtime.is_crio() {
+            return Node::start_crio(spec, env, procs, mounts);
+        }
         let dir = env.lab_dir.join("nodes").join(&spec.name);
         let root = dir.join("root");
         let paths = ContainerdPaths::new(&dir, env, &spec.name)?;
@@ -203,12 +257,17 @@ impl Node {
             None => None,
         };
 
+        // containerd 2's CRI image settings are a plugin of their own in its config version 3.
+        let images_plugin = match runtime.containerd_config_version() {
+            3 => "io.containerd.cri.v1.images",
+            _ => "io.containerd.grpc.v1.cri",
+        };
         let registry = if spec.without_config_path {
             env.registry_hosts
                 .iter()
                 .map(|host| {
                     format!(
-                        "    [plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"{host}\"]\n      \
+                        "    [plugins.\"{images_plugin}\".registry.mirrors.\"{host}\"]\n      \
                          endpoint = [\"http://{host}\"]\n"
                     )
                 })
@@ -235,10 +294,32 @@ impl Node {
             Some(address) => format!("\n[metrics]\n  address = \"{address}\"\n"),
             None => String::new(),
         };
+        let images = match runtime.containerd_config_version() {
+            // `ctr images pull` goes through the transfer service, which unpacks only for the snapshotters
+            // it is told of.
+            3 => format!(
+                r#"
+[plugins."{images_plugin}"]
+  snapshotter = "native"
+  [plugins."{images_plugin}".registry]
+{registry}
+[plugins."io.containerd.transfer.v1.local"]
+  [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+    platform = "linux/amd64"
+    snapshotter = "native"
+"#
+            ),
+            _ => format!(
+                r#"{cri}  [plugins."{images_plugin}".containerd]
+    snapshotter = "native"
+{runtimes}  [plugins."{images_plugin}".registry]
+{registry}"#
+            ),
+        };
         std::fs::write(
             &config,
             format!(
-                r#"version = 2
+                r#"version = {version}
 {imports}root = "{root}"
 state = "{state}"
 # Only the native snapshotter is used; skip probing the others.
@@ -250,10 +331,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri"]
   # A free port rather than the default 10010, so several nodes can run side by side.
   stream_server_port = "0"
-{cri}  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
-{runtimes}  [plugins."io.containerd.grpc.v1.cri".registry]
-{registry}{metrics}"#,
+{images}{metrics}"#,
+                version = runtime.containerd_config_version(),
                 root = root_in_config.display(),
                 state = paths.state_in_config.display(),
                 socket = paths.socket_in_config.display(),
@@ -274,11 +353,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             false => None,
         };
         let unit = match (spec.stargz, &sandbox) {
-            (true, None) => Some(Unit::write(&dir, &paths.socket)?),
+            (true, None) => Some(Unit::write(&dir, &paths.socket, runtime)?),
             _ => None,
         };
         let node = Node {
             name: spec.name.clone(),
+            runtime,
             socket: paths.socket,
             root,
             imagefs_bytes: spec.imagefs_bytes,
@@ -287,14 +367,167 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             sandbox,
             stargz,
             unit,
+            crio: None,
         };
         if let Some(stargz) = &node.stargz {
             procs.push(stargz.spawn(&node.stargz_process_name(), node.sandbox.as_ref())?);
             stargz.wait_ready(procs.last_mut().expect("just pushed"))?;
         }
-        procs.push(node.spawn_containerd()?);
+        procs.push(node.spawn_runtime()?);
         node.wait_ready(procs.last_mut().expect("just pushed"))?;
         Ok(node)
+    }
+
+    /// [`Node::start`] for a node running the real CRI-O: its files written ([`CrioFiles`]), its storage
+    /// on the node's tmpfs.
+    fn start_crio(
+        spec: &NodeSpec,
+        env: &NodeEnv<'_>,
+        procs: &mut Vec<Proc>,
+        mounts: &mut Vec<PathBuf>,
+    ) -> Result<Node> {
+        if spec.stargz || spec.without_config_path {
+            bail!(
+                "node {}: a CRI-O node runs without stargz or containerd's settings",
+                spec.name
+            );
+        }
+        crio_node::check_plain_http(env.scheme)?;
+        let dir = env.lab_dir.join("nodes").join(&spec.name);
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root)?;
+        let mut socket = dir.join("crio.sock");
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            std::fs::create_dir_all(env.short_socket_dir)?;
+            socket = env.short_socket_dir.join(format!("{}.sock", spec.name));
+        }
+        mount_tmpfs(&root, spec.imagefs_bytes)?;
+        mounts.push(root.clone());
+        let files = CrioFiles::write(&dir, &root, &socket, env.registry_hosts)?;
+        let node = Node {
+            name: spec.name.clone(),
+            runtime: Runtime::Crio133,
+            socket,
+            root,
+            imagefs_bytes: spec.imagefs_bytes,
+            config: files.conf.clone(),
+            certs: files.registries_dir.clone(),
+            sandbox: None,
+            stargz: None,
+            unit: None,
+            crio: Some(files),
+        };
+        procs.push(node.spawn_runtime()?);
+        node.wait_ready(procs.last_mut().expect("just pushed"))?;
+        Ok(node)
+    }
+
+    /// A CRI-O node's files; panics for a containerd node (a mistake in the test).
+    pub fn crio(&self) -> &CrioFiles {
+        self.crio
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {} runs {}, not CRI-O", self.name, self.runtime))
+    }
+
+    /// The node's entry in a nodes file (docs/nodes-file.md) as an administrator writes it for pinboard
+    /// on that node: a CRI-O node pins through its drop-in directory and is reloaded by signal; a
+    /// containerd node's config is named (containerd 2 reports no registry config_path, so pinboard reads
+    /// it there, as it reads `/etc/containerd/config.toml` on a node).
+    pub fn nodes_file_entry(&self) -> String {
+        let mut entry = format!("- name: {}\n  endpoint: {}\n", self.name, self.endpoint());
+        if self.crio.is_none() && self.sandbox.is_none() {
+            entry.push_str(&format!("  containerdConfig: {}\n", self.config.display()));
+        }
+        if let Some(crio) = &self.crio {
+            entry.push_str(&format!(
+                "  pin: crio-drop-in\n  crioConfigDir: {}\n  crioReload: signal:{}\n  \
+                 crioRegistriesDir: {}\n",
+                crio.config_dir.display(),
+                crio.pidfile.display(),
+                crio.registries_dir.display()
+            ));
+        }
+        entry
+    }
+
+    /// pinboard's arguments for this node alone, as [`Node::nodes_file_entry`] describes it: `--cri
+    /// NAME=ENDPOINT`, and for a CRI-O node its drop-in directory, its reload by signal and its
+    /// registries.conf.d.
+    pub fn node_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--cri".to_string(),
+            format!("{}={}", self.name, self.endpoint()),
+        ];
+        if let Some(crio) = &self.crio {
+            args.extend([
+                "--crio-config-dir".into(),
+                crio.config_dir.display().to_string(),
+                "--crio-reload".into(),
+                format!("signal:{}", crio.pidfile.display()),
+                "--crio-registries-dir".into(),
+                crio.registries_dir.display().to_string(),
+            ]);
+        }
+        args
+    }
+
+    /// `systemctl reload crio`, as an administrator reloads CRI-O after editing its files: SIGHUP to the
+    /// pid its pidfile names. CRI-O applies it asynchronously. Panics for a containerd node.
+    pub fn reload_crio(&self) {
+        let pid = std::fs::read_to_string(&self.crio().pidfile).expect("CRI-O's pidfile");
+        let pid: libc::pid_t = pid.trim().parse().expect("a pid");
+        // SAFETY: kill(2) takes no pointers; the pid is the lab's own CRI-O child, recorded at its start.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGHUP) },
+            0,
+            "SIGHUP to CRI-O"
+        );
+    }
+
+    /// Every image as the node's runtime itself lists it over CRI (ListImages), with `pinned` (containerd
+    /// 1.6.20 never says true).
+    pub fn cri_images(&self) -> Vec<CriImage> {
+        cri::list_images(&self.socket)
+            .unwrap_or_else(|e| panic!("node {}: CRI ListImages: {e:#}", self.name))
+    }
+
+    /// The image known as `name` as the runtime lists it; None when it has none.
+    pub fn cri_image(&self, name: &str) -> Option<CriImage> {
+        self.cri_images().into_iter().find(|i| i.known_as(name))
+    }
+
+    /// Waits up to 10 s until the runtime's own ListImages says each of `images` is pinned as given (CRI-O
+    /// applies a reload asynchronously); panics with what it says otherwise.
+    pub fn wait_cri_pinned(&self, images: &[(&str, bool)]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let says = || -> Vec<(String, bool)> {
+            images
+                .iter()
+                .map(|(image, _)| {
+                    (
+                        image.to_string(),
+                        self.cri_image(image).is_some_and(|i| i.pinned),
+                    )
+                })
+                .collect()
+        };
+        let wanted: Vec<(String, bool)> = images.iter().map(|(i, p)| (i.to_string(), *p)).collect();
+        while says() != wanted {
+            assert!(
+                Instant::now() < deadline,
+                "{}: {} says {:?}, not {wanted:?}",
+                self.name,
+                self.runtime,
+                says()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `NAME VERSION` of its runtime, as CRI Version says it: for a test's output.
+    pub fn runtime_version(&self) -> String {
+        cri::version(&self.socket)
+            .unwrap_or_else(|e| panic!("node {}: CRI Version: {e:#}", self.name))
     }
 
     /// containerd's config file.
@@ -314,7 +547,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     /// removed from the content store (`ctr content rm`). `config` is the image's config digest, `layers`
     /// its layer digests.
     pub fn make_lazy(&self, config: &str, layers: &[String]) -> Result<()> {
-        let listed = run_ctr(&self.socket, &["content", "ls"])?;
+        let listed = run_ctr(self.runtime, &self.socket, &["content", "ls"])?;
         let top = listed
             .lines()
             .find(|l| l.starts_with(config))
@@ -337,8 +570,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 &["label", &key, "containerd.io/snapshot/remote=true"],
             ]
             .concat();
-            run_ctr(&self.socket, &label)?;
-            let info = run_ctr(&self.socket, &[&snapshots[..], &["info", &key]].concat())?;
+            run_ctr(self.runtime, &self.socket, &label)?;
+            let info = run_ctr(
+                self.runtime,
+                &self.socket,
+                &[&snapshots[..], &["info", &key]].concat(),
+            )?;
             let info: serde_json::Value = serde_json::from_str(&info)?;
             snapshot = info["Parent"].as_str().map(str::to_string);
         }
@@ -347,13 +584,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             &layers.iter().map(String::as_str).collect::<Vec<_>>(),
         ]
         .concat();
-        run_ctr(&self.socket, &remove)?;
+        run_ctr(self.runtime, &self.socket, &remove)?;
         Ok(())
     }
 
-    /// The name of this node's containerd among the lab's processes.
+    /// The name of this node's runtime among the lab's processes: `containerd-2.1 (n1)`.
     pub(crate) fn process_name(&self) -> String {
-        format!("containerd ({})", self.name)
+        format!("{} ({})", self.runtime, self.name)
     }
 
     /// The name of this node's stargz-snapshotter among the lab's processes.
@@ -409,7 +646,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     /// `ctr ARGS` on the node's containerd, in the CRI namespace: what it prints.
     pub fn ctr(&self, args: &[&str]) -> Result<String> {
-        run_ctr(&self.socket, args)
+        run_ctr(self.runtime, &self.socket, args)
     }
 
     /// How a plain node with stargz runs its containerd: its `systemctl`. Panics for another node.
@@ -419,24 +656,36 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             .unwrap_or_else(|| panic!("node {} has no unit: NodeSpec::with_stargz", self.name))
     }
 
-    /// Starts this node's containerd (its log appended to), without waiting for it.
-    pub(crate) fn spawn_containerd(&self) -> Result<Proc> {
+    /// Starts this node's runtime (its log appended to), without waiting for it.
+    pub(crate) fn spawn_runtime(&self) -> Result<Proc> {
         let dir = self.dir();
+        if let Some(crio) = &self.crio {
+            let proc = Proc::spawn(&self.process_name(), crio.command()?, &dir.join("crio.log"))?;
+            crio.record_pid(proc.pid())?;
+            return Ok(proc.watched());
+        }
         let log = dir.join("containerd.log");
         match &self.sandbox {
             None if self.unit.is_some() => {
-                let command = self.unit().command(&self.config);
-                Proc::spawn_group(&self.process_name(), command, &log)
+                let mut command = self.unit().command(&self.config);
+                command.env("PATH", self.runtime.path_env()?);
+                Proc::spawn_group(&self.process_name(), command, &log).map(Proc::watched)
             }
             None => {
-                let mut command = Command::new("containerd");
-                command.arg("--config").arg(&self.config);
-                Proc::spawn(&self.process_name(), command, &log)
+                let mut command = Command::new(self.runtime.program("containerd")?);
+                command
+                    .arg("--config")
+                    .arg(&self.config)
+                    .env("PATH", self.runtime.path_env()?);
+                Proc::spawn(&self.process_name(), command, &log).map(Proc::watched)
             }
             Some(sandbox) => {
-                let mut command = sandbox.command("containerd");
-                command.arg("--config").arg(&self.config);
-                Proc::spawn_group(&self.process_name(), command, &log)
+                let mut command = sandbox.command(self.runtime.program("containerd")?);
+                command
+                    .arg("--config")
+                    .arg(&self.config)
+                    .env("PATH", self.runtime.path_env()?);
+                Proc::spawn_group(&self.process_name(), command, &log).map(Proc::watched)
             }
         }
     }
@@ -466,7 +715,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         let socket = &self.socket;
         proc.wait_ready(Duration::from_secs(30), || {
             socket.exists()
-                && ctr(socket).arg("version").output().is_ok_and(|out| out.status.success())
+                && (self.crio.is_some()
+                    || ctr(self.runtime, socket)
+                        .arg("version")
+                        .output()
+                        .is_ok_and(|out| out.status.success()))
                 // The CRI plugin starts serving a moment after containerd's own services.
                 && cri::image_id(socket, "lab.invalid/readiness-probe:1").is_ok()
         })
@@ -488,7 +741,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     /// `ctr images ls` on the node, an independent view of its image records: one line each, with
     /// labels (e.g. `io.cri-containerd.pinned=pinned`).
     pub fn images_ls(&self) -> String {
-        let out = ctr(&self.socket)
+        let out = ctr(self.runtime, &self.socket)
             .args(["images", "ls"])
             .output()
             .expect("ctr runs");
@@ -500,8 +753,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         String::from_utf8(out.stdout).expect("ctr prints UTF-8")
     }
 
-    /// Asserts, from `ctr images ls`, that every one of `references` is on the node with the pin label.
+    /// Asserts, from `ctr images ls`, that every one of `references` is on the node with the pin label; on
+    /// CRI-O, from its own ListImages, that it reports each one pinned.
     pub fn assert_pinned<S: AsRef<str>>(&self, references: &[S]) {
+        if self.crio.is_some() {
+            for reference in references {
+                let reference = reference.as_ref();
+                let image = self.cri_image(reference);
+                assert!(
+                    image.as_ref().is_some_and(|i| i.pinned),
+                    "{}: CRI-O lists {reference} as {image:?}",
+                    self.name
+                );
+            }
+            return;
+        }
         let listed = self.images_ls();
         for reference in references {
             let reference = reference.as_ref();
@@ -520,7 +786,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     /// `ctr images label NAME LABEL`: labels an image record by hand, as an administrator would (e.g.
     /// `io.cri-containerd.pinned=pinned`).
     pub fn label(&self, name: &str, label: &str) {
-        let out = ctr(&self.socket)
+        let out = ctr(self.runtime, &self.socket)
             .args(["images", "label", name, label])
             .output()
             .expect("ctr runs");
@@ -551,9 +817,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     }
 
     /// `ctr images rm --sync NAME`: removes an image record behind pinboard's back, as kubelet image GC,
-    /// `crictl rmi` or an administrator would; its content goes with it.
+    /// `crictl rmi` or an administrator would; its content goes with it. On CRI-O, CRI RemoveImage.
     pub fn remove_image(&self, name: &str) {
-        let out = ctr(&self.socket)
+        if self.crio.is_some() {
+            return cri::remove_image(&self.socket, name)
+                .unwrap_or_else(|e| panic!("{}: CRI RemoveImage {name}: {e:#}", self.name));
+        }
+        let out = ctr(self.runtime, &self.socket)
             .args(["images", "rm", "--sync", name])
             .output()
             .expect("ctr runs");
@@ -565,7 +835,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     }
 
     pub fn imagefs_dir(&self) -> PathBuf {
-        self.root.join("io.containerd.snapshotter.v1.native")
+        match &self.crio {
+            Some(crio) => crio.imagefs_dir(),
+            None => self.root.join("io.containerd.snapshotter.v1.native"),
+        }
     }
 
     /// Pre-loads an image with `ctr images pull` in containerd's `k8s.io` namespace, the way an
@@ -575,9 +848,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.pull_as(reference, None)
     }
 
-    /// [`Node::pull`] with `login` (`USER:PASSWORD`) for a registry that wants credentials.
+    /// [`Node::pull`] with `login` (`USER:PASSWORD`) for a registry that wants credentials. On CRI-O, a
+    /// CRI PullImage, as a kubelet pulls.
     pub fn pull_as(&self, reference: &str, login: Option<&str>) -> Result<()> {
-        let mut command = ctr(&self.socket);
+        if self.crio.is_some() {
+            cri::pull_image(&self.socket, reference, login)
+                .with_context(|| format!("node {}: CRI PullImage {reference}", self.name))?;
+            return Ok(());
+        }
+        let mut command = ctr(self.runtime, &self.socket);
         command.args(["images", "pull", "--plain-http", "--snapshotter", "native"]);
         if let Some(login) = login {
             command.args(["--user", login]);
@@ -591,7 +870,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     /// `k8s.io` namespace, the way an administrator pre-loads an image without a registry, then waits until
     /// the node's CRI ImageStatus reports it.
     pub fn import(&self, archive: &Path, name: &str) -> Result<()> {
-        run(ctr(&self.socket)
+        run(ctr(self.runtime, &self.socket)
             .args(["images", "import", "--snapshotter", "native"])
             .arg(archive))
         .with_context(|| format!("node {}: ctr import {}", self.name, archive.display()))?;
@@ -715,8 +994,11 @@ fn cni_conf_dir(dir: &Path) -> PathBuf {
 }
 
 /// `ctr ARGS` on the node's containerd, in the CRI namespace: what it prints.
-fn run_ctr(socket: &Path, args: &[&str]) -> Result<String> {
-    let out = ctr(socket).args(args).output().context("ctr runs")?;
+fn run_ctr(runtime: Runtime, socket: &Path, args: &[&str]) -> Result<String> {
+    let out = ctr(runtime, socket)
+        .args(args)
+        .output()
+        .context("ctr runs")?;
     if !out.status.success() {
         bail!(
             "ctr {}: {}",
@@ -727,9 +1009,13 @@ fn run_ctr(socket: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `ctr` talking to this node's containerd in the CRI namespace.
-fn ctr(socket: &Path) -> Command {
-    let mut command = Command::new("ctr");
+/// `runtime`'s own `ctr` talking to the node's containerd in the CRI namespace.
+fn ctr(runtime: Runtime, socket: &Path) -> Command {
+    let mut command = Command::new(
+        runtime
+            .program("ctr")
+            .expect("checked when the node started"),
+    );
     command
         .arg("--address")
         .arg(socket)

@@ -24,6 +24,8 @@ pub(crate) struct Proc {
     group: bool,
     /// What asks it to stop (SIGTERM unless [`Proc::stopped_by`] says otherwise).
     stop_signal: libc::c_int,
+    /// A node's runtime: the lab fails the test when it died ([`Proc::watched`]).
+    watched: bool,
 }
 
 impl Proc {
@@ -69,6 +71,7 @@ impl Proc {
             log: log.to_owned(),
             group,
             stop_signal: libc::SIGTERM,
+            watched: false,
         })
     }
 
@@ -77,6 +80,26 @@ impl Proc {
     pub(crate) fn stopped_by(mut self, signal: libc::c_int) -> Proc {
         self.stop_signal = signal;
         self
+    }
+
+    /// The same process, watched: a node's runtime, which must not die during a test. When the lab stops,
+    /// [`Proc::death`] says whether it did.
+    pub(crate) fn watched(mut self) -> Proc {
+        self.watched = true;
+        self
+    }
+
+    /// When this watched process exited by itself: its name, how it exited and the end of its log.
+    pub(crate) fn death(&mut self) -> Option<String> {
+        if !self.watched {
+            return None;
+        }
+        let status = self.child.try_wait().ok()??;
+        Some(format!(
+            "{} died during the test ({status})\n{}",
+            self.name,
+            log_tail(&self.log)
+        ))
     }
 
     /// Polls `probe` every 100 ms until it returns true, failing early if the process exits and after

@@ -11,6 +11,8 @@ use std::process::Command;
 
 use anyhow::Result;
 
+use super::runtime::Runtime;
+
 /// The supervisor, run by bash: `$1` containerd's config, `$2` where it keeps containerd's PID, `$3` where
 /// it keeps its own.
 const SUPERVISOR: &str = r#"# containerd as its systemd unit runs it (tests/it/support/unit.rs).
@@ -43,7 +45,7 @@ pub struct Unit {
 impl Unit {
     /// The unit of the node in `node_dir` whose containerd serves on `socket`: the supervisor's script and
     /// the `systemctl` written.
-    pub(crate) fn write(node_dir: &Path, socket: &Path) -> Result<Unit> {
+    pub(crate) fn write(node_dir: &Path, socket: &Path, runtime: Runtime) -> Result<Unit> {
         let dir = node_dir.join("unit");
         let bin = dir.join("bin");
         std::fs::create_dir_all(&bin)?;
@@ -70,7 +72,7 @@ fi
 old=$(cat '{pid}')
 kill -HUP "$(cat '{supervisor}')" || exit 1
 tries=0
-until [ "$(cat '{pid}' 2>/dev/null)" != "$old" ] && ctr --address '{socket}' version >/dev/null 2>&1; do
+until [ "$(cat '{pid}' 2>/dev/null)" != "$old" ] && '{ctr}' --address '{socket}' version >/dev/null 2>&1; do
   tries=$((tries + 1))
   if [ "$tries" -gt 1200 ]; then
     echo "Job for containerd.service failed because a timeout was exceeded." >&2
@@ -83,6 +85,7 @@ done
             pid = unit.containerd_pid.display(),
             supervisor = unit.supervisor_pid.display(),
             socket = socket.display(),
+            ctr = runtime.program("ctr")?.display(),
         );
         let path = unit.bin.join("systemctl");
         std::fs::write(&path, systemctl)?;
