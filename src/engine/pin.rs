@@ -26,8 +26,9 @@ const CONFIRM_EVERY: Duration = Duration::from_millis(250);
 pub(super) enum PinningError {
     #[error(transparent)]
     Pin(#[from] PinError),
-    #[error("labelling: {0}")]
-    Labelling(PinError),
+    /// Nothing was kept: the labels written before the failure were put back.
+    #[error("{runtime}: {error}; no pin label was kept")]
+    Labelling { runtime: String, error: PinError },
     #[error("writing the CRI-O drop-in: {0}")]
     Writing(JoinError),
     #[error(
@@ -37,6 +38,13 @@ pub(super) enum PinningError {
     NotListed { missing: Vec<String> },
     #[error("reloading CRI-O: {0}")]
     Reloading(JoinError),
+    /// CRI-O could not be reloaded: the drop-in was put back as it was (unless `put_back` is false).
+    #[error("{error}; {}", if *.put_back {
+        "the drop-in was put back as it was"
+    } else {
+        "the drop-in could not be put back: it lists the set, and CRI-O's next reload applies it"
+    })]
+    NotReloaded { error: PinError, put_back: bool },
     /// The runtime does not report them pinned: the causes and fixes its files and version explain.
     #[error("{}", .reasons.join("; "))]
     NotPinned { reasons: Vec<String> },
@@ -76,7 +84,10 @@ impl Pinning<'_> {
             Ok(_) => pins::hold_containerd(self.client, &holds)
                 .await
                 .map(|held| (PinMethod::ContainerdLabel, held.confirmed))
-                .map_err(PinningError::Labelling),
+                .map_err(|error| PinningError::Labelling {
+                    runtime: self.runtime_label(),
+                    error,
+                }),
             Err(e) => Err(e.into()),
         }
     }
@@ -94,6 +105,7 @@ impl Pinning<'_> {
         let images = images.as_slice();
         let config_dir = dir.clone();
         let changed = tokio::task::spawn_blocking(move || {
+            let before = pins::drop_in_text(&config_dir)?;
             // Added to what holds them already: applying one set must not unpin another.
             let changed = pins::hold_crio_pins(&config_dir, &holds)?;
             let back = pins::read_drop_in(&config_dir)?;
@@ -109,11 +121,11 @@ impl Pinning<'_> {
                 })
                 .map(|(image, _)| image)
                 .collect();
-            Ok::<_, PinError>((changed, missing))
+            Ok::<_, PinError>((changed, missing, before))
         })
         .await
         .map_err(PinningError::Writing)?;
-        let (changed, missing) = changed.map_err(|e| match e {
+        let (changed, missing, before) = changed.map_err(|e| match e {
             PinError::CrioConfig(_) => PinningError::NotPinned {
                 reasons: vec![broken_config(&self.runtime_label(), &e.to_string())],
             },
@@ -127,9 +139,22 @@ impl Pinning<'_> {
         // before, or the restart asked for now.
         if changed || (reports.any() && !self.not_pinned(images).await.is_empty()) {
             let how = reload.clone();
-            tokio::task::spawn_blocking(move || pins::reload_crio(&how))
+            let reloaded = tokio::task::spawn_blocking(move || pins::reload_crio(&how))
                 .await
-                .map_err(PinningError::Reloading)??;
+                .map_err(PinningError::Reloading)?;
+            // CRI-O was not told: the drop-in goes back as it was, rather than waiting for whatever
+            // reloads CRI-O next.
+            if let Err(e) = reloaded {
+                let dir = dir.clone();
+                let put_back = tokio::task::spawn_blocking(move || {
+                    pins::put_back_drop_in(&dir, before.as_deref())
+                })
+                .await;
+                return Err(PinningError::NotReloaded {
+                    error: e,
+                    put_back: matches!(put_back, Ok(Ok(()))),
+                });
+            }
         }
         if !reports.any() {
             return Ok(false);

@@ -23,8 +23,9 @@ pub enum UnpinError {
     Rewriting(JoinError),
     #[error("reading the CRI-O drop-in: {0}")]
     Reading(JoinError),
-    #[error("unlabelling: {0}")]
-    Unlabelling(PinError),
+    /// Nothing was kept: the labels changed before the failure were put back.
+    #[error("{runtime}: {error}; no pin label was changed")]
+    Unlabelling { runtime: String, error: PinError },
 }
 
 impl UnpinError {
@@ -66,9 +67,12 @@ pub async fn unpin(
                     .filter(|_| reload != Reload::Restart);
             let release = release.clone();
             let changes = tokio::task::spawn_blocking(move || {
+                let before = pins::drop_in_text(&config_dir)?;
                 let (changed, changes) = pins::release_crio_pins(&config_dir, &release)?;
-                if changed {
-                    pins::reload_crio(&reload)?;
+                // CRI-O not told: the drop-in goes back as it was, rather than half unpinned.
+                if changed && let Err(e) = pins::reload_crio(&reload) {
+                    pins::put_back_drop_in(&config_dir, before.as_deref())?;
+                    return Err(e);
                 }
                 Ok::<_, PinError>(changes)
             })
@@ -80,12 +84,16 @@ pub async fn unpin(
                 note: kept_until_restart.filter(|_| removed).map(str::to_string),
             })
         }
-        _ => Ok(UnpinChanges {
-            changes: pins::release_containerd(&client, release)
-                .await
-                .map_err(UnpinError::Unlabelling)?,
-            note: None,
-        }),
+        _ => {
+            let version = client.version().await?;
+            let runtime = format!("{} {}", version.runtime_name, version.runtime_version);
+            Ok(UnpinChanges {
+                changes: pins::release_containerd(&client, release)
+                    .await
+                    .map_err(|error| UnpinError::Unlabelling { runtime, error })?,
+                note: None,
+            })
+        }
     }
 }
 

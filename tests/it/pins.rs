@@ -303,3 +303,31 @@ async fn unpinning_releases_the_set_and_keeps_images() {
         "images stay"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hold_that_fails_halfway_puts_back_every_label_it_wrote() {
+    let lab = one_node("pins-halfway");
+    let present = image(&lab, "pins/a-present", 45).reference(&lab.registry_host());
+    // Pushed, never pulled: the hold reaches it after labelling the present one, and fails.
+    let absent = image(&lab, "pins/b-absent", 46).reference(&lab.registry_host());
+    lab.node("n1").pull(&present).unwrap();
+    let client = CriClient::connect(
+        &lab.node("n1").endpoint().parse().unwrap(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let both = holds(&[&present, &absent], &["set-a"]);
+    assert!(
+        both.keys().next().is_some_and(|first| *first == present),
+        "the present image is held first"
+    );
+    let err = hold_containerd(&client, &both).await.unwrap_err();
+    assert!(err.to_string().contains("is not on the node"), "{err}");
+    for record in records(&lab) {
+        assert!(
+            !record.contains(PINNED) && !record.contains("pinboard.dev/"),
+            "nothing kept: {record}"
+        );
+    }
+}

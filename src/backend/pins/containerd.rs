@@ -217,12 +217,61 @@ fn label_update(
     }
 }
 
+/// The records a run of label writes changed, each as it was before, so that a write failing halfway puts
+/// them back: pins are written whole or not at all.
+#[derive(Default)]
+struct Written(Vec<ContainerdRecord>);
+
+impl Written {
+    /// Puts every changed record's labels back as they were (best effort: the error that made this
+    /// necessary is the one reported), the last written first.
+    async fn put_back(self, client: &CriClient) {
+        let mut images = ImagesClient::new(client.channel());
+        for before in self.0.into_iter().rev() {
+            let name = before.name.clone();
+            let now = match record_labels(client, &name).await {
+                Ok(Some(labels)) => labels,
+                _ => continue,
+            };
+            let changes: BTreeMap<String, Option<String>> = now
+                .keys()
+                .chain(before.labels.keys())
+                .filter(|key| now.get(*key) != before.labels.get(*key))
+                .map(|key| (key.clone(), before.labels.get(key).cloned()))
+                .collect();
+            let mut current = before;
+            current.labels = now;
+            if let Err(status) = images
+                .update(namespaced(label_update(&current, &changes)))
+                .await
+            {
+                tracing::warn!("{name}: putting its labels back: {}", status.message());
+            }
+        }
+    }
+
+    /// Runs `writes`, putting back what it changed when it fails.
+    async fn or_put_back<T>(
+        client: &CriClient,
+        writes: impl AsyncFnOnce(&mut Written) -> Result<T, PinError>,
+    ) -> Result<T, PinError> {
+        let mut written = Written::default();
+        let result = writes(&mut written).await;
+        if result.is_err() {
+            written.put_back(client).await;
+        }
+        result
+    }
+}
+
 /// Makes every record of `image` say `holders` (the pin label with them), then reads the records back:
-/// proof it was written, since containerd 1.6 does not report pins through CRI.
-pub async fn write_holders(
+/// proof it was written, since containerd 1.6 does not report pins through CRI. Each record changed goes
+/// into `written`.
+async fn write_holders(
     client: &CriClient,
     image: &ContainerdImage,
     holders: &Holders,
+    written: &mut Written,
 ) -> Result<(), PinError> {
     let mut images = ImagesClient::new(client.channel());
     for record in &image.records {
@@ -236,7 +285,7 @@ pub async fn write_holders(
             // Removed meanwhile: nothing left to label.
             Err(status) if status.code() == tonic::Code::NotFound => continue,
             Err(status) => return Err(containerd_error("Update", name, &status)),
-            Ok(_) => {}
+            Ok(_) => written.0.push(record.clone()),
         }
         let back = record_labels(client, name).await?.unwrap_or_default();
         if !label_changes(&back, holders).is_empty() {
@@ -261,53 +310,64 @@ pub struct Held {
 
 /// Adds each image's sets to who holds its pin, on every containerd record of the image, with the pin
 /// label. A pin already there without holders (an earlier pinboard's, or someone else's) is adopted: it
-/// stays unowned beside the sets. Fails naming an image the node does not have.
+/// stays unowned beside the sets. Fails naming an image the node does not have; a failure puts back every
+/// label written before it.
 pub async fn hold_containerd(
     client: &CriClient,
     holds: &BTreeMap<String, BTreeSet<String>>,
 ) -> Result<Held, PinError> {
     let images = containerd_images(client).await?;
-    let mut held = Held {
-        records: Vec::new(),
-        confirmed: true,
-    };
-    for (reference, sets) in holds {
-        let not_there =
-            || PinError::Containerd(format!("{reference} is not on the node: nothing to label"));
-        let status = client
-            .image_status(reference)
-            .await?
-            .ok_or_else(not_there)?;
-        let image = image_named(&images, &cri_names(reference, &status)).ok_or_else(not_there)?;
-        let mut holders = image.holders();
-        holders.extend(sets.iter().map(|s| Holder::Set(s.clone())));
-        write_holders(client, image, &holders).await?;
-        held.records.push(image.names());
-        held.confirmed &= client
-            .image_status(reference)
-            .await?
-            .is_some_and(|i| i.pinned);
-    }
-    Ok(held)
+    Written::or_put_back(client, async |written: &mut Written| {
+        let mut held = Held {
+            records: Vec::new(),
+            confirmed: true,
+        };
+        for (reference, sets) in holds {
+            let not_there = || {
+                PinError::Containerd(format!("{reference} is not on the node: nothing to label"))
+            };
+            let status = client
+                .image_status(reference)
+                .await?
+                .ok_or_else(not_there)?;
+            let image =
+                image_named(&images, &cri_names(reference, &status)).ok_or_else(not_there)?;
+            let mut holders = image.holders();
+            holders.extend(sets.iter().map(|s| Holder::Set(s.clone())));
+            write_holders(client, image, &holders, written).await?;
+            held.records.push(image.names());
+            held.confirmed &= client
+                .image_status(reference)
+                .await?
+                .is_some_and(|i| i.pinned);
+        }
+        Ok(held)
+    })
+    .await
 }
 
 /// Applies `release` to every image of the node: each loses the released holders, and its pin label with
-/// the last one. What happened to each image concerned.
+/// the last one. What happened to each image concerned; a failure puts back every label changed before it.
 pub async fn release_containerd(
     client: &CriClient,
     release: &ReleaseScope,
 ) -> Result<Vec<PinChange>, PinError> {
-    let mut changes = Vec::new();
-    for image in containerd_images(client).await? {
-        let Some(change) = release.change(&image.shown(), &image.holders(), &image.names()) else {
-            continue;
-        };
-        if change.after != change.before {
-            write_holders(client, &image, &change.after).await?;
+    let images = containerd_images(client).await?;
+    Written::or_put_back(client, async |written: &mut Written| {
+        let mut changes = Vec::new();
+        for image in &images {
+            let Some(change) = release.change(&image.shown(), &image.holders(), &image.names())
+            else {
+                continue;
+            };
+            if change.after != change.before {
+                write_holders(client, image, &change.after, written).await?;
+            }
+            changes.push(change);
         }
-        changes.push(change);
-    }
-    Ok(changes)
+        Ok(changes)
+    })
+    .await
 }
 
 /// The labels of the containerd image record `name` (None: no such record).

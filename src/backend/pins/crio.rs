@@ -388,6 +388,20 @@ pub fn read_crio_pins(config_dir: &Path) -> Result<Vec<String>, PinError> {
         .collect())
 }
 
+/// The drop-in's text in `config_dir` (None: no file): what [`put_back_drop_in`] restores. Blocking.
+pub fn drop_in_text(config_dir: &Path) -> Result<Option<String>, PinError> {
+    Ok(read_optional(&config_dir.join(CRIO_DROP_IN))?)
+}
+
+/// Makes the drop-in in `config_dir` hold `text` again (None: no file), as it was before a change that
+/// could not take effect. Blocking.
+pub fn put_back_drop_in(config_dir: &Path, text: Option<&str>) -> Result<(), PinError> {
+    let path = config_dir.join(CRIO_DROP_IN);
+    let now = read_optional(&path)?;
+    write_if_changed(&path, now.as_deref(), text)?;
+    Ok(())
+}
+
 /// Holds each image of `holds` by its sets in the drop-in in `config_dir`, keeping what the file before it
 /// pins, written only when its content changes; returns whether it changed. Refused, with nothing written,
 /// when CRI-O could not load its configuration ([`read_crio_config`]). Blocking: call from
