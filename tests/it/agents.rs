@@ -163,8 +163,8 @@ async fn a_set_applied_on_agents_is_pinned_on_every_node_and_unpinning_keeps_wha
         );
         for image in set_images["images"].as_array().unwrap() {
             assert_eq!(image["state"], "pinned", "{detail}");
-            // containerd 1.6.20 cannot report pins: the agent's word rests on the label it wrote.
-            assert_eq!(image["evidence"], "record", "{detail}");
+            // containerd 1.7 reports pins: the agent's word is the runtime's.
+            assert_eq!(image["evidence"], "runtime", "{detail}");
         }
         assert!(
             report["status"]["imageFilesystem"]["capacityBytes"]

@@ -354,6 +354,11 @@ fn set_reason(
         ),
         NodeWithSet::Waiting {
             observed: Some(observed),
+        } if *observed >= generation => {
+            format!("set {name:?}: queued by the node's agent (generation {generation})")
+        }
+        NodeWithSet::Waiting {
+            observed: Some(observed),
         } => format!(
             "set {name:?}: the node's agent is at generation {observed}, not yet {generation}"
         ),
