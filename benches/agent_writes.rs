@@ -99,32 +99,11 @@ where
     })
 }
 
-/// containerd's gRPC calls served so far, by `service/method` (`grpc_server_handled_total` on its metrics
-/// endpoint `address`).
-fn runtime_calls(address: &str) -> Counts {
-    let text = ureq::get(&format!("http://{address}/v1/metrics"))
-        .call()
-        .and_then(|mut r| r.body_mut().read_to_string())
-        .expect("containerd's metrics");
+/// containerd's gRPC calls served so far, by `service/method`, whatever their answer.
+fn runtime_calls(node: &support::Node) -> Counts {
     let mut counts = Counts::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("grpc_server_handled_total{"))
-    {
-        let (labels, value) = line.rsplit_once(' ').expect("a sample");
-        let label = |name: &str| {
-            labels
-                .split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let service = label("grpc_service");
-        let service = service.rsplit('.').next().unwrap_or_default();
-        *counts
-            .entry(format!("{service}/{}", label("grpc_method")))
-            .or_default() += value.parse::<f64>().unwrap();
+    for ((call, _code), n) in node.grpc_calls() {
+        *counts.entry(call).or_default() += n;
     }
     counts
 }
@@ -327,7 +306,7 @@ fn one_run(
         let pid = agent.as_ref().expect("started").id();
         let (cpu, calls, writes, from) = (
             cpu_seconds(pid),
-            runtime_calls(&metrics),
+            runtime_calls(lab.node(NODE)),
             write_requests(&admin).await,
             Instant::now(),
         );
@@ -337,7 +316,7 @@ fn one_run(
             counts.into_iter().map(|(k, v)| (k, v / minutes)).collect()
         };
         let idle_cpu = (cpu_seconds(pid) - cpu) / from.elapsed().as_secs_f64();
-        let idle_calls = per_minute(since(&calls, &runtime_calls(&metrics)));
+        let idle_calls = per_minute(since(&calls, &runtime_calls(lab.node(NODE))));
         let idle_writes = per_minute(since(&writes, &write_requests(&admin).await));
         let of = |name: &str| versions.get(name).copied().unwrap_or(0.0);
         Run {

@@ -15,14 +15,15 @@
 //! PINBOARD_ARGS, stops the lab and exits with pinboard's exit code. With `--hold`, prints the endpoints
 //! and that argument line and waits for Ctrl-C instead. Needs root and the packages of scripts/setup.
 //!
-//! CRI-O cannot run here: a CRI-O node is the tests' stand-in (`support::crio`, CRI-O [`CRIO_VERSION`],
-//! whose reload applies pins and whose ListImages and ImageStatus report them), a real CRI server that pulls
-//! for real, with its storage on a tmpfs of the node's size. It is this binary run again: `main` serves it
-//! when the stand-in's variable is set. Each node pins the way its runtime enforces: n1 through the CRI-O
-//! drop-in in the stand-in's `crio.conf.d`, reloaded through its pidfile; n2 and n3 with containerd labels.
-//! The nodes file keeps every write in `target/lab`: the containerd nodes' configs import their own
+//! n1 runs the real CRI-O 1.33 that scripts/setup builds (a lab node: `support::crio_node`), n2 and n3
+//! containerd 2.1, each on a tmpfs of the node's size. Where the real CRI-O is not built (its source tarball
+//! missing), and in the cluster demo, whose stand-in daemon drives it, a CRI-O node is the tests' stand-in
+//! (`support::crio`, CRI-O [`CRIO_VERSION`]), a real CRI server that pulls for real: this binary run again,
+//! `main` serving it when the stand-in's variable is set. Each node pins the way its runtime enforces: n1
+//! through the CRI-O drop-in in its `crio.conf.d`, reloaded through its pidfile; n2 and n3 with containerd
+//! labels. The nodes file keeps every write in `target/lab`: the containerd nodes' configs import their own
 //! `conf.d` in the lab dir, where `L` writes their lazy-pull file; n1's drop-ins (pins, lazy pulling,
-//! fan-out's registries.conf.d) are in the stand-in's directory.
+//! fan-out's registries.conf.d) are in its directory.
 //!
 //! With `--cluster`, the nodes stand in an OpenShift cluster's workers: the lab's etcd + kube-apiserver with
 //! the machine-config CRDs, a worker pool, a Node (ephemeral storage: the node's image filesystem) and a
@@ -144,8 +145,11 @@ fn run() -> Result<ExitCode> {
         LabConfig {
             nodes: NODES
                 .iter()
-                .filter(|(name, _)| !runs_crio(name, cluster))
-                .map(|&(name, bytes)| NodeSpec::new(name, bytes).importing_conf_d())
+                .filter(|(name, _)| !stand_in(name, cluster))
+                .map(|&(name, bytes)| match runs_crio(name, cluster) {
+                    true => NodeSpec::new(name, bytes).on(support::Runtime::Crio133),
+                    false => NodeSpec::new(name, bytes).importing_conf_d(),
+                })
                 .collect(),
             apiserver: cluster,
             registry: RegistrySetup {
@@ -254,6 +258,12 @@ fn runs_crio(name: &str, cluster: bool) -> bool {
     cluster || name == "n1"
 }
 
+/// Whether node `name` is the CRI-O stand-in rather than a node of the lab: in the cluster demo, and where
+/// the real CRI-O is not built.
+fn stand_in(name: &str, cluster: bool) -> bool {
+    runs_crio(name, cluster) && (cluster || support::Runtime::Crio133.bin_dir().is_err())
+}
+
 /// One of the demo's nodes: a containerd node of the lab, or a CRI-O stand-in of its own.
 struct DemoNode {
     name: &'static str,
@@ -277,7 +287,11 @@ impl DemoNode {
                 crio.endpoint(),
                 crio.config_dir().display()
             ),
-            None => format!("{} (containerd)", self.endpoint(lab)),
+            None => format!(
+                "{} ({})",
+                self.endpoint(lab),
+                lab.node(self.name).runtime_version()
+            ),
         }
     }
 
@@ -311,14 +325,20 @@ async fn connect(crio: &CrioStandIn) -> Result<CriClient> {
     Ok(CriClient::connect(&endpoint, CRI_TIMEOUT).await?)
 }
 
-/// The demo's nodes, in [`NODES`] order: the lab's containerd nodes and a CRI-O stand-in, its storage on a
-/// tmpfs of the node's size, for each that [`runs_crio`].
+/// The demo's nodes, in [`NODES`] order: the lab's nodes and a CRI-O stand-in, its storage on a tmpfs of
+/// the node's size, for each [`stand_in`].
 fn start_nodes(lab: &Lab, cluster: bool) -> Result<Vec<DemoNode>> {
     let registries = [lab.proxy_host(), lab.registry_host()];
+    if runs_crio("n1", cluster) && stand_in("n1", cluster) && !cluster {
+        eprintln!(
+            "lab: the real CRI-O is not built (scripts/setup builds it from \
+             ../shared/vendor/cri-o-v1.33.13.tar.xz): n1 is the CRI-O stand-in"
+        );
+    }
     NODES
         .iter()
         .map(|&(name, bytes)| {
-            let crio = if runs_crio(name, cluster) {
+            let crio = if stand_in(name, cluster) {
                 let stand_in = CrioStandIn::start_on_tmpfs(
                     &format!("demo-{name}"),
                     CRIO_VERSION,
@@ -609,37 +629,30 @@ fn push_samples(lab: &Lab, nodes: &[DemoNode], runtime: &Runtime) -> Result<Samp
 }
 
 /// `<lab>/nodes.yaml`: each node pins the way its runtime enforces. A CRI-O node's drop-ins (the pins,
-/// applied by a SIGHUP through the stand-in's pidfile; lazy pulling; fan-out's registries, which the same
-/// reload re-reads) are where the stand-in reads them, in its directory; a containerd node pins with labels
-/// and its lazy-pull file goes in the `conf.d` its config in the lab dir imports.
+/// applied by a SIGHUP through its pidfile; lazy pulling; fan-out's registries, which the same reload
+/// re-reads) are where it reads them, in its directory; a containerd node pins with labels and its
+/// lazy-pull file goes in the `conf.d` its config in the lab dir imports.
 fn write_nodes_file(lab: &Lab, nodes: &[DemoNode]) -> Result<PathBuf> {
     let mut text = String::from("# written by examples/lab.rs: every write stays in target/lab\n");
     for node in nodes {
+        let Some(crio) = &node.crio else {
+            text.push_str(&lab.node(node.name).nodes_file_entry());
+            continue;
+        };
         writeln!(
             text,
-            "- name: {}\n  endpoint: {}",
+            "- name: {}\n  endpoint: {}\n  pin: crio-drop-in\n  crioConfigDir: {}\n  crioReload: signal:{}\n  \
+             crioRegistriesDir: {}\n  lazyDropIn: {}",
             node.name,
-            node.endpoint(lab)
+            node.endpoint(lab),
+            crio.config_dir().display(),
+            crio.pidfile().display(),
+            crio.registries_dir().display(),
+            crio.registries_dir()
+                .with_file_name("storage.conf.d")
+                .join("lazy-image-pull.conf")
+                .display()
         )?;
-        match &node.crio {
-            Some(crio) => writeln!(
-                text,
-                "  pin: crio-drop-in\n  crioConfigDir: {}\n  crioReload: signal:{}\n  crioRegistriesDir: {}\n  \
-                 lazyDropIn: {}",
-                crio.config_dir().display(),
-                crio.pidfile().display(),
-                crio.registries_dir().display(),
-                crio.registries_dir()
-                    .with_file_name("storage.conf.d")
-                    .join("lazy-image-pull.conf")
-                    .display()
-            )?,
-            None => writeln!(
-                text,
-                "  pin: containerd-label\n  containerdConfig: {}",
-                lab.node(node.name).config_file().display()
-            )?,
-        }
     }
     let path = lab.dir().join("nodes.yaml");
     std::fs::write(&path, text)?;

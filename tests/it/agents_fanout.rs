@@ -358,7 +358,7 @@ async fn the_cache_gone_for_good_sends_the_nodes_to_the_source_and_their_reports
 /// CRI-O pulls through the cache as containerd's do: its registries.conf.d drop-in names the relay, and the
 /// registry never hears from CRI-O itself.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_crio_node_pulls_through_its_agents_relay_beside_the_containerd_nodes() {
+async fn a_crio_1_33_node_pulls_through_its_agents_relay_beside_the_containerd_nodes() {
     let mut lab = cache_lab("agents-fanout-crio", RegistrySetup::default()).await;
     let images = push_images(&lab, "crio/app", 9600, 3);
     let references = through_proxy(&lab, &images);

@@ -9,8 +9,7 @@
 use crate::support;
 
 use serde_json::Value;
-use support::crio::CrioStandIn;
-use support::{ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, PushedImage, pinboard};
+use support::{ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, PushedImage, Runtime, pinboard};
 
 const MI: usize = 1 << 20;
 
@@ -142,11 +141,13 @@ fn containerd_plans_and_measures_only_the_blobs_it_lacks() {
 }
 
 #[test]
-fn crio_plans_by_its_layers_and_reports_the_plans_figure_which_the_link_confirms() {
-    let lab = Lab::with_nodes("measured-crio", Vec::new());
+fn crio_1_33_plans_by_its_layers_and_reports_the_plans_figure_which_the_link_confirms() {
+    let lab = Lab::with_nodes(
+        "measured-crio",
+        vec![NodeSpec::new("n1", 200 << 20).on(Runtime::Crio133)],
+    );
     let (x, y) = push_sharing_a_base(&lab);
-    let crio = CrioStandIn::start("measured-crio", "1.31.0", &[lab.proxy_host()]).expect("CRI-O");
-    let node = crio.node_args("n1");
+    let node = lab.node("n1").node_args();
     // X onto the node as CRI-O pulls it.
     let mut preload = vec![
         "apply".to_string(),

@@ -24,9 +24,10 @@ use std::path::Path;
 use base64::Engine as _;
 use pinboard::model::reference::short_reference;
 use serde_json::{Value, json};
-use support::crio::CrioStandIn;
 use support::private::{IDENTITY_TOKEN, SCOPED_PASSWORD, SCOPED_USER, USER, auth_file, token_lab};
-use support::{ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, Run, isolated, pinboard_with};
+use support::{
+    ImageSpec, Lab, LayerFormat, LayerSpec, NodeSpec, Run, Runtime, isolated, pinboard_with,
+};
 
 const MI: u64 = 1 << 20;
 
@@ -190,17 +191,18 @@ fn private_images_are_planned_applied_and_pinned_with_the_auth_file_which_never_
 }
 
 #[test]
-fn a_crio_node_pulls_with_the_password_and_is_told_what_it_cannot_use() {
-    let lab = token_lab("private-crio", Vec::new());
+fn a_crio_1_33_node_pulls_with_the_password_and_is_told_what_it_cannot_use() {
+    let lab = token_lab(
+        "private-crio",
+        vec![NodeSpec::new("n1", 64 * MI).on(Runtime::Crio133)],
+    );
     let host = lab.registry_host();
     let app = image(&lab, "private/app", 1211).replace(&lab.proxy_host(), &host);
     let robot = image(&lab, "private/robot", 1212).replace(&lab.proxy_host(), &host);
-    let crio = CrioStandIn::start("private-crio", "1.31.0", std::slice::from_ref(&host))
-        .expect("stand-in");
     let home = tempfile::tempdir().unwrap();
     let authfile = auth_file(home.path(), &host);
     let mut args = vec!["apply".to_string()];
-    args.extend(crio.node_args("n1"));
+    args.extend(lab.node("n1").node_args());
     args.extend(
         [
             "--insecure-registry",

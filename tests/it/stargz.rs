@@ -143,172 +143,239 @@ fn app(seed: u64) -> EstargzSpec {
     EstargzSpec::with_busybox("read from a lazy layer\n", seed, &[3 * MIB, 3 * MIB])
 }
 
-#[test]
-fn lazy_on_pulls_lazily_through_the_real_snapshotter_and_apply_makes_the_image_whole() {
-    let mut lab = Lab::with_nodes(
-        "stargz-whole",
-        vec![NodeSpec::new("n1", 256 * MI).with_stargz()],
-    );
-    let node = lab.node("n1");
-    let pushed = lab.push_estargz("stargz/app", &app(3100)).unwrap();
-    let image = pushed.reference(&lab.proxy_host());
-    let layer_bytes: u64 = pushed.layers.iter().map(|l| l.size).sum();
+crate::on_runtimes! {
+    /// On each containerd of the matrix: the lazy-pulling file in its config's version (2 repeats the CRI
+    /// section, 3 sets only the keys), the snapshotter in force as containerd says it (containerd 2 through
+    /// the image filesystem it names), and the whole pull through its content, leases, snapshots and diff
+    /// services.
+    [containerd_1_6, containerd_1_7, containerd_2_1]
+    fn lazy_on_pulls_lazily_through_the_real_snapshotter_and_apply_makes_the_image_whole(runtime) {
+        let metrics = format!("127.0.0.1:{}", support::free_port().unwrap());
+        let mut lab = Lab::with_nodes(
+            "stargz-whole",
+            vec![
+                NodeSpec::new("n1", 256 * MI)
+                    .with_stargz()
+                    .serving_metrics(&metrics)
+                    .on(runtime),
+            ],
+        );
+        let node = lab.node("n1");
+        let pushed = lab.push_estargz("stargz/app", &app(3100)).unwrap();
+        let image = pushed.reference(&lab.proxy_host());
+        let layer_bytes: u64 = pushed.layers.iter().map(|l| l.size).sum();
 
-    let (_, off) = lazy(node, "status", &[]);
-    assert_eq!(off["nodes"][0]["lazyPulling"]["text"], "off", "{off}");
+        let (_, off) = lazy(node, "status", &[]);
+        assert_eq!(off["nodes"][0]["lazyPulling"]["text"], "off", "{off}");
 
-    // On, and containerd restarted with the snapshotter in force.
-    let (run, on) = lazy(node, "on", &["--restart"]);
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    let n1 = &on["nodes"][0];
-    assert_eq!(n1["change"], "written", "{n1}");
-    assert_eq!(n1["restarted"], "systemctl restart containerd", "{n1}");
-    assert_eq!(n1["lazyPulling"]["text"], "on (stargz, in force)", "{n1}");
-    assert_eq!(n1["lazyPulling"]["storeServing"], true, "{n1}");
-    assert_eq!(node.unit().systemctl_calls(), ["restart containerd"]);
-    assert_eq!(in_force(node).as_deref(), Some("stargz"));
-    let written: toml_edit::DocumentMut =
-        std::fs::read_to_string(node.dir().join("conf.d/zz-pinboard-lazy-pulling.toml"))
-            .unwrap()
-            .parse()
-            .unwrap();
-    assert_eq!(
-        written["proxy_plugins"]["stargz"]["address"].as_str(),
-        node.stargz().socket_in_node.to_str()
-    );
-    let certs = node.dir().join("certs.d").display().to_string();
-    assert_eq!(
-        written["plugins"]["io.containerd.grpc.v1.cri"]["registry"]["config_path"].as_str(),
-        Some(certs.as_str()),
-        "the CRI section in force, repeated"
-    );
+        // On, and containerd restarted with the snapshotter in force.
+        let (run, on) = lazy(node, "on", &["--restart"]);
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        let n1 = &on["nodes"][0];
+        assert_eq!(n1["change"], "written", "{n1}");
+        assert_eq!(n1["restarted"], "systemctl restart containerd", "{n1}");
+        assert_eq!(n1["lazyPulling"]["text"], "on (stargz, in force)", "{n1}");
+        assert_eq!(n1["lazyPulling"]["storeServing"], true, "{n1}");
+        assert_eq!(node.unit().systemctl_calls(), ["restart containerd"]);
+        assert_eq!(in_force(node).as_deref(), Some("stargz"));
+        let written: toml_edit::DocumentMut =
+            std::fs::read_to_string(node.dir().join("conf.d/zz-pinboard-lazy-pulling.toml"))
+                .unwrap()
+                .parse()
+                .unwrap();
+        assert_eq!(
+            written["proxy_plugins"]["stargz"]["address"].as_str(),
+            node.stargz().socket_in_node.to_str()
+        );
+        match runtime.containerd_config_version() {
+            3 => {
+                let images = &written["plugins"]["io.containerd.cri.v1.images"];
+                assert_eq!(images["snapshotter"].as_str(), Some("stargz"));
+                assert_eq!(images["disable_snapshot_annotations"].as_bool(), Some(false));
+                assert!(
+                    written["plugins"].get("io.containerd.grpc.v1.cri").is_none(),
+                    "version 3 merges key by key: nothing repeated"
+                );
+            }
+            _ => {
+                let certs = node.dir().join("certs.d").display().to_string();
+                assert_eq!(
+                    written["plugins"]["io.containerd.grpc.v1.cri"]["registry"]["config_path"].as_str(),
+                    Some(certs.as_str()),
+                    "the CRI section in force, repeated"
+                );
+            }
+        }
 
-    // Pulled lazily over a slow link: a small part of its layers crosses it, each layer is mounted.
-    lab.proxy().set_bandwidth(Some(256 * 1024));
-    let before = lab.proxy().bytes_down();
-    let run = pinboard_on(
-        node,
-        &command("apply", &lab, node, &[&image], &["--allow-lazy"]),
-    );
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    let lazily = lab.proxy().bytes_down() - before;
-    assert!(
-        lazily < layer_bytes / 5,
-        "{lazily} bytes crossed the link for {layer_bytes} bytes of layers"
-    );
-    assert_eq!(node.stargz_mounts().len(), 3, "each layer mounted");
-    assert_eq!(remote_snapshots(node), 3);
-    assert!(!blobs_held(node, &pushed));
+        // Pulled lazily over a slow link: a small part of its layers crosses it, each layer is mounted.
+        lab.proxy().set_bandwidth(Some(256 * 1024));
+        let before = lab.proxy().bytes_down();
+        let run = pinboard_on(
+            node,
+            &command("apply", &lab, node, &[&image], &["--allow-lazy"]),
+        );
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        let lazily = lab.proxy().bytes_down() - before;
+        assert!(
+            lazily < layer_bytes / 5,
+            "{lazily} bytes crossed the link for {layer_bytes} bytes of layers"
+        );
+        assert_eq!(node.stargz_mounts().len(), 3, "each layer mounted");
+        assert_eq!(remote_snapshots(node), 3);
+        assert!(!blobs_held(node, &pushed));
 
-    let (run, status) = json(pinboard_on(
-        node,
-        &command("status", &lab, node, &[&image], &["-o", "json"]),
-    ));
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    let said = &status["nodes"][0]["images"][0]["lazy"];
-    assert_eq!(
-        said["remoteLayers"],
-        serde_json::json!([0, 1, 2]),
-        "{status}"
-    );
-    let (fetched, of) = (
-        said["fetched"]["bytes"].as_u64().unwrap(),
-        said["fetched"]["of"].as_u64().unwrap(),
-    );
-    assert_eq!(of, layer_bytes, "stargz's sizes are the layers'");
-    assert!(fetched < of, "{said}");
-    let run = pinboard_on(
-        node,
-        &command("status", &lab, node, &[&image], &[] as &[&str]),
-    );
-    assert!(
-        run.stdout.contains("~ lazy (3 of 3 layers remote, ") && run.stdout.contains("% fetched)"),
-        "{}",
-        run.stdout
-    );
+        let (run, status) = json(pinboard_on(
+            node,
+            &command("status", &lab, node, &[&image], &["-o", "json"]),
+        ));
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let said = &status["nodes"][0]["images"][0]["lazy"];
+        assert_eq!(
+            said["remoteLayers"],
+            serde_json::json!([0, 1, 2]),
+            "{status}"
+        );
+        let (fetched, of) = (
+            said["fetched"]["bytes"].as_u64().unwrap(),
+            said["fetched"]["of"].as_u64().unwrap(),
+        );
+        assert_eq!(of, layer_bytes, "stargz's sizes are the layers'");
+        assert!(fetched < of, "{said}");
+        let run = pinboard_on(
+            node,
+            &command("status", &lab, node, &[&image], &[] as &[&str]),
+        );
+        assert!(
+            run.stdout.contains("~ lazy (3 of 3 layers remote, ") && run.stdout.contains("% fetched)"),
+            "{}",
+            run.stdout
+        );
 
-    let run = pinboard_on(
-        node,
-        &command("check", &lab, node, &[&image], &[] as &[&str]),
-    );
-    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
-    assert!(
-        run.stderr
-            .contains(&format!("{image} (3 of 3 layers remote, "))
-            && run
-                .stderr
-                .contains("`pinboard apply` makes them whole: it fetches their layers"),
-        "{}",
-        run.stderr
-    );
-    let (run, plan) = json(pinboard_on(
-        node,
-        &command("plan", &lab, node, &[&image], &["-o", "json"]),
-    ));
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    let planned = &plan["nodes"][0]["images"][0];
-    assert_eq!(planned["fetchBytes"], layer_bytes, "{planned}");
-    assert!(
-        planned["estimatedDiskBytes"].as_u64().unwrap() >= layer_bytes,
-        "written whole: {planned}"
-    );
+        let run = pinboard_on(
+            node,
+            &command("check", &lab, node, &[&image], &[] as &[&str]),
+        );
+        assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr
+                .contains(&format!("{image} (3 of 3 layers remote, "))
+                && run
+                    .stderr
+                    .contains("`pinboard apply` makes them whole: it fetches their layers"),
+            "{}",
+            run.stderr
+        );
+        let (run, plan) = json(pinboard_on(
+            node,
+            &command("plan", &lab, node, &[&image], &["-o", "json"]),
+        ));
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let planned = &plan["nodes"][0]["images"][0];
+        assert_eq!(planned["fetchBytes"], layer_bytes, "{planned}");
+        assert!(
+            planned["estimatedDiskBytes"].as_u64().unwrap() >= layer_bytes,
+            "written whole: {planned}"
+        );
 
-    // apply makes it whole: every blob in the content store, every snapshot local, nothing mounted.
-    lab.proxy().set_bandwidth(None);
-    let (before, started) = (lab.proxy().bytes_down(), Instant::now());
-    let (run, applied) = json(pinboard_on(
-        node,
-        &command("apply", &lab, node, &[&image], &["-o", "json"]),
-    ));
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    let (moved, took) = (lab.proxy().bytes_down() - before, started.elapsed());
-    eprintln!(
-        "made whole: {moved} bytes over the link in {took:?}, for {layer_bytes} bytes of layers \
-         ({lazily} bytes crossed it for the lazy pull)"
-    );
-    assert!(
-        (layer_bytes..layer_bytes + layer_bytes / 10).contains(&moved),
-        "each layer fetched once, whole: {moved} bytes for {layer_bytes}"
-    );
-    let n1 = &applied["rollout"][0];
-    assert_eq!([&n1["lazy"], &n1["pulled"]], [0, 1], "{n1}");
-    assert!(n1["fetchedBytes"].as_u64().unwrap() >= layer_bytes, "{n1}");
-    assert!(blobs_held(node, &pushed));
-    assert_eq!(remote_snapshots(node), 0);
-    assert!(node.stargz_mounts().is_empty());
-    let run = pinboard_on(
-        node,
-        &command("check", &lab, node, &[&image], &[] as &[&str]),
-    );
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        // apply makes it whole: every blob in the content store, every snapshot local, nothing mounted.
+        lab.proxy().set_bandwidth(None);
+        let (before, started) = (lab.proxy().bytes_down(), Instant::now());
+        let (run, applied) = json(pinboard_on(
+            node,
+            &command("apply", &lab, node, &[&image], &["-o", "json"]),
+        ));
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        let (moved, took) = (lab.proxy().bytes_down() - before, started.elapsed());
+        eprintln!(
+            "made whole: {moved} bytes over the link in {took:?}, for {layer_bytes} bytes of layers \
+             ({lazily} bytes crossed it for the lazy pull)"
+        );
+        assert!(
+            (layer_bytes..layer_bytes + layer_bytes / 10).contains(&moved),
+            "each layer fetched once, whole: {moved} bytes for {layer_bytes}"
+        );
+        let n1 = &applied["rollout"][0];
+        assert_eq!([&n1["lazy"], &n1["pulled"]], [0, 1], "{n1}");
+        assert!(n1["fetchedBytes"].as_u64().unwrap() >= layer_bytes, "{n1}");
+        assert!(blobs_held(node, &pushed));
+        assert_eq!(remote_snapshots(node), 0);
+        // The snapshotter unmounts a removed remote layer in the background.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !node.stargz_mounts().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "still mounted: {:?}",
+                node.stargz_mounts()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let run = pinboard_on(
+            node,
+            &command("check", &lab, node, &[&image], &[] as &[&str]),
+        );
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
 
-    // Pre-loaded for real: with the link cut, the snapshotter restarts and the image stays ready.
-    lab.proxy().fail_requests(503, u64::MAX, None);
-    lab.kill_stargz("n1").unwrap();
-    lab.start_stargz("n1")
-        .expect("nothing to mount from the registry");
-    let node = lab.node("n1");
-    let run = pinboard_on(
-        node,
-        &command("check", &lab, node, &[&image], &[] as &[&str]),
-    );
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    lab.proxy().clear_faults();
+        // containerd's counts of the calls it answered go with its restart: what it counted so far, before
+        // the snapshotter is killed (containerd 1.6 answers Unknown for a snapshotter that is gone).
+        let mut answered = lab.node("n1").grpc_calls();
 
-    // Off: containerd restarted with its own snapshotter; a new image is pulled whole by it.
-    let (run, off) = lazy(node, "off", &["--restart"]);
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(off["nodes"][0]["lazyPulling"]["text"], "off", "{off}");
-    assert_eq!(in_force(node).as_deref(), Some("native"));
-    let other = lab.push_estargz("stargz/other", &app(3200)).unwrap();
-    let reference = other.reference(&lab.proxy_host());
-    let run = pinboard_on(
-        node,
-        &command("apply", &lab, node, &[&reference], &[] as &[&str]),
-    );
-    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
-    assert!(blobs_held(node, &other));
+        // Pre-loaded for real: with the link cut, the snapshotter restarts and the image stays ready.
+        lab.proxy().fail_requests(503, u64::MAX, None);
+        lab.kill_stargz("n1").unwrap();
+        lab.start_stargz("n1")
+            .expect("nothing to mount from the registry");
+        let node = lab.node("n1");
+        let run = pinboard_on(
+            node,
+            &command("check", &lab, node, &[&image], &[] as &[&str]),
+        );
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        lab.proxy().clear_faults();
+
+        // Off: containerd restarted with its own snapshotter; a new image is pulled whole by it.
+        let (run, off) = lazy(node, "off", &["--restart"]);
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        assert_eq!(off["nodes"][0]["lazyPulling"]["text"], "off", "{off}");
+        assert_eq!(in_force(node).as_deref(), Some("native"));
+        let other = lab.push_estargz("stargz/other", &app(3200)).unwrap();
+        let reference = other.reference(&lab.proxy_host());
+        let run = pinboard_on(
+            node,
+            &command("apply", &lab, node, &[&reference], &[] as &[&str]),
+        );
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+        assert!(blobs_held(node, &other));
+        for (call, count) in node.grpc_calls() {
+            *answered.entry(call).or_default() += count;
+        }
+        support::runtime::assert_answered(runtime, &PINBOARD_CALLS, &answered);
+    }
 }
+
+/// Every call pinboard makes to containerd, over CRI and to its own services (pins, progress, the
+/// content it holds, remote layers, whole pulls), as the flow above makes them.
+const PINBOARD_CALLS: [&str; 20] = [
+    "RuntimeService/Version",
+    "RuntimeService/Status",
+    "ImageService/ListImages",
+    "ImageService/ImageStatus",
+    "ImageService/PullImage",
+    "ImageService/ImageFsInfo",
+    "Images/List",
+    "Images/Get",
+    "Images/Update",
+    "Content/Info",
+    "Content/List",
+    "Content/ListStatuses",
+    "Content/Read",
+    "Content/Write",
+    "Leases/Create",
+    "Leases/Delete",
+    "Snapshots/List",
+    "Snapshots/Prepare",
+    "Snapshots/Commit",
+    "Diff/Apply",
+];
 
 #[test]
 fn a_private_estargz_image_is_pulled_lazily_with_pinboards_credentials_and_a_lost_one_is_named() {

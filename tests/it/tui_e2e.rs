@@ -36,7 +36,7 @@ fn push_sharing_a_base(lab: &Lab, repo: &str, seed: u64, base: u64, count: u64) 
 }
 
 #[test]
-fn compose_apply_and_watch_a_rollout_in_the_terminal() {
+fn compose_apply_and_watch_a_rollout_on_containerd_and_crio_1_33_in_the_terminal() {
     let lab = Lab::start(
         "tui-e2e",
         LabConfig {

@@ -4,7 +4,8 @@
 //! `crio.conf.d/` (where pinboard writes `50-pinned-images`), `registries.conf` naming the lab's plain-HTTP
 //! registries and `registries.conf.d/` (fan-out's mirrors), a signature policy accepting anything, and
 //! `crio.pid`, which the lab writes as systemd would know the pid, for `--crio-reload signal:PIDFILE`. Its
-//! storage (overlay) is the node's tmpfs, so its image filesystem has the node's size.
+//! storage (overlay) is the node's tmpfs, so its image filesystem has the node's size. It serves its
+//! metrics on a loopback port: its count of the CRI calls it answered, for the tests' contract checks.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,6 +13,7 @@ use std::sync::OnceLock;
 
 use anyhow::{Result, bail};
 
+use super::process::free_port;
 use super::runtime::Runtime;
 
 /// Where the real CRI-O keeps a node's files.
@@ -26,6 +28,8 @@ pub struct CrioFiles {
     pub pidfile: PathBuf,
     /// Its graphroot: the node's tmpfs.
     pub storage: PathBuf,
+    /// Where it serves its Prometheus metrics (`metrics_host:metrics_port`).
+    pub metrics_address: String,
 }
 
 /// The storage driver: as CRI-O runs on a node (overlay works on a tmpfs here).
@@ -40,6 +44,7 @@ impl CrioFiles {
         socket: &Path,
         registries: &[&str],
     ) -> Result<CrioFiles> {
+        let metrics_port = free_port()?;
         let files = CrioFiles {
             conf: dir.join("crio.conf"),
             config_dir: dir.join("crio.conf.d"),
@@ -47,6 +52,7 @@ impl CrioFiles {
             registries_dir: dir.join("registries.conf.d"),
             pidfile: dir.join("crio.pid"),
             storage: storage.to_path_buf(),
+            metrics_address: format!("127.0.0.1:{metrics_port}"),
         };
         for d in [&files.config_dir, &files.registries_dir] {
             std::fs::create_dir_all(d)?;
@@ -100,6 +106,11 @@ signature_policy_dir = "{policies}"
 network_dir = "{cni}"
 plugin_dirs = ["/usr/lib/cni"]
 
+[crio.metrics]
+enable_metrics = true
+metrics_host = "127.0.0.1"
+metrics_port = {metrics_port}
+
 [crio.nri]
 enable_nri = false
 "#,
@@ -142,6 +153,14 @@ enable_nri = false
         std::fs::write(&temporary, format!("{pid}\n"))?;
         std::fs::rename(&temporary, &self.pidfile)?;
         Ok(())
+    }
+
+    /// Where pinboard writes the node's lazy-pulling drop-in (containers-storage's `storage.conf.d`, beside
+    /// the registries' directory), so that it stays in the node's directory.
+    pub fn lazy_drop_in(&self) -> PathBuf {
+        self.registries_dir
+            .with_file_name("storage.conf.d")
+            .join("lazy-image-pull.conf")
     }
 
     /// Where CRI-O keeps its image records: the directory CRI's ImageFsInfo names.

@@ -5,6 +5,7 @@
 //! it), at the standard paths (root `/var/lib/containerd`, socket `/run/containerd/containerd.sock`, registry
 //! config `/etc/containerd/certs.d`), configured as a kubelet needs it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
@@ -96,11 +97,7 @@ impl NodeSpec {
         self
     }
 
-    /// The node's containerd serving its metrics at `address` (`HOST:PORT`).
-    #[allow(
-        dead_code,
-        reason = "benches/agent_writes.rs counts the runtime's calls with it"
-    )]
+    /// The node's containerd serving its metrics at `address` (`HOST:PORT`): [`Node::grpc_calls`].
     pub fn serving_metrics(mut self, address: &str) -> NodeSpec {
         self.metrics_address = Some(address.to_owned());
         self
@@ -157,6 +154,8 @@ pub struct Node {
     unit: Option<Unit>,
     /// A CRI-O node's files.
     crio: Option<CrioFiles>,
+    /// Where containerd serves its metrics, when it does.
+    metrics_address: Option<String>,
 }
 
 /// What a node needs from the lab to start.
@@ -368,6 +367,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             stargz,
             unit,
             crio: None,
+            metrics_address: spec.metrics_address.clone(),
         };
         if let Some(stargz) = &node.stargz {
             procs.push(stargz.spawn(&node.stargz_process_name(), node.sandbox.as_ref())?);
@@ -416,6 +416,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             stargz: None,
             unit: None,
             crio: Some(files),
+            metrics_address: None,
         };
         procs.push(node.spawn_runtime()?);
         node.wait_ready(procs.last_mut().expect("just pushed"))?;
@@ -441,10 +442,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if let Some(crio) = &self.crio {
             entry.push_str(&format!(
                 "  pin: crio-drop-in\n  crioConfigDir: {}\n  crioReload: signal:{}\n  \
-                 crioRegistriesDir: {}\n",
+                 crioRegistriesDir: {}\n  lazyDropIn: {}\n",
                 crio.config_dir.display(),
                 crio.pidfile.display(),
-                crio.registries_dir.display()
+                crio.registries_dir.display(),
+                crio.lazy_drop_in().display()
             ));
         }
         entry
@@ -522,6 +524,80 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             );
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The gRPC calls containerd has answered so far, by `service/method` (the service's last name) and
+    /// answer code, as its own metrics count them (`grpc_server_handled_total`;
+    /// [`NodeSpec::serving_metrics`]).
+    pub fn grpc_calls(&self) -> BTreeMap<(String, String), f64> {
+        let address = self
+            .metrics_address
+            .as_deref()
+            .unwrap_or_else(|| panic!("node {} serves no metrics", self.name));
+        let text = ureq::get(&format!("http://{address}/v1/metrics"))
+            .call()
+            .and_then(|mut r| r.body_mut().read_to_string())
+            .unwrap_or_else(|e| panic!("node {}: containerd's metrics: {e}", self.name));
+        let mut calls = BTreeMap::new();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_handled_total{"))
+        {
+            let (labels, value) = line.rsplit_once(' ').expect("a sample");
+            let label = |name: &str| {
+                labels
+                    .split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let service = label("grpc_service");
+            let service = service.rsplit('.').next().unwrap_or_default();
+            *calls
+                .entry((
+                    format!("{service}/{}", label("grpc_method")),
+                    label("grpc_code"),
+                ))
+                .or_default() += value.parse::<f64>().expect("a count");
+        }
+        calls
+    }
+
+    /// The CRI calls CRI-O has answered so far, by name (`ListImages`), with how many of them failed, as its
+    /// own metrics count them (`container_runtime_crio_operations_total` and `…_errors_total`).
+    pub fn crio_operations(&self) -> BTreeMap<String, (f64, f64)> {
+        let address = &self.crio().metrics_address;
+        let text = ureq::get(&format!("http://{address}/metrics"))
+            .call()
+            .and_then(|mut r| r.body_mut().read_to_string())
+            .unwrap_or_else(|e| panic!("node {}: CRI-O's metrics: {e}", self.name));
+        let mut operations: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for (prefix, errors) in [
+            (
+                "container_runtime_crio_operations_total{operation=\"",
+                false,
+            ),
+            (
+                "container_runtime_crio_operations_errors_total{operation=\"",
+                true,
+            ),
+        ] {
+            for line in text.lines().filter_map(|l| l.strip_prefix(prefix)) {
+                let (operation, rest) = line.split_once('"').expect("a label");
+                let count: f64 = rest
+                    .rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("a count");
+                let entry = operations.entry(operation.to_string()).or_default();
+                match errors {
+                    true => entry.1 += count,
+                    false => entry.0 += count,
+                }
+            }
+        }
+        operations
     }
 
     /// `NAME VERSION` of its runtime, as CRI Version says it: for a test's output.

@@ -154,6 +154,36 @@ impl std::str::FromStr for Runtime {
     }
 }
 
+/// The contract, as containerd's own metrics count the gRPC calls it answered (`answered`, by call and
+/// code; [`super::Node::grpc_calls`]): each of `calls` answered OK at least once, and none of them with an
+/// error that says the request was wrong or broke the runtime.
+pub fn assert_answered(
+    runtime: Runtime,
+    calls: &[&str],
+    answered: &std::collections::BTreeMap<(String, String), f64>,
+) {
+    for call in calls {
+        let ok = answered
+            .get(&(call.to_string(), "OK".to_string()))
+            .copied()
+            .unwrap_or(0.0);
+        assert!(ok > 0.0, "{runtime} never answered {call} OK: {answered:?}");
+    }
+    let broken: Vec<_> = answered
+        .iter()
+        .filter(|((call, code), count)| {
+            **count > 0.0
+                && calls.contains(&call.as_str())
+                && ["Unknown", "Internal", "InvalidArgument", "Unimplemented"]
+                    .contains(&code.as_str())
+        })
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "{runtime} refused or broke on: {broken:?}"
+    );
+}
+
 impl Runtime {
     /// The runtime a matrix test of that name runs on: `crio_1_33` is [`Runtime::Crio133`].
     pub fn of_test(name: &str) -> Runtime {
