@@ -7,6 +7,7 @@ pub mod blobs;
 pub mod certs;
 pub mod credentials;
 pub mod cri;
+pub mod crio_counter;
 pub mod distribution;
 pub mod events;
 pub mod files;

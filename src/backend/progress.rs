@@ -5,7 +5,7 @@
 //! The mapping ([`Tracker`]) is pure. Each blob counts for one image only: the first one tracked that needs
 //! it (a blob shared by two pulls is fetched once, as the plan counts it), and not at all when it was on the
 //! node already. A blob seen in progress and then gone is done: containerd drops an ingest once committed.
-//! CRI-O has no such API; its pulls have no byte progress.
+//! CRI-O has no such API: its bytes come from its own counters ([`super::crio_counter`]).
 
 use std::collections::{HashMap, HashSet};
 use std::time::SystemTime;

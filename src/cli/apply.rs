@@ -227,6 +227,9 @@ fn rollout_table(outcomes: &[NodeOutcome]) -> String {
                 human(f.planned_bytes),
                 match f.fetched_source {
                     Some(FetchedSource::Plan) => format!("{} (plan)", human(f.fetched_bytes)),
+                    Some(FetchedSource::RuntimeCounters) => {
+                        format!("{} (counters)", human(f.fetched_bytes))
+                    }
                     _ => human(f.fetched_bytes),
                 },
                 o.reason.clone().unwrap_or_default(),
@@ -251,6 +254,7 @@ fn event_line(event: &Event) -> Option<String> {
         Event::NodeStarted { node, images, .. } => {
             format!("{node}: started ({} images)", images.len())
         }
+        Event::NodeBytes { node, note, .. } => format!("{node}: {note}"),
         Event::ImagePresent { node, image: i } => format!("{node}: {} already present", image(i)),
         Event::ImageLazy {
             node,
@@ -310,6 +314,7 @@ fn event_line(event: &Event) -> Option<String> {
                 FetchedSource::Plan => " (the plan's figure: the runtime reports no bytes)",
                 FetchedSource::Relay =>
                     " (what the node's relay passed on from the in-cluster cache)",
+                FetchedSource::RuntimeCounters => " (CRI-O's counters)",
             }
         ),
         Event::NodeStopped { node, reason, .. } => format!("{node}: stopped: {reason}"),

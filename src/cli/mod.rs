@@ -6,6 +6,7 @@
 
 mod apply;
 mod check;
+mod crio_progress;
 mod help;
 mod lazy;
 mod mirror;
@@ -54,6 +55,9 @@ pub enum Command {
     Unpin(CommonArgs),
     /// Lazy pulling on every node, the way its runtime does it: `on`, `off`, or its `status`.
     Lazy(lazy::LazyArgs),
+    /// Whether each CRI-O node counts its pull bytes as they arrive (its metrics and
+    /// pull_progress_timeout, in pinboard's drop-in): `on`, `off`, or its `status`.
+    CrioProgress(crio_progress::CrioProgressArgs),
     /// Serve the sets' images as a read-only registry mirror (digests of the sets only) until interrupted;
     /// every blob is fetched from its registry once, into the blob cache.
     Mirror(mirror::MirrorArgs),
@@ -156,6 +160,7 @@ pub async fn run(command: Command) -> Result<String, Failure> {
         Command::Apply(args) => apply::apply(args).await,
         Command::Unpin(args) => unpin::unpin(args).await,
         Command::Lazy(args) => lazy::run(args).await,
+        Command::CrioProgress(args) => crio_progress::run(args).await,
         Command::Mirror(args) => mirror::run(args).await,
         Command::Release(args) => release::run(args).await,
         Command::Completion { shell } => Ok(completion(shell, &program_name())),

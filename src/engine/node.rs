@@ -20,9 +20,11 @@ use super::pull::{PullFailure, PullOn, pull};
 use super::route::{Route, route};
 use super::shared::Shared;
 use crate::backend::cri::{CriClient, CriError, DEFAULT_TIMEOUT};
+use crate::backend::crio_counter;
 use crate::backend::held::content_store;
-use crate::backend::pins::PinTarget;
+use crate::backend::pins::{PinTarget, resolve};
 use crate::backend::progress::{self, Tracker};
+use crate::model::crio_progress::{CounterShares, MetricsAt};
 use crate::model::plan::{NodePlan, Verdict};
 use crate::model::rollout::{Event, FetchedSource};
 use crate::model::runtime::{Runtime, RuntimeKind};
@@ -84,7 +86,20 @@ pub(super) async fn run_node(
         true => content_store(&client).await.ok(),
         false => None,
     };
+    let (counter, bytes_note) = match &runtime {
+        Some(r) if r.kind == RuntimeKind::Crio => {
+            crio_counter(&client, &version.runtime_name, job.pin.clone()).await
+        }
+        _ => (None, None),
+    };
     let mut node = NodeRun {
+        counter,
+        planned: job
+            .plan
+            .images
+            .iter()
+            .map(|i| (i.reference.to_string(), i.fetch_bytes))
+            .collect(),
         route,
         recorded: HashSet::new(),
         name: name.clone(),
@@ -127,6 +142,13 @@ pub(super) async fn run_node(
         images: order.clone(),
         at: Instant::now(),
     });
+    if let Some((counted, note)) = bytes_note {
+        shared.emit(Event::NodeBytes {
+            node: name.clone(),
+            counted,
+            note,
+        });
+    }
     for image in present {
         let lazy = job
             .plan
@@ -176,8 +198,65 @@ pub(super) async fn run_node(
     }
 }
 
+/// How a CRI-O node's pull bytes are read, and what to say of it once ([`Event::NodeBytes`]): its pull-bytes
+/// counter when its configuration has it serve one and count as pulls go (see
+/// [`crate::model::crio_progress`]), read once before any pull starts; else why there are no bytes.
+async fn crio_counter(
+    client: &CriClient,
+    runtime_name: &str,
+    pin: PinTarget,
+) -> (Option<(MetricsAt, CounterShares)>, Option<(bool, String)>) {
+    let Ok(PinTarget::CrioDropIn { config_dir, .. }) = resolve(pin, runtime_name, client) else {
+        return (None, None);
+    };
+    let read = tokio::task::spawn_blocking(move || crio_counter::read_progress(&config_dir)).await;
+    let settings = match read {
+        Ok(Ok(settings)) => settings,
+        Ok(Err(e)) => {
+            return (
+                None,
+                Some((false, format!("CRI-O's pull bytes are unknown: {e}"))),
+            );
+        }
+        Err(e) => {
+            return (
+                None,
+                Some((false, format!("CRI-O's pull bytes are unknown: {e}"))),
+            );
+        }
+    };
+    if let Some(why) = settings.why_no_bytes() {
+        return (None, Some((false, why)));
+    }
+    let at = settings
+        .metrics
+        .expect("counts bytes: its metrics are served");
+    match crio_counter::pull_bytes(&at).await {
+        Ok(start) => {
+            let note = format!(
+                "bytes from CRI-O's counters, every {:?} and at each blob's end (the node's total exact, \
+                 each pull's share an estimate); CRI-O cancels a pull that moves no byte for {:?}",
+                settings.pull_progress_timeout / 10,
+                settings.pull_progress_timeout
+            );
+            (
+                Some((at, CounterShares::starting_at(start))),
+                Some((true, note)),
+            )
+        }
+        Err(e) => (
+            None,
+            Some((false, format!("CRI-O's pull bytes are unknown: {e}"))),
+        ),
+    }
+}
+
 /// One node's rollout state.
 struct NodeRun {
+    /// A CRI-O node's pull-bytes counter and each pull's share of it.
+    counter: Option<(MetricsAt, CounterShares)>,
+    /// What the plan says each image fetches on this node.
+    planned: HashMap<String, u64>,
     name: String,
     client: CriClient,
     /// How its pulls go.
@@ -230,10 +309,10 @@ impl NodeRun {
     }
 
     /// Says what the runtime fetched for the images of `to_pull`: the blobs containerd's content store
-    /// gained since `store_before` (when it could be listed both times), else what the plan counts for the
-    /// images that were pulled.
+    /// gained since `store_before` (when it could be listed both times), CRI-O's pull-bytes counter's
+    /// growth, else what the plan counts for the images that were pulled.
     async fn report_fetched(
-        &self,
+        &mut self,
         store_before: Option<HashMap<String, u64>>,
         to_pull: &[String],
         plan: &NodePlan,
@@ -242,7 +321,15 @@ impl NodeRun {
             Some(_) => content_store(&self.client).await.ok(),
             None => None,
         };
+        let counted = match &mut self.counter {
+            Some((at, shares)) => crio_counter::pull_bytes(at).await.ok().map(|counter| {
+                shares.update(counter);
+                shares.fetched()
+            }),
+            None => None,
+        };
         let (bytes, source) = match (store_before, store_after) {
+            _ if counted.is_some() => (counted.unwrap_or_default(), FetchedSource::RuntimeCounters),
             (Some(before), Some(after)) => (
                 after
                     .iter()
@@ -305,7 +392,7 @@ impl NodeRun {
                 message = control.recv(), if flow.control_open => {
                     self.control(&mut running, &mut flow, message);
                 }
-                _ = tick.tick(), if self.progress && !self.tracker.is_empty() => {
+                _ = tick.tick(), if self.polls() => {
                     self.poll_progress().await;
                 }
             }
@@ -356,6 +443,9 @@ impl NodeRun {
         let image = running.images.remove(&id).expect("every task is named");
         running.aborts.remove(&image);
         self.tracker.untrack(&image);
+        if let Some((_, shares)) = &mut self.counter {
+            shares.ended(&image, matches!(outcome, Some(Ok(()))));
+        }
         self.bytes.remove(&image);
         match outcome {
             Some(Ok(())) => self.pulled(&image),
@@ -437,11 +527,17 @@ impl NodeRun {
 
     fn spawn_pull(&mut self, running: &mut Running, image: String) {
         self.status.insert(image.clone(), Status::Running);
+        let total = match (&mut self.counter, self.shared.images.get(&image)) {
+            (Some((_, shares)), _) => {
+                let total = self.planned.get(&image).copied().unwrap_or(0);
+                shares.track(&image, total);
+                Some(total)
+            }
+            (None, Some(facts)) if self.progress => Some(self.tracker.track(&image, facts)),
+            _ => None,
+        };
         let mut bytes = None;
-        if self.progress
-            && let Some(facts) = self.shared.images.get(&image)
-        {
-            let total = self.tracker.track(&image, facts);
+        if let Some(total) = total {
             self.totals.insert(image.clone(), total);
             self.sent.remove(&image);
             let (tx, rx) = watch::channel((0, total));
@@ -485,31 +581,58 @@ impl NodeRun {
         });
     }
 
+    /// Whether pulls are running whose bytes can be read now: containerd's ingests, CRI-O's counter.
+    fn polls(&self) -> bool {
+        match &self.counter {
+            Some(_) => !self.bytes.is_empty(),
+            None => self.progress && !self.tracker.is_empty(),
+        }
+    }
+
     async fn poll_progress(&mut self) {
-        let listed = tokio::time::timeout(
-            DEFAULT_TIMEOUT,
-            progress::list_ingests(self.client.channel()),
-        )
-        .await;
-        let ingests = match listed {
-            Ok(Ok(ingests)) => ingests,
-            // Progress is a nicety: a failed poll is tried again at the next tick.
-            Ok(Err(e)) => {
-                return tracing::debug!(node = self.name, error = %e, "ListStatuses failed");
+        let seen = match &mut self.counter {
+            Some((at, shares)) => match crio_counter::pull_bytes(at).await {
+                Ok(counter) => shares
+                    .update(counter)
+                    .into_iter()
+                    .map(|(image, s)| (image, s.done, s.total))
+                    .collect(),
+                // Progress is a nicety: a failed poll is tried again at the next tick.
+                Err(e) => return tracing::debug!(node = self.name, error = %e, "CRI-O's counter"),
+            },
+            None => {
+                let listed = tokio::time::timeout(
+                    DEFAULT_TIMEOUT,
+                    progress::list_ingests(self.client.channel()),
+                )
+                .await;
+                let ingests = match listed {
+                    Ok(Ok(ingests)) => ingests,
+                    Ok(Err(e)) => {
+                        return tracing::debug!(node = self.name, error = %e, "ListStatuses failed");
+                    }
+                    Err(_) => return tracing::debug!(node = self.name, "ListStatuses timed out"),
+                };
+                let updated: Vec<(String, u64, u64)> = self
+                    .tracker
+                    .update(&ingests)
+                    .into_iter()
+                    .map(|(image, b)| (image, b.done, b.total))
+                    .collect();
+                updated
             }
-            Err(_) => return tracing::debug!(node = self.name, "ListStatuses timed out"),
         };
         let at = Instant::now();
-        for (image, bytes) in self.tracker.update(&ingests) {
-            if self.sent.insert(image.clone(), bytes.done) != Some(bytes.done) {
+        for (image, done, total) in seen {
+            if self.sent.insert(image.clone(), done) != Some(done) {
                 if let Some(watched) = self.bytes.get(&image) {
-                    watched.send_replace((bytes.done, bytes.total));
+                    watched.send_replace((done, total));
                 }
                 self.shared.emit(Event::PullProgress {
                     node: self.name.clone(),
                     image,
-                    done: bytes.done,
-                    total: bytes.total,
+                    done,
+                    total,
                     at,
                 });
             }

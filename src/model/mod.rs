@@ -8,6 +8,7 @@ pub mod cache_token;
 pub mod cluster_session;
 pub mod config_view;
 pub mod crio;
+pub mod crio_progress;
 pub mod diff;
 pub mod digest_prefix;
 pub mod export;

@@ -31,6 +31,9 @@ pub enum FetchedSource {
     /// What the node's relay passed on to its runtime from the in-cluster cache (an agent's fan-out set
     /// on CRI-O, every pull through the relay).
     Relay,
+    /// The growth of CRI-O's pull-bytes counter during the rollout
+    /// (`container_runtime_crio_image_pulls_bytes_total`): what the runtime itself counted.
+    RuntimeCounters,
 }
 
 /// What the engine reports. `at` is when it happened.
@@ -38,6 +41,13 @@ pub enum FetchedSource {
 pub enum Event {
     /// The node will not be started (plan verdict no-space without --force, unreachable...).
     NodeRefused { node: String, reason: String },
+    /// How the node's pull bytes are known, said once as its pulls start, when it is worth saying (a CRI-O
+    /// node): `counted`, from the runtime's own counters, or not, with why and the fix.
+    NodeBytes {
+        node: String,
+        counted: bool,
+        note: String,
+    },
     /// Pulls are about to start on the node, for these images in this order.
     NodeStarted {
         node: String,
@@ -342,6 +352,8 @@ pub struct NodeRollout {
     pulled: usize,
     /// What the runtime fetched, once its pulls are over.
     fetched: Option<(u64, FetchedSource)>,
+    /// How its pull bytes are known, when that was said ([`Event::NodeBytes`]).
+    bytes_note: Option<(bool, String)>,
 }
 
 impl NodeRollout {
@@ -358,7 +370,16 @@ impl NodeRollout {
             lazy: 0,
             pulled: 0,
             fetched: None,
+            bytes_note: None,
         }
+    }
+
+    /// How its pull bytes are known: from the runtime's counters (true) or not, with the note that says
+    /// so; None when nothing needed saying.
+    pub fn bytes_note(&self) -> Option<(bool, &str)> {
+        self.bytes_note
+            .as_ref()
+            .map(|(counted, note)| (*counted, note.as_str()))
     }
 
     /// Images that were on the node before the rollout, whole.
@@ -554,6 +575,7 @@ impl NodeRollout {
                 None
             }),
             Event::Fetched { bytes, source, .. } => self.fetched = Some((bytes, source)),
+            Event::NodeBytes { counted, note, .. } => self.bytes_note = Some((counted, note)),
             Event::NodeStopped { reason, .. } => {
                 self.state = NodeState::Stopped { reason };
                 // Neither bytes, failures nor running pulls change.
@@ -775,6 +797,7 @@ impl Event {
         match self {
             Event::NodeRefused { node, .. }
             | Event::NodeStarted { node, .. }
+            | Event::NodeBytes { node, .. }
             | Event::ImagePresent { node, .. }
             | Event::ImageLazy { node, .. }
             | Event::PullStarted { node, .. }

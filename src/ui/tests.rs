@@ -872,6 +872,45 @@ fn a_node_pinned_without_the_runtimes_word_is_pinned_star_with_its_legend() {
 }
 
 #[test]
+fn a_crio_node_that_reports_no_bytes_says_so_and_never_shows_0_b_for_a_pull() {
+    let mut state = state();
+    let now = state.now;
+    let image = "q.io/app@sha256:1".to_string();
+    let mut rollout = Rollout::default();
+    rollout.apply(Event::NodeStarted {
+        node: "n1".into(),
+        images: vec![image.clone()],
+        at: now,
+    });
+    rollout.apply(Event::NodeBytes {
+        node: "n1".into(),
+        counted: false,
+        note: "CRI-O reports no pull bytes: its metrics are off; `pinboard crio-progress on` …"
+            .into(),
+    });
+    rollout.apply(Event::PullStarted {
+        node: "n1".into(),
+        image: image.clone(),
+        attempt: 1,
+        at: now,
+    });
+    rollout.apply(Event::PullDone {
+        node: "n1".into(),
+        image,
+        at: now,
+    });
+    state.set_rollout(rollout);
+    type_keys(&mut state, "4");
+    let shown = screen_text(&state);
+    assert!(shown.contains("not reported"), "{shown}");
+    assert!(!shown.contains("0 B/0 B"), "{shown}");
+    assert!(
+        shown.contains("bytes: CRI-O reports no pull bytes: its metrics are off"),
+        "the node's detail says why, once: {shown}"
+    );
+}
+
+#[test]
 fn svg_has_every_cell_with_its_color() {
     let theme = Theme::named("dark").unwrap();
     let state = demo_state(Instant::now(), theme.clone());

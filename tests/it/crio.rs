@@ -488,3 +488,93 @@ fn crio_1_33_plan_measures_its_image_filesystem_and_a_forced_pull_that_fills_it_
         "{n1}"
     );
 }
+
+#[test]
+fn crio_1_33_with_its_defaults_counts_no_pull_bytes_and_apply_says_so_once_with_the_fix() {
+    let lab = crio_lab("crio-no-bytes", 256 * MIB);
+    let image = lab
+        .push_image("crio/uncounted", &ImageSpec::small(7301))
+        .unwrap()
+        .reference(&lab.proxy_host());
+    let run = lab.pinboard("apply", &["--image", &image, "-o", "json"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let said: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("CRI-O reports no pull bytes"))
+        .collect();
+    assert_eq!(said.len(), 1, "once: {}", run.stderr);
+    assert!(
+        said[0].contains("its metrics are off and pull_progress_timeout is 0")
+            || said[0].contains("pull_progress_timeout is 0"),
+        "{}",
+        said[0]
+    );
+    assert!(
+        said[0].contains("pinboard crio-progress on --restart"),
+        "{}",
+        said[0]
+    );
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["rollout"][0]["fetchedSource"], "plan", "{report}");
+    let status = lab.pinboard("crio-progress", &["status"]);
+    assert_eq!(status.code, 0, "{}\n{}", status.stdout, status.stderr);
+    assert!(
+        status.stdout.contains("not counted")
+            && status.stdout.contains("pinboard crio-progress on"),
+        "{}",
+        status.stdout
+    );
+}
+
+#[test]
+fn crio_1_33_counting_its_pull_bytes_apply_reports_crios_own_figure() {
+    let mut lab = crio_lab("crio-counted", 256 * MIB);
+    let on = lab.pinboard("crio-progress", &["on", "--crio-timeout", "10s"]);
+    assert_eq!(on.code, 0, "{}\n{}", on.stdout, on.stderr);
+    let file = lab
+        .node("n1")
+        .crio()
+        .config_dir
+        .join("40-pinboard-pull-progress.conf");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("enable_metrics = true") && text.contains("pull_progress_timeout = \"10s\""),
+        "{text}"
+    );
+    // Read at start only: written, and said so, until CRI-O restarts.
+    assert!(
+        on.stdout.contains("CRI-O reads it when it restarts"),
+        "{}",
+        on.stdout
+    );
+    lab.restart_node("n1").unwrap();
+    let image = lab
+        .push_image("crio/counted", &ImageSpec::gzip_layers(7302, &[3 << 20]))
+        .unwrap()
+        .reference(&lab.proxy_host());
+    let before = lab.proxy().bytes_down();
+    let run = lab.pinboard("apply", &["--image", &image, "-o", "json"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let moved = lab.proxy().bytes_down() - before;
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let n1 = &report["rollout"][0];
+    assert_eq!(n1["fetchedSource"], "runtime-counters", "{n1}");
+    let fetched = n1["fetchedBytes"].as_u64().unwrap();
+    // pinboard's own survey reads the manifest and config from the registry too: the link carries a
+    // little more than CRI-O fetched.
+    let off = (fetched as f64 - moved as f64).abs() / moved as f64;
+    assert!(
+        off <= 0.05,
+        "CRI-O counted {fetched}, the link carried {moved}"
+    );
+    assert!(
+        run.stderr.contains("bytes from CRI-O's counters"),
+        "{}",
+        run.stderr
+    );
+    // Off again: the file goes, and CRI-O's own default is back once it restarts.
+    let off = lab.pinboard("crio-progress", &["off"]);
+    assert_eq!(off.code, 0, "{}\n{}", off.stdout, off.stderr);
+    assert!(!file.exists());
+}

@@ -513,3 +513,179 @@ async fn byte_progress_arrives_and_pulls_can_be_cancelled_and_retried() {
     assert!(matches!(done.nodes()["n1"].state, NodeState::Pinned { .. }));
     eprintln!("8 MiB uncapped, pull and pin: {:?}", t0.elapsed());
 }
+
+/// A lab whose n1 runs the real CRI-O with its pull bytes counted (`pinboard crio-progress on --crio-timeout
+/// 10s`: progress every second, and CRI-O restarted, as it reads the setting only at start), and the job
+/// that pins through its drop-in.
+async fn counting_crio(name: &str) -> Lab {
+    let mut lab = lab_on(name, &[("n1", 256 * MI)], Some(Runtime::Crio133));
+    let on = lab.pinboard("crio-progress", &["on", "--crio-timeout", "10s"]);
+    assert_eq!(on.code, 0, "{}\n{}", on.stdout, on.stderr);
+    assert!(on.stdout.contains("written"), "{}", on.stdout);
+    lab.restart_node("n1").unwrap();
+    let status = lab.pinboard("crio-progress", &["status"]);
+    assert!(
+        status.stdout.contains("counted: every 1s") && status.stdout.contains("its metrics answer"),
+        "{}",
+        status.stdout
+    );
+    lab
+}
+
+/// How the lab's CRI-O node pins: its drop-in, reloaded through its pidfile.
+fn crio_pin(lab: &Lab) -> impl Fn(&str) -> PinTarget + '_ {
+    |_| {
+        let crio = lab.node("n1").crio();
+        PinTarget::CrioDropIn {
+            config_dir: crio.config_dir.clone(),
+            reload: Reload::Signal {
+                pidfile: crio.pidfile.clone(),
+            },
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crio_1_33_pull_bytes_rise_as_they_arrive_and_the_total_is_what_the_link_carried() {
+    let lab = counting_crio("engine-crio-bytes").await;
+    let host = lab.proxy_host();
+    let (refs, facts) = push(
+        &lab,
+        &host,
+        &[(
+            "crio-progress/big",
+            vec![
+                (41, 2 * MI as usize),
+                (42, 2 * MI as usize),
+                (43, 2 * MI as usize),
+            ],
+        )],
+    );
+    let planned = jobs(&lab, &refs, &facts, NO_FLOOR, crio_pin(&lab)).await;
+    // 6 MiB at 1 MiB/s: six seconds of pulling.
+    lab.proxy().set_bandwidth(Some(MI));
+    let before = lab.proxy().bytes_down();
+    let config = EngineConfig {
+        progress_interval: Duration::from_millis(200),
+        ..EngineConfig::default()
+    };
+    let mut engine = start(planned, facts.clone(), config);
+    let mut rollout = Rollout::default();
+    let (mut started, mut first_bytes, mut live) = (None, None, None);
+    let mut note = None;
+    while let Some(event) = engine.events.recv().await {
+        match &event {
+            Event::NodeBytes {
+                counted, note: n, ..
+            } => note = Some((*counted, n.clone())),
+            Event::PullStarted { at, .. } => started = Some(*at),
+            Event::PullProgress { done, at, .. } if *done > 0 && first_bytes.is_none() => {
+                first_bytes = Some(*at);
+            }
+            _ => {}
+        }
+        let finished = matches!(event, Event::Pinned { .. } | Event::PinFailed { .. });
+        rollout.apply(event);
+        let n1 = &rollout.nodes()["n1"];
+        if first_bytes.is_some() && live.is_none() && n1.done_bytes() < n1.total_bytes() {
+            let now = Instant::now();
+            live = Some((n1.done_bytes(), n1.throughput(now), n1.eta(now)));
+        }
+        if finished {
+            break;
+        }
+    }
+    let moved = lab.proxy().bytes_down() - before;
+    let (counted, note) = note.expect("the node says how its bytes are known");
+    assert!(counted && note.contains("CRI-O's counters"), "{note}");
+    let rose = first_bytes
+        .expect("bytes rose")
+        .duration_since(started.expect("a pull"));
+    eprintln!("CRI-O: first bytes {rose:?} after the pull started");
+    assert!(rose <= Duration::from_secs(2), "bytes rose after {rose:?}");
+    let (done, rate, eta) = live.expect("seen mid-pull");
+    assert!(
+        done > 0 && rate.is_some() && eta.is_some(),
+        "{done} {rate:?} {eta:?}"
+    );
+    let n1 = &rollout.nodes()["n1"];
+    assert!(
+        matches!(n1.state, NodeState::Pinned { .. }),
+        "{:?}",
+        n1.state
+    );
+    let (fetched, source) = n1.fetched().expect("what the node fetched");
+    assert_eq!(
+        source,
+        pinboard::model::rollout::FetchedSource::RuntimeCounters
+    );
+    let off = (fetched as f64 - moved as f64).abs() / moved as f64;
+    eprintln!(
+        "CRI-O counted {fetched} bytes, the link carried {moved} ({:.1} % apart)",
+        off * 100.0
+    );
+    assert!(
+        off <= 0.05,
+        "CRI-O counted {fetched}, the link carried {moved}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crio_1_33_a_stalled_pull_is_flagged_by_its_bytes_and_retried_with_the_reason() {
+    let lab = counting_crio("engine-crio-stall").await;
+    let host = lab.proxy_host();
+    let (refs, facts) = push(
+        &lab,
+        &host,
+        &[("crio-progress/stall", vec![(44, 4 * MI as usize)])],
+    );
+    let planned = jobs(&lab, &refs, &facts, NO_FLOOR, crio_pin(&lab)).await;
+    // The first connection to carry 1 MiB stalls there: CRI-O's bytes stop.
+    lab.proxy().set_bandwidth(Some(2 * MI));
+    lab.proxy().stall_after(MI, Some(1));
+    let config = EngineConfig {
+        progress_interval: Duration::from_millis(200),
+        pull_progress_timeout: Duration::from_secs(3),
+        ..EngineConfig::default()
+    };
+    let mut engine = start(planned, facts, config);
+    let mut rollout = Rollout::default();
+    let (mut last_moved, mut stalled_after, mut retried) = (None, None, None);
+    while let Some(event) = engine.events.recv().await {
+        match &event {
+            // The first attempt's start counts as its bytes' last move: CRI-O reports a read only once
+            // a read ends past its interval, so a connection that stalls early reports nothing.
+            Event::PullStarted { at, attempt: 1, .. } => last_moved = Some(*at),
+            Event::PullProgress { done, at, .. } if *done > 0 => last_moved = Some(*at),
+            Event::PullStalled { at, .. } => {
+                stalled_after = last_moved.map(|moved| at.duration_since(moved));
+            }
+            Event::PullRetry { reason, .. } => retried = Some(reason.clone()),
+            _ => {}
+        }
+        let finished = matches!(
+            event,
+            Event::Pinned { .. } | Event::PinFailed { .. } | Event::NodeStopped { .. }
+        );
+        rollout.apply(event);
+        if finished {
+            break;
+        }
+    }
+    let stalled_after = stalled_after.expect("the pull was flagged stalled");
+    eprintln!("CRI-O: stalled {stalled_after:?} after its bytes last moved");
+    assert!(
+        stalled_after <= Duration::from_secs(5),
+        "flagged {stalled_after:?} after the bytes stopped (threshold 3 s)"
+    );
+    let reason = retried.expect("retried");
+    assert!(
+        reason.contains("no byte") || reason.contains("stall"),
+        "{reason}"
+    );
+    assert!(
+        matches!(rollout.nodes()["n1"].state, NodeState::Pinned { .. }),
+        "the stall cleared and the retry pinned: {:?}",
+        rollout.nodes()["n1"].state
+    );
+}

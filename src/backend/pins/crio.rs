@@ -450,6 +450,13 @@ pub fn crio_conf(config_dir: &Path) -> PathBuf {
 /// empty; a file CRI-O could not load either is [`PinError::CrioConfig`]. Blocking: call from
 /// `spawn_blocking`.
 pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
+    CrioConfig::read(crio_config_files(config_dir)?)
+        .map_err(|e| PinError::CrioConfig(file_error(config_dir)(e)))
+}
+
+/// The files CRI-O reads for its configuration, in its order, each named as people are shown it
+/// (`crio.conf` by its path, a drop-in relative to `config_dir`) with its text. Blocking.
+pub fn crio_config_files(config_dir: &Path) -> Result<Vec<(String, String)>, PinError> {
     let main = crio_conf(config_dir);
     let mut files: Vec<(String, String)> = read_optional(&main)?
         .map(|text| (main.display().to_string(), text))
@@ -463,7 +470,7 @@ pub fn read_crio_config(config_dir: &Path) -> Result<CrioConfig, PinError> {
         let text = fs::read_to_string(&path).map_err(file_error(&path))?;
         files.push((relative.display().to_string(), text));
     }
-    CrioConfig::read(files).map_err(|e| PinError::CrioConfig(file_error(config_dir)(e)))
+    Ok(files)
 }
 
 /// Every file under `dir` (whose path below the drop-in directory is `relative`), as CRI-O's walk finds

@@ -25,9 +25,9 @@ pub use containerd::{
     set_label,
 };
 pub use crio::{
-    CRIO_CONFIG_DIR, CRIO_DROP_IN, Reload, crio_entries, drop_in_text, hold_crio_pins,
-    hold_in_drop_in, put_back_drop_in, read_crio_config, read_crio_pins, read_drop_in,
-    release_crio_pins, reload_crio,
+    CRIO_CONFIG_DIR, CRIO_DROP_IN, Reload, crio_config_files, crio_entries, drop_in_text,
+    hold_crio_pins, hold_in_drop_in, put_back_drop_in, read_crio_config, read_crio_pins,
+    read_drop_in, release_crio_pins, reload_crio,
 };
 
 /// Why pins could not be read or written, or a node cannot be pinned on at all.

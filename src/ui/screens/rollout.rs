@@ -99,11 +99,7 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
                 Line::from(name.clone()),
                 Line::from(status_span(theme, node_status(&node.state, stalled))),
                 progress(theme, node.done_bytes(), node.total_bytes(), widths[2]),
-                right(format!(
-                    "{}/{}",
-                    human(node.done_bytes()),
-                    human(node.total_bytes())
-                )),
+                right(bytes_of(node, node.done_bytes(), node.total_bytes())),
                 right(
                     node.throughput(now)
                         .map_or("-".into(), |r| format!("{}/s", human(r as u64))),
@@ -157,11 +153,7 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
                     ImageState::Lazy { remote, layers } => {
                         remote_count(remote.into(), layers.into())
                     }
-                    _ => format!(
-                        "{}/{}",
-                        human(rollout.done_bytes),
-                        human(rollout.total_bytes)
-                    ),
+                    _ => bytes_of(node, rollout.done_bytes, rollout.total_bytes),
                 }),
                 right(elapsed),
                 Line::from(retries),
@@ -209,6 +201,14 @@ fn summary(state: &State) -> Line<'static> {
         (Some(rate), None) => format!(", budget {}", human_rate(rate)),
         (None, _) => String::new(),
     };
+    // Nodes whose runtime reports no pull bytes (CRI-O without its counters): their bytes moved, so 0 B
+    // would be wrong.
+    let unreported = state
+        .rollout
+        .nodes()
+        .values()
+        .filter(|n| matches!(n.bytes_note(), Some((false, _))))
+        .count();
     let link = match (
         state.rollout.link_bytes(),
         state.rollout.partly_from_source(),
@@ -220,13 +220,21 @@ fn summary(state: &State) -> Line<'static> {
             human(link),
             some_of(partly)
         ),
+        (None, _) if unreported > 0 && total == 0 => "not reported".into(),
         (None, _) => human(done),
+    };
+    let overall = match (unreported, total) {
+        (0, _) => format!("{}/{}", human(done), human(total)),
+        (_, 0) => "not reported (the runtime reports no pull bytes)".into(),
+        (n, _) => format!(
+            "{}/{} (not counted: {n} node(s) whose runtime reports no bytes)",
+            human(done),
+            human(total)
+        ),
     };
     let mut spans = vec![Span::styled(
         format!(
-            "overall {}/{} · link {link} · {}/s · ETA {} · nodes:",
-            human(done),
-            human(total),
+            "overall {overall} · link {link} · {}/s · ETA {} · nodes:",
             human(rate as u64),
             eta.map_or("-".into(), duration)
         ),
@@ -304,6 +312,15 @@ fn counts(
     )
 }
 
+/// `done/total` of a node or of one of its images; `not reported` where the node's runtime reports no pull
+/// bytes (CRI-O without its counters), rather than 0 B for bytes that moved.
+fn bytes_of(node: &NodeRollout, done: u64, total: u64) -> String {
+    match node.bytes_note() {
+        Some((false, _)) if total == 0 => "not reported".into(),
+        _ => format!("{}/{}", human(done), human(total)),
+    }
+}
+
 /// Why the selected image (or its node) is where it is: failure reason, every retry, stall.
 fn image_detail(
     state: &State,
@@ -324,6 +341,11 @@ fn image_detail(
             pin_method_label(Some(*method))
         ))),
         _ => {}
+    }
+    // How its bytes are known: CRI-O's counters, or why there are none, with the fix.
+    if let Some((counted, note)) = node.bytes_note() {
+        let tone = if counted { Tone::Idle } else { Tone::Warn };
+        lines.push(Line::styled(format!("bytes: {note}"), fg(theme.tone(tone))));
     }
     if let Some((name, image)) = image {
         match &image.state {
