@@ -343,7 +343,8 @@ pub async fn unwire_node(wired: Wired) -> Result<(), NodeWiringError> {
 /// How `target` is wired, asked over its socket.
 async fn located(target: &NodeTarget, timeout: Duration) -> Result<Wiring, NodeWiringError> {
     let client = CriClient::connect(&target.node.endpoint, timeout).await?;
-    Ok(wiring::locate(target, &client).await?)
+    let containerd_config = &target.lazy.containerd_config;
+    Ok(wiring::locate(&target.wiring, containerd_config, &target.pin, &client).await?)
 }
 
 async fn blocking<T: Send + 'static>(

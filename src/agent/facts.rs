@@ -105,7 +105,8 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
         Ok(lazy) => (Some(lazy), None),
         Err(why) => (None, Some(why)),
     };
-    report.registry_config_dir = containerd_config_path(target, &client)
+    let containerd_config = &target.lazy.containerd_config;
+    report.registry_config_dir = containerd_config_path(&target.wiring, containerd_config, &client)
         .await
         .ok()
         .flatten()

@@ -22,7 +22,6 @@ use super::cri::{CriClient, CriEndpoint, CriError};
 use super::files::{FileError, read_optional, write_if_changed};
 use super::lazy::containerd::ContainerdFiles;
 use super::pins::{PinError, PinTarget, Reload, reload_crio};
-use super::target::NodeTarget;
 use crate::model::runtime::RuntimeKind;
 use crate::model::served::Source;
 use crate::model::wiring::{
@@ -139,16 +138,17 @@ pub enum Wiring {
 /// reports it in CRI `Status` (1.x); else as its config files set it (`containerdConfig` and what it
 /// imports), which containerd 2 no longer reports. None when it has none.
 pub async fn containerd_config_path(
-    target: &NodeTarget,
+    paths: &WiringPaths,
+    containerd_config: &Path,
     client: &CriClient,
 ) -> Result<Option<PathBuf>, WiringError> {
-    if let Some(dir) = &target.wiring.registry_config_dir {
+    if let Some(dir) = &paths.registry_config_dir {
         return Ok(Some(dir.clone()));
     }
     if let Some(dir) = client.registry_config_path().await? {
         return Ok(Some(dir));
     }
-    let config = target.lazy.containerd_config.clone();
+    let config = containerd_config.to_path_buf();
     tokio::task::spawn_blocking(move || ContainerdFiles::read(&config))
         .await
         .map_err(|e| WiringError::ContainerdConfig(e.to_string()))?
@@ -156,10 +156,15 @@ pub async fn containerd_config_path(
         .map_err(|e| WiringError::ContainerdConfig(e.to_string()))
 }
 
-/// How `target`'s runtime is wired, asked over its CRI socket `client`, given where its files are and how
-/// it pins (CRI-O is reloaded the same way); Err says why it cannot be (the node then pulls directly).
-pub async fn locate(target: &NodeTarget, client: &CriClient) -> Result<Wiring, WiringError> {
-    let (paths, pin) = (&target.wiring, &target.pin);
+/// How a node's runtime is wired, asked over its CRI socket `client`, given where its files are
+/// (`paths`, its containerd config) and how it pins (CRI-O is reloaded the same way); Err says why it
+/// cannot be (the node then pulls directly).
+pub async fn locate(
+    paths: &WiringPaths,
+    containerd_config: &Path,
+    pin: &PinTarget,
+    client: &CriClient,
+) -> Result<Wiring, WiringError> {
     let version = client.version().await?;
     let local = client.endpoint().is_local();
     let runtime = version.runtime_name;
@@ -170,7 +175,7 @@ pub async fn locate(target: &NodeTarget, client: &CriClient) -> Result<Wiring, W
                     endpoint: client.endpoint().clone(),
                 });
             }
-            let config_path = containerd_config_path(target, client)
+            let config_path = containerd_config_path(paths, containerd_config, client)
                 .await?
                 .ok_or(WiringError::NoConfigPath)?;
             Ok(Wiring::Containerd { config_path })
