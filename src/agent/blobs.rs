@@ -2,8 +2,9 @@
 //! ([`NodeBlobs`]), so that a plan on agents is exact: read with the code direct mode's plan reads a node
 //! with (what the runtime holds: [`held_blobs`]; its image records; which of them are only lazily present:
 //! [`remote_layers`]) each time the agent reads its node (at its start, every 5 minutes, after a rollout
-//! or a release), and written only when it changed. While a rollout runs the node is read only with the
-//! 5-minute read, so a rollout costs one write when it ends, and at most one every 5 minutes before.
+//! or a release, and 2 s after the runtime announces a change, such reads 10 s apart at least; on CRI-O,
+//! which announces none, every 30 s), and written only when it changed. While a rollout runs the node is
+//! read only periodically, so a rollout costs one write when it ends, and at most one a period before.
 
 use std::time::Duration;
 

@@ -51,6 +51,11 @@ impl Losses {
         ))
     }
 
+    /// Whether a loss found is not put back yet.
+    pub fn pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// Whether the agent may start putting the loss back at `now`.
     pub fn may_restore(&self, now: Instant) -> bool {
         self.not_before.is_none_or(|at| now >= at)

@@ -125,6 +125,16 @@ pub fn page(state: &AgentState, shown: &Shown, now: Instant) -> String {
             page.sample("pinboard_set_phase", &labels, value);
         }
     }
+    page.family(
+        "pinboard_set_pinned",
+        Kind::Gauge,
+        "1 while the set is pinned on the node, 0 in any other phase: one series whatever the phase does.",
+    );
+    for report in state.reports() {
+        let labels = [("node", node), ("set", report.name.as_str())];
+        let pinned = f64::from(u8::from(report.state == NodeSetPhase::Pinned));
+        page.sample("pinboard_set_pinned", &labels, pinned);
+    }
     let tallies = state.tallies();
     page.family(
         "pinboard_set_last_verified_timestamp_seconds",
@@ -157,7 +167,7 @@ pub fn page(state: &AgentState, shown: &Shown, now: Instant) -> String {
     per_set(
         &mut page,
         "pinboard_pulled_bytes_total",
-        "Bytes the node's runtime fetched for a set, as the agent measured them.",
+        "Bytes the node's runtime fetched for a set, counted as its pulls report them.",
         &|t| t.pulled_bytes,
     );
     per_set(
@@ -172,20 +182,26 @@ pub fn page(state: &AgentState, shown: &Shown, now: Instant) -> String {
         "Pulls of a set's images cancelled for making no progress (--pull-progress-timeout).",
         &|t| t.stalls,
     );
-    page.family(
+    per_set(
+        &mut page,
         "pinboard_restores_total",
+        "Losses of a set put back: one per time its images or pins were found lost, however many.",
+        &|t| t.restores,
+    );
+    page.family(
+        "pinboard_restored_images_total",
         Kind::Counter,
         "Images of a set found lost after they were pinned and put back, by what was found.",
     );
     for (set, tally) in tallies {
         for found in Found::ALL {
-            let count = tally.restores.get(&found).copied().unwrap_or(0);
+            let count = tally.restored_images.get(&found).copied().unwrap_or(0);
             let labels = [
                 ("node", node),
                 ("set", set.as_str()),
                 ("found", found.label()),
             ];
-            page.sample("pinboard_restores_total", &labels, count as f64);
+            page.sample("pinboard_restored_images_total", &labels, count as f64);
         }
     }
     page.family(

@@ -74,6 +74,10 @@ use metrics::IoStats;
 use report_writer::{Due, ReportWriter};
 use state::{Action, AgentState, GATE_TAINT, Input, Start, Timing};
 
+/// How long the node's Events wait for its PinboardNode's uid (the report's first write, its watch): after
+/// that they are written without it, rather than lost.
+const UID_WAIT: Duration = Duration::from_secs(30);
+
 /// `pinboard agent`'s arguments.
 #[derive(Args, Debug)]
 pub struct AgentArgs {
@@ -277,6 +281,8 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         metrics,
         recorder: Recorder::new(api.client().clone(), &node),
         report_uid: None,
+        held_notes: Vec::new(),
+        held_since: None,
         events,
         api,
         target,
@@ -332,6 +338,10 @@ struct Agent {
     /// The node's Kubernetes Events, and its PinboardNode's uid they name.
     recorder: Recorder,
     report_uid: Option<String>,
+    /// Events about the node recorded before its PinboardNode's uid was known, and since when: written
+    /// once it is, as `kubectl describe` shows only Events naming the uid.
+    held_notes: Vec<Note>,
+    held_since: Option<Instant>,
     /// The metrics page as last made, and the listener serving it (`--metrics-port`).
     metrics: Option<(Arc<Mutex<String>>, Server)>,
     events: UnboundedSender<FleetEvent>,
@@ -345,6 +355,7 @@ impl Agent {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut aggregator = aggregate::Aggregator::new(self.api.clone(), &self.target.node.name);
         let mut image_changes = image_changes(self.target.node.endpoint.clone(), self.timeout);
+        let mut runtime_silent = false;
         loop {
             tokio::select! {
                 update = watch.updates.recv() => match update {
@@ -362,7 +373,13 @@ impl Agent {
                     None => return Err(Failure::unreachable(vec!["the watches ended".into()])),
                 },
                 Some(event) = events.recv() => self.fold(event).await,
-                Some(()) = image_changes.recv() => self.handle(Input::RuntimeChanged).await,
+                change = image_changes.recv(), if !runtime_silent => match change {
+                    Some(()) => self.handle(Input::RuntimeChanged).await,
+                    None => {
+                        runtime_silent = true;
+                        self.handle(Input::RuntimeSilent).await;
+                    }
+                },
                 _ = heartbeat.tick() => {
                     let renewed = self.api.renew(&self.target.node.name, valid_for).await;
                     if let Err(e) = &renewed {
@@ -376,6 +393,13 @@ impl Agent {
                     self.handle(Input::Tick).await;
                     self.write().await;
                     self.make_metrics_page();
+                    if self.held_since.is_some_and(|since| since.elapsed() >= UID_WAIT) {
+                        tracing::warn!(
+                            "the node's PinboardNode has no uid after {UID_WAIT:?} (its report not written?): \
+                             its Events are recorded without it, and `kubectl describe` will not show them"
+                        );
+                        self.write_held_notes().await;
+                    }
                     if let Err(e) = self.recorder.flush().await {
                         tracing::warn!("cannot write an Event's series: {e}");
                     }
@@ -454,6 +478,9 @@ impl Agent {
             }
             AgentsUpdate::Reports(reports) => {
                 self.report_uid = reports.first().and_then(|r| r.metadata.uid.clone());
+                if self.report_uid.is_some() {
+                    self.write_held_notes().await;
+                }
                 if reports.is_empty() {
                     self.writer.forget_report();
                 }
@@ -670,12 +697,29 @@ impl Agent {
     }
 
     /// Records `note` as a Kubernetes Event about this node's PinboardNode (related to its set's PinSet),
-    /// and logs it.
+    /// and logs it. Before the PinboardNode's uid is known, the Event waits for it (at most [`UID_WAIT`]).
     async fn record(&mut self, note: &Note) {
         match note.kind {
             EventKind::Normal => tracing::info!(reason = note.reason, "{}", note.message),
             EventKind::Warning => tracing::warn!(reason = note.reason, "{}", note.message),
         }
+        if self.report_uid.is_none() && self.held_since.is_none_or(|s| s.elapsed() < UID_WAIT) {
+            self.held_since.get_or_insert_with(Instant::now);
+            self.held_notes.push(note.clone());
+            return;
+        }
+        self.write_event(note).await;
+    }
+
+    /// Writes the Events held for the PinboardNode's uid.
+    async fn write_held_notes(&mut self) {
+        self.held_since = None;
+        for note in std::mem::take(&mut self.held_notes) {
+            self.write_event(&note).await;
+        }
+    }
+
+    async fn write_event(&mut self, note: &Note) {
         let node = &self.target.node.name;
         let regarding = events::reference(NODE_KIND, node, self.report_uid.as_deref());
         let related = note.set.as_ref().map(|name| {
@@ -743,7 +787,7 @@ impl Agent {
             return;
         };
         let mut report = self.state.facts().clone();
-        report.sets = self.state.reports().cloned().collect();
+        report.sets = self.state.answered_reports();
         report.cache = self.cache_report.clone();
         report.peers = self.relay.get().and_then(Relay::peers).map(Peers::report);
         report.limits = Some(crate::model::plan::AgentLimits::of(&self.limits));

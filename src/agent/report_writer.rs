@@ -12,8 +12,8 @@ use super::state::write_due;
 use crate::backend::pinboard_api::PinboardApi;
 use crate::model::pinboard_api::{NodeImages, NodeReport, NodeSetPhase};
 
-/// Each set's phase: which set, of which generation, in what phase.
-pub type Phases = Vec<(String, i64, NodeSetPhase)>;
+/// Each set's phase: which set, of which generation, in what phase, and the check it answered last.
+pub type Phases = Vec<(String, i64, NodeSetPhase, Option<String>)>;
 
 /// What was last written, to write only what changed.
 #[derive(Default)]

@@ -25,7 +25,7 @@ use crate::model::agent_events::Note;
 use crate::model::holders::ReleaseScope;
 use crate::model::node_report::{self, lost, lost_evidence, lost_images, restoring};
 use crate::model::pinboard_api::{
-    DEGRADED, NodeReport, NodeSetPhase, PinSet, SetFanOut, SetReport,
+    CheckAnswer, DEGRADED, NodeReport, NodeSetPhase, PinSet, SetFanOut, SetReport,
 };
 use crate::model::readiness::ObservedNode;
 use crate::model::reference::{count_images, some_of};
@@ -59,6 +59,10 @@ impl Default for Timing {
 
 /// A change the runtime announced is checked this soon, so that a burst of them is one check.
 const VERIFY_SOON: Duration = Duration::from_secs(1);
+/// A change the runtime announced is read this soon, for the plans (a pod's pull, an image removed), and
+/// reads for changes are this far apart at least: a burst of pulls costs a write or two, not one each.
+const FACTS_SOON: Duration = Duration::from_secs(2);
+const FACTS_GAP: Duration = Duration::from_secs(10);
 /// A rollout the runtime did not confirm at its end is rolled out again (nothing present is pulled again)
 /// after this long, doubling, this many times; then the set fails with the runtime's silence as the reason.
 const CONFIRM_AFTER: Duration = Duration::from_secs(2);
@@ -109,6 +113,9 @@ pub enum Input {
     Verified(ObservedNode),
     /// The runtime announced that an image changed (containerd's image events).
     RuntimeChanged,
+    /// The runtime announces no image changes (CRI-O has no events service): the node is read as often
+    /// as it is checked, so that what it holds is published within a check's period.
+    RuntimeSilent,
 }
 
 /// What the shell does.
@@ -187,6 +194,9 @@ pub struct AgentState {
     lazy_wish: Option<bool>,
     facts: NodeReport,
     facts_read: Option<Instant>,
+    /// A runtime change to read the node for, when; and when the last such read was.
+    facts_soon: Option<Instant>,
+    read_for_change: Option<Instant>,
     /// Per set that selects the node.
     reports: BTreeMap<String, SetReport>,
     running: Option<Running>,
@@ -203,6 +213,10 @@ pub struct AgentState {
     losses: BTreeMap<String, Losses>,
     /// Per set that selects the node: what its metrics count.
     tallies: BTreeMap<String, SetTally>,
+    /// Checks commands asked of the sets ([`PinSet::check_request`]) not answered yet, and the last
+    /// answered, by set.
+    checks_asked: BTreeMap<String, String>,
+    answers: BTreeMap<String, CheckAnswer>,
     next_verify: Option<Instant>,
     /// The node carries the gate's taint: since when the agent knows, and when it last asked to lift it.
     gated: Option<(Instant, Option<Instant>)>,
@@ -219,6 +233,8 @@ impl AgentState {
             lazy_wish: None,
             facts: NodeReport::default(),
             facts_read: None,
+            facts_soon: None,
+            read_for_change: None,
             reports: BTreeMap::new(),
             running: None,
             failed: BTreeMap::new(),
@@ -227,6 +243,8 @@ impl AgentState {
             waiting_for_cache: None,
             losses: BTreeMap::new(),
             tallies: BTreeMap::new(),
+            checks_asked: BTreeMap::new(),
+            answers: BTreeMap::new(),
             next_verify: None,
             gated: None,
         }
@@ -237,9 +255,11 @@ impl AgentState {
         match input {
             Input::Sets(sets) => {
                 self.sets = Some(sets.into_iter().map(|s| (s.name().to_owned(), s)).collect());
+                self.note_checks_asked(now);
             }
             Input::Node { labels, gated } => {
                 self.labels = Some(labels);
+                self.note_checks_asked(now);
                 self.gated = match (gated, self.gated) {
                     (false, _) => None,
                     (true, None) => Some((now, None)),
@@ -258,6 +278,7 @@ impl AgentState {
             Input::Facts(facts) => {
                 self.facts = *facts;
                 self.facts_read = Some(now);
+                self.facts_soon = None;
             }
             Input::Tick => {
                 let mut actions = self.timed(now);
@@ -304,12 +325,25 @@ impl AgentState {
             } => return self.ended(failure, observed, (fan_out, relayed), now),
             Input::Verified(observed) => {
                 let mut actions = self.verified(&observed, now);
+                // A runtime that did not answer answers no check: it is asked again at the next one.
+                if observed.unreachable.is_none() && observed.error.is_none() {
+                    self.answer_checks();
+                }
                 actions.extend(self.reconcile(now));
                 return actions;
             }
             Input::RuntimeChanged => {
                 let soon = now + VERIFY_SOON;
                 self.next_verify = Some(self.next_verify.map_or(soon, |at| at.min(soon)));
+                // A rollout's own pulls change the runtime; its end reads the node.
+                if self.running.is_none() {
+                    let gap = self.read_for_change.map_or(now, |at| at + FACTS_GAP);
+                    self.facts_soon.get_or_insert((now + FACTS_SOON).max(gap));
+                }
+                return Vec::new();
+            }
+            Input::RuntimeSilent => {
+                self.timing.facts_every = self.timing.facts_every.min(self.timing.verify_every);
                 return Vec::new();
             }
         }
@@ -332,12 +366,56 @@ impl AgentState {
         self.reports.values()
     }
 
-    /// Each set's phase at its generation: a report whose phases changed is news, written at once.
-    pub fn phases(&self) -> Vec<(String, i64, NodeSetPhase)> {
+    /// What the agent says of each set, with its answer to the last check asked of it.
+    pub fn answered_reports(&self) -> Vec<SetReport> {
         self.reports
             .values()
-            .map(|r| (r.name.clone(), r.observed_generation, r.state))
+            .map(|report| SetReport {
+                checked: self.answers.get(&report.name).cloned(),
+                ..report.clone()
+            })
             .collect()
+    }
+
+    /// Each set's phase at its generation, and the check it answered: a report whose phases or answers
+    /// changed is news, written at once.
+    pub fn phases(&self) -> Vec<(String, i64, NodeSetPhase, Option<String>)> {
+        self.reports
+            .values()
+            .map(|r| {
+                let answered = self.answers.get(&r.name).map(|a| a.request.clone());
+                (r.name.clone(), r.observed_generation, r.state, answered)
+            })
+            .collect()
+    }
+
+    /// Notes the checks newly asked of the sets that select the node: the runtime is asked at once.
+    fn note_checks_asked(&mut self, now: Instant) {
+        let asked: Vec<(String, String)> = self
+            .desired()
+            .into_keys()
+            .filter_map(|name| {
+                let request = self.sets.as_ref()?.get(&name)?.check_request()?.to_owned();
+                let answered = self
+                    .answers
+                    .get(&name)
+                    .is_some_and(|a| a.request == request);
+                (!answered).then_some((name, request))
+            })
+            .collect();
+        if !asked.is_empty() {
+            self.checks_asked.extend(asked);
+            self.next_verify = Some(now);
+        }
+    }
+
+    /// The runtime was asked after the pending checks were seen: they are answered as of now.
+    fn answer_checks(&mut self) {
+        let at = Time(k8s_openapi::jiff::Timestamp::now());
+        for (set, request) in std::mem::take(&mut self.checks_asked) {
+            let at = at.clone();
+            self.answers.insert(set, CheckAnswer { request, at });
+        }
     }
 
     /// What each set's metrics count, by set.
@@ -371,16 +449,23 @@ impl AgentState {
         if !self.node_known {
             return actions;
         }
-        if self
+        let periodic = self
             .facts_read
-            .is_none_or(|at| now.duration_since(at) >= self.timing.facts_every)
-        {
+            .is_none_or(|at| now.duration_since(at) >= self.timing.facts_every);
+        let changed = self.running.is_none() && self.facts_soon.is_some_and(|at| now >= at);
+        if changed {
+            self.read_for_change = Some(now);
+        }
+        if periodic || changed {
             actions.push(Action::ReadFacts);
         }
         if self.next_verify.is_none_or(|at| now >= at) {
             self.next_verify = Some(now + self.timing.verify_every);
             let images = self.pinned_images();
-            if !images.is_empty() {
+            if images.is_empty() {
+                // Nothing pinned to ask the runtime of: the reports' phases are the answer.
+                self.answer_checks();
+            } else {
                 actions.push(Action::Verify(images));
             }
         }
@@ -436,6 +521,13 @@ impl AgentState {
         self.unconfirmed
             .retain(|name, _| desired.contains_key(name));
         self.tallies.retain(|name, _| desired.contains_key(name));
+        self.answers.retain(|name, _| desired.contains_key(name));
+        self.checks_asked
+            .retain(|name, _| desired.contains_key(name));
+        // Every set's counters exist from 0 before its first byte, so `increase` sees all of them.
+        for name in desired.keys() {
+            self.tallies.entry(name.clone()).or_default();
+        }
         let retry_after = self.timing.retry_after;
         let gone = self
             .facts
@@ -476,8 +568,12 @@ impl AgentState {
         let Some((name, (generation, images))) = next else {
             return Vec::new();
         };
+        // A restore that failed (the registry away) and is tried again is still one: its loss is counted
+        // once it is put back.
         let restore = self.reports.get(name).is_some_and(|r| {
-            r.observed_generation == *generation && r.state == NodeSetPhase::Restoring
+            r.observed_generation == *generation
+                && (r.state == NodeSetPhase::Restoring
+                    || self.losses.get(name).is_some_and(Losses::pending))
         });
         let fan_out = self
             .sets
@@ -582,6 +678,10 @@ impl AgentState {
         };
         running.started = true;
         running.fan_out = fan_out.clone();
+        self.tallies
+            .entry(running.set.clone())
+            .or_default()
+            .rollout_started();
         let before = self.reports.get(&running.set);
         let mut queued = node_report::queued(&running.set, running.generation, &running.images);
         queued.fan_out = fan_out;
@@ -645,6 +745,7 @@ impl AgentState {
         };
         let mut actions = Vec::new();
         let progress = running.rollout.nodes().get(&self.node);
+
         let unanswered = match (&failure, &observed) {
             (None, Some(observed)) => node_report::unanswered(observed),
             _ => None,
@@ -692,7 +793,7 @@ impl AgentState {
                 }
                 let losses = self.losses.entry(running.set.clone()).or_default();
                 let tally = self.tallies.entry(running.set.clone()).or_default();
-                tally.pulled_bytes += report.outcome.as_ref().map_or(0, |o| o.fetched_bytes);
+                tally.rollout_ended(report.outcome.as_ref().map_or(0, |o| o.fetched_bytes));
                 report.restores = match (report.state, running.restore) {
                     (NodeSetPhase::Pinned, true) => {
                         tally.restored();

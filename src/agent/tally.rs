@@ -1,6 +1,7 @@
-//! What an agent counts of each set on its node, for its metrics: bytes its runtime fetched, retries and
-//! stalls of its pulls and how long they took, losses put back by what was found, and when the set was
-//! last found whole. Pure: the state folds events and outcomes in; the metrics page reads it.
+//! What an agent counts of each set on its node, for its metrics: bytes its runtime fetched (as they
+//! arrive), retries and stalls of its pulls and how long they took, losses put back and their images by
+//! what was found, and when the set was last found whole. Pure: the state folds events and outcomes in; the
+//! metrics page reads it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -14,10 +15,16 @@ pub const PULL_SECONDS: [f64; 9] = [1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 60
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SetTally {
+    /// Bytes fetched: counted as the pulls report them, topped up to the runtime's figure at a rollout's
+    /// end. Never goes down.
     pub pulled_bytes: u64,
     pub retries: u64,
     pub stalls: u64,
-    pub restores: BTreeMap<Found, u64>,
+    /// Losses put back: one per time images or pins of the set were found lost, however many (the unit of
+    /// the agent's `LostRepeatedly`).
+    pub restores: u64,
+    /// Images put back, by what was found.
+    pub restored_images: BTreeMap<Found, u64>,
     pub pull_seconds: Histogram,
     /// When the runtime last said every image of the set is there and pinned.
     pub verified: Option<Instant>,
@@ -25,6 +32,9 @@ pub struct SetTally {
     started: HashMap<String, Instant>,
     /// The loss being put back: how many images were found in each way.
     lost: BTreeMap<Found, u64>,
+    /// The running rollout's pulls: the most bytes each reported, and their sum.
+    pulling: HashMap<String, u64>,
+    rollout_bytes: u64,
 }
 
 impl Default for SetTally {
@@ -33,11 +43,14 @@ impl Default for SetTally {
             pulled_bytes: 0,
             retries: 0,
             stalls: 0,
-            restores: BTreeMap::new(),
+            restores: 0,
+            restored_images: BTreeMap::new(),
             pull_seconds: Histogram::new(&PULL_SECONDS),
             verified: None,
             started: HashMap::new(),
             lost: BTreeMap::new(),
+            pulling: HashMap::new(),
+            rollout_bytes: 0,
         }
     }
 }
@@ -48,6 +61,17 @@ impl SetTally {
         match event {
             Event::PullStarted { image, at, .. } => {
                 self.started.entry(image.clone()).or_insert(*at);
+            }
+            // Only growth beyond the most an image reported counts: an attempt that resumes or starts
+            // over adds nothing twice.
+            Event::PullProgress { image, done, .. } => {
+                let most = self.pulling.entry(image.clone()).or_default();
+                if *done > *most {
+                    let grown = *done - *most;
+                    *most = *done;
+                    self.rollout_bytes += grown;
+                    self.pulled_bytes += grown;
+                }
             }
             Event::PullDone { image, at, .. } => {
                 if let Some(started) = self.started.remove(image) {
@@ -64,7 +88,20 @@ impl SetTally {
         }
     }
 
-    /// Notes a loss found: how its images were found, counted once it is put back.
+    /// A rollout of the set starts: its pulls count from 0.
+    pub fn rollout_started(&mut self) {
+        self.rollout_bytes = 0;
+        self.pulling.clear();
+    }
+
+    /// The rollout ended pinned, its runtime having fetched `fetched` bytes: what its pulls did not
+    /// report is counted now.
+    pub fn rollout_ended(&mut self, fetched: u64) {
+        self.pulled_bytes += fetched.saturating_sub(self.rollout_bytes);
+        self.rollout_bytes = fetched.max(self.rollout_bytes);
+    }
+
+    /// Notes a loss found: how its images were found, put back later.
     pub fn lost(&mut self, found: impl IntoIterator<Item = Found>) {
         self.lost.clear();
         for how in found {
@@ -74,8 +111,11 @@ impl SetTally {
 
     /// The loss noted was put back.
     pub fn restored(&mut self) {
+        if !self.lost.is_empty() {
+            self.restores += 1;
+        }
         for (how, count) in std::mem::take(&mut self.lost) {
-            *self.restores.entry(how).or_default() += count;
+            *self.restored_images.entry(how).or_default() += count;
         }
     }
 }
@@ -120,5 +160,46 @@ mod tests {
             h.observe(20.0);
             h
         });
+    }
+
+    fn progress(image: &str, done: u64) -> Event {
+        Event::PullProgress {
+            node: "n1".into(),
+            image: image.into(),
+            done,
+            total: 100,
+            at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn bytes_count_as_they_arrive_and_the_runtimes_figure_tops_them_up() {
+        let mut tally = SetTally::default();
+        tally.fold(&progress("a", 30));
+        tally.fold(&progress("b", 20));
+        assert_eq!(tally.pulled_bytes, 50, "counted before the rollout ends");
+        // A retry that starts over reports less, then more: only what goes beyond counts.
+        tally.fold(&progress("a", 10));
+        tally.fold(&progress("a", 40));
+        assert_eq!(tally.pulled_bytes, 60);
+        // The runtime fetched more than the pulls reported (a manifest, a config): counted at the end.
+        tally.rollout_ended(70);
+        assert_eq!(tally.pulled_bytes, 70);
+        // A figure below what was counted takes nothing back; the next rollout counts from its own 0.
+        tally.rollout_started();
+        tally.fold(&progress("a", 5));
+        tally.rollout_ended(3);
+        assert_eq!(tally.pulled_bytes, 75);
+    }
+
+    #[test]
+    fn a_loss_of_two_images_is_one_loss_and_two_images_put_back() {
+        let mut tally = SetTally::default();
+        tally.lost([Found::Absent, Found::Unpinned]);
+        assert_eq!(tally.restores, 0, "not put back yet");
+        tally.restored();
+        assert_eq!(tally.restores, 1);
+        let put_back: Vec<_> = tally.restored_images.into_iter().collect();
+        assert_eq!(put_back, [(Found::Absent, 1), (Found::Unpinned, 1)]);
     }
 }

@@ -30,7 +30,9 @@ const CONTROLLER: &str = "pinboard.dev/agent";
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
-    regarding: (String, String),
+    /// Kind, name and uid: an object created anew (a new uid) starts new series, as `kubectl describe`
+    /// shows only its own.
+    regarding: (String, String, Option<String>),
     reason: &'static str,
     kind: Kind,
 }
@@ -84,6 +86,7 @@ impl Recorder {
             regarding: (
                 regarding.kind.clone().unwrap_or_default(),
                 regarding.name.clone().unwrap_or_default(),
+                regarding.uid.clone(),
             ),
             reason: note.reason,
             kind: note.kind,

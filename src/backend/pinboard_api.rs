@@ -35,15 +35,17 @@ use crate::model::machine_config::{ClusterNode, Connection};
 use crate::model::node_blobs::{NodeBlobs, PinboardNodeBlobs};
 use crate::model::pinboard_api::{
     AGENT_MANAGER, API_VERSION, CACHE_ADDRESS_ANNOTATION, CACHE_LEASE, CACHE_SETS_ANNOTATION,
-    CACHE_TOKEN_KEY, CACHE_TOKEN_SECRET, GROUP, Heartbeat, IMAGES_KIND, IMAGES_PLURAL, NODE_KIND,
-    NodeImages, NodeReport, PinSet, PinSetStatus, PinboardNode, PinboardNodeImages, SET_KIND,
-    VERSION, lease_name,
+    CACHE_TOKEN_KEY, CACHE_TOKEN_SECRET, CHECK_REQUEST_ANNOTATION, GROUP, Heartbeat, IMAGES_KIND,
+    IMAGES_PLURAL, NODE_KIND, NodeImages, NodeReport, PinSet, PinSetStatus, PinboardNode,
+    PinboardNodeImages, SET_KIND, VERSION, lease_name,
 };
 use crate::model::pinboard_kinds::{BLOBS_KIND, BLOBS_PLURAL};
 use crate::model::set::ImageSet;
 
 /// The field manager of what the commands write.
 pub const FIELD_MANAGER: &str = "pinboard";
+/// The field manager of the checks commands ask of the agents ([`PinboardApi::ask_check`]).
+const CHECK_MANAGER: &str = "pinboard-check";
 /// Updates waiting for the consumer; the watchers wait when it is full.
 const CHANNEL: usize = 256;
 
@@ -205,6 +207,22 @@ impl PinboardApi {
             .await
             .map_err(|e| refused(e, "apply", "PinSets", &set.name))?;
         Ok(typed(&stored).unwrap_or_default())
+    }
+
+    /// Asks the agents of set `name`'s nodes to ask their runtimes now and answer `request` in their
+    /// reports: the set's [`CHECK_REQUEST_ANNOTATION`], merged in by a field manager of its own, so that
+    /// `apply` (which owns the set's spec) never takes it away and it never takes the spec.
+    pub async fn ask_check(&self, name: &str, request: &str) -> Result<(), AgentsError> {
+        let patch = json!({"metadata": {"annotations": {CHECK_REQUEST_ANNOTATION: request}}});
+        let params = PatchParams {
+            field_manager: Some(CHECK_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        self.sets()
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(|e| refused(e, "annotate", "PinSets", name))?;
+        Ok(())
     }
 
     /// Deletes the set: the agents release its pins; the images stay.

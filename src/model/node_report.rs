@@ -35,6 +35,7 @@ pub fn queued(name: &str, generation: i64, images: &[String]) -> SetReport {
         fan_out: None,
         outcome: None,
         restores: None,
+        checked: None,
     }
 }
 
@@ -97,6 +98,7 @@ pub fn rolling(name: &str, generation: i64, node: &NodeRollout) -> SetReport {
         fan_out: None,
         outcome: Some(outcome(node)),
         restores: None,
+        checked: None,
     }
 }
 

@@ -61,6 +61,9 @@ pub const CACHE_SETS_ANNOTATION: &str = "pinboard.dev/cache-sets";
 pub const CACHE_TOKEN_SECRET: &str = "pinboard-cache-token";
 pub const CACHE_TOKEN_KEY: &str = "token";
 
+/// A command's request that the agents of a set's nodes ask their runtimes now (`pinboard check`): an
+/// annotation of the PinSet, a token each agent answers in its report ([`CheckAnswer`]).
+pub const CHECK_REQUEST_ANNOTATION: &str = "pinboard.dev/check-request";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
 
@@ -86,6 +89,8 @@ pub struct ObjectMeta {
     pub generation: Option<i64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -146,6 +151,14 @@ impl PinSet {
 
     pub fn images(&self) -> impl Iterator<Item = &str> {
         self.spec.pinned_images.iter().map(|i| i.name.as_str())
+    }
+
+    /// The check a command asked of the set's nodes last ([`CHECK_REQUEST_ANNOTATION`]).
+    pub fn check_request(&self) -> Option<&str> {
+        self.metadata
+            .annotations
+            .get(CHECK_REQUEST_ANNOTATION)
+            .map(String::as_str)
     }
 
     /// Whether the set lands on a node labelled `labels`: no selector selects every node.
@@ -360,6 +373,18 @@ pub struct SetReport {
     /// Images or pins of the set that were lost on the node after it pinned them, and put back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restores: Option<Restores>,
+    /// The last check a command asked of the set, answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked: Option<CheckAnswer>,
+}
+
+/// A node's answer to a check ([`CHECK_REQUEST_ANNOTATION`]): the agent asked its runtime after it saw the
+/// request, at `at`, and its report's phase and images are as of then.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckAnswer {
+    pub request: String,
+    pub at: Time,
 }
 
 /// What one rollout of a set did on its node, as `apply` prints it per node (summed over the sets on
@@ -718,6 +743,7 @@ mod tests {
                 fan_out: None,
                 outcome: None,
                 restores: None,
+                checked: None,
             })
             .collect();
         let metadata = ObjectMeta {

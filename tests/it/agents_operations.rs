@@ -82,10 +82,38 @@ async fn set_report(lab: &AgentsLab, node: &str, set: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// Agents through the proxy, with the in-cluster cache and the gate for new nodes.
+fn gated_with_a_cache() -> AgentsSetup {
+    AgentsSetup {
+        agent_args: vec![
+            "--insecure-registry={proxy}".into(),
+            "--cache-port=5050".into(),
+            "--cache-dir={lab}/cache-{node}".into(),
+            "--gate".into(),
+        ],
+        ..AgentsSetup::default()
+    }
+}
+
+/// What `kubectl describe pinboardnode NODE` shows under `Events:`.
+fn described_events(lab: &AgentsLab, node: &str) -> String {
+    let described = lab.kubectl(&["describe", "pinboardnode", node]);
+    described
+        .split_once("\nEvents:")
+        .map(|(_, events)| events.to_owned())
+        .unwrap_or_else(|| panic!("no Events in kubectl describe:\n{described}"))
+}
+
+/// The Events, and `kubectl describe` of the objects the docs send an administrator to: n1 serves the
+/// in-cluster cache; n2 joins gated while a set that cannot be pulled selects it, so its agent's first
+/// Events come before its PinboardNode exists.
 #[tokio::test(flavor = "multi_thread")]
 async fn events_say_a_failed_pull_and_a_lost_pin_put_back_each_once_as_a_series() {
-    let lab = lab("agents-events", &["n1"]).await;
+    let nodes = vec![NodeSpec::new("n1", 200 * MIB)];
+    let mut lab = AgentsLab::start_with("agents-events", nodes, None, gated_with_a_cache()).await;
     let proxy = lab.lab.proxy_host();
+    let (holder, _) = lab.cache_holder().await;
+    assert_eq!(holder, "n1");
     let image = lab
         .lab
         .push_image("events/app", &ImageSpec::small(7800))
@@ -98,7 +126,16 @@ async fn events_say_a_failed_pull_and_a_lost_pin_put_back_each_once_as_a_series(
     api.apply_set(&from_flags("broken", &[missing]))
         .await
         .expect("the set is written");
-    let failed = one_series(&lab, "n1", "PullFailed", 2).await;
+    lab.lab
+        .add_node(NodeSpec::new("n2", 200 * MIB).tainted("pinboard.dev/preloading=:NoSchedule"))
+        .expect("n2 joins");
+    lab.start_agent("n2");
+    let failed = one_series(&lab, "n2", "PullFailed", 2).await;
+    // `kubectl describe` matches Events by the object's uid: these name it although they came first.
+    let gated = described_events(&lab, "n2");
+    assert!(gated.contains("PullFailed"), "{gated}");
+    let holding = described_events(&lab, "n1");
+    assert!(holding.contains("CacheServing"), "{holding}");
     assert_eq!(failed.type_.as_deref(), Some("Warning"));
     assert!(
         failed.note.as_deref().is_some_and(|n| n.contains("broken")),
@@ -218,6 +255,21 @@ async fn prometheus_scrapes_the_agents_during_a_rollout_and_agrees_with_their_re
         2,
         "the rollout was scraped while it ran: {pulling:?}"
     );
+    // Bytes counted as they arrive: the counter rose while the set was still pulling, not in one jump at
+    // its end.
+    let rising = by_node(
+        prometheus
+            .query(
+                r#"max_over_time((rate(pinboard_pulled_bytes_total{set="web"}[5s]) > 0
+                   and on (node, set) pinboard_set_phase{set="web",phase="pulling"} == 1)[5m:1s])"#,
+            )
+            .unwrap(),
+    );
+    assert_eq!(
+        rising.len(),
+        2,
+        "rate(pinboard_pulled_bytes_total) above 0 while pulling, on both nodes: {rising:?}"
+    );
     let images_pinned = by_node(
         prometheus
             .query(r#"pinboard_set_images{set="web",state="pinned"}"#)
@@ -258,16 +310,7 @@ async fn a_new_node_takes_no_pod_until_its_agent_has_pinned_the_sets_then_the_po
         .iter()
         .map(|n| NodeSpec::new(n, 200 * MIB))
         .collect();
-    let setup = AgentsSetup {
-        agent_args: vec![
-            "--insecure-registry={proxy}".into(),
-            "--cache-port=5050".into(),
-            "--cache-dir={lab}/cache-{node}".into(),
-            "--gate".into(),
-        ],
-        ..AgentsSetup::default()
-    };
-    let mut lab = AgentsLab::start_with("agents-gate", nodes, None, setup).await;
+    let mut lab = AgentsLab::start_with("agents-gate", nodes, None, gated_with_a_cache()).await;
     let proxy = lab.lab.proxy_host();
     // A runnable image (busybox), through the counting proxy.
     let image = lab

@@ -4,8 +4,10 @@
 
 use crate::support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 use pinboard::model::digest_prefix::DigestPrefixes;
 use serde_json::Value;
 use support::agents::{AgentsLab, AgentsSetup};
@@ -73,15 +75,33 @@ async fn wait_published(lab: &AgentsLab, node: &str, digest: &str) {
     .await;
 }
 
-/// Node n1 holds X outside any set; the set holds Y, which shares X's base. The plan counts only what n1
-/// lacks, exactly, and the link carries that when the set is applied.
+/// A pod on `node` running `image`, pulled by the kubelet as any workload's would be (the image runs no
+/// program: its container never starts, its pull is what counts).
+fn pod_on(node: &str, image: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "workload", "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "hostNetwork": true,
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Never",
+            "containers": [{"name": "app", "image": image, "imagePullPolicy": "IfNotPresent"}],
+        },
+    }))
+    .expect("a pod")
+}
+
+/// While n1's agent runs, a pod's pull brings X outside any set; the set holds Y, which shares X's base.
+/// Within 15 s of the pull the plan counts only what n1 lacks, exactly (no restart of the agent, no
+/// 5-minute wait), and the link carries that when the set is applied.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plan_on_agents_counts_only_the_blobs_a_node_lacks_and_the_link_carries_that() {
     let setup = AgentsSetup {
         agent_args: vec!["--insecure-registry={proxy}".into()],
         ..AgentsSetup::default()
     };
-    let mut lab = AgentsLab::start_with(
+    let lab = AgentsLab::start_with(
         "agents-plan",
         vec![NodeSpec::new("n1", 200 * MIB)],
         None,
@@ -90,14 +110,32 @@ async fn a_plan_on_agents_counts_only_the_blobs_a_node_lacks_and_the_link_carrie
     .await;
     let (x, y) = push_sharing_a_base(&lab);
     let proxy = lab.lab.proxy_host();
-    lab.lab
-        .node("n1")
-        .pull(&x.reference(&lab.lab.registry_host()))
-        .expect("X on n1, outside any set");
-    // An agent reads its node at its start.
-    lab.stop_agent("n1");
-    lab.start_agent("n1");
+    // The agent has read and published its node before the pod comes.
+    wait_for("n1's first report", WAIT, || async {
+        let reports = lab.reports().await;
+        let reported = reports.iter().any(|r| r["metadata"]["name"] == "n1");
+        reported.then_some(()).ok_or("none yet".to_string())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(lab.admin.clone(), "default");
+    let x_reference = x.reference(&lab.lab.registry_host());
+    pods.create(&PostParams::default(), &pod_on("n1", &x_reference))
+        .await
+        .expect("the pod");
+    let node = lab.lab.node("n1");
+    wait_for("the kubelet pulls X", WAIT, || async {
+        let pulled = node.cri_image(&x_reference).is_some();
+        pulled.then_some(()).ok_or("not yet".to_string())
+    })
+    .await;
+    let pulled = Instant::now();
     wait_published(&lab, "n1", &x.manifest_digest).await;
+    let after = pulled.elapsed();
+    println!("n1 published X {after:?} after the kubelet pulled it");
+    assert!(
+        after <= Duration::from_secs(15),
+        "the plan learns of a pod's pull within 15 s, not at the agent's next 5-minute read: {after:?}"
+    );
 
     let set = lab.set_file("y", &[&y.reference(&proxy)], "");
     let file = set.to_str().unwrap();

@@ -279,18 +279,22 @@ fn a_lost_image_makes_the_set_restoring_at_once_and_it_is_put_back() {
     assert_eq!(degraded.status, "False", "one loss is not a fight");
 }
 
-#[test]
-fn a_lost_pin_is_named_as_such_and_pinned_again() {
+/// Set web of image a pinned, then the runtime's word on a at the next check: the state, what it decided
+/// and when.
+fn web_pinned_then_found(a: (&str, bool, bool)) -> (AgentState, Vec<Action>, Instant) {
     let now = Instant::now();
     let (mut state, actions) = agent(vec![set("web", 1, &["a@sha256:1"])], now);
     pin_through(&mut state, &actions, now);
     let at = now + secs(31);
     verify_due(&mut state, at);
+    let actions = state.update(Input::Verified(observed(&[a])), at);
+    (state, actions, at)
+}
+
+#[test]
+fn a_lost_pin_is_named_as_such_and_pinned_again() {
     // The pin label was removed: the image is there, not pinned.
-    let actions = state.update(
-        Input::Verified(observed(&[("a@sha256:1", true, false)])),
-        at,
-    );
+    let (state, actions, _) = web_pinned_then_found(("a@sha256:1", true, false));
     let web = report(&state, "web");
     assert_eq!(web.state, NodeSetPhase::Restoring);
     assert_eq!(web.images[0].state, ImagePhase::Lost);
@@ -727,4 +731,151 @@ fn a_runtime_that_never_answers_at_the_end_fails_the_set_with_its_silence_as_the
         web.conditions
     );
     assert_eq!(recorded(&after)[0].0, "PullFailed");
+}
+
+#[test]
+fn a_sets_bytes_count_from_zero_before_its_rollout_and_rise_while_it_pulls() {
+    let now = Instant::now();
+    let (mut state, actions) = agent(vec![set("web", 1, &["a@sha256:1"])], now);
+    assert_eq!(
+        state.tallies().get("web").map(|t| t.pulled_bytes),
+        Some(0),
+        "exposed from 0 before the first byte"
+    );
+    let start = started(&actions).expect("a rollout").clone();
+    state.update(Input::Started { fan_out: None }, now);
+    let progress = |done| {
+        Input::Rollout(
+            Event::PullProgress {
+                node: NODE.into(),
+                image: start.images[0].clone(),
+                done,
+                total: 1000,
+                at: now,
+            },
+            None,
+        )
+    };
+    state.update(progress(400), now);
+    assert_eq!(state.tallies()["web"].pulled_bytes, 400, "while it pulls");
+    state.update(progress(1000), now);
+    assert_eq!(state.tallies()["web"].pulled_bytes, 1000);
+}
+
+fn reads_facts(actions: &[Action]) -> bool {
+    actions.iter().any(|a| matches!(a, Action::ReadFacts))
+}
+
+#[test]
+fn a_runtime_change_is_read_for_the_plans_within_seconds_and_a_burst_is_one_read() {
+    let now = Instant::now();
+    let (mut state, _) = agent(Vec::new(), now);
+    // A pod's pull: containerd announces its image, then more events of the same pull.
+    let changed = now + secs(20);
+    state.update(Input::RuntimeChanged, changed);
+    state.update(Input::RuntimeChanged, changed + secs(1));
+    assert!(!reads_facts(&state.update(Input::Tick, changed + secs(1))));
+    assert!(reads_facts(&state.update(Input::Tick, changed + secs(2))));
+    state.update(
+        Input::Facts(facts(&[("a@sha256:1", &[])])),
+        changed + secs(2),
+    );
+    assert!(!reads_facts(&state.update(Input::Tick, changed + secs(3))));
+    // Another change right after: read once the gap since the last read is over, not at once.
+    state.update(Input::RuntimeChanged, changed + secs(3));
+    assert!(!reads_facts(&state.update(Input::Tick, changed + secs(11))));
+    assert!(reads_facts(&state.update(Input::Tick, changed + secs(12))));
+}
+
+#[test]
+fn a_runtime_without_events_is_read_as_often_as_it_is_checked() {
+    let now = Instant::now();
+    let (mut state, _) = agent(Vec::new(), now);
+    state.update(Input::Tick, now);
+    state.update(Input::Facts(facts(&[])), now);
+    assert!(!reads_facts(&state.update(Input::Tick, now + secs(31))));
+    state.update(Input::RuntimeSilent, now + secs(31));
+    assert!(reads_facts(&state.update(Input::Tick, now + secs(32))));
+}
+
+fn asking(mut set: PinSet, request: &str) -> PinSet {
+    set.metadata.annotations.insert(
+        crate::model::pinboard_api::CHECK_REQUEST_ANNOTATION.into(),
+        request.into(),
+    );
+    set
+}
+
+fn answer(state: &AgentState, name: &str) -> Option<String> {
+    let reports = state.answered_reports();
+    let report = reports.iter().find(|r| r.name == name)?;
+    report.checked.as_ref().map(|a| a.request.clone())
+}
+
+#[test]
+fn a_check_asked_is_answered_once_the_runtime_was_asked_after_it_and_only_then() {
+    let now = Instant::now();
+    let (mut state, actions) = agent(vec![set("web", 1, &["a@sha256:1"])], now);
+    pin_through(&mut state, &actions, now);
+    let at = now + secs(2);
+    state.update(
+        Input::Sets(vec![asking(set("web", 1, &["a@sha256:1"]), "r1")]),
+        at,
+    );
+    assert_eq!(
+        answer(&state, "web"),
+        None,
+        "not before the runtime is asked"
+    );
+    // Asked at the next tick, not at the next 30-second check.
+    let images = verify_due(&mut state, at + secs(1));
+    assert_eq!(images, ["a@sha256:1"]);
+    // A runtime that does not answer answers no check.
+    let mut silent = observed(&[]);
+    silent.unreachable = Some("connection refused".into());
+    state.update(Input::Verified(silent), at + secs(1));
+    assert_eq!(answer(&state, "web"), None);
+    verify_due(&mut state, at + secs(31));
+    state.update(
+        Input::Verified(observed(&[("a@sha256:1", true, true)])),
+        at + secs(31),
+    );
+    assert_eq!(answer(&state, "web").as_deref(), Some("r1"));
+    let phases = state.phases();
+    assert_eq!(phases[0].3.as_deref(), Some("r1"), "an answer is news");
+    // The same request seen again is not asked again.
+    state.update(
+        Input::Sets(vec![asking(set("web", 1, &["a@sha256:1"]), "r1")]),
+        at + secs(32),
+    );
+    let again = state.update(Input::Tick, at + secs(33));
+    assert!(
+        !again.iter().any(|a| matches!(a, Action::Verify(_))),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn a_restore_that_failed_with_the_registry_away_is_still_a_restore_when_tried_again() {
+    let (mut state, actions, at) = web_pinned_then_found(("a@sha256:1", false, false));
+    assert!(started(&actions).expect("a restore").restore);
+    state.update(Input::Started { fan_out: None }, at);
+    state.update(
+        Input::Ended {
+            failure: Some("503 Service Unavailable".into()),
+            observed: None,
+            fan_out: None,
+            relayed: None,
+        },
+        at + secs(1),
+    );
+    assert_eq!(report(&state, "web").state, NodeSetPhase::Failed);
+    let again = state.update(Input::Tick, at + secs(62));
+    let start = started(&again).expect("tried again");
+    assert!(start.restore, "the loss is still being put back");
+    pin_through(&mut state, &again, at + secs(63));
+    let web = report(&state, "web");
+    assert_eq!(web.state, NodeSetPhase::Pinned);
+    assert_eq!(web.restores.as_ref().map(|r| r.count), Some(1), "{web:?}");
+    assert_eq!(state.tallies()["web"].restores, 1);
 }

@@ -20,7 +20,7 @@ use crate::model::agent_pods::{AgentPods, PodsOnNode};
 use crate::model::agents_view::{AgentsView, NodeWithSet};
 use crate::model::holders::HeldBy;
 use crate::model::machine_config::ClusterNode;
-use crate::model::pinboard_api::{DEGRADED, NodeReport, NodeSetPhase};
+use crate::model::pinboard_api::{CheckAnswer, DEGRADED, NodeReport, NodeSetPhase};
 use crate::model::reference::{count_images, some_of};
 use crate::model::units::{clock, human};
 
@@ -32,6 +32,7 @@ pub fn assess_agents(
     wanted: &[WantedSet],
     now: SystemTime,
     pods: &AgentPods,
+    asked: Option<&AskedCheck>,
 ) -> Readiness {
     let mut per_node: BTreeMap<&str, (&ClusterNode, Vec<SetOnAgents>)> = BTreeMap::new();
     let mut left_out = BTreeMap::new();
@@ -46,7 +47,7 @@ pub fn assess_agents(
     }
     let nodes = per_node
         .into_values()
-        .map(|(node, sets)| assess_node(view, node, &sets, now, pods))
+        .map(|(node, sets)| assess_node(view, node, &sets, now, pods, asked))
         .collect();
     let mut readiness = Readiness::of(nodes);
     readiness.left_out = LeftOut::grouped(left_out);
@@ -60,6 +61,74 @@ pub fn assess_agents(
         ));
     }
     readiness
+}
+
+/// A check asked of the agents of the wanted sets' nodes
+/// ([`crate::model::pinboard_api::CHECK_REQUEST_ANNOTATION`]): a node's report
+/// counts as ready only once its agent answered it, having asked its runtime after it saw the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AskedCheck {
+    pub request: String,
+    pub at: SystemTime,
+}
+
+impl AskedCheck {
+    /// Why set `set` on `node` is not ready though its report says pinned: its agent has not answered
+    /// the check (`answer` is its last one); None when it has.
+    fn unanswered(
+        &self,
+        node: &str,
+        set: &str,
+        answer: Option<&CheckAnswer>,
+        now: SystemTime,
+    ) -> Option<String> {
+        if answer.is_some_and(|a| a.request == self.request) {
+            return None;
+        }
+        let ago = |at: SystemTime| clock(now.duration_since(at).unwrap_or_default());
+        let evidence = match answer {
+            Some(last) => format!(
+                "its last answer, {} ago, is no evidence of now",
+                ago(SystemTime::from(last.at.0))
+            ),
+            None => "it has never answered one (an agent older than this pinboard answers none:                      upgrade the agents)"
+                .to_string(),
+        };
+        Some(format!(
+            "set {set:?}: the agent on node {node:?} has not answered this check, asked {} ago, by              asking its runtime; {evidence}",
+            ago(self.at)
+        ))
+    }
+}
+
+/// How many nodes the wanted sets are judged on at `now` report a wanted set pinned without having
+/// answered `asked`: those whose answer decides.
+pub fn unanswered(
+    view: &AgentsView,
+    wanted: &[WantedSet],
+    asked: &AskedCheck,
+    now: SystemTime,
+) -> usize {
+    let mut waiting = std::collections::BTreeSet::new();
+    for wanted in wanted {
+        let name = &wanted.set.name;
+        let set = SetOnAgents::new(view, wanted);
+        let Some(generation) = set.generation else {
+            continue;
+        };
+        for node in view.choose(set.selector.as_ref(), now).judged {
+            let ready = view.node_with_set(&node.name, name, generation, now);
+            let answered = view
+                .report(&node.name)
+                .and_then(|r| r.sets.iter().find(|s| s.name == *name))
+                .and_then(|s| s.checked.as_ref())
+                .is_some_and(|a| a.request == asked.request);
+            if matches!(ready, NodeWithSet::Ready) && !answered {
+                waiting.insert(node.name.as_str());
+            }
+        }
+    }
+    waiting.len()
 }
 
 /// The nodes the wanted sets are judged on at `now` whose agent is not alive though an agents' DaemonSet
@@ -118,6 +187,7 @@ fn assess_node(
     sets: &[SetOnAgents],
     now: SystemTime,
     pods: &AgentPods,
+    asked: Option<&AskedCheck>,
 ) -> NodeReadiness {
     let node = cluster_node.name.as_str();
     let mut reasons = Vec::new();
@@ -151,6 +221,11 @@ fn assess_node(
         };
         match &with_set {
             NodeWithSet::NoAgent | NodeWithSet::Stale { .. } => report = None,
+            NodeWithSet::Ready => {
+                let on_node = report.and_then(|r| r.sets.iter().find(|s| s.name == *name));
+                let answer = on_node.and_then(|s| s.checked.as_ref());
+                reasons.extend(asked.and_then(|a| a.unanswered(node, name, answer, now)));
+            }
             other => reasons.extend(set_reason(name, generation, other, report)),
         }
         on_node.push(set_on_node(name, Some(generation), observed, state, error));
@@ -432,7 +507,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
     use super::*;
     use crate::model::agent_daemonsets::AgentDaemonSets;
@@ -525,7 +600,7 @@ mod tests {
             set: from_flags("web", &[IMAGE.to_string()]),
             min_generation: 0,
         }];
-        let judged = assess_agents(&view(now), &wanted, now, &AgentPods::new());
+        let judged = assess_agents(&view(now), &wanted, now, &AgentPods::new(), None);
         assert!(
             judged.left_out.is_empty(),
             "a selector's every node, as before DaemonSets"
@@ -559,6 +634,55 @@ mod tests {
     }
 
     #[test]
+    fn a_check_asked_counts_a_pinned_node_ready_only_once_its_agent_answered_it() {
+        let now = SystemTime::now();
+        let wanted = [WantedSet {
+            set: from_flags("web", &[IMAGE.to_string()]),
+            min_generation: 0,
+        }];
+        let mut view = view(now);
+        let asked = AskedCheck {
+            request: "2".into(),
+            at: now - Duration::from_secs(3),
+        };
+        let n1 = |view: &AgentsView| {
+            assess_agents(view, &wanted, now, &AgentPods::new(), Some(&asked)).nodes[0].clone()
+        };
+        // n1's report says pinned, but its last answer was to an earlier check, a minute ago.
+        let pinned = view.report("n1").cloned().unwrap();
+        let answered = |request: &str, ago: u64| {
+            let mut report = pinned.clone();
+            report.sets[0].checked = Some(CheckAnswer {
+                request: request.into(),
+                at: Time(
+                    k8s_openapi::jiff::Timestamp::try_from(now - Duration::from_secs(ago)).unwrap(),
+                ),
+            });
+            PinboardNode {
+                metadata: ObjectMeta {
+                    name: "n1".into(),
+                    ..ObjectMeta::default()
+                },
+                spec: Default::default(),
+                status: Some(report),
+            }
+        };
+        view.apply(AgentsUpdate::Reports(vec![answered("1", 60).into()]));
+        assert_eq!(unanswered(&view, &wanted, &asked, now), 1);
+        let waiting = n1(&view);
+        assert!(!waiting.ready);
+        assert!(
+            waiting.reasons[0].contains("has not answered this check, asked 3s ago")
+                && waiting.reasons[0].contains("its last answer, 1m00s ago"),
+            "{:?}",
+            waiting.reasons
+        );
+        view.apply(AgentsUpdate::Reports(vec![answered("2", 1).into()]));
+        assert_eq!(unanswered(&view, &wanted, &asked, now), 0);
+        assert!(n1(&view).ready, "{:?}", n1(&view).reasons);
+    }
+
+    #[test]
     fn without_an_agents_daemonset_a_set_without_selector_counts_the_nodes_with_an_agent_and_says_so()
      {
         let now = SystemTime::now();
@@ -568,7 +692,7 @@ mod tests {
             namespace: "pins".into(),
             listed: Vec::new(),
         }));
-        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new());
+        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new(), None);
         let names: Vec<&str> = judged.nodes.iter().map(|n| n.node.as_str()).collect();
         assert_eq!(names, ["n1", "n2"], "n3 never had an agent");
         assert_eq!(
@@ -689,7 +813,7 @@ mod tests {
             ("n8".to_string(), PodsOnNode::Found(Vec::new())),
         ]
         .into();
-        let judged = assess_agents(&view, &wanted(), now, &pods);
+        let judged = assess_agents(&view, &wanted(), now, &pods, None);
         let names: Vec<&str> = judged.nodes.iter().map(|n| n.node.as_str()).collect();
         assert_eq!(names, ["n1", "n2", "n3", "n4", "n5", "n8"]);
         let node = |name: &str| judged.nodes.iter().find(|n| n.node == name).unwrap();
@@ -788,7 +912,7 @@ mod tests {
         let mut nodes = view.nodes.clone();
         nodes.extend((0..5000).map(|i| node(&format!("w{i:04}"))));
         view.apply(AgentsUpdate::Nodes(nodes));
-        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new());
+        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new(), None);
         let excluded = &judged.left_out[0];
         assert_eq!(excluded.count, 5001, "n6 and the 5,000");
         assert_eq!(excluded.nodes, ["n6", "w0000", "w0001", "w0002", "w0003"]);
@@ -813,7 +937,7 @@ mod tests {
         let why = "your account may not list pods in namespace \"pinboard-system\": bind the Role \
                    pinboard-agents-viewer-pods there to it (docs/agents.md)";
         let pods: AgentPods = [("n2".to_string(), PodsOnNode::Unreadable(why.into()))].into();
-        let judged = assess_agents(&view, &wanted(), now, &pods);
+        let judged = assess_agents(&view, &wanted(), now, &pods, None);
         let n2 = judged.nodes.iter().find(|n| n.node == "n2").unwrap();
         assert!(!n2.ready);
         assert!(
@@ -852,7 +976,7 @@ mod tests {
             })
             .collect();
         view.apply(AgentsUpdate::Nodes(nodes));
-        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new());
+        let judged = assess_agents(&view, &wanted(), now, &AgentPods::new(), None);
         assert_eq!(judged.nodes.len(), 1);
         assert_eq!(judged.nodes[0].node, "n2");
         assert_eq!(judged.left_out[0].nodes, ["n6"]);
@@ -867,7 +991,7 @@ mod tests {
             set: from_flags("web", &[IMAGE.to_string()]),
             min_generation: 0,
         }];
-        let n1 = &assess_agents(&view, &wanted, now, &AgentPods::new()).nodes[0];
+        let n1 = &assess_agents(&view, &wanted, now, &AgentPods::new(), None).nodes[0];
         assert!(!n1.ready);
         assert!(
             n1.reasons
@@ -884,7 +1008,7 @@ mod tests {
         {
             report.images.clear();
         }
-        let n1 = &assess_agents(&view, &wanted, now, &AgentPods::new()).nodes[0];
+        let n1 = &assess_agents(&view, &wanted, now, &AgentPods::new(), None).nodes[0];
         assert!(!n1.ready);
         assert!(
             n1.reasons.iter().any(|r| r.contains("lacks 1 image")),
@@ -908,7 +1032,7 @@ mod tests {
             set: from_flags("web", &[IMAGE.to_string()]),
             min_generation: 0,
         }];
-        let judged = assess_agents(&view, &wanted, now, &AgentPods::new()).nodes;
+        let judged = assess_agents(&view, &wanted, now, &AgentPods::new(), None).nodes;
         let n1 = judged.iter().find(|n| n.node == "n1").unwrap();
         assert!(!n1.ready);
         assert_eq!(n1.images[0].reason, Some(ImageReason::Lazy));

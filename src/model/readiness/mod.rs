@@ -21,7 +21,7 @@ mod agents;
 mod daemons;
 mod direct;
 
-pub use agents::{assess_agents, missing_agents};
+pub use agents::{AskedCheck, assess_agents, missing_agents, unanswered};
 pub use daemons::{MACHINE_CONFIG_PINS, assess_cluster, assess_cluster_node};
 pub use direct::{assess, assess_with, unreachable_reason};
 

@@ -272,6 +272,21 @@ impl AgentsLab {
         self.processes.insert(node.to_owned(), proc);
     }
 
+    /// Runs `kubectl ARGS` as the cluster's administrator; its stdout.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let kubectl = super::apiserver::cached_binary("kubectl").expect("kubectl");
+        let cluster = self.lab.cluster().expect("a cluster lab");
+        let out = std::process::Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig())
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "kubectl {args:?}: {stderr}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Kills `node`'s agent process.
     pub fn stop_agent(&mut self, node: &str) {
         if let Some(mut proc) = self.processes.remove(node) {
