@@ -210,9 +210,8 @@ pub fn reported(
         && sent > sent_before
     {
         reported.source_reason = Some(format!(
-            "{} pulls went to the source, the cache away for {}s: {reason}",
-            sent - sent_before,
-            HOLD_FOR_CACHE.as_secs()
+            "{} pulls went to the source: {reason}",
+            sent - sent_before
         ));
     }
     Some(reported)

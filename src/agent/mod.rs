@@ -428,11 +428,16 @@ impl Agent {
         *page.lock().expect("metrics page") = metrics::page(&self.state, &shown, Instant::now());
     }
 
-    /// Takes or keeps the cache's role, when eligible, and notes its figures.
+    /// Takes or keeps the cache's role, when eligible, and notes its figures. Not before the sets' watch
+    /// has listed: a holder that knew of no set would answer the nodes' pulls 404, and their runtimes would
+    /// go to the source for whole blobs.
     async fn turn_cache(&mut self) {
         let Some(cache) = &mut self.cache else {
             return;
         };
+        if !self.state.sets_listed() {
+            return;
+        }
         cache
             .turn(node_ip(self.node.as_ref()), self.state.sets())
             .await;

@@ -356,6 +356,11 @@ impl AgentState {
         self.sets.as_ref().unwrap_or(&NONE)
     }
 
+    /// Whether the sets' watch has listed: before, the agent knows of no set, not of none.
+    pub fn sets_listed(&self) -> bool {
+        self.sets.is_some()
+    }
+
     /// The node's facts as last read.
     pub fn facts(&self) -> &NodeReport {
         &self.facts
@@ -683,6 +688,12 @@ impl AgentState {
             .or_default()
             .rollout_started();
         let before = self.reports.get(&running.set);
+        // A failed set tried again stays failed, its reason in view, until the new attempt says more.
+        if before.is_some_and(|r| {
+            r.state == NodeSetPhase::Failed && r.observed_generation == running.generation
+        }) {
+            return;
+        }
         let mut queued = node_report::queued(&running.set, running.generation, &running.images);
         queued.fan_out = fan_out;
         if running.restore {

@@ -879,3 +879,27 @@ fn a_restore_that_failed_with_the_registry_away_is_still_a_restore_when_tried_ag
     assert_eq!(web.restores.as_ref().map(|r| r.count), Some(1), "{web:?}");
     assert_eq!(state.tallies()["web"].restores, 1);
 }
+
+#[test]
+fn a_failed_set_tried_again_keeps_its_reason_in_view_until_the_new_attempt_says_more() {
+    let now = Instant::now();
+    let (mut state, actions) = agent(vec![set("web", 1, &["a@sha256:1"])], now);
+    assert!(started(&actions).is_some());
+    state.update(Input::Started { fan_out: None }, now);
+    let failure = "no room on the image filesystem".to_string();
+    state.update(
+        Input::Ended {
+            failure: Some(failure.clone()),
+            observed: None,
+            fan_out: None,
+            relayed: None,
+        },
+        now,
+    );
+    let again = state.update(Input::Tick, now + secs(61));
+    assert!(started(&again).is_some(), "tried again after a minute");
+    state.update(Input::Started { fan_out: None }, now + secs(61));
+    let web = report(&state, "web");
+    assert_eq!(web.state, NodeSetPhase::Failed, "not queued: {web:?}");
+    assert!(web.conditions.iter().any(|c| c.message.contains(&failure)));
+}

@@ -134,7 +134,8 @@ impl Relay {
         self.server.url()
     }
 
-    /// How many requests were sent on to the source because the cache stayed away, and why the last was.
+    /// How many requests were sent on to the source (the cache away, or not serving what was asked), and
+    /// why the last was.
     pub fn sent_to_source(&self) -> (u64, Option<String>) {
         let reason = self.shared.last_reason.lock().expect("reason").clone();
         (self.shared.sent_to_source.load(Ordering::Relaxed), reason)
@@ -167,6 +168,12 @@ impl Relay {
 }
 
 impl Shared {
+    /// Counts a request the runtime is sent to the source with, and why.
+    fn to_source(&self, why: String) {
+        self.sent_to_source.fetch_add(1, Ordering::Relaxed);
+        *self.last_reason.lock().expect("reason") = Some(why);
+    }
+
     /// The cache to ask: the one last found, unless it failed; then found again (at most every
     /// [`LOCATE_EVERY`]).
     async fn upstream(&self) -> Option<Upstream> {
@@ -236,8 +243,7 @@ impl Shared {
                     );
                 }
                 self.gave_up.store(true, Ordering::Relaxed);
-                self.sent_to_source.fetch_add(1, Ordering::Relaxed);
-                *self.last_reason.lock().expect("reason") = Some(why.clone());
+                self.to_source(format!("{why} (waited {}s for it)", hold.as_secs()));
                 return Err(why);
             }
             held.get_or_insert_with(|| Held::new(&self.holding));
@@ -291,6 +297,12 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
         Ok(response) => response,
         Err(why) => return plain(StatusCode::SERVICE_UNAVAILABLE, &why),
     };
+    // A runtime answered 404 by its mirror goes to the next host, the source: said, and counted.
+    if upstream.status() == StatusCode::NOT_FOUND && !target.ends_with("/v2/") {
+        shared.to_source(format!(
+            "the in-cluster cache answered 404 for {target}: it does not serve it"
+        ));
+    }
     let mut response = Response::builder().status(upstream.status());
     for name in PASSED_ON {
         for value in upstream.headers().get_all(name) {

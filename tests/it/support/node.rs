@@ -892,12 +892,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         }
     }
 
+    /// Removes the image known as `name`, every name of it, as the kubelet's image garbage collection
+    /// does (CRI RemoveImage).
+    pub fn collect_image(&self, name: &str) {
+        cri::remove_image(&self.socket, name)
+            .unwrap_or_else(|e| panic!("{}: CRI RemoveImage {name}: {e:#}", self.name));
+    }
+
     /// `ctr images rm --sync NAME`: removes an image record behind pinboard's back, as kubelet image GC,
     /// `crictl rmi` or an administrator would; its content goes with it. On CRI-O, CRI RemoveImage.
     pub fn remove_image(&self, name: &str) {
         if self.crio.is_some() {
-            return cri::remove_image(&self.socket, name)
-                .unwrap_or_else(|e| panic!("{}: CRI RemoveImage {name}: {e:#}", self.name));
+            return self.collect_image(name);
         }
         let out = ctr(self.runtime, &self.socket)
             .args(["images", "rm", "--sync", name])
