@@ -102,6 +102,7 @@ fn pinned_report(images: &[String]) -> NodeReport {
             capacity_bytes: 100 * GIB,
             available_bytes: 60 * GIB,
             used_bytes: 40 * GIB,
+            available: "60.00 GiB".into(),
         }),
         images: images
             .iter()

@@ -1,7 +1,8 @@
 //! `--agents`: the demo on a plain Kubernetes cluster with pinboard's agents. Three containerd nodes under
 //! real kubelets (n1's image filesystem too small for the samples), the manifests `pinboard agent
 //! manifests` prints applied to the lab's API server, n3's agent a real pod of the DaemonSet (from an image
-//! of this build) and the others processes started as their pods would run, and `<lab>/demo.yaml`, a
+//! of this build) and the others processes started as their pods would run (and eligible to serve the
+//! in-cluster cache, as `--cache` installs them), and `<lab>/demo.yaml`, a
 //! PinSet of six sample images sharing a base layer. pinboard then runs with `--kubeconfig`.
 
 use std::ffi::OsString;
@@ -12,7 +13,7 @@ use anyhow::{Context, Result};
 use tokio::runtime::Runtime;
 use tokio::signal::unix::Signal;
 
-use crate::support::agents::AgentsLab;
+use crate::support::agents::{AgentsLab, AgentsSetup};
 use crate::support::{ImageSpec, LayerFormat, LayerSpec, NodeSpec, binary};
 
 /// The nodes and their image filesystems: n1 has no room for the samples.
@@ -47,7 +48,21 @@ pub fn run(
         .iter()
         .map(|&(name, bytes)| NodeSpec::new(name, bytes))
         .collect();
-    let lab = runtime.block_on(AgentsLab::start("demo-agents", nodes, Some(POD_NODE)));
+    // The agents started as processes may serve the in-cluster cache, so `f` (fan-out) works as on a
+    // cluster installed with `pinboard agent manifests --cache`.
+    let setup = AgentsSetup {
+        agent_args: vec![
+            "--cache-port=5050".into(),
+            "--cache-dir={lab}/cache-{node}".into(),
+        ],
+        ..AgentsSetup::default()
+    };
+    let lab = runtime.block_on(AgentsLab::start_with(
+        "demo-agents",
+        nodes,
+        Some(POD_NODE),
+        setup,
+    ));
     let host = lab.lab.registry_host();
     let images = (0..6)
         .map(|i| {

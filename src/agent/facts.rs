@@ -52,6 +52,7 @@ pub async fn read(target: &NodeTarget, kube: &Client, timeout: Duration) -> Node
             capacity_bytes: capacity,
             available_bytes: available,
             used_bytes: space.used_bytes.unwrap_or_default(),
+            available: crate::model::units::human(available),
         });
     }
     let images = client.list_images().await.unwrap_or_default();

@@ -352,7 +352,7 @@ impl RemoteLayers {
         })
     }
 
-    /// `3 of 5 layers remote`, then `, 6 % fetched` or `, not served` when known; `layers not served` for
+    /// `3 of 5 layers remote`, then `, 62.10 MiB only in the registry, 6 % fetched` or `, not served` when known; `layers not served` for
     /// an image whose blobs are all here but whose snapshotter does not answer.
     pub fn count(&self) -> String {
         if self.remote_layers.is_empty() {
@@ -362,12 +362,18 @@ impl RemoteLayers {
         if self.unserved.is_some() {
             words.push_str(", not served");
         } else if let Some(fetched) = &self.fetched {
-            words.push_str(&format!(", {} fetched", fetched.percent()));
+            let remote = fetched.of.saturating_sub(fetched.bytes);
+            words.push_str(&format!(
+                ", {} only in the registry, {} fetched",
+                super::units::human(remote),
+                fetched.percent()
+            ));
         }
         words
     }
 
-    /// `lazy (3 of 5 layers remote, 6 % fetched)`; `unreadable (layers not served)`.
+    /// `lazy (3 of 5 layers remote, 62.10 MiB only in the registry, 6 % fetched)`; `unreadable (layers not
+    /// served)`.
     pub fn words(&self) -> String {
         match self.remote_layers.is_empty() {
             true => format!("unreadable ({})", self.count()),
@@ -766,14 +772,17 @@ mod tests {
                 of: 2000
             })
         );
-        assert_eq!(lazy.words(), "lazy (2 of 3 layers remote, 6 % fetched)");
+        assert_eq!(
+            lazy.words(),
+            "lazy (2 of 3 layers remote, 1.84 KiB only in the registry, 6 % fetched)"
+        );
         let all = node([false, true, false], [true, false, true])
             .with_fetch(fetch(1000, 999))
             .remote_layers("sha256:config")
             .unwrap();
         assert_eq!(
             all.count(),
-            "2 of 3 layers remote, 99 % fetched",
+            "2 of 3 layers remote, 1 B only in the registry, 99 % fetched",
             "never 100 short of every byte"
         );
         // A remote layer the snapshotter says nothing of: nothing is said of the whole.

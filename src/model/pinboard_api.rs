@@ -317,6 +317,9 @@ pub struct FilesystemReport {
     pub capacity_bytes: u64,
     pub available_bytes: u64,
     pub used_bytes: u64,
+    /// `availableBytes` as a person reads it (`44.83 MiB`): what `kubectl get pinboardnodes` shows.
+    #[serde(default)]
+    pub available: String,
 }
 
 /// One image the runtime holds.

@@ -727,6 +727,14 @@ impl Rollout {
         self.link = Some(FanOutLink { cache: 0, nodes });
     }
 
+    /// Whether every node of a fanned-out rollout pulled from the registries itself: no cache carried
+    /// its bytes.
+    pub fn all_direct(&self) -> bool {
+        self.link.as_ref().is_some_and(|l| {
+            !self.nodes.is_empty() && self.nodes.keys().all(|n| l.nodes.direct.contains(n))
+        })
+    }
+
     /// The nodes some of whose pulls went to the source uncounted ([`FanOutNodes::partly`]).
     pub fn partly_from_source(&self) -> &[String] {
         self.link.as_ref().map_or(&[], |l| &l.nodes.partly)

@@ -13,6 +13,7 @@ use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 use super::keymap::{self, Action, Binding, HelpLine, KEYMAP};
 use super::layout::{HelpFlow, frame_areas, help_block};
 use super::screens;
+use super::state::NO_CACHE;
 use super::state::{Mode, Screen, State};
 use super::status::Tone;
 use super::theme::Role;
@@ -55,11 +56,19 @@ pub fn render(state: &State, frame: &mut Frame) {
         };
         let mut lines = vec![Line::from(question)];
         if !confirm.unpin && state.fans_out() {
-            lines.push(Line::from(match (confirm.fan_out, state.steers_pulls()) {
-                (true, true) => "fan-out on: every blob crosses the registry link once",
-                (true, false) => "fan-out on: through the in-cluster cache, each blob once",
-                (false, _) => "fan-out off: each node pulls from the registry (f on Plan)",
-            }));
+            let cache = state.cluster_cache().is_some();
+            lines.push(Line::from(
+                match (confirm.fan_out, state.steers_pulls(), cache) {
+                    (true, true, _) => "fan-out on: every blob crosses the registry link once".into(),
+                    (true, false, true) => {
+                        "fan-out on: through the in-cluster cache, each blob once".into()
+                    }
+                    (true, false, false) => format!(
+                        "fan-out on, but {NO_CACHE}: each node pulls from the registry after waiting 60 s"
+                    ),
+                    (false, ..) => "fan-out off: each node pulls from the registry (f on Plan)".into(),
+                },
+            ));
         }
         match (confirm.no_space.is_empty(), confirm.skips_no_space) {
             (true, _) => {}

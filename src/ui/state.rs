@@ -15,6 +15,9 @@ use crate::model::rollout::{Event, NodeRollout, NodeState, Rollout};
 use crate::model::set::{Entry, ImageSet, Problem};
 use crate::survey::Survey;
 
+/// How the status line, the confirm dialog and the Rollout's summary say that fan-out has no cache.
+pub const NO_CACHE: &str = "no agent serves the in-cluster cache";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Screen {
     Nodes,

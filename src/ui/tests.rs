@@ -12,7 +12,7 @@ use super::keymap::KEYMAP;
 use super::layout::{HelpFlow, diff_rows};
 use super::msg::{Cmd, FilePurpose, Msg};
 use super::render::render_to_buffer;
-use super::state::{Mode, Pane, Screen, State};
+use super::state::{Mode, NO_CACHE, Pane, Screen, State};
 use super::svg::buffer_to_svg;
 use super::theme::Theme;
 use super::update::update;
@@ -641,6 +641,43 @@ fn f_on_agents_fans_the_set_out_through_the_in_cluster_cache_and_says_whether_on
     assert!(
         matches!(cmds.as_slice(), [Cmd::Apply { fan_out: true, .. }]),
         "{cmds:?}"
+    );
+}
+
+#[test]
+fn on_agents_without_a_cache_the_dialog_and_the_summary_say_so_and_never_fan_out() {
+    use crate::fleet::Traits;
+    let mut state = state();
+    state.fleet = Traits::AGENTS;
+    type_keys(&mut state, "3f");
+    assert!(state.flash().unwrap().contains(NO_CACHE));
+    type_keys(&mut state, "2<Tab><Tab>j3a");
+    let shown = screen_text(&state);
+    assert!(
+        shown.contains(&format!("fan-out on, but {NO_CACHE}")),
+        "{shown}"
+    );
+    assert!(!shown.contains("each blob once"), "{shown}");
+    type_keys(&mut state, "y");
+    // The agents pulled from the registry themselves, as their reports say.
+    let nodes: Vec<String> = state.rollout.nodes().keys().cloned().collect();
+    update(
+        &mut state,
+        Msg::FanOut(FanOutNodes {
+            direct: nodes,
+            ..FanOutNodes::default()
+        }),
+    );
+    let summary = screen_text(&state)
+        .lines()
+        .find(|l| l.contains("overall"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        summary.contains(&format!(
+            "({NO_CACHE}: every node pulled from the registry)"
+        )) && !summary.contains("(fan-out"),
+        "{summary}"
     );
 }
 

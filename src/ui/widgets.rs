@@ -43,6 +43,8 @@ pub(super) struct Column {
     pub width: u16,
     pub flex: bool,
     pub drop: u8,
+    /// The most a flexible column grows to: its longest cell ([`sized_to`]).
+    pub most: u16,
 }
 
 pub(super) const fn col(title: &'static str, width: u16, drop: u8) -> Column {
@@ -51,6 +53,7 @@ pub(super) const fn col(title: &'static str, width: u16, drop: u8) -> Column {
         width,
         flex: false,
         drop,
+        most: width,
     }
 }
 
@@ -60,7 +63,23 @@ pub(super) const fn flex(title: &'static str, width: u16) -> Column {
         width,
         flex: true,
         drop: 0,
+        most: u16::MAX,
     }
+}
+
+/// The most characters of any of `names`.
+pub(super) fn longest<'a>(names: impl Iterator<Item = &'a str>) -> usize {
+    names.map(|n| n.chars().count()).max().unwrap_or(0)
+}
+
+/// `columns` with their flexible column grown only as wide as its longest cell, `longest` characters (a
+/// node's name): two-letter names do not take half the screen; the space left stays on the right.
+pub(super) fn sized_to<const N: usize>(mut columns: [Column; N], longest: usize) -> [Column; N] {
+    for column in columns.iter_mut().filter(|c| c.flex) {
+        let longest = u16::try_from(longest).unwrap_or(u16::MAX).saturating_add(1);
+        column.most = longest.max(column.width);
+    }
+    columns
 }
 
 /// Each column's width in `width` cells (0: hidden): hides the least important until the rest fit, then
@@ -83,7 +102,7 @@ fn fit_columns<const N: usize>(columns: &[Column; N], width: u16) -> [u16; N] {
     if let Some(f) = (0..N).find(|i| columns[*i].flex && widths[*i] > 0) {
         let used = total(&widths);
         widths[f] = if used <= width {
-            widths[f] + (width - used)
+            (widths[f] + (width - used)).min(columns[f].most)
         } else {
             widths[f].saturating_sub(used - width).max(1)
         };

@@ -136,6 +136,13 @@ async fn events_say_a_failed_pull_and_a_lost_pin_put_back_each_once_as_a_series(
     assert!(gated.contains("PullFailed"), "{gated}");
     let holding = described_events(&lab, "n1");
     assert!(holding.contains("CacheServing"), "{holding}");
+    // `kubectl get pinboardnodes` shows each node's free image space as a person reads it.
+    let listed = lab.kubectl(&["get", "pinboardnodes"]);
+    let free = |line: &str| line.contains(" MiB") || line.contains(" GiB");
+    assert!(
+        listed.starts_with("NAME") && listed.lines().skip(1).all(free),
+        "{listed}"
+    );
     assert_eq!(failed.type_.as_deref(), Some("Warning"));
     assert!(
         failed.note.as_deref().is_some_and(|n| n.contains("broken")),

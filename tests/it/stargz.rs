@@ -265,6 +265,23 @@ crate::on_runtimes! {
             "{}",
             run.stderr
         );
+        // Unpinned, still lazy, as a kubelet's lazy pull leaves an image: named lazily present first, with
+        // the bytes still only in the registry; the JSON reason is `lazy`, not `not-pinned`.
+        node.clear_label(&image, "io.cri-containerd.pinned");
+        let (run, judged) = json(pinboard_on(
+            node,
+            &command("check", &lab, node, &[&image], &["-o", "json"]),
+        ));
+        assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+        let n1 = &judged["nodes"][0];
+        assert_eq!(n1["images"][0]["reason"], "lazy", "{n1}");
+        assert_eq!(n1["images"][0]["pinned"], false, "{n1}");
+        let reasons = n1["reasons"].to_string();
+        assert!(
+            reasons.contains("1 image present only lazily, and not pinned")
+                && reasons.contains("only in the registry"),
+            "{reasons}"
+        );
         let (run, plan) = json(pinboard_on(
             node,
             &command("plan", &lab, node, &[&image], &["-o", "json"]),

@@ -32,9 +32,10 @@ pub(super) fn image_readiness(image: &ImageObserved) -> ImageReadiness {
         (None, _) => Some(ImageReason::Unknown),
         (Some(false), _) if pulling.is_some() => Some(ImageReason::Pulling),
         (Some(false), _) => Some(ImageReason::Missing),
+        // Lazily present first, pinned or not: what is still only in the registry is what matters most.
+        (Some(true), _) if lazy.is_some() => Some(ImageReason::Lazy),
         (Some(true), Some(false)) => Some(ImageReason::NotPinned),
         (Some(true), None) => Some(ImageReason::Unknown),
-        (Some(true), Some(true)) if lazy.is_some() => Some(ImageReason::Lazy),
         (Some(true), Some(true)) => None,
     };
     ImageReadiness {
@@ -114,7 +115,10 @@ pub fn assess_with(
             i.reason == Some(ImageReason::Lazy)
                 && i.lazy.as_ref().is_some_and(|l| l.unserved.is_none())
         }) {
-            image.reason = None;
+            image.reason = match image.pinned {
+                Some(false) => Some(ImageReason::NotPinned),
+                _ => None,
+            };
         }
     }
     let mut reasons = Vec::new();
@@ -459,6 +463,33 @@ mod tests {
         let mut there = image("a", Some(true), Some(true), None);
         there.pulling = Some(pull(1));
         assert!(assess(&node(vec![there]), None).ready);
+    }
+
+    #[test]
+    fn a_lazily_present_image_not_pinned_is_named_lazy_first_and_never_ready_unpinned() {
+        // A kubelet's lazy pull of an image of the set: present, not pinned, its 3 layers remote.
+        let mut lazy = image("q.io/a@sha256:1", Some(true), Some(false), None);
+        lazy.lazy = RemoteLayers::of(&[true; 3]);
+        let observed = node(vec![lazy]);
+        let n = assess(&observed, None);
+        assert_eq!(n.images[0].reason, Some(ImageReason::Lazy));
+        assert_eq!(
+            serde_json::to_value(&n.images[0]).unwrap()["reason"],
+            "lazy"
+        );
+        assert_eq!(n.reasons.len(), 1, "{:?}", n.reasons);
+        assert!(
+            n.reasons[0]
+                .starts_with("1 image present only lazily, and not pinned, the registry link"),
+            "{:?}",
+            n.reasons
+        );
+        let accepted = assess_with(&observed, None, LazyImages::Accepted);
+        assert!(
+            !accepted.ready,
+            "a fast start is accepted, an unpinned image is not"
+        );
+        assert_eq!(accepted.images[0].reason, Some(ImageReason::NotPinned));
     }
 
     #[test]

@@ -518,9 +518,18 @@ pub fn pin_method_name(method: PinMethod) -> &'static str {
 /// them whole on a node running `runtime`; None when none is.
 pub(super) fn lazily_present(images: &[ImageReadiness], runtime: Option<&str>) -> Option<String> {
     let lazily = lazy_images(images, false);
+    let unpinned = images
+        .iter()
+        .filter(|i| i.reason == Some(ImageReason::Lazy) && i.pinned == Some(false))
+        .count();
+    let pins = match unpinned {
+        0 => String::new(),
+        n if n == lazily.len() => ", and not pinned".into(),
+        n => format!(", {n} of them not pinned"),
+    };
     (!lazily.is_empty()).then(|| {
         format!(
-            "{} present only lazily, the registry link still needed for their layers: {}; {}",
+            "{} present only lazily{pins}, the registry link still needed for their layers: {}; {}",
             count_images(lazily.len()),
             some_of(&lazily),
             super::lazy::make_local(runtime)

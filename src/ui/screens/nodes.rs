@@ -11,7 +11,7 @@ use crate::model::units::human;
 use crate::ui::state::{Pane, Screen, State, matches};
 use crate::ui::status::{Tone, pin_method_label};
 use crate::ui::widgets::{
-    Column, UNKNOWN, col, fg, flex, or_unknown, pane, right, table, table_title,
+    Column, UNKNOWN, col, fg, flex, longest, or_unknown, pane, right, sized_to, table, table_title,
 };
 
 const NODE_COLUMNS: [Column; 10] = [
@@ -53,7 +53,10 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
         area,
         theme,
         pane(theme, title, true),
-        &NODE_COLUMNS,
+        &sized_to(
+            NODE_COLUMNS,
+            longest(state.nodes.iter().map(|n| n.name.as_str())),
+        ),
         cursor,
         rows,
         |n, _| {

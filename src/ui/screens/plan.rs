@@ -14,8 +14,8 @@ use crate::ui::state::{Pane, Screen, State, matches};
 use crate::ui::status::{Tone, verdict_label};
 use crate::ui::theme::{Role, Theme};
 use crate::ui::widgets::{
-    Column, UNKNOWN, bar, col, dim, empty, fg, fit_line, flex, or_unknown, pane, right, table,
-    table_title,
+    Column, UNKNOWN, bar, col, dim, empty, fg, fit_line, flex, longest, or_unknown, pane, right,
+    sized_to, table, table_title,
 };
 
 const PLAN_COLUMNS: [Column; 7] = [
@@ -71,7 +71,10 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
         table_area,
         theme,
         pane(theme, title, true),
-        &PLAN_COLUMNS,
+        &sized_to(
+            PLAN_COLUMNS,
+            longest(survey.nodes.iter().map(|n| n.node.as_str())),
+        ),
         cursor,
         rows,
         |n, widths| {

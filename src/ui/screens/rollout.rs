@@ -11,12 +11,12 @@ use crate::model::lazy::remote_count;
 use crate::model::reference::some_of;
 use crate::model::rollout::{ImageRollout, ImageState, NodeRollout, NodeState};
 use crate::model::units::{clock, human, human_rate};
-use crate::ui::state::{Pane, Screen, State, matches};
+use crate::ui::state::{NO_CACHE, Pane, Screen, State, matches};
 use crate::ui::status::{Tone, image_status, node_status, pin_method_label};
 use crate::ui::theme::{Role, Theme};
 use crate::ui::widgets::{
-    Column, bar, col, duration, empty, fg, fit_line, flex, pane, right, status_span, table,
-    table_title, tally,
+    Column, bar, col, duration, empty, fg, fit_line, flex, longest, pane, right, sized_to,
+    status_span, table, table_title, tally,
 };
 
 const ROLLOUT_NODE_COLUMNS: [Column; 8] = [
@@ -85,7 +85,10 @@ pub(in crate::ui) fn draw(state: &State, frame: &mut Frame, area: Rect) {
         nodes_area,
         theme,
         pane(theme, title, state.focus() == Pane::RolloutNodes),
-        &ROLLOUT_NODE_COLUMNS,
+        &sized_to(
+            ROLLOUT_NODE_COLUMNS,
+            longest(state.rollout_order.iter().map(String::as_str)),
+        ),
         cursor,
         rows,
         |(name, node), widths| {
@@ -209,10 +212,18 @@ fn summary(state: &State) -> Line<'static> {
         .values()
         .filter(|n| matches!(n.bytes_note(), Some((false, _))))
         .count();
+    // Fan-out asked, but no cache carried the bytes: every node pulled from the registry itself.
+    let uncached = state.fans_out()
+        && !state.steers_pulls()
+        && (state.cluster_cache().is_none() || state.rollout.all_direct());
     let link = match (
         state.rollout.link_bytes(),
         state.rollout.partly_from_source(),
     ) {
+        (Some(link), _) if uncached => format!(
+            "{} ({NO_CACHE}: every node pulled from the registry)",
+            human(link)
+        ),
         (Some(link), []) => format!("{} (fan-out{budget})", human(link)),
         // What those nodes' runtimes fetched from the source themselves is not known to pinboard.
         (Some(link), partly) => format!(

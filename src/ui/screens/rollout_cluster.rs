@@ -17,7 +17,8 @@ use crate::model::machine_config::{
 use crate::ui::state::{Pane, Screen, State, matches};
 use crate::ui::status::{Tone, set_state_status};
 use crate::ui::widgets::{
-    Column, col, duration, empty, fg, flex, pane, status_span, table, table_title, tally,
+    Column, col, duration, empty, fg, flex, longest, pane, sized_to, status_span, table,
+    table_title, tally,
 };
 
 const COLUMNS: [Column; 8] = [
@@ -83,7 +84,7 @@ pub(in crate::ui) fn draw(state: &State, session: &ClusterSession, frame: &mut F
         nodes_area,
         theme,
         pane(theme, title, true),
-        &COLUMNS,
+        &sized_to(COLUMNS, longest(members.iter().map(String::as_str))),
         cursor,
         rows,
         |node, _| {

@@ -8,7 +8,7 @@ use crate::model::rollout::{ImageState, NodeState, Rollout};
 use crate::model::units::human;
 use crate::ui::keymap::Action;
 use crate::ui::msg::Cmd;
-use crate::ui::state::{Confirm, Mode, Pane, Screen, State};
+use crate::ui::state::{Confirm, Mode, NO_CACHE, Pane, Screen, State};
 
 pub(super) fn survey(state: &mut State) -> Vec<Cmd> {
     if state.sets.is_empty() {
@@ -103,10 +103,10 @@ pub(super) fn toggle_fan_out(state: &mut State) {
             "the set gets spec.fanOut: its nodes pull through the in-cluster cache at {address} (held by \
              {holder})"
         ),
-        (false, None) => "the set gets spec.fanOut, but no agent serves the in-cluster cache: install \
-                          the agents with `pinboard agent manifests --cache`; until one serves, each node \
-                          pulls from the source after waiting 60 s"
-            .to_string(),
+        (false, None) => format!(
+            "the set gets spec.fanOut, but {NO_CACHE}: install the agents with `pinboard agent \
+             manifests --cache`; until one serves, each node pulls from the registry after waiting 60 s"
+        ),
     };
     state.say(match state.survey.as_ref().map(|s| s.link_bytes) {
         Some(link) => format!(

@@ -1,7 +1,6 @@
 //! A process that only records SIGHUPs: it stands in for a CRI-O that pinboard signals through its
 //! pidfile, where the stand-in of `crio.rs` (a whole CRI server) is more than a test needs.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -29,14 +28,7 @@ impl HupRecorder {
             log.display(),
             ready.display()
         ));
-        // A shell cannot trap a signal ignored when it starts, and tests run under `nohup` ignore SIGHUP.
-        // SAFETY: signal() is async-signal-safe, as pre_exec requires.
-        unsafe {
-            command.pre_exec(|| {
-                libc::signal(libc::SIGHUP, libc::SIG_DFL);
-                Ok(())
-            });
-        }
+        super::process::hup_trappable(&mut command);
         let child = command.spawn().expect("bash runs");
         std::fs::write(&pidfile, format!("{}\n", child.id())).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);

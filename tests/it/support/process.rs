@@ -200,6 +200,18 @@ pub(crate) fn stop_all(procs: &mut [Proc]) {
 }
 
 /// A loopback port that was free a moment ago (bind port 0, read it, close).
+/// `command` with SIGHUP's default disposition, for a shell that traps it: a shell cannot trap a signal
+/// ignored when it starts, and tests run under `nohup` ignore SIGHUP.
+pub(crate) fn hup_trappable(command: &mut Command) -> &mut Command {
+    // SAFETY: signal() is async-signal-safe, as pre_exec requires.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        })
+    }
+}
+
 pub fn free_port() -> Result<u16> {
     free_port_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }

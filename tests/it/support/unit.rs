@@ -96,7 +96,7 @@ done
     /// The supervisor's command line, starting containerd with `config`.
     pub(crate) fn command(&self, config: &Path) -> Command {
         let mut command = Command::new("bash");
-        command
+        super::process::hup_trappable(&mut command)
             .arg(&self.script)
             .arg(config)
             .arg(&self.containerd_pid)
