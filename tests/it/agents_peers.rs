@@ -27,11 +27,16 @@ const PEER_PORT: &str = "5051";
 const EIGHT: [&str; 8] = ["n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8"];
 
 /// A lab of `nodes` serving each other, their agents eligible for the cache's role, each sending at most
-/// `nic` to the others.
+/// `nic` to the others, each keeping its pieces in a directory of its own.
 async fn peers_lab(name: &str, nodes: &[&str], nic: &str) -> AgentsLab {
+    peers_lab_in(name, nodes, nic, "{lab}/peers-{node}").await
+}
+
+/// [`peers_lab`] with every agent's `--peer-dir` at `dir` (`{lab}` and `{node}` filled in).
+async fn peers_lab_in(name: &str, nodes: &[&str], nic: &str, dir: &str) -> AgentsLab {
     let peers = [
         format!("--peer-port={PEER_PORT}"),
-        "--peer-dir={lab}/peers-{node}".to_string(),
+        format!("--peer-dir={dir}"),
         format!("--serve-rate={nic}"),
     ];
     let peers: Vec<&str> = peers.iter().map(String::as_str).collect();
@@ -192,6 +197,47 @@ async fn eight_nodes_take_a_fan_out_set_from_each_other_with_each_blob_over_the_
     }
 }
 
+/// Six nodes, as kubelets on one machine run them, share one `--peer-dir` (the DaemonSet's hostPath),
+/// and take five sets from each other, one after another, without a fault: no node ever serves a piece
+/// before it holds it, so none is refused, and every set is pinned whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn six_nodes_sharing_one_peer_dir_take_five_sets_without_refusing_a_piece() {
+    let nodes = ["n1", "n2", "n3", "n4", "n5", "n6"];
+    let lab = peers_lab_in("agents-peers-shared", &nodes, NIC, "{lab}/peers").await;
+    // What the nodes took of the shared layers, over the runs so far.
+    let mut taken = 0;
+    for run in 0..5u64 {
+        let images = push_images(&lab, &format!("shared{run}/app"), 9700 + 10 * run, 3);
+        let references = through_proxy(&lab, &images);
+        let set = format!("run{run}");
+        let before = lab.lab.proxy().bytes_down();
+        apply_fan_out_set(&lab, &set, &references, "").await;
+        wait_set_pinned_on(&lab, &set, &nodes).await;
+        for node in nodes {
+            lab.lab.node(node).assert_pinned(&references);
+        }
+        let unique = unique_bytes(&images);
+        assert_moved_at_most(&lab, &format!("run {run}"), before, unique, 1.05);
+        taken += shared_layers(&images).values().sum::<u64>() * nodes.len() as u64;
+        let figures = peer_figures(&lab, &nodes, taken).await;
+        let refused: BTreeMap<&String, u64> = figures
+            .iter()
+            .map(|(node, p)| (node, p["refusedPieces"].as_u64().unwrap_or(0)))
+            .collect();
+        let from_peers: u64 = figures
+            .values()
+            .map(|p| p["fromPeersBytes"].as_u64().unwrap_or(0))
+            .sum();
+        eprintln!("run {run}: refused pieces {refused:?}; taken from peers {from_peers} bytes");
+        assert!(
+            refused.values().all(|n| *n == 0),
+            "run {run}: no piece refused in a fault-free fan-out: {refused:?} (lab: {})",
+            lab.lab.dir().display()
+        );
+        assert!(from_peers > 0, "run {run}: the nodes served each other");
+    }
+}
+
 /// A node killed while it forwards pieces to others (its DaemonSet starting it again): the nodes below it
 /// resume their stripes from another parent, and every node still ends pinned with each blob over the
 /// link about once.
@@ -265,6 +311,7 @@ async fn a_peer_serving_corrupt_pieces_is_refused_dropped_and_named() {
             .lab
             .dir()
             .join(format!("peers-{bad}"))
+            .join(bad)
             .join(digest.replace(':', "-"));
         let mut bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         bytes.iter_mut().for_each(|b| *b ^= 0x5a);

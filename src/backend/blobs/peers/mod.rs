@@ -7,8 +7,10 @@
 //! fetching a large blob over a slow link, or a holder without a tracker), the relay passes the runtime's
 //! request on to the holder as before.
 //!
-//! Blobs are kept in `--peer-dir` while they are used, and let go after [`LINGER`] unused; an agent that
-//! starts clears the directory (what it held is in the runtime; a restarted agent joins anew).
+//! Blobs are kept in `--peer-dir`, under the node's name, while they are used, and let go after [`LINGER`]
+//! unused; an agent that starts clears its node's directory (what it held is in the runtime; a restarted
+//! agent joins anew). Nodes sharing one `--peer-dir` (kubelets on one machine, one hostPath) never touch
+//! each other's files.
 
 mod serve;
 mod state;
@@ -55,12 +57,12 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// Clears `setup.dir` and serves pieces on `setup.listen`; `locate` finds the cache when its tracker
-    /// stops answering.
+    /// Clears the node's directory under `setup.dir` and serves pieces on `setup.listen`; `locate` finds
+    /// the cache when its tracker stops answering.
     pub async fn start(setup: PeerSetup, locate: Locate) -> Result<Peers, String> {
-        let dir = &setup.dir;
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir)
+        let dir = setup.dir.join(&setup.node);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot use {}: {e}; pass another --peer-dir", dir.display()))?;
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
@@ -68,7 +70,7 @@ impl Peers {
             .build()
             .map_err(|e| format!("cannot build the peers' HTTP client: {e}"))?;
         let state = Arc::new(PeersState::new(
-            (setup.node, setup.dir),
+            (setup.node, dir),
             client,
             locate,
             setup.serving_cap,

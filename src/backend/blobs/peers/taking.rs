@@ -46,11 +46,16 @@ pub enum NotHeld {
 }
 
 impl Taking {
-    /// A new taking of `digest` cut as `cut`, its pieces written to `path`.
+    /// A new taking of `digest` cut as `cut`, its pieces written to a new file at `path`. A file there
+    /// before is unlinked, never truncated: whoever still reads it (an earlier taking's request, an agent
+    /// sharing the directory) keeps its bytes, and no piece it holds turns to zeros.
     pub fn create(path: &Path, digest: &str, cut: Cut) -> std::io::Result<Taking> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .read(true)
             .write(true)
             .open(path)?;
@@ -246,5 +251,21 @@ mod tests {
             Some(Err("its parents are gone".into()))
         );
         assert_eq!(reader.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_new_taking_at_the_same_path_leaves_the_pieces_an_earlier_one_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+        let cut = Cut::of(&blob);
+        let path = dir.path().join("b");
+        let first = Taking::create(&path, "sha256:b", cut.clone()).unwrap();
+        let range = cut.geometry().range(0);
+        let piece = Bytes::copy_from_slice(&blob[range.start as usize..range.end as usize]);
+        first.put(0, piece.clone()).await.unwrap();
+        // Another agent sharing the directory (or a retry after a failure) takes the same blob anew.
+        let second = Taking::create(&path, "sha256:b", cut).unwrap();
+        assert_eq!(first.piece(0, Duration::ZERO).await.unwrap(), piece);
+        assert_eq!(second.piece(0, Duration::ZERO).await, Err(NotHeld::NotYet));
     }
 }
