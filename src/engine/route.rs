@@ -94,6 +94,7 @@ pub(super) async fn route(
             registry: Arc::clone(&shared.registry),
             snapshotter,
             swapping: Arc::default(),
+            kept: Arc::default(),
         });
     }
     let Some(socket) = snapshotter_socket(client, job).await else {

@@ -556,13 +556,17 @@ impl Background {
         }
     }
 
+    /// What it wrote to stderr so far.
+    fn said(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// Waits until its stderr says `text`.
     fn wait_for(&self, text: &str, limit: Duration) {
-        let said = || self.stderr.lock().unwrap().clone();
         polled(
             limit,
-            || said().contains(text).then_some(()),
-            || format!("{text:?}:\n{}", said()),
+            || self.said().contains(text).then_some(()),
+            || format!("{text:?}:\n{}", self.said()),
         );
     }
 
@@ -679,6 +683,92 @@ fn a_snapshotter_killed_mid_pull_leaves_every_pull_pulled_or_failed_with_its_rea
             "{report}"
         );
     }
+}
+
+/// Bytes that crossed the lab's link since `before`, within `slack` times `unique`.
+fn assert_link_within(lab: &Lab, what: &str, before: u64, unique: u64, slack: f64) {
+    let moved = lab.proxy().bytes_down() - before;
+    let ratio = moved as f64 / unique as f64;
+    eprintln!("{what}: {moved} bytes over the link for {unique} ({ratio:.3}x)");
+    assert!(
+        ratio <= slack,
+        "{what}: the link carried {moved} bytes for a set of {unique} ({ratio:.2}x, more than {slack}x)"
+    );
+}
+
+/// Waits until the lab's link carried `bytes` since `before`.
+fn wait_link(lab: &Lab, before: u64, bytes: u64) {
+    polled(
+        Duration::from_secs(60),
+        || (lab.proxy().bytes_down() - before >= bytes).then_some(()),
+        || format!("{bytes} bytes over the link"),
+    );
+}
+
+/// An eStargz image of three 4 MiB layers per seed, pushed as `REPO<seed>`: their references through the
+/// lab's proxy, and their unique bytes.
+fn push_through_proxy(lab: &Lab, repo: &str, seeds: std::ops::Range<u64>) -> (Vec<String>, u64) {
+    let images: Vec<PushedImage> = seeds
+        .map(|seed| {
+            let spec = EstargzSpec::with_busybox("resumed\n", seed, &[4 * MIB, 4 * MIB, 4 * MIB]);
+            lab.push_estargz(&format!("{repo}{seed}"), &spec).unwrap()
+        })
+        .collect();
+    let references = images
+        .iter()
+        .map(|i| i.reference(&lab.proxy_host()))
+        .collect();
+    (references, support::unique_bytes(&images))
+}
+
+/// A whole pull interrupted (the snapshotter killed for longer than a swap waits for it; containerd
+/// killed and started again mid-download) goes on from what reached the content store: the set ends
+/// pinned and its bytes cross the throttled link about once.
+#[test]
+fn whole_pulls_interrupted_by_the_snapshotter_or_containerd_resume_and_cross_the_link_once() {
+    let mut lab = Lab::with_nodes(
+        "stargz-resume",
+        vec![NodeSpec::new("n1", 512 * MI).with_stargz()],
+    );
+    let (run, _) = lazy(lab.node("n1"), "on", &["--restart"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    lab.proxy().set_bandwidth(Some(4 * MI));
+    // The snapshotter killed a quarter into the set and kept down past two attempts' patience: they fail,
+    // and the next one finds every blob still there.
+    let (references, unique) = push_through_proxy(&lab, "resume/s", 3500..3504);
+    let refs: Vec<&str> = references.iter().map(String::as_str).collect();
+    let before = lab.proxy().bytes_down();
+    let apply = Background::apply(&lab, lab.node("n1"), &refs, &[]);
+    wait_link(&lab, before, unique / 4);
+    lab.kill_stargz("n1").unwrap();
+    apply.wait_for("attempt 2 failed", Duration::from_secs(120));
+    assert!(
+        apply
+            .said()
+            .contains("the snapshotter stargz does not answer"),
+        "{}",
+        apply.said()
+    );
+    lab.start_stargz("n1").unwrap();
+    let (code, report, stderr) = apply.finish(Duration::from_secs(180));
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["rollout"][0]["pulled"], 4, "{report}");
+    lab.node("n1").assert_pinned(&references);
+    assert_link_within(&lab, "snapshotter killed mid-apply", before, unique, 1.3);
+
+    // containerd killed a third into another set and started again: the ingests keep what was written.
+    let (references, unique) = push_through_proxy(&lab, "resume/c", 3600..3603);
+    let refs: Vec<&str> = references.iter().map(String::as_str).collect();
+    let before = lab.proxy().bytes_down();
+    let apply = Background::apply(&lab, lab.node("n1"), &refs, &[]);
+    wait_link(&lab, before, unique / 3);
+    lab.restart_node("n1").unwrap();
+    let (code, report, stderr) = apply.finish(Duration::from_secs(180));
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["rollout"][0]["pulled"], 3, "{report}");
+    assert!(stderr.contains("retrying"), "an attempt failed: {stderr}");
+    lab.node("n1").assert_pinned(&references);
+    assert_link_within(&lab, "containerd killed mid-apply", before, unique, 1.3);
 }
 
 /// What `pinboard lazy status` says of the lab's one node, through its agent.

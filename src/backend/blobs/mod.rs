@@ -8,12 +8,14 @@
 //! - [`tracker`]: [`Tracker`], the holder's who-takes-what-from-whom for nodes serving each other.
 //! - [`peers`]: [`Peers`], a node serving the pieces it took to other nodes, and taking each blob from
 //!   the parents the tracker names, every piece checked against the holder's hash.
+//! - [`cluster_client`]: the plain-HTTP client agents reach the cache and each other with.
 //! - [`relay`]: [`Relay`], a node's own mirror passing its pulls on to the in-cluster cache's endpoint,
 //!   riding out the cache's restarts.
 //!
 //! `pinboard mirror` serves the endpoint on its own; nodes reach it as a registry mirror.
 
 pub mod cache;
+pub mod cluster_client;
 pub mod endpoint;
 pub mod peers;
 pub mod relay;

@@ -30,6 +30,7 @@ use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::{Frame, Incoming};
 use tokio::sync::Mutex;
 
+use crate::backend::blobs::cluster_client::cluster_client;
 use crate::backend::blobs::peers::Peers;
 use crate::backend::blobs::upstream::{Locate, Upstream};
 use crate::backend::cri::error_chain;
@@ -101,10 +102,7 @@ impl Relay {
         hold: Duration,
         peers: Option<Peers>,
     ) -> Result<Relay, RelayError> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .no_proxy()
-            .build()
+        let client = cluster_client()
             .map_err(|e| RelayError(format!("cannot build the relay's HTTP client: {e}")))?;
         let shared = Arc::new(Shared {
             client,

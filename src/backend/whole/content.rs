@@ -5,6 +5,8 @@
 //!
 //! containerd's `Content/Write` answers every request before it reads the next: requests go one at a time.
 
+use std::time::Duration;
+
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -22,6 +24,9 @@ use crate::model::served::Source;
 
 /// How much goes in one write request.
 const CHUNK: usize = 1 << 20;
+/// How long the first wait for an ingest another pull is writing lasts; it doubles up to the second.
+const LOCKED_FIRST_WAIT: Duration = Duration::from_millis(16);
+const LOCKED_MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// The size of blob `digest` in the content store.
 pub(super) async fn blob_size(client: &CriClient, digest: &str) -> Result<i64, WholeError> {
@@ -137,9 +142,27 @@ struct Ingest {
     offset: u64,
 }
 
+/// What opening an ingest found.
+enum Opened {
+    Ingest(Ingest),
+    /// The blob is in the store already.
+    InStore,
+    /// Another pull writes it now (images sharing a layer): containerd answers that its ref is locked.
+    Locked,
+}
+
+/// Whether containerd refused a write because another writer holds its ref, as it answers while another
+/// pull writes the same blob (a server's Unavailable, not a broken connection's).
+fn locked(status: &tonic::Status) -> bool {
+    status.code() == Code::Unavailable
+        && std::error::Error::source(status).is_none()
+        && status.message().contains("locked")
+}
+
 impl Ingest {
     /// Opens the ingest `<kind>-<digest>` for a blob of `total` bytes under the lease, and learns how far
-    /// an earlier attempt got; None when the blob is in the store already.
+    /// an earlier attempt got; None when the blob is in the store already. While another pull writes the
+    /// same blob it waits, as containerd's own pulls do: that pull's commit makes the blob in the store.
     async fn open(
         client: &CriClient,
         lease: &str,
@@ -147,6 +170,26 @@ impl Ingest {
         digest: &str,
         total: u64,
     ) -> Result<Option<Ingest>, WholeError> {
+        let mut wait = LOCKED_FIRST_WAIT;
+        loop {
+            match Ingest::try_open(client, lease, kind, digest, total).await? {
+                Opened::Ingest(ingest) => return Ok(Some(ingest)),
+                Opened::InStore => return Ok(None),
+                Opened::Locked => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(LOCKED_MAX_WAIT);
+                }
+            }
+        }
+    }
+
+    async fn try_open(
+        client: &CriClient,
+        lease: &str,
+        kind: &str,
+        digest: &str,
+        total: u64,
+    ) -> Result<Opened, WholeError> {
         let reference = format!("{kind}-{digest}");
         let (requests, rx) = mpsc::channel(1);
         let stream = futures::stream::unfold(rx, |mut rx| async move {
@@ -165,32 +208,43 @@ impl Ingest {
             .send(stat)
             .await
             .map_err(|_| WholeError::closed(&reference))?;
+        // What the stream's opening and its first answer (the ingest's status) say.
+        enum First {
+            Status(tonic::Streaming<WriteContentResponse>, WriteContentResponse),
+            InStore,
+            Locked,
+            Closed,
+        }
         let opening = async {
-            match ContentClient::new(client.channel()).write(request).await {
-                Ok(answers) => Ok(Some(answers.into_inner())),
-                Err(status) if status.code() == Code::AlreadyExists => Ok(None),
+            let mut answers = match ContentClient::new(client.channel()).write(request).await {
+                Ok(answers) => answers.into_inner(),
+                Err(status) if status.code() == Code::AlreadyExists => return Ok(First::InStore),
+                Err(status) if locked(&status) => return Ok(First::Locked),
+                Err(status) => return Err(status),
+            };
+            match answers.message().await {
+                Ok(Some(stat)) => Ok(First::Status(answers, stat)),
+                Ok(None) => Ok(First::Closed),
+                Err(status) if status.code() == Code::AlreadyExists => Ok(First::InStore),
+                Err(status) if locked(&status) => Ok(First::Locked),
                 Err(status) => Err(status),
             }
         };
-        let Some(answers) = client.call_content("Content/Write", opening).await? else {
-            return Ok(None);
+        let (answers, stat) = match client.call_content("Content/Write", opening).await? {
+            First::Status(answers, stat) => (answers, stat),
+            First::InStore => return Ok(Opened::InStore),
+            First::Locked => return Ok(Opened::Locked),
+            First::Closed => return Err(WholeError::closed(&reference)),
         };
-        let mut ingest = Ingest {
+        Ok(Opened::Ingest(Ingest {
             requests,
             answers,
             client: client.clone(),
             reference,
             digest: digest.to_string(),
             total,
-            offset: 0,
-        };
-        match ingest.answer().await? {
-            Some(answer) => {
-                ingest.offset = u64::try_from(answer.offset).unwrap_or(0);
-                Ok(Some(ingest))
-            }
-            None => Ok(None),
-        }
+            offset: u64::try_from(stat.offset).unwrap_or(0),
+        }))
     }
 
     /// Drops what an earlier write of bytes in hand left, so that they are written from the start.

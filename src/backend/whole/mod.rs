@@ -19,7 +19,7 @@
 mod content;
 mod unpack;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -34,8 +34,12 @@ use crate::model::lazy::ContainerdHoldings;
 use crate::model::served::Source;
 use crate::model::whole::{Blocked, Target, chain_ids, swap};
 
-/// How long a lease outlives a pinboard killed mid-pull: then containerd collects what it held.
+/// How long a lease outlives a pinboard killed mid-pull, or a pull that failed for now: then containerd
+/// collects what it held.
 const LEASE_EXPIRES: Duration = Duration::from_secs(3600);
+/// How long a swap waits for a snapshotter that does not answer before the attempt fails.
+const SNAPSHOTTER_PATIENCE: Duration = Duration::from_secs(10);
+const SNAPSHOTTER_POLL: Duration = Duration::from_millis(500);
 
 /// Why an image could not be pulled whole.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +113,9 @@ pub struct WholePull {
     pub snapshotter: String,
     /// Held while snapshots are removed and built: one image at a time on a node.
     pub swapping: Arc<tokio::sync::Mutex<()>>,
+    /// The leases of attempts that failed for now, by image: they keep what those attempts fetched for the
+    /// next one, until an attempt ends the pull.
+    pub kept: Arc<std::sync::Mutex<HashMap<String, Vec<Lease>>>>,
 }
 
 /// How the image gets its CRI record once its blobs and snapshots are there: CRI `PullImage` with this
@@ -122,7 +129,9 @@ impl WholePull {
     /// Pulls `reference` (resolved as `facts`) whole; `register` when the node has no record of it yet.
     /// Cancelled while its blobs come, it leaves them to the next attempt (the ingest resumes); once they
     /// are all there, the snapshots are swapped to the end whatever happens to the caller, as a swap
-    /// stopped halfway would leave the image without its layers.
+    /// stopped halfway would leave the image without its layers. An attempt that fails for now (a
+    /// snapshotter or the registry away) keeps what it fetched for the next one: only the bytes still
+    /// missing cross the link again.
     pub async fn pull(
         &self,
         reference: &str,
@@ -130,7 +139,10 @@ impl WholePull {
         register: Option<Register>,
     ) -> Result<(), WholeError> {
         let lease = Lease::create(&self.client).await?;
-        let target = self.fetch(&lease.id, reference, facts).await?;
+        let target = match self.fetch(&lease.id, reference, facts).await {
+            Ok(target) => target,
+            Err(e) => return Err(self.ended(reference, lease, e).await),
+        };
         let whole = self.clone();
         let reference = reference.to_string();
         let swapped = tokio::spawn(async move {
@@ -144,12 +156,44 @@ impl WholePull {
                     .map_err(WholeError::from),
                 (done, _) => done,
             };
-            lease.release().await;
-            registered
+            match registered {
+                Ok(()) => {
+                    whole.release(&reference, lease).await;
+                    Ok(())
+                }
+                Err(e) => Err(whole.ended(&reference, lease, e).await),
+            }
         });
         swapped
             .await
             .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+
+    /// An attempt at `reference` that failed with `failure`: its lease is kept for the next attempt when
+    /// another may succeed, else every lease of the image is released.
+    async fn ended(&self, reference: &str, lease: Lease, failure: WholeError) -> WholeError {
+        if failure.kind() == CriErrorKind::Transient {
+            self.kept_leases()
+                .entry(reference.to_string())
+                .or_default()
+                .push(lease);
+        } else {
+            self.release(reference, lease).await;
+        }
+        failure
+    }
+
+    /// Releases `lease` and those kept for `reference`: what they held is then kept only by the images
+    /// that refer to it.
+    async fn release(&self, reference: &str, lease: Lease) {
+        let kept = self.kept_leases().remove(reference).unwrap_or_default();
+        for lease in kept.into_iter().chain([lease]) {
+            lease.release().await;
+        }
+    }
+
+    fn kept_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Lease>>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The image's manifest, config and layer blobs into the content store, under the lease; what its
@@ -209,8 +253,37 @@ impl WholePull {
     /// The target's snapshots made local, one image at a time on the node. Another image whose lazily
     /// pulled layers the target shares is made whole with it: its missing blobs are fetched too, from
     /// the repository it was pulled from.
+    /// A snapshotter that does not answer (restarting: containerd reconnects within seconds) is waited
+    /// for up to [`SNAPSHOTTER_PATIENCE`], so the attempt goes on rather than failing and starting again.
     async fn swap(&self, lease: &str, target: &Target) -> Result<(), WholeError> {
         let _one_at_a_time = self.swapping.lock().await;
+        let deadline = tokio::time::Instant::now() + SNAPSHOTTER_PATIENCE;
+        loop {
+            let away = match self.swap_once(lease, target).await {
+                Err(WholeError::Unserved(why)) => why,
+                // Containerd lists no snapshot of an empty snapshotter from it: the first call to reach it
+                // tells.
+                Err(WholeError::Cri(e))
+                    if e.rpc.starts_with("Snapshots/") && e.kind == CriErrorKind::Transient =>
+                {
+                    format!(
+                        "the snapshotter {} does not answer: {}",
+                        self.snapshotter, e.cause
+                    )
+                }
+                done => return done,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(WholeError::Unserved(format!(
+                    "{away} (waited {}s for it)",
+                    SNAPSHOTTER_PATIENCE.as_secs()
+                )));
+            }
+            tokio::time::sleep(SNAPSHOTTER_POLL).await;
+        }
+    }
+
+    async fn swap_once(&self, lease: &str, target: &Target) -> Result<(), WholeError> {
         let mut fetched = HashSet::new();
         loop {
             let holdings = containerd_holdings(&self.client).await?.ok_or_else(|| {
@@ -271,7 +344,7 @@ impl WholePull {
 }
 
 /// A lease of pinboard's own on one node, expiring by itself should pinboard die holding it.
-struct Lease {
+pub struct Lease {
     client: CriClient,
     id: String,
 }

@@ -245,9 +245,14 @@ impl AgentsLab {
     }
 
     /// Runs `command` (`pinboard agent` and its runtime's arguments) as `node`'s agent, as the DaemonSet's
-    /// pod would run: its arguments, `NODE_NAME` and `POD_NAMESPACE`, the ServiceAccount's token.
+    /// pod would run: its arguments, `NODE_NAME` and `POD_NAMESPACE`, the ServiceAccount's token, and no
+    /// system CA certificates (the agent's image has none).
     fn spawn_agent(&mut self, node: &str, mut command: std::process::Command) {
+        let no_cas = self.lab.dir().join("no-system-cas");
+        std::fs::create_dir_all(&no_cas).expect("an empty directory");
         command
+            .env("SSL_CERT_DIR", &no_cas)
+            .env("SSL_CERT_FILE", no_cas.join("none.pem"))
             .args([
                 "--insecure-registry",
                 &self.lab.registry_host(),

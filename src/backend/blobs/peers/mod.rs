@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::backend::blobs::cluster_client::cluster_client;
 use crate::backend::blobs::serving_cap::ServingCap;
 use crate::backend::blobs::upstream::{Locate, Upstream};
 use crate::backend::http_server::Server;
@@ -64,10 +65,7 @@ impl Peers {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot use {}: {e}; pass another --peer-dir", dir.display()))?;
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .no_proxy()
-            .build()
+        let client = cluster_client()
             .map_err(|e| format!("cannot build the peers' HTTP client: {e}"))?;
         let state = Arc::new(PeersState::new(
             (setup.node, dir),
