@@ -46,6 +46,21 @@ struct Serving {
     endpoint: Endpoint,
     cache: Arc<BlobCache>,
     published: CacheLease,
+    /// The figures kept in the cache directory when it started serving: its counts go on from them.
+    carried: Figures,
+    /// The figures as last kept there.
+    kept: Option<String>,
+}
+
+/// Where the holder keeps its figures in its cache directory, so that a restart does not reset them.
+const FIGURES_FILE: &str = "figures.json";
+
+/// The cache's counts kept across its agent's restarts.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Figures {
+    link_bytes: u64,
+    served_bytes: u64,
 }
 
 impl CacheRole {
@@ -197,7 +212,14 @@ impl CacheRole {
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         endpoint.cap_serving(self.setup.serving_cap.clone());
         tracing::info!(address = endpoint.url(), "serving the in-cluster cache");
+        let kept = std::fs::read_to_string(self.setup.dir.join(FIGURES_FILE)).ok();
+        let carried = kept
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_default();
         Ok(Serving {
+            carried,
+            kept,
             published: CacheLease {
                 address: endpoint.url(),
                 sets: BTreeMap::new(),
@@ -207,16 +229,27 @@ impl CacheRole {
         })
     }
 
-    /// The cache's figures while this agent holds the role.
-    pub fn report(&self) -> Option<CacheReport> {
-        let serving = self.serving.as_ref()?;
+    /// The cache's figures as of now while this agent holds the role, read after the checks asked of the
+    /// fan-out sets of `sets`; kept in the cache directory when they changed.
+    pub fn report(&mut self, sets: &BTreeMap<String, PinSet>) -> Option<CacheReport> {
+        let serving = self.serving.as_mut()?;
         let stats = serving.endpoint.stats();
+        let figures = Figures {
+            link_bytes: serving.carried.link_bytes + stats.link_bytes,
+            served_bytes: serving.carried.served_bytes + stats.served_bytes,
+        };
+        let text = serde_json::to_string(&figures).unwrap_or_default();
+        let path = self.setup.dir.join(FIGURES_FILE);
+        match crate::backend::files::write_if_changed(&path, serving.kept.as_deref(), Some(&text)) {
+            Ok(_) => serving.kept = Some(text),
+            Err(e) => tracing::debug!("cannot keep the cache's figures: {e}"),
+        }
         let tracker = serving.endpoint.tracker();
         let swarm = tracker.map(Tracker::stats).unwrap_or_default();
         Some(CacheReport {
             address: serving.published.address.clone(),
-            link_bytes: stats.link_bytes,
-            served_bytes: stats.served_bytes,
+            link_bytes: figures.link_bytes,
+            served_bytes: figures.served_bytes,
             requests: stats.requests,
             refused: stats.refused,
             link_rate: serving.cache.link_rate(),
@@ -224,6 +257,9 @@ impl CacheRole {
             swarm_nodes: swarm.nodes,
             swarm_blobs: swarm.blobs,
             dropped_peers: tracker.map(Tracker::dropped).unwrap_or_default(),
+            answered: fan_out_sets(sets)
+                .filter_map(|s| s.check_request().map(str::to_string))
+                .collect(),
         })
     }
 }

@@ -442,7 +442,7 @@ impl Agent {
             .turn(node_ip(self.node.as_ref()), self.state.sets())
             .await;
         let was_serving = self.cache_report.is_some();
-        self.cache_report = cache.report();
+        self.cache_report = cache.report(self.state.sets());
         if let Some(report) = self.cache_report.as_ref().filter(|_| !was_serving) {
             let note = Note::normal(
                 "CacheServing",
@@ -791,6 +791,11 @@ impl Agent {
         let Some(node) = &self.node else {
             return;
         };
+        // The cache's figures as of this write, not of its last turn: a command waiting for them after a
+        // rollout gets them within a write.
+        if let Some(cache) = self.cache.as_mut().filter(|_| self.cache_report.is_some()) {
+            self.cache_report = cache.report(self.state.sets());
+        }
         let mut report = self.state.facts().clone();
         report.sets = self.state.answered_reports();
         report.cache = self.cache_report.clone();

@@ -237,6 +237,16 @@ impl AgentsView {
         self.cache_bytes().0
     }
 
+    /// Whether a holder of the in-cluster cache reported figures read after check `request` was asked.
+    pub fn cache_answered(&self, request: &str) -> bool {
+        self.reports.values().any(|r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.cache.as_ref())
+                .is_some_and(|c| c.answered.iter().any(|a| a == request))
+        })
+    }
+
     /// The registry link's budget the in-cluster cache keeps (`--link-rate`), as a holder reports it.
     pub fn cache_link_rate(&self) -> Option<u64> {
         self.reports

@@ -280,7 +280,8 @@ pub struct DroppedPeer {
 pub struct CacheReport {
     /// `http://NODE-IP:PORT`
     pub address: String,
-    /// Bytes it took from the source registries since it started serving.
+    /// Bytes it took from the source registries, over its node's agent's restarts (kept in its cache
+    /// directory).
     pub link_bytes: u64,
     /// Bytes it served to the nodes.
     pub served_bytes: u64,
@@ -301,6 +302,10 @@ pub struct CacheReport {
     /// Peers dropped for serving corrupt pieces, named with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped_peers: Vec<DroppedPeer>,
+    /// The checks asked of the fan-out sets ([`CHECK_REQUEST_ANNOTATION`]) when these figures were read: a
+    /// command that asked prints the figures once they answer its question, so they cover its rollout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answered: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -735,6 +735,12 @@ impl Rollout {
         })
     }
 
+    /// The nodes that pulled from the registries themselves, their bytes counted as the link's
+    /// ([`FanOutNodes::direct`]).
+    pub fn direct_from_source(&self) -> &[String] {
+        self.link.as_ref().map_or(&[], |l| &l.nodes.direct)
+    }
+
     /// The nodes some of whose pulls went to the source uncounted ([`FanOutNodes::partly`]).
     pub fn partly_from_source(&self) -> &[String] {
         self.link.as_ref().map_or(&[], |l| &l.nodes.partly)

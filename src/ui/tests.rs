@@ -586,6 +586,22 @@ fn f_on_the_plan_screen_turns_fan_out_on_for_the_next_apply_and_the_rollout_coun
         human(5 << 20)
     );
     assert!(summary(&state).contains(&link), "{}", summary(&state));
+    // A node that pulled from the registry itself (its agent could not relay): named beside the figure,
+    // which counts its bytes.
+    update(
+        &mut state,
+        Msg::FanOut(FanOutNodes {
+            link_rate: None,
+            direct: vec!["n3".into()],
+            partly: Vec::new(),
+        }),
+    );
+    update(&mut state, Msg::LinkBytes(5 << 20));
+    assert!(
+        summary(&state).contains("(fan-out; n3 pulled from the registry itself)"),
+        "{}",
+        summary(&state)
+    );
 
     // Off again: the next confirmation says so.
     type_keys(&mut state, "3f");

@@ -92,7 +92,7 @@ fn hosts_files(lab: &AgentsLab) -> Vec<Option<String>> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_about_once() {
-    let lab = cache_lab("agents-fanout", RegistrySetup::default()).await;
+    let mut lab = cache_lab("agents-fanout", RegistrySetup::default()).await;
     let images = push_images(&lab, "fanout/app", 9100, 3);
     let references = through_proxy(&lab, &images);
     let unique = unique_bytes(&images);
@@ -111,6 +111,8 @@ async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_abou
         "--fan-out",
         "--timeout",
         "120s",
+        "-o",
+        "json",
     ]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     wait_pinned_through_cache(&lab, "web", &references).await;
@@ -120,6 +122,27 @@ async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_abou
         before,
         unique,
         1.05,
+    );
+    // `apply -o json` says what crossed the link and what the cache served in this rollout, as of after
+    // it: the holder's figures read after apply's question, not at its last heartbeat.
+    let applied: Value = serde_json::from_str(&run.stdout).unwrap();
+    let figure = |name: &str| applied["fanOut"][name].as_u64().unwrap_or(0);
+    let (link, served) = (figure("linkBytes"), figure("servedBytes"));
+    eprintln!(
+        "apply -o json: linkBytes {link}, servedBytes {served}; the proxy counted {moved} for {unique} unique"
+    );
+    assert!(
+        link >= unique - unique / 20 && link <= moved,
+        "apply's linkBytes ({link}) is what crossed the link ({moved}) for {unique} unique"
+    );
+    assert!(
+        served >= 3 * (unique - unique / 20),
+        "apply's servedBytes ({served}) covers the 3 nodes' {unique} each"
+    );
+    assert!(
+        !run.stderr.contains("did not report its figures"),
+        "{}",
+        run.stderr
     );
     // The holder reports its figures at its heartbeat's pace.
     wait_for(
@@ -161,6 +184,20 @@ async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_abou
         "{}",
         check.stdout
     );
+    // The holder restarted (its DaemonSet starting it again) counts on from its figures, kept in its
+    // cache directory: a figure taken across its restart stays true.
+    let (holder, _) = lab.cache_holder().await;
+    lab.stop_agent(&holder);
+    lab.start_agent(&holder);
+    wait_for("the restarted holder's figures", WAIT, || async {
+        let reports = reports(&lab).await;
+        let cache = &reports[&holder]["status"]["cache"];
+        let now = cache["linkBytes"].as_u64().unwrap_or(0);
+        (now >= link && cache["address"].is_string())
+            .then_some(())
+            .ok_or_else(|| format!("{cache}"))
+    })
+    .await;
     wait_hosts_back(&lab, &hosts_before).await;
 }
 

@@ -239,6 +239,11 @@ impl AgentsFleet {
             })
             .collect();
         let fanned_out = wanted.iter().any(|w| w.set.fan_out);
+        if fanned_out && readiness.ready && !connected.follow_cache_figures().await {
+            eprintln!(
+                "warning: the in-cluster cache's holder did not report its figures after the rollout in                  time: linkBytes and servedBytes are as of its last report"
+            );
+        }
         let (link, served) = connected.view.cache_bytes();
         Ok(Applied::Reported(Box::new(Reported {
             sets: wanted.iter().map(|w| SetUsed::of(&w.set)).collect(),

@@ -154,6 +154,17 @@ impl Connected {
         self.asked = Some(asked);
     }
 
+    /// Follows the cluster until the in-cluster cache's holder reports figures read after the last check
+    /// asked (so they cover the rollout that check followed), for up to [`ANSWER_WITHIN`]; whether it did.
+    pub(super) async fn follow_cache_figures(&mut self) -> bool {
+        let Some(request) = self.asked.as_ref().map(|a| a.request.clone()) else {
+            return false;
+        };
+        self.follow(ANSWER_WITHIN, |view| view.cache_answered(&request))
+            .await;
+        self.view.cache_answered(&request)
+    }
+
     /// Follows the cluster until `done` says so of the view or `limit` has passed.
     pub(super) async fn follow(&mut self, limit: Duration, done: impl Fn(&AgentsView) -> bool) {
         let deadline = Instant::now() + limit;

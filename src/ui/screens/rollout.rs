@@ -216,23 +216,32 @@ fn summary(state: &State) -> Line<'static> {
     let uncached = state.fans_out()
         && !state.steers_pulls()
         && (state.cluster_cache().is_none() || state.rollout.all_direct());
-    let link = match (
-        state.rollout.link_bytes(),
-        state.rollout.partly_from_source(),
-    ) {
-        (Some(link), _) if uncached => format!(
+    let link = match state.rollout.link_bytes() {
+        Some(link) if uncached => format!(
             "{} ({NO_CACHE}: every node pulled from the registry)",
             human(link)
         ),
-        (Some(link), []) => format!("{} (fan-out{budget})", human(link)),
-        // What those nodes' runtimes fetched from the source themselves is not known to pinboard.
-        (Some(link), partly) => format!(
-            "{} (fan-out{budget}; not counted: what {} took from the source)",
-            human(link),
-            some_of(partly)
-        ),
-        (None, _) if unreported > 0 && total == 0 => "not reported".into(),
-        (None, _) => human(done),
+        Some(link) => {
+            let mut how = vec![format!("fan-out{budget}")];
+            let direct = state.rollout.direct_from_source();
+            if !direct.is_empty() {
+                how.push(format!(
+                    "{} pulled from the registry itself",
+                    some_of(direct)
+                ));
+            }
+            // What those nodes' runtimes fetched from the source themselves is not known to pinboard.
+            let partly = state.rollout.partly_from_source();
+            if !partly.is_empty() {
+                how.push(format!(
+                    "not counted: what {} took from the source",
+                    some_of(partly)
+                ));
+            }
+            format!("{} ({})", human(link), how.join("; "))
+        }
+        None if unreported > 0 && total == 0 => "not reported".into(),
+        None => human(done),
     };
     let overall = match (unreported, total) {
         (0, _) => format!("{}/{}", human(done), human(total)),

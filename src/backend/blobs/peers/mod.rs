@@ -65,8 +65,8 @@ impl Peers {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot use {}: {e}; pass another --peer-dir", dir.display()))?;
-        let client = cluster_client()
-            .map_err(|e| format!("cannot build the peers' HTTP client: {e}"))?;
+        let client =
+            cluster_client().map_err(|e| format!("cannot build the peers' HTTP client: {e}"))?;
         let state = Arc::new(PeersState::new(
             (setup.node, dir),
             client,
