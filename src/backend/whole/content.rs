@@ -144,7 +144,7 @@ struct Ingest {
 
 /// What opening an ingest found.
 enum Opened {
-    Ingest(Ingest),
+    Ingest(Box<Ingest>),
     /// The blob is in the store already.
     InStore,
     /// Another pull writes it now (images sharing a layer): containerd answers that its ref is locked.
@@ -173,7 +173,7 @@ impl Ingest {
         let mut wait = LOCKED_FIRST_WAIT;
         loop {
             match Ingest::try_open(client, lease, kind, digest, total).await? {
-                Opened::Ingest(ingest) => return Ok(Some(ingest)),
+                Opened::Ingest(ingest) => return Ok(Some(*ingest)),
                 Opened::InStore => return Ok(None),
                 Opened::Locked => {
                     tokio::time::sleep(wait).await;
@@ -210,7 +210,7 @@ impl Ingest {
             .map_err(|_| WholeError::closed(&reference))?;
         // What the stream's opening and its first answer (the ingest's status) say.
         enum First {
-            Status(tonic::Streaming<WriteContentResponse>, WriteContentResponse),
+            Status(Box<(tonic::Streaming<WriteContentResponse>, WriteContentResponse)>),
             InStore,
             Locked,
             Closed,
@@ -223,7 +223,7 @@ impl Ingest {
                 Err(status) => return Err(status),
             };
             match answers.message().await {
-                Ok(Some(stat)) => Ok(First::Status(answers, stat)),
+                Ok(Some(stat)) => Ok(First::Status(Box::new((answers, stat)))),
                 Ok(None) => Ok(First::Closed),
                 Err(status) if status.code() == Code::AlreadyExists => Ok(First::InStore),
                 Err(status) if locked(&status) => Ok(First::Locked),
@@ -231,12 +231,12 @@ impl Ingest {
             }
         };
         let (answers, stat) = match client.call_content("Content/Write", opening).await? {
-            First::Status(answers, stat) => (answers, stat),
+            First::Status(opened) => *opened,
             First::InStore => return Ok(Opened::InStore),
             First::Locked => return Ok(Opened::Locked),
             First::Closed => return Err(WholeError::closed(&reference)),
         };
-        Ok(Opened::Ingest(Ingest {
+        Ok(Opened::Ingest(Box::new(Ingest {
             requests,
             answers,
             client: client.clone(),
@@ -244,7 +244,7 @@ impl Ingest {
             digest: digest.to_string(),
             total,
             offset: u64::try_from(stat.offset).unwrap_or(0),
-        }))
+        })))
     }
 
     /// Drops what an earlier write of bytes in hand left, so that they are written from the start.
