@@ -241,7 +241,8 @@ impl AgentsFleet {
         let fanned_out = wanted.iter().any(|w| w.set.fan_out);
         if fanned_out && readiness.ready && !connected.follow_cache_figures().await {
             eprintln!(
-                "warning: the in-cluster cache's holder did not report its figures after the rollout in                  time: linkBytes and servedBytes are as of its last report"
+                "warning: the in-cluster cache's holder did not report its figures after the rollout in time: \
+                 linkBytes and servedBytes are as of its last report"
             );
         }
         let (link, served) = connected.view.cache_bytes();

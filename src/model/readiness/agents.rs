@@ -91,11 +91,13 @@ impl AskedCheck {
                 "its last answer, {} ago, is no evidence of now",
                 ago(SystemTime::from(last.at.0))
             ),
-            None => "it has never answered one (an agent older than this pinboard answers none:                      upgrade the agents)"
+            None => "it has never answered one (an agent older than this pinboard answers none: \
+                 upgrade the agents)"
                 .to_string(),
         };
         Some(format!(
-            "set {set:?}: the agent on node {node:?} has not answered this check, asked {} ago, by              asking its runtime; {evidence}",
+            "set {set:?}: the agent on node {node:?} has not answered this check, asked {} ago, by asking its \
+             runtime; {evidence}",
             ago(self.at)
         ))
     }
@@ -672,8 +674,10 @@ mod tests {
         let waiting = n1(&view);
         assert!(!waiting.ready);
         assert!(
-            waiting.reasons[0].contains("has not answered this check, asked 3s ago")
-                && waiting.reasons[0].contains("its last answer, 1m00s ago"),
+            waiting.reasons[0]
+                .contains("has not answered this check, asked 3s ago, by asking its runtime; ")
+                && waiting.reasons[0].contains("its last answer, 1m00s ago")
+                && !waiting.reasons[0].contains("  "),
             "{:?}",
             waiting.reasons
         );
