@@ -977,3 +977,71 @@ async fn apply_on_agents_reports_what_each_node_fetched_as_the_proxy_counts_it()
         "n2 fetched B, n1 held it: {fetched:?}"
     );
 }
+
+/// An agent on a real CRI-O 1.33 node whose configuration serves its pull-bytes counter and sets a
+/// `pull_progress_timeout` (the drop-in `pinboard crio-progress on` writes): its report's bytes rise while
+/// a throttled pull runs, and the rollout's outcome names CRI-O's counters as its source, within 5 % of
+/// what the link carried.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_on_crio_1_33_reports_live_bytes_from_crios_counters() {
+    use support::fan_out::{reports, wait_set_pinned_on};
+    let setup = support::agents::AgentsSetup {
+        agent_args: vec!["--insecure-registry={proxy}".to_string()],
+        ..Default::default()
+    };
+    let nodes = vec![NodeSpec::new("n1", 200 * MIB)];
+    let mut lab = AgentsLab::start_with("agents-crio-bytes", nodes, None, setup).await;
+    lab.add_host_node(
+        NodeSpec::new("n4", 256 * MIB).on(support::Runtime::Crio133),
+        &[],
+    )
+    .await;
+    let config_dir = lab.lab.node("n4").crio().config_dir.clone();
+    std::fs::write(
+        config_dir.join("40-pinboard-pull-progress.conf"),
+        "[crio.metrics]\nenable_metrics = true\n\n[crio.image]\npull_progress_timeout = \"10s\"\n",
+    )
+    .unwrap();
+    lab.lab.restart_node("n4").unwrap();
+    lab.kubectl(&["label", "node", "n4", "pinboard.test/runtime=crio"]);
+    let image = lab
+        .lab
+        .push_image("crio/live", &ImageSpec::gzip_layers(7402, &[12 << 20]))
+        .unwrap()
+        .reference(&lab.lab.proxy_host());
+    lab.lab.proxy().set_bandwidth(Some(MIB));
+    let before = lab.lab.proxy().bytes_down();
+    let selector = "  nodeSelector:\n    matchLabels:\n      pinboard.test/runtime: crio\n";
+    let file = lab.set_file("live", &[&image], selector);
+    lab.kubectl(&["apply", "-f", file.to_str().unwrap()]);
+    let applied = std::time::Instant::now();
+    // While it pulls, n4's report carries the bytes CRI-O counted so far.
+    let (rising, seen) = wait_for("n4's bytes while it pulls", WAIT, || async {
+        let reports = reports(&lab).await;
+        let set = reports
+            .get("n4")
+            .map(|r| r["status"]["sets"][0].clone())
+            .unwrap_or_default();
+        let done = set["doneBytes"].as_u64().unwrap_or(0);
+        let total = set["totalBytes"].as_u64().unwrap_or(0);
+        (set["state"] == "pulling" && done > 0 && done < total)
+            .then(|| (applied.elapsed(), (done, total)))
+            .ok_or_else(|| format!("{set}"))
+    })
+    .await;
+    eprintln!("n4's report: {seen:?} bytes {rising:?} after the set was applied");
+    let reports = wait_set_pinned_on(&lab, "live", &["n4"]).await;
+    let moved = lab.lab.proxy().bytes_down() - before;
+    let outcome = &reports["n4"]["status"]["sets"][0]["outcome"];
+    assert_eq!(outcome["fetchedSource"], "runtime-counters", "{outcome}");
+    let fetched = outcome["fetchedBytes"].as_u64().unwrap_or(0);
+    let off = (fetched as f64 - moved as f64).abs() / moved as f64;
+    eprintln!(
+        "n4: CRI-O counted {fetched}, the link carried {moved} ({:.2} % off)",
+        off * 100.0
+    );
+    assert!(
+        off <= 0.05,
+        "CRI-O counted {fetched}, the link carried {moved}"
+    );
+}
