@@ -91,6 +91,8 @@ pub enum Action {
     ToggleFanOut,
     Retry,
     Cancel,
+    /// Judge the rollout's set as `pinboard check` does (on agents: each asks its runtime now).
+    CheckNow,
 }
 
 pub struct Binding {
@@ -297,6 +299,13 @@ pub const KEYMAP: &[Binding] = &[
         "cancel selected image",
         &[Rollout],
         Some("cancel"),
+    ),
+    bind(
+        &[key('v')],
+        Action::CheckNow,
+        "check the set now (agents)",
+        &[Rollout],
+        Some("check"),
     ),
 ];
 

@@ -16,7 +16,7 @@ use super::theme::Theme;
 use crate::engine::Control;
 use crate::error::Failure;
 use crate::fanout::Update;
-use crate::fleet::{Events, Fleet, FleetEvent, RolloutControl};
+use crate::fleet::{Events, Fleet, FleetEvent, RolloutControl, SetSources};
 use crate::model::image::Platform;
 use crate::model::release_payload::SetOptions;
 use crate::options::Caller;
@@ -199,6 +199,17 @@ impl UiBackend for Live {
                 self.control = self
                     .fleet
                     .roll_out(set, nodes, force, fan_out, Self::events(tx));
+            }
+            Cmd::Check { set } => {
+                let (fleet, tx) = (Arc::clone(&self.fleet), tx.clone());
+                tokio::spawn(async move {
+                    let sources = SetSources {
+                        sets: vec![set.clone().into()],
+                        ..SetSources::default()
+                    };
+                    let result = fleet.readiness(&sources, None).await;
+                    let _ = tx.send(Msg::Checked { set, result });
+                });
             }
             Cmd::Unpin { set, nodes } => self.fleet.release(set, nodes, Self::events(tx)),
             Cmd::Retry { node, image } => self.control(Control::Retry { node, image }, tx),

@@ -11,6 +11,7 @@ use crate::error::Failure;
 use crate::model::config_view::ConfigView;
 use crate::model::machine_config::{ClusterUpdate, ImageFsSpace, KubeletSettings};
 use crate::model::node_summary::NodeSummary;
+use crate::model::readiness::Readiness;
 use crate::model::rollout::{Event, FanOutNodes};
 use crate::model::set::ImageSet;
 use crate::survey::Survey;
@@ -33,6 +34,11 @@ pub enum Msg {
     Tick(Instant),
     NodesUpdated(Vec<NodeSummary>),
     SurveyDone(Result<Survey, Failure>),
+    /// What [`Cmd::Check`] of `set` found.
+    Checked {
+        set: String,
+        result: Result<Readiness, Failure>,
+    },
     Rollout(Event),
     /// The rollout is fanned out, but for these nodes, which pull (partly) from the source.
     FanOut(FanOutNodes),
@@ -78,6 +84,10 @@ pub enum Cmd {
         nodes: Vec<String>,
         force: bool,
         fan_out: bool,
+    },
+    /// Judge set `set` as `pinboard check` does: on agents, each node's agent asks its runtime now.
+    Check {
+        set: String,
     },
     /// Remove `set`'s pins from `nodes`; images stay.
     Unpin {

@@ -218,10 +218,11 @@ fn status_line(state: &State, frame: &mut Frame, area: Rect) {
     }
     spans.push(Span::styled("│", fg(theme.role(Role::Dim))));
     // The daemons and agents pull on their nodes: nothing to retry or cancel here; fan out only through
-    // pinboard's or the agents' cache.
+    // pinboard's or the agents' cache; only agents are asked to check now.
     let engine_only = |b: &&Binding| {
         (!state.steers_pulls() && matches!(b.action, Action::Retry | Action::Cancel))
             || (!state.fans_out() && b.action == Action::ToggleFanOut)
+            || (!state.on_agents() && b.action == Action::CheckNow)
     };
     let shown = KEYMAP
         .iter()

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::theme::Theme;
-use crate::fleet::{Targets, Traits};
+use crate::fleet::{Puller, Targets, Traits};
 use crate::model::cluster_session::ClusterSession;
 use crate::model::config_view::ConfigView;
 use crate::model::machine_config::ROLE_LABEL;
@@ -177,6 +177,8 @@ pub struct State {
     /// Whether applying fans out (`--fan-out`; `f` on the Plan screen toggles it). Direct mode only.
     pub fan_out: bool,
     pub rollout: Rollout,
+    /// The set the Rollout follows, once one was applied in this session.
+    pub rolled_out: Option<String>,
     pub config: BTreeMap<String, ConfigView>,
     /// What the fleet is like: what a set targets and who pulls.
     pub fleet: Traits,
@@ -227,6 +229,7 @@ impl State {
             surveying: false,
             fan_out: false,
             rollout: Rollout::default(),
+            rolled_out: None,
             config: BTreeMap::new(),
             fleet: Traits::DIRECT,
             machine_config: None,
@@ -409,6 +412,11 @@ impl State {
     /// daemons or agents.
     pub fn steers_pulls(&self) -> bool {
         self.fleet.puller.steered_from_here()
+    }
+
+    /// Whether the nodes' agents pull, so that `v` asks them to check now.
+    pub fn on_agents(&self) -> bool {
+        self.fleet.puller == Puller::Agents
     }
 
     /// Whether `f` can fan a rollout's blobs out on this fleet.

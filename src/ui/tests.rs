@@ -1039,3 +1039,66 @@ snapshots! {
     cluster_sets_screen: "cluster-sets";
     cluster_rollout_screen: "cluster-rollout";
 }
+
+#[test]
+fn v_on_agents_checks_the_rolled_out_set_now_and_says_the_verdict_once() {
+    use crate::fleet::Traits;
+    use crate::model::readiness::Readiness;
+    let mut state = state();
+    // Direct mode: pinboard's own rollout asks the runtimes as it goes; nothing to send.
+    type_keys(&mut state, "4");
+    assert!(type_keys(&mut state, "v").is_empty());
+    state.fleet = Traits::AGENTS;
+    assert!(type_keys(&mut state, "v").is_empty());
+    assert_eq!(state.flash().unwrap(), "no rollout yet: apply a set first");
+    type_keys(&mut state, "2<Tab><Tab>j3a");
+    let set = match type_keys(&mut state, "y").as_slice() {
+        [Cmd::Apply { set, .. }] => set.name.clone(),
+        cmds => panic!("{cmds:?}"),
+    };
+    let cmds = type_keys(&mut state, "v");
+    assert!(
+        matches!(cmds.as_slice(), [Cmd::Check { set: checked }] if *checked == set),
+        "{cmds:?}"
+    );
+    assert!(
+        state
+            .flash()
+            .unwrap()
+            .contains("each node's agent asks its runtime now")
+    );
+    let node = |name: &str, reasons: &[&str]| {
+        serde_json::json!({"node": name, "runtime": null, "reachable": true, "pinMethod": null,
+            "ready": reasons.is_empty(), "reasons": reasons, "images": []})
+    };
+    let readiness = |nodes: Vec<serde_json::Value>| -> Readiness {
+        let ready = nodes.iter().all(|n| n["ready"] == true);
+        serde_json::from_value(serde_json::json!({"ready": ready, "readyNodes": 0, "nodes": nodes}))
+            .unwrap()
+    };
+    let checked = |state: &mut State, result| {
+        let set = set.clone();
+        update(state, Msg::Checked { set, result });
+        state.flash().unwrap().to_string()
+    };
+    let said = checked(
+        &mut state,
+        Ok(readiness(vec![node("n1", &[]), node("n2", &[])])),
+    );
+    assert_eq!(
+        said,
+        format!("check of set {set}: ready on 2 node(s), as of now (each agent asked its runtime)")
+    );
+    let unanswered = "set \"s\": the agent on node \"n2\" has not answered this check";
+    let said = checked(
+        &mut state,
+        Ok(readiness(vec![
+            node("n1", &[]),
+            node("n2", &[unanswered, "1 image missing"]),
+        ])),
+    );
+    assert_eq!(
+        said,
+        format!("check of set {set}: not ready: n2: {unanswered} (and 1 more)")
+    );
+}

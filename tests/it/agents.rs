@@ -586,6 +586,10 @@ async fn the_tui_on_agents_shows_nodes_plans_applies_follows_the_rollout_and_sho
     for node in ["n1", "n2"] {
         lab.lab.node(node).assert_pinned(&images);
     }
+    // `v`: the set checked as `pinboard check` checks it, each agent asking its runtime now.
+    tmux.keys(&["v"]);
+    let checked = tmux.wait_for("ready on 2 node(s), as of now", Duration::from_secs(30));
+    assert!(!checked.contains("EXITED"), "{checked}");
     // Config: each node's pins and who holds them.
     tmux.keys(&["5"]);
     let config = tmux.wait_for("held by", Duration::from_secs(10));

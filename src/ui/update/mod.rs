@@ -56,6 +56,10 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Cmd> {
             state.nodes = nodes;
             Vec::new()
         }
+        Msg::Checked { set, result } => {
+            rollout::checked(state, &set, result);
+            Vec::new()
+        }
         Msg::SurveyDone(result) => {
             state.surveying = false;
             match result {
@@ -401,6 +405,7 @@ fn on_action(state: &mut State, action: Action) -> Vec<Cmd> {
             }
         }
         Action::Retry | Action::Cancel => return retry_or_cancel(state, action),
+        Action::CheckNow => return rollout::check_now(state),
     }
     Vec::new()
 }

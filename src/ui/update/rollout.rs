@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::error::Failure;
 use crate::model::plan::Verdict;
+use crate::model::readiness::Readiness;
 use crate::model::rollout::{ImageState, NodeState, Rollout};
 use crate::model::units::human;
 use crate::ui::keymap::Action;
@@ -139,6 +141,7 @@ pub(super) fn apply(state: &mut State, confirm: Confirm, force: bool) -> Vec<Cmd
     };
     let set = draft.set.clone();
     state.set_rollout(Rollout::expecting(&confirm.nodes));
+    state.rolled_out = Some(confirm.set.clone());
     let cmd = Cmd::Apply {
         set,
         nodes: confirm.nodes,
@@ -148,6 +151,46 @@ pub(super) fn apply(state: &mut State, confirm: Confirm, force: bool) -> Vec<Cmd
     state.say(format!("applying set {}", confirm.set));
     state.goto(Screen::Rollout);
     vec![cmd]
+}
+
+/// `v`: the rolled-out set judged as `pinboard check` judges it. Only the agents are asked: pinboard's own
+/// rollout asks the runtimes as it goes, and the daemons' generations say what they say.
+pub(super) fn check_now(state: &mut State) -> Vec<Cmd> {
+    if !state.on_agents() {
+        state.say("v asks pinboard's agents; here the Rollout already shows the nodes as of now");
+        return Vec::new();
+    }
+    let Some(set) = state.rolled_out.clone() else {
+        state.say("no rollout yet: apply a set first");
+        return Vec::new();
+    };
+    state.say(format!(
+        "checking set {set}: each node's agent asks its runtime now (up to 15 s)…"
+    ));
+    vec![Cmd::Check { set }]
+}
+
+/// What a check of `set` found, said once in the status line: ready, or its first reason.
+pub(super) fn checked(state: &mut State, set: &str, result: Result<Readiness, Failure>) {
+    let said = match result {
+        Ok(readiness) if readiness.ready => format!(
+            "check of set {set}: ready on {} node(s), as of now (each agent asked its runtime)",
+            readiness.nodes.len()
+        ),
+        Ok(readiness) => {
+            let reasons = readiness.reason_lines();
+            let more = match reasons.len() {
+                0 | 1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            };
+            format!(
+                "check of set {set}: not ready: {}{more}",
+                reasons.first().map_or("no node", String::as_str)
+            )
+        }
+        Err(failure) => format!("check of set {set} failed: {}", failure.lines.join("; ")),
+    };
+    state.say(said);
 }
 
 pub(super) fn retry_or_cancel(state: &mut State, action: Action) -> Vec<Cmd> {
