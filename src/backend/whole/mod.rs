@@ -253,6 +253,7 @@ impl WholePull {
     /// The target's snapshots made local, one image at a time on the node. Another image whose lazily
     /// pulled layers the target shares is made whole with it: its missing blobs are fetched too, from
     /// the repository it was pulled from.
+    ///
     /// A snapshotter that does not answer (restarting: containerd reconnects within seconds) is waited
     /// for up to [`SNAPSHOTTER_PATIENCE`], so the attempt goes on rather than failing and starting again.
     async fn swap(&self, lease: &str, target: &Target) -> Result<(), WholeError> {
