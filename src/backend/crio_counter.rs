@@ -38,10 +38,7 @@ pub fn read_progress(config_dir: &Path) -> Result<CrioProgress, CounterError> {
 /// CRI-O's pull-bytes counter now (0 before any pull reported bytes).
 pub async fn pull_bytes(at: &MetricsAt) -> Result<f64, CounterError> {
     let failed = |error: String| CounterError::Metrics {
-        at: match at {
-            MetricsAt::Tcp(address) => address.clone(),
-            MetricsAt::Socket(path) => path.clone(),
-        },
+        at: at.address().to_string(),
         error,
     };
     let page = tokio::time::timeout(READ_WITHIN, async {

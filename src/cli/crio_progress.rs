@@ -14,7 +14,7 @@ use crate::backend::crio_counter::{pull_bytes, read_progress, set_progress};
 use crate::backend::pins::{PinTarget, Reload, reload_crio, resolve};
 use crate::backend::target::NodeTarget;
 use crate::error::{Exit, Failure};
-use crate::model::crio_progress::{MetricsAt, PROGRESS_DROP_IN, PROGRESS_TIMEOUT, go_duration};
+use crate::model::crio_progress::{PROGRESS_DROP_IN, PROGRESS_TIMEOUT, go_duration};
 use crate::model::runtime::RuntimeKind;
 use crate::options::CommonArgs;
 
@@ -209,13 +209,10 @@ async fn node(target: &NodeTarget, wanted: Option<Option<&str>>, restart: bool) 
                 Err(_) if changed && !restart => "after its restart",
                 Err(_) => "its metrics do not answer",
             };
-            let at = match at {
-                MetricsAt::Tcp(address) => address.clone(),
-                MetricsAt::Socket(path) => path.clone(),
-            };
             format!(
-                "counted: every {:?}, at {at}, {serving}",
-                settings.pull_progress_timeout / 10
+                "counted: every {:?}, at {}, {serving}",
+                settings.pull_progress_timeout / 10,
+                at.address()
             )
         }
         (_, why) => {

@@ -209,21 +209,17 @@ async fn crio_counter(
     let Ok(PinTarget::CrioDropIn { config_dir, .. }) = resolve(pin, runtime_name, client) else {
         return (None, None);
     };
+    let unknown = |e: String| {
+        (
+            None,
+            Some((false, format!("CRI-O's pull bytes are unknown: {e}"))),
+        )
+    };
     let read = tokio::task::spawn_blocking(move || crio_counter::read_progress(&config_dir)).await;
-    let settings = match read {
+    let settings = match read.map_err(|e| e.to_string()) {
         Ok(Ok(settings)) => settings,
-        Ok(Err(e)) => {
-            return (
-                None,
-                Some((false, format!("CRI-O's pull bytes are unknown: {e}"))),
-            );
-        }
-        Err(e) => {
-            return (
-                None,
-                Some((false, format!("CRI-O's pull bytes are unknown: {e}"))),
-            );
-        }
+        Ok(Err(e)) => return unknown(e.to_string()),
+        Err(e) => return unknown(e),
     };
     if let Some(why) = settings.why_no_bytes() {
         return (None, Some((false, why)));
@@ -244,10 +240,7 @@ async fn crio_counter(
                 Some((true, note)),
             )
         }
-        Err(e) => (
-            None,
-            Some((false, format!("CRI-O's pull bytes are unknown: {e}"))),
-        ),
+        Err(e) => unknown(e.to_string()),
     }
 }
 
@@ -328,9 +321,9 @@ impl NodeRun {
             }),
             None => None,
         };
-        let (bytes, source) = match (store_before, store_after) {
-            _ if counted.is_some() => (counted.unwrap_or_default(), FetchedSource::RuntimeCounters),
-            (Some(before), Some(after)) => (
+        let (bytes, source) = match (counted, store_before, store_after) {
+            (Some(counted), _, _) => (counted, FetchedSource::RuntimeCounters),
+            (None, Some(before), Some(after)) => (
                 after
                     .iter()
                     .filter(|(digest, _)| !before.contains_key(*digest))
@@ -590,7 +583,7 @@ impl NodeRun {
     }
 
     async fn poll_progress(&mut self) {
-        let seen = match &mut self.counter {
+        let seen: Vec<(String, u64, u64)> = match &mut self.counter {
             Some((at, shares)) => match crio_counter::pull_bytes(at).await {
                 Ok(counter) => shares
                     .update(counter)
@@ -613,13 +606,11 @@ impl NodeRun {
                     }
                     Err(_) => return tracing::debug!(node = self.name, "ListStatuses timed out"),
                 };
-                let updated: Vec<(String, u64, u64)> = self
-                    .tracker
+                self.tracker
                     .update(&ingests)
                     .into_iter()
                     .map(|(image, b)| (image, b.done, b.total))
-                    .collect();
-                updated
+                    .collect()
             }
         };
         let at = Instant::now();

@@ -31,22 +31,22 @@ pub enum MetricsAt {
     Socket(String),
 }
 
+impl MetricsAt {
+    /// `HOST:PORT` or the socket's path.
+    pub fn address(&self) -> &str {
+        match self {
+            MetricsAt::Tcp(address) | MetricsAt::Socket(address) => address,
+        }
+    }
+}
+
 /// What CRI-O's configuration says of its pull bytes: where its metrics are served (None: off) and its
 /// `pull_progress_timeout` (zero: no progress events, so the counter moves only when a pull ends...
 /// never, as containers/image reports nothing then).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CrioProgress {
     pub metrics: Option<MetricsAt>,
     pub pull_progress_timeout: Duration,
-}
-
-impl Default for CrioProgress {
-    fn default() -> Self {
-        CrioProgress {
-            metrics: None,
-            pull_progress_timeout: Duration::ZERO,
-        }
-    }
 }
 
 /// Why a file's progress settings cannot be read.
