@@ -947,16 +947,11 @@ async fn apply_on_agents_reports_what_each_node_fetched_as_the_proxy_counts_it()
             (Some(2), Some(2))
         );
         // The proxy also counts the manifests; the runtime's content store counts blobs.
-        let off = (bytes as f64 - moved as f64).abs() / moved as f64;
-        assert!(
-            off <= 0.02,
-            "{node}: fetched {bytes}, the proxy saw {moved}"
-        );
+        let against = format!("{node}: fetched bytes, against the proxy's");
+        support::assert_within(&against, bytes, moved, 0.02);
         let planned = outcome["plannedBytes"].as_u64().unwrap();
-        assert!(
-            (planned as f64 - bytes as f64).abs() / bytes as f64 <= 0.02,
-            "{node}: planned {planned}, fetched {bytes}"
-        );
+        let plan = format!("{node}: planned bytes, against the fetched");
+        support::assert_within(&plan, planned, bytes, 0.02);
         // Progress counts this node's bytes of this generation, each blob once: never more than the plan.
         for line in run.stderr.lines().filter(|l| l.ends_with(" fetched)")) {
             let total = line
@@ -1039,13 +1034,10 @@ async fn an_agent_on_crio_1_33_reports_live_bytes_from_crios_counters() {
     let outcome = &reports["n4"]["status"]["sets"][0]["outcome"];
     assert_eq!(outcome["fetchedSource"], "runtime-counters", "{outcome}");
     let fetched = outcome["fetchedBytes"].as_u64().unwrap_or(0);
-    let off = (fetched as f64 - moved as f64).abs() / moved as f64;
-    eprintln!(
-        "n4: CRI-O counted {fetched}, the link carried {moved} ({:.2} % off)",
-        off * 100.0
-    );
-    assert!(
-        off <= 0.05,
-        "CRI-O counted {fetched}, the link carried {moved}"
+    support::assert_within(
+        "n4: CRI-O's counted bytes, against the link's",
+        fetched,
+        moved,
+        0.05,
     );
 }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::agents::{AgentsLab, AgentsSetup};
 use support::fan_out::{
-    self, CACHE_PORT, WAIT, apply_fan_out_set, assert_moved_at_most, cache_token, push_images,
-    reports, through_proxy, wait_link_moved, wait_set_pinned_on,
+    self, CACHE_PORT, WAIT, apply_fan_out_set, cache_token, push_images, reports, through_proxy,
+    wait_link_moved, wait_set_pinned_on,
 };
 use support::kube_objects::{apply_yaml, wait_for};
 use support::link::{LinkSampler, assert_kept_to};
@@ -116,13 +116,9 @@ async fn a_fan_out_set_is_pinned_on_every_node_with_each_blob_over_the_link_abou
     ]);
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     wait_pinned_through_cache(&lab, "web", &references).await;
-    let moved = assert_moved_at_most(
-        &lab,
-        "fan-out through the in-cluster cache",
-        before,
-        unique,
-        1.05,
-    );
+    let moved =
+        lab.lab
+            .assert_moved_at_most("fan-out through the in-cluster cache", before, unique, 1.05);
     // `apply -o json` says what crossed the link and what the cache served in this rollout, as of after
     // it: the holder's figures read after apply's question, not at its last heartbeat.
     let applied: Value = serde_json::from_str(&run.stdout).unwrap();
@@ -218,8 +214,7 @@ async fn the_cache_refuses_anonymous_requests_and_serves_a_private_image_to_the_
     let extra = "  pullSecrets:\n  - name: registry-login\n";
     apply_fan_out_set(&lab, "private", &references, extra).await;
     wait_pinned_through_cache(&lab, "private", &references).await;
-    assert_moved_at_most(
-        &lab,
+    lab.lab.assert_moved_at_most(
         "a private image through the cache",
         before,
         unique_bytes(&images),
@@ -285,13 +280,8 @@ async fn the_caches_holder_killed_mid_rollout_every_node_still_ends_pinned() {
     }
     // The other nodes' relays wait for the restarted holder and resume their blobs from where they broke;
     // only the holder's own node, whose relay died with it, may go to the source meanwhile.
-    assert_moved_at_most(
-        &lab,
-        "the cache's holder killed mid-rollout",
-        before,
-        unique,
-        2.0,
-    );
+    lab.lab
+        .assert_moved_at_most("the cache's holder killed mid-rollout", before, unique, 2.0);
     wait_hosts_back(&lab, &hosts_before).await;
 }
 
@@ -349,8 +339,7 @@ async fn the_caches_holder_restarted_at_the_default_heartbeat_serves_before_the_
                 "round {round}, {node}: no pulls went to the source: {set}"
             );
         }
-        assert_moved_at_most(
-            &lab,
+        lab.lab.assert_moved_at_most(
             &format!("round {round}: the cache's holder restarted at the default heartbeat"),
             before,
             unique,
@@ -438,8 +427,7 @@ async fn a_crio_1_33_node_pulls_through_its_agents_relay_beside_the_containerd_n
         from_runtimes.is_empty(),
         "every blob came through pinboard, none from a runtime straight from the source: {from_runtimes:?}"
     );
-    assert_moved_at_most(
-        &lab,
+    lab.lab.assert_moved_at_most(
         "a CRI-O node beside three containerd nodes",
         before,
         unique,
@@ -473,7 +461,8 @@ async fn a_link_that_resets_every_mebibyte_still_carries_each_blob_about_once() 
     let before = lab.lab.proxy().bytes_down();
     apply_fan_out_set(&lab, "web", &references, "").await;
     wait_pinned_through_cache(&lab, "web", &references).await;
-    assert_moved_at_most(&lab, "a link resetting every MiB", before, unique, 1.10);
+    lab.lab
+        .assert_moved_at_most("a link resetting every MiB", before, unique, 1.10);
 }
 
 /// The in-cluster cache under `--link-rate` on every eligible agent: what crosses the registry link keeps the
@@ -497,7 +486,8 @@ async fn the_in_cluster_cache_keeps_the_link_budget_in_each_second() {
     apply_fan_out_set(&lab, "web", &references, "").await;
     wait_pinned_through_cache(&lab, "web", &references).await;
     let samples = sampler.stop();
-    assert_moved_at_most(&lab, "under a budget of 2 MiB/s", before, unique, 1.05);
+    lab.lab
+        .assert_moved_at_most("under a budget of 2 MiB/s", before, unique, 1.05);
     assert_kept_to(
         &samples,
         BUDGET,

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::agents::AgentsLab;
 use support::fan_out::{
-    self, WAIT, apply_fan_out_set, assert_moved_at_most, cache_token, push_images, reports,
-    through_proxy, wait_link_moved, wait_set_pinned_on,
+    self, WAIT, apply_fan_out_set, cache_token, push_images, reports, through_proxy,
+    wait_link_moved, wait_set_pinned_on,
 };
 use support::kube_objects::wait_for;
 use support::{PushedImage, RegistrySetup, unique_bytes};
@@ -108,7 +108,8 @@ async fn eight_nodes_take_a_fan_out_set_from_each_other_with_each_blob_over_the_
     for node in nodes {
         lab.lab.node(node).assert_pinned(&references);
     }
-    assert_moved_at_most(&lab, "8 nodes serving each other", before, unique, 1.02);
+    lab.lab
+        .assert_moved_at_most("8 nodes serving each other", before, unique, 1.02);
     // Every node took every shared layer; the nodes served each other, not only the holder.
     let layers = shared_layers(&images);
     let per_node: u64 = layers.values().sum();
@@ -217,7 +218,8 @@ async fn six_nodes_sharing_one_peer_dir_take_five_sets_without_refusing_a_piece(
             lab.lab.node(node).assert_pinned(&references);
         }
         let unique = unique_bytes(&images);
-        assert_moved_at_most(&lab, &format!("run {run}"), before, unique, 1.05);
+        lab.lab
+            .assert_moved_at_most(&format!("run {run}"), before, unique, 1.05);
         taken += shared_layers(&images).values().sum::<u64>() * nodes.len() as u64;
         let figures = peer_figures(&lab, &nodes, taken).await;
         let refused: BTreeMap<&String, u64> = figures
@@ -284,7 +286,8 @@ async fn a_peer_killed_mid_transfer_costs_its_children_a_resume_and_every_node_e
         lab.lab.dir().display()
     );
     eprintln!("{victim} killed mid-transfer: {resumed:?} resumed from another parent");
-    assert_moved_at_most(&lab, "a peer killed mid-transfer", before, unique, 1.10);
+    lab.lab
+        .assert_moved_at_most("a peer killed mid-transfer", before, unique, 1.10);
 }
 
 /// A node whose copy of the blobs went bad (its files overwritten on disk after it verified them) serves

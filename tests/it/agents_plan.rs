@@ -163,12 +163,11 @@ async fn a_plan_on_agents_counts_only_the_blobs_a_node_lacks_and_the_link_carrie
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let moved = lab.lab.proxy().bytes_down() - before;
     lab.lab.node("n1").assert_pinned(&[&y.reference(&proxy)]);
-    let off = (moved as f64 - lacking as f64).abs() / lacking as f64;
-    println!("n1: planned {lacking} bytes (exact), the proxy carried {moved}");
-    assert!(
-        off <= 0.02,
-        "the plan said n1 fetches {lacking} bytes, the proxy carried {moved} ({:.1} % apart)",
-        off * 100.0
+    support::assert_within(
+        "n1: the link's bytes, against the exact plan",
+        moved,
+        lacking,
+        0.02,
     );
 }
 

@@ -563,10 +563,11 @@ fn crio_1_33_counting_its_pull_bytes_apply_reports_crios_own_figure() {
     let fetched = n1["fetchedBytes"].as_u64().unwrap();
     // pinboard's own survey reads the manifest and config from the registry too: the link carries a
     // little more than CRI-O fetched.
-    let off = (fetched as f64 - moved as f64).abs() / moved as f64;
-    assert!(
-        off <= 0.05,
-        "CRI-O counted {fetched}, the link carried {moved}"
+    support::assert_within(
+        "CRI-O's counted bytes, against the link's",
+        fetched,
+        moved,
+        0.05,
     );
     assert!(
         run.stderr.contains("bytes from CRI-O's counters"),

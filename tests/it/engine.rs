@@ -619,14 +619,11 @@ async fn crio_1_33_pull_bytes_rise_as_they_arrive_and_the_total_is_what_the_link
         source,
         pinboard::model::rollout::FetchedSource::RuntimeCounters
     );
-    let off = (fetched as f64 - moved as f64).abs() / moved as f64;
-    eprintln!(
-        "CRI-O counted {fetched} bytes, the link carried {moved} ({:.1} % apart)",
-        off * 100.0
-    );
-    assert!(
-        off <= 0.05,
-        "CRI-O counted {fetched}, the link carried {moved}"
+    support::assert_within(
+        "CRI-O's counted bytes, against the link's",
+        fetched,
+        moved,
+        0.05,
     );
 }
 

@@ -115,26 +115,6 @@ pub async fn wait_set_pinned_on(
     .await
 }
 
-/// Asserts that the link carried at most `slack` times `unique` bytes since the proxy had sent `before`,
-/// and says on stderr what it carried for `what`; the bytes it carried.
-pub fn assert_moved_at_most(
-    lab: &AgentsLab,
-    what: &str,
-    before: u64,
-    unique: u64,
-    slack: f64,
-) -> u64 {
-    let moved = lab.lab.proxy().bytes_down() - before;
-    let ratio = moved as f64 / unique as f64;
-    assert!(
-        moved as f64 <= slack * unique as f64,
-        "{moved} bytes crossed the link for {unique} unique bytes ({ratio:.3}x; lab: {})",
-        lab.lab.dir().display()
-    );
-    eprintln!("{what}: {moved} bytes over the link for {unique} unique ({ratio:.3}x)");
-    moved
-}
-
 /// `images`' references through the lab's counting proxy.
 pub fn through_proxy(lab: &AgentsLab, images: &[PushedImage]) -> Vec<String> {
     images

@@ -269,6 +269,21 @@ impl Lab {
         self.proxy.control()
     }
 
+    /// Asserts that the link carried at most `slack` times `unique` bytes since the proxy had sent
+    /// `before`, and says on stderr what it carried for `what`; the bytes it carried.
+    pub fn assert_moved_at_most(&self, what: &str, before: u64, unique: u64, slack: f64) -> u64 {
+        let moved = self.proxy().bytes_down() - before;
+        let ratio = moved as f64 / unique as f64;
+        assert!(
+            moved as f64 <= slack * unique as f64,
+            "{what}: {moved} bytes crossed the link for {unique} unique bytes ({ratio:.3}x, more than \
+             {slack}x; lab: {})",
+            self.dir().display()
+        );
+        eprintln!("{what}: {moved} bytes over the link for {unique} unique ({ratio:.3}x)");
+        moved
+    }
+
     /// The registry's token service, when it uses bearer tokens.
     pub fn token_service(&self) -> Option<&TokenService> {
         self.tokens.as_deref()

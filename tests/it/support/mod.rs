@@ -19,6 +19,7 @@ pub mod crio;
 pub mod crio_node;
 pub mod estargz;
 pub mod fan_out;
+mod figures;
 pub mod http;
 pub mod hup;
 mod images;
@@ -46,6 +47,7 @@ mod token;
 pub mod unit;
 
 pub use apiserver::cached_binary;
+pub use figures::assert_within;
 pub use images::{ImageSpec, LayerFormat, LayerSpec, Platform, PushedImage, unique_bytes};
 pub use kube_cluster::ClusterConfig;
 pub use lab::{Lab, LabConfig};
