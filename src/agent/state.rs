@@ -756,7 +756,6 @@ impl AgentState {
         };
         let mut actions = Vec::new();
         let progress = running.rollout.nodes().get(&self.node);
-
         let unanswered = match (&failure, &observed) {
             (None, Some(observed)) => node_report::unanswered(observed),
             _ => None,
