@@ -1,391 +1,573 @@
-//! The simulation: N virtual nodes taking a set of blobs, each from the parents pinboard's own tracker
-//! ([`Swarm`]) gives it, piece by piece ([`Fetch`]), under a cap per node on what it sends and what it
-//! receives; or, as today, every node from the cache's holder alone. Discrete events in virtual time.
+//! The simulation: N virtual nodes, each running pinboard's own peer side ([`Peers::in_process`]: joining,
+//! taking the cut from a parent, the stripe tasks that ask, verify, keep and replace, [`Taking`] and the
+//! code that serves pieces), and the holder's own [`Tracker`], in tokio's virtual time. Only HTTP is
+//! replaced, by an in-process [`Transport`] that charges each request a round trip, each tracker request
+//! the tracker's time (one at a time), and each piece its sender's and its receiver's cap.
 //!
-//! What it models: each node's agent starting at its own moment (spread over `start_spread`); one request
-//! to the tracker per blob (a join, answered once its batch is placed) and one when the blob is done, the
-//! tracker serving them one at a time (`tracker_cost` each), `rtt` per request; pieces forwarded once whole
-//! and verified (`hash_rate`), so each hop down a tree delays a stripe by a piece; the bandwidth of a
-//! piece's transfer set when it starts, as the sender's cap shared by its transfers under way and the
-//! receiver's likewise. What it leaves out is in BENCHMARKS.md.
+//! Bytes are scaled: every blob keeps its real number of pieces, with 1/[`SCALE`] of their bytes (and every
+//! rate scaled alike), so the cut, its hashes and every answer of the tracker are as large as for the
+//! real blob while a node's pieces fit in a few KB. Figures are reported in real bytes.
+//!
+//! - The registry link: the holder fetches each blob over it (shared between blobs), verifies and cuts it
+//!   (`hash_rate`) before the tracker places anyone.
+//! - The runtime: each node's agent starts at its own moment (spread over `start_spread`) and its runtime
+//!   asks for every blob of the set at once (as containerd's concurrent layer downloads), each reading
+//!   the verified prefix as it grows; what the peers fail to give comes from the holder, as the relay does.
+//! - Faults: one node in `lost_every` (100) is lost (unreachable, its transfers cut) at a random moment of
+//!   the transfer.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
 
-use pinboard::model::peers::{Fetch, Geometry, Parent, Placement, Swarm};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::future::{BoxFuture, FutureExt as _};
+use pinboard::backend::blobs::peers::transport::{Ask, Missed, Transport, Unanswered};
+use pinboard::backend::blobs::peers::{Peers, Refusal};
+use pinboard::backend::blobs::tracker::{Cuts, Join, Lost, Tracker};
+use pinboard::backend::blobs::{ServingCap, Upstream};
+use pinboard::model::cache_token::CacheToken;
+use pinboard::model::pacing::Pace;
+use pinboard::model::peers::Geometry;
+use pinboard::model::peers::wire::{Answer, Cut, Cutter, ParentAt};
+use pinboard::model::served::Source;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::counting::live_bytes;
+
+/// Real bytes per simulated byte: a 2 MiB piece (a 1.5 GB blob's) is 16 bytes here.
+pub const SCALE: u64 = 1 << 17;
+/// The tracker's time is booked in microseconds.
+const MICROS: u64 = 1_000_000;
+/// What the holder's fallback downloads book at a time, in real bytes.
+const HOLDER_CHUNK: u64 = 64 << 20;
 
 /// What is simulated.
 #[derive(Clone, Debug)]
 pub struct Setup {
     pub nodes: usize,
-    /// Bytes of each blob of the set.
+    /// Real bytes of each blob of the set.
     pub blobs: Vec<u64>,
     /// Bytes per second each node (and the holder) sends at most, and receives at most.
     pub cap: f64,
+    /// Bytes per second of the holder's registry link.
+    pub link: f64,
     /// Nodes start at uniformly random moments in `0..start_spread`.
     pub start_spread: Duration,
     pub rtt: Duration,
     /// The tracker's time per request.
     pub tracker_cost: Duration,
-    /// Bytes per second a node verifies a piece at.
+    /// Bytes per second a node (and the holder) verifies at.
     pub hash_rate: f64,
-    /// Nodes serve each other (the tracker's forest); false: every node takes everything from the holder.
+    /// One node in this many is lost mid-transfer (0: none).
+    pub lost_every: usize,
+    /// Nodes serve each other; false: every node takes everything from the holder, as without peers.
     pub peers: bool,
     pub seed: u64,
 }
 
-/// What came of it.
+/// What came of it, in real bytes.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
-    /// Per node: from its start until it held every blob.
+    /// Per node not lost: from its agent's start until its runtime read every blob.
     pub times: Vec<Duration>,
-    /// Per node: bytes it sent to other nodes.
+    /// Per node not lost: bytes it sent to other nodes.
     pub served: Vec<u64>,
-    pub holder_served: u64,
+    /// Nodes lost mid-transfer.
+    pub lost: usize,
+    /// Blobs a runtime took (in part) from the holder because the peers did not give them.
+    pub fell_back: u64,
+    /// From the first agent's start until the tracker placed a node: the set over the registry link and
+    /// cut.
+    pub first_placed: Duration,
+    /// Pieces the holder's blob endpoint sent.
+    pub holder_pieces: u64,
     pub tracker_requests: u64,
-    /// How long the tracker was busy, all requests together.
-    pub tracker_busy: Duration,
-    /// The deepest stripe of any node, in hops from the holder.
-    pub max_depth: usize,
+    /// The tracker's answers, as JSON on the wire.
+    pub tracker_bytes: u64,
+    /// Cuts nodes took from their parents, as JSON on the wire.
+    pub cuts_from_peers: u64,
+    /// What the tracker holds at the end (its swarms, cuts and nodes): live heap bytes freed with it.
+    pub tracker_memory: u64,
+    pub refused_pieces: u64,
 }
 
-/// Nanoseconds of virtual time.
-type Time = u64;
-
-const HOLDER: usize = usize::MAX;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Event {
-    Start(usize),
-    /// A node's join for a blob reaches the tracker.
-    Join(usize, usize),
-    /// The tracker answers a join: the node's parents for the blob.
-    Placed(usize, usize),
-    /// The tracker looks at a gathering batch again (its window).
-    Window(usize),
-    /// A stream's request reaches its parent.
-    Request(usize),
-    /// A stream's piece has arrived whole and been verified.
-    Piece(usize),
-    /// A node's report that it holds a blob reaches the tracker.
-    Done(usize, usize),
+/// Everything the in-process transport reaches.
+struct World {
+    setup: Setup,
+    tracker: RwLock<Option<Tracker>>,
+    /// The tracker's time, booked per request: requests are answered one at a time.
+    tracker_time: Mutex<Pace>,
+    cuts: SimCuts,
+    peers: OnceLock<Vec<Arc<Peers>>>,
+    lost: Vec<AtomicBool>,
+    receiving: Vec<Mutex<Pace>>,
+    holder_sending: ServingCap,
+    tracker_requests: AtomicU64,
+    tracker_bytes: AtomicU64,
+    cuts_from_peers: AtomicU64,
+    holder_pieces: AtomicU64,
+    /// When the tracker placed its first node: the set is over the link and cut.
+    first_placed: Mutex<Option<Instant>>,
 }
 
-struct Stream {
-    child: usize,
-    /// A node, or [`HOLDER`].
-    parent: usize,
-    blob: usize,
-    stripe: usize,
-    /// The piece in flight.
-    busy: Option<u32>,
+/// A blob's simulated bytes: a pattern of its own.
+fn content(blob: usize, size: u64) -> Bytes {
+    (0..size)
+        .map(|i| (i.wrapping_mul(31) as u8) ^ (blob as u8))
+        .collect::<Vec<u8>>()
+        .into()
 }
 
-struct Node {
-    name: String,
-    start: Time,
-    fetch: Vec<Fetch>,
-    finish: Option<Time>,
-    served: u64,
-    sending: u32,
-    receiving: u32,
-    /// Per blob: the streams it feeds.
-    feeds: Vec<Vec<usize>>,
+/// The holder's cuts: each blob over the shared registry link, then verified and cut as the real blob is
+/// (its number of pieces and stripes), its pieces 1/[`SCALE`] of the real ones.
+struct SimCuts {
+    blobs: HashMap<String, Bytes>,
+    link: ServingCap,
+    hash_rate: f64,
 }
 
-struct Sim<'a> {
-    setup: &'a Setup,
-    geometry: Vec<Geometry>,
-    epoch: Instant,
-    now: Time,
-    events: BinaryHeap<Reverse<(Time, Event)>>,
-    nodes: Vec<Node>,
-    streams: Vec<Stream>,
-    swarms: Vec<Swarm>,
-    /// Per blob: nodes whose join waits for its batch.
-    parked: Vec<Vec<usize>>,
-    holder_sending: u32,
-    holder_feeds: Vec<Vec<usize>>,
-    holder_served: u64,
-    tracker_free: Time,
-    tracker_requests: u64,
+impl Cuts for SimCuts {
+    fn cut(&self, _: &Source, digest: &str, size: u64) -> BoxFuture<'static, Result<Cut, String>> {
+        let (link, hash_rate) = (self.link.clone(), self.hash_rate);
+        let blob = self.blobs.get(digest).cloned();
+        async move {
+            let blob = blob.ok_or("not a blob of the set")?;
+            let mut left = size;
+            while left > 0 {
+                let chunk = left.min(HOLDER_CHUNK);
+                link.wait_to_send(chunk.div_ceil(SCALE)).await;
+                left -= chunk;
+            }
+            sleep(Duration::from_secs_f64(size as f64 / hash_rate)).await;
+            let real = Geometry::of(size);
+            let geometry = Geometry::with(blob.len() as u64, real.piece_size / SCALE, real.stripes);
+            let mut cutter = Cutter::with(geometry);
+            cutter.update(&blob);
+            Ok(cutter.finish())
+        }
+        .boxed()
+    }
 }
 
-fn nanos(d: Duration) -> Time {
-    d.as_nanos() as Time
+fn digest_of(blob: usize) -> String {
+    format!("sha256:{blob:064x}")
 }
 
-/// splitmix64: reproducible start times per seed.
+fn target_of(blob: usize) -> String {
+    format!("/v2/sim/blobs/{}?ns=registry.sim", digest_of(blob))
+}
+
+fn name_of(node: usize) -> String {
+    format!("n{node:05}")
+}
+
+fn index_of(name: &str) -> usize {
+    name[1..].parse().expect("a simulated node's name")
+}
+
+/// Scaled bytes per second.
+fn scaled(rate: f64) -> u64 {
+    (rate / SCALE as f64).round() as u64
+}
+
+impl World {
+    fn tracker(&self) -> Tracker {
+        self.tracker.read().unwrap().clone().expect("the tracker")
+    }
+
+    fn is_lost(&self, node: usize) -> bool {
+        self.lost[node].load(Ordering::Relaxed)
+    }
+
+    /// One request of the tracker, from `node`: half a round trip each way, the tracker's time in turn
+    /// (booked on one clock: it answers one request at a time), the answer as JSON on the wire.
+    async fn ask(
+        &self,
+        node: &str,
+        call: impl AsyncFnOnce(&Tracker) -> Result<Answer, (http::StatusCode, String)>,
+    ) -> Result<Answer, Unanswered> {
+        if self.is_lost(index_of(node)) {
+            return Err(Unanswered::Failed("this node is cut off".into()));
+        }
+        sleep(self.setup.rtt / 2).await;
+        // Answered (an ask for a blob under cut once the cut ends), then sent when the tracker's turn
+        // for it comes.
+        let reply = call(&self.tracker()).await;
+        let cost = self.setup.tracker_cost.as_micros() as u64;
+        let turn = self
+            .tracker_time
+            .lock()
+            .unwrap()
+            .book(cost, Instant::now().into_std());
+        sleep_until(Instant::from_std(turn) + self.setup.rtt / 2).await;
+        self.tracker_requests.fetch_add(1, Ordering::Relaxed);
+        match reply {
+            Ok(answer) => {
+                if answer.cut_digest.is_some() {
+                    let mut first = self.first_placed.lock().unwrap();
+                    first.get_or_insert_with(Instant::now);
+                }
+                let json = serde_json::to_vec(&answer).expect("an answer serializes");
+                self.tracker_bytes
+                    .fetch_add(json.len() as u64, Ordering::Relaxed);
+                Ok(serde_json::from_slice(&json).expect("an answer reads back"))
+            }
+            Err((http::StatusCode::CONFLICT, _)) => Err(Unanswered::NotPlaced),
+            Err((status, why)) => Err(Unanswered::Failed(format!("{status}: {why}"))),
+        }
+    }
+
+    /// `bytes` arrive at `node` no sooner than its receiving cap allows from `asked`, and are verified.
+    async fn receive(&self, node: usize, bytes: u64, asked: Instant) {
+        let booked = self.receiving[node]
+            .lock()
+            .unwrap()
+            .book(bytes, asked.into_std());
+        let verified = Duration::from_secs_f64((bytes * SCALE) as f64 / self.setup.hash_rate);
+        sleep_until(Instant::from_std(booked).max(Instant::now()) + self.setup.rtt / 2 + verified)
+            .await;
+    }
+
+    /// Bytes `range` of `digest` from the holder's blob endpoint.
+    async fn take_from_holder(&self, node: usize, digest: &str, range: Range<u64>) -> Bytes {
+        let asked = Instant::now();
+        sleep(self.setup.rtt / 2).await;
+        let blob = &self.cuts.blobs[digest];
+        self.holder_sending
+            .wait_to_send(range.end - range.start)
+            .await;
+        self.holder_pieces
+            .fetch_add((range.end - range.start) * SCALE, Ordering::Relaxed);
+        self.receive(node, range.end - range.start, asked).await;
+        blob.slice(range.start as usize..range.end as usize)
+    }
+}
+
+/// One node's transport: in process, to the tracker and to the other nodes' peer sides.
+struct SimLink {
+    node: usize,
+    world: Arc<World>,
+}
+
+impl Transport for SimLink {
+    fn join<'a>(
+        &'a self,
+        ask: Ask<'a>,
+        target: &'a str,
+        address: &'a str,
+    ) -> BoxFuture<'a, Result<Answer, Unanswered>> {
+        let world = &self.world;
+        let blob = (0..world.setup.blobs.len())
+            .find(|&b| target_of(b) == target)
+            .expect("a blob of the set");
+        let digest = digest_of(blob);
+        let source = Source {
+            registry: "registry.sim".into(),
+            repository: "sim".into(),
+        };
+        async move {
+            world
+                .ask(ask.node, async |tracker| {
+                    let join = Join {
+                        source: &source,
+                        digest: &digest,
+                        size: world.setup.blobs[blob],
+                        node: ask.node,
+                        address,
+                    };
+                    tracker.join_when_cut(&world.cuts, &join).await
+                })
+                .await
+        }
+        .boxed()
+    }
+
+    fn lost<'a>(
+        &'a self,
+        ask: Ask<'a>,
+        (digest, stripe): (&'a str, usize),
+        from: &'a str,
+        corrupt: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Answer, Unanswered>> {
+        let lost = Lost {
+            digest,
+            node: ask.node,
+            stripe,
+            from,
+            corrupt,
+        };
+        self.world
+            .ask(ask.node, async move |tracker| tracker.lost(&lost))
+            .boxed()
+    }
+
+    fn done<'a>(&'a self, ask: Ask<'a>, digest: &'a str) -> BoxFuture<'a, ()> {
+        async move {
+            let _ = self
+                .world
+                .ask(ask.node, async |tracker| {
+                    tracker.done(digest, ask.node);
+                    Ok(Answer::default())
+                })
+                .await;
+        }
+        .boxed()
+    }
+
+    fn piece<'a>(
+        &'a self,
+        _: &'a Upstream,
+        parent: &'a ParentAt,
+        (_, digest): (&'a str, &'a str),
+        range: Range<u64>,
+    ) -> BoxFuture<'a, Result<Bytes, Missed>> {
+        let world = &self.world;
+        async move {
+            if world.is_lost(self.node) {
+                return Err(Missed::Gone("this node is cut off".into()));
+            }
+            let bytes = match parent {
+                ParentAt::Holder => world.take_from_holder(self.node, digest, range).await,
+                ParentAt::Peer { node, .. } => {
+                    let from = index_of(node);
+                    let asked = Instant::now();
+                    sleep(world.setup.rtt / 2).await;
+                    if world.is_lost(from) {
+                        return Err(Missed::Gone(format!("{node} cannot be reached")));
+                    }
+                    let peers = &world.peers.get().expect("the nodes")[from];
+                    let bytes = peers
+                        .serve_piece(digest, range)
+                        .await
+                        .map_err(|refusal| missed(node, refusal))?;
+                    world.receive(self.node, bytes.len() as u64, asked).await;
+                    if world.is_lost(from) {
+                        return Err(Missed::Gone(format!("{node} broke the piece off")));
+                    }
+                    bytes
+                }
+            };
+            match world.is_lost(self.node) {
+                true => Err(Missed::Gone("this node is cut off".into())),
+                false => Ok(bytes),
+            }
+        }
+        .boxed()
+    }
+
+    fn cut<'a>(
+        &'a self,
+        _: &'a Upstream,
+        parent: &'a ParentAt,
+        digest: &'a str,
+    ) -> BoxFuture<'a, Result<Cut, Missed>> {
+        let world = &self.world;
+        async move {
+            let ParentAt::Peer { node, .. } = parent else {
+                return Err(Missed::Gone(
+                    "the holder sends its cut in its answer".into(),
+                ));
+            };
+            let from = index_of(node);
+            sleep(world.setup.rtt / 2).await;
+            if world.is_lost(self.node) || world.is_lost(from) {
+                return Err(Missed::Gone(format!("{node} cannot be reached")));
+            }
+            let cut = world.peers.get().expect("the nodes")[from]
+                .serve_cut(digest)
+                .await
+                .map_err(|refusal| missed(node, refusal))?;
+            let json = serde_json::to_vec(&cut).expect("a cut serializes");
+            world
+                .cuts_from_peers
+                .fetch_add(json.len() as u64, Ordering::Relaxed);
+            sleep(world.setup.rtt / 2).await;
+            Ok(serde_json::from_slice(&json).expect("a cut reads back"))
+        }
+        .boxed()
+    }
+}
+
+fn missed(node: &str, refusal: Refusal) -> Missed {
+    match refusal {
+        Refusal::NotYet => Missed::NotYet,
+        other => Missed::Gone(format!("{node} refused: {other:?}")),
+    }
+}
+
+/// splitmix64: reproducible moments per seed.
 fn random(state: &mut u64) -> f64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
 }
 
-pub fn run(setup: &Setup) -> Outcome {
-    let geometry: Vec<Geometry> = setup.blobs.iter().map(|&b| Geometry::of(b)).collect();
-    let mut seed = setup.seed;
-    let nodes = (0..setup.nodes)
-        .map(|i| Node {
-            name: format!("node-{i}"),
-            start: (random(&mut seed) * setup.start_spread.as_nanos() as f64) as Time,
-            fetch: geometry.iter().map(|&g| Fetch::new(g)).collect(),
-            finish: None,
-            served: 0,
-            sending: 0,
-            receiving: 0,
-            feeds: vec![Vec::new(); geometry.len()],
-        })
-        .collect();
-    let mut sim = Sim {
-        setup,
-        swarms: geometry
-            .iter()
-            .map(|g| Swarm::new(g.stripes, setup.nodes))
-            .collect(),
-        parked: vec![Vec::new(); geometry.len()],
-        holder_feeds: vec![Vec::new(); geometry.len()],
-        geometry,
-        epoch: Instant::now(),
-        now: 0,
-        events: BinaryHeap::new(),
-        nodes,
-        streams: Vec::new(),
-        holder_sending: 0,
-        holder_served: 0,
-        tracker_free: 0,
-        tracker_requests: 0,
-    };
-    for i in 0..setup.nodes {
-        let start = sim.nodes[i].start;
-        sim.at(start, Event::Start(i));
-    }
-    while let Some(Reverse((time, event))) = sim.events.pop() {
-        sim.now = time;
-        sim.handle(event);
-    }
-    sim.outcome()
+/// Runs `setup` in virtual time, the nodes' pieces under `dir`.
+pub fn run(setup: &Setup, dir: &Path) -> Outcome {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+        .block_on(simulate(setup, dir))
 }
 
-impl Sim<'_> {
-    fn at(&mut self, time: Time, event: Event) {
-        self.events.push(Reverse((time, event)));
-    }
-
-    fn instant(&self) -> Instant {
-        self.epoch + Duration::from_nanos(self.now)
-    }
-
-    /// When a request sent now is handled by the tracker: after half a round trip and its queue.
-    fn tracker(&mut self) -> Time {
-        self.tracker_requests += 1;
-        let arrives = self.now + nanos(self.setup.rtt) / 2;
-        let handled = arrives.max(self.tracker_free) + nanos(self.setup.tracker_cost);
-        self.tracker_free = handled;
-        handled
-    }
-
-    fn handle(&mut self, event: Event) {
-        match event {
-            Event::Start(node) => {
-                for blob in 0..self.geometry.len() {
-                    match self.setup.peers {
-                        true => {
-                            let at = self.tracker();
-                            self.at(at, Event::Join(node, blob));
-                        }
-                        false => {
-                            let half = nanos(self.setup.rtt) / 2;
-                            self.at(self.now + half, Event::Placed(node, blob));
-                        }
-                    }
-                }
-            }
-            Event::Join(node, blob) => {
-                let name = self.nodes[node].name.clone();
-                let now = self.instant();
-                match self.swarms[blob].join(&name, now) {
-                    Placement::Placed(_) => {
-                        self.answer(node, blob);
-                        self.sweep(blob);
-                    }
-                    Placement::Wait(until) => {
-                        self.parked[blob].push(node);
-                        let due = nanos(until.duration_since(self.epoch));
-                        self.at(due, Event::Window(blob));
-                    }
-                }
-            }
-            Event::Window(blob) => self.sweep(blob),
-            Event::Placed(node, blob) => self.placed(node, blob),
-            Event::Request(stream) => self.try_send(stream),
-            Event::Piece(stream) => self.piece(stream),
-            Event::Done(node, blob) => {
-                let name = self.nodes[node].name.clone();
-                self.swarms[blob].done(&name);
-            }
-        }
-    }
-
-    /// Answers every parked join of `blob` that is placed now.
-    fn sweep(&mut self, blob: usize) {
-        let now = self.instant();
-        let parked = std::mem::take(&mut self.parked[blob]);
-        for node in parked {
-            let name = self.nodes[node].name.clone();
-            match self.swarms[blob].placement(&name, now) {
-                Placement::Placed(_) => self.answer(node, blob),
-                Placement::Wait(_) => self.parked[blob].push(node),
-            }
-        }
-    }
-
-    fn answer(&mut self, node: usize, blob: usize) {
-        let back = self.now + nanos(self.setup.rtt) / 2;
-        self.at(back, Event::Placed(node, blob));
-    }
-
-    /// `node` knows its parents for `blob`: a stream per stripe, each asking its parent.
-    fn placed(&mut self, node: usize, blob: usize) {
-        let stripes = self.geometry[blob].stripes;
-        let parents: Vec<usize> = match self.setup.peers {
-            true => {
-                let name = self.nodes[node].name.clone();
-                let now = self.instant();
-                let Placement::Placed(parents) = self.swarms[blob].placement(&name, now) else {
-                    unreachable!("answered once placed")
-                };
-                parents.iter().map(|p| self.index(p)).collect()
-            }
-            false => vec![HOLDER; stripes],
-        };
-        for (stripe, parent) in parents.into_iter().enumerate() {
-            let id = self.streams.len();
-            self.streams.push(Stream {
-                child: node,
-                parent,
-                blob,
-                stripe,
-                busy: None,
+async fn simulate(setup: &Setup, dir: &Path) -> Outcome {
+    let n = setup.nodes;
+    let blobs: HashMap<String, Bytes> = setup
+        .blobs
+        .iter()
+        .enumerate()
+        .map(|(b, &size)| (digest_of(b), content(b, size.div_ceil(SCALE))))
+        .collect();
+    let world = Arc::new(World {
+        setup: setup.clone(),
+        tracker: RwLock::new(Some(Tracker::default())),
+        tracker_time: Mutex::new(Pace::new(MICROS)),
+        cuts: SimCuts {
+            blobs,
+            link: ServingCap::new(scaled(setup.link)),
+            hash_rate: setup.hash_rate,
+        },
+        peers: OnceLock::new(),
+        lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        receiving: (0..n)
+            .map(|_| Mutex::new(Pace::new(scaled(setup.cap))))
+            .collect(),
+        holder_sending: ServingCap::new(scaled(setup.cap)),
+        tracker_requests: AtomicU64::new(0),
+        tracker_bytes: AtomicU64::new(0),
+        cuts_from_peers: AtomicU64::new(0),
+        holder_pieces: AtomicU64::new(0),
+        first_placed: Mutex::new(None),
+    });
+    world.tracker().expect(n);
+    let upstream = Upstream {
+        address: "sim://holder".into(),
+        token: CacheToken::new("simulated-token").expect("a token"),
+    };
+    let located = upstream.clone();
+    let locate: pinboard::backend::blobs::Locate = Arc::new(move || {
+        let found = located.clone();
+        async move { Some(found) }.boxed()
+    });
+    let peers: Vec<Arc<Peers>> = (0..n)
+        .map(|node| {
+            let link = Arc::new(SimLink {
+                node,
+                world: Arc::clone(&world),
             });
-            match parent {
-                HOLDER => self.holder_feeds[blob].push(id),
-                p => self.nodes[p].feeds[blob].push(id),
-            }
-            let half = nanos(self.setup.rtt) / 2;
-            self.at(self.now + half, Event::Request(id));
+            let cap = ServingCap::new(scaled(setup.cap));
+            Peers::in_process((&name_of(node), dir), link, Arc::clone(&locate), Some(cap))
+                .map(Arc::new)
+                .expect("a node's peer side")
+        })
+        .collect();
+    let _ = world.peers.set(peers);
+
+    let mut seed = setup.seed;
+    let set_bytes: u64 = setup.blobs.iter().sum();
+    let largest = setup.blobs.iter().copied().max().unwrap_or(0);
+    // The set over the link, its largest blob verified: then the nodes are placed, and take the set in
+    // about the time one node takes it at its cap.
+    let placed_at = set_bytes as f64 / setup.link + largest as f64 / setup.hash_rate;
+    let transfer = set_bytes as f64 / setup.cap;
+    let epoch = Instant::now();
+    let fell_back = Arc::new(AtomicU64::new(0));
+    let mut runtimes = Vec::new();
+    let mut cutoffs = Vec::new();
+    for node in 0..n {
+        let start = epoch + setup.start_spread.mul_f64(random(&mut seed));
+        if setup.lost_every > 0 && node % setup.lost_every == setup.lost_every - 1 {
+            let at = epoch + Duration::from_secs_f64(placed_at + transfer * random(&mut seed));
+            let world = Arc::clone(&world);
+            cutoffs.push(tokio::spawn(async move {
+                sleep_until(at).await;
+                world.lost[node].store(true, Ordering::Relaxed);
+            }));
+        }
+        let (world, upstream, fell_back) =
+            (Arc::clone(&world), upstream.clone(), Arc::clone(&fell_back));
+        runtimes.push(tokio::spawn(async move {
+            sleep_until(start).await;
+            let pulls = (0..world.setup.blobs.len())
+                .map(|blob| pull(&world, node, blob, &upstream, &fell_back));
+            futures::future::join_all(pulls).await;
+            (node, start.elapsed())
+        }));
+    }
+    let mut times = Vec::new();
+    let mut served = Vec::new();
+    let mut refused_pieces = 0;
+    for runtime in runtimes {
+        let (node, took) = runtime.await.expect("a node's runtime");
+        let report = world.peers.get().expect("the nodes")[node].report();
+        refused_pieces += report.refused_pieces;
+        if !world.is_lost(node) {
+            times.push(took);
+            served.push(report.served_bytes * SCALE);
         }
     }
-
-    fn index(&self, parent: &Parent) -> usize {
-        match parent {
-            Parent::Holder => HOLDER,
-            Parent::Peer(name) => name["node-".len()..].parse().expect("a node's name"),
-        }
+    for cutoff in cutoffs {
+        cutoff.abort();
     }
-
-    fn holds(&self, node: usize, blob: usize, piece: u32) -> bool {
-        node == HOLDER || self.nodes[node].fetch[blob].holds(piece)
-    }
-
-    /// Starts the stream's next piece when its parent holds it and it has none in flight.
-    fn try_send(&mut self, id: usize) {
-        let stream = &self.streams[id];
-        if stream.busy.is_some() {
-            return;
-        }
-        let (child, parent, blob) = (stream.child, stream.parent, stream.blob);
-        let Some(piece) = self.nodes[child].fetch[blob].wanted(stream.stripe) else {
-            return;
-        };
-        if !self.holds(parent, blob, piece) {
-            return;
-        }
-        let sending = match parent {
-            HOLDER => {
-                self.holder_sending += 1;
-                self.holder_sending
-            }
-            p => {
-                self.nodes[p].sending += 1;
-                self.nodes[p].sending
-            }
-        };
-        self.nodes[child].receiving += 1;
-        let rate = (self.setup.cap / f64::from(sending))
-            .min(self.setup.cap / f64::from(self.nodes[child].receiving));
-        let range = self.geometry[blob].range(piece);
-        let bytes = (range.end - range.start) as f64;
-        let took = bytes / rate + bytes / self.setup.hash_rate;
-        self.streams[id].busy = Some(piece);
-        let done = self.now + (took * 1e9) as Time;
-        self.at(done, Event::Piece(id));
-    }
-
-    fn piece(&mut self, id: usize) {
-        let (child, parent, blob) = {
-            let s = &self.streams[id];
-            (s.child, s.parent, s.blob)
-        };
-        let piece = self.streams[id].busy.take().expect("a piece in flight");
-        let range = self.geometry[blob].range(piece);
-        match parent {
-            HOLDER => {
-                self.holder_sending -= 1;
-                self.holder_served += range.end - range.start;
-            }
-            p => {
-                self.nodes[p].sending -= 1;
-                self.nodes[p].served += range.end - range.start;
-            }
-        }
-        self.nodes[child].receiving -= 1;
-        self.nodes[child].fetch[blob].verified(piece);
-        // Its children waiting for this piece, and its own next one.
-        for feed in self.nodes[child].feeds[blob].clone() {
-            self.try_send(feed);
-        }
-        self.try_send(id);
-        if self.nodes[child].fetch[blob].complete() {
-            if self.setup.peers {
-                let at = self.tracker();
-                self.at(at, Event::Done(child, blob));
-            }
-            if self.nodes[child].fetch.iter().all(Fetch::complete) {
-                self.nodes[child].finish.get_or_insert(self.now);
-            }
-        }
-    }
-
-    fn outcome(&self) -> Outcome {
-        let times = self
-            .nodes
+    let tracker = world.tracker.write().unwrap().take();
+    let before = live_bytes();
+    drop(tracker);
+    let tracker_memory = before.saturating_sub(live_bytes()) as u64;
+    let count = |n: &AtomicU64| n.load(Ordering::Relaxed);
+    Outcome {
+        times,
+        served,
+        lost: world
+            .lost
             .iter()
-            .map(|n| Duration::from_nanos(n.finish.expect("every node finishes") - n.start))
-            .collect();
-        let max_depth = match self.setup.peers {
-            true => self
-                .nodes
-                .iter()
-                .flat_map(|n| {
-                    self.swarms.iter().flat_map(move |swarm| {
-                        (0..swarm.fan_out()).filter_map(move |s| swarm.depth(&n.name, s))
-                    })
-                })
-                .max()
-                .unwrap_or(0),
-            false => 1,
-        };
-        Outcome {
-            times,
-            served: self.nodes.iter().map(|n| n.served).collect(),
-            holder_served: self.holder_served,
-            tracker_requests: self.tracker_requests,
-            tracker_busy: self.setup.tracker_cost * self.tracker_requests as u32,
-            max_depth,
+            .filter(|l| l.load(Ordering::Relaxed))
+            .count(),
+        fell_back: count(&fell_back),
+        holder_pieces: count(&world.holder_pieces),
+        first_placed: world
+            .first_placed
+            .lock()
+            .unwrap()
+            .map_or(Duration::ZERO, |at| at - epoch),
+        tracker_requests: count(&world.tracker_requests),
+        tracker_bytes: count(&world.tracker_bytes),
+        cuts_from_peers: count(&world.cuts_from_peers),
+        tracker_memory,
+        refused_pieces,
+    }
+}
+
+/// The runtime's download of `blob` on `node`, through the relay: from the other nodes as the tracker
+/// places it, what they fail to give from the holder; nothing once the node is lost.
+async fn pull(world: &World, node: usize, blob: usize, upstream: &Upstream, fell_back: &AtomicU64) {
+    let digest = digest_of(blob);
+    let size = world.setup.blobs[blob].div_ceil(SCALE);
+    let mut read = 0;
+    if world.setup.peers {
+        let peers = &world.peers.get().expect("the nodes")[node];
+        if let Some(taking) = peers.take(upstream, &target_of(blob)).await {
+            let mut prefix = taking.prefix_stream(0..taking.cut.size);
+            while let Some(Ok(chunk)) = prefix.next().await {
+                read += chunk.len() as u64;
+            }
+        }
+    }
+    if read < size && !world.is_lost(node) {
+        fell_back.fetch_add(1, Ordering::Relaxed);
+        let chunk = HOLDER_CHUNK / SCALE;
+        while read < size && !world.is_lost(node) {
+            let end = (read + chunk).min(size);
+            world.take_from_holder(node, &digest, read..end).await;
+            read = end;
         }
     }
 }

@@ -170,6 +170,7 @@ async fn eight_nodes_take_a_fan_out_set_from_each_other_with_each_blob_over_the_
     // Every peer refuses a request without the cache's token, and serves one with it.
     let token = cache_token(&lab).await;
     let (digest, _) = layers.iter().next().expect("a shared layer");
+    let mut cuts = std::collections::BTreeSet::new();
     for (node, peers) in &figures {
         let url = format!(
             "{}/pinboard/v1/pieces/{digest}",
@@ -195,7 +196,22 @@ async fn eight_nodes_take_a_fan_out_set_from_each_other_with_each_blob_over_the_
             206,
             "{node} serves its pieces with the token"
         );
+        // And the cut it took the blob by: the holder's, whichever parent it came from.
+        let cut_url = url.replace("/pieces/", "/cuts/");
+        let cut = http
+            .get(&cut_url)
+            .header(pinboard::model::cache_token::CACHE_TOKEN_HEADER, &token)
+            .call()
+            .unwrap_or_else(|e| panic!("{node}: {e}"))
+            .into_body()
+            .read_to_string()
+            .unwrap_or_else(|e| panic!("{node}'s cut: {e}"));
+        let cut: pinboard::model::peers::Cut =
+            serde_json::from_str(&cut).unwrap_or_else(|e| panic!("{node}'s cut {cut}: {e}"));
+        assert!(cut.is_consistent(), "{node}: {cut:?}");
+        cuts.insert(cut.digest());
     }
+    assert_eq!(cuts.len(), 1, "every node took the blob by one cut");
 }
 
 /// Six nodes, as kubelets on one machine run them, share one `--peer-dir` (the DaemonSet's hostPath),

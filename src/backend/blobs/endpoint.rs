@@ -212,7 +212,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
     }
     if let (Some(tracker), Some(rest)) = (&shared.tracker, path.strip_prefix(SWARM_PREFIX)) {
         let query = request.uri().query().unwrap_or_default().to_string();
-        return swarm(shared, tracker, &method, rest, ns.as_deref(), &query);
+        return swarm(shared, tracker, &method, rest, ns.as_deref(), &query).await;
     }
     if method != Method::GET && !head {
         return refuse(
@@ -273,7 +273,7 @@ async fn handle(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Bo
 
 /// The tracker's part of the endpoint: `GET <SWARM_PREFIX>/v2/<name>/blobs/<digest>` (join),
 /// `POST <SWARM_PREFIX>/lost` and `POST <SWARM_PREFIX>/done` ([`crate::model::peers::wire`]).
-fn swarm(
+async fn swarm(
     shared: &Shared,
     tracker: &Tracker,
     method: &Method,
@@ -307,16 +307,17 @@ fn swarm(
                 }
             });
             match blob {
-                Some((source, digest, size)) => tracker.join(
-                    &shared.cache,
-                    &Join {
+                Some((source, digest, size)) => {
+                    let (node, address) = (param("node"), param("address"));
+                    let join = Join {
                         source: &source,
                         digest,
                         size,
-                        node: &param("node"),
-                        address: &param("address"),
-                    },
-                ),
+                        node: &node,
+                        address: &address,
+                    };
+                    tracker.join_when_cut(&shared.cache, &join).await
+                }
                 None => Err((
                     StatusCode::NOT_FOUND,
                     format!("{rest} is not a blob of the sets this cache serves"),

@@ -3,7 +3,6 @@
 //! pods' traffic.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crate::model::pacing::Pace;
 
@@ -23,7 +22,9 @@ impl ServingCap {
 
     /// Waits until `bytes` more fit under the cap.
     pub async fn wait_to_send(&self, bytes: u64) {
-        let at = self.lock().book(bytes, Instant::now());
+        // Tokio's clock: the simulation at scale runs the cap in virtual time.
+        let now = tokio::time::Instant::now();
+        let at = self.lock().book(bytes, now.into_std());
         tokio::time::sleep_until(at.into()).await;
     }
 

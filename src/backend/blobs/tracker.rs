@@ -5,13 +5,18 @@
 //!
 //! A node's first ask for a blob the holder does not hold yet starts its download (once over the
 //! registry link, under the link's budget) and is told to ask again; the cut is made as the complete blob
-//! is read back, so no piece hash comes from bytes the digest did not vouch for.
+//! is read back, so no piece hash comes from bytes the digest did not vouch for. A placed node hears the
+//! cut's digest; the cut itself goes only to the nodes the holder serves a stripe (the others take it
+//! from a parent), so what the tracker sends stays small whatever the number of nodes.
+//!
+//! Its clock is tokio's, so the simulation at scale (`benches/fan_out_scale`) runs it in virtual time.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use futures::{FutureExt as _, StreamExt as _};
 
 use crate::backend::blobs::cache::{BlobCache, BlobError};
 use crate::model::peers::wire::{Answer, Cut, Cutter, HOLDER, ParentAt};
@@ -19,8 +24,13 @@ use crate::model::peers::{Loss, Parent, Placement, Swarm};
 use crate::model::pinboard_api::DroppedPeer;
 use crate::model::served::Source;
 
-/// How soon a node asks again while the holder fetches and cuts the blob.
+/// How soon a node asks again while the holder fetches and cuts the blob (after its ask was held for
+/// [`CUT_PATIENCE`]).
 const CUTTING_RETRY: Duration = Duration::from_millis(250);
+/// How long an ask for a blob the holder is still cutting is held before it is answered "ask again": the
+/// nodes wait on the cut, not in a loop of asks (10,000 waiting asks polled every 250 ms would keep a
+/// tracker at 100 µs an answer busy four times over).
+const CUT_PATIENCE: Duration = Duration::from_secs(5);
 /// How long a blob the holder failed to fetch is answered with that failure before it is tried again.
 const FAILED_FOR: Duration = Duration::from_secs(10);
 
@@ -52,6 +62,8 @@ pub struct Lost<'a> {
 #[derive(Clone, Default)]
 pub struct Tracker {
     state: Arc<Mutex<State>>,
+    /// Told whenever a cut ends, made or failed.
+    cut_ended: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Default)]
@@ -68,8 +80,37 @@ struct State {
 
 enum Cutting {
     Under,
-    Done(Arc<Cut>),
+    Done(Arc<Cut>, Arc<str>),
     Failed(String, Instant),
+}
+
+/// Where the tracker's cuts come from: in the product, the holder's blob cache, made whole over the
+/// registry link and cut as it is read back.
+pub trait Cuts: Send + Sync + 'static {
+    /// The cut of `digest`, once the holder holds it whole.
+    fn cut(
+        &self,
+        source: &Source,
+        digest: &str,
+        size: u64,
+    ) -> BoxFuture<'static, Result<Cut, String>>;
+}
+
+impl Cuts for Arc<BlobCache> {
+    fn cut(
+        &self,
+        source: &Source,
+        digest: &str,
+        size: u64,
+    ) -> BoxFuture<'static, Result<Cut, String>> {
+        let (cache, source, digest) = (Arc::clone(self), source.clone(), digest.to_string());
+        async move {
+            cut(&cache, &source, &digest, size)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -81,27 +122,41 @@ pub struct TrackerStats {
 }
 
 impl Tracker {
+    /// [`Tracker::join`], an ask for a blob the holder is still cutting held until the cut ends (at most
+    /// [`CUT_PATIENCE`]): what the endpoint answers.
+    pub async fn join_when_cut(&self, cuts: &impl Cuts, join: &Join<'_>) -> Reply {
+        let deadline = tokio::time::Instant::now() + CUT_PATIENCE;
+        loop {
+            let ended = self.cut_ended.notified();
+            let reply = self.join(cuts, join);
+            let cutting = matches!(self.lock().cuts.get(join.digest), Some(Cutting::Under));
+            if !cutting || tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return reply;
+            }
+        }
+    }
+
     /// `join.node`'s parents for `join.digest`: placed, told to wait (its batch gathers, or the holder is
     /// still fetching the blob), or the holder's failure to fetch it.
-    pub fn join(&self, cache: &Arc<BlobCache>, join: &Join<'_>) -> Reply {
+    fn join(&self, cuts: &impl Cuts, join: &Join<'_>) -> Reply {
         if !Answer::shared(join.size) {
             return Ok(Answer {
                 from_holder: true,
                 ..Answer::default()
             });
         }
-        let now = Instant::now();
+        let now = now();
         let mut state = self.lock();
-        let cut = match state.cuts.get(join.digest) {
-            Some(Cutting::Done(cut)) => Arc::clone(cut),
+        let (cut, cut_digest) = match state.cuts.get(join.digest) {
+            Some(Cutting::Done(cut, digest)) => (Arc::clone(cut), Arc::clone(digest)),
             Some(Cutting::Under) => return Ok(wait(CUTTING_RETRY)),
-            Some(Cutting::Failed(why, at)) if at.elapsed() < FAILED_FOR => {
+            Some(Cutting::Failed(why, at)) if now.duration_since(*at) < FAILED_FOR => {
                 return Err((http::StatusCode::BAD_GATEWAY, why.clone()));
             }
             _ => {
                 state.cuts.insert(join.digest.to_string(), Cutting::Under);
                 drop(state);
-                self.start_cut(cache, join);
+                self.start_cut(cuts, join);
                 return Ok(wait(CUTTING_RETRY));
             }
         };
@@ -118,7 +173,8 @@ impl Tracker {
         match swarm.join(join.node, now) {
             Placement::Wait(at) => Ok(wait(at.saturating_duration_since(now))),
             Placement::Placed(parents) => Ok(Answer {
-                cut: Some(Cut::clone(&cut)),
+                cut_digest: Some(cut_digest.to_string()),
+                cut: parents.contains(&Parent::Holder).then(|| Cut::clone(&cut)),
                 parents: parents.iter().map(|p| state.parent_at(p)).collect(),
                 ..Answer::default()
             }),
@@ -198,17 +254,18 @@ impl Tracker {
     }
 
     /// Fetches the blob into the cache (if it is not there) and cuts it, on a task of its own.
-    fn start_cut(&self, cache: &Arc<BlobCache>, join: &Join<'_>) {
-        let cache = Arc::clone(cache);
-        let (source, digest, size) = (join.source.clone(), join.digest.to_string(), join.size);
-        let done = tokio::spawn(async move { cut(&cache, &source, &digest, size).await });
+    fn start_cut(&self, cuts: &impl Cuts, join: &Join<'_>) {
+        let done = tokio::spawn(cuts.cut(join.source, join.digest, join.size));
         let digest = join.digest.to_string();
         let tracker = self.clone();
         tokio::spawn(async move {
             let outcome = match done.await {
-                Ok(Ok(cut)) => Cutting::Done(Arc::new(cut)),
-                Ok(Err(e)) => Cutting::Failed(e.to_string(), Instant::now()),
-                Err(e) => Cutting::Failed(e.to_string(), Instant::now()),
+                Ok(Ok(cut)) => {
+                    let digest = cut.digest().into();
+                    Cutting::Done(Arc::new(cut), digest)
+                }
+                Ok(Err(why)) => Cutting::Failed(why, now()),
+                Err(e) => Cutting::Failed(e.to_string(), now()),
             };
             match &outcome {
                 Cutting::Failed(why, _) => {
@@ -217,6 +274,7 @@ impl Tracker {
                 _ => tracing::info!(digest, "the tracker cut a blob for the nodes"),
             }
             tracker.lock().cuts.insert(digest, outcome);
+            tracker.cut_ended.notify_waiters();
         });
     }
 
@@ -253,6 +311,11 @@ async fn cut(
     Ok(cutter.finish())
 }
 
+/// Tokio's clock: the product's, or the simulation's virtual one.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 fn wait(after: Duration) -> Answer {
     Answer {
         wait_ms: Some(after.as_millis().max(1) as u64),
@@ -265,4 +328,77 @@ fn not_placed(node: &str) -> (http::StatusCode, String) {
         http::StatusCode::CONFLICT,
         format!("{node} is not placed in this blob's swarm: ask for parents again"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The holder's cut of one blob, ready two seconds after it is asked for.
+    struct SlowCut(Cut);
+
+    impl Cuts for SlowCut {
+        fn cut(&self, _: &Source, _: &str, _: u64) -> BoxFuture<'static, Result<Cut, String>> {
+            let cut = self.0.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                Ok(cut)
+            }
+            .boxed()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn asks_wait_on_the_cut_and_only_the_nodes_the_holder_serves_get_it_whole() {
+        let blob: Vec<u8> = (0..8u32 << 20).map(|i| (i % 253) as u8).collect();
+        let (cuts, size) = (SlowCut(Cut::of(&blob)), blob.len() as u64);
+        let source = Source {
+            registry: "registry.lab:5000".into(),
+            repository: "big".into(),
+        };
+        let tracker = Tracker::default();
+        tracker.expect(12);
+        let started = tokio::time::Instant::now();
+        let node = |i: usize| {
+            let (tracker, cuts, source) = (&tracker, &cuts, &source);
+            async move {
+                let name = format!("n{i}");
+                let join = Join {
+                    source,
+                    digest: "sha256:big",
+                    size,
+                    node: &name,
+                    address: "",
+                };
+                let mut asks = 0;
+                loop {
+                    asks += 1;
+                    let answer = tracker.join_when_cut(cuts, &join).await.unwrap();
+                    match answer.wait_ms {
+                        Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                        None => return (answer, asks, started.elapsed()),
+                    }
+                }
+            }
+        };
+        let placed = futures::future::join_all((0..12).map(node)).await;
+        let digest = cuts.0.digest();
+        let mut whole = 0;
+        for (answer, asks, after) in &placed {
+            assert_eq!(answer.cut_digest.as_deref(), Some(digest.as_str()));
+            assert!(*after >= Duration::from_secs(2), "placed only once cut");
+            // Held while the holder cut the blob, not asking in a loop: the first ask, then the batch's.
+            assert!(*asks <= 3, "{asks} asks");
+            let served_by_holder = answer.parents.contains(&ParentAt::Holder);
+            assert_eq!(answer.cut.is_some(), served_by_holder, "{answer:?}");
+            if let Some(cut) = &answer.cut {
+                assert_eq!(*cut, cuts.0);
+                whole += 1;
+            }
+        }
+        assert_eq!(
+            whole, 4,
+            "the holder serves each stripe's tree its first member"
+        );
+    }
 }

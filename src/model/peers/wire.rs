@@ -3,7 +3,10 @@
 //!
 //! - `GET /pinboard/v1/swarm/v2/<name>/blobs/<digest>?ns=<registry>&node=<node>&address=<peer URL>`: the
 //!   node asks for its parents ([`Answer`]); the holder first makes the blob whole in its cache and cuts
-//!   it ([`Cut`]), so every piece's hash comes from a blob verified against its digest.
+//!   it ([`Cut`]), so every piece's hash comes from a blob verified against its digest. The answer names
+//!   the cut by its digest ([`Cut::digest`]) and carries it whole only to a node the holder serves a
+//!   stripe; the others take it from a parent and check it against that digest, so the holder sends a
+//!   blob's piece hashes to a few nodes per batch, not to every node.
 //! - `POST /pinboard/v1/swarm/lost?digest=&node=&stripe=&from=&why=gone|corrupt&reason=`: the node lost
 //!   its parent for a stripe; the answer names its next one.
 //! - `POST /pinboard/v1/swarm/done?digest=&node=`: the node holds the whole blob.
@@ -17,6 +20,8 @@ pub const SWARM_PREFIX: &str = "/pinboard/v1/swarm";
 /// Where a node serves its pieces to other nodes: `GET <peer URL>/pinboard/v1/pieces/<digest>` with
 /// `Range` (one piece), and the cache's token.
 pub const PIECES_PREFIX: &str = "/pinboard/v1/pieces/";
+/// Where a node serves the cut of a blob it takes: `GET <peer URL>/pinboard/v1/cuts/<digest>`.
+pub const CUTS_PREFIX: &str = "/pinboard/v1/cuts/";
 
 /// A blob's cut as the holder published it: the geometry every node agrees on, and each piece's sha256.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +44,13 @@ impl Cut {
 
     pub fn geometry(&self) -> Geometry {
         Geometry::with(self.size, self.piece_size, self.stripes)
+    }
+
+    /// `sha256:<hex>` of the cut as JSON: what the tracker names it by, and what a cut taken from a parent
+    /// is checked against.
+    pub fn digest(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a cut serializes");
+        format!("sha256:{}", piece_hash(&json))
     }
 
     /// Whether the cut is whole: one hash per piece of its geometry.
@@ -81,8 +93,13 @@ pub struct Cutter {
 impl Cutter {
     /// A cutter for a blob of `size` bytes.
     pub fn new(size: u64) -> Cutter {
+        Cutter::with(Geometry::of(size))
+    }
+
+    /// A cutter by `geometry` (the simulation at scale cuts small blobs as large ones).
+    pub fn with(geometry: Geometry) -> Cutter {
         Cutter {
-            geometry: Geometry::of(size),
+            geometry,
             piece: Sha256::new(),
             in_piece: 0,
             hashes: Vec::new(),
@@ -160,7 +177,10 @@ pub struct Answer {
     /// The batch is still gathering (or the holder still fetching the blob): ask again after this long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
-    /// The blob's cut, once placed (join only).
+    /// The digest of the blob's cut, once placed (join only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_digest: Option<String>,
+    /// The cut itself, to a node one of whose parents is the holder; the others take it from a parent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut: Option<Cut>,
     /// The node's parent per stripe (join), or the one new parent (lost).
@@ -203,6 +223,17 @@ mod tests {
             cutter.update(chunk);
         }
         assert_eq!(cutter.finish(), cut);
+        // The digest the tracker names it by: any other hash, another digest.
+        let digest = cut.digest();
+        assert!(
+            digest.starts_with("sha256:") && digest.len() == 71,
+            "{digest}"
+        );
+        let mut other = cut.clone();
+        other.hashes[2] = piece_hash(b"not the piece");
+        assert_ne!(other.digest(), digest);
+        let read: Cut = serde_json::from_slice(&serde_json::to_vec(&cut).unwrap()).unwrap();
+        assert_eq!(read.digest(), digest);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use super::taking::Taking;
+use super::transport::Transport;
 use crate::backend::blobs::serving_cap::ServingCap;
 use crate::backend::blobs::upstream::{Locate, Upstream};
 use crate::model::cache_token::CacheToken;
@@ -21,7 +22,7 @@ pub struct PeersState {
     /// Where other nodes reach this one, `http://NODE-IP:PORT`, once it listens.
     address: OnceLock<String>,
     pub dir: PathBuf,
-    pub client: reqwest::Client,
+    pub transport: Arc<dyn Transport>,
     pub locate: Locate,
     located: tokio::sync::Mutex<Option<(Upstream, Instant)>>,
     /// The cache's token as last seen: other nodes must present it.
@@ -42,7 +43,7 @@ pub struct PeersState {
 impl PeersState {
     pub fn new(
         (node, dir): (String, PathBuf),
-        client: reqwest::Client,
+        transport: Arc<dyn Transport>,
         locate: Locate,
         serving_cap: Option<ServingCap>,
     ) -> PeersState {
@@ -50,7 +51,7 @@ impl PeersState {
             node,
             address: OnceLock::new(),
             dir,
-            client,
+            transport,
             locate,
             located: tokio::sync::Mutex::new(None),
             token: RwLock::new(None),

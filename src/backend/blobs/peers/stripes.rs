@@ -7,23 +7,16 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::StatusCode;
-use http::header::RANGE;
+use tokio::time::Instant;
 
-use super::serve::PIECE_STATE_HEADER;
 use super::state::PeersState;
 use super::taking::Taking;
-use super::tracker_client::{self, Unanswered};
+use super::transport::{Ask, Missed, Unanswered};
 use crate::backend::blobs::upstream::Upstream;
-use crate::backend::cri::error_chain;
-use crate::model::cache_token::CACHE_TOKEN_HEADER;
-use crate::model::peers::wire::{Answer, PIECES_PREFIX, ParentAt};
+use crate::model::peers::wire::{Answer, ParentAt};
 
-/// How long one piece may take from its parent before the parent counts as stalled (gone).
-const PIECE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a parent may keep answering `not-yet` before it counts as stalled.
 const NOT_YET_FOR: Duration = Duration::from_secs(60);
 /// How long a stripe tries to get another parent (the tracker away: its holder restarting or moving)
@@ -41,13 +34,6 @@ struct Intake {
     /// The runtime's request to the cache for this blob (`/v2/<name>/blobs/<digest>?ns=…`).
     target: String,
     upstream: Mutex<Upstream>,
-}
-
-/// Why a piece did not come.
-enum Missed {
-    /// The parent holds it not yet: ask again.
-    NotYet,
-    Gone(String),
 }
 
 /// Takes `taking` in from `parents` (one per stripe) on tasks of their own.
@@ -92,8 +78,14 @@ pub fn spawn(
                 "took a blob from the other nodes"
             );
             let upstream = intake.upstream();
-            let state = &intake.state;
-            tracker_client::done(&state.client, &upstream, &intake.taking.digest, &state.node)
+            let ask = Ask {
+                upstream: &upstream,
+                node: &intake.state.node,
+            };
+            intake
+                .state
+                .transport
+                .done(ask, &intake.taking.digest)
                 .await;
         }
     });
@@ -169,44 +161,14 @@ impl Intake {
     }
 
     /// `piece` from `parent`: the holder's blob endpoint or another node's pieces.
-    async fn piece(&self, parent: &ParentAt, piece: u32) -> Result<Bytes, Missed> {
+    async fn piece(&self, parent: &ParentAt, piece: u32) -> Result<bytes::Bytes, Missed> {
         let range = self.taking.cut.geometry().range(piece);
         let upstream = self.upstream();
-        let url = match parent {
-            ParentAt::Holder => format!("{}{}", upstream.address, self.target),
-            ParentAt::Peer { address, .. } => {
-                format!("{address}{PIECES_PREFIX}{}", self.taking.digest)
-            }
-        };
-        let gone = |what: &str, e: reqwest::Error| {
-            Missed::Gone(format!(
-                "{} {what}: {}",
-                parent.name(),
-                error_chain(&e.without_url())
-            ))
-        };
-        let response = self
-            .state
-            .client
-            .get(url)
-            .header(RANGE, format!("bytes={}-{}", range.start, range.end - 1))
-            .header(CACHE_TOKEN_HEADER, upstream.token.expose())
-            .timeout(PIECE_TIMEOUT)
-            .send()
+        let blob = (self.target.as_str(), self.taking.digest.as_str());
+        self.state
+            .transport
+            .piece(&upstream, parent, blob, range)
             .await
-            .map_err(|e| gone("cannot be reached", e))?;
-        match response.status() {
-            StatusCode::PARTIAL_CONTENT | StatusCode::OK => response
-                .bytes()
-                .await
-                .map_err(|e| gone("broke the piece off", e)),
-            StatusCode::SERVICE_UNAVAILABLE
-                if response.headers().contains_key(PIECE_STATE_HEADER) =>
-            {
-                Err(Missed::NotYet)
-            }
-            status => Err(Missed::Gone(format!("{} answered {status}", parent.name()))),
-        }
     }
 
     /// Another parent for `stripe`, `lost` being gone or (with why) corrupt: from the tracker, which may
@@ -222,49 +184,51 @@ impl Intake {
         let digest = self.taking.digest.as_str();
         loop {
             let upstream = self.upstream();
-            let asked = (digest, state.node.as_str(), stripe);
-            let why =
-                match tracker_client::lost(&state.client, &upstream, asked, lost.name(), corrupt)
-                    .await
-                {
-                    Ok(Answer { mut parents, .. }) if parents.len() == 1 => {
-                        return Ok(parents.remove(0));
-                    }
-                    Ok(_) => "the tracker named no parent".to_string(),
-                    Err(Unanswered::NotPlaced) => {
-                        match tracker_client::join(
-                            &state.client,
-                            &upstream,
-                            &self.target,
-                            &state.node,
-                            state.address(),
-                        )
+            let ask = || Ask {
+                upstream: &upstream,
+                node: &state.node,
+            };
+            let lost_from = (digest, stripe);
+            let why = match state
+                .transport
+                .lost(ask(), lost_from, lost.name(), corrupt)
+                .await
+            {
+                Ok(Answer { mut parents, .. }) if parents.len() == 1 => {
+                    return Ok(parents.remove(0));
+                }
+                Ok(_) => "the tracker named no parent".to_string(),
+                Err(Unanswered::NotPlaced) => {
+                    match state
+                        .transport
+                        .join(ask(), &self.target, state.address())
                         .await
-                        {
-                            Ok(Answer {
-                                cut: Some(cut),
-                                mut parents,
-                                ..
-                            }) if cut == self.taking.cut && parents.len() > stripe => {
-                                return Ok(parents.swap_remove(stripe));
-                            }
-                            Ok(Answer { cut: Some(_), .. }) => {
-                                return Err("the tracker cut the blob otherwise than before".into());
-                            }
-                            Ok(_) => "the tracker's batch is gathering".to_string(),
-                            Err(Unanswered::NotPlaced) => {
-                                "the tracker does not place this node".into()
-                            }
-                            Err(Unanswered::Failed(why)) => why,
+                    {
+                        Ok(Answer {
+                            cut_digest: Some(cut),
+                            mut parents,
+                            ..
+                        }) if cut == self.taking.cut.digest() && parents.len() > stripe => {
+                            return Ok(parents.swap_remove(stripe));
                         }
-                    }
-                    Err(Unanswered::Failed(why)) => {
-                        if let Some(found) = state.upstream(&upstream).await {
-                            *self.upstream.lock().unwrap_or_else(|e| e.into_inner()) = found;
+                        Ok(Answer {
+                            cut_digest: Some(_),
+                            ..
+                        }) => {
+                            return Err("the tracker cut the blob otherwise than before".into());
                         }
-                        why
+                        Ok(_) => "the tracker's batch is gathering".to_string(),
+                        Err(Unanswered::NotPlaced) => "the tracker does not place this node".into(),
+                        Err(Unanswered::Failed(why)) => why,
                     }
-                };
+                }
+                Err(Unanswered::Failed(why)) => {
+                    if let Some(found) = state.upstream(&upstream).await {
+                        *self.upstream.lock().unwrap_or_else(|e| e.into_inner()) = found;
+                    }
+                    why
+                }
+            };
             if Instant::now() >= deadline {
                 return Err(format!(
                     "no parent for stripe {stripe} within {}s: {why}",
