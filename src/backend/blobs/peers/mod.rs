@@ -92,7 +92,7 @@ impl Peers {
     }
 
     /// A peer side that sends through `transport` and serves no listener: other nodes in the same
-    /// process call [`Peers::serve_piece`] and [`Peers::serve_cut`]. Its address is its node's name.
+    /// process reach it by its node's name and call [`Peers::serve_piece`] and [`Peers::serve_cut`].
     pub fn in_process(
         (node, dir): (&str, &Path),
         transport: Arc<dyn Transport>,
