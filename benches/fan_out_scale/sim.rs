@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -103,7 +103,8 @@ struct World {
     /// The tracker's time, booked per request: requests are answered one at a time.
     tracker_time: Mutex<Pace>,
     cuts: SimCuts,
-    peers: OnceLock<Vec<Arc<Peers>>>,
+    /// Every node's peer side, by index; emptied at the end (each holds this world through its transport).
+    peers: RwLock<Vec<Arc<Peers>>>,
     lost: Vec<AtomicBool>,
     receiving: Vec<Mutex<Pace>>,
     holder_sending: ServingCap,
@@ -178,6 +179,11 @@ fn scaled(rate: f64) -> u64 {
 impl World {
     fn tracker(&self) -> Tracker {
         self.tracker.read().unwrap().clone().expect("the tracker")
+    }
+
+    /// `node`'s peer side; None once the simulation ended.
+    fn peers(&self, node: usize) -> Option<Arc<Peers>> {
+        self.peers.read().unwrap().get(node).cloned()
     }
 
     fn is_lost(&self, node: usize) -> bool {
@@ -340,8 +346,9 @@ impl Transport for SimLink {
                     if world.is_lost(from) {
                         return Err(Missed::Gone(format!("{node} cannot be reached")));
                     }
-                    let peers = &world.peers.get().expect("the nodes")[from];
-                    let bytes = peers
+                    let bytes = world
+                        .peers(from)
+                        .ok_or_else(|| Missed::Gone("the simulation ended".into()))?
                         .serve_piece(digest, range)
                         .await
                         .map_err(|refusal| missed(node, refusal))?;
@@ -378,7 +385,9 @@ impl Transport for SimLink {
             if world.is_lost(self.node) || world.is_lost(from) {
                 return Err(Missed::Gone(format!("{node} cannot be reached")));
             }
-            let cut = world.peers.get().expect("the nodes")[from]
+            let cut = world
+                .peers(from)
+                .ok_or_else(|| Missed::Gone("the simulation ended".into()))?
                 .serve_cut(digest)
                 .await
                 .map_err(|refusal| missed(node, refusal))?;
@@ -436,7 +445,7 @@ async fn simulate(setup: &Setup, dir: &Path) -> Outcome {
             link: ServingCap::new(scaled(setup.link)),
             hash_rate: setup.hash_rate,
         },
-        peers: OnceLock::new(),
+        peers: RwLock::default(),
         lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
         receiving: (0..n)
             .map(|_| Mutex::new(Pace::new(scaled(setup.cap))))
@@ -470,7 +479,7 @@ async fn simulate(setup: &Setup, dir: &Path) -> Outcome {
                 .expect("a node's peer side")
         })
         .collect();
-    let _ = world.peers.set(peers);
+    *world.peers.write().unwrap() = peers;
 
     let mut seed = setup.seed;
     let set_bytes: u64 = setup.blobs.iter().sum();
@@ -508,7 +517,7 @@ async fn simulate(setup: &Setup, dir: &Path) -> Outcome {
     let mut refused_pieces = 0;
     for runtime in runtimes {
         let (node, took) = runtime.await.expect("a node's runtime");
-        let report = world.peers.get().expect("the nodes")[node].report();
+        let report = world.peers(node).expect("the nodes").report();
         refused_pieces += report.refused_pieces;
         if !world.is_lost(node) {
             times.push(took);
@@ -518,6 +527,8 @@ async fn simulate(setup: &Setup, dir: &Path) -> Outcome {
     for cutoff in cutoffs {
         cutoff.abort();
     }
+    // The nodes' files and memory go with them, not at the end of the process.
+    world.peers.write().unwrap().clear();
     let tracker = world.tracker.write().unwrap().take();
     let before = live_bytes();
     drop(tracker);
@@ -553,7 +564,7 @@ async fn pull(world: &World, node: usize, blob: usize, upstream: &Upstream, fell
     let size = world.setup.blobs[blob].div_ceil(SCALE);
     let mut read = 0;
     if world.setup.peers {
-        let peers = &world.peers.get().expect("the nodes")[node];
+        let peers = world.peers(node).expect("the nodes");
         if let Some(taking) = peers.take(upstream, &target_of(blob)).await {
             let mut prefix = taking.prefix_stream(0..taking.cut.size);
             while let Some(Ok(chunk)) = prefix.next().await {
