@@ -187,14 +187,20 @@ impl Peers {
             let answer = state.transport.join(ask, target, state.address()).await;
             let wait = match answer {
                 Ok(Answer {
-                    cut_digest: Some(cut_digest),
+                    cut_digest,
                     cut,
                     parents,
                     ..
-                }) => {
-                    let cut = match cut {
-                        Some(cut) => Some(cut).filter(|cut| cut.digest() == cut_digest),
-                        None => self.cut_from(upstream, digest, &parents, &cut_digest).await,
+                }) if cut_digest.is_some() || cut.is_some() => {
+                    let cut = match (cut, &cut_digest) {
+                        (Some(cut), Some(named)) => Some(cut).filter(|cut| cut.digest() == *named),
+                        // A holder from before cuts were named by their digest (agents upgraded
+                        // one node at a time) sends every node the cut whole.
+                        (Some(cut), None) => Some(cut),
+                        (None, Some(named)) => {
+                            self.cut_from(upstream, digest, &parents, named).await
+                        }
+                        (None, None) => None,
                     };
                     return match cut {
                         Some(cut) if cut.is_consistent() && parents.len() == cut.stripes => {
@@ -203,7 +209,8 @@ impl Peers {
                         _ => {
                             tracing::warn!(
                                 digest,
-                                "no parent gave the cut {cut_digest} the tracker named: taking the blob from the holder"
+                                cut = cut_digest,
+                                "no parent gave the cut the tracker named: taking the blob from the holder"
                             );
                             None
                         }
