@@ -13,13 +13,13 @@
 //! - The runtime: each node's agent starts at its own moment (spread over `start_spread`) and its runtime
 //!   asks for every blob of the set at once (as containerd's concurrent layer downloads), each reading
 //!   the verified prefix as it grows; what the peers fail to give comes from the holder, as the relay does.
-//! - Faults: one node in `lost_every` (100) is lost (unreachable, its transfers cut) at a random moment of
-//!   the transfer.
+//! - Faults: one node in `lost_every` (100) is lost at a random moment of the transfer, as a crashed
+//!   agent is: every exchange with it is reset at once, and it reaches no one any more.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -35,6 +35,7 @@ use pinboard::model::pacing::Pace;
 use pinboard::model::peers::Geometry;
 use pinboard::model::peers::wire::{Answer, Cut, Cutter, ParentAt};
 use pinboard::model::served::Source;
+use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::counting::live_bytes;
@@ -105,7 +106,8 @@ struct World {
     cuts: SimCuts,
     /// Every node's peer side, by index; emptied at the end (each holds this world through its transport).
     peers: RwLock<Vec<Arc<Peers>>>,
-    lost: Vec<AtomicBool>,
+    /// Per node: lost (its agent gone, its connections reset).
+    lost: Vec<watch::Sender<bool>>,
     receiving: Vec<Mutex<Pace>>,
     holder_sending: ServingCap,
     tracker_requests: AtomicU64,
@@ -187,7 +189,34 @@ impl World {
     }
 
     fn is_lost(&self, node: usize) -> bool {
-        self.lost[node].load(Ordering::Relaxed)
+        *self.lost[node].borrow()
+    }
+
+    /// Ends when `node` is lost.
+    async fn until_lost(&self, node: usize) {
+        if self.lost[node].subscribe().wait_for(|l| *l).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// `exchange` between `node` and the peer `from`, cut off (as a reset connection) the moment either
+    /// is lost.
+    async fn unless_lost<T>(
+        &self,
+        (node, from): (usize, Option<usize>),
+        exchange: impl Future<Output = Result<T, Missed>>,
+    ) -> Result<T, Missed> {
+        let peer_lost = async {
+            match from {
+                Some(from) => self.until_lost(from).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            done = exchange => done,
+            _ = self.until_lost(node) => Err(Missed::Gone("this node is cut off".into())),
+            _ = peer_lost => Err(Missed::Gone("the parent's connection was reset".into())),
+        }
     }
 
     /// One request of the tracker, from `node`: half a round trip each way, the tracker's time in turn
@@ -334,35 +363,29 @@ impl Transport for SimLink {
     ) -> BoxFuture<'a, Result<Bytes, Missed>> {
         let world = &self.world;
         async move {
-            if world.is_lost(self.node) {
-                return Err(Missed::Gone("this node is cut off".into()));
-            }
-            let bytes = match parent {
-                ParentAt::Holder => world.take_from_holder(self.node, digest, range).await,
-                ParentAt::Peer { node, .. } => {
-                    let from = index_of(node);
-                    let asked = Instant::now();
-                    sleep(world.setup.rtt / 2).await;
-                    if world.is_lost(from) {
-                        return Err(Missed::Gone(format!("{node} cannot be reached")));
-                    }
-                    let bytes = world
-                        .peers(from)
-                        .ok_or_else(|| Missed::Gone("the simulation ended".into()))?
-                        .serve_piece(digest, range)
-                        .await
-                        .map_err(|refusal| missed(node, refusal))?;
-                    world.receive(self.node, bytes.len() as u64, asked).await;
-                    if world.is_lost(from) {
-                        return Err(Missed::Gone(format!("{node} broke the piece off")));
-                    }
-                    bytes
-                }
+            let from = match parent {
+                ParentAt::Holder => None,
+                ParentAt::Peer { node, .. } => Some(index_of(node)),
             };
-            match world.is_lost(self.node) {
-                true => Err(Missed::Gone("this node is cut off".into())),
-                false => Ok(bytes),
+            if world.is_lost(self.node) || from.is_some_and(|from| world.is_lost(from)) {
+                return Err(Missed::Gone(format!("{} cannot be reached", parent.name())));
             }
+            let exchange = async {
+                let Some(from) = from else {
+                    return Ok(world.take_from_holder(self.node, digest, range).await);
+                };
+                let asked = Instant::now();
+                sleep(world.setup.rtt / 2).await;
+                let bytes = world
+                    .peers(from)
+                    .ok_or_else(|| Missed::Gone("the simulation ended".into()))?
+                    .serve_piece(digest, range)
+                    .await
+                    .map_err(|refusal| missed(parent.name(), refusal))?;
+                world.receive(self.node, bytes.len() as u64, asked).await;
+                Ok(bytes)
+            };
+            world.unless_lost((self.node, from), exchange).await
         }
         .boxed()
     }
@@ -381,16 +404,19 @@ impl Transport for SimLink {
                 ));
             };
             let from = index_of(node);
-            sleep(world.setup.rtt / 2).await;
             if world.is_lost(self.node) || world.is_lost(from) {
                 return Err(Missed::Gone(format!("{node} cannot be reached")));
             }
-            let cut = world
-                .peers(from)
-                .ok_or_else(|| Missed::Gone("the simulation ended".into()))?
-                .serve_cut(digest)
-                .await
-                .map_err(|refusal| missed(node, refusal))?;
+            let exchange = async {
+                sleep(world.setup.rtt / 2).await;
+                world
+                    .peers(from)
+                    .ok_or_else(|| Missed::Gone("the simulation ended".into()))?
+                    .serve_cut(digest)
+                    .await
+                    .map_err(|refusal| missed(node, refusal))
+            };
+            let cut = world.unless_lost((self.node, Some(from)), exchange).await?;
             let json = serde_json::to_vec(&cut).expect("a cut serializes");
             world
                 .cuts_from_peers
@@ -446,7 +472,7 @@ async fn simulate(setup: &Setup, dir: &Path) -> Outcome {
             hash_rate: setup.hash_rate,
         },
         peers: RwLock::default(),
-        lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        lost: (0..n).map(|_| watch::channel(false).0).collect(),
         receiving: (0..n)
             .map(|_| Mutex::new(Pace::new(scaled(setup.cap))))
             .collect(),
@@ -499,7 +525,7 @@ async fn simulate(setup: &Setup, dir: &Path) -> Outcome {
             let world = Arc::clone(&world);
             cutoffs.push(tokio::spawn(async move {
                 sleep_until(at).await;
-                world.lost[node].store(true, Ordering::Relaxed);
+                world.lost[node].send_replace(true);
             }));
         }
         let (world, upstream, fell_back) =
@@ -537,11 +563,7 @@ async fn simulate(setup: &Setup, dir: &Path) -> Outcome {
     Outcome {
         times,
         served,
-        lost: world
-            .lost
-            .iter()
-            .filter(|l| l.load(Ordering::Relaxed))
-            .count(),
+        lost: (0..n).filter(|&node| world.is_lost(node)).count(),
         fell_back: count(&fell_back),
         holder_pieces: count(&world.holder_pieces),
         first_placed: world
