@@ -23,6 +23,8 @@
 //! for another. It gets the least loaded member that holds the stripe or takes it from elsewhere than
 //! itself (never one of its own descendants in that tree, whose bytes come through it), else the
 //! holder, and resumes from the piece it stopped at. A gone or dropped member is never a parent again.
+//! A gone member's own parents stop sending to it, so they are the least loaded: the upload it took is
+//! what its children get, and the trees do not hang below members whose upload is already spoken for.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -210,11 +212,19 @@ impl Swarm {
         }
         if let Source::Member(parent) = current {
             let member = &mut self.members[parent];
+            let was_taking = member.state == State::Active;
             member.state = match why {
                 Loss::Gone if matches!(member.state, State::Dropped(_)) => member.state.clone(),
                 Loss::Gone => State::Gone,
                 Loss::Corrupt(reason) => State::Dropped(reason),
             };
+            // A gone member takes nothing more: its parents' streams to it end, and their upload is what
+            // its children can have (a dropped one keeps taking the blob).
+            if was_taking && member.state == State::Gone {
+                for source in member.parents.clone().unwrap_or_default() {
+                    self.release(source);
+                }
+            }
         }
         self.release(current);
         let next = self.least_loaded(stripe, Some(index));
@@ -574,6 +584,33 @@ mod tests {
             swarm.lost(&child, 0, &Parent::Peer("n4".into()), Loss::Gone),
             Some(next)
         );
+    }
+
+    #[test]
+    fn a_gone_members_children_go_where_upload_is_spare_never_overloading_a_member() {
+        let (mut swarm, parents) = placed(400, 4);
+        // n8 and n12 forward tree 0 (places 8 and 12 are group 0) to 4 children each; nearly every
+        // member's upload is spoken for, save the upload the two gone members took.
+        for gone in ["n8", "n12"] {
+            let gone = Parent::Peer(gone.into());
+            let children: Vec<usize> = (0..400).filter(|&i| parents[i][0] == gone).collect();
+            assert_eq!(children.len(), 4);
+            for &child in &children {
+                let next = swarm
+                    .lost(&format!("n{child}"), 0, &gone, Loss::Gone)
+                    .unwrap();
+                assert_ne!(
+                    next,
+                    Parent::Holder,
+                    "n{child}: the holder feeds the roots only"
+                );
+                assert!(
+                    swarm.children(&next) <= swarm.fan_out(),
+                    "n{child} got {next:?}, which now serves {} streams",
+                    swarm.children(&next)
+                );
+            }
+        }
     }
 
     #[test]
